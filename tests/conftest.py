@@ -1,0 +1,35 @@
+"""Shared test set-up: where the real traces are, and a fresh store per test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+FIXTURES = ROOT / "fixtures"
+
+
+def shared_traces() -> Path:
+    """The real traces in ../shared/traces. Missing is a failure in CI, a skip elsewhere."""
+    if not (SHARED_TRACES / "MANIFEST.tsv").exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{SHARED_TRACES} is missing and CI is set: the real-trace tests cannot run")
+        pytest.skip(f"{SHARED_TRACES} not present")
+    return SHARED_TRACES
+
+
+@pytest.fixture
+def traces_dir() -> Path:
+    return shared_traces()
+
+
+@pytest.fixture
+def store(tmp_path):
+    from traceanalyzer.store import Store
+
+    s = Store(tmp_path / "t.duckdb")
+    yield s
+    s.close()

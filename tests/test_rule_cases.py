@@ -1,0 +1,101 @@
+"""The one generic runner for the test cases that sit beside each rule.
+
+`traceanalyzer/rules/<ID>_<name>.cases.toml` holds a rule's cases:
+
+    [[case]]
+    name = "planted 12 us gap found, 3 us gap ignored"
+    trace = "nsys/planted.sqlite"          # under fixtures/, or "shared:nsys/..." for a real trace
+    params = { min_gap_ns = 5000 }          # optional threshold overrides
+    count = 1                               # optional: number of findings (after `where`, if given)
+    where = { item_kind = "stream" }        # optional filter for `count`
+    [[case.expect]]                         # each must match exactly one finding
+    where = { stream_id = 7 }
+    equals = { severity = "error", "evidence.count" = 2, "evidence.worst.0.gap_ns" = 12000 }
+    approx = { value = 0.12 }               # relative tolerance 1e-6 unless `rel` is given
+    contains = { message = "late launch" }
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from traceanalyzer.rules import get_rule
+from traceanalyzer.rules.engine import evaluate_rule
+from traceanalyzer.store import Store
+
+from .conftest import FIXTURES, ROOT, shared_traces
+
+RULES_DIR = ROOT / "traceanalyzer" / "rules"
+
+
+def _cases():
+    out = []
+    for path in sorted(RULES_DIR.glob("*.cases.toml")):
+        rule_id = path.name.split("_", 1)[0]
+        for i, case in enumerate(tomllib.loads(path.read_text())["case"]):
+            out.append(pytest.param(rule_id, case, id=f"{rule_id}-{i}-{case.get('name', '')[:40]}"))
+    return out
+
+
+_STORES: dict[str, tuple[Store, str]] = {}
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory):
+    def get(trace: str) -> tuple[Store, str]:
+        if trace not in _STORES:
+            path = shared_traces() / trace[len("shared:"):] if trace.startswith("shared:") else FIXTURES / trace
+            store = Store(tmp_path_factory.mktemp("cases") / "s.duckdb")
+            _STORES[trace] = (store, store.ingest(path).run_id)
+        return _STORES[trace]
+    yield get
+    for store, _ in _STORES.values():
+        store.close()
+    _STORES.clear()
+
+
+def _field(row: dict, dotted: str):
+    head, *rest = dotted.split(".")
+    v = row[head]
+    if head == "evidence" and isinstance(v, str):
+        v = json.loads(v)
+    for part in rest:
+        v = v[int(part)] if isinstance(v, list) else v[part]
+    return v
+
+
+def _matches(row: dict, where: dict) -> bool:
+    return all(_field(row, k) == v for k, v in where.items())
+
+
+def test_every_rule_has_cases():
+    from traceanalyzer.rules import all_rules
+
+    have = {p.name.split("_", 1)[0] for p in RULES_DIR.glob("*.cases.toml")}
+    assert {r.id for r in all_rules()} <= have
+
+
+@pytest.mark.parametrize("rule_id,case", _cases())
+def test_case(rule_id, case, ingested):
+    rule = get_rule(rule_id)
+    store, run_id = ingested(case["trace"])
+    df = evaluate_rule(store, rule, run_id, rule.params(case.get("params")))
+    rows = df.to_dict("records")
+    if "count" in case:
+        hit = [r for r in rows if _matches(r, case.get("where", {}))]
+        assert len(hit) == case["count"], [r["message"] for r in rows]
+    for exp in case.get("expect", []):
+        hit = [r for r in rows if _matches(r, exp.get("where", {}))]
+        assert len(hit) == 1, f"{len(hit)} findings match {exp.get('where')}: {[r['message'] for r in rows]}"
+        row = hit[0]
+        for k, v in exp.get("equals", {}).items():
+            assert _field(row, k) == v, (k, row["message"])
+        for k, v in exp.get("approx", {}).items():
+            assert math.isclose(_field(row, k), v, rel_tol=exp.get("rel", 1e-6)), (k, _field(row, k), v)
+        for k, v in exp.get("contains", {}).items():
+            assert v in _field(row, k), (k, _field(row, k))

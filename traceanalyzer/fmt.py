@@ -1,0 +1,42 @@
+"""Human-readable numbers for terminal and report output."""
+
+from __future__ import annotations
+
+import math
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def ns(x) -> str:
+    """1234 -> '1.23 us'; keeps three significant digits."""
+    if _missing(x):
+        return "-"
+    x = float(x)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} ns"
+
+
+def nbytes(x) -> str:
+    if _missing(x):
+        return "-"
+    x = float(x)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def pct(x) -> str:
+    return "-" if _missing(x) else f"{100 * float(x):.1f}%"
+
+
+def num(x) -> str:
+    if _missing(x):
+        return "-"
+    if float(x).is_integer():
+        return f"{int(x):,}"
+    return f"{float(x):.3g}"

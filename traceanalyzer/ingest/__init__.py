@@ -1,0 +1,76 @@
+"""Readers, one module per format, each turning a file into the unified tables."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .base import ParsedTrace, TraceError
+from .detect import KINETO, NCU, NSYS, detect
+
+_READER_MODULES = {NSYS: "nsys", NCU: "ncu", KINETO: "kineto"}
+
+# Files a folder walk picks up; an explicitly named file is always tried.
+TRACE_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".csv", ".log", ".json", ".gz")
+# Vendor report files we cannot read, but can say what to do with.
+_EXPORT_HINTS = {
+    ".nsys-rep": "an Nsight Systems report: export it with `nsys export --type sqlite`",
+    ".qdrep": "an Nsight Systems report: export it with `nsys export --type sqlite`",
+    ".ncu-rep": "an Nsight Compute report: export it with `ncu -i FILE --csv --page details` (or `--page raw`)",
+}
+
+
+def read_file(path: Path) -> ParsedTrace:
+    """Detect the format of `path` from its content and run the matching reader.
+
+    Raises TraceError (one line, without the file name) for anything unreadable.
+    """
+    hint = _EXPORT_HINTS.get(path.suffix.lower())
+    if hint:
+        raise TraceError(hint)
+    fmt = detect(path)
+    reader = importlib.import_module(f"{__name__}.{_READER_MODULES[fmt]}")
+    try:
+        return _with_device_limits(reader.read(path))
+    except TraceError:
+        raise
+    except RecursionError:
+        raise TraceError(f"{fmt}: structure nested too deeply") from None
+    except MemoryError:
+        raise TraceError(f"{fmt}: ran out of memory while reading") from None
+
+
+def _with_device_limits(trace: ParsedTrace) -> ParsedTrace:
+    """Fill device limits the trace lacks from the built-in GPU tables (never overriding it)."""
+    devices = trace.tables.get("devices")
+    if devices is not None and devices.num_rows:
+        import pyarrow as pa
+
+        from ..gpu import fill_device
+
+        rows = [fill_device(r) for r in devices.to_pylist()]
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        trace.tables["devices"] = pa.Table.from_pylist(rows).select(names)
+    return trace
+
+
+def find_traces(paths: Iterable[str | Path]) -> Iterator[Path]:
+    """Expand files and folders (recursively, sorted) into candidate trace files.
+
+    Yields a path as given when it does not exist, so the caller reports it.
+    """
+    for p in map(Path, paths):
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                if f.is_file() and not f.name.startswith(".") and (
+                        f.suffix.lower() in TRACE_SUFFIXES or f.suffix.lower() in _EXPORT_HINTS):
+                    yield f
+        elif any(ch in str(p) for ch in "*?[") and not p.exists():
+            yield from sorted(Path().glob(str(p))) if not p.is_absolute() else sorted(
+                Path(p.anchor).glob(str(p.relative_to(p.anchor))))
+        else:
+            yield p
+
+
+__all__ = ["read_file", "find_traces", "ParsedTrace", "TraceError", "detect"]

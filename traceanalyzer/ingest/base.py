@@ -1,0 +1,45 @@
+"""What every reader returns, and the one error type readers raise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+class TraceError(Exception):
+    """A file that cannot be read. The message is one line and names the problem;
+    the caller adds the file name."""
+
+
+@dataclass
+class ParsedTrace:
+    """A reader's output: run facts plus Arrow tables named after `schema.TABLES`.
+
+    Tables hold any subset of a schema table's columns except `run_id` (the store adds
+    it and fills missing columns with NULL). Row ids (`kernel_id`, `copy_id`, ...) are
+    set by the reader, 0-based and unique within the run.
+    """
+
+    format: str
+    producer: str | None = None
+    producer_version: str | None = None
+    schema_version: str | None = None
+    host: str | None = None
+    clock: str = "none"
+    rank: int | None = None
+    world_size: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def count(trace: ParsedTrace, table: str) -> int:
+    t = trace.tables.get(table)
+    return 0 if t is None else t.num_rows
+
+
+def as_path(p: str | Path) -> Path:
+    return p if isinstance(p, Path) else Path(p)

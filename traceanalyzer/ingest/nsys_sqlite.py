@@ -1,0 +1,242 @@
+"""Read-only access to an Nsight Systems SQLite export, fetched into Arrow in batches.
+
+The file is opened through a `file:...?mode=ro&immutable=1` URI: SQLite never writes it,
+takes no locks and leaves no journal; `immutable` is safe because an export is finished.
+Bulk queries go through the ADBC SQLite driver (`fetch_arrow_table`), which
+`bench/bench_sqlite_read.py` measured faster than `sqlite3` + `fetchmany`; the `sqlite3`
+path is the fallback when ADBC is not importable or fails on a query.
+
+ADBC infers a column's Arrow type from the first rows it sees and fails when a later
+value has another type, so string expressions are wrapped in `COALESCE(expr, '')`
+(never NULL, always text) and the empty strings are turned back into NULL afterwards.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import schema as store_schema
+from .base import TraceError
+
+try:  # optional: faster bulk reads
+    import adbc_driver_manager
+    import adbc_driver_sqlite.dbapi as adbc_sqlite
+except ImportError:  # pragma: no cover - exercised only where ADBC is absent
+    adbc_sqlite = None
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+FETCH_BATCH_ROWS = 65536
+BACKENDS = ("adbc", "sqlite3")
+
+_ADBC_ERRORS: tuple[type[BaseException], ...] = (OSError, pa.ArrowException)
+if adbc_sqlite is not None:
+    _ADBC_ERRORS += (adbc_driver_manager.Error,)
+
+
+@dataclass(frozen=True)
+class Col:
+    """One selected expression: output name, SQL over the source table, Arrow type."""
+
+    alias: str
+    expr: str
+    type: pa.DataType
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def check_header(path: Path) -> None:
+    """Reject files that are not SQLite, or whose header says they were cut short."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise TraceError(f"cannot open file ({one_line(e.strerror or e)})") from None
+    if not head.startswith(SQLITE_MAGIC):
+        raise TraceError("not an SQLite file (no 'SQLite format 3' header)")
+    if len(head) < 100:
+        raise TraceError(f"truncated SQLite file ({size} bytes, shorter than the 100-byte header)")
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    page_count = int.from_bytes(head[28:32], "big")
+    change_counter, valid_for = head[24:28], head[92:96]
+    # The in-header page count is only trustworthy when written by the same change.
+    if change_counter == valid_for and page_count and page_size * page_count > size:
+        raise TraceError(
+            f"truncated SQLite file: its header declares {page_size * page_count} bytes "
+            f"({page_count} pages of {page_size}) but the file has {size}")
+
+
+def _uri(path: Path) -> str:
+    return "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+class NsysFile:
+    """An open export: which tables and columns it has, and Arrow fetches over them."""
+
+    def __init__(self, path: Path, backend: str | None = None):
+        if backend not in (None, *BACKENDS):
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_header(path)
+        self.path = path
+        self.uri = _uri(path)
+        self.fallbacks = 0  # ADBC queries that had to be re-run through sqlite3
+        self.utf8_repaired: set[str] = set()
+        try:
+            self._con = sqlite3.connect(self.uri, uri=True)
+            names = [r[0] for r in self._con.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') ORDER BY name")]
+            self.tables: dict[str, list[str]] = {
+                n: [r[1] for r in self._con.execute(f"PRAGMA table_info({quote(n)})")] for n in names}
+        except sqlite3.Error as e:
+            raise TraceError(f"unreadable SQLite file ({one_line(e)})") from None
+        want_adbc = backend in (None, "adbc") and adbc_sqlite is not None
+        if backend == "adbc" and adbc_sqlite is None:
+            raise ValueError("backend 'adbc' requested but adbc_driver_sqlite is not importable")
+        self._adbc = None
+        if want_adbc:
+            try:
+                self._adbc = adbc_sqlite.connect(self.uri)
+            except _ADBC_ERRORS:
+                self.fallbacks += 1
+        self.backend = "adbc" if self._adbc is not None else "sqlite3"
+
+    # -- structure -------------------------------------------------------------------
+    def has(self, table: str, column: str | None = None) -> bool:
+        cols = self.tables.get(table)
+        return cols is not None and (column is None or column in cols)
+
+    def column(self, table: str, column: str, alias: str = "") -> str:
+        """`alias.column` when the table has it, else SQL NULL: select by name, never assume."""
+        if not self.has(table, column):
+            return "NULL"
+        return f"{alias}.{quote(column)}" if alias else quote(column)
+
+    # -- small queries (metadata, enums, device tables) ------------------------------
+    def rows(self, sql: str, params: Sequence = ()) -> list[tuple]:
+        try:
+            return self._con.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as e:
+            if "decode" not in str(e).lower():
+                raise
+            self._con.text_factory = _lenient_text  # a non-UTF-8 string somewhere: replace it
+            try:
+                return self._con.execute(sql, params).fetchall()
+            finally:
+                self._con.text_factory = str
+
+    def count(self, table: str, where: str = "") -> int:
+        if not self.has(table):
+            return 0
+        return self.rows(f"SELECT COUNT(*) FROM {quote(table)}" + (f" WHERE {where}" if where else ""))[0][0]
+
+    # -- bulk queries ------------------------------------------------------------------
+    def arrow(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "") -> pa.Table:
+        """`SELECT cols FROM from_sql [WHERE where]` as an Arrow table typed as `cols` say.
+
+        `label` names the source in warnings (e.g. when invalid UTF-8 had to be replaced)."""
+        label = label or from_sql.split()[0].strip('"')
+        exprs = ", ".join(
+            (f"COALESCE(CAST({c.expr} AS TEXT), '')" if pa.types.is_string(c.type) else c.expr)
+            + f" AS {quote(c.alias)}" for c in cols)
+        sql = f"SELECT {exprs} FROM {from_sql}" + (f" WHERE {where}" if where else "")
+        schema = pa.schema([(c.alias, c.type) for c in cols])
+        table = None
+        if self._adbc is not None:
+            try:
+                table = self._fetch_adbc(sql)
+            except _ADBC_ERRORS:
+                self.fallbacks += 1  # e.g. a column whose type changes after the first batch
+        if table is None:
+            table = self._fetch_sqlite3(sql, schema, label)
+        return self._conform(table, schema, label)
+
+    def _fetch_adbc(self, sql: str) -> pa.Table:
+        cur = self._adbc.cursor()
+        try:
+            cur.execute(sql)
+            return cur.fetch_arrow_table()
+        finally:
+            cur.close()
+
+    def _fetch_sqlite3(self, sql: str, schema: pa.Schema, label: str) -> pa.Table:
+        def batches(text_factory):
+            self._con.text_factory = text_factory
+            try:
+                cur = self._con.execute(sql)
+                while rows := cur.fetchmany(FETCH_BATCH_ROWS):
+                    columns = list(zip(*rows))
+                    yield pa.record_batch(
+                        [pa.array(col, type=f.type) for col, f in zip(columns, schema)], schema=schema)
+            finally:
+                self._con.text_factory = str
+
+        try:
+            return pa.Table.from_batches(list(batches(str)), schema=schema)
+        except sqlite3.OperationalError as e:
+            if "decode" not in str(e).lower():
+                raise
+            self.utf8_repaired.add(label)
+            return pa.Table.from_batches(list(batches(_lenient_text)), schema=schema)
+
+    def _conform(self, table: pa.Table, schema: pa.Schema, label: str) -> pa.Table:
+        arrays = []
+        for field, col in zip(schema, table.columns):
+            if col.type != field.type:
+                col = col.cast(field.type)
+            if pa.types.is_string(field.type):
+                col = _valid_utf8(col, self.utf8_repaired, label)
+                col = pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), col)
+            arrays.append(col)
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def close(self) -> None:
+        if self._adbc is not None:
+            self._adbc.close()
+            self._adbc = None
+        self._con.close()
+
+    def __enter__(self) -> "NsysFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _valid_utf8(col: pa.ChunkedArray, repaired: set[str], name: str) -> pa.ChunkedArray:
+    """ADBC hands SQLite text over unchecked; replace invalid UTF-8 rather than fail later."""
+    try:
+        col.validate(full=True)
+        return col
+    except pa.ArrowInvalid:
+        repaired.add(name)
+        values = col.cast(pa.binary()).to_pylist()  # rare broken files only
+        return pa.chunked_array(
+            [pa.array([None if v is None else v.decode("utf-8", "replace") for v in values], pa.string())])
+
+
+_ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "BIGINT": pa.int64(),
+                "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_()}
+
+
+def arrow_schema(table: str, columns: Sequence[str] | None = None) -> pa.Schema:
+    """The Arrow types of a store table's columns (all but run_id, or `columns`)."""
+    cols = {c.name: c.type for c in store_schema.BY_NAME[table].columns if c.name != "run_id"}
+    return pa.schema([(c, _ARROW_TYPES[cols[c]]) for c in (columns or cols)])
+
+
+def quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'

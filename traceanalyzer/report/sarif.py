@@ -1,0 +1,89 @@
+"""SARIF 2.1.0 (what GitHub code scanning reads): one result per finding.
+
+A finding's location is the trace file (relative to the current folder when it lies
+under it) plus a logical location naming the run, device, stream and item, so a
+reader can find the rows in the trace.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import __version__
+from ..rules import all_rules
+from .model import CheckResult
+
+SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+
+
+def _uri(source_path: str, base: Path) -> str:
+    p = Path(source_path)
+    try:
+        return p.resolve().relative_to(base.resolve()).as_posix()
+    except ValueError:
+        return p.resolve().as_uri()
+
+
+def _descriptor(rule) -> dict:
+    return {
+        "id": rule.id,
+        "name": rule.name,
+        "shortDescription": {"text": rule.title},
+        "fullDescription": {"text": rule.what},
+        "help": {"text": f"{rule.why}\n\nHow to fix: {rule.fix}",
+                 "markdown": f"{rule.why}\n\n**How to fix:** {rule.fix}"},
+        "defaultConfiguration": {"level": _LEVEL[rule.severity]},
+        "properties": {"tags": ["performance", rule.phase],
+                       "thresholds": {t.name: t.default for t in rule.thresholds}},
+    }
+
+
+def render(result: CheckResult, base: Path | None = None, **_) -> str:
+    base = base or Path.cwd()
+    rules = list(all_rules())
+    index = {r.id: i for i, r in enumerate(rules)}
+    results = []
+    for f in result.findings:
+        where = "/".join(x for x in (
+            f"run {f['run_id']}",
+            None if f["device_id"] is None else f"device {f['device_id']}",
+            None if f["stream_id"] is None else f"stream {f['stream_id']}",
+            None if f["item_kind"] in (None, "stream", "device") else f"{f['item_kind']} {f['item_id']}",
+        ) if x)
+        props = {k: f[k] for k in ("run_id", "device_id", "stream_id", "item_kind", "item_id", "item_name",
+                                   "start_ns", "end_ns", "value", "value_unit", "threshold", "est_loss_ns")
+                 if f.get(k) is not None}
+        props["new"] = result.is_new(f)
+        if f.get("evidence") is not None:
+            props["evidence"] = f["evidence"]
+        text = f["message"] + (f" Hint: {f['hint']}" if f.get("hint") else "")
+        results.append({
+            "ruleId": f["rule_id"],
+            "ruleIndex": index[f["rule_id"]],
+            "level": _LEVEL[f["severity"]],
+            "message": {"text": text},
+            "locations": [{
+                "physicalLocation": {"artifactLocation": {"uri": _uri(f["source_path"], base)}},
+                "logicalLocations": [{"name": f.get("item_name") or where, "fullyQualifiedName": where,
+                                      "kind": "object"}],
+            }],
+            "partialFingerprints": {"traceanalyzerFinding/v1": f["fingerprint"]},
+            "properties": props,
+        })
+    doc = {
+        "$schema": SCHEMA_URI,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "traceanalyzer", "version": __version__,
+                                "informationUri": "https://example.invalid/traceanalyzer/docs/rules",
+                                "rules": [_descriptor(r) for r in rules]}},
+            "artifacts": [{"location": {"uri": _uri(r["source_path"], base)}} for r in result.runs],
+            "invocations": [{"executionSuccessful": not result.errors,
+                             "toolExecutionNotifications": [
+                                 {"level": "error", "message": {"text": e}} for e in result.errors]}],
+            "results": results,
+        }],
+    }
+    return json.dumps(doc, indent=2, default=str) + "\n"

@@ -1,0 +1,52 @@
+"""Terminal output of a check: findings grouped by run and severity."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from .. import fmt
+from .model import CheckResult
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _when(f: dict, run: dict) -> str:
+    if f.get("start_ns") is None:
+        return ""
+    t0 = run.get("start_ns") or 0
+    return f" at {fmt.ns(f['start_ns'] - t0)}–{fmt.ns(f['end_ns'] - t0)} into the run"
+
+
+def print_result(result: CheckResult, console: Console, show_info: bool = True) -> None:
+    for run in result.runs:
+        rid = run["run_id"]
+        counts = result.counts(rid)
+        console.rule(f"[bold]{escape(run['file_name'])}[/]  {rid}  ({run['format']})  "
+                     f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info")
+        for f in (x for x in result.findings if x["run_id"] == rid):
+            if f["severity"] == "info" and not show_info:
+                continue
+            new = "" if result.is_new(f) else " [dim](in baseline)[/]"
+            loss = f" · est. loss {fmt.ns(f['est_loss_ns'])}" if f.get("est_loss_ns") else ""
+            console.print(f"[{_STYLE[f['severity']]}]{f['severity']:<7}[/] [bold]{f['rule_id']}[/] "
+                          f"{escape(f['message'])}{loss}{new}")
+            where = _when(f, run)
+            if where:
+                console.print(f"        [dim]{escape(where.strip())}[/]")
+            if f.get("hint"):
+                console.print(f"        [green]hint:[/] {escape(f['hint'])}")
+        missing = [o for o in result.outcomes if o["run_id"] == rid and o["status"] != "ran"]
+        for o in missing:
+            label = "not applicable" if o["status"] == "no-data" else "rule error"
+            console.print(f"[dim]{o['rule_id']} {label}: {escape(o['note'] or '')}[/]")
+    total = result.counts()
+    failing = result.failing()
+    verdict = (f"[bold red]FAIL[/]: {len(failing)} finding(s) at or above '{result.fail_on}'" if failing
+               else f"[bold green]OK[/]: nothing at or above '{result.fail_on}'")
+    if result.new_fingerprints is not None:
+        verdict += " (findings in the baseline do not count)"
+    console.print(f"\n{len(result.runs)} run(s) checked: {total['error']} error, {total['warning']} warning, "
+                  f"{total['info']} info. {verdict}")
+    for e in result.errors:
+        console.print(f"[red]input error:[/] {escape(e)}")

@@ -1,0 +1,148 @@
+"""T001 launch gaps: idle time between consecutive GPU operations on a stream."""
+
+from .base import Rule, Threshold
+
+# One CTE chain: per-stream gaps, the host's activity in each gap (its likely cause),
+# how much of each gap the whole device was idle (the time really lost), then one
+# finding per stream plus one per device for idle time across all streams.
+SQL = r"""
+WITH ops AS (
+    SELECT * FROM gpu_activity WHERE run_id = $run_id
+), seq AS (
+    SELECT *, max(end_ns) OVER w AS prev_end, lag(name) OVER w2 AS prev_name
+    FROM ops
+    WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+           w2 AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns)
+), gaps AS (
+    SELECT device_id, stream_id, pid, prev_end AS gap_start, start_ns AS gap_end,
+           start_ns - prev_end AS gap_ns, kind AS next_kind, item_id AS next_id,
+           name AS next_name, prev_name, launch_call_id
+    FROM seq WHERE prev_end IS NOT NULL AND start_ns - prev_end > $min_gap_ns
+), sync_calls AS (
+    SELECT pid, start_ns, end_ns FROM api_calls
+    WHERE run_id = $run_id AND (name ILIKE '%synchronize%' OR name ILIKE '%WaitEvent%')
+), classified AS (
+    SELECT g.*,
+        CASE
+          WHEN EXISTS (SELECT 1 FROM sync_calls s WHERE (s.pid = g.pid OR g.pid IS NULL)
+                       AND s.start_ns < g.gap_end AND s.end_ns > g.gap_start) THEN 'sync'
+          WHEN EXISTS (SELECT 1 FROM copies c WHERE c.run_id = $run_id AND c.device_id = g.device_id
+                       AND c.stream_id IS DISTINCT FROM g.stream_id
+                       AND c.start_ns < g.gap_end AND c.end_ns > g.gap_start) THEN 'copy'
+          WHEN a.end_ns > g.gap_start THEN 'late_launch'
+          WHEN a.start_ns IS NULL THEN 'unknown'
+          ELSE 'dependency'
+        END AS cause
+    FROM gaps g LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
+), device_idle AS (
+    SELECT device_id, start_ns, end_ns FROM device_idle_gaps WHERE run_id = $run_id
+), lost AS (  -- the part of each stream gap during which no stream of the device worked
+    SELECT c.device_id, c.stream_id, c.gap_start,
+           sum(least(c.gap_end, d.end_ns) - greatest(c.gap_start, d.start_ns)) AS idle_ns
+    FROM classified c JOIN device_idle d
+      ON d.device_id = c.device_id AND d.start_ns < c.gap_end AND d.end_ns > c.gap_start
+    GROUP BY ALL
+), spans AS (
+    SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns FROM ops GROUP BY ALL
+), per_stream AS (
+    SELECT c.device_id, c.stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
+           median(gap_ns) AS median_ns, max(gap_ns) AS max_ns,
+           coalesce(sum(l.idle_ns), 0) AS lost_ns, any_value(s.span_ns) AS span_ns,
+           arg_max(c.gap_start, c.gap_ns) AS worst_start, arg_max(c.gap_end, c.gap_ns) AS worst_end,
+           mode(cause) AS main_cause,
+           to_json(map_from_entries(list(DISTINCT (cause, n_cause)))) AS causes,
+           to_json(list({'start_ns': c.gap_start, 'end_ns': c.gap_end, 'gap_ns': gap_ns,
+                         'cause': cause, 'before': prev_name, 'after': next_name,
+                         'after_kind': next_kind, 'after_id': next_id}
+                        ORDER BY gap_ns DESC, c.gap_start)[1:$max_examples]) AS worst
+    FROM (SELECT *, count(*) OVER (PARTITION BY device_id, stream_id, cause) AS n_cause FROM classified) c
+    LEFT JOIN lost l USING (device_id, stream_id, gap_start)
+    JOIN spans s USING (device_id, stream_id)
+    GROUP BY c.device_id, c.stream_id
+), per_device AS (
+    SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
+           any_value(b.active_span_ns) AS span_ns,
+           arg_max(d.start_ns, gap_ns) AS worst_start, arg_max(d.end_ns, gap_ns) AS worst_end,
+           to_json(list({'start_ns': d.start_ns, 'end_ns': d.end_ns, 'gap_ns': gap_ns}
+                        ORDER BY gap_ns DESC, d.start_ns)[1:$max_examples]) AS worst
+    FROM device_idle_gaps d JOIN device_busy b USING (run_id, device_id)
+    WHERE d.run_id = $run_id AND gap_ns > $min_gap_ns
+    GROUP BY d.device_id
+)
+SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
+       'stream ' || stream_id AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       lost_ns / span_ns AS value, 'share' AS value_unit, $warning_share AS threshold,
+       lost_ns AS est_loss_ns,
+       -- Judged by the device-idle part: a side stream that waits while others work costs nothing.
+       CASE WHEN lost_ns / span_ns >= $error_share THEN 'error'
+            WHEN lost_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
+       printf('stream %d on device %d: %d gap(s) over %s, total %s (median %s, %s of the stream''s span), '
+              || 'device idle in %s of it; mostly %s',
+              stream_id, device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
+              fmt_pct(total_ns / span_ns), fmt_ns(lost_ns), replace(main_cause, '_', ' ')) AS message,
+       CASE main_cause
+         WHEN 'sync' THEN 'A synchronizing call sits between launches: drop it, or move it out of the loop and use events/stream ordering instead.'
+         WHEN 'late_launch' THEN 'The host submits work too slowly (CPU-bound launch): fuse small kernels, capture the loop in a CUDA graph, or take Python/dispatcher work off the launch thread.'
+         WHEN 'copy' THEN 'The stream waits on a copy: issue copies asynchronously from pinned memory on another stream and prefetch ahead of use.'
+         WHEN 'dependency' THEN 'Work was submitted in time but waited on another stream or event: check cross-stream dependencies (cudaStreamWaitEvent) and stream priorities.'
+         ELSE 'Look at the host timeline in the gaps listed in the evidence.'
+       END AS hint,
+       '{"count": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
+         || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "device_idle_ns": ' || lost_ns
+         || ', "causes": ' || causes || ', "worst": ' || worst || '}' AS evidence
+FROM per_stream
+UNION ALL
+SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, worst_start, worst_end,
+       total_ns / span_ns, 'share', $warning_share, total_ns,
+       CASE WHEN total_ns / span_ns >= $error_share THEN 'error'
+            WHEN total_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END,
+       printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its active span)',
+              device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns), fmt_pct(total_ns / span_ns)),
+       'See the per-stream findings for the cause of each gap; overlapping independent work on more streams also fills device idle time.',
+       '{"count": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
+         || ', "span_ns": ' || span_ns || ', "worst": ' || worst || '}'
+FROM per_device
+-- With a single active stream the device finding would repeat the stream's.
+WHERE (SELECT count(DISTINCT stream_id) FROM ops o WHERE o.device_id = per_device.device_id) > 1
+ORDER BY item_kind DESC, device_id, stream_id
+"""
+
+RULE = Rule(
+    id="T001",
+    name="launch-gaps",
+    title="Idle gaps between GPU operations",
+    phase="timeline",
+    severity="warning",
+    what="Idle gaps longer than `min_gap_ns` between consecutive kernels, copies and memsets on "
+         "each stream, and stretches where no stream of a device has work.",
+    why="A GPU that waits between operations does nothing useful: with thousands of small "
+        "kernels, a few microseconds per launch add up to a large share of the run. The cause "
+        "is almost always on the host: a synchronizing call between launches, a launch thread "
+        "that cannot keep up, or a copy the stream waits for.",
+    how="Operations are ordered per device and stream; a gap is the time from the latest end "
+        "so far to the next start. Each gap's cause is read from what the host did in it: a "
+        "`*Synchronize*`/`*WaitEvent*` call overlapping it (`sync`), a copy on another stream "
+        "of the device (`copy`), the next operation's launch call still running when the stream "
+        "went idle (`late_launch`, CPU-bound launch), or a launch made in time (`dependency`). "
+        "The estimated loss is the part of the gaps during which the whole device was idle; "
+        "severity is by that loss as a share of the stream's span (first start to last end), "
+        "so a side stream that waits while other streams work is not flagged. A device-wide "
+        "finding reports idle stretches across all streams when a device has several.",
+    fix="Remove synchronizations between launches; batch small kernels or capture them in a "
+        "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
+    requires="timed GPU operations (kernels, copies or memsets with start and end times)",
+    applies_sql="SELECT count(*) > 0 FROM gpu_activity WHERE run_id = $run_id",
+    thresholds=(
+        Threshold("min_gap_ns", 5000, "Gaps at or below this are ignored (5 us, by design)."),
+        Threshold("warning_share", 0.05, "Device-idle gap time as a share of the stream's span that makes a warning (below: info)."),
+        Threshold("error_share", 0.25, "Device-idle gap time as a share of the stream's span that makes an error."),
+        Threshold("max_examples", 5, "How many of the worst gaps the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "Nsight Systems `nsys analyze` rule gpu_gaps (default 500 ms; this rule looks at launch-scale gaps)",
+        "CUDA C++ Best Practices Guide: 'Asynchronous and Overlapping Transfers with Computation'",
+    ),
+)

@@ -1,0 +1,142 @@
+"""T002 unoverlapped host-to-device copies: copy time no kernel hides."""
+
+from .base import Rule, Threshold
+
+SQL = r"""
+WITH h2d AS (
+    SELECT copy_id, device_id, stream_id, start_ns, end_ns, end_ns - start_ns AS dur_ns, bytes,
+           src_kind, api_name, unified_memory
+    FROM copies
+    WHERE run_id = $run_id AND direction = 'HtoD' AND start_ns IS NOT NULL AND end_ns > start_ns
+), explicit AS (
+    SELECT * FROM h2d WHERE NOT coalesce(unified_memory, false)
+), covered AS (  -- time of each copy during which some kernel ran on its device
+    SELECT e.copy_id, sum(least(e.end_ns, k.end_ns) - greatest(e.start_ns, k.start_ns)) AS covered_ns
+    FROM explicit e JOIN kernel_busy_intervals k
+      ON k.run_id = $run_id AND k.device_id = e.device_id AND k.start_ns < e.end_ns AND k.end_ns > e.start_ns
+    GROUP BY e.copy_id
+), per_copy AS (
+    SELECT e.*, dur_ns - coalesce(c.covered_ns, 0) AS exposed_ns,
+           src_kind = 'pageable' AS pageable,
+           api_name IS NOT NULL AND api_name NOT ILIKE '%async%' AS sync_call
+    FROM explicit e LEFT JOIN covered c USING (copy_id)
+), per_device AS (
+    SELECT p.device_id, count(*) AS n, sum(dur_ns) AS dur_ns, sum(exposed_ns) AS exposed_ns,
+           count(*) FILTER (WHERE exposed_ns > 0) AS n_exposed,
+           count(*) FILTER (WHERE pageable) AS n_pageable,
+           coalesce(sum(exposed_ns) FILTER (WHERE pageable), 0) AS exposed_pageable_ns,
+           count(*) FILTER (WHERE sync_call) AS n_sync,
+           coalesce(sum(exposed_ns) FILTER (WHERE sync_call), 0) AS exposed_sync_ns,
+           sum(bytes) AS bytes,
+           arg_max(p.copy_id, exposed_ns) AS worst_id, arg_max(p.start_ns, exposed_ns) AS worst_start,
+           arg_max(p.end_ns, exposed_ns) AS worst_end,
+           to_json(list({'copy_id': p.copy_id, 'stream_id': p.stream_id, 'start_ns': p.start_ns,
+                         'end_ns': p.end_ns, 'bytes': p.bytes, 'exposed_ns': exposed_ns,
+                         'src_kind': src_kind, 'api_name': api_name}
+                        ORDER BY exposed_ns DESC, p.copy_id)[1:$max_examples]) AS worst,
+           any_value(b.active_span_ns) AS span_ns
+    FROM per_copy p LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = p.device_id
+    GROUP BY p.device_id
+), small AS (  -- runs of small copies back to back on one stream: candidates for one batched copy
+    SELECT *, sum(CASE WHEN prev_end IS NULL OR start_ns - prev_end > $max_batch_gap_ns
+                       OR NOT prev_small THEN 1 ELSE 0 END)
+              OVER (PARTITION BY device_id, stream_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS batch
+    FROM (SELECT *, lag(end_ns) OVER w AS prev_end, lag(bytes < $small_copy_bytes) OVER w AS prev_small
+          FROM explicit WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns))
+    WHERE bytes < $small_copy_bytes
+), batches AS (
+    SELECT device_id, stream_id, batch, count(*) AS n, sum(bytes) AS bytes, sum(dur_ns) AS dur_ns,
+           min(copy_id) AS first_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+    FROM small GROUP BY ALL HAVING count(*) >= $min_batch_count
+), best_bw AS (  -- the run's best host-to-device rate on a large copy, bytes per ns
+    SELECT max(bytes / dur_ns) AS bytes_per_ns FROM explicit WHERE bytes >= 1048576
+), unified AS (
+    SELECT device_id, count(*) AS n, sum(bytes) AS bytes, sum(dur_ns) AS dur_ns,
+           min(start_ns) AS start_ns, max(end_ns) AS end_ns
+    FROM h2d WHERE coalesce(unified_memory, false) GROUP BY device_id
+)
+SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_id AS item_id,
+       'host-to-device copies' AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       exposed_ns / nullif(span_ns, 0) AS value, 'share' AS value_unit, $warning_share AS threshold,
+       exposed_ns AS est_loss_ns,
+       CASE WHEN exposed_ns / nullif(span_ns, 0) >= $error_share THEN 'error'
+            WHEN exposed_ns / nullif(span_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
+       printf('device %d: %s of host-to-device copy time (%d of %d copies, %s) ran with no kernel to hide it, '
+              || '%s of the device''s active span; %d from pageable memory, %d through synchronous calls',
+              device_id, fmt_ns(exposed_ns), n_exposed, n, fmt_bytes(bytes),
+              fmt_pct(exposed_ns / nullif(span_ns, 0)), n_pageable, n_sync) AS message,
+       CASE WHEN exposed_pageable_ns >= exposed_ns / 2 THEN
+              'Most exposed time is from pageable host memory, which cannot be copied asynchronously: allocate the buffers pinned (cudaHostAlloc / cudaHostRegister, or pin_memory=True in a PyTorch DataLoader).'
+            WHEN exposed_sync_ns >= exposed_ns / 2 THEN
+              'Most exposed time is from synchronous copy calls: use cudaMemcpyAsync on a non-default stream (tensor.to(device, non_blocking=True) from pinned memory) so the copy can overlap compute.'
+            ELSE 'Issue the copies earlier on a separate stream so they overlap the preceding kernels (prefetch the next batch / double-buffer).'
+       END AS hint,
+       '{"copies": ' || n || ', "exposed_copies": ' || n_exposed || ', "copy_ns": ' || dur_ns
+         || ', "exposed_ns": ' || exposed_ns || ', "bytes": ' || bytes || ', "pageable_copies": ' || n_pageable
+         || ', "pageable_exposed_ns": ' || exposed_pageable_ns || ', "sync_copies": ' || n_sync
+         || ', "sync_exposed_ns": ' || exposed_sync_ns || ', "device_active_span_ns": ' || coalesce(span_ns, 0)
+         || ', "worst": ' || worst || '}' AS evidence
+FROM per_device WHERE exposed_ns > $min_exposed_ns
+UNION ALL
+SELECT b.device_id, b.stream_id, 'copy', first_id, 'small host-to-device copies', b.start_ns, b.end_ns,
+       n, 'copies', $min_batch_count,
+       CAST(greatest(b.dur_ns - b.bytes / nullif(w.bytes_per_ns, 0), 0) AS BIGINT),
+       'warning',
+       printf('stream %d on device %d: %d host-to-device copies under %s in a row (%s in all) took %s',
+              b.stream_id, b.device_id, n, fmt_bytes($small_copy_bytes), fmt_bytes(b.bytes), fmt_ns(b.dur_ns)),
+       'Gather the small buffers into one pinned staging buffer and copy once (or use cudaMemcpyBatchAsync); each copy pays a fixed launch and DMA setup cost.',
+       '{"copies": ' || n || ', "bytes": ' || b.bytes || ', "copy_ns": ' || b.dur_ns
+         || ', "best_bytes_per_ns": ' || coalesce(w.bytes_per_ns, 0) || '}'
+FROM batches b, best_bw w
+UNION ALL
+SELECT device_id, NULL, 'device', device_id, 'unified-memory migrations', start_ns, end_ns,
+       dur_ns, 'ns', NULL, NULL, 'info',
+       printf('device %d: %d unified-memory page migrations host-to-device (%s, %s); reported apart from explicit copies',
+              device_id, n, fmt_bytes(bytes), fmt_ns(dur_ns)),
+       'Page faults move managed memory on demand; prefetch with cudaMemPrefetchAsync or set cudaMemAdvise hints so migrations happen ahead of the kernels.',
+       '{"migrations": ' || n || ', "bytes": ' || bytes || ', "migration_ns": ' || dur_ns || '}'
+FROM unified
+ORDER BY 3, 1, 2
+"""
+
+RULE = Rule(
+    id="T002",
+    name="unoverlapped-h2d",
+    title="Host-to-device copies not hidden behind compute",
+    phase="timeline",
+    severity="warning",
+    what="Host-to-device copy time during which no kernel ran on the same device; among those "
+         "copies, the ones from pageable memory and the ones made through synchronous calls; runs "
+         "of many small copies that could be one; unified-memory migrations, reported apart.",
+    why="While a copy runs with nothing else on the GPU, the device waits for data. A copy from "
+        "pageable memory is staged through a pinned bounce buffer by the driver and cannot run "
+        "asynchronously; a synchronous call blocks the host too; many small copies each pay a "
+        "fixed setup cost that one large copy pays once.",
+    how="For each explicit HtoD copy (not unified memory), the exposed time is its duration minus "
+        "its overlap with the union of kernel intervals on its device (`kernel_busy_intervals`). "
+        "One finding per device sums it, with its share of the device's active span deciding the "
+        "severity. Small copies (< `small_copy_bytes`) on one stream with at most `max_batch_gap_ns` "
+        "between them form a batch; a batch of `min_batch_count` or more is reported, its cost "
+        "estimated as its copy time minus the bytes at the run's best large-copy rate.",
+    fix="Pin host buffers; use cudaMemcpyAsync on a separate stream and issue copies ahead of use "
+        "(double buffering, DataLoader pin_memory + non_blocking); merge small copies; prefetch "
+        "managed memory.",
+    requires="timed host-to-device copies",
+    applies_sql="SELECT count(*) > 0 FROM copies WHERE run_id = $run_id AND direction = 'HtoD' "
+                "AND start_ns IS NOT NULL",
+    thresholds=(
+        Threshold("min_exposed_ns", 0, "A device's exposed copy time must exceed this to be reported."),
+        Threshold("warning_share", 0.05, "Exposed copy time as a share of the device's active span that makes a warning."),
+        Threshold("error_share", 0.25, "Share that makes an error."),
+        Threshold("small_copy_bytes", 65536, "Copies under this size count as small."),
+        Threshold("max_batch_gap_ns", 100000, "Small copies at most this far apart belong to one batch."),
+        Threshold("min_batch_count", 10, "Batches of at least this many small copies are reported."),
+        Threshold("max_examples", 5, "How many of the most exposed copies the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "Nsight Systems `nsys analyze` rules cuda_memcpy_async (pageable memory) and cuda_memcpy_sync",
+        "CUDA C++ Best Practices Guide: 'Pinned Memory' and 'Asynchronous and Overlapping Transfers with Computation'",
+    ),
+)

@@ -1,0 +1,111 @@
+"""Kernel launch configurations of a run with their occupancy, shared by the bottleneck rules.
+
+Launches are grouped by (device, kernel, grid, block, registers, shared memory) in SQL, so
+a million launches cost one occupancy computation per distinct configuration. ncu's own
+values (waves, theoretical/achieved occupancy, block limits) are kept beside the
+calculator's, and the rules prefer them: they are measured on the real device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..occupancy import occupancy_table
+from ..store import Store
+
+_NCU = {
+    "waves_per_multiprocessor": "launch__waves_per_multiprocessor",
+    "theoretical_pct": "sm__maximum_warps_per_active_cycle_pct",
+    "achieved_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "duration_ns": "gpu__time_duration.sum",
+    "grid_size": "launch__grid_size",
+    "block_size": "launch__block_size",
+    "sm_count": "launch__sm_count",
+    "limit_blocks": "launch__occupancy_limit_blocks",
+    "limit_registers": "launch__occupancy_limit_registers",
+    "limit_shared_mem": "launch__occupancy_limit_shared_mem",
+    "limit_warps": "launch__occupancy_limit_warps",
+    "limit_barriers": "launch__occupancy_limit_barriers",
+}
+_PIVOT = ",\n           ".join(f"max(value) FILTER (WHERE metric_id = '{m}') AS ncu_{k}" for k, m in _NCU.items())
+
+GROUPS_SQL = f"""
+WITH m AS (
+    SELECT kernel_id,
+           {_PIVOT}
+    FROM kernel_metrics WHERE run_id = $run_id GROUP BY kernel_id
+), k AS (
+    SELECT k.*, m.* EXCLUDE (kernel_id),
+           coalesce(k.end_ns - k.start_ns, m.ncu_duration_ns) AS duration_ns,
+           coalesce(k.grid_x * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1), m.ncu_grid_size) AS grid_blocks,
+           coalesce(k.block_x * coalesce(k.block_y, 1) * coalesce(k.block_z, 1), m.ncu_block_size) AS threads_per_block
+    FROM kernels k LEFT JOIN m USING (kernel_id) WHERE k.run_id = $run_id
+)
+SELECT device_id, name, any_value(coalesce(short_name, name)) AS short_name,
+       grid_blocks, threads_per_block, registers_per_thread,
+       static_shared_mem_bytes, dynamic_shared_mem_bytes,
+       count(*) AS launches, min(kernel_id) AS first_id,
+       sum(duration_ns) AS total_ns, count(duration_ns) AS timed_launches,
+       arg_min(start_ns, kernel_id) AS first_start_ns, arg_min(end_ns, kernel_id) AS first_end_ns,
+       avg(est_achieved_occupancy_pct) AS kineto_achieved_pct,
+       {", ".join(f"avg(ncu_{k}) AS ncu_{k}" for k in _NCU if k != "duration_ns")}
+FROM k
+GROUP BY device_id, name, grid_blocks, threads_per_block, registers_per_thread,
+         static_shared_mem_bytes, dynamic_shared_mem_bytes
+"""
+
+
+def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
+    """One row per launch configuration, with device limits, occupancy and waves.
+
+    Columns added: `time_share` (of the run's kernel time, NULL without durations),
+    `blocks_per_sm`, `theoretical`, `achieved` (0..1), `limiter`, `waves`, and `source`
+    (`ncu` when ncu measured the occupancy values, else `calculator`).
+    """
+    groups = store.sql(GROUPS_SQL, {"run_id": run_id}).df()
+    if groups.empty:
+        return groups
+    devices = store.sql("SELECT * EXCLUDE (run_id, name) FROM devices WHERE run_id = ?", [run_id]).df()
+    df = groups.merge(devices, on="device_id", how="left") if not devices.empty else groups
+    if "sm_count" not in df.columns:
+        df["sm_count"] = np.nan
+    df["sm_count"] = df["sm_count"].fillna(df["ncu_sm_count"])
+    occ = occupancy_table(df.assign(block_x=df["threads_per_block"], block_y=1, block_z=1,
+                                    grid_x=df["grid_blocks"], grid_y=1, grid_z=1))
+    total = df["total_ns"].sum(min_count=1)
+    out = df[["device_id", "name", "short_name", "grid_blocks", "threads_per_block", "registers_per_thread",
+              "static_shared_mem_bytes", "dynamic_shared_mem_bytes", "launches", "first_id", "total_ns",
+              "first_start_ns", "first_end_ns", "sm_count"]].copy()
+    out["time_share"] = df["total_ns"] / total if total and total > 0 else np.nan
+    ncu_limits = df[[f"ncu_limit_{x}" for x in ("blocks", "registers", "shared_mem", "warps", "barriers")]]
+    has_ncu = ncu_limits.notna().any(axis=1)
+    out["blocks_per_sm"] = ncu_limits.min(axis=1).where(has_ncu, occ["blocks_per_sm"].astype("Float64"))
+    out["limiter"] = np.where(has_ncu, _ncu_limiter(ncu_limits), occ["limiter"].astype(object))
+    out["theoretical"] = (df["ncu_theoretical_pct"] / 100).fillna(occ["theoretical_occupancy"].astype("Float64"))
+    out["achieved"] = (df["ncu_achieved_pct"] / 100).fillna(df["kineto_achieved_pct"] / 100)
+    out["achieved_source"] = np.where(df["ncu_achieved_pct"].notna(), "ncu",
+                                      np.where(df["kineto_achieved_pct"].notna(), "kineto-estimate", None))
+    calc_waves = df["grid_blocks"] / (out["blocks_per_sm"] * out["sm_count"]).where(lambda s: s > 0)
+    out["waves"] = df["ncu_waves_per_multiprocessor"].fillna(calc_waves)
+    out["source"] = np.where(df["ncu_theoretical_pct"].notna() | has_ncu, "ncu", "calculator")
+    return _plain(out)
+
+
+def _plain(df: pd.DataFrame) -> pd.DataFrame:
+    """Nullable pandas dtypes -> float64 / object with NaN, so rules can test `x == x`."""
+    for c in df.columns:
+        if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):
+            df[c] = df[c].astype("float64")
+        elif isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype):
+            df[c] = df[c].astype(object).where(df[c].notna(), np.nan)
+    return df
+
+
+def _ncu_limiter(limits: pd.DataFrame) -> np.ndarray:
+    names = [c.removeprefix("ncu_limit_") for c in limits.columns]
+    lowest = limits.min(axis=1)
+    out = []
+    for row, low in zip(limits.itertuples(index=False), lowest):
+        out.append("+".join(n for n, v in zip(names, row) if v == low) if low == low else None)
+    return np.array(out, dtype=object)

@@ -1,0 +1,62 @@
+"""A rule's documentation, generated from its metadata.
+
+`traceanalyzer rules ID` prints it and `docs/rules/ID.md` is written from it
+(`python -m traceanalyzer.gendocs`), so the two never drift; a test checks the
+committed pages match.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import all_rules
+from .base import Rule
+
+
+def rule_markdown(rule: Rule) -> str:
+    lines = [
+        f"# {rule.id} `{rule.name}`: {rule.title}",
+        "",
+        f"Phase: **{rule.phase}** · default severity: **{rule.severity}** · "
+        f"formats: {', '.join(rule.formats)}",
+        "",
+        "## What it detects", "", rule.what, "",
+        "## Why it matters", "", rule.why, "",
+        "## How it is computed", "", rule.how, "",
+        "## Thresholds", "",
+    ]
+    if rule.thresholds:
+        lines += ["| name | default | meaning |", "|---|---|---|"]
+        lines += [f"| `{t.name}` | {t.default} | {t.doc} |" for t in rule.thresholds]
+        lines += ["", "Set them with `--threshold " f"{rule.id}.{rule.thresholds[0].name}=VALUE` or in "
+                  "`[tool.traceanalyzer.thresholds." f"{rule.id}]` of `pyproject.toml` / "
+                  "`[thresholds." f"{rule.id}]` of `traceanalyzer.toml`."]
+    else:
+        lines.append("None.")
+    lines += ["", "## Data it needs", "", f"{rule.requires[0].upper()}{rule.requires[1:]}. "
+              "A run without it is listed as `no-data` for this rule, not as clean.", "",
+              "## How to fix", "", rule.fix, ""]
+    if rule.example:
+        lines += ["## Example", "", rule.example, ""]
+    if rule.references:
+        lines += ["## References", ""] + [f"- {r}" for r in rule.references] + [""]
+    return "\n".join(lines)
+
+
+def index_markdown() -> str:
+    lines = ["# Rules", "", "Generated from the rules' metadata (`python -m traceanalyzer.gendocs`).", "",
+             "| id | name | phase | severity | title |", "|---|---|---|---|---|"]
+    lines += [f"| [{r.id}]({r.id}.md) | `{r.name}` | {r.phase} | {r.severity} | {r.title} |" for r in all_rules()]
+    return "\n".join(lines) + "\n"
+
+
+def write_all(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for r in all_rules():
+        p = folder / f"{r.id}.md"
+        p.write_text(rule_markdown(r))
+        written.append(p)
+    (folder / "README.md").write_text(index_markdown())
+    return written
+

@@ -1,0 +1,155 @@
+"""Run rules over stored runs and keep their findings in the store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pandas as pd
+import pyarrow as pa
+
+from ..store import Store, arrow_schema, utcnow
+from . import all_rules
+from .base import FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
+
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass
+class Settings:
+    """Which rules run and with which thresholds (from the CLI and config files)."""
+
+    select: list[str] = field(default_factory=list)  # rule ids or names; empty = all
+    ignore: list[str] = field(default_factory=list)
+    thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)  # rule id -> {name: value}
+
+    def rules(self) -> list[Rule]:
+        from . import get_rule
+
+        def ids(refs):
+            out = set()
+            for ref in refs:
+                try:
+                    out.add(get_rule(ref).id)
+                except KeyError:
+                    raise ValueError(f"unknown rule {ref!r} (see `traceanalyzer rules`)") from None
+            return out
+
+        chosen = ids(self.select) if self.select else {r.id for r in all_rules()}
+        chosen -= ids(self.ignore)
+        return [r for r in all_rules() if r.id in chosen]
+
+    def params_for(self, rule: Rule) -> dict[str, Any]:
+        return rule.params(self.thresholds.get(rule.id))
+
+
+def bind(sql: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Only the named parameters the query uses (DuckDB rejects extra ones)."""
+    used = set(_PARAM.findall(sql))
+    missing = used - set(values)
+    if missing:
+        raise ValueError(f"query uses undefined parameters {sorted(missing)}")
+    return {k: values[k] for k in used}
+
+
+def query(store: Store, sql: str, values: dict[str, Any]) -> pd.DataFrame:
+    return store.sql(sql, bind(sql, values)).df()
+
+
+def evaluate_rule(store: Store, rule: Rule, run_id: str, params: dict[str, Any]) -> pd.DataFrame:
+    """The findings of one rule on one run, as a DataFrame with FINDING_COLUMNS."""
+    values = {"run_id": run_id, **params}
+    frames = []
+    if rule.sql is not None:
+        frames.append(query(store, rule.sql, values))
+    if rule.evaluate is not None:
+        frames.append(rule.evaluate(store, run_id, params))
+    frames = [f for f in frames if f is not None and not f.empty]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return _normalize(df, rule, run_id, store)
+
+
+def _normalize(df: pd.DataFrame, rule: Rule, run_id: str, store: Store) -> pd.DataFrame:
+    extra = set(df.columns) - set(FINDING_COLUMNS)
+    if extra:
+        raise ValueError(f"{rule.id} returned unknown columns {sorted(extra)}")
+    df = df.reindex(columns=list(FINDING_COLUMNS))
+    if df.empty:
+        return df
+    df["run_id"] = run_id
+    df["rule_id"] = rule.id
+    df["severity"] = df["severity"].fillna(rule.severity)
+    bad = set(df["severity"]) - set(SEVERITIES)
+    if bad:
+        raise ValueError(f"{rule.id} returned unknown severities {sorted(bad)}")
+    df["evidence"] = df["evidence"].map(_as_json)
+    file_name = store.sql("SELECT file_name FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+    df["fingerprint"] = [
+        _fingerprint(rule.id, file_name, r.device_id, r.stream_id, r.item_kind, r.item_name)
+        for r in df.itertuples()
+    ]
+    return df
+
+
+def _as_json(v) -> str | None:
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    return v if isinstance(v, str) else json.dumps(v, default=_json_default, sort_keys=True)
+
+
+def _json_default(o):
+    if hasattr(o, "item"):  # numpy scalars
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def _fingerprint(*parts) -> str:
+    clean = ["" if p is None or (isinstance(p, float) and p != p) else str(p) for p in parts]
+    return hashlib.sha1("\x1f".join(clean).encode()).hexdigest()[:16]
+
+
+def applies(store: Store, rule: Rule, run_id: str, fmt: str) -> bool:
+    if fmt not in rule.formats:
+        return False
+    row = store.sql(rule.applies_sql, bind(rule.applies_sql, {"run_id": run_id})).fetchone()
+    return bool(row and row[0])
+
+
+def run_rules(store: Store, run_ids: Iterable[str] | None = None,
+              settings: Settings | None = None) -> list[RuleOutcome]:
+    """Evaluate the selected rules on each run and replace their stored findings."""
+    settings = settings or Settings()
+    rules = settings.rules()
+    params = {r.id: settings.params_for(r) for r in rules}
+    run_ids = list(run_ids) if run_ids is not None else store.run_ids()
+    outcomes: list[RuleOutcome] = []
+    for run_id in run_ids:
+        fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+        frames, statuses = [], []
+        for rule in rules:
+            oc = RuleOutcome(rule.id, run_id, "ran")
+            try:
+                if not applies(store, rule, run_id, fmt):
+                    oc.status, oc.note = "no-data", f"needs {rule.requires}"
+                else:
+                    df = evaluate_rule(store, rule, run_id, params[rule.id])
+                    oc.findings = len(df)
+                    if not df.empty:
+                        frames.append(df)
+            except Exception as e:  # one broken rule must not hide the others' findings
+                oc.status, oc.note = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            outcomes.append(oc)
+            statuses.append({"rule_id": rule.id, "status": oc.status, "findings": oc.findings,
+                             "note": oc.note, "params": json.dumps(params[rule.id], sort_keys=True),
+                             "evaluated_at": utcnow()})
+        findings = (pa.Table.from_pandas(pd.concat(frames, ignore_index=True), schema=arrow_schema("findings"),
+                                         preserve_index=False)
+                    if frames else arrow_schema("findings").empty_table())
+        store.write_findings(run_id, [r.id for r in rules], findings,
+                             pa.Table.from_pylist(statuses, schema=arrow_schema("rule_runs").remove(0)))
+    return outcomes

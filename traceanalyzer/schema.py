@@ -1,0 +1,341 @@
+"""The one schema every reader fills and every rule reads.
+
+Each table is declared once here as (column, DuckDB type, description). The DDL, the
+Arrow schema a reader's output is checked against, and ``docs/schema.md`` are all
+generated from these declarations, so they cannot drift apart.
+
+Conventions: times are BIGINT nanoseconds on one clock per run (``*_ns``); sizes are
+bytes (``*_bytes``); every row carries ``run_id``; ``*_id`` columns local to a run are
+only unique together with ``run_id``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+def _t(name: str, doc: str, *cols: tuple[str, str, str]) -> Table:
+    return Table(name, doc, tuple(Column(*c) for c in cols))
+
+
+RUN = ("run_id", "VARCHAR", "Run id: the first 16 hex digits of the SHA-256 of the source file's bytes.")
+
+RUNS = _t(
+    "runs",
+    "One row per ingested trace file.",
+    RUN,
+    ("source_path", "VARCHAR", "Absolute path of the file when it was ingested."),
+    ("file_name", "VARCHAR", "Base name of the source file."),
+    ("format", "VARCHAR", "`nsys-sqlite`, `ncu-csv` or `kineto-json`."),
+    ("content_hash", "VARCHAR", "Full SHA-256 of the file's bytes (hex)."),
+    ("file_size_bytes", "BIGINT", "Size of the source file."),
+    ("producer", "VARCHAR", "Tool that wrote the file (`nsys`, `ncu`, `kineto`), as far as it can be told."),
+    ("producer_version", "VARCHAR", "Tool version when the file says it (nsys product version, ncu dialect, Kineto schemaVersion)."),
+    ("schema_version", "VARCHAR", "Export schema version (nsys `EXPORT_SCHEMA_VERSION`, ncu CSV dialect, Kineto trace era)."),
+    ("host", "VARCHAR", "Host name the trace was recorded on, when present."),
+    ("start_ns", "BIGINT", "Earliest timestamp of any GPU or host event in the run (NULL when the run has no timeline, e.g. ncu)."),
+    ("end_ns", "BIGINT", "Latest timestamp of any event in the run."),
+    ("span_ns", "BIGINT", "`end_ns - start_ns`."),
+    ("clock", "VARCHAR", "What the run's clock is: `nsys-session` (ns since capture start), `unix-epoch`, `kineto-relative`, `none`."),
+    ("rank", "INTEGER", "Distributed rank when the trace says it (Kineto `distributedInfo.rank`)."),
+    ("world_size", "INTEGER", "Distributed world size when the trace says it."),
+    ("warnings", "VARCHAR[]", "Non-fatal problems found while reading (missing tables, dropped rows)."),
+    ("metadata", "JSON", "Format-specific extras (capture options, Kineto metadata keys, ncu column layout)."),
+    ("ingested_at", "TIMESTAMP", "When the run was stored (UTC)."),
+)
+
+DEVICES = _t(
+    "devices",
+    "One row per GPU (or accelerator) seen in a run, with the limits the rules need.",
+    RUN,
+    ("device_id", "INTEGER", "Device index as used by `device_id` in the activity tables."),
+    ("name", "VARCHAR", "Product name (`NVIDIA H100 80GB HBM3`, `Tesla T4`, `AMD Instinct MI210`)."),
+    ("vendor", "VARCHAR", "`nvidia`, `amd`, `meta` (MTIA) or NULL."),
+    ("compute_major", "INTEGER", "Compute capability major (NVIDIA)."),
+    ("compute_minor", "INTEGER", "Compute capability minor (NVIDIA)."),
+    ("sm_count", "INTEGER", "Streaming multiprocessors (CUs on AMD)."),
+    ("max_warps_per_sm", "INTEGER", "Maximum resident warps per SM."),
+    ("max_blocks_per_sm", "INTEGER", "Maximum resident blocks per SM."),
+    ("max_threads_per_block", "INTEGER", "Maximum threads per block."),
+    ("registers_per_sm", "INTEGER", "32-bit registers per SM."),
+    ("max_registers_per_block", "INTEGER", "32-bit registers per block."),
+    ("shared_mem_per_sm_bytes", "BIGINT", "Shared memory per SM."),
+    ("max_shared_mem_per_block_bytes", "BIGINT", "Default shared memory limit per block."),
+    ("max_shared_mem_per_block_optin_bytes", "BIGINT", "Opt-in shared memory limit per block."),
+    ("warp_size", "INTEGER", "Threads per warp (32 on NVIDIA, 64 on most AMD)."),
+    ("total_memory_bytes", "BIGINT", "Device memory size."),
+    ("l2_cache_bytes", "BIGINT", "L2 cache size."),
+    ("memory_bandwidth_bytes_per_s", "DOUBLE", "Peak DRAM bandwidth."),
+    ("clock_hz", "BIGINT", "SM clock."),
+    ("limits_source", "VARCHAR", "Where the limits came from: `trace`, `trace+cc-table` (gaps filled from the built-in compute-capability and product tables), or `cc-table` (all from those tables)."),
+)
+
+KERNELS = _t(
+    "kernels",
+    "One row per kernel execution (nsys, Kineto) or per profiled launch (ncu, with NULL times).",
+    RUN,
+    ("kernel_id", "BIGINT", "Row id within the run (0-based; ncu: the `ID` column)."),
+    ("device_id", "INTEGER", "Device index."),
+    ("context_id", "BIGINT", "CUDA context id when known."),
+    ("stream_id", "BIGINT", "Stream id."),
+    ("start_ns", "BIGINT", "Start on the GPU (NULL for ncu)."),
+    ("end_ns", "BIGINT", "End on the GPU (NULL for ncu; ncu duration is the metric `gpu__time_duration.sum`)."),
+    ("name", "VARCHAR", "Full (demangled) kernel name."),
+    ("short_name", "VARCHAR", "Base function name without template arguments or parameters."),
+    ("mangled_name", "VARCHAR", "Mangled name when the trace has it."),
+    ("grid_x", "INTEGER", "Grid dimension x (blocks)."),
+    ("grid_y", "INTEGER", "Grid dimension y."),
+    ("grid_z", "INTEGER", "Grid dimension z."),
+    ("block_x", "INTEGER", "Block dimension x (threads)."),
+    ("block_y", "INTEGER", "Block dimension y."),
+    ("block_z", "INTEGER", "Block dimension z."),
+    ("registers_per_thread", "INTEGER", "Registers per thread."),
+    ("static_shared_mem_bytes", "BIGINT", "Static shared memory per block."),
+    ("dynamic_shared_mem_bytes", "BIGINT", "Dynamic shared memory per block."),
+    ("local_mem_per_thread_bytes", "BIGINT", "Local memory per thread."),
+    ("correlation_id", "BIGINT", "Correlation id linking the kernel to its launch call (unique per process)."),
+    ("pid", "BIGINT", "Process id of the launching process."),
+    ("tid", "BIGINT", "Thread id of the launching call, when the launch call was found."),
+    ("launch_call_id", "BIGINT", "`api_calls.call_id` of the launch call, when found."),
+    ("external_id", "BIGINT", "Kineto `External id` (links to the enclosing `cpu_ops` row)."),
+    ("graph_id", "BIGINT", "CUDA graph id when launched from a graph."),
+    ("blocks_per_sm", "DOUBLE", "Kineto `blocks per SM` (grid blocks / SM count) when present."),
+    ("est_achieved_occupancy_pct", "DOUBLE", "Kineto `est. achieved occupancy %` when present."),
+)
+
+COPIES = _t(
+    "copies",
+    "One row per memory copy (including unified-memory migrations, flagged apart).",
+    RUN,
+    ("copy_id", "BIGINT", "Row id within the run."),
+    ("device_id", "INTEGER", "Device that executed the copy."),
+    ("context_id", "BIGINT", "CUDA context id."),
+    ("stream_id", "BIGINT", "Stream id."),
+    ("start_ns", "BIGINT", "Start on the GPU."),
+    ("end_ns", "BIGINT", "End on the GPU."),
+    ("direction", "VARCHAR", "`HtoD`, `DtoH`, `DtoD`, `HtoH`, `PtoP` or `unknown` (array copies map to the device side)."),
+    ("unified_memory", "BOOLEAN", "True for unified-memory (managed) page migrations, which are not explicit copies."),
+    ("src_kind", "VARCHAR", "Source memory kind: `pageable`, `pinned`, `device`, `array`, `managed`, `device_static`, `managed_static`, `unknown`."),
+    ("dst_kind", "VARCHAR", "Destination memory kind (same values)."),
+    ("bytes", "BIGINT", "Bytes copied."),
+    ("src_device_id", "INTEGER", "Source device for peer copies."),
+    ("dst_device_id", "INTEGER", "Destination device for peer copies."),
+    ("correlation_id", "BIGINT", "Correlation id of the API call."),
+    ("pid", "BIGINT", "Process id."),
+    ("tid", "BIGINT", "Thread id of the API call, when found."),
+    ("api_name", "VARCHAR", "Name of the API call that issued the copy (`cudaMemcpyAsync`), when found."),
+    ("launch_call_id", "BIGINT", "`api_calls.call_id` of that call, when found."),
+)
+
+MEMSETS = _t(
+    "memsets",
+    "One row per GPU memset.",
+    RUN,
+    ("memset_id", "BIGINT", "Row id within the run."),
+    ("device_id", "INTEGER", "Device index."),
+    ("context_id", "BIGINT", "CUDA context id."),
+    ("stream_id", "BIGINT", "Stream id."),
+    ("start_ns", "BIGINT", "Start on the GPU."),
+    ("end_ns", "BIGINT", "End on the GPU."),
+    ("bytes", "BIGINT", "Bytes set."),
+    ("value", "BIGINT", "Value written, when known."),
+    ("mem_kind", "VARCHAR", "Memory kind (same values as `copies.src_kind`)."),
+    ("correlation_id", "BIGINT", "Correlation id of the API call."),
+    ("pid", "BIGINT", "Process id."),
+)
+
+API_CALLS = _t(
+    "api_calls",
+    "Host-side CUDA runtime and driver API calls (and their ROCm/MTIA equivalents).",
+    RUN,
+    ("call_id", "BIGINT", "Row id within the run."),
+    ("api", "VARCHAR", "`runtime` or `driver`."),
+    ("name", "VARCHAR", "Call name without the `_vNNNN` version suffix (`cudaLaunchKernel`)."),
+    ("raw_name", "VARCHAR", "Name as the trace writes it."),
+    ("pid", "BIGINT", "Process id."),
+    ("tid", "BIGINT", "Thread id."),
+    ("start_ns", "BIGINT", "Call entry."),
+    ("end_ns", "BIGINT", "Call return."),
+    ("correlation_id", "BIGINT", "Correlation id (links to kernels/copies/memsets/syncs of the same pid)."),
+    ("return_value", "BIGINT", "Return code when recorded."),
+    ("external_id", "BIGINT", "Kineto `External id` of the enclosing CPU op."),
+)
+
+SYNCS = _t(
+    "syncs",
+    "Synchronizations: GPU-side sync records (nsys SYNCHRONIZATION, Kineto `cuda_sync`), classified by the API call's name.",
+    RUN,
+    ("sync_id", "BIGINT", "Row id within the run."),
+    ("kind", "VARCHAR", "`device`, `context`, `stream`, `event`, `stream_wait_event` or `unknown`."),
+    ("api_name", "VARCHAR", "The synchronizing call (`cudaDeviceSynchronize`), when found."),
+    ("device_id", "INTEGER", "Device index."),
+    ("context_id", "BIGINT", "CUDA context id."),
+    ("stream_id", "BIGINT", "Stream synchronized with (NULL for device/context syncs)."),
+    ("start_ns", "BIGINT", "Start of the sync record."),
+    ("end_ns", "BIGINT", "End of the sync record."),
+    ("correlation_id", "BIGINT", "Correlation id of the API call."),
+    ("pid", "BIGINT", "Process id."),
+    ("tid", "BIGINT", "Thread id of the API call, when found."),
+    ("launch_call_id", "BIGINT", "`api_calls.call_id` of the API call, when found."),
+)
+
+RANGES = _t(
+    "ranges",
+    "Annotated time ranges: NVTX push/pop and start/end ranges, Kineto `user_annotation` and `gpu_user_annotation`.",
+    RUN,
+    ("range_id", "BIGINT", "Row id within the run."),
+    ("kind", "VARCHAR", "`nvtx`, `nvtx_mark`, `user_annotation`, `gpu_user_annotation`."),
+    ("name", "VARCHAR", "Range text."),
+    ("domain", "VARCHAR", "NVTX domain or category when present."),
+    ("pid", "BIGINT", "Process id (CPU ranges)."),
+    ("tid", "BIGINT", "Thread id (CPU ranges)."),
+    ("device_id", "INTEGER", "Device (GPU ranges)."),
+    ("stream_id", "BIGINT", "Stream (GPU ranges)."),
+    ("start_ns", "BIGINT", "Range start."),
+    ("end_ns", "BIGINT", "Range end (equal to start for marks)."),
+)
+
+CPU_OPS = _t(
+    "cpu_ops",
+    "Framework operators on the host (Kineto `cpu_op` / legacy `Operator`), with input shapes when recorded.",
+    RUN,
+    ("op_id", "BIGINT", "Row id within the run."),
+    ("name", "VARCHAR", "Operator name (`aten::mm`)."),
+    ("pid", "BIGINT", "Process id."),
+    ("tid", "BIGINT", "Thread id."),
+    ("start_ns", "BIGINT", "Start."),
+    ("end_ns", "BIGINT", "End."),
+    ("input_dims", "VARCHAR", "JSON text of `Input Dims` when recorded."),
+    ("input_types", "VARCHAR", "JSON text of `Input type` when recorded."),
+    ("external_id", "BIGINT", "`External id`."),
+    ("sequence_number", "BIGINT", "Autograd `Sequence number`."),
+)
+
+MEMORY_EVENTS = _t(
+    "memory_events",
+    "Allocator events: Kineto `[memory]` instants, nsys `CUDA_GPU_MEMORY_USAGE_EVENTS`.",
+    RUN,
+    ("event_id", "BIGINT", "Row id within the run."),
+    ("ts_ns", "BIGINT", "When it happened."),
+    ("device_type", "VARCHAR", "`cuda`, `cpu` or the raw code."),
+    ("device_id", "INTEGER", "Device index (-1 for CPU)."),
+    ("address", "BIGINT", "Address allocated or freed."),
+    ("bytes", "BIGINT", "Signed size: positive for an allocation, negative for a free."),
+    ("total_allocated_bytes", "BIGINT", "Allocator total after the event, when the trace records it."),
+    ("total_reserved_bytes", "BIGINT", "Allocator reserved total after the event, when recorded."),
+    ("pid", "BIGINT", "Process id."),
+    ("tid", "BIGINT", "Thread id."),
+)
+
+KERNEL_METRICS = _t(
+    "kernel_metrics",
+    "Nsight Compute: one row per profiled kernel launch and metric, values in base units.",
+    RUN,
+    ("kernel_id", "BIGINT", "The launch (`kernels.kernel_id`, i.e. ncu's `ID`)."),
+    ("section", "VARCHAR", "ncu section (`GPU Speed Of Light Throughput`; `raw` for the raw page)."),
+    ("metric_name", "VARCHAR", "Metric label (details page) or metric id (raw page)."),
+    ("metric_id", "VARCHAR", "ncu metric id when known (raw page, or a details label the reader maps)."),
+    ("unit", "VARCHAR", "Base unit after conversion (`byte`, `ns`, `%`, `cycle`, `byte/s`, `Hz`, ...)."),
+    ("value", "DOUBLE", "Value in `unit`; NULL when not numeric."),
+    ("raw_unit", "VARCHAR", "Unit as the file writes it."),
+    ("raw_value", "VARCHAR", "Value as the file writes it."),
+)
+
+KERNEL_RULE_RESULTS = _t(
+    "kernel_rule_results",
+    "Nsight Compute's own rule rows (2023+ details page): kept so a user can compare.",
+    RUN,
+    ("kernel_id", "BIGINT", "The launch."),
+    ("section", "VARCHAR", "ncu section."),
+    ("rule_name", "VARCHAR", "ncu rule name."),
+    ("rule_type", "VARCHAR", "`OPT`, `WRN`, `INF`, ..."),
+    ("description", "VARCHAR", "Rule text."),
+    ("speedup_type", "VARCHAR", "`global` or `local`."),
+    ("estimated_speedup_pct", "DOUBLE", "ncu's estimated speedup."),
+)
+
+FINDINGS = _t(
+    "findings",
+    "What the rules found: one row per finding, pointing back at rows of the source trace. Written by `check`/`scan`.",
+    RUN,
+    ("rule_id", "VARCHAR", "Stable rule code (`T001`); `traceanalyzer rules ID` explains it."),
+    ("severity", "VARCHAR", "`info`, `warning` or `error`."),
+    ("device_id", "INTEGER", "Device, when the finding is about one."),
+    ("stream_id", "BIGINT", "Stream, when the finding is about one."),
+    ("item_kind", "VARCHAR", "What `item_id` points at: `kernel`, `copy`, `memset`, `range`, `stream`, `device`, `run`."),
+    ("item_id", "BIGINT", "Row id in the table named by `item_kind` (e.g. `kernels.kernel_id`)."),
+    ("item_name", "VARCHAR", "Kernel name, copy description, range name."),
+    ("start_ns", "BIGINT", "Start of the time range to look at (the worst example for aggregate findings)."),
+    ("end_ns", "BIGINT", "End of that time range."),
+    ("value", "DOUBLE", "The measured quantity the threshold applies to."),
+    ("value_unit", "VARCHAR", "Unit of `value` and `threshold` (`ns`, `share`, `waves`, `pct`)."),
+    ("threshold", "DOUBLE", "The threshold `value` was compared with."),
+    ("est_loss_ns", "BIGINT", "Estimated time this costs the run (an upper bound unless the rule's doc says otherwise)."),
+    ("message", "VARCHAR", "One line: what is wrong, where, how much."),
+    ("hint", "VARCHAR", "A concrete thing to try."),
+    ("evidence", "JSON", "Details: counts, worst examples with time ranges, causes."),
+    ("fingerprint", "VARCHAR", "Stable identity for baselines: rule, file name and location, not measured values."),
+)
+
+RULE_RUNS = _t(
+    "rule_runs",
+    "Which rules ran on which run, with which thresholds, and why a rule did not apply.",
+    RUN,
+    ("rule_id", "VARCHAR", "Rule code."),
+    ("status", "VARCHAR", "`ran`, `no-data` (the run lacks what the rule needs) or `error`."),
+    ("findings", "INTEGER", "Number of findings."),
+    ("note", "VARCHAR", "For `no-data`/`error`: what is missing or what failed."),
+    ("params", "JSON", "Thresholds used."),
+    ("evaluated_at", "TIMESTAMP", "When (UTC)."),
+)
+
+TABLES: tuple[Table, ...] = (
+    RUNS, DEVICES, KERNELS, COPIES, MEMSETS, API_CALLS, SYNCS, RANGES, CPU_OPS,
+    MEMORY_EVENTS, KERNEL_METRICS, KERNEL_RULE_RESULTS, FINDINGS, RULE_RUNS,
+)
+BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
+# Tables a reader fills (not `runs`, written from the run info, nor the rules' tables).
+DATA_TABLES: tuple[str, ...] = tuple(
+    t.name for t in TABLES if t.name not in ("runs", "findings", "rule_runs"))
+
+
+def ddl(table: Table) -> str:
+    cols = ",\n  ".join(f"{c.name} {c.type}" for c in table.columns)
+    return f"CREATE TABLE IF NOT EXISTS {table.name} (\n  {cols}\n)"
+
+
+def markdown() -> str:
+    """docs/schema.md, generated (tests check the committed file matches)."""
+    out = [
+        "# Store schema",
+        "",
+        "Generated from `traceanalyzer/schema.py` by `python -m traceanalyzer.gendocs`;",
+        "a test fails when this file and the code disagree.",
+        "",
+        __doc__.strip().split("\n\n")[-1].replace("\n", " ").strip(),
+        "",
+    ]
+    for t in TABLES:
+        out += [f"## `{t.name}`", "", t.doc, "", "| column | type | meaning |", "|---|---|---|"]
+        out += [f"| `{c.name}` | {c.type} | {c.doc} |" for c in t.columns]
+        out.append("")
+    return "\n".join(out)
+

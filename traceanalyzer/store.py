@@ -1,0 +1,281 @@
+"""The DuckDB store: the schema, and the one place that writes it.
+
+A run is written in one transaction (all of its rows or none), keyed by a hash of the
+file's bytes, so ingesting the same content again replaces the run instead of adding a
+second copy. DuckDB allows one writer per file; a second process waits for the lock
+(up to `lock_timeout_s`) and then fails with a message that says so.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import schema, views
+from .ingest.base import ParsedTrace
+
+DEFAULT_STORE = "traceanalyzer.duckdb"
+STORE_ENV = "TRACEANALYZER_STORE"
+
+_ARROW_TYPES = {
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "VARCHAR[]": pa.list_(pa.string()),
+    "TIMESTAMP": pa.timestamp("us"),
+}
+# Columns that hold a point in time on the run's clock (used to compute the run's span).
+_TIME_COLUMNS = ("start_ns", "end_ns", "ts_ns")
+
+
+class StoreError(Exception):
+    """A store that cannot be opened or written (locked, not a DuckDB file, ...)."""
+
+
+def default_path() -> Path:
+    return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
+
+
+def file_hash(path: Path, chunk_bytes: int = 4 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run_id_for(content_hash: str) -> str:
+    return content_hash[:16]
+
+
+@dataclass
+class IngestResult:
+    path: Path
+    run_id: str
+    format: str
+    counts: dict[str, int]
+    span_ns: int | None
+    warnings: list[str] = field(default_factory=list)
+    replaced: bool = False
+    skipped: bool = False
+
+
+class Store:
+    """A DuckDB file holding any number of runs. Use as a context manager or call close()."""
+
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
+                 lock_timeout_s: float = 30.0):
+        self.path = Path(path) if path is not None else default_path()
+        self.read_only = read_only
+        self.con = self._connect(lock_timeout_s)
+        if not read_only:
+            for t in schema.TABLES:
+                self.con.execute(schema.ddl(t))
+        views.install(self.con)
+
+    def _connect(self, lock_timeout_s: float) -> duckdb.DuckDBPyConnection:
+        if self.read_only and not self.path.exists():
+            raise StoreError(f"{self.path}: no such store (run `traceanalyzer ingest` first)")
+        deadline = time.monotonic() + lock_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return duckdb.connect(str(self.path), read_only=self.read_only)
+            except duckdb.IOException as e:
+                msg = str(e)
+                if "lock" not in msg.lower():
+                    raise StoreError(f"{self.path}: cannot open store: {msg.splitlines()[0]}") from None
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"{self.path}: store is locked by another traceanalyzer process; "
+                        f"waited {lock_timeout_s:.0f} s (retry, or raise --lock-timeout)") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except duckdb.Error as e:
+                raise StoreError(f"{self.path}: cannot open store: {str(e).splitlines()[0]}") from None
+
+    # -- reading ---------------------------------------------------------------------
+    def sql(self, query: str, params: Iterable[Any] | dict | None = None):
+        """Run SQL; the result has .fetchall(), .df() and .fetch_arrow_table()."""
+        return self.con.execute(query, params) if params is not None else self.con.execute(query)
+
+    def df(self, query: str, params=None):
+        return self.sql(query, params).df()
+
+    def arrow(self, query: str, params=None) -> pa.Table:
+        return self.sql(query, params).fetch_arrow_table()
+
+    def run_ids(self) -> list[str]:
+        return [r[0] for r in self.sql("SELECT run_id FROM runs ORDER BY ingested_at, run_id").fetchall()]
+
+    def has_hash(self, content_hash: str) -> bool:
+        return self.sql("SELECT 1 FROM runs WHERE content_hash = ?", [content_hash]).fetchone() is not None
+
+    def resolve_run(self, ref: str) -> str:
+        """A run id, a unique prefix of one, or a source file name/path."""
+        rows = self.sql(
+            "SELECT run_id FROM runs WHERE run_id LIKE ? || '%' OR source_path = ? OR file_name = ?",
+            [ref, str(Path(ref).resolve()), ref]).fetchall()
+        if len(rows) == 1:
+            return rows[0][0]
+        raise StoreError(f"no run matches {ref!r}" if not rows else f"{ref!r} matches {len(rows)} runs")
+
+    # -- writing ---------------------------------------------------------------------
+    def write_run(self, trace: ParsedTrace, source: Path, content_hash: str,
+                  file_size_bytes: int) -> IngestResult:
+        """Store one parsed trace in a single transaction, replacing any run with the same id."""
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        run_id = run_id_for(content_hash)
+        tables = {name: _conform(name, tbl, run_id) for name, tbl in trace.tables.items()}
+        start, end = _span(tables.values())
+        run_row = _run_row(trace, run_id, source, content_hash, file_size_bytes, start, end)
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            replaced = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
+            for t in schema.TABLES:
+                con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
+            _insert(con, "runs", run_row)
+            for name, tbl in tables.items():
+                if tbl.num_rows:
+                    _insert(con, name, tbl)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        counts = {name: tables[name].num_rows if name in tables else 0 for name in schema.DATA_TABLES}
+        span = None if start is None else end - start
+        return IngestResult(source, run_id, trace.format, counts, span, list(trace.warnings), replaced)
+
+    def write_findings(self, run_id: str, rule_ids: list[str], findings: pa.Table,
+                       rule_runs: pa.Table) -> None:
+        """Replace the findings of `rule_ids` on `run_id` in one transaction."""
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        findings = _conform("findings", findings.drop_columns(["run_id"]) if "run_id" in findings.column_names
+                            else findings, run_id)
+        rule_runs = _conform("rule_runs", rule_runs, run_id)
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for name in ("findings", "rule_runs"):
+                con.execute(f"DELETE FROM {name} WHERE run_id = ? AND list_contains(?, rule_id)",
+                            [run_id, rule_ids])
+            if findings.num_rows:
+                _insert(con, "findings", findings)
+            _insert(con, "rule_runs", rule_runs)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def delete_run(self, run_id: str) -> None:
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            for t in schema.TABLES:
+                self.con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def ingest(self, path: str | Path, *, skip_existing: bool = False) -> IngestResult:
+        """Detect, read and store one file (see `traceanalyzer.ingest.read_file`)."""
+        from .ingest import read_file
+
+        path = Path(path)
+        content_hash = file_hash(path)
+        if skip_existing and self.has_hash(content_hash):
+            row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
+            return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True)
+        trace = read_file(path)
+        return self.write_run(trace, path.resolve(), content_hash, path.stat().st_size)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _conform(name: str, tbl: pa.Table, run_id: str) -> pa.Table:
+    """Give a reader's table the schema's exact columns and types, run_id first."""
+    table = schema.BY_NAME.get(name)
+    if table is None:
+        raise ValueError(f"reader produced unknown table {name!r}")
+    unknown = set(tbl.column_names) - set(table.column_names)
+    if unknown:
+        raise ValueError(f"reader produced unknown columns in {name}: {sorted(unknown)}")
+    n = tbl.num_rows
+    arrays = []
+    for col in table.columns:
+        typ = _ARROW_TYPES[col.type]
+        if col.name == "run_id":
+            arrays.append(pa.array([run_id] * n, pa.string()) if n else pa.array([], pa.string()))
+        elif col.name in tbl.column_names:
+            arrays.append(tbl.column(col.name).cast(typ))
+        else:
+            arrays.append(pa.nulls(n, typ))
+    return pa.Table.from_arrays(arrays, names=table.column_names)
+
+
+def _span(tables: Iterable[pa.Table]) -> tuple[int | None, int | None]:
+    lo = hi = None
+    for tbl in tables:
+        for c in _TIME_COLUMNS:
+            if c in tbl.column_names and tbl.num_rows:
+                mm = pc.min_max(tbl.column(c))
+                a, b = mm["min"].as_py(), mm["max"].as_py()
+                if a is not None:
+                    lo = a if lo is None else min(lo, a)
+                    hi = b if hi is None else max(hi, b)
+    return lo, hi
+
+
+def _run_row(trace: ParsedTrace, run_id: str, source: Path, content_hash: str,
+             size: int, start: int | None, end: int | None) -> pa.Table:
+    row = {
+        "run_id": run_id, "source_path": str(source), "file_name": source.name,
+        "format": trace.format, "content_hash": content_hash, "file_size_bytes": size,
+        "producer": trace.producer, "producer_version": trace.producer_version,
+        "schema_version": trace.schema_version, "host": trace.host,
+        "start_ns": start, "end_ns": end, "span_ns": None if start is None else end - start,
+        "clock": trace.clock, "rank": trace.rank, "world_size": trace.world_size,
+        "warnings": list(trace.warnings),
+        "metadata": json.dumps(trace.metadata, default=str, sort_keys=True),
+        "ingested_at": utcnow(),
+    }
+    return pa.Table.from_pylist([row], schema=arrow_schema("runs"))
+
+
+def utcnow() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+def arrow_schema(table: str) -> pa.Schema:
+    return pa.schema([(c.name, _ARROW_TYPES[c.type]) for c in schema.BY_NAME[table].columns])
+
+
+def _insert(con: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> None:
+    con.register("_ta_incoming", tbl)
+    try:
+        con.execute(f"INSERT INTO {name} SELECT * FROM _ta_incoming")
+    finally:
+        con.unregister("_ta_incoming")

@@ -1,0 +1,105 @@
+"""Named, documented analyses over the store, installed as TEMP views on each connection.
+
+Rules and reports build on these instead of re-deriving them; a user can query them
+too (`traceanalyzer query "SELECT * FROM device_busy"`). TEMP views live in the
+connection, not the file, so a store written by an older version gets the current ones.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+
+
+def _islands(source: str) -> str:
+    """Merge overlapping intervals of `source` per run and device into disjoint ones."""
+    return f"""
+        WITH ordered AS (
+            SELECT run_id, device_id, start_ns, end_ns,
+                   max(end_ns) OVER (PARTITION BY run_id, device_id ORDER BY start_ns, end_ns
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_end
+            FROM ({source})
+        ), flagged AS (
+            SELECT *, sum(CASE WHEN prev_max_end IS NULL OR start_ns > prev_max_end THEN 1 ELSE 0 END)
+                      OVER (PARTITION BY run_id, device_id ORDER BY start_ns, end_ns
+                            ROWS UNBOUNDED PRECEDING) AS island
+            FROM ordered
+        )
+        SELECT run_id, device_id, island, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+        FROM flagged GROUP BY run_id, device_id, island
+        """
+
+
+VIEWS: dict[str, tuple[str, str]] = {
+    "gpu_activity": (
+        "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
+        "row id of its source table in `item_id`.",
+        """
+        SELECT run_id, device_id, stream_id, 'kernel' AS kind, kernel_id AS item_id,
+               start_ns, end_ns, name, pid, correlation_id, launch_call_id
+        FROM kernels WHERE start_ns IS NOT NULL AND end_ns >= start_ns
+        UNION ALL
+        SELECT run_id, device_id, stream_id, 'copy', copy_id, start_ns, end_ns,
+               'Memcpy ' || direction || CASE WHEN unified_memory THEN ' (unified)' ELSE '' END,
+               pid, correlation_id, launch_call_id
+        FROM copies WHERE start_ns IS NOT NULL AND end_ns >= start_ns
+        UNION ALL
+        SELECT run_id, device_id, stream_id, 'memset', memset_id, start_ns, end_ns, 'Memset',
+               pid, correlation_id, NULL
+        FROM memsets WHERE start_ns IS NOT NULL AND end_ns >= start_ns
+        """,
+    ),
+    "device_busy_intervals": (
+        "Per run and device, the union of all GPU activity as disjoint busy intervals "
+        "(gaps-and-islands over `gpu_activity`).",
+        _islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity"),
+    ),
+    "kernel_busy_intervals": (
+        "Per run and device, the union of kernel execution only (what copies can hide behind).",
+        _islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity WHERE kind = 'kernel'"),
+    ),
+    "device_busy": (
+        "Per run and device: busy time (union of GPU activity), the device's active span "
+        "(first to last GPU operation) and the busy share of that span.",
+        """
+        SELECT run_id, device_id,
+               sum(end_ns - start_ns) AS busy_ns,
+               min(start_ns) AS first_start_ns, max(end_ns) AS last_end_ns,
+               max(end_ns) - min(start_ns) AS active_span_ns,
+               sum(end_ns - start_ns) / nullif(max(end_ns) - min(start_ns), 0) AS busy_share
+        FROM device_busy_intervals GROUP BY run_id, device_id
+        """,
+    ),
+    "device_idle_gaps": (
+        "Per run and device, the idle stretches between busy intervals (no work on any stream).",
+        """
+        SELECT run_id, device_id, end_ns AS start_ns, next_start AS end_ns, next_start - end_ns AS gap_ns
+        FROM (SELECT run_id, device_id, end_ns,
+                     lead(start_ns) OVER (PARTITION BY run_id, device_id ORDER BY start_ns) AS next_start
+              FROM device_busy_intervals)
+        WHERE next_start IS NOT NULL
+        """,
+    ),
+}
+
+# Small formatting helpers so a rule's SQL can write its own one-line message.
+MACROS: dict[str, str] = {
+    "fmt_ns": """(x) AS CASE WHEN x IS NULL THEN '-'
+        WHEN abs(x) >= 1e9 THEN printf('%.3g s', x / 1e9)
+        WHEN abs(x) >= 1e6 THEN printf('%.3g ms', x / 1e6)
+        WHEN abs(x) >= 1e3 THEN printf('%.3g us', x / 1e3)
+        ELSE printf('%d ns', CAST(round(x) AS BIGINT)) END""",
+    "fmt_bytes": """(x) AS CASE WHEN x IS NULL THEN '-'
+        WHEN abs(x) >= 1e9 THEN printf('%.3g GB', x / 1e9)
+        WHEN abs(x) >= 1e6 THEN printf('%.3g MB', x / 1e6)
+        WHEN abs(x) >= 1e3 THEN printf('%.3g KB', x / 1e3)
+        ELSE printf('%d B', CAST(x AS BIGINT)) END""",
+    "fmt_pct": "(x) AS CASE WHEN x IS NULL THEN '-' ELSE printf('%.1f%%', 100 * x) END",
+}
+
+
+def install(con: duckdb.DuckDBPyConnection) -> None:
+    for name, body in MACROS.items():
+        con.execute(f"CREATE OR REPLACE TEMP MACRO {name}{body}")
+    for name, (_, sql) in VIEWS.items():
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
