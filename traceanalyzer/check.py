@@ -64,7 +64,7 @@ def read_baseline(path: Path) -> set[str]:
         raise UsageError(f"{path}: not a traceanalyzer JSON report usable as a baseline ({e})") from None
 
 
-def run_check(store: Store, opts: CheckOptions, ingest: Callable, log=None) -> CheckResult:
+def run_check(store: Store, opts: CheckOptions, ingest: Callable) -> CheckResult:
     settings, fail_on = settings_from(opts)
     known = read_baseline(opts.baseline) if opts.baseline else None
     results, failed = ingest(store, opts.paths)

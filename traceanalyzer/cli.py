@@ -41,8 +41,10 @@ def _error_line(path: Path, e: BaseException) -> str:
     return f"error: {path}: {msg}"
 
 
-def ingest_files(st: Store, paths: List[str], debug: bool, skip_existing: bool = False) -> tuple[list, int]:
-    """Ingest every trace under `paths`, printing one line per file. Returns (results, failures)."""
+def ingest_files(st: Store, paths: List[str], debug: bool, skip_existing: bool = False,
+                 progress: Console = out) -> tuple[list, int]:
+    """Ingest every trace under `paths`, printing one line per file to `progress`.
+    Returns (results, failures)."""
     results, failed = [], 0
     files = list(find_traces(paths))
     if not files:
@@ -68,7 +70,7 @@ def ingest_files(st: Store, paths: List[str], debug: bool, skip_existing: bool =
         state = "skipped (already stored)" if r.skipped else ("replaced" if r.replaced else "ok")
         detail = "" if r.skipped else (f"kernels={c.get('kernels', 0)} copies={c.get('copies', 0)} "
                                        f"api_calls={c.get('api_calls', 0)} span={fmt.ns(r.span_ns)}")
-        out.print(f"{state:<8} {r.format:<12} {r.run_id}  {f}  {detail}".rstrip(), markup=False)
+        progress.print(f"{state:<8} {r.format:<12} {r.run_id}  {f}  {detail}".rstrip(), markup=False)
         for w in r.warnings:
             err.print(f"warning: {f}: {w}", markup=False)
     return results, failed
@@ -97,8 +99,8 @@ def runs(store: StoreOpt = None):
             FROM runs r ORDER BY r.ingested_at, r.run_id""")
     t = Table("run", "format", "file", "version", "span", "kernels", "copies", "GPUs")
     for r in df.itertuples():
-        t.add_row(r.run_id, r.format, r.file_name, r.producer_version or "-", fmt.ns(r.span_ns),
-                  fmt.num(r.kernels), fmt.num(r.copies), r.gpus or "-")
+        t.add_row(r.run_id, r.format, r.file_name, fmt.text(r.producer_version), fmt.ns(r.span_ns),
+                  fmt.num(r.kernels), fmt.num(r.copies), fmt.text(r.gpus))
     out.print(t)
 
 
@@ -120,13 +122,13 @@ def summary_cmd(run: Annotated[Optional[List[str]], typer.Argument(help="Run ids
 def _print_summary(st: Store, rid: str, top: int) -> None:
     info = summary.run_info(st, rid)
     out.rule(f"{rid}  {info['file_name']}  ({info['format']})", style="bold")
-    out.print(f"span {fmt.ns(info['span_ns'])}   producer {info['producer'] or '-'} "
-              f"{info['producer_version'] or ''}   host {info['host'] or '-'}", markup=False)
+    out.print(f"span {fmt.ns(info['span_ns'])}   producer {fmt.text(info['producer'])} "
+              f"{fmt.text(info['producer_version'], '')}   host {fmt.text(info['host'])}", markup=False)
     busy = summary.busy(st, rid)
     if not busy.empty:
         t = Table("device", "name", "busy", "active span", "busy share", "share of run", title="GPU busy")
         for r in busy.itertuples():
-            t.add_row(str(r.device_id), r.device or "-", fmt.ns(r.busy_ns), fmt.ns(r.active_span_ns),
+            t.add_row(str(r.device_id), fmt.text(r.device), fmt.ns(r.busy_ns), fmt.ns(r.active_span_ns),
                       fmt.pct(r.busy_share), fmt.pct(r.busy_share_of_run))
         out.print(t)
     k = summary.top_kernels(st, rid, top)
@@ -142,14 +144,13 @@ def _print_summary(st: Store, rid: str, top: int) -> None:
     if not c.empty:
         t = Table("direction", "memory", "count", "bytes", "time", "bandwidth", title="Copies")
         for r in c.itertuples():
-            t.add_row(r.direction, r.memory_kinds, fmt.num(r.count), fmt.nbytes(r.bytes),
-                      fmt.ns(r.total_ns), "-" if r.bandwidth_gb_per_s != r.bandwidth_gb_per_s or r.bandwidth_gb_per_s is None
-                      else f"{r.bandwidth_gb_per_s:.3g} GB/s")
+            bw = "-" if fmt.text(r.bandwidth_gb_per_s) == "-" else f"{r.bandwidth_gb_per_s:.3g} GB/s"
+            t.add_row(r.direction, r.memory_kinds, fmt.num(r.count), fmt.nbytes(r.bytes), fmt.ns(r.total_ns), bw)
         out.print(t)
 
 
 def _clip(s: str, n: int = 80) -> str:
-    s = s or "?"
+    s = fmt.text(s, "?")
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
@@ -172,7 +173,7 @@ def query(sql: Annotated[str, typer.Argument(help="SQL over the store's tables a
     else:
         t = Table(*map(str, df.columns))
         for row in df.itertuples(index=False):
-            t.add_row(*("" if v is None else str(v) for v in row))
+            t.add_row(*(fmt.text(v, "") for v in row))
         out.print(t)
 
 
@@ -224,8 +225,9 @@ def check(paths: Annotated[List[str], typer.Argument(help="Trace files or folder
         if format not in ("text", "json", "sarif", "junit"):
             raise UsageError(f"--format must be text, json, sarif or junit, not {format!r}")
         with _open(store) as st:
-            result = run_check(st, opts, ingest=lambda s, p: ingest_files(s, p, debug, skip_existing=True),
-                               log=err)
+            # Progress lines go to stderr so stdout holds only the report.
+            result = run_check(st, opts, ingest=lambda s, p: ingest_files(s, p, debug, skip_existing=True,
+                                                                         progress=err))
     except UsageError as e:
         err.print(f"error: {e}", markup=False)
         raise typer.Exit(2)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-import math
-
 
 def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
+    """None, NaN, pandas NA/NaT."""
+    if x is None:
+        return True
+    try:
+        return bool(x != x)
+    except TypeError:  # pandas.NA refuses bool()
+        return True
+
+
+def text(x, default: str = "-") -> str:
+    return default if _missing(x) or x == "" else str(x)
 
 
 def ns(x) -> str:

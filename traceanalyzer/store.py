@@ -109,14 +109,18 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):
-        """Run SQL; the result has .fetchall(), .df() and .fetch_arrow_table()."""
+        """Run SQL with optional parameters; the result has .fetchall() and .df() (see also
+        `df()` and `arrow()`)."""
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
 
     def df(self, query: str, params=None):
         return self.sql(query, params).df()
 
     def arrow(self, query: str, params=None) -> pa.Table:
-        return self.sql(query, params).fetch_arrow_table()
+        rel = self.con.sql(query, params=params)
+        # DuckDB 2.x names it to_arrow_table; in 1.x .arrow() returns the table.
+        fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
+        return fetch()
 
     def run_ids(self) -> list[str]:
         return [r[0] for r in self.sql("SELECT run_id FROM runs ORDER BY ingested_at, run_id").fetchall()]

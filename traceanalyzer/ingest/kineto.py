@@ -56,6 +56,8 @@ from .kineto_tables import TableBuilder
 MAX_METADATA_VALUE_BYTES = 16 * 1024
 # Absolute Kineto timestamps are Unix-epoch µs: anything at or past 2001-09-09 is one.
 MIN_EPOCH_US = 1e15
+_RUN_FACT_KEYS = ("baseTimeNanoseconds", "distributedInfo", "deviceProperties", "computeProperties",
+                  "schemaVersion", "host_name", "hostname")
 LEGACY_CATEGORIES = {"Operator", "Runtime", "Kernel", "Memcpy", "Memset"}
 SHARED_MEMORY_NOTE = (
     "Kineto's kernel arg `shared memory` is static + dynamic shared memory per block; it is "
@@ -187,8 +189,10 @@ def _parse(top: dict[str, Raw], events: list[Event]) -> ParsedTrace:
     if events and not any(e.ph is not None for e in islice(events, 100_000)):
         raise TraceError("no event has a `ph` phase: not a Chrome/Kineto trace")
     meta, omitted = _metadata(top)
-    base_ns = _typed(meta, "baseTimeNanoseconds", int, "an integer (ns)")
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    # Keys the run facts come from are decoded whatever their size (pg_config can be long).
+    needed = {k: msgspec.json.decode(top[k]) if k in omitted else meta.get(k) for k in _RUN_FACT_KEYS}
+    base_ns = _typed(needed, "baseTimeNanoseconds", int, "an integer (ns)")
+    dist = needed["distributedInfo"] if isinstance(needed["distributedInfo"], dict) else {}
     groups, memory, counts = _group(events)
     legacy = bool(LEGACY_CATEGORIES & counts.keys())
     clock, era = _time_facts(events, base_ns, legacy)
@@ -208,10 +212,7 @@ def _parse(top: dict[str, Raw], events: list[Event]) -> ParsedTrace:
         "cpu_ops": b.cpu_ops(groups.get("cpu_op", [])),
         "memory_events": b.memory_events(memory),
     }
-    props = meta.get("deviceProperties", meta.get("computeProperties"))
-    if props is None and ("deviceProperties" in omitted or "computeProperties" in omitted):
-        key = "deviceProperties" if "deviceProperties" in top else "computeProperties"
-        props = msgspec.json.decode(top[key])
+    props = needed["deviceProperties"] if "deviceProperties" in top else needed["computeProperties"]
     tables["devices"], device_warnings = devices_table(props, b.gpu_device_ids, _run_vendor(meta, groups))
 
     out_warnings = [f"{msg}: {n}" for msg, n in warnings.items()] + device_warnings
@@ -229,8 +230,8 @@ def _parse(top: dict[str, Raw], events: list[Event]) -> ParsedTrace:
         "omitted_large_keys": omitted,
         "time_base": "baseTimeNanoseconds + round(ts*1000)" if base_ns is not None else "round(ts*1000)",
     }
-    version = meta.get("schemaVersion")
-    host = meta.get("host_name", meta.get("hostname"))
+    version = needed["schemaVersion"]
+    host = needed["host_name"] if needed["host_name"] is not None else needed["hostname"]
     rank, world = dist.get("rank"), dist.get("world_size")
     return ParsedTrace(
         format=KINETO,

@@ -149,19 +149,16 @@ class NsysFile:
 
         `label` names the source in warnings (e.g. when invalid UTF-8 had to be replaced)."""
         label = label or from_sql.split()[0].strip('"')
-        exprs = ", ".join(
-            (f"COALESCE(CAST({c.expr} AS TEXT), '')" if pa.types.is_string(c.type) else c.expr)
-            + f" AS {quote(c.alias)}" for c in cols)
-        sql = f"SELECT {exprs} FROM {from_sql}" + (f" WHERE {where}" if where else "")
         schema = pa.schema([(c.alias, c.type) for c in cols])
         table = None
         if self._adbc is not None:
             try:
-                table = self._fetch_adbc(sql)
+                table = self._fetch_adbc(_select_sql(cols, from_sql, where, cast_ints=False))
             except _ADBC_ERRORS:
                 self.fallbacks += 1  # e.g. a column whose type changes after the first batch
         if table is None:
-            table = self._fetch_sqlite3(sql, schema, label)
+            # CAST: a value stored with an odd type (SQLite columns are not typed) still converts.
+            table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
         return self._conform(table, schema, label)
 
     def _fetch_adbc(self, sql: str) -> pa.Table:
@@ -214,6 +211,16 @@ class NsysFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _select_sql(cols: Sequence[Col], from_sql: str, where: str, cast_ints: bool) -> str:
+    def expr(c: Col) -> str:
+        if pa.types.is_string(c.type):  # never NULL, for ADBC's type inference; '' -> NULL later
+            return f"COALESCE(CAST({c.expr} AS TEXT), '')"
+        return f"CAST({c.expr} AS INTEGER)" if cast_ints and pa.types.is_integer(c.type) else c.expr
+
+    exprs = ", ".join(f"{expr(c)} AS {quote(c.alias)}" for c in cols)
+    return f"SELECT {exprs} FROM {from_sql}" + (f" WHERE {where}" if where else "")
 
 
 def _valid_utf8(col: pa.ChunkedArray, repaired: set[str], name: str) -> pa.ChunkedArray:

@@ -42,31 +42,24 @@ class CheckResult:
 
 def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> CheckResult:
     ids = list(run_ids)
-    runs = store.df("SELECT * FROM runs WHERE list_contains(?, run_id) ORDER BY file_name, run_id", [ids])
-    outcomes = store.df("SELECT * FROM rule_runs WHERE list_contains(?, run_id) ORDER BY run_id, rule_id", [ids])
-    findings = store.df("""
+    runs = _rows(store, "SELECT * FROM runs WHERE list_contains(?, run_id) ORDER BY file_name, run_id", ids)
+    outcomes = _rows(store, "SELECT * FROM rule_runs WHERE list_contains(?, run_id) ORDER BY run_id, rule_id", ids)
+    findings = _rows(store, """
         SELECT f.*, r.file_name, r.source_path FROM findings f JOIN runs r USING (run_id)
         WHERE list_contains(?, f.run_id)
         ORDER BY r.file_name, f.run_id,
                  CASE f.severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
-                 f.est_loss_ns DESC NULLS LAST, f.rule_id""", [ids])
-    frows = [_clean(r) for r in findings.to_dict("records")]
-    for r in frows:
+                 f.est_loss_ns DESC NULLS LAST, f.rule_id, f.fingerprint""", ids)
+    for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
-    return CheckResult([_clean(r) for r in runs.to_dict("records")],
-                       [_clean(r) for r in outcomes.to_dict("records")], frows, fail_on)
+    return CheckResult(runs, outcomes, findings, fail_on)
 
 
-def _clean(row: dict) -> dict:
-    """NaN/NaT -> None and numpy scalars -> Python, so every report can serialize rows."""
-    out = {}
-    for k, v in row.items():
-        if v is None or (isinstance(v, float) and v != v):
-            out[k] = None
-        elif hasattr(v, "isoformat"):
-            out[k] = None if str(v) == "NaT" else v.isoformat()
-        elif hasattr(v, "item") and not isinstance(v, (list, dict, str)):
-            out[k] = v.item()
-        else:
-            out[k] = v
-    return out
+def _rows(store: Store, sql: str, ids: list[str]) -> list[dict]:
+    """Rows as plain Python dicts (None for NULL, ISO strings for timestamps)."""
+    rows = store.arrow(sql, [ids]).to_pylist()
+    for r in rows:
+        for k, v in r.items():
+            if hasattr(v, "isoformat"):
+                r[k] = v.isoformat()
+    return rows

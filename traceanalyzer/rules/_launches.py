@@ -71,8 +71,9 @@ def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     if "sm_count" not in df.columns:
         df["sm_count"] = np.nan
     df["sm_count"] = df["sm_count"].fillna(df["ncu_sm_count"])
-    occ = occupancy_table(df.assign(block_x=df["threads_per_block"], block_y=1, block_z=1,
-                                    grid_x=df["grid_blocks"], grid_y=1, grid_z=1))
+    occ = _plain(occupancy_table(df.assign(block_x=df["threads_per_block"], block_y=1, block_z=1,
+                                           grid_x=df["grid_blocks"], grid_y=1, grid_z=1)))
+    df = _plain(df)
     total = df["total_ns"].sum(min_count=1)
     out = df[["device_id", "name", "short_name", "grid_blocks", "threads_per_block", "registers_per_thread",
               "static_shared_mem_bytes", "dynamic_shared_mem_bytes", "launches", "first_id", "total_ns",
@@ -80,9 +81,9 @@ def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     out["time_share"] = df["total_ns"] / total if total and total > 0 else np.nan
     ncu_limits = df[[f"ncu_limit_{x}" for x in ("blocks", "registers", "shared_mem", "warps", "barriers")]]
     has_ncu = ncu_limits.notna().any(axis=1)
-    out["blocks_per_sm"] = ncu_limits.min(axis=1).where(has_ncu, occ["blocks_per_sm"].astype("Float64"))
+    out["blocks_per_sm"] = ncu_limits.min(axis=1).where(has_ncu, occ["blocks_per_sm"])
     out["limiter"] = np.where(has_ncu, _ncu_limiter(ncu_limits), occ["limiter"].astype(object))
-    out["theoretical"] = (df["ncu_theoretical_pct"] / 100).fillna(occ["theoretical_occupancy"].astype("Float64"))
+    out["theoretical"] = (df["ncu_theoretical_pct"] / 100).fillna(occ["theoretical_occupancy"])
     out["achieved"] = (df["ncu_achieved_pct"] / 100).fillna(df["kineto_achieved_pct"] / 100)
     out["achieved_source"] = np.where(df["ncu_achieved_pct"].notna(), "ncu",
                                       np.where(df["kineto_achieved_pct"].notna(), "kineto-estimate", None))
@@ -94,9 +95,10 @@ def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
     """Nullable pandas dtypes -> float64 / object with NaN, so rules can test `x == x`."""
+    df = df.copy()
     for c in df.columns:
         if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):
-            df[c] = df[c].astype("float64")
+            df[c] = df[c].to_numpy(dtype="float64", na_value=np.nan)
         elif isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype):
             df[c] = df[c].astype(object).where(df[c].notna(), np.nan)
     return df

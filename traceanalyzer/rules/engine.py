@@ -81,7 +81,7 @@ def _normalize(df: pd.DataFrame, rule: Rule, run_id: str, store: Store) -> pd.Da
         return df
     df["run_id"] = run_id
     df["rule_id"] = rule.id
-    df["severity"] = df["severity"].fillna(rule.severity)
+    df["severity"] = df["severity"].astype(object).where(df["severity"].notna(), rule.severity)
     bad = set(df["severity"]) - set(SEVERITIES)
     if bad:
         raise ValueError(f"{rule.id} returned unknown severities {sorted(bad)}")

@@ -1,0 +1,166 @@
+"""The command line: ingest, runs, summary, query, rules, check and its report formats."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from traceanalyzer.cli import app
+
+from .conftest import FIXTURES, SHARED_TRACES
+
+runner = CliRunner()
+PLANTED = FIXTURES / "nsys" / "planted.sqlite"
+CLEAN = FIXTURES / "nsys" / "clean.sqlite"
+STALLS = FIXTURES / "ncu" / "details_stalls.csv"
+
+
+def run(*args, env=None):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "250", **(env or {})}, catch_exceptions=False)
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "s.duckdb"
+
+
+def test_ingest_reports_each_file_and_goes_on_after_a_bad_one(tmp_path, db):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b,c\n1,2,3\n")
+    r = run("ingest", "--store", db, PLANTED, bad, STALLS)
+    assert r.exit_code == 1
+    assert f"error: {bad}:" in r.stderr and "\n" not in r.stderr.split(f"error: {bad}:")[1].strip().split("\n")[0] + "x"[:0]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
+    assert len(lines) == 2 and "nsys-sqlite" in lines[0] and "ncu-csv" in lines[1]
+    r = run("runs", "--store", db)
+    assert "planted.sqlite" in r.stdout and "details_stalls.csv" in r.stdout
+
+
+def test_ingest_folder_recurses_and_reingest_replaces(db):
+    r = run("ingest", "--store", db, FIXTURES)
+    assert r.exit_code == 0, r.stderr
+    n = r.stdout.count("\n")
+    assert n >= 9
+    r2 = run("ingest", "--store", db, FIXTURES)
+    assert r2.stdout.count("replaced") == n
+    q = run("query", "--store", db, "--json", "SELECT count(*) AS n FROM runs")
+    assert json.loads(q.stdout) == [{"n": n}]
+
+
+def test_missing_file_is_an_error_line(tmp_path, db):
+    r = run("ingest", "--store", db, tmp_path / "nope.sqlite")
+    assert r.exit_code == 1 and "no such file" in r.stderr
+
+
+def test_summary_and_query(db):
+    run("ingest", "--store", db, PLANTED)
+    r = run("summary", "--store", db)
+    assert r.exit_code == 0
+    assert "Top kernels" in r.stdout and "GPU busy" in r.stdout and "HtoD" in r.stdout
+    r = run("query", "--store", db, "--csv", "SELECT direction, count(*) AS n FROM copies GROUP BY 1 ORDER BY 1")
+    assert r.stdout.splitlines()[0] == "direction,n"
+    r = run("query", "--store", db, "SELECT nonsense FROM nowhere")
+    assert r.exit_code == 2 and "error:" in r.stderr
+
+
+def test_rules_list_and_explain():
+    r = run("rules")
+    assert all(i in r.stdout for i in ("T001", "T002", "B001", "B002", "I001"))
+    r = run("rules", "launch-gaps")
+    assert "min_gap_ns" in r.stdout and "Why it matters" in r.stdout
+    assert run("rules", "NOPE").exit_code == 2
+
+
+def test_check_exit_codes(db):
+    dirty = run("check", "--store", db, PLANTED)
+    assert dirty.exit_code == 1, dirty.stdout
+    assert "T002" in dirty.stdout and "FAIL" in dirty.stdout
+    assert run("check", "--store", db, PLANTED, "--fail-on", "never").exit_code == 0
+    clean = run("check", "--store", db, CLEAN)
+    assert clean.exit_code == 0, clean.stdout
+    assert run("check", "--store", db, PLANTED, "--select", "NOPE").exit_code == 2
+    assert run("check", "--store", db, PLANTED, "--threshold", "T001.bogus_ns=1").exit_code == 2
+    assert run("check", "--store", db, PLANTED, "--format", "yaml").exit_code == 2
+
+
+def test_check_input_error_exits_2_but_reports_the_rest(tmp_path, db):
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"traceEvents": [')
+    r = run("check", "--store", db, PLANTED, bad, "--format", "json")
+    assert r.exit_code == 2
+    doc = json.loads(r.stdout)
+    assert [x["file_name"] for x in doc["runs"]] == ["planted.sqlite"] and doc["errors"]
+
+
+def test_select_threshold_and_config_file(tmp_path, db, monkeypatch):
+    r = run("check", "--store", db, PLANTED, "--select", "T001", "--format", "json", "--fail-on", "never")
+    assert {f["rule_id"] for f in json.loads(r.stdout)["findings"]} == {"T001"}
+    # A huge gap threshold silences T001.
+    r = run("check", "--store", db, PLANTED, "--select", "T001", "--threshold", "T001.min_gap_ns=1e9",
+            "--format", "json")
+    assert json.loads(r.stdout)["findings"] == []
+    (tmp_path / "traceanalyzer.toml").write_text('select = ["T001"]\nfail-on = "info"\n'
+                                                 '[thresholds.launch-gaps]\nmin_gap_ns = 1000000000\n')
+    monkeypatch.chdir(tmp_path)
+    r = run("check", "--store", db, PLANTED, "--format", "json")
+    doc = json.loads(r.stdout)
+    assert doc["fail_on"] == "info" and doc["findings"] == [] and r.exit_code == 0
+    assert {o["rule_id"] for o in doc["runs"][0]["rules"]} == {"T001"}
+
+
+def test_baseline_fails_only_on_new_findings(tmp_path, db):
+    base = tmp_path / "baseline.json"
+    assert run("check", "--store", db, PLANTED, "--write-baseline", base).exit_code == 1
+    assert run("check", "--store", db, PLANTED, "--baseline", base).exit_code == 0
+    # A different trace brings findings the baseline does not have.
+    assert run("check", "--store", db, PLANTED, STALLS, "--baseline", base, "--fail-on", "warning").exit_code == 1
+    (tmp_path / "junk.json").write_text("[]")
+    assert run("check", "--store", db, PLANTED, "--baseline", tmp_path / "junk.json").exit_code == 2
+
+
+def _sarif_validator():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_path = SHARED_TRACES.parent / "schemas" / "sarif-schema-2.1.0.json"
+    if not schema_path.exists():
+        pytest.skip("shared/schemas missing")
+    schema = json.loads(schema_path.read_text())
+    return jsonschema.Draft4Validator(schema)
+
+
+def test_sarif_validates_against_the_official_schema(tmp_path, db):
+    out = tmp_path / "f.sarif"
+    r = run("check", "--store", db, PLANTED, STALLS, FIXTURES / "kineto" / "planted.json",
+            "--format", "sarif", "-o", out)
+    assert r.exit_code == 1
+    doc = json.loads(out.read_text())
+    errors = sorted(_sarif_validator().iter_errors(doc), key=str)
+    assert not errors, errors[0]
+    results = doc["runs"][0]["results"]
+    assert results and {x["ruleId"] for x in results} >= {"T001", "T002", "I001"}
+    assert all(x["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for x in results)
+
+
+def test_junit_validates_against_ant_schema(tmp_path, db):
+    xmlschema = pytest.importorskip("xmlschema")
+    xsd = SHARED_TRACES.parent / "schemas" / "junit.xsd"
+    if not xsd.exists():
+        pytest.skip("shared/schemas missing")
+    out = tmp_path / "f.xml"
+    # A kernel name with XML-hostile characters must still give a valid document.
+    weird = tmp_path / "weird.sqlite"
+    shutil.copy(PLANTED, weird)
+    r = run("check", "--store", db, weird, STALLS, "--format", "junit", "-o", out)
+    assert r.exit_code == 1
+    xmlschema.XMLSchema(str(xsd)).validate(str(out))
+    text = out.read_text()
+    assert "<failure" in text and "<skipped" in text
+
+
+def test_text_report_to_file_has_no_color_codes(tmp_path, db):
+    out = tmp_path / "report.txt"
+    run("check", "--store", db, PLANTED, "-o", out)
+    text = out.read_text()
+    assert "\x1b[" not in text and "T002" in text and "hint:" in text
