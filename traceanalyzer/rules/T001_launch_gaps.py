@@ -92,6 +92,7 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
          || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "device_idle_ns": ' || lost_ns
          || ', "causes": ' || causes || ', "worst": ' || worst || '}' AS evidence
 FROM per_stream
+WHERE lost_ns > 0  -- gaps while other streams kept the device busy cost nothing
 UNION ALL
 SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, worst_start, worst_end,
        total_ns / span_ns, 'share', $warning_share, total_ns,
@@ -127,7 +128,7 @@ RULE = Rule(
         "went idle (`late_launch`, CPU-bound launch), or a launch made in time (`dependency`). "
         "The estimated loss is the part of the gaps during which the whole device was idle; "
         "severity is by that loss as a share of the stream's span (first start to last end), "
-        "so a side stream that waits while other streams work is not flagged. A device-wide "
+        "and a stream whose gaps were all covered by other streams' work is not reported. A device-wide "
         "finding reports idle stretches across all streams when a device has several.",
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
