@@ -131,8 +131,8 @@ def test_real_export_counts_match_sqlite(traces_dir, name):
     expect = con.execute(f"SELECT COALESCE(SUM(bytes), 0) FROM {MEMCPY} WHERE copyKind IN (1, 3) AND {TIMED}"
                          ).fetchone()[0] if MEMCPY in have else 0
     assert htod_bytes == expect
-    assert pc.sum(copies["unified_memory"].cast(pa.int64())).as_py() or 0 == count(
-        con, MEMCPY, f"copyKind IN (11, 12, 13) AND {TIMED}")
+    unified = pc.sum(copies["unified_memory"].cast(pa.int64())).as_py() or 0
+    assert unified == count(con, MEMCPY, f"copyKind IN (11, 12, 13) AND {TIMED}")
     src_kinds = Counter(copies["src_kind"].to_pylist())
     assert src_kinds.get("pageable", 0) == count(con, MEMCPY, f"srcKind = 0 AND {TIMED}")
     assert src_kinds.get("pinned", 0) == count(con, MEMCPY, f"srcKind = 1 AND {TIMED}")
@@ -349,7 +349,8 @@ def test_planted_stream_gaps():
     gaps = stream_gaps(ops)
     big = [(g, s, e) for g, s, e in gaps if g > 1_000]
     late, sync = P["late_launch_gap"], P["sync_gap"]
-    assert big == [(late["gap_ns"], late["start_ns"], late["end_ns"]), (sync["gap_ns"], sync["start_ns"], sync["end_ns"])]
+    assert big == [(late["gap_ns"], late["start_ns"], late["end_ns"]),
+                   (sync["gap_ns"], sync["start_ns"], sync["end_ns"])]
     assert max(g for g, _, _ in gaps if g <= 1_000) == P["max_other_gap_ns"]
     # Nothing else ran on the device during either gap.
     others = [o for t in ("kernels", "copies") for o in rows(trace, t)]
@@ -485,7 +486,8 @@ def test_graph_executions_and_memory_events():
         {t: G["counts"][t] for t in ("kernels", "api_calls", "memory_events", "devices")}
     graphs = [k for k in rows(trace, "kernels") if k["graph_id"] is not None]
     assert len(graphs) == G["counts"]["graph_kernels"]
-    assert {(k["name"], k["graph_id"], k["grid_x"]) for k in graphs} == {(f"[CUDA graph {G['graph_id']}]", G["graph_id"], None)}
+    assert {(k["name"], k["graph_id"], k["grid_x"]) for k in graphs} == \
+        {(f"[CUDA graph {G['graph_id']}]", G["graph_id"], None)}
     calls = rows(trace, "api_calls")
     assert {calls[k["launch_call_id"]]["name"] for k in graphs} == {"cudaGraphLaunch"}
     assert any("CUDA graph" in w for w in trace.warnings)
@@ -587,11 +589,12 @@ def test_odd_value_types_fall_back_to_sqlite3(tmp_path):
     path = tmp_path / "odd.sqlite"
     shutil.copy(fixture("planted.sqlite"), path)
     con = sqlite3.connect(path)
-    con.execute(f"UPDATE {KERNEL} SET gridY = '1' WHERE rowid = 5")
+    con.execute(f"UPDATE {KERNEL} SET gridY = 'n/a', registersPerThread = 32.0 WHERE rowid = 5")
     con.commit()
     con.close()
-    trace = nsys.read(path, backend="adbc")
-    assert trace.tables["kernels"]["grid_y"].to_pylist() == [1] * 9
+    trace = nsys.read(path, backend="adbc")  # row 5 is kernel 4 (rows are in start order)
+    assert trace.tables["kernels"]["grid_y"].to_pylist() == [1, 1, 1, 1, None, 1, 1, 1, 1]
+    assert trace.tables["kernels"]["registers_per_thread"][4].as_py() == 32
     assert trace.metadata["adbc_fallbacks"] >= 1
 
 

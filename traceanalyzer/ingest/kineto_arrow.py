@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..schema import BY_NAME
+from .base import TraceError
 
 _ARROW_TYPES = {
     "BIGINT": pa.int64(),
@@ -29,10 +30,15 @@ def make_table(name: str, columns: dict[str, Any]) -> pa.Table:
     arrays = {}
     for col, values in columns.items():
         arrow_type = _ARROW_TYPES[spec[col]]
-        if isinstance(values, (pa.Array, pa.ChunkedArray)):
-            arrays[col] = values.cast(arrow_type)
-        else:
-            arrays[col] = pa.array(values, type=arrow_type)
+        try:
+            if isinstance(values, (pa.Array, pa.ChunkedArray)):
+                arrays[col] = values.cast(arrow_type)
+            else:
+                arrays[col] = pa.array(values, type=arrow_type)
+        except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            # e.g. an id past int64: the file is wrong, not the reader.
+            first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TraceError(f"{name}.{col}: value does not fit {spec[col]} ({first_line})") from None
     return pa.table(arrays)
 
 

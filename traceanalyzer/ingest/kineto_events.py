@@ -11,11 +11,14 @@ measurements at the top of `kineto.py`).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Raw, Struct, field
 
+# Every integer must fit the int64 columns it ends up in; a bigger one fails validation
+# like a wrong type does (the event is skipped, or the file refused for top-level fields).
+Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 NO_ARGS = Raw(b"{}")
 NO_RAW = Raw(b"")
 
@@ -27,8 +30,8 @@ class Event(Struct, gc=False):
     ph: str | None = None
     cat: str | None = None
     name: str | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
+    pid: Int | str | None = None
+    tid: Int | str | None = None
     ts: float | None = None
     dur: float | None = None
     args: Raw = NO_ARGS
@@ -44,64 +47,64 @@ def _ext_legacy() -> Any:
 
 
 class KernelArgs(Struct, gc=False):
-    external_id: int | None = _ext()
-    external_id_legacy: int | None = _ext_legacy()
-    device: int | None = None
-    context: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
-    registers_per_thread: int | None = field(default=None, name="registers per thread")
+    external_id: Int | None = _ext()
+    external_id_legacy: Int | None = _ext_legacy()
+    device: Int | None = None
+    context: Int | None = None
+    stream: Int | None = None
+    correlation: Int | None = None
+    registers_per_thread: Int | None = field(default=None, name="registers per thread")
     # Kineto writes static + dynamic shared memory as one number (output_json.cpp).
-    shared_memory_bytes: int | None = field(default=None, name="shared memory")
+    shared_memory_bytes: Int | None = field(default=None, name="shared memory")
     blocks_per_sm: float | None = field(default=None, name="blocks per SM")
     est_occupancy_pct: float | None = field(default=None, name="est. achieved occupancy %")
     # The same field before its May-2021 rename.
     theoretical_occupancy_pct: float | None = field(default=None, name="theoretical occupancy %")
-    grid: list[int] | None = None
-    block: list[int] | None = None
-    graph_id: int | None = field(default=None, name="graph id")
+    grid: list[Int] | None = None
+    block: list[Int] | None = None
+    graph_id: Int | None = field(default=None, name="graph id")
 
 
 class CallArgs(Struct, gc=False):
     """cuda_runtime / cuda_driver (and ROCm's hip* calls, which share the category)."""
 
-    external_id: int | None = _ext()
-    external_id_legacy: int | None = _ext_legacy()
-    correlation: int | None = None
+    external_id: Int | None = _ext()
+    external_id_legacy: Int | None = _ext_legacy()
+    correlation: Int | None = None
     # ROCm puts the launch geometry and copy size on the runtime call, not the activity.
-    grid: list[int] | None = None
-    block: list[int] | None = None
-    shared_memory_bytes: int | None = field(default=None, name="shared memory")
-    size: int | str | None = None
+    grid: list[Int] | None = None
+    block: list[Int] | None = None
+    shared_memory_bytes: Int | None = field(default=None, name="shared memory")
+    size: Int | str | None = None
 
 
 class CopyArgs(Struct, gc=False):
     """gpu_memcpy and gpu_memset."""
 
-    external_id: int | None = _ext()
-    external_id_legacy: int | None = _ext_legacy()
-    device: int | None = None
-    context: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
-    bytes: int | None = None
-    from_device: int | None = field(default=None, name="fromDevice")
-    to_device: int | None = field(default=None, name="toDevice")
+    external_id: Int | None = _ext()
+    external_id_legacy: Int | None = _ext_legacy()
+    device: Int | None = None
+    context: Int | None = None
+    stream: Int | None = None
+    correlation: Int | None = None
+    bytes: Int | None = None
+    from_device: Int | None = field(default=None, name="fromDevice")
+    to_device: Int | None = field(default=None, name="toDevice")
 
 
 class SyncArgs(Struct, gc=False):
-    external_id: int | None = _ext()
+    external_id: Int | None = _ext()
     cuda_sync_kind: str | None = None
-    device: int | None = None
-    context: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
+    device: Int | None = None
+    context: Int | None = None
+    stream: Int | None = None
+    correlation: Int | None = None
 
 
 class CpuOpArgs(Struct, gc=False):
-    external_id: int | None = _ext()
-    external_id_legacy: int | None = _ext_legacy()
-    sequence_number: int | None = field(default=None, name="Sequence number")
+    external_id: Int | None = _ext()
+    external_id_legacy: Int | None = _ext_legacy()
+    sequence_number: Int | None = field(default=None, name="Sequence number")
     # Kept as the file's JSON text: the schema stores it as JSON text anyway.
     input_dims: Raw = field(default=NO_RAW, name="Input Dims")
     input_dims_legacy: Raw = field(default=NO_RAW, name="Input dims")
@@ -109,12 +112,12 @@ class CpuOpArgs(Struct, gc=False):
 
 
 class MemoryArgs(Struct, gc=False):
-    device_type: int | None = field(default=None, name="Device Type")
-    device_id: int | None = field(default=None, name="Device Id")
-    addr: int | None = field(default=None, name="Addr")
-    bytes: int | None = field(default=None, name="Bytes")
-    total_allocated: int | None = field(default=None, name="Total Allocated")
-    total_reserved: int | None = field(default=None, name="Total Reserved")
+    device_type: Int | None = field(default=None, name="Device Type")
+    device_id: Int | None = field(default=None, name="Device Id")
+    addr: Int | None = field(default=None, name="Addr")
+    bytes: Int | None = field(default=None, name="Bytes")
+    total_allocated: Int | None = field(default=None, name="Total Allocated")
+    total_reserved: Int | None = field(default=None, name="Total Reserved")
 
 
 # Lower-cased `cat` -> the role the reader gives it. Covers every era in §4.3 (legacy

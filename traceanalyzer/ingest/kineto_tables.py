@@ -25,6 +25,8 @@ from .kineto_names import (
     base_api_name, kernel_short_name, parse_memcpy_name, parse_memset_name, sync_kind,
 )
 
+# Beyond this a time is corrupt: base + µs*1000 would leave int64 (Unix µs of year ~2190).
+MAX_TIME_US = 7e15
 # Kineto writes "no stream" as -1 or as its uint32 image.
 _NO_STREAM = {-1, 0xFFFFFFFF}
 # c10::DeviceType codes the schema names; others are kept as the raw code.
@@ -69,17 +71,22 @@ class TableBuilder:
         """Complete (`X`) events with ts, dur >= 0, a name and usable args; times in ns."""
         usable: list[Event] = []
         missing = negative = 0
+        absurd = 0
         for e in events:
             if e.ts is None or e.dur is None or e.name is None:
                 missing += 1
             elif e.dur < 0:
                 negative += 1
+            elif not (abs(e.ts) <= MAX_TIME_US and e.dur <= MAX_TIME_US):  # also catches inf
+                absurd += 1
             else:
                 usable.append(e)
         if missing:
             self.warnings[f"{what} events without ts, dur or name skipped"] += missing
         if negative:
             self.warnings[f"{what} events with negative duration (end before start) skipped"] += negative
+        if absurd:
+            self.warnings[f"{what} events with out-of-range times skipped"] += absurd
         args = decode_args(usable, shape, what, self.warnings) if shape else [None] * len(usable)
         if shape and any(x is None for x in args):
             kept = [i for i, x in enumerate(args) if x is not None]
@@ -172,7 +179,8 @@ class TableBuilder:
             "correlation_id": correlations,
             "pid": call["pid"], "tid": call["tid"], "launch_call_id": call["call_id"],
             "external_id": external,
-            "graph_id": [x.graph_id for x in a],
+            # CUPTI writes graph id 0 for kernels not launched from a graph.
+            "graph_id": [x.graph_id or None for x in a],
             "blocks_per_sm": [x.blocks_per_sm for x in a],
             "est_achieved_occupancy_pct": coalesce([x.est_occupancy_pct for x in a],
                                                    [x.theoretical_occupancy_pct for x in a]),
@@ -287,9 +295,9 @@ class TableBuilder:
         })
 
     def memory_events(self, events: list[Event]) -> pa.Table | None:
-        usable = [e for e in events if e.ts is not None]
+        usable = [e for e in events if e.ts is not None and abs(e.ts) <= MAX_TIME_US]
         if len(usable) < len(events):
-            self.warnings["[memory] events without ts skipped"] += len(events) - len(usable)
+            self.warnings["[memory] events without a usable ts skipped"] += len(events) - len(usable)
         args = decode_args(usable, MemoryArgs, "[memory]", self.warnings)
         pairs = [(e, x) for e, x in zip(usable, args) if x is not None]
         if not pairs:

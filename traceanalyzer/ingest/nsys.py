@@ -1,9 +1,9 @@
 """Nsight Systems SQLite export -> ParsedTrace (format `nsys-sqlite`, clock `nsys-session`).
 
 How: every table and column is probed first (exports create tables lazily and columns
-come and go between schema versions). The numeric columns of each activity table, and
-only the StringIds they refer to, are fetched into Arrow (`nsys_sqlite`); the joins and
-code-to-word mappings then run in an in-memory DuckDB. The file is never written.
+come and go between schema versions). The numeric columns of each activity table, plus
+StringIds, are fetched into Arrow (`nsys_sqlite`); name lookups, joins and code-to-word
+mappings then run in an in-memory DuckDB. The file is never written.
 
 Choices a reader of the store should know:
 * Row ids (`kernel_id`, `copy_id`, ...) follow (start, order in the file), from 0.
@@ -216,9 +216,6 @@ class _Reader:
         table = table.cast(arrow_schema(name, table.column_names))
         self.tables[name] = table
         return table
-
-    def _scalar(self, sql: str):
-        return self.duck.execute(sql).fetchone()[0]
 
     # -- tables --------------------------------------------------------------------
     def _api_calls(self) -> None:

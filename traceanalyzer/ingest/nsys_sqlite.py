@@ -150,15 +150,16 @@ class NsysFile:
         `label` names the source in warnings (e.g. when invalid UTF-8 had to be replaced)."""
         label = label or from_sql.split()[0].strip('"')
         schema = pa.schema([(c.alias, c.type) for c in cols])
-        table = None
         if self._adbc is not None:
             try:
                 table = self._fetch_adbc(_select_sql(cols, from_sql, where, cast_ints=False))
+                return self._conform(table, schema, label)
             except _ADBC_ERRORS:
-                self.fallbacks += 1  # e.g. a column whose type changes after the first batch
-        if table is None:
-            # CAST: a value stored with an odd type (SQLite columns are not typed) still converts.
-            table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
+                # A column whose values do not all have the declared type (SQLite does not
+                # enforce types), whether ADBC failed on it or inferred another type.
+                self.fallbacks += 1
+        # Here values of an odd type are converted (REAL -> INTEGER) or NULLed (text in a number column).
+        table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
         return self._conform(table, schema, label)
 
     def _fetch_adbc(self, sql: str) -> pa.Table:
@@ -217,7 +218,9 @@ def _select_sql(cols: Sequence[Col], from_sql: str, where: str, cast_ints: bool)
     def expr(c: Col) -> str:
         if pa.types.is_string(c.type):  # never NULL, for ADBC's type inference; '' -> NULL later
             return f"COALESCE(CAST({c.expr} AS TEXT), '')"
-        return f"CAST({c.expr} AS INTEGER)" if cast_ints and pa.types.is_integer(c.type) else c.expr
+        if cast_ints and pa.types.is_integer(c.type):  # text or blob in a number column -> NULL
+            return f"(CASE WHEN typeof({c.expr}) IN ('integer', 'real') THEN CAST({c.expr} AS INTEGER) END)"
+        return c.expr
 
     exprs = ", ".join(f"{expr(c)} AS {quote(c.alias)}" for c in cols)
     return f"SELECT {exprs} FROM {from_sql}" + (f" WHERE {where}" if where else "")

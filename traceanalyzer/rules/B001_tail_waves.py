@@ -20,6 +20,9 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         g = g[g["time_share"].isna() | (g["time_share"] >= p["min_time_share"])]
     rows = []
     for r in g.itertuples():
+        per_wave = (f"{int(r.sm_count)} SMs x {int(r.blocks_per_sm)} blocks/SM = "
+                    f"{int(r.sm_count * r.blocks_per_sm)} blocks per wave"
+                    if r.sm_count == r.sm_count and r.blocks_per_sm == r.blocks_per_sm else "blocks per wave unknown")
         whole, partial = math.floor(r.waves), r.waves - math.floor(r.waves)
         if whole >= 1 and partial > 1e-6:
             wasted = (1 - partial) / (whole + 1)  # idle share of the last wave, as a share of the kernel
@@ -27,13 +30,12 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                 continue
             what = (f"{r.waves:.2f} waves: {whole} full wave(s) then one {pct(partial)} full, so about "
                     f"{pct(wasted)} of the kernel's time leaves SMs idle in the tail")
-            hint = ("Make the grid a multiple of SMs x resident blocks per SM "
-                    f"({int(r.sm_count)} x {int(r.blocks_per_sm)} = {int(r.sm_count * r.blocks_per_sm)} blocks per wave): "
+            hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({per_wave}): "
                     "resize the tiles, or use a persistent-thread/stream-K loop so the last wave is full.")
         elif whole == 0 and r.waves < p["max_small_grid_waves"]:
             wasted = 1 - r.waves
-            what = (f"grid of {int(r.grid_blocks)} blocks fills {pct(r.waves)} of one wave "
-                    f"({int(r.sm_count)} SMs x {int(r.blocks_per_sm)} blocks/SM): the GPU is under-filled")
+            grid = f"grid of {int(r.grid_blocks)} blocks" if r.grid_blocks == r.grid_blocks else "grid"
+            what = f"{grid} fills {pct(r.waves)} of one wave ({per_wave}): the GPU is under-filled"
             hint = ("Expose more parallelism: smaller blocks or tiles (more of them), split-K, or batch this work "
                     "with other kernels / run it concurrently on another stream.")
         else:
