@@ -36,7 +36,8 @@ NO_KERNEL_FILES = [
 
 def _gen():
     """fixtures/gen_kineto.py as a module (fixtures/ is not a package)."""
-    sys.path.insert(0, str(FIXTURES.parent)) if str(FIXTURES.parent) not in sys.path else None
+    if str(FIXTURES.parent) not in sys.path:
+        sys.path.insert(0, str(FIXTURES.parent))
     return importlib.import_module("fixtures.gen_kineto")
 
 
@@ -417,6 +418,8 @@ def test_events_missing_keys_or_negative_durations_are_skipped_and_counted(tmp_p
         {**k, "dur": -3.0},                                       # ends before it starts
         {**k, "args": {"correlation": "five"}},                   # wrongly typed arg
         {**k, "args": None},                                      # args: null is just no args
+        {**k, "args": {"correlation": 2**70}},                    # past int64
+        {**k, "ts": 1e300},                                       # a time no clock reaches
         {"ph": "X", "cat": "cpu_op", "ts": 1.0, "dur": 1.0},      # cpu_op without a name
     ))
     t = read(path)
@@ -424,7 +427,8 @@ def test_events_missing_keys_or_negative_durations_are_skipped_and_counted(tmp_p
     warned = " | ".join(t.warnings)
     for text in ("kernel events without ts, dur or name skipped: 1",
                  "kernel events with negative duration (end before start) skipped: 1",
-                 "kernel events with unusable args (wrong value types) skipped: 1",
+                 "kernel events with unusable args (wrong value type or out of range) skipped: 2",
+                 "kernel events with out-of-range times skipped: 1",
                  "cpu_op events without ts, dur or name skipped: 1"):
         assert text in warned
 

@@ -517,6 +517,27 @@ def test_fixtures_regenerate_byte_identical(tmp_path):
     assert total < 400_000
 
 
+def test_missing_tables_and_columns_are_probed(tmp_path):
+    path = tmp_path / "thin.sqlite"
+    shutil.copy(fixture("planted.sqlite"), path)
+    con = sqlite3.connect(path)
+    con.execute(f"DROP TABLE {RUNTIME}")
+    con.execute(f"ALTER TABLE {KERNEL} DROP COLUMN mangledName")
+    con.execute(f"ALTER TABLE {MEMCPY} DROP COLUMN srcKind")
+    con.execute("DROP TABLE ENUM_CUDA_MEMCPY_OPER")
+    con.commit()
+    con.close()
+    trace = nsys.read(path)
+    kernels, copies = trace.tables["kernels"], trace.tables["copies"]
+    assert kernels.num_rows == 9 and trace.tables["api_calls"].num_rows == 0
+    assert kernels["mangled_name"].null_count == 9 and kernels["launch_call_id"].null_count == 9
+    assert copies["src_kind"].null_count == copies.num_rows
+    assert set(copies["dst_kind"].to_pylist()) == {"device", "unknown"}
+    assert trace.metadata["enum_sources"]["ENUM_CUDA_MEMCPY_OPER"] == "built-in"
+    assert Counter(copies["direction"].to_pylist()) == {"HtoD": 23}
+    assert any("9 of 9 kernel(s) have no launch call" in w for w in trace.warnings)
+
+
 # -- bad files ------------------------------------------------------------------------------
 def assert_trace_error(path: Path, *words: str) -> str:
     with pytest.raises(TraceError) as err:

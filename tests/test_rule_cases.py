@@ -13,6 +13,9 @@
     equals = { severity = "error", "evidence.count" = 2, "evidence.worst.0.gap_ns" = 12000 }
     approx = { value = 0.12 }               # relative tolerance 1e-6 unless `rel` is given
     contains = { message = "late launch" }
+
+A cross-run rule (scope "runs") takes `traces = [...]` instead of `trace`; its findings get a
+`trace` field (the trace they are about) that `where` can test.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from traceanalyzer.rules import get_rule
-from traceanalyzer.rules.engine import evaluate_rule
+from traceanalyzer.rules.engine import evaluate_across, evaluate_rule
 from traceanalyzer.store import Store
 
 from .conftest import FIXTURES, ROOT, shared_traces
@@ -49,9 +52,8 @@ _STORES: dict[str, tuple[Store, str]] = {}
 def ingested(tmp_path_factory):
     def get(trace: str) -> tuple[Store, str]:
         if trace not in _STORES:
-            path = shared_traces() / trace[len("shared:"):] if trace.startswith("shared:") else FIXTURES / trace
             store = Store(tmp_path_factory.mktemp("cases") / "s.duckdb")
-            _STORES[trace] = (store, store.ingest(path).run_id)
+            _STORES[trace] = (store, store.ingest(_trace_path(trace)).run_id)
         return _STORES[trace]
     yield get
     for store, _ in _STORES.values():
@@ -80,12 +82,27 @@ def test_every_rule_has_cases():
     assert {r.id for r in all_rules()} <= have
 
 
-@pytest.mark.parametrize("rule_id,case", _cases())
-def test_case(rule_id, case, ingested):
-    rule = get_rule(rule_id)
+def _trace_path(trace: str) -> Path:
+    return shared_traces() / trace[len("shared:"):] if trace.startswith("shared:") else FIXTURES / trace
+
+
+def _findings(rule, case, ingested, tmp_path) -> list[dict]:
+    params = rule.params(case.get("params"))
+    if rule.scope == "runs":
+        with Store(tmp_path / "runs.duckdb") as store:
+            by_run = {store.ingest(_trace_path(t)).run_id: t for t in case["traces"]}
+            rows = evaluate_across(store, rule, list(by_run), params).to_dict("records")
+        for r in rows:
+            r["trace"] = by_run[r["run_id"]]
+        return rows
     store, run_id = ingested(case["trace"])
-    df = evaluate_rule(store, rule, run_id, rule.params(case.get("params")))
-    rows = df.to_dict("records")
+    return evaluate_rule(store, rule, run_id, params).to_dict("records")
+
+
+@pytest.mark.parametrize("rule_id,case", _cases())
+def test_case(rule_id, case, ingested, tmp_path):
+    rule = get_rule(rule_id)
+    rows = _findings(rule, case, ingested, tmp_path)
     if "count" in case:
         hit = [r for r in rows if _matches(r, case.get("where", {}))]
         assert len(hit) == case["count"], [r["message"] for r in rows]

@@ -257,6 +257,21 @@ def _split(values: Optional[List[str]]) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 
 
+# Commands that live in their own modules (traceanalyzer/commands/NAME.py, each with
+# `register(app)`), so the CLI stays a thin index of what the library offers.
+_COMMAND_MODULES = ()
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f".commands.{name}", __package__).register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     app()
 

@@ -169,6 +169,6 @@ def decode_args(events: list[Event], shape: type[S], what: str, warnings: Counte
         try:
             out.append(msgspec.json.decode(raw, type=shape))
         except (msgspec.ValidationError, msgspec.DecodeError):
-            warnings[f"{what} events with unusable args (wrong value types) skipped"] += 1
+            warnings[f"{what} events with unusable args (wrong value type or out of range) skipped"] += 1
             out.append(None)
     return out

@@ -70,8 +70,7 @@ class TableBuilder:
     def _complete(self, events: list[Event], shape, what: str) -> _Timed:
         """Complete (`X`) events with ts, dur >= 0, a name and usable args; times in ns."""
         usable: list[Event] = []
-        missing = negative = 0
-        absurd = 0
+        missing = negative = absurd = 0
         for e in events:
             if e.ts is None or e.dur is None or e.name is None:
                 missing += 1

@@ -60,6 +60,9 @@ class Rule:
     references: tuple[str, ...] = ()
     formats: tuple[str, ...] = ("nsys-sqlite", "kineto-json", "ncu-csv")
     example: str = ""
+    # "run": sql/evaluate see one run ($run_id). "runs": evaluate(store, run_ids, params) sees
+    # every checked run that carries the data and returns findings with a run_id column.
+    scope: str = "run"
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -68,6 +71,8 @@ class Rule:
             raise ValueError(f"{self.id}: unknown severity {self.severity!r}")
         if self.sql is None and self.evaluate is None:
             raise ValueError(f"{self.id}: a rule needs sql or evaluate")
+        if self.scope not in ("run", "runs") or (self.scope == "runs" and (self.evaluate is None or self.sql)):
+            raise ValueError(f"{self.id}: scope must be 'run', or 'runs' with evaluate and no sql")
 
     def params(self, overrides: dict[str, Any] | None = None) -> dict[str, float | int]:
         values = {t.name: t.default for t in self.thresholds}

@@ -120,36 +120,70 @@ def applies(store: Store, rule: Rule, run_id: str, fmt: str) -> bool:
     return bool(row and row[0])
 
 
+def evaluate_across(store: Store, rule: Rule, run_ids: list[str], params: dict[str, Any]) -> pd.DataFrame:
+    """A cross-run rule (scope "runs") on a set of runs: findings carry their own run_id."""
+    df = rule.evaluate(store, run_ids, params)
+    if df is None or df.empty:
+        return pd.DataFrame(columns=list(FINDING_COLUMNS))
+    return pd.concat([_normalize(part.drop(columns=["run_id"]), rule, rid, store)
+                      for rid, part in df.groupby("run_id", sort=True)], ignore_index=True)
+
+
+def _error_note(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def run_rules(store: Store, run_ids: Iterable[str] | None = None,
               settings: Settings | None = None) -> list[RuleOutcome]:
-    """Evaluate the selected rules on each run and replace their stored findings."""
+    """Evaluate the selected rules on each run and replace their stored findings.
+
+    Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
+    rank of a multi-rank job) see every run given here that carries their data.
+    """
     settings = settings or Settings()
     rules = settings.rules()
     params = {r.id: settings.params_for(r) for r in rules}
     run_ids = list(run_ids) if run_ids is not None else store.run_ids()
-    outcomes: list[RuleOutcome] = []
-    for run_id in run_ids:
-        fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
-        frames, statuses = [], []
-        for rule in rules:
-            oc = RuleOutcome(rule.id, run_id, "ran")
+    formats = dict(store.sql("SELECT run_id, format FROM runs WHERE list_contains(?, run_id)", [run_ids]).fetchall())
+    outcomes: dict[tuple[str, str], RuleOutcome] = {}
+    frames: dict[str, list[pd.DataFrame]] = {rid: [] for rid in run_ids}
+
+    for rule in rules:
+        applicable = []
+        for run_id in run_ids:
+            oc = outcomes[(run_id, rule.id)] = RuleOutcome(rule.id, run_id, "ran")
             try:
-                if not applies(store, rule, run_id, fmt):
+                if not applies(store, rule, run_id, formats[run_id]):
                     oc.status, oc.note = "no-data", f"needs {rule.requires}"
-                else:
+                elif rule.scope == "run":
                     df = evaluate_rule(store, rule, run_id, params[rule.id])
                     oc.findings = len(df)
                     if not df.empty:
-                        frames.append(df)
+                        frames[run_id].append(df)
+                else:
+                    applicable.append(run_id)
             except Exception as e:  # one broken rule must not hide the others' findings
-                oc.status, oc.note = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            outcomes.append(oc)
-            statuses.append({"rule_id": rule.id, "status": oc.status, "findings": oc.findings,
-                             "note": oc.note, "params": json.dumps(params[rule.id], sort_keys=True),
-                             "evaluated_at": utcnow()})
-        findings = (pa.Table.from_pandas(pd.concat(frames, ignore_index=True), schema=arrow_schema("findings"),
+                oc.status, oc.note = "error", _error_note(e)
+        if rule.scope == "runs" and applicable:
+            try:
+                df = evaluate_across(store, rule, applicable, params[rule.id])
+                for run_id, part in df.groupby("run_id"):
+                    frames[run_id].append(part)
+                    outcomes[(run_id, rule.id)].findings = len(part)
+            except Exception as e:
+                for run_id in applicable:
+                    outcomes[(run_id, rule.id)].status = "error"
+                    outcomes[(run_id, rule.id)].note = _error_note(e)
+
+    for run_id in run_ids:
+        statuses = [{"rule_id": r.id, "status": outcomes[(run_id, r.id)].status,
+                     "findings": outcomes[(run_id, r.id)].findings, "note": outcomes[(run_id, r.id)].note,
+                     "params": json.dumps(params[r.id], sort_keys=True), "evaluated_at": utcnow()}
+                    for r in rules]
+        found = [f for f in frames[run_id] if not f.empty]
+        findings = (pa.Table.from_pandas(pd.concat(found, ignore_index=True), schema=arrow_schema("findings"),
                                          preserve_index=False)
-                    if frames else arrow_schema("findings").empty_table())
+                    if found else arrow_schema("findings").empty_table())
         store.write_findings(run_id, [r.id for r in rules], findings,
                              pa.Table.from_pylist(statuses, schema=arrow_schema("rule_runs").remove(0)))
-    return outcomes
+    return [outcomes[(rid, r.id)] for rid in run_ids for r in rules]

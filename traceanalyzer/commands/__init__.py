@@ -1,0 +1,1 @@
+"""CLI commands that live in their own modules; each defines register(app)."""
