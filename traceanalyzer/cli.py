@@ -258,15 +258,16 @@ def _split(values: Optional[List[str]]) -> list[str]:
 
 
 # Commands that live in their own modules (traceanalyzer/commands/NAME.py, each with
-# `register(app)`), so the CLI stays a thin index of what the library offers.
-_COMMAND_MODULES = ()
-
-
+# `register(app)`), found by walking that folder, so the CLI stays a thin index.
 def _register_commands() -> None:
     import importlib
+    import pkgutil
 
-    for name in _COMMAND_MODULES:
-        importlib.import_module(f".commands.{name}", __package__).register(app)
+    from . import commands
+
+    for m in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"{commands.__name__}.{m.name}").register(app)
 
 
 _register_commands()
