@@ -128,7 +128,8 @@ def test_real_trace_reads_to_the_counts_in_the_json(traces_dir, name):
     starts, ends = _col(trace, "kernels", "start_ns"), _col(trace, "kernels", "end_ns")
     assert sorted(zip(starts, ends)) == exp["kernel_times"]
     assert sum(c is not None for c in _col(trace, "kernels", "launch_call_id")) == exp["kernels_with_call"]
-    htod = sum(b or 0 for b, d in zip(_col(trace, "copies", "bytes"), _col(trace, "copies", "direction")) if d == "HtoD")
+    copies = zip(_col(trace, "copies", "bytes"), _col(trace, "copies", "direction"))
+    htod = sum(b or 0 for b, d in copies if d == "HtoD")
     assert htod == exp["htod_bytes"]
     assert sum(_col(trace, "memory_events", "bytes")) == exp["memory_bytes"]
     # cpu_ops keep file order (Operator and cpu_op never share a file)
@@ -166,9 +167,11 @@ def test_real_trace_values_checked_by_hand(traces_dir):
     assert (first["grid_x"], first["block_x"], first["registers_per_thread"]) == (564, 128, 32)
     assert first["short_name"] == "indexSelectLargeIndex"
     dev = _table(t, "devices")[0]
-    assert (dev["name"], dev["sm_count"], dev["vendor"], dev["compute_major"]) == ("NVIDIA H100 80GB HBM3", 132, "nvidia", 9)
+    assert (dev["name"], dev["sm_count"], dev["vendor"], dev["compute_major"]) == (
+        "NVIDIA H100 80GB HBM3", 132, "nvidia", 9)
 
-    legacy = read(traces_dir / "torch" / "kineto__tb_plugin__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
+    legacy = read(traces_dir / "torch"
+                  / "kineto__tb_plugin__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
     k = next(r for r in _table(legacy, "kernels") if r["correlation_id"] == 34441)
     # {"tid": "stream 7", "ts": 1623142623531625, "dur": 2, "args": {"external id": 544, ...}}
     assert (k["stream_id"], k["start_ns"], k["end_ns"], k["external_id"]) == (
@@ -398,7 +401,8 @@ def test_deep_nesting_does_not_crash_the_interpreter(tmp_path):
     """In a fresh interpreter: a C-level stack overflow would kill it, not raise."""
     path = tmp_path / "deep.json"
     path.write_bytes(b'{"traceEvents": [{"args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}")
-    code = ("import sys; from traceanalyzer.ingest.kineto import read; from traceanalyzer.ingest.base import TraceError\n"
+    code = ("from traceanalyzer.ingest.kineto import read\n"
+            "from traceanalyzer.ingest.base import TraceError\n"
             f"try: read({str(path)!r})\nexcept TraceError as e: print('TraceError:', e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=FIXTURES.parent)
     assert out.returncode == 0 and out.stdout.startswith("TraceError:"), out.stderr[-500:]

@@ -2,17 +2,20 @@
 
 How the file is decoded, and why. `python bench/bench_json_decode.py` (a real H100 trace's
 events replicated to 111 MB / 264 304 events; each decoder in its own process; best of 3
-on a shared 2-core machine, so times vary by ~30 % between runs; peak = VmHWM added,
-the input bytes included):
+on a shared 2-core machine; peak = VmHWM added by the decode, the input bytes included,
+module imports excluded):
 
     decoder                                          s    vs json   peak MB  peak/file
-    json.loads                                     1.78     1.00      511      4.6
-    orjson.loads                                   1.74     1.02      714      6.4
-    msgspec.json.decode, untyped                   1.73     1.03      452      4.1
-    msgspec typed, every event's args typed        0.36     4.9       280      2.5
-    msgspec typed, args kept raw       (chosen)    0.45     3.9       265      2.4
-    msgspec raw events, typed in chunks            0.71     2.5       373      3.4
-    read() end to end, all Arrow tables built      1.07     1.7       352      3.2
+    json.loads                                     2.97     1.00      510      4.6
+    orjson.loads                                   2.15     1.38      709      6.4
+    msgspec.json.decode, untyped                   2.19     1.35      451      4.1
+    msgspec typed, every event's args typed        0.39     7.6       278      2.5
+    msgspec typed, args kept raw       (chosen)    0.42     7.0       235      2.1
+    msgspec raw events, typed in chunks            0.64     4.6       343      3.1
+    read() end to end, all Arrow tables built      1.00     3.0       320      2.9
+
+(Other runs on the same file: json.loads 1.7-3.0 s, read() 1.0-1.2 s; the ranking holds and
+peak memory repeats within a few MB.)
 
 A generic decode builds a dict per event and per args object (python_function stacks,
 `Input Strides`, `Concrete Inputs` ...) that the schema never uses; typed decoding into

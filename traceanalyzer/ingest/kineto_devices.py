@@ -72,7 +72,8 @@ def _row(props: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def devices_table(props_list: Any, gpu_device_ids: set[int], run_vendor: str | None) -> tuple[pa.Table | None, list[str]]:
+def devices_table(props_list: Any, gpu_device_ids: set[int],
+                  run_vendor: str | None) -> tuple[pa.Table | None, list[str]]:
     """Rows from the property list, then bare rows for unlisted devices with events."""
     warnings: list[str] = []
     rows: dict[int, dict[str, Any]] = {}

@@ -1,0 +1,159 @@
+"""T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
+
+from .base import Rule, Threshold
+
+# Blocking host calls come from two places: API calls known to wait for the GPU (sync
+# calls by name; copies and memsets made through non-Async calls) and sync records with no
+# API call (Kineto `cuda_sync` rows without a runtime event, nsys rows whose call fell
+# outside the capture). Each call's device is read from the record it produced; with none,
+# every active device of the run is considered (the call waited on all of them).
+SQL = r"""
+WITH active AS (
+    SELECT device_id, first_start_ns, last_end_ns FROM device_busy WHERE run_id = $run_id
+), busy AS (
+    SELECT device_id, start_ns, end_ns FROM device_busy_intervals WHERE run_id = $run_id
+), linked AS (  -- the device each API call acted on, from the GPU records it produced
+    SELECT launch_call_id AS call_id, min(device_id) AS device_id, count(DISTINCT device_id) AS n_dev,
+           bool_or(direction = 'HtoD' AND bytes <= $max_early_return_htod_bytes) AS early_return
+    FROM (SELECT launch_call_id, device_id, NULL AS direction, NULL::BIGINT AS bytes FROM syncs
+          WHERE run_id = $run_id AND launch_call_id IS NOT NULL
+          UNION ALL
+          SELECT launch_call_id, device_id, direction, bytes FROM copies
+          WHERE run_id = $run_id AND launch_call_id IS NOT NULL)
+    GROUP BY launch_call_id
+), calls AS (
+    SELECT a.call_id, NULL::BIGINT AS sync_id, a.name, a.pid, a.tid, a.start_ns, a.end_ns,
+           CASE WHEN a.name ILIKE '%synchronize%' THEN 'sync'
+                WHEN a.name ILIKE '%memcpy%' THEN 'copy' ELSE 'memset' END AS what,
+           CASE WHEN l.n_dev = 1 THEN l.device_id END AS device_id
+    FROM api_calls a LEFT JOIN linked l USING (call_id)
+    WHERE a.run_id = $run_id AND a.end_ns >= a.start_ns
+      AND (a.name ILIKE '%synchronize%'
+           OR ((a.name ILIKE '%memcpy%' OR a.name ILIKE '%memset%') AND a.name NOT ILIKE '%async%'))
+      -- CUDA returns early from small pageable host-to-device copies: they do not block
+      AND NOT coalesce(l.early_return, false)
+    UNION ALL
+    SELECT NULL, sync_id, coalesce(api_name, kind || ' sync record (no API call)'), pid, tid,
+           start_ns, end_ns, 'sync', device_id
+    FROM syncs
+    WHERE run_id = $run_id AND launch_call_id IS NULL AND end_ns >= start_ns
+      AND kind IN ('device', 'context', 'stream', 'event', 'unknown')
+      AND coalesce(api_name, '') NOT ILIKE '%query%'
+), per_device AS (  -- one row per call and device it may have waited on
+    SELECT c.* REPLACE (coalesce(c.device_id, (SELECT min(device_id) FROM active HAVING count(*) = 1)) AS device_id),
+           d.device_id AS dev
+    FROM calls c JOIN active d ON c.device_id IS NULL OR d.device_id = c.device_id
+), next_busy AS (  -- the first busy interval of that device ending after the call returned
+    SELECT p.*, b.start_ns AS busy_start
+    FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
+), per_call AS (
+    -- GPU idle after the return: 0 when the device was still busy, NULL when no work followed
+    SELECT call_id, sync_id, any_value(name) AS name, any_value(pid) AS pid, any_value(tid) AS tid,
+           any_value(start_ns) AS start_ns, any_value(end_ns) AS end_ns, any_value(what) AS what,
+           any_value(device_id) AS device_id,
+           min(greatest(busy_start - end_ns, 0)) AS idle_after_ns,
+           min(busy_start) AS next_gpu_start_ns
+    FROM next_busy GROUP BY call_id, sync_id
+), costed AS (
+    -- Had the host not waited, the work it did before the next launch would have overlapped
+    -- the GPU work it waited for: the GPU idle it could have hidden is at most the wait.
+    SELECT *, end_ns - start_ns AS blocked_ns, least(end_ns - start_ns, coalesce(idle_after_ns, 0)) AS loss_ns
+    FROM per_call
+), spans AS (
+    SELECT min(first_start_ns) AS first_ns, max(last_end_ns) AS last_ns FROM active
+), groups AS (
+    SELECT name, pid, tid, any_value(what) AS what,
+           CASE WHEN count(DISTINCT device_id) = 1 AND count(device_id) = count(*) THEN min(device_id) END AS device_id,
+           count(*) AS n, sum(end_ns - start_ns) AS blocked_ns, median(end_ns - start_ns) AS median_blocked_ns,
+           max(end_ns - start_ns) AS max_blocked_ns,
+           coalesce(sum(idle_after_ns), 0) AS idle_ns, count(*) FILTER (WHERE idle_after_ns > 0) AS n_idle,
+           arg_max(coalesce(call_id, sync_id), (coalesce(idle_after_ns, 0), end_ns - start_ns)) AS worst_id,
+           arg_max(start_ns, (coalesce(idle_after_ns, 0), end_ns - start_ns)) AS worst_start,
+           arg_max(greatest(end_ns, coalesce(next_gpu_start_ns, end_ns)),
+                   (coalesce(idle_after_ns, 0), end_ns - start_ns)) AS worst_end,
+           to_json(list({'call_id': call_id, 'sync_id': sync_id, 'start_ns': start_ns, 'end_ns': end_ns,
+                         'blocked_ns': end_ns - start_ns, 'idle_after_ns': idle_after_ns,
+                         'next_gpu_start_ns': next_gpu_start_ns}
+                        ORDER BY coalesce(idle_after_ns, 0) DESC, end_ns - start_ns DESC, start_ns)[1:$max_examples]) AS worst
+    FROM per_call GROUP BY name, pid, tid
+), scored AS (
+    SELECT g.*, coalesce(b.active_span_ns, s.last_ns - s.first_ns) AS span_ns
+    FROM groups g CROSS JOIN spans s
+    LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = g.device_id
+)
+SELECT device_id, NULL::BIGINT AS stream_id,
+       CASE WHEN device_id IS NULL THEN 'run' ELSE 'device' END AS item_kind,
+       device_id AS item_id,
+       name || CASE WHEN tid IS NULL THEN '' ELSE ' (thread ' || tid || ')' END AS item_name,
+       worst_start AS start_ns, worst_end AS end_ns,
+       idle_ns / span_ns AS value, 'share' AS value_unit, $warning_share AS threshold,
+       idle_ns AS est_loss_ns,
+       CASE WHEN idle_ns / span_ns >= $error_share THEN 'error'
+            WHEN idle_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
+       printf('%d %s call(s)%s blocked the host %s in all (median %s, longest %s); the GPU then sat idle %s '
+              || 'after %d of them (%s of %s)',
+              n, name, CASE WHEN tid IS NULL THEN '' ELSE ' on thread ' || tid END,
+              fmt_ns(blocked_ns), fmt_ns(median_blocked_ns), fmt_ns(max_blocked_ns), fmt_ns(idle_ns), n_idle,
+              fmt_pct(idle_ns / span_ns),
+              CASE WHEN device_id IS NULL THEN 'the GPUs'' active span' ELSE 'device ' || device_id || '''s active span' END) AS message,
+       CASE what
+         WHEN 'sync' THEN 'Each synchronization drains the GPU queue, so the next launch starts from empty: remove syncs from the loop, or defer them (keep results on the GPU; avoid .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() per step; use events and cudaStreamWaitEvent for ordering).'
+         WHEN 'copy' THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync into pinned memory (tensor.to(..., non_blocking=True) with pin_memory) and synchronize once, where the data is needed.'
+         ELSE 'Use cudaMemsetAsync on the work stream (tensor.zero_() is already asynchronous) instead of the synchronous memset.'
+       END AS hint,
+       '{"calls": ' || n || ', "kind": "' || what || '", "pid": ' || coalesce(CAST(pid AS VARCHAR), 'null')
+         || ', "tid": ' || coalesce(CAST(tid AS VARCHAR), 'null')
+         || ', "blocked_ns": ' || blocked_ns || ', "median_blocked_ns": ' || median_blocked_ns
+         || ', "max_blocked_ns": ' || max_blocked_ns || ', "idle_after_ns": ' || idle_ns
+         || ', "calls_followed_by_idle": ' || n_idle || ', "span_ns": ' || span_ns
+         || ', "worst": ' || worst || '}' AS evidence
+FROM scored
+WHERE idle_ns > $min_idle_ns
+ORDER BY idle_ns DESC, name, tid
+"""
+
+RULE = Rule(
+    id="T003",
+    name="sync-stalls",
+    title="Synchronization stalls: host waits that leave the GPU idle",
+    phase="timeline",
+    severity="warning",
+    what="Host calls that wait for the GPU (device, stream, event and context synchronizations, "
+         "synchronous copies and memsets), grouped by call name and thread: how many, how long they "
+         "blocked the host, and how long the GPU then sat idle before its next operation.",
+    why="A synchronization drains the GPU's queue: when it returns, the host has to launch new work "
+        "from an empty queue and the GPU waits for it. One sync per iteration (`.item()`, `.cpu()`, "
+        "`torch.cuda.synchronize()`, printing a tensor, a synchronous `cudaMemcpy`) costs a launch "
+        "latency or more every time, and keeps the host from running ahead.",
+    how="Blocking calls are API calls named `*Synchronize*` (cudaDeviceSynchronize, "
+        "cudaStreamSynchronize, cudaEventSynchronize, cuCtxSynchronize, ...), copies and memsets made "
+        "through non-Async calls (host-to-device copies of at most `max_early_return_htod_bytes` are "
+        "left out: CUDA returns from them early), and sync records that have no API call (using the "
+        "record's times). A call's host blocked time is its duration. The GPU idle after a call is the "
+        "time from its return to the start of the next GPU operation on the device it waited on (its "
+        "sync/copy record's device; every active device when unknown, taking the earliest), zero "
+        "when the device was still busy; calls with no GPU work after them count no idle. Calls are "
+        "grouped by name and thread; a group is reported when its idle time exceeds `min_idle_ns`, "
+        "with severity by that idle time as a share of the device's active span. The estimated loss "
+        "is the idle time (an upper bound: some of it is launch latency any launch pays).",
+    fix="Take synchronizations out of loops; keep values on the GPU until they are needed; use "
+        "asynchronous copies into pinned memory and events for ordering.",
+    requires="host API calls or sync records, and timed GPU operations",
+    applies_sql="SELECT (SELECT count(*) > 0 FROM gpu_activity WHERE run_id = $run_id) AND "
+                "((SELECT count(*) > 0 FROM syncs WHERE run_id = $run_id) OR "
+                "(SELECT count(*) > 0 FROM api_calls WHERE run_id = $run_id))",
+    thresholds=(
+        Threshold("min_idle_ns", 20000, "A group is reported when the GPU idle after its calls exceeds this (20 us)."),
+        Threshold("warning_share", 0.05, "Idle after the group's calls as a share of the device's active span that makes a warning (below: info)."),
+        Threshold("error_share", 0.25, "Share that makes an error."),
+        Threshold("max_early_return_htod_bytes", 65536, "Synchronous host-to-device copies up to this size return early and are not counted (CUDA semantics; nsys cuda_memcpy_sync)."),
+        Threshold("max_examples", 5, "How many of the worst calls the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "Nsight Systems `nsys analyze` rules cuda_api_sync, cuda_memcpy_sync and cuda_memset_sync",
+        "CUDA Runtime API: 'API synchronization behavior'",
+        "PyTorch performance tuning guide: 'Avoid unnecessary CPU-GPU synchronization'",
+    ),
+)
