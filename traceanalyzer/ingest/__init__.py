@@ -6,6 +6,7 @@ import importlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .. import limits
 from .base import ParsedTrace, TraceError
 from .detect import KINETO, NCU, NSYS, detect
 
@@ -30,15 +31,20 @@ def read_file(path: Path) -> ParsedTrace:
     if hint:
         raise TraceError(hint)
     fmt = detect(path)
+    if fmt in (KINETO, NCU):  # text formats are parsed in memory
+        limits.check_text_size(path.stat().st_size)
     reader = importlib.import_module(f"{__name__}.{_READER_MODULES[fmt]}")
     try:
-        return _with_device_limits(reader.read(path))
+        trace = _with_device_limits(reader.read(path))
     except TraceError:
         raise
     except RecursionError:
         raise TraceError(f"{fmt}: structure nested too deeply") from None
     except MemoryError:
         raise TraceError(f"{fmt}: ran out of memory while reading") from None
+    # Whatever the reader: no table past the limits, no time that would overflow later.
+    limits.check_tables(trace.tables, trace.warnings)
+    return trace
 
 
 def _with_device_limits(trace: ParsedTrace) -> ParsedTrace:

@@ -37,8 +37,6 @@ eras, so they go through `kineto_events.CATEGORY_ROLES` lower-cased.
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections import Counter
 from itertools import islice
 from pathlib import Path
@@ -49,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 from msgspec import Raw
 
+from .. import limits
 from .base import ParsedTrace, TraceError, as_path
 from .detect import GZIP_MAGIC, KINETO
 from .kineto_devices import devices_table
@@ -57,6 +56,9 @@ from .kineto_tables import TableBuilder
 
 # Top-level keys whose JSON text is longer than this stay out of runs.metadata.
 MAX_METADATA_VALUE_BYTES = 16 * 1024
+# ... and keys longer or values nested deeper than these.
+MAX_METADATA_KEY_CHARS = 256
+MAX_METADATA_DEPTH = 64
 # Absolute Kineto timestamps are Unix-epoch µs: anything at or past 2001-09-09 is one.
 MIN_EPOCH_US = 1e15
 _RUN_FACT_KEYS = ("baseTimeNanoseconds", "distributedInfo", "deviceProperties", "computeProperties",
@@ -71,10 +73,11 @@ SHARED_MEMORY_NOTE = (
 def read(path: str | Path) -> ParsedTrace:
     path = as_path(path)
     try:
-        top, events = _decode(_load(path))
+        with limits.json_depth():  # msgspec counts nesting against the recursion limit
+            top, events = _decode(_load(path))
         return _parse(top, events)
     except RecursionError:
-        raise TraceError("JSON nested too deeply to be a Kineto trace") from None
+        raise limits.depth_error() from None
 
 
 def _load(path: Path) -> bytes:
@@ -82,13 +85,8 @@ def _load(path: Path) -> bytes:
         raw = path.read_bytes()
     except OSError as e:
         raise TraceError(f"cannot read file ({e.strerror})") from None
-    if raw[:2] == GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise TraceError("truncated gzip file (compressed data ends early)") from None
-        except (gzip.BadGzipFile, zlib.error) as e:
-            raise TraceError(f"corrupt gzip stream ({e})") from None
+    if raw[:2] == GZIP_MAGIC:  # bounded: a small file may inflate a thousandfold
+        raw = limits.gunzip(raw)
     return raw.removeprefix(b"\xef\xbb\xbf")
 
 
@@ -118,10 +116,17 @@ def _metadata(top: dict[str, Raw]) -> tuple[dict[str, Any], list[str]]:
     for key, raw in top.items():
         if key == "traceEvents":
             continue
+        if len(key) > MAX_METADATA_KEY_CHARS:  # junk, and it would be stored as a name
+            omitted.append(f"<{len(key)}-character key>")
+            continue
         if len(raw) > MAX_METADATA_VALUE_BYTES:
             omitted.append(key)
             continue
-        meta[key] = msgspec.json.decode(raw)
+        try:  # the store writes metadata as JSON: keep deep values out like big ones
+            with limits.json_depth(MAX_METADATA_DEPTH):
+                meta[key] = msgspec.json.decode(raw)
+        except RecursionError:
+            omitted.append(key)
     return meta, omitted
 
 
@@ -196,6 +201,8 @@ def _parse(top: dict[str, Raw], events: list[Event]) -> ParsedTrace:
     # Keys the run facts come from are decoded whatever their size (pg_config can be long).
     needed = {k: msgspec.json.decode(top[k]) if k in omitted else meta.get(k) for k in _RUN_FACT_KEYS}
     base_ns = _typed(needed, "baseTimeNanoseconds", int, "an integer (ns)")
+    if base_ns is not None and abs(base_ns) > limits.MAX_ABS_TIME_NS:
+        raise TraceError("`baseTimeNanoseconds` lies beyond ±2^62 ns (a corrupt time base)")
     dist = needed["distributedInfo"] if isinstance(needed["distributedInfo"], dict) else {}
     groups, memory, counts = _group(events)
     legacy = bool(LEGACY_CATEGORIES & counts.keys())

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 
 _PAIRS = {")": "(", ">": "<", "]": "[", "}": "{"}
+# Real kernel names are under 6 000 characters; past this one is not parsed (a hostile
+# multi-MB name would take seconds per character scan).
+MAX_PARSED_NAME_CHARS = 64 * 1024
 _OPENERS = set(_PAIRS.values())
 
 
@@ -46,6 +49,8 @@ def _split_top_level(s: str, sep: str) -> list[str]:
 def kernel_short_name(name: str) -> str:
     """`void at::native::vectorized_elementwise_kernel<4, F>(int, F)` ->
     `vectorized_elementwise_kernel`: no return type, namespace, template or params."""
+    if len(name) > MAX_PARSED_NAME_CHARS:  # the scan is per character: junk is kept whole
+        return name
     s = name.strip()
     if s.endswith(" const"):
         s = s[: -len(" const")]

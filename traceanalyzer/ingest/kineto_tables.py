@@ -25,8 +25,9 @@ from .kineto_names import (
     base_api_name, kernel_short_name, parse_memcpy_name, parse_memset_name, sync_kind,
 )
 
-# Beyond this a time is corrupt: base + µs*1000 would leave int64 (Unix µs of year ~2190).
-MAX_TIME_US = 7e15
+# Beyond this a time (base included) is corrupt: past ±2^62 ns (Unix µs of year ~2116),
+# where base + µs*1000 or a difference of two times would leave int64.
+MAX_TIME_US = 4.6e15
 # Kineto writes "no stream" as -1 or as its uint32 image.
 _NO_STREAM = {-1, 0xFFFFFFFF}
 # c10::DeviceType codes the schema names; others are kept as the raw code.
@@ -71,12 +72,13 @@ class TableBuilder:
         """Complete (`X`) events with ts, dur >= 0, a name and usable args; times in ns."""
         usable: list[Event] = []
         missing = negative = absurd = 0
+        base_us = self.base_ns / 1000
         for e in events:
             if e.ts is None or e.dur is None or e.name is None:
                 missing += 1
             elif e.dur < 0:
                 negative += 1
-            elif not (abs(e.ts) <= MAX_TIME_US and e.dur <= MAX_TIME_US):  # also catches inf
+            elif not (abs(e.ts + base_us) <= MAX_TIME_US and e.ts + e.dur + base_us <= MAX_TIME_US):  # and inf
                 absurd += 1
             else:
                 usable.append(e)
@@ -294,7 +296,8 @@ class TableBuilder:
         })
 
     def memory_events(self, events: list[Event]) -> pa.Table | None:
-        usable = [e for e in events if e.ts is not None and abs(e.ts) <= MAX_TIME_US]
+        base_us = self.base_ns / 1000
+        usable = [e for e in events if e.ts is not None and abs(e.ts + base_us) <= MAX_TIME_US]
         if len(usable) < len(events):
             self.warnings["[memory] events without a usable ts skipped"] += len(events) - len(usable)
         args = decode_args(usable, MemoryArgs, "[memory]", self.warnings)

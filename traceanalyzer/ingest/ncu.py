@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from .base import ParsedTrace, TraceError, as_path
-from .ncu_labels import metric_ids
+from .ncu_labels import METRIC_ID, metric_ids
 from .ncu_launches import build_devices, build_kernels
 from .ncu_units import convert, parse_ints, parse_numbers
 
@@ -137,8 +137,9 @@ def _find_header(text: str) -> int:
 
 
 def _is_metric_column(name: str) -> bool:
-    # Metric ids never hold spaces or ':'; NVTX context columns always do.
-    return name not in IDENTITY and "__" in name and not any(ch in name for ch in " :")
+    # Metric ids never hold spaces or ':'; NVTX context columns always do. Most ids have
+    # "__"; derived/source-counter ones (`memory_l2_theoretical_sectors_global`) do not.
+    return name not in IDENTITY and METRIC_ID.match(name) is not None
 
 
 # -- parsing rows --------------------------------------------------------------------------
@@ -287,6 +288,8 @@ def _warn_mixed_ids(table: pa.Table, warnings: list[str]) -> None:
 
 def _rule_results(rules: pa.Table) -> pa.Table:
     def blank_to_null(col: str) -> pa.Array:
+        if col not in rules.column_names:  # a rule column missing from the header: no value
+            return pa.nulls(rules.num_rows, pa.string())
         arr = rules[col].combine_chunks()
         return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
 
@@ -295,7 +298,7 @@ def _rule_results(rules: pa.Table) -> pa.Table:
         "rule_name": rules["Rule Name"], "rule_type": blank_to_null("Rule Type"),
         "description": blank_to_null("Rule Description"),
         "speedup_type": blank_to_null("Estimated Speedup Type"),
-        "estimated_speedup_pct": parse_numbers(rules["Estimated Speedup"].combine_chunks()),
+        "estimated_speedup_pct": parse_numbers(blank_to_null("Estimated Speedup")),
     })
 
 

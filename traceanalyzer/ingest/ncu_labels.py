@@ -186,8 +186,10 @@ def _unambiguous() -> dict[str, str]:
 
 BY_LABEL: dict[str, str] = _unambiguous()
 
-# A metric id: lower-case unit prefix, "__", then name characters (no spaces, no ':').
-METRIC_ID = re.compile(r"^[a-z][a-z0-9_]*__[A-Za-z0-9_.\[\]@-]+$")
+# A metric id: lower-case unit prefix, "__", then name characters (no spaces, no ':');
+# or a derived/source-counter id without the "__" (`memory_l2_theoretical_sectors_global`),
+# which is still all lower case with no spaces, unlike every details-page label.
+METRIC_ID = re.compile(r"^[a-z][a-z0-9_]*__[A-Za-z0-9_.\[\]@-]+$|^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
 
 
 def metric_id_for(section: str, label: str) -> str | None:

@@ -63,12 +63,18 @@ _ARROW = {"INTEGER": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "
 _DEVICE_SCHEMA = pa.schema([(c.name, _ARROW[c.type]) for c in DEVICES.columns if c.name != "run_id"])
 
 
+# Real kernel names are under 6 000 characters; longer ones are not parsed.
+MAX_PARSED_NAME_CHARS = 64 * 1024
+
+
 def short_name(name: str) -> str:
     """Base function name: no return type, namespaces, template arguments or parameters.
 
     ``void ns::flash_fwd_kernel<T<1>, 0>(Params)`` -> ``flash_fwd_kernel``;
     Numba's ``copy_blocked[v1,...](Array<...>)`` -> ``copy_blocked``.
     """
+    if len(name) > MAX_PARSED_NAME_CHARS:  # per-character scans: a hostile multi-MB name is kept whole
+        return name
     s = name.strip()
     for suffix in (" const", " volatile"):
         if s.endswith(suffix):

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import nsys_enums
+from ..limits import MAX_ABS_TIME_NS
 from .base import ParsedTrace, TraceError, as_path
 from .nsys_devices import read_devices
 from .nsys_sqlite import Col, NsysFile, arrow_schema, one_line, quote
@@ -86,6 +87,10 @@ SOURCES: dict[str, dict[str, tuple[str, pa.DataType]]] = {
              "address": ("address", I64), "bytes": ("bytes", I64), "oper": ("memoryOperationType", I64)},
 }
 GPU_TABLES = {KERNEL: "kernels", MEMCPY: "copies", MEMSET: "memsets", SYNC: "syncs", GRAPH: "graph executions"}
+# GPU rows whose times are usable: within ±2^62 ns (so differences fit int64) and not
+# ending before they start. NULL is let through as before; never NULL itself.
+SANE_GPU_TIMES = ("((start IS NULL OR start BETWEEN {m1} AND {m}) AND (\"end\" IS NULL OR \"end\" BETWEEN {m1} AND {m}) "
+                  "AND (start IS NULL OR \"end\" IS NULL OR \"end\" >= start))").format(m=MAX_ABS_TIME_NS, m1=-MAX_ABS_TIME_NS)
 
 
 def read(path: str | Path, backend: str | None = None) -> ParsedTrace:
@@ -179,15 +184,22 @@ class _Reader:
             total = self.metadata["source_rows"][table] = self.f.count(table)
             timed = table in GPU_TABLES and self.f.has(table, "start") and self.f.has(table, "end")
             if timed:
-                where = 'NOT (start = 0 AND "end" = 0)'
+                where = f'NOT (start = 0 AND "end" = 0) AND {SANE_GPU_TIMES}'
             elif table == NVTX and not self.f.has(table, "eventType"):
                 where = ""
             data = self.f.arrow(cols, quote(table), where, label=table)
             dropped = total - data.num_rows if timed else 0
             if dropped:
                 self.metadata["dropped_rows"][table] = dropped
-                self.warnings.append(f"dropped {dropped} {GPU_TABLES[table]} row(s) with start = end = 0 "
-                                     f"(not timed by CUPTI) from {table}")
+                # Rare, so the reasons are counted only here.
+                insane = self.f.count(table, f"NOT {SANE_GPU_TIMES}")
+                untimed = dropped - insane
+                if untimed:
+                    self.warnings.append(f"dropped {untimed} {GPU_TABLES[table]} row(s) with start = end = 0 "
+                                         f"(not timed by CUPTI) from {table}")
+                if insane:
+                    self.warnings.append(f"dropped {insane} {GPU_TABLES[table]} row(s) that end before they "
+                                         f"start or lie beyond ±2^62 ns (corrupt times) from {table}")
         else:
             data = schema.empty_table()
         # File order, to break ties between rows that start at the same time.

@@ -14,6 +14,7 @@ value has another type, so string expressions are wrapped in `COALESCE(expr, '')
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import limits
 from .. import schema as store_schema
 from .base import TraceError
 
@@ -33,6 +35,8 @@ except ImportError:  # pragma: no cover - exercised only where ADBC is absent
     adbc_sqlite = None
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Table names after FROM / JOIN in the reader's own queries (quoted or bare).
+_FROM = re.compile(r'\b(?:FROM|JOIN)\s+("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_]*)', re.IGNORECASE)
 FETCH_BATCH_ROWS = 65536
 BACKENDS = ("adbc", "sqlite3")
 
@@ -96,11 +100,16 @@ class NsysFile:
         self.uri = _uri(path)
         self.fallbacks = 0  # ADBC queries that had to be re-run through sqlite3
         self.utf8_repaired: set[str] = set()
+        self.size = path.stat().st_size
+        self._row_counts: dict[str, int] = {}
         self._con = None
         try:
             self._con = sqlite3.connect(self.uri, uri=True)
+            # Ordinary tables only: a view or virtual table is SQL (or a module) chosen by
+            # whoever wrote the file, and could run for ever; nsys exports have neither.
             names = [r[0] for r in self._con.execute(
-                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') ORDER BY name")]
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND upper(ltrim(sql)) NOT LIKE 'CREATE VIRTUAL%' ORDER BY name")]
             self.tables: dict[str, list[str]] = {
                 n: [r[1] for r in self._con.execute(f"PRAGMA table_info({quote(n)})")] for n in names}
         except sqlite3.Error as e:
@@ -131,6 +140,8 @@ class NsysFile:
 
     # -- small queries (metadata, enums, device tables) ------------------------------
     def rows(self, sql: str, params: Sequence = ()) -> list[tuple]:
+        if not sql.lstrip().upper().startswith("SELECT COUNT(*) FROM (SELECT 1 FROM"):
+            self._guard(sql)
         try:
             return self._con.execute(sql, params).fetchall()
         except sqlite3.OperationalError as e:
@@ -145,7 +156,35 @@ class NsysFile:
     def count(self, table: str, where: str = "") -> int:
         if not self.has(table):
             return 0
-        return self.rows(f"SELECT COUNT(*) FROM {quote(table)}" + (f" WHERE {where}" if where else ""))[0][0]
+        total = self.checked_rows(table)
+        if not where:
+            return total
+        return self.rows(f"SELECT COUNT(*) FROM {quote(table)} WHERE {where}")[0][0]
+
+    def checked_rows(self, table: str) -> int:
+        """Rows of `table`, counted at most up to what the file can hold and MAX_ROWS allow.
+
+        COUNT(*) believes the b-tree: one whose pages point at the same child over and over
+        makes a few KB "hold" 10^11 rows (and a full read never end). Counting through a
+        LIMIT stops after the cap whatever the tree claims."""
+        if table not in self._row_counts:
+            physical = self.size // limits.SQLITE_MIN_ROW_BYTES + 16
+            cap = min(limits.get("MAX_ROWS"), physical)
+            n = self.rows(f"SELECT count(*) FROM (SELECT 1 FROM {quote(table)} LIMIT {cap + 1})")[0][0]
+            if n > physical:
+                raise TraceError(f"table {table} holds more rows than a file of {self.size:,} bytes can "
+                                 "(corrupt b-tree that reuses its pages)")
+            if n > cap:
+                raise limits.over("MAX_ROWS", f"table {table}: more than {cap:,} rows")
+            self._row_counts[table] = n
+        return self._row_counts[table]
+
+    def _guard(self, sql: str) -> None:
+        """Count (bounded) every table a query reads before it runs."""
+        for name in _FROM.findall(sql):
+            name = name[1:-1].replace('""', '"') if name.startswith('"') else name
+            if name in self.tables:
+                self.checked_rows(name)
 
     # -- bulk queries ------------------------------------------------------------------
     def arrow(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "") -> pa.Table:
@@ -153,6 +192,7 @@ class NsysFile:
 
         `label` names the source in warnings (e.g. when invalid UTF-8 had to be replaced)."""
         label = label or from_sql.split()[0].strip('"')
+        self._guard(f"FROM {from_sql}")
         schema = pa.schema([(c.alias, c.type) for c in cols])
         if self._adbc is not None:
             try:

@@ -33,7 +33,7 @@ WITH active AS (
       -- CUDA returns early from small pageable host-to-device copies: they do not block
       AND NOT coalesce(l.early_return, false)
     UNION ALL
-    SELECT NULL, sync_id, coalesce(api_name, kind || ' sync record (no API call)'), pid, tid,
+    SELECT NULL, sync_id, coalesce(api_name, kind || ' sync record without an API call'), pid, tid,
            start_ns, end_ns, 'sync', device_id
     FROM syncs
     WHERE run_id = $run_id AND launch_call_id IS NULL AND end_ns >= start_ns
@@ -55,27 +55,26 @@ WITH active AS (
            min(busy_start) AS next_gpu_start_ns
     FROM next_busy GROUP BY call_id, sync_id
 ), costed AS (
-    -- Had the host not waited, the work it did before the next launch would have overlapped
-    -- the GPU work it waited for: the GPU idle it could have hidden is at most the wait.
-    SELECT *, end_ns - start_ns AS blocked_ns, least(end_ns - start_ns, coalesce(idle_after_ns, 0)) AS loss_ns
+    SELECT *, end_ns - start_ns AS blocked_ns, least(end_ns - start_ns, coalesce(idle_after_ns, 0)) AS hideable_ns
     FROM per_call
 ), spans AS (
     SELECT min(first_start_ns) AS first_ns, max(last_end_ns) AS last_ns FROM active
 ), groups AS (
     SELECT name, pid, tid, any_value(what) AS what,
            CASE WHEN count(DISTINCT device_id) = 1 AND count(device_id) = count(*) THEN min(device_id) END AS device_id,
-           count(*) AS n, sum(end_ns - start_ns) AS blocked_ns, median(end_ns - start_ns) AS median_blocked_ns,
-           max(end_ns - start_ns) AS max_blocked_ns,
+           count(*) AS n, sum(blocked_ns) AS blocked_ns, median(blocked_ns) AS median_blocked_ns,
+           max(blocked_ns) AS max_blocked_ns,
            coalesce(sum(idle_after_ns), 0) AS idle_ns, count(*) FILTER (WHERE idle_after_ns > 0) AS n_idle,
-           arg_max(coalesce(call_id, sync_id), (coalesce(idle_after_ns, 0), end_ns - start_ns)) AS worst_id,
-           arg_max(start_ns, (coalesce(idle_after_ns, 0), end_ns - start_ns)) AS worst_start,
-           arg_max(greatest(end_ns, coalesce(next_gpu_start_ns, end_ns)),
-                   (coalesce(idle_after_ns, 0), end_ns - start_ns)) AS worst_end,
+           -- Had the host not waited, the work it did before its next launches would have
+           -- overlapped the GPU work it waited for: the idle it could hide is at most the waits.
+           least(sum(blocked_ns), coalesce(sum(idle_after_ns), 0)) AS loss_ns,
+           arg_max(start_ns, (hideable_ns, blocked_ns, -start_ns)) AS worst_start,
+           arg_max(greatest(end_ns, coalesce(next_gpu_start_ns, end_ns)), (hideable_ns, blocked_ns, -start_ns)) AS worst_end,
            to_json(list({'call_id': call_id, 'sync_id': sync_id, 'start_ns': start_ns, 'end_ns': end_ns,
-                         'blocked_ns': end_ns - start_ns, 'idle_after_ns': idle_after_ns,
+                         'blocked_ns': blocked_ns, 'idle_after_ns': idle_after_ns,
                          'next_gpu_start_ns': next_gpu_start_ns}
-                        ORDER BY coalesce(idle_after_ns, 0) DESC, end_ns - start_ns DESC, start_ns)[1:$max_examples]) AS worst
-    FROM per_call GROUP BY name, pid, tid
+                        ORDER BY hideable_ns DESC, blocked_ns DESC, start_ns)[1:$max_examples]) AS worst
+    FROM costed GROUP BY name, pid, tid
 ), scored AS (
     SELECT g.*, coalesce(b.active_span_ns, s.last_ns - s.first_ns) AS span_ns
     FROM groups g CROSS JOIN spans s
@@ -86,30 +85,31 @@ SELECT device_id, NULL::BIGINT AS stream_id,
        device_id AS item_id,
        name || CASE WHEN tid IS NULL THEN '' ELSE ' (thread ' || tid || ')' END AS item_name,
        worst_start AS start_ns, worst_end AS end_ns,
-       idle_ns / span_ns AS value, 'share' AS value_unit, $warning_share AS threshold,
-       idle_ns AS est_loss_ns,
-       CASE WHEN idle_ns / span_ns >= $error_share THEN 'error'
-            WHEN idle_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
-       printf('%d %s call(s)%s blocked the host %s in all (median %s, longest %s); the GPU then sat idle %s '
-              || 'after %d of them (%s of %s)',
-              n, name, CASE WHEN tid IS NULL THEN '' ELSE ' on thread ' || tid END,
+       loss_ns / span_ns AS value, 'share' AS value_unit, $warning_share AS threshold,
+       loss_ns AS est_loss_ns,
+       CASE WHEN loss_ns / span_ns >= $error_share THEN 'error'
+            WHEN loss_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
+       printf('%s%s: %d call(s) blocked the host %s (median %s, longest %s); the GPU sat idle %s after '
+              || '%d of them, %s of it (%s of %s) hideable had the host not waited',
+              name, CASE WHEN tid IS NULL THEN '' ELSE ' on thread ' || tid END, n,
               fmt_ns(blocked_ns), fmt_ns(median_blocked_ns), fmt_ns(max_blocked_ns), fmt_ns(idle_ns), n_idle,
-              fmt_pct(idle_ns / span_ns),
-              CASE WHEN device_id IS NULL THEN 'the GPUs'' active span' ELSE 'device ' || device_id || '''s active span' END) AS message,
+              fmt_ns(loss_ns), fmt_pct(loss_ns / span_ns),
+              CASE WHEN device_id IS NULL THEN 'the GPUs'' active span'
+                   ELSE 'device ' || device_id || '''s active span' END) AS message,
        CASE what
          WHEN 'sync' THEN 'Each synchronization drains the GPU queue, so the next launch starts from empty: remove syncs from the loop, or defer them (keep results on the GPU; avoid .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() per step; use events and cudaStreamWaitEvent for ordering).'
-         WHEN 'copy' THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync into pinned memory (tensor.to(..., non_blocking=True) with pin_memory) and synchronize once, where the data is needed.'
+         WHEN 'copy' THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync with pinned memory (tensor.to(..., non_blocking=True) from/to pinned buffers) and synchronize once, where the data is needed.'
          ELSE 'Use cudaMemsetAsync on the work stream (tensor.zero_() is already asynchronous) instead of the synchronous memset.'
        END AS hint,
        '{"calls": ' || n || ', "kind": "' || what || '", "pid": ' || coalesce(CAST(pid AS VARCHAR), 'null')
          || ', "tid": ' || coalesce(CAST(tid AS VARCHAR), 'null')
          || ', "blocked_ns": ' || blocked_ns || ', "median_blocked_ns": ' || median_blocked_ns
          || ', "max_blocked_ns": ' || max_blocked_ns || ', "idle_after_ns": ' || idle_ns
-         || ', "calls_followed_by_idle": ' || n_idle || ', "span_ns": ' || span_ns
+         || ', "calls_followed_by_idle": ' || n_idle || ', "loss_ns": ' || loss_ns || ', "span_ns": ' || span_ns
          || ', "worst": ' || worst || '}' AS evidence
 FROM scored
-WHERE idle_ns > $min_idle_ns
-ORDER BY idle_ns DESC, name, tid
+WHERE loss_ns > $min_loss_ns AND loss_ns / span_ns >= $min_share
+ORDER BY loss_ns DESC, name, tid
 """
 
 RULE = Rule(
@@ -133,9 +133,15 @@ RULE = Rule(
         "time from its return to the start of the next GPU operation on the device it waited on (its "
         "sync/copy record's device; every active device when unknown, taking the earliest), zero "
         "when the device was still busy; calls with no GPU work after them count no idle. Calls are "
-        "grouped by name and thread; a group is reported when its idle time exceeds `min_idle_ns`, "
-        "with severity by that idle time as a share of the device's active span. The estimated loss "
-        "is the idle time (an upper bound: some of it is launch latency any launch pays).",
+        "grouped by name and thread. The estimated loss of a group is the smaller of its total "
+        "blocked time and its total idle after: had the host not waited, the work it did before "
+        "its next launches would have overlapped the GPU work it waited for, so no more idle than "
+        "the waits can be hidden (idle after a call that waited on an already idle GPU is "
+        "host-side work, see T004). It is an upper bound. The worst examples are ranked by "
+        "min(blocked, idle after) per call. A group is "
+        "reported when its loss exceeds `min_loss_ns` and `min_share` of the device's active span "
+        "(first to last GPU operation; all devices when the call's device is unknown), with "
+        "severity by that share.",
     fix="Take synchronizations out of loops; keep values on the GPU until they are needed; use "
         "asynchronous copies into pinned memory and events for ordering.",
     requires="host API calls or sync records, and timed GPU operations",
@@ -143,8 +149,9 @@ RULE = Rule(
                 "((SELECT count(*) > 0 FROM syncs WHERE run_id = $run_id) OR "
                 "(SELECT count(*) > 0 FROM api_calls WHERE run_id = $run_id))",
     thresholds=(
-        Threshold("min_idle_ns", 20000, "A group is reported when the GPU idle after its calls exceeds this (20 us)."),
-        Threshold("warning_share", 0.05, "Idle after the group's calls as a share of the device's active span that makes a warning (below: info)."),
+        Threshold("min_loss_ns", 20000, "A group is reported when its estimated loss exceeds this (20 us)."),
+        Threshold("min_share", 0.01, "...and when that loss is at least this share of the device's active span."),
+        Threshold("warning_share", 0.05, "Estimated loss as a share of the device's active span that makes a warning (below: info)."),
         Threshold("error_share", 0.25, "Share that makes an error."),
         Threshold("max_early_return_htod_bytes", 65536, "Synchronous host-to-device copies up to this size return early and are not counted (CUDA semantics; nsys cuda_memcpy_sync)."),
         Threshold("max_examples", 5, "How many of the worst calls the evidence lists."),

@@ -1,0 +1,260 @@
+"""`traceanalyzer diff BASE TEST`: kernels, end-to-end time, memory, findings, verdict, gate.
+
+Every expected number is read from the trace files here (json, sqlite3, csv), not from the store.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+import shutil
+import sqlite3
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from traceanalyzer.cli import app
+
+from .conftest import FIXTURES, shared_traces
+from .test_scan import nsys_span_ns
+
+runner = CliRunner()
+KINETO_CLEAN = FIXTURES / "kineto" / "clean.json.gz"
+KINETO_PLANTED = FIXTURES / "kineto" / "planted.json"
+NSYS_CLEAN = FIXTURES / "nsys" / "clean.sqlite"
+NSYS_PLANTED = FIXTURES / "nsys" / "planted.sqlite"
+NSYS_GRAPH_MEMORY = FIXTURES / "nsys" / "graph_memory.sqlite"
+
+
+def diff(db, *args):
+    return runner.invoke(app, ["diff", "--store", str(db), *map(str, args)], env={"COLUMNS": "200"},
+                         catch_exceptions=False)
+
+
+def diff_json(db, *args) -> tuple[int, dict]:
+    r = diff(db, *args, "--json")
+    assert r.exit_code in (0, 1), r.stdout + r.stderr
+    return r.exit_code, json.loads(r.stdout)
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "s.duckdb"
+
+
+# -- independent readings ------------------------------------------------------------------
+
+def kineto_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def us_to_ns(x) -> int:
+    """Exact: epoch microseconds times 1000 overflow a double's 53 bits."""
+    return int(Decimal(str(x)) * 1000)
+
+
+def kineto_kernels(path: Path) -> dict[str, tuple[int, int]]:
+    """Full kernel name (white space removed, as diff matches) -> (count, total ns)."""
+    out = defaultdict(lambda: [0, 0])
+    for e in kineto_events(path):
+        if e.get("cat") == "kernel":
+            k = re.sub(r"\s+", "", e["name"])
+            out[k][0] += 1
+            out[k][1] += us_to_ns(e["dur"])
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def kineto_peak_cuda_bytes(path: Path) -> int:
+    return max(e["args"]["Total Allocated"] for e in kineto_events(path)
+               if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1)
+
+
+def nsys_kernels(path: Path) -> dict[str, tuple[int, int]]:
+    with sqlite3.connect(path) as con:
+        rows = con.execute("""SELECT s.value, count(*), sum(k."end" - k.start)
+                              FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName
+                              GROUP BY s.value""").fetchall()
+    return {re.sub(r"\s+", "", name): (n, total) for name, n, total in rows}
+
+
+def by_key(doc: dict) -> dict[str, tuple]:
+    return {re.sub(r"\s+", "", k["name"]): (k["base_count"], k["test_count"], k["base_total_ns"], k["test_total_ns"])
+            for k in doc["kernels"]}
+
+
+def expected_kernel_rows(base: dict, test: dict) -> dict[str, tuple]:
+    return {k: (base.get(k, (None, None))[0], test.get(k, (None, None))[0],
+                base.get(k, (None, None))[1], test.get(k, (None, None))[1]) for k in {*base, *test}}
+
+
+# -- the real trace_compare pair from HolisticTraceAnalysis -------------------------------
+
+def test_real_trace_compare_pair(db):
+    root = shared_traces() / "torch"
+    base, test = root / "hta__trace_compare__base__base.json.gz", root / "hta__trace_compare__test__test.json.gz"
+    code, doc = diff_json(db, base, test, "--gate", "5")
+    assert code == 0
+
+    assert by_key(doc) == expected_kernel_rows(kineto_kernels(base), kineto_kernels(test))
+    changed = [k for k in doc["kernels"] if k["count_delta"] != 0]
+    assert len(changed) == 1 and "CUDAFunctor_add<int>" in changed[0]["name"] and changed[0]["count_delta"] == -1
+
+    def span(events):
+        return max(us_to_ns(e["ts"]) + us_to_ns(e["dur"]) for e in events) - min(us_to_ns(e["ts"]) for e in events)
+
+    def steps(events):
+        durs = [us_to_ns(e["dur"]) for e in events if re.fullmatch(r"ProfilerStep#\d+", e["name"])]
+        return sum(durs) / len(durs)
+
+    be, te = kineto_events(base), kineto_events(test)
+    metrics = {m["name"]: m for m in doc["metrics"]}
+    assert (metrics["span"]["base"], metrics["span"]["test"]) == (span(be), span(te))
+    assert doc["end_to_end"]["name"] == "mean ProfilerStep#* (host)"
+    assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (steps(be), steps(te))
+    kernel_total = metrics["kernel time (sum)"]
+    assert kernel_total["base"] == sum(t for _, t in kineto_kernels(base).values())
+    assert kernel_total["test"] == sum(t for _, t in kineto_kernels(test).values())
+
+    ranges = {(r["side"], r["range"]): r for r in doc["ranges"]}
+    nccl = ranges[("host", "nccl:all_reduce")]
+    assert (nccl["base_count"], nccl["test_count"]) == tuple(
+        sum(1 for e in ev if e["name"] == "nccl:all_reduce") for ev in (be, te))
+    assert doc["peak_memory"]["base"] is None and doc["peak_memory"]["test"] is None  # no [memory] events
+    assert doc["verdict"] == "NO CHANGE"
+
+
+# -- fixtures with planted problems --------------------------------------------------------
+
+def test_kineto_clean_to_planted_regresses_time_and_memory_and_the_gate_fails(db):
+    code, doc = diff_json(db, KINETO_CLEAN, KINETO_PLANTED, "--gate", "5")
+    assert code == 1
+    assert by_key(doc) == expected_kernel_rows(kineto_kernels(KINETO_CLEAN), kineto_kernels(KINETO_PLANTED))
+    assert (doc["peak_memory"]["base"], doc["peak_memory"]["test"]) == (
+        kineto_peak_cuda_bytes(KINETO_CLEAN), kineto_peak_cuda_bytes(KINETO_PLANTED))
+    assert doc["end_to_end"]["name"] == "span"  # clean.json.gz has no ProfilerStep ranges
+    failures = doc["gate"]["failures"]
+    assert len(failures) == 2 and failures[0].startswith("end-to-end time") and failures[1].startswith("peak memory")
+    assert doc["verdict"] == "REGRESSED"
+    assert doc["findings"]["new"] and not doc["findings"]["fixed"]
+
+    # the other way round every change is an improvement, and the text output says so
+    r = diff(db, KINETO_PLANTED, KINETO_CLEAN, "--gate", "5")
+    assert r.exit_code == 0, r.stdout
+    assert "verdict: IMPROVED" in r.stdout and "gate 5%: pass" in r.stdout
+    assert "Fixed findings" in r.stdout
+
+
+def test_new_and_fixed_findings_ignore_the_file_name(db, tmp_path):
+    """Fingerprints include the file name; the same problems in a renamed trace are neither new nor fixed."""
+    renamed = tmp_path / "after_the_change.json"
+    renamed.write_text(KINETO_PLANTED.read_text() + "\n")  # other bytes, other run id; same events
+    code, doc = diff_json(db, KINETO_PLANTED, renamed)
+    assert doc["base"]["run_id"] != doc["test"]["run_id"]
+    assert doc["findings"]["new"] == [] and doc["findings"]["fixed"] == []
+    assert doc["findings"]["unchanged"] > 0
+    assert doc["verdict"] == "NO CHANGE"
+
+
+def test_nsys_planted_vs_clean_with_an_nvtx_step(db):
+    code, doc = diff_json(db, NSYS_PLANTED, NSYS_CLEAN, "--step", "step")
+    assert by_key(doc) == expected_kernel_rows(nsys_kernels(NSYS_PLANTED), nsys_kernels(NSYS_CLEAN))
+    metrics = {m["name"]: m for m in doc["metrics"]}
+    assert (metrics["span"]["base"], metrics["span"]["test"]) == (nsys_span_ns(NSYS_PLANTED), nsys_span_ns(NSYS_CLEAN))
+
+    def nvtx_step_ns(path):
+        with sqlite3.connect(path) as con:
+            return con.execute("""SELECT avg(n."end" - n.start) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+                                  WHERE coalesce(n.text, s.value) = 'step' AND n."end" IS NOT NULL""").fetchone()[0]
+
+    assert doc["end_to_end"]["name"] == "mean step (host)"
+    assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (nvtx_step_ns(NSYS_PLANTED), nvtx_step_ns(NSYS_CLEAN))
+    assert doc["verdict"] == "IMPROVED" and doc["findings"]["fixed"] and not doc["findings"]["new"]
+    r = diff(db, NSYS_PLANTED, NSYS_CLEAN, "--step", "no such range")
+    assert r.exit_code == 2 and "no range of that name" in r.stderr
+
+
+def test_across_formats_memory_from_nsys_allocation_events(db):
+    """nsys has no allocator totals: the peak is the running sum of signed allocation sizes."""
+    with sqlite3.connect(NSYS_GRAPH_MEMORY) as con:
+        events = con.execute("SELECT bytes, memoryOperationType FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
+                             "ORDER BY start").fetchall()
+    level = peak = 0
+    for nbytes, op in events:  # 0 = allocation, 1 = free
+        level += nbytes if op == 0 else -nbytes
+        peak = max(peak, level)
+    code, doc = diff_json(db, NSYS_GRAPH_MEMORY, KINETO_PLANTED, "--gate", "10000")
+    assert (doc["peak_memory"]["base"], doc["peak_memory"]["test"]) == (peak, kineto_peak_cuda_bytes(KINETO_PLANTED))
+    assert doc["memory"][0]["base_source"] == "running sum of signed sizes"
+    assert doc["memory"][0]["test_source"] == "allocator totals"
+    assert (doc["base"]["format"], doc["test"]["format"]) == ("nsys-sqlite", "kineto-json")
+    assert code == 0  # under a 10000% gate
+
+
+def test_ncu_runs_compare_kernel_time_from_the_duration_metric(db):
+    full, raw = FIXTURES / "ncu" / "details_full.csv", FIXTURES / "ncu" / "raw_waves.csv"
+    scale = {"nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}
+    details = [r for r in csv.DictReader(full.read_text().splitlines()) if r["Metric Name"] == "Duration"]
+    full_ns = sum(float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]] for r in details)
+    lines = list(csv.reader(ln for ln in raw.read_text().splitlines() if not ln.startswith("==")))
+    col = lines[0].index("gpu__time_duration.sum")
+    raw_ns = sum(float(r[col]) * scale[lines[1][col]] for r in lines[2:])
+    code, doc = diff_json(db, raw, full, "--gate", "1")
+    assert doc["end_to_end"]["name"] == "kernel time (sum)"
+    assert doc["end_to_end"]["base"] == pytest.approx(raw_ns) and doc["end_to_end"]["test"] == pytest.approx(full_ns)
+    assert code == 1 and doc["metrics"][0]["name"] == "span" and doc["metrics"][0]["base"] is None
+
+
+def test_runs_by_id_and_bad_input(db, tmp_path):
+    assert diff(db, KINETO_CLEAN, KINETO_PLANTED).exit_code == 0
+    r = runner.invoke(app, ["query", "--store", str(db), "--csv", "SELECT run_id FROM runs ORDER BY file_name"])
+    clean_id, planted_id = r.stdout.split()[1:]
+    r = diff(db, clean_id[:8], planted_id)  # id prefixes work, nothing is re-read
+    assert r.exit_code == 0 and "verdict: REGRESSED" in r.stdout
+    r = diff(db, "nope", planted_id)
+    assert r.exit_code == 2 and "no run matches 'nope'" in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    r = diff(db, bad, planted_id)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {bad}: ") and "Traceback" not in r.stderr
+    assert diff(db, clean_id, planted_id, "--by", "both").exit_code == 2
+
+
+def short_name(full: str) -> str:
+    """The base function name: no return type, template arguments, parameters or namespaces."""
+    name = re.sub(r"^void\s+", "", full)
+    depth, out = 0, []
+    for ch in name:  # drop everything inside <...> and (...), nested
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).split("::")[-1].strip()
+
+
+def test_match_by_short_name_pools_template_instances(db):
+    def pooled(path):
+        out = defaultdict(lambda: [0, 0])
+        for e in kineto_events(path):
+            if e.get("cat") == "kernel":
+                out[short_name(e["name"])][0] += 1
+                out[short_name(e["name"])][1] += us_to_ns(e["dur"])
+        return {k: tuple(v) for k, v in out.items()}
+
+    root = shared_traces() / "torch"  # three instances of one template in the real pair
+    base, test = root / "hta__trace_compare__base__base.json.gz", root / "hta__trace_compare__test__test.json.gz"
+    for a, b in ((base, test), (KINETO_CLEAN, KINETO_PLANTED)):
+        code, doc = diff_json(db, a, b, "--by", "short")
+        got = {k["short_name"]: (k["base_count"], k["test_count"], k["base_total_ns"], k["test_total_ns"])
+               for k in doc["kernels"]}
+        assert got == expected_kernel_rows(pooled(a), pooled(b))
+    assert len(diff_json(db, base, test, "--by", "short")[1]["kernels"]) == 1
+    assert len(diff_json(db, base, test)[1]["kernels"]) == 3

@@ -1,0 +1,735 @@
+"""The HTML report, the Markdown summary and the Chrome-trace export.
+
+Data tests compare what the report ships with values re-read from the trace files
+(sqlite3 / json / csv here). Browser tests open the reports in headless Chromium over
+the DevTools protocol (`--remote-debugging-pipe`, so no port and no extra package): no
+console error, no exception, no network request, no dialog; screenshots of each plot
+are checked pixel by pixel (Pillow). They skip where /usr/bin/chromium is missing,
+except under CI, where they must run (.ci/run installs Debian's chromium).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import gzip
+import json
+import os
+import re
+import select
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from traceanalyzer.cli import app
+from traceanalyzer.ingest.base import ParsedTrace
+from traceanalyzer.report import chrome_trace, html, html_metrics, html_timeline, markdown
+from traceanalyzer.report.model import load_result
+from traceanalyzer.rules.engine import Settings, run_rules
+from traceanalyzer.store import Store
+
+from .conftest import FIXTURES, ROOT, shared_traces
+
+CHROMIUM = Path("/usr/bin/chromium")
+PLANTED_NSYS = FIXTURES / "nsys" / "planted.sqlite"
+PLANTED_KINETO = FIXTURES / "kineto" / "planted.json"
+NCU_FULL = FIXTURES / "ncu" / "details_full.csv"
+NCU_STALLS = FIXTURES / "ncu" / "details_stalls.csv"
+EVIL = ["<script>alert(1)</script>", "</script><script>alert(2)</script>", "<img src=x onerror=alert(3)>",
+        "\"'><svg onload=alert(4)>&amp;", "line\u2028sep <!-- x"]
+KERNEL_RGB = (0x3b, 0x6f, 0xd8)
+HTOD_RGB = (0xe8, 0x87, 0x1e)
+ERROR_RGB = (0xd6, 0x27, 0x28)
+MEMORY_RGB = (0x6a, 0x3f, 0xb5)
+# A fixed list: other fixture generators add files to fixtures/ over time.
+FIXTURE_FILES = ["nsys/planted.sqlite", "nsys/clean.sqlite", "nsys/graph_memory.sqlite", "nsys/old_2_9_1.sqlite",
+                 "kineto/planted.json", "kineto/clean.json.gz", "kineto/legacy_2021.json",
+                 "ncu/details_full.csv", "ncu/details_stalls.csv", "ncu/raw_waves.csv"]
+REAL = ["torch/hta__df_index_resolver__df_index_resolver.json.gz",
+        "torch/TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz",
+        "nsys/nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite",
+        "nsys/CSC746CUDALab__report1.sqlite",
+        "ncu/XPlacer__cfd__lassen__nsight_cfd_097K.log",
+        "ncu/PolyFHE__profile__evalstall-stallreason-opt.csv"]
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"}, catch_exceptions=False)
+
+
+# The rules whose findings the report draws on (all rules cost too much time here).
+RULES = Settings(select=["T001", "T002", "B001", "B002", "B003", "I001", "M001"])
+
+
+def checked_store(path: Path, files: list[Path]) -> tuple[Store, list[str]]:
+    st = Store(path)
+    ids = list(dict.fromkeys(st.ingest(f, skip_existing=True).run_id for f in files))
+    run_rules(st, ids, RULES)
+    return st, ids
+
+
+@pytest.fixture(scope="module")
+def fixture_store(tmp_path_factory):
+    files = [FIXTURES / p for p in FIXTURE_FILES]
+    st, ids = checked_store(tmp_path_factory.mktemp("fx") / "s.duckdb", files)
+    yield st, dict(zip([f.name for f in files], ids))
+    st.close()
+
+
+def run_id_of(fixture_store, name: str) -> str:
+    return fixture_store[1][name]
+
+
+def decode_track(tr: dict) -> list[tuple[int, int, int, int]]:
+    """(start, duration, kind, name index) of a timeline track, deltas undone."""
+    out, at = [], 0
+    for s, d, k, n in zip(tr["s"], tr["d"], tr["k"], tr["n"]):
+        at += s
+        out.append((at, d, k, n))
+    return out
+
+
+# -- timeline data -----------------------------------------------------------------------
+
+def test_timeline_ships_every_operation_of_the_planted_nsys_trace(fixture_store):
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "planted.sqlite")
+    run = load_result(st, [rid])
+    tl = html_timeline.timeline_data(st, rid, run.findings, run.runs[0]["start_ns"])
+    con = sqlite3.connect(f"file:{PLANTED_NSYS}?mode=ro", uri=True)
+    kinds = dict(con.execute("SELECT id, name FROM ENUM_CUDA_MEMCPY_OPER").fetchall())
+    expected: dict[tuple, list] = {}
+    for dev, stream, start, end, name in con.execute(
+            "SELECT deviceId, streamId, start, end, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+            "JOIN StringIds s ON s.id = k.demangledName"):
+        expected.setdefault((dev, stream), []).append((start, end - start, "kernel", name))
+    for dev, stream, start, end, kind in con.execute(
+            "SELECT deviceId, streamId, start, end, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY"):
+        label = {"CUDA_MEMCPY_KIND_HTOD": "HtoD copy", "CUDA_MEMCPY_KIND_DTOH": "DtoH copy"}.get(
+            kinds[kind], "unified memory" if "UVM" in kinds[kind] else "other copy")
+        expected.setdefault((dev, stream), []).append((start, end - start, label, None))
+    first = min(s for ops in expected.values() for s, *_ in ops)
+    assert not tl["sampled"] and tl["total_ops"] == sum(map(len, expected.values()))
+    got = {}
+    for tr in tl["tracks"]:
+        got[(tr["device"], tr["stream"])] = sorted(
+            (s, d, tl["kinds"][k], tl["names"][n] if tl["kinds"][k] == "kernel" else None) for s, d, k, n in decode_track(tr))
+    assert got == {key: sorted((s - first, d, k, n) for s, d, k, n in ops) for key, ops in expected.items()}
+    assert tl["origin"] == first - run.runs[0]["start_ns"]
+
+
+def test_markers_are_the_findings_ranges_and_their_evidence_examples(fixture_store):
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "planted.sqlite")
+    res = load_result(st, [rid])
+    tl = html_timeline.timeline_data(st, rid, res.findings, res.runs[0]["start_ns"])
+    con = sqlite3.connect(f"file:{PLANTED_NSYS}?mode=ro", uri=True)
+    first = min(r[0] for r in con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+                                          "SELECT min(start) FROM CUPTI_ACTIVITY_KIND_MEMCPY"))
+    copies = {(s - first, e - first): stream for s, e, stream in con.execute(
+        "SELECT start, end, streamId FROM CUPTI_ACTIVITY_KIND_MEMCPY")}
+    by_finding = {}
+    for m in tl["markers"]:
+        by_finding.setdefault(m["f"], []).append(m)
+    for i, f in enumerate(res.findings):
+        if f["start_ns"] is not None:
+            main = [m for m in by_finding[i] if m["main"]]
+            assert [(m["s"], m["e"]) for m in main] == [(f["start_ns"] - tl_t0(con), f["end_ns"] - tl_t0(con))]
+    t002 = next(i for i, f in enumerate(res.findings) if f["rule_id"] == "T002" and f["evidence"].get("worst"))
+    examples = [m for m in by_finding[t002] if not m["main"]]
+    assert examples, "the exposed copies of the evidence are marked"
+    for m in examples:  # each example is a copy of the trace, on that copy's stream
+        assert copies[(m["s"], m["e"])] == m["st"]
+
+
+def tl_t0(con) -> int:
+    return min(r[0] for r in con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+                                         "SELECT min(start) FROM CUPTI_ACTIVITY_KIND_MEMCPY"))
+
+
+def synthetic_kernels(store: Store, n: int, seed: int = 7) -> tuple[str, dict]:
+    """A run of `n` kernels on two streams, written straight into the store."""
+    rng = np.random.default_rng(seed)
+    stream = np.arange(n) % 2
+    dur = rng.integers(1_000, 9_000, n)
+    start = (np.arange(n) // 2) * 10_000 + stream * 3_000 + 1_000_000
+    kernels = pa.table({"kernel_id": np.arange(n), "device_id": np.zeros(n, np.int32), "stream_id": stream + 7,
+                        "start_ns": start, "end_ns": start + dur,
+                        "name": [f"kernel_{i % 50}" for i in range(n)]})
+    trace = ParsedTrace(format="nsys-sqlite", producer="nsys", clock="nsys-session",
+                        tables={"kernels": kernels, "devices": pa.table({"device_id": [0], "name": ["NVIDIA H100 80GB HBM3"]})})
+    r = store.write_run(trace, Path(f"/synthetic/{n}_kernels.sqlite"), f"{n:016x}" + "0" * 48, 0)
+    return r.run_id, {"start": start, "dur": dur, "stream": stream + 7}
+
+
+def test_a_huge_run_ships_the_longest_operations_and_exact_bin_shading(tmp_path):
+    n, cap = 150_000, 20_000
+    with Store(tmp_path / "s.duckdb") as st:
+        rid, k = synthetic_kernels(st, n)
+        tl = html_timeline.timeline_data(st, rid, [], int(k["start"].min()), max_ops=cap, n_bins=1024)
+        assert tl["sampled"] and tl["total_ops"] == n and tl["shown_ops"] == cap
+        shipped = sorted(d for tr in tl["tracks"] for _, d, _, _ in decode_track(tr))
+        assert shipped == sorted(k["dur"].tolist())[-cap:]  # the longest ones
+        # Each bin's shade is the busy share of its stream in that bin, rounded up to 1/255.
+        w, t0 = tl["bin_ns"], int(k["start"].min())
+        for tr in tl["tracks"]:
+            sel = k["stream"] == tr["stream"]
+            busy = np.zeros(tl["n_bins"])
+            for s, d in zip(k["start"][sel] - t0, k["dur"][sel]):
+                b0, b1 = s // w, (s + d) // w
+                for b in range(b0, min(b1, tl["n_bins"] - 1) + 1):
+                    busy[b] += min(s + d, (b + 1) * w) - max(s, b * w)
+            want = np.where(busy > 0, np.maximum(1, np.minimum(255, np.ceil(255 * busy / w))), 0)
+            got = np.frombuffer(base64.b64decode(tr["bins"]["0"]), np.uint8)
+            assert np.array_equal(got, want)
+        page = html.render(st, load_result(st, [rid]), max_ops=cap)
+        assert len(page.encode()) < 2_000_000
+
+
+# -- roofline, stalls, memory ------------------------------------------------------------
+
+def test_roofline_places_kernels_from_flop_counters_and_dram_bytes(tmp_path):
+    # Two kernels: one by FP32 instruction counts, one by per-cycle FP64 counters.
+    rows = [  # kernel_id, metric_id, value
+        (0, "gpu__time_duration.sum", 2e6), (0, "dram__bytes.sum", 4e9),
+        (0, "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum", 1e9),
+        (0, "smsp__sass_thread_inst_executed_op_fmul_pred_on.sum", 2e9),
+        (0, "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum", 3e9),
+        (1, "gpu__time_duration.sum", 1e6), (1, "dram__bytes_read.sum", 1e8), (1, "dram__bytes_write.sum", 5e7),
+        (1, "smsp__cycles_elapsed.avg.per_second", 1.5e9),
+        (1, "smsp__sass_thread_inst_executed_op_dfma_pred_on.sum.per_cycle_elapsed", 400.0),
+    ]
+    trace = ParsedTrace(format="ncu-csv", tables={
+        "kernels": pa.table({"kernel_id": [0, 1], "device_id": [0, 0], "name": ["sgemm", "dgemm"]}),
+        "devices": pa.table({"device_id": [0], "name": ["NVIDIA H100 80GB HBM3"],
+                             "memory_bandwidth_bytes_per_s": [3.35e12]}),
+        "kernel_metrics": pa.table({"kernel_id": [r[0] for r in rows], "metric_id": [r[1] for r in rows],
+                                    "value": [r[2] for r in rows]})})
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = st.write_run(trace, Path("/synthetic/roof.csv"), "ab" * 32, 0).run_id
+        [rf] = html_metrics.roofline(st, rid, [])  # no B003 findings: the report's own query
+    assert rf["mode"] == "absolute" and rf["bandwidth_bytes_per_s"] == 3.35e12
+    pts = {p["kernel"]: p for p in rf["points"]}
+    sgemm_flop = 1e9 + 2e9 + 2 * 3e9
+    assert pts["sgemm"]["ai"] == pytest.approx(sgemm_flop / 4e9)
+    assert pts["sgemm"]["flops_per_s"] == pytest.approx(sgemm_flop / 2e-3)
+    dgemm_flop = 2 * 400.0 * 1.5e9 * 1e-3
+    assert pts["dgemm"]["ai"] == pytest.approx(dgemm_flop / 1.5e8)
+    assert pts["dgemm"]["flops_per_s"] == pytest.approx(dgemm_flop / 1e-3)
+    assert {r["label"] for r in rf["roofs"]} >= {"FP32", "FP64"}
+
+
+def _ncu_rows(path: Path) -> list[dict]:
+    lines = path.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
+    return list(csv.DictReader(lines[start:]))
+
+
+@pytest.mark.parametrize("source", ["B003", "metrics"])
+def test_roofline_without_flop_counts_uses_speed_of_light_shares(fixture_store, source):
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "details_full.csv")
+    findings = load_result(st, [rid]).findings if source == "B003" else []
+    [rf] = html_metrics.roofline(st, rid, findings)
+    assert rf["source"] == source
+    sol: dict[str, dict] = {}
+    for r in _ncu_rows(NCU_FULL):
+        if r["Metric Name"] in ("Compute (SM) Throughput", "Memory Throughput") and r["Metric Value"] not in ("", "n/a"):
+            sol.setdefault(r["Kernel Name"], {})[r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+    assert rf["mode"] == "sol"
+    got = {p["kernel"]: p for p in rf["points"]}
+    assert len(got) == len([k for k, v in sol.items() if len(v) == 2])
+    for name, p in got.items():
+        full = name
+        c, m = sol[full]["Compute (SM) Throughput"] / 100, sol[full]["Memory Throughput"] / 100
+        assert (p["x"], p["y"]) == (pytest.approx(c / m), pytest.approx(c))
+
+
+def test_stall_bars_cover_every_kernel_with_stall_metrics(fixture_store):
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "details_stalls.csv")
+    findings = load_result(st, [rid]).findings
+    data = html_metrics.stalls(st, rid, "ncu-csv", findings)
+    with_stalls = {r["Kernel Name"] for r in _ncu_rows(NCU_STALLS) if "stall" in r["Metric Name"].lower()}
+    assert {k["kernel"] for k in data["kernels"]} == with_stalls
+    assert {k["kernel"] for k in data["kernels"] if k["flagged"]} == {f["item_name"] for f in findings if f["rule_id"] == "I001"}
+    for k in data["kernels"]:
+        assert sum(k["profile"].values()) == pytest.approx(1, abs=1e-3)
+
+
+def test_memory_curve_peak_is_the_allocators_peak(fixture_store):
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "planted.json")
+    run = load_result(st, [rid]).runs[0]
+    mem = html_metrics.memory(st, rid, run["start_ns"])
+    doc = json.loads(PLANTED_KINETO.read_text())
+    events = [e for e in doc["traceEvents"] if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1]
+    peak = max(events, key=lambda e: e["args"]["Total Allocated"])
+    first_us = min(e["ts"] for e in doc["traceEvents"] if "ts" in e and e.get("ph") != "M")
+    gpu = next(s for s in mem["series"] if s["device_type"] == "cuda")
+    assert gpu["peak_bytes"] == peak["args"]["Total Allocated"] and gpu["events"] == len(events)
+    assert gpu["peak_at_ns"] == pytest.approx((peak["ts"] - first_us) * 1000, abs=1000)
+    assert max(c[2] for c in gpu["cols"]) == gpu["peak_bytes"]  # the curve reaches the peak it marks
+    # with M001's finding the marker is M001's peak (the same one)
+    with_m001 = html_metrics.memory(st, rid, run["start_ns"], load_result(st, [rid]).findings)
+    gpu2 = next(s for s in with_m001["series"] if s["device_type"] == "cuda")
+    assert gpu2.get("peak_source") == "M001" and (gpu2["peak_bytes"], gpu2["peak_at_ns"]) == (gpu["peak_bytes"], gpu["peak_at_ns"])
+
+
+# -- escaping ----------------------------------------------------------------------------
+
+def evil_trace(path: Path) -> Path:
+    """A Kineto trace whose kernel names are markup; long gaps make T001 quote them."""
+    events, ts = [], 1000.0
+    for i, name in enumerate(EVIL * 2):
+        dur = 400.0 if i == 0 else 20.0
+        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                       "args": {"device": 0, "stream": 7, "correlation": 100 + i, "grid": [1, 1, 1], "block": [32, 1, 1]}})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": ts - 5, "dur": 3, "args": {"correlation": 100 + i}})
+        ts += dur + 150.0
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_trace_strings_are_escaped_in_html_markdown_and_chrome_trace(tmp_path):
+    src = evil_trace(tmp_path / "evil.json")
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = st.ingest(src).run_id
+        run_rules(st, [rid], RULES)
+        res = load_result(st, [rid])
+        assert any(e in json.dumps(f["evidence"]) for f in res.findings for e in EVIL[:1])
+        page = html.render(st, res)
+        md = markdown.render(st, res)
+        counts = chrome_trace.export(st, rid, res.findings, tmp_path / "t.json")
+    scripts = re.findall(r"<script\b[^>]*>", page)
+    assert len(scripts) == page.count("</script>") == 2  # our code and one JSON block: none from the trace
+    for name in EVIL:
+        assert name not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    block = re.search(r'<script type="application/json" id="tl-[0-9a-f]+">(.*?)</script>', page, re.S).group(1)
+    assert set(EVIL) <= set(json.loads(block)["names"])
+    # Markdown: no raw tag but our own <details>/<summary>, no unescaped table pipe from a name.
+    assert not re.findall(r"(?<!\\)<(?!/?(details|summary)>)", md)
+    assert "\\<script\\>alert(1)" in md  # (the top-kernels line uses the short name)
+    doc = json.loads((tmp_path / "t.json").read_text())
+    kernels = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    assert sorted(kernels) == sorted(EVIL * 2) and counts["kernels"] == len(EVIL) * 2
+
+
+# -- markdown ----------------------------------------------------------------------------
+
+def test_markdown_summary_lists_runs_and_their_worst_findings(fixture_store):
+    st, names = fixture_store
+    ids = [names["planted.sqlite"], names["planted.json"], names["clean.sqlite"]]
+    res = load_result(st, ids)
+    md = markdown.render(st, res)
+    table = {ln.split(" | ")[0][2:]: ln for ln in md.splitlines()[:20] if ln.startswith("| ") and "---" not in ln}
+    for rid in ids:
+        fname = next(r["file_name"] for r in res.runs if r["run_id"] == rid)
+        n = {s: st.sql("SELECT count(*) FROM findings WHERE run_id = ? AND severity = ?", [rid, s]).fetchall()[0][0]
+             for s in ("error", "warning", "info")}
+        row = table[markdown.md(fname, 80)]
+        assert f"| {n['error']} | {n['warning']} | {n['info']} |" in row
+        assert f"### {markdown.md(fname)}" in md
+    short = markdown.render(st, load_result(st, list(names.values())), max_chars=3000)
+    assert len(short) <= 3000 and "Output shortened" in short
+
+
+# -- chrome trace ------------------------------------------------------------------------
+
+def test_export_trace_has_every_gpu_operation_and_a_marker_per_finding(fixture_store, tmp_path):
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "planted.sqlite")
+    findings = load_result(st, [rid]).findings
+    chrome_trace.export(st, rid, findings, tmp_path / "t.json.gz")
+    doc = json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()))
+    ev = doc["traceEvents"]
+    con = sqlite3.connect(f"file:{PLANTED_NSYS}?mode=ro", uri=True)
+    t0 = doc["otherData"]["origin_ns"]
+    want_k = sorted((s - t0, e - s, stream) for s, e, stream in
+                    con.execute("SELECT start, end, streamId FROM CUPTI_ACTIVITY_KIND_KERNEL"))
+    got_k = sorted((round(e["ts"] * 1000), round(e["dur"] * 1000), e["tid"]) for e in ev if e.get("cat") == "kernel")
+    assert got_k == want_k
+    assert sum(e.get("cat") == "memcpy" for e in ev) == con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()[0]
+    marks = [e for e in ev if e.get("cat") == chrome_trace.FINDING_CAT and e["ph"] == "i"]
+    assert sorted(m["args"]["fingerprint"] for m in marks) == sorted(f["fingerprint"] for f in findings)
+    gpu_pid = chrome_trace.GPU_PID_BASE
+    for m, f in ((m, next(f for f in findings if f["fingerprint"] == m["args"]["fingerprint"])) for m in marks):
+        assert m["pid"] == gpu_pid + f["device_id"]
+        if f["stream_id"] is not None:
+            assert m["tid"] == f["stream_id"]
+        if f["start_ns"] is not None:
+            assert round(m["ts"] * 1000) == f["start_ns"] - t0
+    # async ranges pair up; GPU slices on one track never partly overlap (viewers need nesting)
+    begins = {e["id"] for e in ev if e["ph"] == "b"}
+    assert begins and begins == {e["id"] for e in ev if e["ph"] == "e"}
+    assert {e["id"] for e in ev if e["ph"] == "s"} == {e["id"] for e in ev if e["ph"] == "f"}
+    tracks: dict = {}
+    for e in ev:
+        if e["ph"] == "X" and e["pid"] >= gpu_pid:
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        spans.sort()
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 or b1 <= a1
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"].endswith("_name")}
+    assert names[(gpu_pid, None)].startswith("GPU 0: ") and names[(gpu_pid, 7)] == "stream 7"
+
+
+def test_export_trace_cli(tmp_path):
+    db = tmp_path / "s.duckdb"
+    r = cli("export-trace", PLANTED_KINETO, "-o", tmp_path / "k.json", "--store", db)
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads((tmp_path / "k.json").read_text())
+    kernels = [e for e in json.loads(PLANTED_KINETO.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert sum(e.get("cat") == "kernel" for e in doc["traceEvents"]) == len(kernels)
+    r = cli("export-trace", NCU_FULL, "-o", tmp_path / "n.json", "--store", db)
+    assert r.exit_code == 2 and "has no timeline" in r.stderr and not (tmp_path / "n.json").exists()
+    r = cli("export-trace", "no-such-run", "-o", tmp_path / "x.json", "--store", db)
+    assert r.exit_code == 2 and "no-such-run" in r.stderr
+
+
+# -- the command -------------------------------------------------------------------------
+
+def test_report_cli_html_and_markdown(tmp_path):
+    db = tmp_path / "s.duckdb"
+    out = tmp_path / "r.html"
+    r = cli("report", PLANTED_NSYS, PLANTED_KINETO, NCU_STALLS, "-o", out, "--store", db)
+    assert r.exit_code == 0, r.stderr
+    text = out.read_text()
+    assert text.count('<section class="run"') == 3 and 'id="index"' in text
+    r = cli("report", "planted.sqlite", "--markdown", "--store", db)  # a stored run, by file name
+    assert r.exit_code == 0 and r.stdout.startswith("## traceanalyzer report") and "### planted.sqlite" in r.stdout
+    r = cli("report", "nope.sqlite", "--store", db, "-o", tmp_path / "x.html")
+    assert r.exit_code == 2 and "nope.sqlite" in r.stderr
+
+
+def test_assets_ship_with_the_package():
+    import tomllib
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["traceanalyzer"]
+    pkg = ROOT / "traceanalyzer"
+    shipped = {p for g in globs for p in pkg.glob(g)}
+    assets = set((pkg / "report" / "assets").glob("*"))
+    assert assets and assets <= shipped, f"add a glob for {sorted(a.name for a in assets - shipped)} to package-data"
+
+
+# -- in the browser ----------------------------------------------------------------------
+
+class Browser:
+    """Headless Chromium driven over --remote-debugging-pipe (NUL-separated JSON on fds 3/4)."""
+
+    def __init__(self, exe: Path):
+        self.profile = tempfile.mkdtemp(prefix="ta-chromium-")
+        cmd_r, cmd_w = os.pipe()
+        res_r, res_w = os.pipe()
+
+        def child():  # copies first: a pipe end may already sit on fd 3 or 4
+            a, b = os.dup(cmd_r), os.dup(res_w)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen(
+            [str(exe), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars", "--mute-audio",
+             f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"],
+            close_fds=False, preexec_fn=child, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        os.close(cmd_r)
+        os.close(res_w)
+        self.w, self.r, self.buf, self.n, self.events = cmd_w, res_r, b"", 0, []
+
+    def _read(self, timeout: float) -> dict:
+        while b"\0" not in self.buf:
+            if not select.select([self.r], [], [], timeout)[0]:
+                raise TimeoutError("no answer from chromium")
+            chunk = os.read(self.r, 1 << 20)
+            if not chunk:
+                raise EOFError("chromium exited")
+            self.buf += chunk
+        msg, self.buf = self.buf.split(b"\0", 1)
+        m = json.loads(msg)
+        if m.get("method") == "Page.javascriptDialogOpening":  # record it, and do not hang on it
+            self.send("Page.handleJavaScriptDialog", {"accept": True}, m.get("sessionId"))
+        return m
+
+    def send(self, method: str, params=None, session=None) -> int:
+        self.n += 1
+        msg = {"id": self.n, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self.w, json.dumps(msg).encode() + b"\0")
+        return self.n
+
+    def call(self, method: str, params=None, session=None, timeout: float = 30) -> dict:
+        i = self.send(method, params, session)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self._read(max(0.01, deadline - time.monotonic()))
+            if m.get("id") == i:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error']}")
+                return m.get("result", {})
+            if "method" in m:
+                self.events.append(m)
+
+    def open(self, path: Path, width: int = 1280) -> "Page":
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        sid = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for m in ("Page.enable", "Runtime.enable", "Log.enable", "Network.enable"):
+            self.call(m, session=sid)
+        self.call("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=sid)
+        page = Page(self, sid, target, path.resolve().as_uri())
+        self.call("Page.navigate", {"url": page.url}, session=sid)
+        page.wait("document.readyState === 'complete'")
+        return page
+
+    def close(self):
+        try:
+            self.call("Browser.close", timeout=5)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        os.close(self.w)
+        os.close(self.r)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+class Page:
+    def __init__(self, browser: Browser, sid: str, target: str, url: str):
+        self.b, self.sid, self.target, self.url = browser, sid, target, url
+
+    def eval(self, expr: str):
+        r = self.b.call("Runtime.evaluate", {"expression": expr, "returnByValue": True}, self.sid)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expr}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait(self, expr: str, timeout: float = 10):
+        deadline = time.monotonic() + timeout
+        while not self.eval(expr):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"page never satisfied {expr}")
+            time.sleep(0.05)
+
+    def go(self, fragment: str):
+        self.eval(f"location.hash = {json.dumps(fragment)}")
+
+    def problems(self) -> list[str]:
+        """Console errors, exceptions, dialogs and any request but the page itself."""
+        out = []
+        for m in self.b.events:
+            if m.get("sessionId") != self.sid:
+                continue
+            p, meth = m.get("params", {}), m["method"]
+            if meth == "Runtime.exceptionThrown":
+                out.append(f"exception: {p['exceptionDetails'].get('text')} {p['exceptionDetails'].get('exception', {}).get('description')}")
+            elif meth == "Runtime.consoleAPICalled" and p["type"] in ("error", "assert", "warning"):
+                out.append(f"console {p['type']}: {[a.get('value', a.get('description')) for a in p['args']]}")
+            elif meth == "Log.entryAdded" and p["entry"]["level"] in ("error", "warning"):
+                out.append(f"log {p['entry']['level']}: {p['entry']['text']}")
+            elif meth == "Network.requestWillBeSent" and p["request"]["url"].split("#")[0] != self.url:
+                out.append(f"request: {p['request']['url']}")
+            elif meth == "Page.javascriptDialogOpening":
+                out.append(f"dialog: {p['message']}")
+        return out
+
+    def shot(self, selector: str, index: int = 0):
+        """A screenshot of one element, as an RGB array."""
+        from PIL import Image
+        import io
+
+        rect = self.eval(f"""(() => {{ const e = document.querySelectorAll({json.dumps(selector)})[{index}];
+            e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect();
+            return [r.left + scrollX, r.top + scrollY, r.width, r.height]; }})()""")
+        assert rect[2] > 50 and rect[3] > 20, f"{selector} is not laid out: {rect}"
+        data = self.b.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
+            "x": rect[0], "y": rect[1], "width": rect[2], "height": rect[3], "scale": 1}}, self.sid)["data"]
+        return np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")).astype(int)
+
+    def close(self):
+        self.b.call("Target.closeTarget", {"targetId": self.target})
+
+
+def near(img, rgb, tol: int = 40) -> int:
+    """Pixels within `tol` (max channel difference) of a color."""
+    return int((np.abs(img - np.array(rgb)).max(axis=2) <= tol).sum())
+
+
+def colorful(img) -> int:
+    """Pixels that are clearly not gray (plot marks, not frames, grids or text)."""
+    return int(((img.max(axis=2) - img.min(axis=2)) > 60).sum())
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing and CI is set: install Debian's chromium (see .ci/run)")
+        pytest.skip(f"{CHROMIUM} not installed")
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("Pillow not installed")
+    b = Browser(CHROMIUM)
+    yield b
+    b.close()
+
+
+def run_sections(page: Page) -> list[str]:
+    return page.eval("[...document.querySelectorAll('section.run')].map(s => s.id)")
+
+
+def test_fixture_report_opens_clean_and_draws_every_plot(browser, fixture_store, tmp_path):
+    st, names = fixture_store
+    out = tmp_path / "fixtures.html"
+    out.write_text(html.render(st, load_result(st, list(names.values()))))
+    page = browser.open(out)
+    try:
+        assert page.eval("document.querySelector('#index').offsetHeight > 0")
+        anchors = {name: f"run-{rid}" for name, rid in names.items()}
+        for name, anchor in anchors.items():
+            page.go(anchor)
+            page.wait(f"document.getElementById('{anchor}').offsetHeight > 0")
+            if page.eval(f"!!document.querySelector('#{anchor} .timeline')"):
+                page.wait(f"+document.querySelector('#{anchor} .timeline').getAttribute('data-drawn') > 0")
+                img = page.shot(f"#{anchor} .timeline canvas")
+                assert near(img, KERNEL_RGB) + near(img, HTOD_RGB) > 30, f"{name}: no operations drawn"
+        assert page.problems() == []
+
+        planted = anchors["planted.sqlite"]
+        page.go(planted)
+        page.wait(f"document.getElementById('{planted}').offsetHeight > 0")
+        img = page.shot(f"#{planted} .timeline canvas")
+        assert near(img, KERNEL_RGB) > 100 and near(img, HTOD_RGB) > 50 and near(img, ERROR_RGB, 30) > 20
+        img = page.shot(f"#{planted} svg.plot")  # top kernels
+        assert near(img, KERNEL_RGB, 10) > 2000
+
+        for name, check in (("details_full.csv", "roofline"), ("details_stalls.csv", "stalls"), ("planted.json", "memory")):
+            anchor = anchors[name]
+            page.go(anchor)
+            page.wait(f"document.getElementById('{anchor}').offsetHeight > 0")
+            label = {"roofline": "Roofline", "stalls": "Warp stall", "memory": "Memory of GPU"}[check]
+            img = page.shot(f"#{anchor} svg.plot[aria-label^='{label}']")
+            if check == "roofline":
+                assert colorful(img) > 200 and near(img, (0x44, 0x44, 0x44), 30) > 300  # kernels and the roof
+            elif check == "stalls":
+                hues = {tuple(c) for c in img.reshape(-1, 3)[(img.max(axis=2) - img.min(axis=2)).reshape(-1) > 60]}
+                assert colorful(img) > 2000 and len(hues) >= 5
+            else:
+                assert near(img, MEMORY_RGB, 30) > 100 and near(img, ERROR_RGB, 30) > 20  # curve and peak
+        assert page.problems() == []
+    finally:
+        page.close()
+
+
+def test_timeline_zooms_with_the_wheel_and_jumps_to_a_finding(browser, fixture_store, tmp_path):
+    st, names = fixture_store
+    rid = names["planted.sqlite"]
+    out = tmp_path / "one.html"
+    out.write_text(html.render(st, load_result(st, [rid])))
+    page = browser.open(out)
+    try:
+        page.wait("+document.querySelector('.timeline').getAttribute('data-drawn') > 0")
+        before = page.eval("document.querySelector('.timeline .status').textContent")
+        img0 = page.shot(".timeline canvas")
+        x, y = page.eval("(() => { const r = document.querySelector('.timeline canvas').getBoundingClientRect();"
+                         " return [r.left + r.width * 0.6, r.top + r.height / 2]; })()")
+        for _ in range(3):
+            browser.call("Input.dispatchMouseEvent", {"type": "mouseWheel", "x": x, "y": y, "deltaX": 0, "deltaY": -400},
+                         page.sid)
+        page.wait(f"document.querySelector('.timeline .status').textContent !== {json.dumps(before)}")
+        assert not np.array_equal(img0, page.shot(".timeline canvas"))
+        # "show in timeline" on the T001 stream finding: the view then spans its gap
+        f = next(f for f in load_result(st, [rid]).findings if f["rule_id"] == "T001" and f["stream_id"] is not None)
+        i = load_result(st, [rid]).findings.index(f)
+        page.eval(f"document.querySelector('#f-{rid}-{i} button.zoom').click()")
+        t0 = load_result(st, [rid]).runs[0]["start_ns"]
+        lo, hi = page.eval("document.querySelector('.timeline .status').textContent.match(/view (.*) – (.*)/).slice(1)")
+        to_ns = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}
+        lo_ns, hi_ns = (float(v.split()[0]) * to_ns[v.split()[1]] for v in (lo, hi))
+        assert lo_ns <= f["start_ns"] - t0 and hi_ns >= f["end_ns"] - t0
+        assert hi_ns - lo_ns < 0.5 * (load_result(st, [rid]).runs[0]["span_ns"])
+        assert page.problems() == []
+    finally:
+        page.close()
+
+
+def test_kernel_named_script_is_shown_as_text(browser, tmp_path):
+    src = evil_trace(tmp_path / "evil.json")
+    out = tmp_path / "evil.html"
+    r = cli("report", src, "-o", out, "--store", tmp_path / "s.duckdb")
+    assert r.exit_code == 0, r.stderr
+    page = browser.open(out)
+    try:
+        page.wait("+document.querySelector('.timeline').getAttribute('data-drawn') > 0")
+        text = page.eval("document.body.textContent")
+        for name in EVIL[:4]:
+            assert name in text
+        assert page.eval("document.scripts.length") == 2
+        assert page.eval("document.querySelectorAll('img, iframe, object, embed, svg svg').length") == 0
+        assert page.eval("[...document.querySelectorAll('*')].some(e => [...e.attributes].some(a => a.name.startsWith('on')))") is False
+        assert page.problems() == []
+    finally:
+        page.close()
+
+
+def test_huge_run_report_draws_in_the_browser(browser, tmp_path):
+    with Store(tmp_path / "s.duckdb") as st:
+        rid, _ = synthetic_kernels(st, 120_000)
+        out = tmp_path / "huge.html"
+        out.write_text(html.render(st, load_result(st, [rid]), max_ops=10_000))
+    page = browser.open(out)
+    try:
+        page.wait("+document.querySelector('.timeline').getAttribute('data-drawn') > 0")
+        img = page.shot(".timeline canvas")
+        cols = (np.abs(img - np.array(KERNEL_RGB)).max(axis=2) <= 120).any(axis=0)
+        plot = cols[160:]  # right of the track labels
+        assert plot.mean() > 0.9, "busy shading must cover the whole run"
+        assert page.problems() == []
+    finally:
+        page.close()
+
+
+def test_real_traces_report_opens_clean(browser, tmp_path):
+    traces = shared_traces()
+    st, ids = checked_store(tmp_path / "s.duckdb", [traces / p for p in REAL])
+    try:
+        out = tmp_path / "real.html"
+        out.write_text(html.render(st, load_result(st, ids)))
+        assert out.stat().st_size < 5_000_000
+        for rid, rel in zip(ids, REAL):  # each trace alone stays small too
+            one = html.render(st, load_result(st, [rid]))
+            assert len(one.encode()) < 5_000_000, rel
+    finally:
+        st.close()
+    page = browser.open(out)
+    try:
+        for anchor in run_sections(page):
+            page.go(anchor)
+            page.wait(f"document.getElementById('{anchor}').offsetHeight > 0")
+            if page.eval(f"!!document.querySelector('#{anchor} .timeline')"):
+                page.wait(f"+document.querySelector('#{anchor} .timeline').getAttribute('data-drawn') > 0")
+                img = page.shot(f"#{anchor} .timeline canvas")
+                assert colorful(img) > 200, anchor
+            for i in range(page.eval(f"document.querySelectorAll('#{anchor} svg.plot').length")):
+                assert colorful(page.shot(f"#{anchor} svg.plot", i)) > 50, (anchor, i)
+        assert page.problems() == []
+    finally:
+        page.close()

@@ -1,0 +1,266 @@
+"""Batch scan (parallel parse + rules in workers, one writer, resumable) and the Parquet export.
+
+Expected kernel counts and spans come from the source files themselves (sqlite3, json,
+csv); expected findings from the plain, central `ingest` + `run_rules` path.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from typer.testing import CliRunner
+
+import traceanalyzer.scan as scan_mod
+from traceanalyzer import schema
+from traceanalyzer.cli import app
+from traceanalyzer.ingest import find_traces
+from traceanalyzer.rules.engine import Settings, run_rules
+from traceanalyzer.scan import WORKER_DIED, WorkContext, local_outcomes, scan
+from traceanalyzer.store import Store
+
+from .conftest import FIXTURES
+
+runner = CliRunner()
+# A fixed set (the fixtures folder grows): every format, gz, and clean and planted traces.
+SOURCES = ["nsys/planted.sqlite", "nsys/clean.sqlite", "kineto/planted.json", "kineto/clean.json.gz",
+           "ncu/details_stalls.csv"]
+# Where rules are not the point, two cheap ones keep the tests quick (all rules cost ~0.5 s a run).
+FAST = Settings(select=["T001", "T002"])
+FAST_OPTS = ("--select", "T001,T002")
+# Columns that say when something was written, not what.
+WHEN = {"runs": "ingested_at", "rule_runs": "evaluated_at"}
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"}, catch_exceptions=False)
+
+
+@pytest.fixture
+def traces(tmp_path) -> Path:
+    folder = tmp_path / "in"
+    for rel in SOURCES:
+        dst = folder / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(FIXTURES / rel, dst)
+    return folder
+
+
+# -- independent readings of the source files --------------------------------------------
+
+def _kineto_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def expected_kernels(path: Path) -> int:
+    if path.suffix == ".sqlite":
+        with sqlite3.connect(path) as con:
+            return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    if path.suffix == ".csv":
+        lines = [ln for ln in path.read_text().splitlines() if not ln.startswith("==")]
+        return len({row["ID"] for row in csv.DictReader(lines)})
+    return sum(1 for e in _kineto_events(path) if e.get("cat") == "kernel")
+
+
+def nsys_span_ns(path: Path) -> int:
+    """First to last event over the CUPTI tables and NVTX ranges/marks (not domain creation)."""
+    with sqlite3.connect(path) as con:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        parts = [f"SELECT start, coalesce(\"end\", start) AS stop FROM {t}" for t in sorted(tables)
+                 if t.startswith("CUPTI_ACTIVITY_KIND_")]
+        if "NVTX_EVENTS" in tables:
+            parts.append("SELECT start, coalesce(\"end\", start) FROM NVTX_EVENTS WHERE eventType IN (34, 59, 60)")
+        lo, hi = con.execute(f"SELECT min(start), max(stop) FROM ({' UNION ALL '.join(parts)})").fetchone()
+    return hi - lo
+
+
+def table_rows(db: Path, table: str) -> list[tuple]:
+    """A table's rows in a canonical order, without its write-time column."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        exclude = f" EXCLUDE ({WHEN[table]})" if table in WHEN else ""
+        return con.execute(f"SELECT *{exclude} FROM {table} ORDER BY ALL").fetchall()
+
+
+# -- the command ---------------------------------------------------------------------------
+
+def test_scan_stores_every_trace_and_a_bad_file_is_one_error_line(traces, tmp_path):
+    bad = traces / "broken.json"
+    bad.write_text("{not json")
+    db = tmp_path / "s.duckdb"
+    r = run("scan", "--store", db, "--jobs", "2", *FAST_OPTS, traces)
+    assert r.exit_code == 1, r.stdout + r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}: ")
+    assert "Traceback" not in r.stderr
+    assert "5 stored, 0 updated, 0 skipped (already stored), 0 duplicate, 1 failed" in r.stdout
+
+    with Store(db, read_only=True) as st:
+        rows = st.sql("""SELECT r.source_path, r.run_id, r.span_ns,
+                                (SELECT count(*) FROM kernels k WHERE k.run_id = r.run_id)
+                         FROM runs r""").fetchall()
+    assert sorted(Path(p).relative_to(traces).as_posix() for p, *_ in rows) == sorted(SOURCES)
+    for path, run_id, span_ns, kernels in rows:
+        assert kernels == expected_kernels(Path(path)), path
+        if path.endswith(".sqlite"):
+            assert span_ns == nsys_span_ns(Path(path)), path
+        # the per-run table: run id, kernel count and span on one line
+        line = next(ln for ln in r.stdout.splitlines() if run_id in ln)
+        assert f" {kernels} " in line
+
+
+def test_scan_findings_equal_the_central_engine(traces, tmp_path):
+    """Per-run rules evaluated in the workers' scratch stores give the same rows as the engine
+    run on the store itself."""
+    with Store(tmp_path / "scan.duckdb") as st:
+        report = scan(st, [traces], jobs=2)
+    assert report.count("stored") == len(SOURCES) and not report.failed
+    with Store(tmp_path / "central.duckdb") as st:
+        ids = [st.ingest(f).run_id for f in find_traces([traces])]
+        run_rules(st, ids, Settings())
+    for table in ("findings", "rule_runs"):
+        scanned, central = table_rows(tmp_path / "scan.duckdb", table), table_rows(tmp_path / "central.duckdb", table)
+        assert scanned == central, table
+    assert len(table_rows(tmp_path / "scan.duckdb", "findings")) > 0  # planted traces do have findings
+
+
+def test_rescan_skips_stored_content_and_redoes_runs_checked_with_other_thresholds(traces, tmp_path, monkeypatch):
+    parsed = []
+    real_read = scan_mod.read_file
+    monkeypatch.setattr(scan_mod, "read_file", lambda p: parsed.append(p.name) or real_read(p))
+    with Store(tmp_path / "s.duckdb") as st:
+        first = scan(st, [traces], jobs=1, settings=FAST)
+        assert len(parsed) == len(SOURCES) and first.count("stored") == len(SOURCES)
+        parsed.clear()
+        again = scan(st, [traces], jobs=1, settings=FAST)
+        assert parsed == [] and again.count("skipped") == len(SOURCES)
+        assert sorted(again.run_ids) == sorted(first.run_ids)
+        other = Settings(select=FAST.select, thresholds={"T001": {"min_gap_ns": 1_000}})
+        redo = scan(st, [traces], jobs=1, settings=other)
+        assert len(parsed) == len(SOURCES) and redo.count("updated") == len(SOURCES)
+        params = st.sql("SELECT DISTINCT params::VARCHAR FROM rule_runs WHERE rule_id = 'T001'").fetchall()
+    assert len(params) == 1 and json.loads(params[0][0])["min_gap_ns"] == 1_000
+
+
+def test_interrupted_scan_resumes_with_only_the_files_left(traces, tmp_path, monkeypatch):
+    all_files = {str(p.absolute()) for p in find_traces([traces])}
+    handled = []
+
+    def interrupt_after_two(result):
+        handled.append(result.path)
+        if len(handled) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C in the middle of a scan
+
+    db = tmp_path / "s.duckdb"
+    with Store(db) as st, pytest.raises(KeyboardInterrupt):
+        scan(st, [traces], jobs=2, settings=FAST, on_file=interrupt_after_two)
+    with duckdb.connect(str(db), read_only=True) as con:
+        kept = {r[0] for r in con.execute("SELECT source_path FROM runs").fetchall()}
+        checked = con.execute("SELECT count(DISTINCT run_id) FROM rule_runs").fetchone()[0]
+    assert kept == set(handled) and checked == 2  # both finished runs were stored with their findings
+
+    parsed = []
+    real_read = scan_mod.read_file
+    monkeypatch.setattr(scan_mod, "read_file", lambda p: parsed.append(str(p)) or real_read(p))
+    with Store(db) as st:
+        rest = scan(st, [traces], jobs=1, settings=FAST)
+    assert sorted(parsed) == sorted(all_files - kept)
+    assert rest.count("skipped") == 2 and rest.count("stored") == len(SOURCES) - 2
+
+    with Store(tmp_path / "whole.duckdb") as st:  # same result as one uninterrupted scan
+        scan(st, [traces], jobs=1, settings=FAST)
+    for table in ("runs", "kernels", "findings", "rule_runs"):
+        assert table_rows(db, table) == table_rows(tmp_path / "whole.duckdb", table), table
+
+
+def _crash_on_clean_sqlite(path: str):
+    """A worker task that dies like a segfaulting reader would, on one file."""
+    if path.endswith("clean.sqlite"):
+        os._exit(3)
+    return scan_mod._pool_task(path)
+
+
+def test_a_file_that_kills_its_worker_is_reported_and_the_rest_are_stored(traces):
+    files = [str(p.absolute()) for p in find_traces([traces])]
+    ctx = WorkContext(frozenset(), None)
+    outcomes = list(local_outcomes(files, 2, ctx, task=_crash_on_clean_sqlite))
+    assert sorted(o.path for o in outcomes) == sorted(files)
+    errors = {Path(o.path).name: o.error for o in outcomes if o.error}
+    assert errors == {"clean.sqlite": WORKER_DIED}
+    assert all(o.trace is not None for o in outcomes if not o.error)
+
+
+def test_same_content_under_two_names_is_stored_once(traces, tmp_path):
+    shutil.copyfile(traces / "kineto" / "planted.json", traces / "kineto" / "planted_copy.json")
+    with Store(tmp_path / "s.duckdb") as st:
+        report = scan(st, [traces], jobs=1, settings=FAST)
+        n_runs = st.sql("SELECT count(*) FROM runs").fetchall()[0][0]
+    assert report.count("duplicate") == 1 and n_runs == len(SOURCES)
+    dup = next(f for f in report.files if f.state == "duplicate")
+    assert "same content as" in dup.warnings[0]
+
+
+def test_glob_and_missing_path(traces, tmp_path):
+    db = tmp_path / "s.duckdb"
+    r = run("scan", "--store", db, "--jobs", "1", *FAST_OPTS, f"{traces}/*/*.sqlite", tmp_path / "nope.sqlite")
+    assert r.exit_code == 1
+    assert f"error: {tmp_path / 'nope.sqlite'}: no such file" in r.stderr
+    with duckdb.connect(str(db), read_only=True) as con:
+        names = sorted(r[0] for r in con.execute("SELECT file_name FROM runs").fetchall())
+    assert names == ["clean.sqlite", "planted.sqlite"]
+    r = run("scan", "--store", db, tmp_path / "empty_dir_that_does_not_exist" / "*.json")
+    assert r.exit_code == 2 and "no trace files" in r.stderr
+
+
+# -- Parquet export ------------------------------------------------------------------------
+
+def test_export_is_a_hive_partitioned_dataset_engines_read_as_it_is(traces, tmp_path):
+    db, out = tmp_path / "s.duckdb", tmp_path / "dataset"
+    assert run("scan", "--store", db, "--jobs", "1", *FAST_OPTS, traces).exit_code == 0
+    r = run("export", "--store", db, "--parquet", out)
+    assert r.exit_code == 0, r.stderr
+    with duckdb.connect(str(db), read_only=True) as con:
+        run_ids = sorted(r[0] for r in con.execute("SELECT run_id FROM runs").fetchall())
+        stored = {t.name: con.execute(f"SELECT count(*) FROM {t.name}").fetchone()[0] for t in schema.TABLES}
+        kernels_by_file = dict(con.execute("SELECT source_path, run_id FROM runs").fetchall())
+
+    part = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hive")
+    for t in schema.TABLES:
+        folder = out / t.name
+        assert folder.is_dir(), t.name
+        if stored[t.name] == 0:
+            assert not any(folder.iterdir())
+            continue
+        table = ds.dataset(folder, format="parquet", partitioning=part).to_table()
+        assert table.num_rows == stored[t.name], t.name
+        assert sorted(table.column_names) == sorted(t.column_names), t.name
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [f"run_id={i}" for i in run_ids]
+
+    # kernels per run, read back by DuckDB as a plain Parquet dataset, match the source files
+    with duckdb.connect() as con:
+        counts = dict(con.execute(f"""
+            SELECT run_id, count(*) FROM read_parquet('{out}/kernels/*/*.parquet', hive_partitioning = true,
+                                                       hive_types = {{'run_id': VARCHAR}})
+            GROUP BY run_id""").fetchall())
+        runs = con.execute(f"SELECT typeof(ingested_at), typeof(metadata) FROM read_parquet('{out}/runs/*/*.parquet') LIMIT 1").fetchone()
+    for path, run_id in kernels_by_file.items():
+        assert counts.get(run_id, 0) == expected_kernels(Path(path))
+    assert runs == ("TIMESTAMP WITH TIME ZONE", "VARCHAR")  # portable types, not DuckDB's JSON
+    manifest = json.loads((out / "_traceanalyzer.json").read_text())
+    assert {k: v["rows"] for k, v in manifest["tables"].items()} == stored
+
+    # re-exporting one run replaces the dataset; a folder that is not an export is refused
+    assert run("export", "--store", db, "--parquet", out, "--run", run_ids[0]).exit_code == 0
+    assert [p.name for p in (out / "runs").iterdir()] == [f"run_id={run_ids[0]}"]
+    r = run("export", "--store", db, "--parquet", traces)
+    assert r.exit_code == 2 and "not an earlier traceanalyzer export" in r.stderr

@@ -1,0 +1,36 @@
+"""`traceanalyzer export --parquet DIR`: the store as a Parquet dataset partitioned by run."""
+
+# No `from __future__ import annotations`: typer reads the option types defined in register().
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    from ..cli import StoreOpt
+
+    @app.command()
+    def export(parquet: Annotated[Path, typer.Option("--parquet", help="Folder to write the dataset to (created; replaced when it holds an earlier export).")],
+               run: Annotated[Optional[List[str]], typer.Option("--run", help="Only these runs (ids, id prefixes or file names; repeat).")] = None,
+               store: StoreOpt = None):
+        """Write the store as a Parquet dataset: one folder per table, partitioned by run_id
+        (Hive layout), readable as it is by DuckDB, Spark, Trino and pyarrow."""
+        from .. import fmt
+        from ..cli import _open, err, out
+        from ..export import ExportError, export_parquet
+        from ..store import StoreError
+
+        with _open(store, read_only=True) as st:
+            try:
+                ids = [st.resolve_run(r) for r in run] if run else None
+                counts = export_parquet(st, parquet, ids)
+            except (StoreError, ExportError) as e:
+                err.print(f"error: {e}", markup=False)
+                raise typer.Exit(2)
+        runs = counts.get("runs", 0)
+        rows = sum(n for name, n in counts.items() if name != "runs")
+        out.print(f"wrote {parquet}: {runs} runs, {fmt.num(rows)} rows in "
+                  f"{sum(1 for n in counts.values() if n)} tables "
+                  f"(read with read_parquet('{parquet}/TABLE/*/*.parquet', hive_partitioning = true))",
+                  markup=False)

@@ -1,0 +1,43 @@
+"""`traceanalyzer export-trace`: a run as a Chrome/Perfetto trace with its findings marked.
+
+No `from __future__ import annotations` here: typer reads the option types, which are
+imported inside `register` (from the CLI module), at definition time.
+"""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    from ..cli import DebugOpt, StoreOpt, _open, err
+
+    @app.command("export-trace")
+    def export_trace(run: Annotated[str, typer.Argument(help="A stored run (id, id prefix or file name), or a trace file (ingested and checked when not stored yet).")],
+                     output: Annotated[Path, typer.Option("--output", "-o", help="The JSON trace to write (gzip-compressed when it ends in .gz).")],
+                     host: Annotated[bool, typer.Option("--host/--gpu-only", help="Include host API calls, operators, NVTX ranges and launch arrows.")] = True,
+                     store: StoreOpt = None, debug: DebugOpt = False):
+        """Write a run as a Chrome trace (open it in ui.perfetto.dev or chrome://tracing); each finding is a marker on its track."""
+        from ..report.chrome_trace import ExportError, export
+        from ..report.model import load_result
+        from .report import ensure_findings, resolve_inputs
+
+        with _open(store) as st:
+            run_ids, errors = resolve_inputs(st, [run], debug)
+            if errors or not run_ids:
+                raise typer.Exit(2)
+            if len(run_ids) > 1:
+                err.print(f"error: {run} holds {len(run_ids)} traces; export one run at a time", markup=False)
+                raise typer.Exit(2)
+            rid = run_ids[0]
+            ensure_findings(st, [rid])
+            findings = load_result(st, [rid]).findings
+            try:
+                counts = export(st, rid, findings, output, host=host)
+            except (ExportError, OSError) as e:
+                err.print(f"error: {e}", markup=False)
+                raise typer.Exit(2)
+        total = sum(counts.values())
+        err.print(f"wrote {output}: {total:,} events ({counts.get('kernels', 0):,} kernels, "
+                  f"{counts.get('copies', 0):,} copies, {len(findings)} finding(s))", markup=False)

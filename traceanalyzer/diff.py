@@ -1,0 +1,344 @@
+"""Did the optimization pay? Two stored runs side by side.
+
+The three checks after any optimization:
+
+* time per kernel, matched by name across the runs (with count changes, and kernels that
+  appear or disappear);
+* end-to-end time: the run's span, per-step time (Kineto `ProfilerStep#N`, all steps pooled as
+  `ProfilerStep#*`) and every named NVTX / user-annotation range;
+* peak device memory, from the allocator events (the allocator's own totals when every event
+  has them, else the running sum of signed allocation sizes, as rule M001 does);
+
+plus the findings that are new in TEST or fixed since BASE, and a verdict.
+
+"End-to-end time" for the verdict and the gate is the mean step time when both runs have
+steps (the span depends on how long the profiler happened to record; a step does not), else
+the span, else (ncu, no timeline) the summed kernel time. Runs of different formats compare
+as far as both carry the data; a metric one side lacks is shown as missing, not as zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from .store import Store
+
+STEP_PATTERN = r"^ProfilerStep#\d+$"
+STEP_KEY = "ProfilerStep#*"
+DEFAULT_NOISE_PCT = 1.0  # changes smaller than this are "unchanged" in the verdict
+KERNEL_TIME = "kernel time (sum)"
+
+
+class DiffError(Exception):
+    pass
+
+
+@dataclass
+class Metric:
+    name: str
+    unit: str  # "ns" or "bytes"
+    base: float | None
+    test: float | None
+
+    @property
+    def comparable(self) -> bool:
+        return self.base is not None and self.test is not None
+
+    @property
+    def delta(self) -> float | None:
+        return self.test - self.base if self.comparable else None
+
+    @property
+    def delta_pct(self) -> float | None:
+        if not self.comparable or self.base == 0:
+            return None
+        return 100.0 * (self.test - self.base) / self.base
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "delta": self.delta, "delta_pct": self.delta_pct}
+
+
+@dataclass
+class RunDiff:
+    base: dict  # runs row (run_id, file_name, format, span_ns, ...)
+    test: dict
+    match_by: str  # "name" or "short"
+    kernels: pd.DataFrame  # one row per matched kernel key
+    ranges: pd.DataFrame  # one row per (side, range name)
+    memory: pd.DataFrame  # one row per device: peak allocated bytes
+    metrics: list[Metric]  # end-to-end numbers
+    end_to_end: Metric | None  # the one the verdict and the gate use
+    peak_memory: Metric
+    new_findings: list[dict] = field(default_factory=list)
+    fixed_findings: list[dict] = field(default_factory=list)
+    unchanged_findings: int = 0
+
+    def verdict(self, noise_pct: float = DEFAULT_NOISE_PCT) -> tuple[str, str]:
+        """(word, one line): IMPROVED, REGRESSED, MIXED, NO CHANGE or UNKNOWN."""
+        t = _direction(self.end_to_end, noise_pct)
+        m = _direction(self.peak_memory, noise_pct)
+        if t is None:
+            word = "UNKNOWN"
+        elif t == 0 and (m or 0) == 0:
+            word = "NO CHANGE"
+        elif t <= 0 and (m or 0) <= 0:
+            word = "IMPROVED"
+        elif t >= 0 and (m or 0) >= 0:
+            word = "REGRESSED"
+        else:
+            word = "MIXED"
+        parts = [_describe(self.end_to_end, f"end-to-end ({self.end_to_end.name})") if self.end_to_end
+                 else "end-to-end time: not in both runs",
+                 _describe(self.peak_memory, "peak memory") if self.peak_memory.comparable
+                 else "peak memory: not in both runs"]
+        kernel_total = next((x for x in self.metrics if x.name == KERNEL_TIME), None)
+        if kernel_total is not None and kernel_total.comparable:
+            parts.append(_describe(kernel_total, "kernel time"))
+        parts.append(f"findings: {len(self.new_findings)} new, {len(self.fixed_findings)} fixed")
+        return word, f"{word}: " + "; ".join(parts)
+
+    def gate(self, pct: float) -> tuple[list[str], list[str]]:
+        """(failures, notes): what regressed by more than `pct` percent, and what could not be judged."""
+        failures, notes = [], []
+        for m, what in ((self.end_to_end, "end-to-end time"), (self.peak_memory, "peak memory")):
+            if m is None or not m.comparable:
+                notes.append(f"{what} not gated: not in both runs")
+            elif m.delta_pct is None:
+                notes.append(f"{what} not gated: base is 0")
+            elif m.delta_pct > pct:
+                failures.append(f"{what} ({m.name}) +{m.delta_pct:.1f}% > {pct:g}%")
+        return failures, notes
+
+    def to_dict(self, noise_pct: float = DEFAULT_NOISE_PCT) -> dict:
+        word, line = self.verdict(noise_pct)
+        return {
+            "base": self.base, "test": self.test, "match_by": self.match_by,
+            "end_to_end": self.end_to_end.to_dict() if self.end_to_end else None,
+            "peak_memory": self.peak_memory.to_dict(),
+            "metrics": [m.to_dict() for m in self.metrics],
+            "kernels": _records(self.kernels), "ranges": _records(self.ranges), "memory": _records(self.memory),
+            "findings": {"new": self.new_findings, "fixed": self.fixed_findings,
+                         "unchanged": self.unchanged_findings},
+            "verdict": word, "verdict_line": line,
+        }
+
+
+def _direction(m: Metric | None, noise_pct: float) -> int | None:
+    if m is None or not m.comparable:
+        return None
+    if m.delta_pct is None:
+        return 0 if m.delta == 0 else 1
+    return 0 if abs(m.delta_pct) < noise_pct else (1 if m.delta_pct > 0 else -1)
+
+
+def _describe(m: Metric, label: str) -> str:
+    from . import fmt
+
+    show = fmt.ns if m.unit == "ns" else fmt.nbytes
+    pct = "n/a" if m.delta_pct is None else f"{m.delta_pct:+.1f}%"
+    return f"{label} {show(m.base)} -> {show(m.test)} ({pct})"
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
+    return [{k: (int(v) if isinstance(v, float) and v.is_integer() and k.endswith(("_ns", "count", "_bytes"))
+                 else v) for k, v in r.items()} for r in rows]
+
+
+# -- the numbers of one run -------------------------------------------------------------
+
+def _kernel_key(by: str) -> str:
+    if by == "short":
+        return "coalesce(k.short_name, k.name)"
+    # Full (demangled) names, blind to white space, which tools write differently ("> >").
+    return r"regexp_replace(coalesce(k.name, k.short_name), '\s+', '', 'g')"
+
+
+KERNELS_SQL = """
+WITH metric AS (  -- ncu has no timeline: a launch's time is its gpu__time_duration.sum
+    SELECT kernel_id, max(value) AS dur_ns FROM kernel_metrics
+    WHERE run_id = $run_id AND metric_id = 'gpu__time_duration.sum' GROUP BY kernel_id
+)
+SELECT {key} AS key, min(coalesce(k.short_name, k.name)) AS short_name, min(k.name) AS name, count(*) AS count,
+       sum(CASE WHEN k.end_ns >= k.start_ns THEN k.end_ns - k.start_ns ELSE m.dur_ns END) AS total_ns
+FROM kernels k LEFT JOIN metric m USING (kernel_id)
+WHERE k.run_id = $run_id
+GROUP BY key
+"""
+
+RANGES_SQL = f"""
+SELECT CASE WHEN kind = 'gpu_user_annotation' THEN 'gpu' ELSE 'host' END AS side,
+       regexp_replace(name, '{STEP_PATTERN}', '{STEP_KEY}') AS range,
+       count(*) AS count, sum(end_ns - start_ns) AS total_ns
+FROM ranges
+WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND name IS NOT NULL AND end_ns >= start_ns
+GROUP BY ALL
+"""
+
+# Same definition as rule M001: allocator totals when every event has them, else the running
+# sum of signed sizes lifted by what frees show was allocated before the trace began.
+MEMORY_SQL = """
+WITH ev AS (
+    SELECT device_id, ts_ns, event_id, bytes, total_allocated_bytes FROM memory_events
+    WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0 AND ts_ns IS NOT NULL AND bytes IS NOT NULL
+), running AS (
+    SELECT *, sum(bytes) OVER (PARTITION BY device_id ORDER BY ts_ns, event_id ROWS UNBOUNDED PRECEDING) AS cum
+    FROM ev
+)
+SELECT device_id, count(*) AS events,
+       CASE WHEN count(total_allocated_bytes) = count(*) THEN max(total_allocated_bytes)
+            ELSE max(cum) + greatest(0, -min(cum)) END AS peak_bytes,
+       CASE WHEN count(total_allocated_bytes) = count(*) THEN 'allocator totals'
+            ELSE 'running sum of signed sizes' END AS source
+FROM running GROUP BY device_id ORDER BY device_id
+"""
+
+
+def _run_row(store: Store, run_id: str) -> dict:
+    df = store.df("SELECT run_id, file_name, source_path, format, producer_version, start_ns, end_ns, span_ns "
+                  "FROM runs WHERE run_id = ?", [run_id])
+    if df.empty:
+        raise DiffError(f"no run {run_id!r} in the store")
+    return _records(df)[0]
+
+
+def _scalar(store: Store, sql: str, run_id: str):
+    v = store.sql(sql, {"run_id": run_id}).fetchall()[0][0]  # fetchone leaves the result open
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def _side(store: Store, run_id: str, by: str) -> dict:
+    return {
+        "kernels": store.df(KERNELS_SQL.format(key=_kernel_key(by)), {"run_id": run_id}),
+        "ranges": store.df(RANGES_SQL, {"run_id": run_id}),
+        "memory": store.df(MEMORY_SQL, {"run_id": run_id}),
+        "busy_ns": _scalar(store, "SELECT sum(busy_ns) FROM device_busy WHERE run_id = $run_id", run_id),
+    }
+
+
+# -- the comparison ---------------------------------------------------------------------
+
+def _join(base: pd.DataFrame, test: pd.DataFrame, on: list[str], keep: list[str]) -> pd.DataFrame:
+    """Outer join of the two sides' numbers on `on`; `keep` columns come from whichever side has them."""
+    cols = on + keep + ["count", "total_ns"]
+    merged = base[cols].merge(test[cols], on=on, how="outer", suffixes=("_base", "_test"))
+    for c in keep:
+        merged[c] = merged[f"{c}_test"].combine_first(merged[f"{c}_base"])
+    out = merged[on + keep].copy()
+    for c in ("count", "total_ns"):
+        out[f"base_{c}"] = merged[f"{c}_base"].astype("Float64")
+        out[f"test_{c}"] = merged[f"{c}_test"].astype("Float64")
+    out["count_delta"] = out["test_count"].fillna(0) - out["base_count"].fillna(0)
+    out["delta_ns"] = out["test_total_ns"] - out["base_total_ns"]
+    out["delta_pct"] = 100 * out["delta_ns"] / out["base_total_ns"].where(out["base_total_ns"] != 0)
+    out["status"] = "both"
+    out.loc[out["base_count"].isna(), "status"] = "new"
+    out.loc[out["test_count"].isna(), "status"] = "gone"
+    return out
+
+
+def _kernel_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
+    out = _join(base, test, ["key"], ["short_name", "name"])
+    order = out["test_total_ns"].fillna(0) - out["base_total_ns"].fillna(0)
+    return (out.assign(_order=order.abs()).sort_values(["_order", "key"], ascending=[False, True])
+            .drop(columns="_order").reset_index(drop=True))
+
+
+def _range_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
+    out = _join(base, test, ["side", "range"], [])
+    out["base_mean_ns"] = out["base_total_ns"] / out["base_count"]
+    out["test_mean_ns"] = out["test_total_ns"] / out["test_count"]
+    out["mean_delta_pct"] = 100 * (out["test_mean_ns"] - out["base_mean_ns"]) / out["base_mean_ns"].where(out["base_mean_ns"] != 0)
+    is_step = out["range"] == STEP_KEY
+    biggest = out[["base_total_ns", "test_total_ns"]].max(axis=1)
+    return (out.assign(_step=~is_step, _big=biggest).sort_values(["_step", "_big", "side", "range"],
+                                                                 ascending=[True, False, True, True])
+            .drop(columns=["_step", "_big"]).reset_index(drop=True))
+
+
+def _memory_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
+    b = base.rename(columns={"events": "base_events", "peak_bytes": "base_peak_bytes", "source": "base_source"})
+    t = test.rename(columns={"events": "test_events", "peak_bytes": "test_peak_bytes", "source": "test_source"})
+    return b.merge(t, on="device_id", how="outer").sort_values("device_id").reset_index(drop=True)
+
+
+def _step_metric(ranges: pd.DataFrame, step: str | None) -> Metric | None:
+    """Mean time of one step, on the host side (where the step loop runs) when both have it."""
+    key = STEP_KEY if step is None else step
+    for side in ("host", "gpu"):
+        row = ranges[(ranges["side"] == side) & (ranges["range"] == key)]
+        if not row.empty and row["base_count"].notna().all() and row["test_count"].notna().all():
+            r = row.iloc[0]
+            return Metric(f"mean {key} ({side})", "ns", float(r.base_mean_ns), float(r.test_mean_ns))
+    if step is not None:
+        raise DiffError(f"--step {step!r}: no range of that name in both runs")
+    return None
+
+
+def _num(v) -> float | None:
+    return None if v is None or pd.isna(v) else float(v)
+
+
+def _finding_key(f: dict) -> tuple:
+    """Fingerprints include the file name, which differs between BASE and TEST; a finding is
+    "the same" when rule, place and subject are."""
+    return tuple(None if f[k] is None or (isinstance(f[k], float) and math.isnan(f[k])) else f[k]
+                 for k in ("rule_id", "device_id", "stream_id", "item_kind", "item_name"))
+
+
+def _findings(store: Store, run_id: str) -> list[dict]:
+    return store.arrow("""
+        SELECT rule_id, severity, device_id, stream_id, item_kind, item_name, message, est_loss_ns, fingerprint
+        FROM findings WHERE run_id = $run_id
+        ORDER BY CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, rule_id, fingerprint""",
+                       {"run_id": run_id}).to_pylist()
+
+
+def _finding_changes(base: list[dict], test: list[dict]) -> tuple[list[dict], list[dict], int]:
+    """New and fixed findings, compared as multisets of keys."""
+    left = Counter(_finding_key(f) for f in base)
+    new = []
+    for f in test:
+        k = _finding_key(f)
+        if left[k] > 0:
+            left[k] -= 1
+        else:
+            new.append(f)
+    right = Counter(_finding_key(f) for f in test)
+    fixed = []
+    for f in base:
+        k = _finding_key(f)
+        if right[k] > 0:
+            right[k] -= 1
+        else:
+            fixed.append(f)
+    return new, fixed, len(test) - len(new)
+
+
+def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", step: str | None = None) -> RunDiff:
+    """Compare two stored runs (rules must have run on both for the findings part)."""
+    if by not in ("name", "short"):
+        raise DiffError(f"--by must be name or short, not {by!r}")
+    base, test = _run_row(store, base_id), _run_row(store, test_id)
+    b, t = _side(store, base_id, by), _side(store, test_id, by)
+    kernels = _kernel_table(b["kernels"], t["kernels"])
+    ranges = _range_table(b["ranges"], t["ranges"])
+    memory = _memory_table(b["memory"], t["memory"])
+
+    kernel_total = Metric(KERNEL_TIME, "ns",
+                          _num(b["kernels"]["total_ns"].sum(min_count=1)), _num(t["kernels"]["total_ns"].sum(min_count=1)))
+    span = Metric("span", "ns", _num(base["span_ns"]), _num(test["span_ns"]))
+    busy = Metric("GPU busy (union of GPU work)", "ns", _num(b["busy_ns"]), _num(t["busy_ns"]))
+    steps = _step_metric(ranges, step)
+    peak = Metric("peak allocated, max over devices", "bytes",
+                  _num(b["memory"]["peak_bytes"].max()) if not b["memory"].empty else None,
+                  _num(t["memory"]["peak_bytes"].max()) if not t["memory"].empty else None)
+    metrics = [m for m in (span, steps, busy, kernel_total) if m is not None]
+    end_to_end = next((m for m in (steps, span, kernel_total) if m is not None and m.comparable), None)
+
+    new, fixed, same = _finding_changes(_findings(store, base_id), _findings(store, test_id))
+    return RunDiff(base, test, by, kernels, ranges, memory, metrics, end_to_end, peak, new, fixed, same)

@@ -1,0 +1,418 @@
+"""One self-contained HTML file for one run or many: summary, findings, plots.
+
+The file needs nothing from the network: styles and the timeline's script are inlined
+from `assets/`, plots are inline SVG, data sits in JSON blocks. A Content-Security-Policy
+allows only those inlined blocks (by hash), so the page cannot load anything and a
+string that slipped through unescaped could still not run. Every string from a trace is
+escaped: `esc` for HTML, `json_block` for the JSON the script reads (which the script
+only ever puts into the page as text).
+
+Reports present: findings and their evidence come from the store as the rules wrote
+them (`load_result`), numbers from `summary` and the small queries in `html_metrics`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+from importlib import resources
+from typing import Any
+
+from .. import __version__, fmt, summary
+from ..rules import all_rules
+from ..rules.I001_warp_stalls import REASONS
+from ..store import Store
+from . import html_charts as charts
+from . import html_metrics, html_timeline
+from .html_charts import clip, esc
+from .model import CheckResult
+
+TOP_KERNELS = 15
+MAX_EVIDENCE_ROWS = 20
+FOLD_INFO_OVER = 8  # findings in a run past which its info findings start folded
+SHOWN_PER_RULE = 5  # findings of one rule and severity shown before the rest are folded
+SEVERITY_ORDER = ("error", "warning", "info")
+
+
+def asset(name: str) -> str:
+    return resources.files("traceanalyzer.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def json_block(obj: Any) -> str:
+    """JSON safe inside <script type="application/json">: no '<', '>' or '&' can end the
+    block or open a comment, and line separators cannot break the parse."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_plain)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _plain(o):
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def _csp_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+
+_num = html_metrics._f
+
+# -- gathering -------------------------------------------------------------------------
+
+def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict:
+    """Everything one run's page shows."""
+    rid = run["run_id"]
+    findings = [f for f in result.findings if f["run_id"] == rid]
+    kernels_all = summary.top_kernels(store, rid, 10**9)
+    copies = summary.copies(store, rid)
+    mem = html_metrics.memory(store, rid, run.get("start_ns"), findings)
+    return {
+        "run": run,
+        "findings": findings,
+        "outcomes": [o for o in result.outcomes if o["run_id"] == rid],
+        "devices": store.sql("SELECT device_id, name FROM devices WHERE run_id = ? ORDER BY device_id", [rid]).fetchall(),
+        "busy": summary.busy(store, rid).to_dict("records"),
+        "top_kernels": kernels_all.head(TOP_KERNELS).to_dict("records"),
+        "kernel_totals": {"names": len(kernels_all), "launches": int(kernels_all["count"].sum()) if len(kernels_all) else 0,
+                          "total_ns": _num(kernels_all["total_ns"].sum()) if len(kernels_all) else None,
+                          "untimed": store.sql("SELECT count(*) FROM kernels WHERE run_id = ?", [rid]).fetchall()[0][0]},
+        "copy_totals": {"count": int(copies["count"].sum()) if len(copies) else 0,
+                        "total_ns": _num(copies["total_ns"].sum()) if len(copies) else None,
+                        "bytes": _num(copies["bytes"].sum()) if len(copies) else None},
+        "memory": mem,
+        "timeline": html_timeline.timeline_data(store, rid, findings, run.get("start_ns"), max_ops=max_ops),
+        "roofline": html_metrics.roofline(store, rid, findings),
+        "stalls": html_metrics.stalls(store, rid, run["format"], findings),
+    }
+
+
+# -- rendering -------------------------------------------------------------------------
+
+def render(store: Store, result: CheckResult, *, title: str | None = None,
+           max_ops: int = html_timeline.MAX_OPS_DEFAULT) -> str:
+    pages = [run_page(store, run, result, max_ops) for run in result.runs]
+    multi = len(pages) > 1
+    title = title or ("traceanalyzer report: " + (pages[0]["run"]["file_name"] if len(pages) == 1
+                                                  else f"{len(pages)} runs"))
+    rules = {r.id: r for r in all_rules()}
+    body = [f'<header class="top"><h1>{esc(title)}</h1><p class="meta">{_counts_line(result)} · '
+            f'generated {esc(_dt.datetime.now().strftime("%Y-%m-%d %H:%M"))} by traceanalyzer {esc(__version__)}</p></header>']
+    for e in result.errors:
+        body.append(f'<p class="input-error">input error: {esc(e)}</p>')
+    if multi:
+        body.append(_index(pages, result))
+    if not pages:
+        body.append('<p class="empty">No runs.</p>')
+    data_blocks = []
+    for p in pages:
+        body.append(_run_section(p, rules, multi))
+        if p["timeline"]:
+            tl = dict(p["timeline"])
+            tl["findings"] = [{"rule": f["rule_id"], "sev": f["severity"], "msg": f["message"]} for f in p["findings"]]
+            data_blocks.append(f'<script type="application/json" id="tl-{esc(p["run"]["run_id"])}">{json_block(tl)}</script>')
+    css, js = asset("report.css"), asset("report.js")
+    csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; "
+           "img-src 'none'; connect-src 'none'; form-action 'none'; base-uri 'none'")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{css}</style></head>\n"
+            f'<body class="{"multi" if multi else "single"}">\n' + "\n".join(body) + "\n"
+            + "\n".join(data_blocks) + f"\n<script>{js}</script>\n</body></html>\n")
+
+
+def _counts_line(result: CheckResult) -> str:
+    c = result.counts()
+    return (f"{len(result.runs)} run(s): " + ", ".join(
+        f'<span class="sevtxt sev-{s}">{c[s]} {s}</span>' for s in SEVERITY_ORDER))
+
+
+def _run_anchor(run: dict) -> str:
+    return f"run-{esc(run['run_id'])}"
+
+
+def _index(pages: list[dict], result: CheckResult) -> str:
+    rows = []
+    for p in pages:
+        run = p["run"]
+        c = result.counts(run["run_id"])
+        worst = p["findings"][:3]
+        busy = "; ".join(f"GPU {b['device_id']} {fmt.pct(b['busy_share'])}" for b in p["busy"]) or "-"
+        gpus = ", ".join(sorted({esc(n) for _, n in p["devices"] if n})) or "-"
+        worst_html = "".join(
+            f'<li><span class="badge sev-{f["severity"]}">{f["severity"]}</span> <b>{esc(f["rule_id"])}</b> '
+            f'{esc(clip(f["message"], 160))}</li>' for f in worst) or '<li class="quiet">no findings</li>'
+        rows.append(
+            f'<tr><td><a href="#{_run_anchor(run)}">{esc(run["file_name"])}</a><div class="rid">{esc(run["run_id"])}</div></td>'
+            f'<td>{esc(run["format"])}</td><td>{gpus}</td><td>{esc(fmt.ns(run.get("span_ns")))}</td><td>{esc(busy)}</td>'
+            + "".join(f'<td class="n"><span class="count sev-{s}{" zero" if not c[s] else ""}">{c[s]}</span></td>'
+                      for s in SEVERITY_ORDER)
+            + f'<td><ul class="worst">{worst_html}</ul></td></tr>')
+    return ('<section id="index" class="index"><h2>Runs</h2><table class="runs"><thead><tr><th>run</th><th>format</th>'
+            '<th>GPU</th><th>span</th><th>GPU busy</th><th>errors</th><th>warnings</th><th>info</th>'
+            '<th>worst findings</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table></section>")
+
+
+def _run_section(p: dict, rules: dict, multi: bool) -> str:
+    run = p["run"]
+    rid = run["run_id"]
+    out = [f'<section class="run" id="{_run_anchor(run)}" data-run="{esc(rid)}">']
+    if multi:
+        out.append('<p class="back"><a href="#index">← all runs</a></p>')
+    out.append(f'<h2>{esc(run["file_name"])}</h2>')
+    meta = [f"run {esc(rid)}", esc(run["format"])]
+    if run.get("producer_version"):
+        meta.append(f'{esc(run.get("producer") or "")} {esc(run["producer_version"])}'.strip())
+    if run.get("host"):
+        meta.append(f'host {esc(run["host"])}')
+    if run.get("rank") is not None:
+        meta.append(f'rank {esc(run["rank"])} of {esc(run.get("world_size") or "?")}')
+    out.append(f'<p class="meta">{" · ".join(meta)}</p><p class="meta path">{esc(run.get("source_path"))}</p>')
+    if run.get("warnings"):
+        out.append('<details class="warnings"><summary>' + f'{len(run["warnings"])} reader warning(s)</summary><ul>'
+                   + "".join(f"<li>{esc(w)}</li>" for w in run["warnings"]) + "</ul></details>")
+    out.append(_summary_cards(p))
+    out.append(_timeline(p))
+    out.append(_findings(p, rules))
+    out.append(_plots(p))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _card(label: str, value: str, detail: str = "") -> str:
+    return (f'<div class="card"><div class="label">{esc(label)}</div><div class="value">{value}</div>'
+            + (f'<div class="detail">{detail}</div>' if detail else "") + "</div>")
+
+
+def _summary_cards(p: dict) -> str:
+    run, kt, ct = p["run"], p["kernel_totals"], p["copy_totals"]
+    cards = [_card("span", esc(fmt.ns(run.get("span_ns"))) if run.get("span_ns") is not None else "no timeline",
+                   esc(", ".join(sorted({n for _, n in p["devices"] if n})) or "device not named"))]
+    if p["busy"]:
+        main = max(p["busy"], key=lambda b: b["busy_ns"] or 0)
+        detail = "<br>".join(f"GPU {esc(b['device_id'])}: {esc(fmt.ns(b['busy_ns']))} busy, {esc(fmt.pct(b['busy_share']))} "
+                             f"of its active span, {esc(fmt.pct(b['busy_share_of_run']))} of the run" for b in p["busy"])
+        cards.append(_card("GPU busy", esc(fmt.pct(main["busy_share"])), detail))
+    if kt["launches"]:
+        cards.append(_card("kernel time", esc(fmt.ns(kt["total_ns"])),
+                           f'{esc(fmt.num(kt["launches"]))} launches of {esc(fmt.num(kt["names"]))} kernels'))
+    else:
+        cards.append(_card("kernel time", "-", f'{esc(fmt.num(kt["untimed"]))} kernel launches, none with a duration'
+                           if kt["untimed"] else "no kernels in this trace"))
+    cards.append(_card("copy time", esc(fmt.ns(ct["total_ns"])),
+                       f'{esc(fmt.num(ct["count"]))} copies, {esc(fmt.nbytes(ct["bytes"]))}') if ct["count"]
+                 else _card("copy time", "-", "no copies in this trace"))
+    mem = p["memory"]
+    if mem:
+        gpus = [s for s in mem["series"] if s["device_type"] == "cuda"] or mem["series"]
+        top = max(gpus, key=lambda s: s["peak_bytes"] or 0)
+        detail = "<br>".join(f'{esc(_mem_dev(s))}: {esc(fmt.nbytes(s["peak_bytes"]))} at {esc(fmt.ns(s["peak_at_ns"]))}'
+                             for s in mem["series"])
+        cards.append(_card("peak memory", esc(fmt.nbytes(top["peak_bytes"])), detail))
+    else:
+        cards.append(_card("peak memory", "-", "no allocator events in this trace"))
+    c = {s: sum(1 for f in p["findings"] if f["severity"] == s) for s in SEVERITY_ORDER}
+    cards.append(_card("findings", " ".join(f'<span class="count sev-{s}{" zero" if not c[s] else ""}">{c[s]}</span>'
+                                            for s in SEVERITY_ORDER), "error · warning · info"))
+    return '<div class="cards">' + "".join(cards) + "</div>"
+
+
+def _mem_dev(s: dict) -> str:
+    if s["device_type"] == "cuda":
+        return f"GPU {s['device_id']}"
+    return str(s["device_type"]).upper() + ("" if s["device_id"] is None or s["device_id"] < 0 else f" {s['device_id']}")
+
+
+# -- findings --------------------------------------------------------------------------
+
+def _findings(p: dict, rules: dict) -> str:
+    """Findings by severity, worst first (the store's order). Past `SHOWN_PER_RULE` of one
+    rule and severity the rest are folded, and so are all info findings of a busy run, so
+    the plots stay within reach."""
+    run = p["run"]
+    rid = run["run_id"]
+    t_origin = run.get("start_ns") or 0
+    has_tl = p["timeline"] is not None
+    out = ['<h3>Findings</h3>']
+    if not p["findings"]:
+        out.append('<p class="quiet">No findings: the rules that apply found nothing to report.</p>')
+    for sev in SEVERITY_ORDER:
+        group = [(i, f) for i, f in enumerate(p["findings"]) if f["severity"] == sev]
+        if not group:
+            continue
+        folded = sev == "info" and len(p["findings"]) > FOLD_INFO_OVER
+        if folded:
+            out.append(f'<details class="infos"><summary class="sevtxt sev-{sev}">{len(group)} {sev}</summary>')
+        else:
+            out.append(f'<h4 class="sevtxt sev-{sev}">{len(group)} {sev}</h4>')
+        by_rule: dict[str, list] = {}
+        for i, f in group:
+            by_rule.setdefault(f["rule_id"], []).append((i, f))
+        shown = [x for xs in by_rule.values() for x in xs[:SHOWN_PER_RULE]]
+        shown_ids = {i for i, _ in shown}
+        out += [_finding_card(i, f, rules, rid, t_origin, has_tl) for i, f in group if i in shown_ids]
+        for rule_id, xs in by_rule.items():
+            rest = xs[SHOWN_PER_RULE:]
+            if rest:
+                out.append(f'<details class="more"><summary>{len(rest)} more {esc(rule_id)} {sev} finding(s)</summary>'
+                           + "".join(_finding_card(i, f, rules, rid, t_origin, has_tl) for i, f in rest) + "</details>")
+        if folded:
+            out.append("</details>")
+    skipped = [o for o in p["outcomes"] if o["status"] != "ran"]
+    if skipped:
+        out.append('<details class="outcomes"><summary>' + f'{len(skipped)} rule(s) did not run on this trace</summary><ul>'
+                   + "".join(f'<li><b>{esc(o["rule_id"])}</b> {"not applicable" if o["status"] == "no-data" else "error"}: '
+                             f'{esc(o["note"])}</li>' for o in skipped) + "</ul></details>")
+    return "\n".join(out)
+
+
+def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl: bool) -> str:
+    sev = f["severity"]
+    rule = rules.get(f["rule_id"])
+    where = _where(f, t_origin)
+    zoom = (f' <button class="zoom" data-run="{esc(rid)}" data-s="{f["start_ns"] - t_origin}" '
+            f'data-e="{(f["end_ns"] if f["end_ns"] is not None else f["start_ns"]) - t_origin}">show in timeline</button>'
+            if has_tl and f.get("start_ns") is not None else "")
+    loss = f'<span class="loss">est. loss {esc(fmt.ns(f["est_loss_ns"]))}</span>' if f.get("est_loss_ns") else ""
+    return (f'<article class="finding sev-{sev}" id="f-{esc(rid)}-{i}"><header>'
+            f'<span class="badge sev-{sev}">{sev}</span> <b>{esc(f["rule_id"])}</b> '
+            f'<span class="rtitle">{esc(rule.title if rule else "")}</span>{loss}</header>'
+            f'<p class="msg">{esc(f["message"])}</p>'
+            + (f'<p class="hint"><b>Hint:</b> {esc(f["hint"])}</p>' if f.get("hint") else "")
+            + (f'<p class="where">{where}{zoom}</p>' if where or zoom else "")
+            + _evidence(f.get("evidence"), rid, t_origin, has_tl)
+            + "</article>")
+
+
+def _where(f: dict, t_origin: int) -> str:
+    parts = []
+    if f.get("device_id") is not None:
+        parts.append(f"device {esc(f['device_id'])}")
+    if f.get("stream_id") is not None:
+        parts.append(f"stream {esc(f['stream_id'])}")
+    if f.get("item_kind") in ("kernel", "copy", "memset", "range", "cpu_op", "memory") and f.get("item_id") is not None:
+        name = f" <code>{esc(clip(f['item_name'], 120))}</code>" if f.get("item_name") else ""
+        parts.append(f"{esc(f['item_kind'])} #{esc(f['item_id'])}{name}")
+    if f.get("start_ns") is not None:
+        end = f["end_ns"] if f.get("end_ns") is not None else f["start_ns"]
+        parts.append(f"at {esc(fmt.ns(f['start_ns'] - t_origin))} – {esc(fmt.ns(end - t_origin))} into the run")
+    if f.get("value") is not None:
+        thr = f" (threshold {esc(_value(f['threshold'], f.get('value_unit')))})" if f.get("threshold") is not None else ""
+        parts.append(f"value {esc(_value(f['value'], f.get('value_unit')))}{thr}")
+    return " · ".join(parts)
+
+
+def _value(v, unit) -> str:
+    if unit == "ns":
+        return fmt.ns(v)
+    if unit == "share":
+        return fmt.pct(v)
+    if unit == "bytes":
+        return fmt.nbytes(v)
+    return f"{fmt.num(v)} {unit}" if unit else fmt.num(v)
+
+
+def _scalar(key: str, v, t_origin: int) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return esc(clip(v, 300) if isinstance(v, str) else json.dumps(v, ensure_ascii=False)[:300])
+    k = key.lower()
+    if k in ("start_ns", "end_ns", "ts_ns"):
+        return f'<span title="{esc(v)} ns on the run clock">{esc(fmt.ns(v - t_origin))}</span>'
+    if k.endswith("_ns"):
+        return f'<span title="{esc(v)} ns">{esc(fmt.ns(v))}</span>'
+    if k.endswith("bytes") or k == "bytes":
+        return f'<span title="{esc(v)} bytes">{esc(fmt.nbytes(v))}</span>'
+    if k.endswith("share") or k in ("theoretical", "achieved", "last_fill"):
+        return esc(fmt.pct(v)) if isinstance(v, float) and abs(v) <= 1 else esc(fmt.num(v))
+    return esc(fmt.num(v))
+
+
+def _evidence(ev, rid: str, t_origin: int, has_tl: bool) -> str:
+    if not ev:
+        return ""
+    return ('<details class="evidence"><summary>evidence</summary>' + _ev_value("", ev, rid, t_origin, has_tl, 0)
+            + "</details>")
+
+
+def _ev_value(key: str, v, rid: str, t_origin: int, has_tl: bool, depth: int) -> str:
+    if isinstance(v, dict):
+        if depth > 3:
+            return f"<code>{esc(clip(json.dumps(v, ensure_ascii=False), 300))}</code>"
+        rows = "".join(f"<tr><th>{esc(k)}</th><td>{_ev_value(k, x, rid, t_origin, has_tl, depth + 1)}</td></tr>"
+                       for k, x in v.items())
+        return f'<table class="ev">{rows}</table>'
+    if isinstance(v, list):
+        if v and all(isinstance(x, dict) for x in v):
+            cols = list(dict.fromkeys(k for x in v for k in x))[:14]
+            ranged = has_tl and all("start_ns" in x and "end_ns" in x for x in v)
+            head = "".join(f"<th>{esc(c)}</th>" for c in cols) + ("<th></th>" if ranged else "")
+            body = []
+            for x in v[:MAX_EVIDENCE_ROWS]:
+                cells = "".join(f"<td>{_ev_value(c, x.get(c), rid, t_origin, has_tl, depth + 1)}</td>" for c in cols)
+                if ranged and isinstance(x.get("start_ns"), (int, float)) and isinstance(x.get("end_ns"), (int, float)):
+                    cells += (f'<td><button class="zoom small" data-run="{esc(rid)}" data-s="{x["start_ns"] - t_origin}" '
+                              f'data-e="{x["end_ns"] - t_origin}" title="show in timeline">⌖</button></td>')
+                body.append(f"<tr>{cells}</tr>")
+            more = f'<p class="quiet">{len(v) - MAX_EVIDENCE_ROWS} more not shown</p>' if len(v) > MAX_EVIDENCE_ROWS else ""
+            return f'<table class="ev list"><tr>{head}</tr>{"".join(body)}</table>{more}'
+        return esc(", ".join(clip(x, 120) if isinstance(x, str) else json.dumps(x, ensure_ascii=False) for x in v[:50]))
+    return _scalar(key, v, t_origin)
+
+
+# -- plots -----------------------------------------------------------------------------
+
+def _timeline(p: dict) -> str:
+    tl = p["timeline"]
+    if not tl:
+        return ""
+    note = (f"{tl['total_ops']:,} GPU operations, the {tl['shown_ops']:,} longest drawn one by one; the shading of each "
+            f"track shows the busy share of all of them" if tl["sampled"] else f"{tl['total_ops']:,} GPU operations")
+    return (f'<h3>Timeline</h3><p class="quiet">{esc(note)}. Wheel to zoom, drag to pan, double-click to reset; '
+            'findings are marked in the top row and on their tracks (click one to see it below).</p>'
+            f'<div class="timeline" data-run="{esc(p["run"]["run_id"])}"></div>')
+
+
+def _plots(p: dict) -> str:
+    out = []
+    if p["top_kernels"]:
+        out.append("<h3>Top kernels by total time</h3>" + charts.top_kernels(p["top_kernels"]))
+    for rf in p["roofline"]:
+        out.append(f'<h3>Roofline</h3><p class="quiet">{esc(_roofline_note(rf))}</p>' + charts.roofline(rf))
+    st = p["stalls"]
+    if st:
+        note = ("Share of stall cycles by reason (Nsight Compute warp-state metrics, as rule I001 reads them); "
+                "⚑ marks the kernels I001 reported.")
+        if st["kernels_total"] > len(st["kernels"]):
+            note += f" {len(st['kernels'])} of {st['kernels_total']} kernels shown."
+        out.append(f'<h3>Warp stall reasons</h3><p class="quiet">{esc(note)}</p>'
+                   + charts.stalls(st, [r for r, _, _ in REASONS]))
+    mem = p["memory"]
+    if mem:
+        out.append('<h3>Memory</h3><p class="quiet">Allocated bytes over time (each column shows the lowest and highest '
+                   'value in it); the dot marks the peak.</p>' + charts.memory(mem))
+    return "\n".join(out)
+
+
+def _roofline_note(rf: dict) -> str:
+    if rf["source"] == "B003":
+        note = "Kernels as rule B003 placed them (the kernels over its time-share cut-off), colored by the bound it found. "
+    else:
+        note = "Placed from Nsight Compute metrics (rule B003 did not evaluate this run). "
+    if rf["mode"] == "absolute":
+        if rf.get("estimate"):
+            note += "FLOPs and bytes are estimates from operator input shapes (see each finding's assumptions). "
+        roofs = ", ".join(r["label"] for r in rf.get("roofs", []))
+        note += (f"Roofs: DRAM bandwidth and {roofs} peaks." if roofs and rf.get("bandwidth_bytes_per_s")
+                 else "The device's peaks are unknown, so some roofs are missing.")
+    else:
+        note += ("No FLOP counts here: each kernel is placed from its Speed-of-Light shares, compute (SM) throughput "
+                 "against memory throughput, both as a share of peak; on this scale the roof is the same for every GPU.")
+    shown = len(rf["points"])
+    if rf["kernels_total"] > shown:
+        note += f" The {shown} longest of {rf['kernels_total']} kernels are shown."
+    return note

@@ -1,0 +1,102 @@
+"""I004 shared-memory bank conflicts: extra wavefronts for shared loads or stores."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from ..fmt import ns, num, pct
+from ._ncu import DURATION, as_int, col, jsonable, ncu_launches, per_kernel
+from .base import Rule, Threshold
+
+L1TEX_SOL = "l1tex__throughput.avg.pct_of_peak_sustained_active"
+OPS = {
+    "ld": {"what": "loads", "conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+           "wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+           "requests": ("smsp__sass_inst_executed_op_shared_ld.sum", "smsp__inst_executed_op_shared_ld.sum"),
+           "extra_requests": "smsp__inst_executed_op_ldsm.sum"},
+    "st": {"what": "stores", "conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+           "wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+           "requests": ("smsp__sass_inst_executed_op_shared_st.sum", "smsp__inst_executed_op_shared_st.sum"),
+           "extra_requests": None},
+}
+COUNTERS = sorted({m for o in OPS.values() for m in (o["conflicts"], o["wavefronts"], *o["requests"],
+                                                     o["extra_requests"]) if m})
+
+
+def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    df = ncu_launches(store, run_id, [DURATION, L1TEX_SOL, *COUNTERS])
+    if df.empty:
+        return df
+    g = per_kernel(df, sums=COUNTERS, means=[L1TEX_SOL], weight=DURATION)
+    g = g[g["time_share"].isna() | (g["time_share"] >= p["min_time_share"])]
+    rows = []
+    for op, m in OPS.items():
+        conflicts, wavefronts = col(g, m["conflicts"]), col(g, m["wavefronts"])
+        requests = col(g, *m["requests"])
+        if m["extra_requests"]:
+            requests = requests + col(g, m["extra_requests"]).fillna(0)  # ldmatrix reads shared memory too
+        share = conflicts / wavefronts.where(wavefronts > 0)  # NVIDIA SharedMemoryConflicts
+        ways = wavefronts / requests.where(requests > 0)
+        hit = share >= p["min_conflict_share"]
+        for idx in g.index[hit.fillna(False)]:
+            r = g.loc[idx]
+            s, w, l1 = float(share[idx]), ways[idx], r[L1TEX_SOL]
+            # NVIDIA's GLOBAL estimate: conflict share x L1TEX throughput share; LOCAL (no time) without it.
+            loss = as_int(r["duration_ns"] * s * l1 / 100) if r["duration_ns"] == r["duration_ns"] and l1 == l1 else None
+            evidence = {"op": op, "bank_conflicts": conflicts[idx], "wavefronts": wavefronts[idx],
+                        "requests": requests[idx], "conflict_share": s, "average_ways": w,
+                        "l1tex_throughput_pct": l1, "launches": int(r["launches"]), "duration_ns": r["duration_ns"]}
+            way_text = f"on average a {w:.1f}-way conflict, " if w == w else ""
+            rows.append({
+                "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
+                "item_name": r["name"], "value": s, "value_unit": "share", "threshold": p["min_conflict_share"],
+                "est_loss_ns": loss,
+                "message": f"{r['short_name']}: shared-memory {m['what']} with bank conflicts: {way_text}"
+                           f"{num(conflicts[idx])} conflicts = {pct(s)} of {num(wavefronts[idx])} wavefronts"
+                           + (f", est. {ns(loss)}" if loss else ""),
+                "hint": "Pad shared arrays (e.g. [32][33] instead of [32][32]) or swizzle the index (XOR the column "
+                        "with the row) so the 32 threads of a warp hit 32 different banks; for 8-byte elements "
+                        "check the access width.",
+                "evidence": json.dumps(jsonable(evidence), sort_keys=True),
+            })
+    return pd.DataFrame(rows)
+
+
+RULE = Rule(
+    id="I004",
+    name="bank-conflicts",
+    title="Shared-memory bank conflicts",
+    phase="instruction",
+    severity="warning",
+    what="Kernels whose shared-memory loads or stores need extra wavefronts because threads of a warp hit the "
+         "same bank (NVIDIA's SharedMemoryConflicts rule).",
+    why="Shared memory has 32 banks serving one 4-byte word each per cycle. When threads of a warp touch "
+        "different words in the same bank, the access is split into several wavefronts and runs that many "
+        "times slower: a 32-way conflict, as in a column read of a 32x32 tile, makes shared memory 32x slower.",
+    how="Per kernel, counters summed over launches, loads and stores apart: conflict share = "
+        "`l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{ld,st}.sum` / "
+        "`l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{ld,st}.sum`, reported at `min_conflict_share` (NVIDIA: "
+        "10%); the average N-way = wavefronts / requests (`smsp__sass_inst_executed_op_shared_{ld,st}.sum`, plus "
+        "`smsp__inst_executed_op_ldsm.sum` for loads). Estimated loss, NVIDIA's global estimate: time x "
+        "conflict share x L1/TEX throughput share (`l1tex__throughput.avg.pct_of_peak_sustained_active`); "
+        "none when that is missing.",
+    fix="Pad or swizzle shared-memory arrays so a warp's accesses spread over all 32 banks; use ldmatrix/"
+        "vectorized layouts made for it.",
+    requires="Nsight Compute shared-memory bank-conflict and wavefront counters (Memory Workload Analysis tables, "
+             "or `--metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,"
+             "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,...`)",
+    applies_sql=f"""SELECT count(*) > 0 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
+                    AND metric_id IN ('{OPS["ld"]["wavefronts"]}', '{OPS["st"]["wavefronts"]}')""",
+    thresholds=(
+        Threshold("min_conflict_share", 0.1, "Bank conflicts as a share of wavefronts that is reported (NVIDIA SharedMemoryConflicts: 10%)."),
+        Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
+    ),
+    evaluate=evaluate,
+    formats=("ncu-csv",),
+    references=(
+        "Nsight Compute rule SharedMemoryConflicts (MemoryWorkloadAnalysis_Tables)",
+        "CUDA C++ Programming Guide: 'Shared Memory' (banks)",
+    ),
+)

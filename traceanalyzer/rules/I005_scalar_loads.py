@@ -1,0 +1,143 @@
+"""I005 scalar instead of vector loads: few bytes per thread per global load/store instruction."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from ..fmt import num, pct
+from ._ncu import DURATION, MEM_SOL, as_int, col, jsonable, ncu_launches, per_kernel
+from .base import Rule, Threshold
+
+ALL_INST = "smsp__inst_executed.sum"
+THREADS_PER_INST = "smsp__thread_inst_executed_per_inst_executed.ratio"  # Avg. Active Threads Per Warp
+
+
+def _ids(op: str) -> dict[str, tuple[str, ...]]:
+    return {
+        "data_bytes": (f"smsp__sass_data_bytes_mem_global_op_{op}.sum",),
+        "used_pct": (f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.pct",),
+        "sectors": (f"l1tex__t_sectors_pipe_lsu_mem_global_op_{op}.sum",),
+        "inst": (f"smsp__sass_inst_executed_op_global_{op}.sum", f"smsp__inst_executed_op_global_{op}.sum"),
+        "requests": (f"l1tex__t_requests_pipe_lsu_mem_global_op_{op}.sum",),
+        "thread_inst": (f"smsp__sass_thread_inst_executed_op_global_{op}.sum",),
+    }
+
+
+OPS = {"ld": "loads", "st": "stores"}
+COUNTERS = sorted({m for op in OPS for k, ms in _ids(op).items() if k != "used_pct" for m in ms} | {ALL_INST})
+RATIOS = sorted({m for op in OPS for m in _ids(op)["used_pct"]} | {THREADS_PER_INST, MEM_SOL})
+
+
+def _widths(g: pd.DataFrame, op: str) -> pd.DataFrame:
+    """Bytes per active thread per instruction, and how each input was obtained."""
+    m = _ids(op)
+    sectors = col(g, *m["sectors"])
+    data = col(g, *m["data_bytes"])
+    data_from = np.where(data.notna(), "data bytes", None)
+    from_sectors = col(g, *m["used_pct"]) / 100 * sectors * 32  # bytes used of the sectors fetched
+    data_from = np.where(data.isna() & from_sectors.notna(), "sector bytes x used share", data_from)
+    data = data.fillna(from_sectors)
+    inst = col(g, *m["inst"])
+    inst_from = np.where(inst.notna(), "instructions", None)
+    requests = col(g, *m["requests"])  # one request per warp-level global instruction
+    inst_from = np.where(inst.isna() & requests.notna(), "requests", inst_from)
+    inst = inst.fillna(requests)
+    threads = col(g, *m["thread_inst"]) / inst.where(inst > 0)
+    threads_from = np.where(threads.notna(), f"thread-level {op} instructions", None)
+    avg_active = col(g, THREADS_PER_INST)
+    threads_from = np.where(threads.isna() & avg_active.notna(), "average active threads per warp (all instructions)",
+                            threads_from)
+    threads = threads.fillna(avg_active)
+    threads_from = np.where(threads.isna(), "assumed 32 (full warps)", threads_from)
+    threads = threads.fillna(32.0)
+    width = data / (inst.where(inst > 0) * threads)
+    return pd.DataFrame({"op": op, "bytes_per_thread": width, "instructions": inst, "data_bytes": data,
+                         "threads_per_instruction": threads, "data_from": data_from, "instructions_from": inst_from,
+                         "threads_from": threads_from}, index=g.index)
+
+
+def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    df = ncu_launches(store, run_id, [DURATION, *COUNTERS, *RATIOS])
+    if df.empty:
+        return df
+    g = per_kernel(df, sums=COUNTERS, means=RATIOS, weight=DURATION)
+    g = g[g["time_share"].isna() | (g["time_share"] >= p["min_time_share"])]
+    all_inst = col(g, ALL_INST)
+    rows = []
+    for op, what in OPS.items():
+        w = _widths(g, op)
+        inst_share = w["instructions"] / all_inst.where(all_inst > 0)
+        # Loads that are a sliver of the instruction stream are not worth vectorizing.
+        hit = (w["bytes_per_thread"] < p["min_access_bytes"]) & (inst_share.isna() | (inst_share >= p["min_inst_share"]))
+        for idx in g.index[hit.fillna(False)]:
+            r, x = g.loc[idx], w.loc[idx]
+            width = float(x["bytes_per_thread"])
+            # Instructions left if the same bytes moved in 16-byte (128-bit) accesses.
+            saved = x["instructions"] * (1 - width / 16)
+            evidence = {**{k: x[k] for k in w.columns}, "instruction_share": inst_share[idx],
+                        "instructions_saved_at_16_bytes": saved, "memory_sol_pct": r[MEM_SOL],
+                        "launches": int(r["launches"]), "duration_ns": r["duration_ns"]}
+            rows.append({
+                "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
+                "item_name": r["name"], "value": width, "value_unit": "bytes", "threshold": p["min_access_bytes"],
+                "message": f"{r['short_name']}: global {what} move {width:.1f} bytes per thread per instruction "
+                           f"({8 * width:.0f}-bit accesses on average) over {num(x['instructions'])} instructions"
+                           + (f", {pct(inst_share[idx])} of all" if inst_share[idx] == inst_share[idx] else "")
+                           + f"; 16-byte accesses would need {pct(width / 16)} of them",
+                "hint": "Load and store through vector types (float4/int4, or float2 for 8-byte elements) with 16-byte "
+                        "aligned pointers, or process several consecutive elements per thread; check the SASS for "
+                        "LDG.E.128 instead of LDG.E.",
+                "evidence": json.dumps(jsonable(evidence), sort_keys=True),
+            })
+    return pd.DataFrame(rows)
+
+
+_DATA = [m for op in OPS for k in ("data_bytes", "used_pct") for m in _ids(op)[k]]
+_INST = [m for op in OPS for k in ("inst", "requests") for m in _ids(op)[k]]
+
+RULE = Rule(
+    id="I005",
+    name="scalar-loads",
+    title="Scalar instead of vector global loads and stores",
+    phase="instruction",
+    severity="info",
+    what="Kernels whose global loads or stores move under `min_access_bytes` per thread per instruction: "
+         "4-byte (or smaller) scalar accesses where 8- or 16-byte vector accesses would move the same bytes "
+         "with a half or a quarter of the instructions.",
+    why="Each load instruction occupies an issue slot and an LSU/L1 request; a bandwidth-hungry kernel issuing "
+        "one 32-bit load per element needs four times the instructions of one using 128-bit loads, fills the "
+        "load queues (lg_throttle stalls) and keeps fewer bytes in flight per warp.",
+    how="Per kernel, counters summed over launches, loads and stores apart: bytes per thread per instruction = "
+        "data bytes / (instructions x active threads per instruction). Data bytes: "
+        "`smsp__sass_data_bytes_mem_global_op_{ld,st}.sum`, else used share of the sectors fetched "
+        "(`smsp__sass_average_data_bytes_per_sector_mem_global_op_*.pct` x 32 x `l1tex__t_sectors_..._op_*.sum`). "
+        "Instructions: `smsp__sass_inst_executed_op_global_*.sum` (or `smsp__inst_executed_op_global_*.sum`), "
+        "else requests `l1tex__t_requests_pipe_lsu_mem_global_op_*.sum` (assumed one per warp instruction). "
+        "Active threads: thread-level `smsp__sass_thread_inst_executed_op_global_*.sum` / instructions, else "
+        "Avg. Active Threads Per Warp over all instructions, else 32 (assumed); the evidence says which. "
+        "Kernels whose global instructions are under `min_inst_share` of all executed instructions "
+        "(`smsp__inst_executed.sum`, when present) are skipped. No time estimate: fewer instructions help only "
+        "when issue or LSU throughput limits the kernel (see B004, I001 lg_throttle).",
+    fix="Use vector types (float4, int4, __half2 pairs) on 16-byte aligned data, or have each thread handle "
+        "several consecutive elements.",
+    requires="Nsight Compute global data-byte (or bytes-per-sector and sector) counters with global instruction "
+             "or request counts",
+    applies_sql=f"""SELECT (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
+                             AND metric_id IN ('{"', '".join(_DATA)}')) > 0
+                       AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
+                             AND metric_id IN ('{"', '".join(_INST)}')) > 0""",
+    thresholds=(
+        Threshold("min_access_bytes", 8, "Average bytes per thread per instruction under this are reported (8: 32-bit or smaller)."),
+        Threshold("min_inst_share", 0.02, "Skip when global load (store) instructions are under this share of all instructions."),
+        Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
+    ),
+    evaluate=evaluate,
+    formats=("ncu-csv",),
+    references=(
+        "NVIDIA Developer Blog: 'CUDA Pro Tip: Increase Performance with Vectorized Memory Access'",
+        "Nsight Compute Kernel Profiling Guide: 'Memory Workload Analysis' (sectors, requests, data bytes)",
+    ),
+)

@@ -1,0 +1,204 @@
+"""M001 peak memory and fragmentation: when device memory peaked, what held it, what was wasted."""
+
+from .base import Rule, Threshold
+
+# Allocator-only operators: an allocation inside one is charged to the operator that called it.
+ALLOCATOR_OPS = ("'aten::empty', 'aten::empty_strided', 'aten::empty_like', 'aten::new_empty', "
+                 "'aten::new_empty_strided', 'aten::resize_', 'aten::empty_permuted'")
+
+SQL = rf"""
+WITH ev AS (
+    SELECT event_id, ts_ns, device_id, address, bytes, total_allocated_bytes, total_reserved_bytes, pid, tid
+    FROM memory_events
+    WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0 AND ts_ns IS NOT NULL AND bytes IS NOT NULL
+), running AS (
+    SELECT *, row_number() OVER w AS seq, lead(ts_ns) OVER w AS next_ts,
+           sum(bytes) OVER (w ROWS UNBOUNDED PRECEDING) AS cum_bytes
+    FROM ev WINDOW w AS (PARTITION BY device_id ORDER BY ts_ns, event_id)
+), per_device AS (
+    SELECT device_id, count(*) AS events,
+           count(total_allocated_bytes) = count(*) AS has_totals,
+           count(total_reserved_bytes) = count(*) AS has_reserved,
+           count(address) = count(*) AS has_addresses,
+           -- Without allocator totals the running sum of signed sizes starts at 0 when the trace
+           -- starts; frees of older blocks drive it below 0, which bounds what was there before.
+           greatest(0, -min(cum_bytes)) AS sum_baseline,
+           arg_min(total_allocated_bytes - bytes, seq) AS totals_baseline,
+           min(ts_ns) AS first_ns, max(ts_ns) AS last_ns
+    FROM running GROUP BY device_id
+), level AS (
+    SELECT r.*, CASE WHEN d.has_totals THEN r.total_allocated_bytes ELSE r.cum_bytes + d.sum_baseline END AS allocated,
+           CASE WHEN d.has_reserved THEN r.total_reserved_bytes END AS reserved
+    FROM running r JOIN per_device d USING (device_id)
+), peak_alloc AS (
+    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY device_id ORDER BY allocated DESC, seq) AS k FROM level)
+    WHERE k = 1
+), peak_res AS (
+    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY device_id ORDER BY reserved DESC, seq) AS k FROM level
+                   WHERE reserved IS NOT NULL)
+    WHERE k = 1
+), trough AS (  -- the last low point before the peak (used when frees cannot be matched to allocations)
+    SELECT device_id, seq AS trough_seq FROM (
+        SELECT l.device_id, l.seq,
+               row_number() OVER (PARTITION BY l.device_id ORDER BY l.allocated, l.seq DESC) AS k
+        FROM level l JOIN peak_alloc p ON p.device_id = l.device_id AND l.seq < p.seq)
+    WHERE k = 1
+), addressed AS (
+    SELECT l.*, lead(l.seq) OVER (PARTITION BY l.device_id, l.address ORDER BY l.seq) AS next_same_address_seq
+    FROM level l JOIN per_device d USING (device_id) WHERE d.has_addresses
+), held_by_address AS (  -- the allocations still live at the peak (not freed, nor reused, by then)
+    SELECT a.device_id, a.event_id, a.ts_ns, a.bytes, a.address, a.pid, a.tid
+    FROM addressed a JOIN peak_alloc p USING (device_id)
+    WHERE a.bytes > 0 AND a.seq <= p.seq AND (a.next_same_address_seq IS NULL OR a.next_same_address_seq > p.seq)
+), address_mode AS (
+    -- Addresses are only trusted when what they say is live fits under the peak (frees must
+    -- name the addresses their allocations had); else fall back to the climb below.
+    SELECT d.device_id, d.has_addresses AND coalesce(sum(h.bytes), 0)
+             <= 1.01 * p.allocated AS by_address
+    FROM per_device d JOIN peak_alloc p USING (device_id) LEFT JOIN held_by_address h USING (device_id)
+    GROUP BY d.device_id, d.has_addresses, p.allocated
+), held AS (
+    SELECT h.* FROM held_by_address h JOIN address_mode m USING (device_id) WHERE m.by_address
+    UNION ALL
+    -- Without usable addresses: the allocations made on the climb from the last low point to the peak.
+    SELECT l.device_id, l.event_id, l.ts_ns, l.bytes, l.address, l.pid, l.tid
+    FROM level l JOIN address_mode m USING (device_id) JOIN peak_alloc p USING (device_id)
+    LEFT JOIN trough t USING (device_id)
+    WHERE NOT m.by_address AND l.bytes > 0 AND l.seq <= p.seq AND l.seq > coalesce(t.trough_seq, 0)
+), charged AS (  -- the innermost enclosing operator on the allocating thread, past allocator-only ones
+    SELECT h.event_id,
+           coalesce(list(o.name ORDER BY o.start_ns DESC, o.end_ns, o.op_id DESC)
+                        FILTER (WHERE o.name NOT IN ({ALLOCATOR_OPS}))[1],
+                    list(o.name ORDER BY o.start_ns DESC, o.end_ns, o.op_id DESC)[1]) AS op
+    FROM held h JOIN cpu_ops o
+      ON o.run_id = $run_id AND o.pid = h.pid AND o.tid = h.tid AND o.start_ns <= h.ts_ns AND o.end_ns >= h.ts_ns
+    GROUP BY h.event_id
+), held_ops AS (
+    SELECT h.*, coalesce(c.op, '(no operator)') AS op FROM held h LEFT JOIN charged c USING (event_id)
+), top_ops AS (
+    SELECT device_id, to_json(list({{'op': op, 'bytes': bytes, 'allocations': n}} ORDER BY bytes DESC, op)[1:$max_examples]) AS ops,
+           list(op ORDER BY bytes DESC, op)[1] AS top_op, max(bytes) AS top_bytes
+    FROM (SELECT device_id, op, sum(bytes) AS bytes, count(*) AS n FROM held_ops GROUP BY device_id, op)
+    GROUP BY device_id
+), top_blocks AS (
+    SELECT device_id, sum(bytes) AS held_bytes, count(*) AS held_count,
+           to_json(list({{'event_id': event_id, 'ts_ns': ts_ns, 'bytes': bytes, 'address': address, 'op': op}}
+                        ORDER BY bytes DESC, event_id)[1:$max_examples]) AS blocks
+    FROM held_ops GROUP BY device_id
+), summary AS (
+    SELECT d.device_id, d.events, d.has_totals, m.by_address,
+           CASE WHEN d.has_totals THEN d.totals_baseline ELSE d.sum_baseline END AS before_trace_bytes,
+           pa.event_id AS pa_id, pa.allocated AS peak_allocated, pa.ts_ns AS pa_start, coalesce(pa.next_ts, pa.ts_ns) AS pa_end,
+           pr.event_id AS pr_id, pr.reserved AS peak_reserved, pr.allocated AS allocated_at_reserved_peak,
+           pr.ts_ns AS pr_start, coalesce(pr.next_ts, pr.ts_ns) AS pr_end,
+           dev.total_memory_bytes AS capacity, coalesce(t.held_bytes, 0) AS held_bytes, coalesce(t.held_count, 0) AS held_count,
+           coalesce(t.blocks, '[]') AS blocks, coalesce(o.ops, '[]') AS ops, o.top_op, o.top_bytes,
+           (SELECT start_ns FROM runs WHERE run_id = $run_id) AS run_start
+    FROM per_device d JOIN address_mode m USING (device_id) JOIN peak_alloc pa USING (device_id)
+    LEFT JOIN peak_res pr USING (device_id)
+    LEFT JOIN devices dev ON dev.run_id = $run_id AND dev.device_id = d.device_id
+    LEFT JOIN top_blocks t USING (device_id) LEFT JOIN top_ops o USING (device_id)
+), described AS (
+    SELECT *, greatest(peak_allocated, coalesce(peak_reserved, 0)) / nullif(capacity, 0) AS capacity_share,
+           1 - peak_allocated / nullif(peak_reserved, 0) AS unused_share,
+           '{{"peak_allocated_bytes": ' || peak_allocated || ', "peak_allocated_start_ns": ' || pa_start
+             || ', "peak_allocated_end_ns": ' || pa_end
+             || ', "peak_reserved_bytes": ' || coalesce(peak_reserved::VARCHAR, 'null')
+             || ', "peak_reserved_start_ns": ' || coalesce(pr_start::VARCHAR, 'null')
+             || ', "peak_reserved_end_ns": ' || coalesce(pr_end::VARCHAR, 'null')
+             || ', "allocated_at_reserved_peak_bytes": ' || coalesce(allocated_at_reserved_peak::VARCHAR, 'null')
+             || ', "device_memory_bytes": ' || coalesce(capacity::VARCHAR, 'null')
+             || ', "events": ' || events || ', "before_trace_bytes": ' || before_trace_bytes
+             || ', "held_from_before_trace_bytes": ' || CASE WHEN by_address THEN (peak_allocated - held_bytes)::VARCHAR ELSE 'null' END
+             || ', "totals": ' || to_json(CASE WHEN has_totals THEN 'allocator totals' ELSE 'running sum of signed sizes' END)
+             || ', "attribution": ' || to_json(CASE WHEN by_address THEN 'live at the peak'
+                                                    ELSE 'allocated since the last low point before the peak' END)
+             || ', "attributed_bytes": ' || held_bytes || ', "attributed_allocations": ' || held_count
+             || ', "top_ops": ' || ops || ', "largest": ' || blocks || '}}' AS evidence
+    FROM summary
+)
+SELECT device_id, NULL::BIGINT AS stream_id, 'memory' AS item_kind, pa_id AS item_id,
+       'peak allocated memory' AS item_name, pa_start AS start_ns, pa_end AS end_ns,
+       peak_allocated AS value, 'bytes' AS value_unit,
+       $warning_capacity_share * capacity AS threshold, NULL::BIGINT AS est_loss_ns,
+       CASE WHEN capacity_share >= $warning_capacity_share THEN 'warning' ELSE 'info' END AS severity,
+       printf('device %d: peak allocated %s at +%s%s%s; %s',
+              device_id, fmt_bytes(peak_allocated), fmt_ns(pa_start - run_start),
+              CASE WHEN peak_reserved IS NOT NULL
+                   THEN printf(', peak reserved %s at +%s', fmt_bytes(peak_reserved), fmt_ns(pr_start - run_start))
+                   ELSE '' END,
+              CASE WHEN capacity IS NOT NULL THEN printf(' (%s of %s)', fmt_pct(capacity_share), fmt_bytes(capacity))
+                   ELSE '' END,
+              CASE WHEN top_op IS NULL THEN 'no allocation could be attributed'
+                   ELSE printf('most %s by %s (%s)', CASE WHEN by_address THEN 'held at the peak'
+                                                          ELSE 'allocated on the climb to it' END,
+                               top_op, fmt_bytes(top_bytes)) END
+              || CASE WHEN by_address AND peak_allocated > held_bytes
+                      THEN printf(', besides %s held from before the trace began', fmt_bytes(peak_allocated - held_bytes))
+                      ELSE '' END) AS message,
+       CASE WHEN capacity_share >= $warning_capacity_share THEN
+              'The device is close to full: free or reuse the largest tensors held at the peak (see evidence), use '
+              || 'activation checkpointing, smaller micro-batches, lower-precision activations, or shard states (FSDP/ZeRO).'
+            ELSE 'The operators holding most memory at the peak are listed in the evidence; they are where to cut if memory limits the batch size.'
+       END AS hint,
+       evidence
+FROM described
+UNION ALL
+SELECT device_id, NULL, 'memory', pr_id, 'reserved but unallocated memory', pr_start, pr_end,
+       unused_share, 'share', $min_fragmentation_share, NULL, 'warning',
+       printf('device %d: the caching allocator reserved %s at its peak but at most %s was ever allocated: '
+              || '%s (%s) reserved and never used (fragmentation or cached free blocks); %s allocated at the reserved peak',
+              device_id, fmt_bytes(peak_reserved), fmt_bytes(peak_allocated), fmt_bytes(peak_reserved - peak_allocated),
+              fmt_pct(unused_share), fmt_bytes(allocated_at_reserved_peak)),
+       'Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of fragmenting), keep tensor '
+         || 'sizes steady between steps (pad or bucket varying shapes), and free large temporaries before the peak.',
+       evidence
+FROM described
+WHERE unused_share >= $min_fragmentation_share AND peak_reserved - peak_allocated >= $min_fragmentation_bytes
+ORDER BY device_id, item_name
+"""
+
+RULE = Rule(
+    id="M001",
+    name="peak-memory",
+    title="Peak device memory and fragmentation",
+    phase="memory",
+    severity="info",
+    what="Per device: the peak of allocated memory and of reserved memory and when they happened, "
+         "the operators that hold most of it at the peak, and reserved memory far above what was "
+         "ever allocated (allocator fragmentation).",
+    why="The peak decides whether a batch size fits and what to cut to fit a bigger one; the "
+        "operators holding memory at that moment are where to cut. PyTorch's caching allocator "
+        "keeps freed blocks reserved; when reserved memory runs far above allocated memory, the "
+        "difference is fragmentation that can cause out-of-memory errors with memory to spare.",
+    how="From the allocator events (Kineto `[memory]`, nsys `CUDA_GPU_MEMORY_USAGE_EVENTS`) of "
+        "CUDA devices, ordered by time: allocated memory is the allocator's `Total Allocated` when "
+        "the trace records it, else the running sum of the signed sizes, raised so it never goes "
+        "below zero (blocks allocated before the trace and freed in it). The peak is the first "
+        "event reaching the maximum; its time range lasts until the next event on the device. When "
+        "events carry addresses, the allocations live at the peak are those not freed (or reused) "
+        "by then; otherwise those made since the last low point before the peak. Each is charged "
+        "to the innermost enclosing operator on its thread (Kineto `cpu_ops`), past allocator-only "
+        "ones like `aten::empty`. A peak finding is made per device (a warning at "
+        "`warning_capacity_share` of device memory); a fragmentation finding when 1 - peak "
+        "allocated / peak reserved reaches `min_fragmentation_share` and the difference "
+        "`min_fragmentation_bytes`.",
+    fix="Free or shrink what is live at the peak (activation checkpointing, smaller micro-batches, "
+        "sharding); against fragmentation set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` "
+        "and keep tensor sizes steady.",
+    requires="allocator events (Kineto `[memory]` with profile_memory=True, or nsys --cuda-memory-usage=true)",
+    applies_sql="SELECT count(*) > 0 FROM memory_events WHERE run_id = $run_id AND device_type = 'cuda' "
+                "AND device_id >= 0 AND bytes IS NOT NULL",
+    thresholds=(
+        Threshold("warning_capacity_share", 0.9, "Peak memory at this share of the device's memory makes the peak finding a warning."),
+        Threshold("min_fragmentation_share", 0.3, "Report when 1 - peak allocated / peak reserved reaches this share ..."),
+        Threshold("min_fragmentation_bytes", 1 << 30, "... and peak reserved exceeds peak allocated by this much (1 GiB)."),
+        Threshold("max_examples", 5, "How many operators and blocks the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "PyTorch: 'CUDA memory management' (caching allocator, memory_reserved vs memory_allocated, expandable_segments)",
+        "PyTorch profiler: profile_memory=True ([memory] events with Total Allocated / Total Reserved)",
+    ),
+)

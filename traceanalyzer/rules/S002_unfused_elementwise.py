@@ -1,0 +1,203 @@
+"""S002 unfused element-wise chains: runs of short memory-bound kernels one fused kernel could do."""
+
+from .base import Rule, Threshold
+
+# Kernel names of element-wise, cast, normalisation and activation work (PyTorch's
+# elementwise/vectorized/unrolled kernels and functors, copies, norms, softmax, Triton pointwise).
+ELEMENTWISE = (r"elementwise|functor|copy_kernel|cast|layer_?norm|rms_?norm|group_?norm|softmax|gelu|silu|"
+               r"relu|sigmoid|tanh|dropout|act_and_mul|triton_poi_|reduce_kernel")
+# Names that can contain those words but are compute-bound or communication kernels.
+NOT_ELEMENTWISE = r"nccl|rccl|gemm|conv|cudnn|winograd|attention|attn|flash|fmha|cutlass|cublas|nvjet|xmma|mma|matmul"
+# A full reduction writes far less than it reads: it may end a chain (fused as an epilogue) but
+# nothing after it shares its intermediate.
+REDUCTION = r"reduce_kernel"
+
+
+def functor_label(column: str) -> str:
+    """Without the launching operator, a PyTorch kernel is named by its functor or lambda's host
+    function (`CUDAFunctor_add`, `MulFunctor`, `relu_kernel_cuda`), not the generic kernel name."""
+    return (rf"list_filter(regexp_extract_all({column}, '[A-Za-z0-9_]*(?:Functor|_functor|_kernel_cuda|_kernel_impl"
+            rf"|KernelImpl)[A-Za-z0-9_]*'), lambda x: x NOT IN ('BinaryFunctor', 'gpu_kernel_impl', "
+            rf"'gpu_kernel_impl_nocast'))[1]")
+
+
+# Element sizes of the `Input type` strings PyTorch writes.
+DTYPE_BYTES = """CASE t WHEN 'float' THEN 4 WHEN 'double' THEN 8 WHEN 'c10::Half' THEN 2
+    WHEN 'c10::BFloat16' THEN 2 WHEN 'long int' THEN 8 WHEN 'int' THEN 4 WHEN 'short int' THEN 2
+    WHEN 'bool' THEN 1 WHEN 'unsigned char' THEN 1 WHEN 'signed char' THEN 1
+    WHEN 'c10::complex<float>' THEN 8 WHEN 'c10::complex<double>' THEN 16
+    ELSE CASE WHEN t LIKE 'c10::Float8%' THEN 1 END END"""
+
+SQL = rf"""
+WITH acts AS (
+    SELECT a.device_id, a.stream_id, a.kind, a.item_id, a.start_ns, a.end_ns, a.name,
+           a.kind = 'kernel' AND a.end_ns - a.start_ns <= $max_kernel_ns
+             AND regexp_matches(lower(a.name), '{ELEMENTWISE}')
+             AND NOT regexp_matches(lower(a.name), '{NOT_ELEMENTWISE}') AS ew,
+           regexp_matches(lower(a.name), '{REDUCTION}') AS reduction
+    FROM gpu_activity a WHERE a.run_id = $run_id
+), seq AS (  -- every operation on the stream takes part, so a GEMM or copy in between breaks a chain
+    SELECT *, lag(end_ns) OVER w AS prev_end, lag(ew) OVER w AS prev_ew, lag(reduction) OVER w AS prev_reduction
+    FROM acts WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, item_id)
+), numbered AS (  -- a new chain starts at every kernel that does not continue the previous one
+    SELECT *, sum(CASE WHEN ew AND continues THEN 0 ELSE 1 END)
+                OVER (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, item_id
+                      ROWS UNBOUNDED PRECEDING) AS chain
+    FROM (SELECT *, coalesce(prev_ew AND NOT prev_reduction AND start_ns - prev_end <= $max_gap_ns, false)
+                      AS continues FROM seq)
+), members AS (
+    SELECT n.*, count(*) OVER c AS chain_len,
+           row_number() OVER (PARTITION BY n.device_id, n.stream_id, n.chain ORDER BY n.start_ns DESC, n.item_id DESC) = 1 AS is_last,
+           CASE WHEN continues THEN greatest(n.start_ns - prev_end, 0) ELSE 0 END AS gap_ns,
+           k.external_id, k.short_name,
+           k.grid_x * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1) * k.block_x * coalesce(k.block_y, 1)
+             * coalesce(k.block_z, 1) AS threads
+    FROM numbered n JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = n.item_id
+    WHERE n.ew
+    WINDOW c AS (PARTITION BY n.device_id, n.stream_id, n.chain)
+), chain_members AS (
+    SELECT * FROM members WHERE chain_len >= $min_chain_count
+), launching_ops AS (  -- the operator that launched each kernel (Kineto `External id`)
+    SELECT external_id, arg_min(name, op_id) AS op_name, arg_min(input_dims, op_id) AS dims,
+           arg_min(input_types, op_id) AS types
+    FROM cpu_ops
+    WHERE run_id = $run_id AND external_id IN (SELECT external_id FROM chain_members)
+    GROUP BY external_id
+), op_inputs AS (  -- one row per input tensor
+    SELECT external_id, op_name, unnest(json_transform(dims, '["JSON"]')) AS d,
+           unnest(json_transform(types, '["VARCHAR"]')) AS t
+    FROM launching_ops WHERE dims IS NOT NULL AND types IS NOT NULL
+), op_bytes AS (  -- an element-wise output is as large as its largest input
+    SELECT external_id, any_value(op_name) AS op_name,
+           max(CASE WHEN json_array_length(d) = 0 THEN 1 ELSE list_product(json_transform(d, '["BIGINT"]')) END
+               * ({DTYPE_BYTES})) AS bytes
+    FROM op_inputs
+    WHERE json_type(d) = 'ARRAY' AND (json_array_length(d) = 0 OR json_type(d, '$[0]') IN ('UBIGINT', 'BIGINT'))
+    GROUP BY external_id
+), sized AS (
+    SELECT m.*, coalesce(lo.op_name, {functor_label('m.name')}, m.short_name, m.name) AS label,
+           lo.op_name IS NOT NULL AS linked,
+           coalesce(ob.bytes, m.threads * 4) AS out_bytes,
+           CASE WHEN ob.bytes IS NOT NULL THEN 'operator input dims' WHEN m.threads IS NOT NULL
+                THEN 'grid x block threads x 4 bytes (proxy)' END AS bytes_source
+    FROM chain_members m LEFT JOIN op_bytes ob USING (external_id) LEFT JOIN launching_ops lo USING (external_id)
+), chains AS (
+    SELECT s.device_id, s.stream_id, s.chain, count(*) AS n, min(s.start_ns) AS start_ns, max(s.end_ns) AS end_ns,
+           arg_min(s.item_id, s.start_ns) AS first_id,
+           sum(s.end_ns - s.start_ns) AS kernel_ns, max(s.end_ns - s.start_ns) AS longest_ns, sum(s.gap_ns) AS gap_ns,
+           sum(s.out_bytes) FILTER (WHERE NOT s.is_last) AS intermediate_bytes,
+           list(s.name ORDER BY s.start_ns, s.item_id) AS names,
+           list(coalesce(s.short_name, s.name) ORDER BY s.start_ns, s.item_id) AS short_names,
+           list(s.label ORDER BY s.start_ns, s.item_id) AS labels, count(*) FILTER (WHERE s.linked) AS linked,
+           list(s.item_id ORDER BY s.start_ns, s.item_id) AS kernel_ids,
+           list(DISTINCT s.bytes_source) FILTER (WHERE NOT s.is_last AND s.bytes_source IS NOT NULL) AS bytes_sources,
+           any_value(d.memory_bandwidth_bytes_per_s) AS bandwidth
+    FROM sized s LEFT JOIN devices d ON d.run_id = $run_id AND d.device_id = s.device_id
+    GROUP BY s.device_id, s.stream_id, s.chain
+), costed AS (  -- a fused kernel saves the gaps and the intermediates' DRAM round trips
+    SELECT *, 2 * intermediate_bytes / bandwidth * 1e9 AS round_trip_ns,
+           gap_ns + least(coalesce(2 * intermediate_bytes / bandwidth * 1e9, 0), kernel_ns - longest_ns) AS saving_ns
+    FROM chains
+), signatures AS (
+    SELECT c.device_id, c.names, any_value(c.short_names) AS short_names,
+           -- named after the chain whose kernels are best linked to their operators
+           list(c.labels ORDER BY c.linked DESC, c.start_ns)[1] AS labels,
+           count(*) AS chains, sum(c.n) AS kernels,
+           sum(c.saving_ns) AS saving_ns, sum(c.gap_ns) AS gap_ns, sum(c.kernel_ns) AS kernel_ns,
+           sum(c.intermediate_bytes) AS intermediate_bytes, sum(c.round_trip_ns) AS round_trip_ns,
+           any_value(c.bandwidth) AS bandwidth,
+           list_sort(list_distinct(flatten(list(c.bytes_sources)))) AS bytes_sources,
+           -- the chain saving most (the earliest among equals)
+           list(c.first_id ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_id,
+           list(c.stream_id ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_stream,
+           list(c.start_ns ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_start,
+           list(c.end_ns ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_end,
+           to_json(list({{'stream_id': c.stream_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns,
+                          'kernel_ids': c.kernel_ids, 'gap_ns': c.gap_ns, 'kernel_ns': c.kernel_ns,
+                          'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}}
+                        ORDER BY c.saving_ns DESC, c.start_ns)[1:$max_examples]) AS worst
+    FROM costed c GROUP BY c.device_id, c.names
+), judged AS (
+    SELECT s.*, s.saving_ns / nullif(b.active_span_ns, 0) AS share,
+           -- long chains are named by their ends
+           CASE WHEN len(s.labels) <= 6 THEN array_to_string(s.labels, ' -> ')
+                ELSE array_to_string(s.labels[1:3], ' -> ') || ' -> ... -> ' || array_to_string(s.labels[-2:], ' -> ')
+           END AS chain_name,
+           len(list_distinct(s.labels)) = 1 AS one_op  -- the same op on many tensors: horizontal fusion
+    FROM signatures s LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = s.device_id
+)
+SELECT device_id, worst_stream AS stream_id, 'kernel' AS item_kind, worst_id AS item_id,
+       chain_name AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       share AS value, 'share' AS value_unit, $min_saving_share AS threshold,
+       CAST(round(saving_ns) AS BIGINT) AS est_loss_ns,
+       CASE WHEN share >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
+       printf('device %d: %d chain(s) of %d element-wise kernels (%s) run unfused, %s of kernel time with %s of gaps '
+              || 'and %s of intermediates; fusing would save about %s (%s of the device''s active span)',
+              device_id, chains, len(names), chain_name, fmt_ns(kernel_ns), fmt_ns(gap_ns),
+              fmt_bytes(intermediate_bytes), fmt_ns(saving_ns), fmt_pct(share)) AS message,
+       CASE WHEN one_op THEN
+              'The same element-wise op runs once per tensor: use the multi-tensor (foreach) forms '
+              || '(torch._foreach_*, fused/foreach optimizers, zero_grad(set_to_none=True)) so one launch covers '
+              || 'all tensors, or torch.compile the loop.'
+            ELSE
+              'Fuse the chain into one kernel: torch.compile (Inductor generates one pointwise kernel per chain), '
+              || 'a fused op (fused LayerNorm/RMSNorm, bias+activation epilogues, fused optimizers), or a hand-written '
+              || 'or Triton kernel that reads the inputs once and writes only the final output.'
+       END AS hint,
+       '{{"chains": ' || chains || ', "kernels_per_chain": ' || len(names) || ', "kernels": ' || kernels
+         || ', "kernel_names": ' || to_json(short_names) || ', "labels": ' || to_json(labels)
+         || ', "kernel_ns": ' || kernel_ns || ', "gap_ns": ' || gap_ns
+         || ', "intermediate_bytes": ' || coalesce(CAST(intermediate_bytes AS BIGINT), 0)
+         || ', "bytes_source": ' || to_json(bytes_sources)
+         || ', "dram_bytes_per_s": ' || coalesce(bandwidth, 0)
+         || ', "round_trip_ns": ' || coalesce(round(round_trip_ns), 0)
+         || ', "saving_ns": ' || round(saving_ns) || ', "worst": ' || worst || '}}' AS evidence
+FROM judged
+WHERE share >= $min_saving_share
+ORDER BY saving_ns DESC, item_name
+"""
+
+RULE = Rule(
+    id="S002",
+    name="unfused-elementwise",
+    title="Unfused element-wise kernel chains",
+    phase="structure",
+    severity="info",
+    what="Runs of consecutive short element-wise kernels on a stream (adds, casts, activations, "
+         "norms, softmax, copies) where each writes a tensor the next one reads back: work one "
+         "fused kernel could do in a single pass.",
+    why="Element-wise kernels do a few operations per byte, so their time is memory traffic and "
+        "launch overhead. A chain of n of them writes and re-reads n-1 intermediate tensors through "
+        "DRAM and pays n launches and the gaps between them; a fused kernel reads the inputs once, "
+        "keeps intermediates in registers and launches once.",
+    how="Kernels are element-wise when the name matches PyTorch's element-wise, cast, norm, "
+        "activation and softmax kernels (not GEMM, convolution, attention or NCCL names) and run at "
+        "most `max_kernel_ns`. On each device and stream, operations are ordered by start; a chain "
+        "is a run of at least `min_chain_count` element-wise kernels with no other operation in "
+        "between and gaps of at most `max_gap_ns` (a full `reduce_kernel` may end a chain). Each "
+        "intermediate's size is the launching operator's largest input (Kineto `Input Dims` x "
+        "element size, linked by `External id`); without it, grid x block threads x 4 bytes is used "
+        "as a proxy (stated in the evidence). The saving of a chain is its gaps plus the DRAM round "
+        "trip of its intermediates (2 x bytes / the device's DRAM bandwidth), the latter capped at "
+        "the chain's kernel time minus its longest kernel. Chains with the same kernels are reported "
+        "together per device, when their saving reaches `min_saving_share` of the device's active "
+        "span; it assumes each kernel consumes the previous one's output.",
+    fix="Use torch.compile or fused operators (fused norms, bias+activation epilogues, fused "
+        "optimizers), or write one kernel for the chain.",
+    requires="timed kernels",
+    applies_sql="SELECT count(*) > 0 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL",
+    thresholds=(
+        Threshold("max_kernel_ns", 50000, "Element-wise kernels longer than this (50 us) are not chained."),
+        Threshold("max_gap_ns", 100000, "A gap longer than this between two kernels ends a chain."),
+        Threshold("min_chain_count", 3, "Chains need at least this many kernels."),
+        Threshold("min_saving_share", 0.01, "Report chains whose estimated saving is at least this share of the device's active span."),
+        Threshold("warning_share", 0.05, "Saving share that makes a warning (below: info)."),
+        Threshold("max_examples", 5, "How many chains the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "PyTorch Performance Tuning Guide: 'Fuse pointwise operations' (torch.compile / TorchInductor)",
+        "NVIDIA Deep Learning Performance Guide: 'Memory-Limited Layers' (element-wise operations are memory-bound)",
+    ),
+)

@@ -1,0 +1,135 @@
+"""T004 host-bound stretches: every GPU of the run idle while the host is busy."""
+
+from .base import Rule, Threshold
+
+# The stretches come from the union of GPU work over all devices (gaps-and-islands without
+# a device partition: a stretch is idle on every GPU). Host activity is any recorded host
+# event: framework ops, CPU ranges (NVTX, record_function) and API calls. What the host was
+# doing in a stretch is the innermost event (shortest) covering at least half of it;
+# enclosing ranges such as ProfilerStep#N only win when nothing finer covers the stretch.
+SQL = r"""
+WITH ops AS (
+    SELECT start_ns, end_ns FROM gpu_activity WHERE run_id = $run_id
+), ordered AS (
+    SELECT start_ns, max(end_ns) OVER (ORDER BY start_ns, end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM ops
+), stretches AS (
+    SELECT row_number() OVER (ORDER BY prev_end) AS sid, prev_end AS start_ns, start_ns AS end_ns,
+           start_ns - prev_end AS gap_ns
+    FROM ordered WHERE start_ns - prev_end >= $min_stretch_ns
+), host AS (
+    SELECT 'cpu_op' AS kind, op_id AS id, name, pid, tid, start_ns, end_ns FROM cpu_ops
+    WHERE run_id = $run_id AND end_ns > start_ns
+    UNION ALL
+    SELECT 'range', range_id, name, pid, tid, start_ns, end_ns FROM ranges
+    WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation') AND end_ns > start_ns
+    UNION ALL
+    SELECT 'api_call', call_id, name, pid, tid, start_ns, end_ns FROM api_calls
+    WHERE run_id = $run_id AND end_ns > start_ns
+), inside AS (  -- host events clipped to the stretches they overlap
+    SELECT s.sid, s.gap_ns, h.kind, h.id, h.name, h.end_ns - h.start_ns AS dur_ns,
+           greatest(h.start_ns, s.start_ns) AS c_start, least(h.end_ns, s.end_ns) AS c_end
+    FROM stretches s JOIN host h ON h.start_ns < s.end_ns AND h.end_ns > s.start_ns
+), covered AS (  -- union of the clipped host events per stretch
+    SELECT sid, sum(i_end - i_start) AS busy_ns FROM (
+        SELECT sid, min(c_start) AS i_start, max(c_end) AS i_end FROM (
+            SELECT *, sum(CASE WHEN prev_end IS NULL OR c_start > prev_end THEN 1 ELSE 0 END)
+                      OVER (PARTITION BY sid ORDER BY c_start, c_end ROWS UNBOUNDED PRECEDING) AS isl
+            FROM (SELECT sid, c_start, c_end,
+                         max(c_end) OVER (PARTITION BY sid ORDER BY c_start, c_end
+                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+                  FROM inside))
+        GROUP BY sid, isl)
+    GROUP BY sid
+), main AS (  -- innermost event covering half the stretch, else the one covering most
+    SELECT sid,
+           arg_min(kind, (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS main_kind,
+           arg_min(id, (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS main_id,
+           arg_min(regexp_replace(name, '([#\s_:.-])\d+$', '\1N'),
+                   (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS main_name
+    FROM inside GROUP BY sid
+), bound AS (
+    SELECT s.*, c.busy_ns / s.gap_ns AS host_busy_share, m.main_kind, m.main_id, m.main_name
+    FROM stretches s JOIN covered c USING (sid) JOIN main m USING (sid)
+    WHERE c.busy_ns >= $min_host_busy_share * s.gap_ns
+), idle_total AS (
+    SELECT count(*) AS n_all, coalesce(sum(gap_ns), 0) AS all_ns FROM stretches
+), top AS (
+    SELECT to_json(list({'name': main_name, 'kind': main_kind, 'stretches': n, 'ns': ns}
+                        ORDER BY ns DESC, main_name)[1:$max_examples]) AS top_json,
+           arg_max(main_name, (ns, -n)) AS top_name
+    FROM (SELECT main_name, main_kind, count(*) AS n, sum(gap_ns) AS ns FROM bound GROUP BY ALL)
+), summary AS (
+    SELECT count(*) AS n, sum(gap_ns) AS total_ns, max(gap_ns) AS max_ns, median(gap_ns) AS median_ns,
+           arg_max(start_ns, (gap_ns, -start_ns)) AS worst_start, arg_max(end_ns, (gap_ns, -start_ns)) AS worst_end,
+           to_json(list({'start_ns': start_ns, 'end_ns': end_ns, 'gap_ns': gap_ns,
+                         'host_busy_share': round(host_busy_share, 4), 'main': main_name,
+                         'main_kind': main_kind, 'main_id': main_id}
+                        ORDER BY gap_ns DESC, start_ns)[1:$max_examples]) AS worst
+    FROM bound
+), run AS (
+    SELECT span_ns FROM runs WHERE run_id = $run_id
+)
+SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind, NULL::BIGINT AS item_id,
+       'host-bound stretches' AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       total_ns / span_ns AS value, 'share' AS value_unit, $min_share AS threshold,
+       total_ns AS est_loss_ns,
+       CASE WHEN total_ns / span_ns >= $error_share THEN 'error' END AS severity,
+       printf('every GPU idle while the host worked: %d stretch(es) of %s or more, %s in all (%s of the run''s '
+              || 'wall time, longest %s); most of it in %s',
+              n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns), fmt_ns(max_ns),
+              top_name) AS message,
+       'The bottleneck is on the host, not in any kernel: look at what the host runs in the stretches listed in the evidence. Load and preprocess data in background workers (DataLoader num_workers, pin_memory, prefetch_factor), move preprocessing to the GPU, and cut Python overhead between launches (torch.compile, CUDA graphs).' AS hint,
+       '{"stretches": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
+         || ', "max_ns": ' || max_ns || ', "run_span_ns": ' || span_ns
+         || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns
+         || ', "top_activity": ' || top_json || ', "worst": ' || worst || '}' AS evidence
+FROM summary, top, run, idle_total
+WHERE n > 0 AND total_ns >= $min_share * span_ns
+"""
+
+RULE = Rule(
+    id="T004",
+    name="host-bound",
+    title="Host-bound stretches: every GPU idle while the host works",
+    phase="timeline",
+    severity="warning",
+    what="Stretches of at least `min_stretch_ns` during which no GPU of the run has any work while "
+         "the host is busy (framework ops, NVTX or record_function ranges, API calls), with their "
+         "share of the run's wall time and what the host was doing in them.",
+    why="When every GPU waits and the host is working, the bottleneck is not in any kernel: data "
+        "loading, preprocessing, Python overhead or host-side bookkeeping decide the run's speed, "
+        "and optimizing kernels gains nothing until the host keeps the GPUs fed.",
+    how="GPU operations of all devices are merged into busy intervals; the gaps between them of at "
+        "least `min_stretch_ns` are GPU-idle stretches (time before the first and after the last "
+        "GPU operation is not counted). A stretch is host-bound when recorded host events cover at "
+        "least `min_host_busy_share` of it. The host activity of a stretch is the innermost event "
+        "(shortest) covering at least half of it (enclosing ranges such as `ProfilerStep#N` win "
+        "only when nothing finer does; `#N` suffixes are merged), else the event covering most of "
+        "it. The finding's value is the host-bound time as a share of the run's span (wall time); "
+        "it is reported at `min_share` and becomes an error at `error_share`. The estimated loss is "
+        "the host-bound time itself (an upper bound: the GPU could have worked through all of it).",
+    fix="Move data loading and preprocessing off the training thread (DataLoader workers, pinned "
+        "memory, prefetching), do preprocessing on the GPU, reduce per-step Python work "
+        "(torch.compile, CUDA graphs), avoid host-side bookkeeping between launches.",
+    requires="timed GPU operations and host events (framework ops, CPU ranges or API calls)",
+    applies_sql="SELECT (SELECT count(*) > 0 FROM gpu_activity WHERE run_id = $run_id) AND "
+                "((SELECT count(*) > 0 FROM cpu_ops WHERE run_id = $run_id) OR "
+                "(SELECT count(*) > 0 FROM api_calls WHERE run_id = $run_id) OR "
+                "(SELECT count(*) > 0 FROM ranges WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')))",
+    thresholds=(
+        Threshold("min_stretch_ns", 100000, "GPU-idle stretches shorter than this are left to T001 (100 us)."),
+        Threshold("min_host_busy_share", 0.5, "Share of a stretch that host events must cover for it to count as host-bound."),
+        Threshold("min_share", 0.05, "Host-bound time as a share of the run's wall time that is reported."),
+        Threshold("error_share", 0.25, "Share that makes an error."),
+        Threshold("max_examples", 5, "How many stretches and activities the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "Nsight Systems `nsys analyze` rules gpu_gaps and gpu_time_util",
+        "PyTorch performance tuning guide: 'Enable async data loading and augmentation'",
+        "Holistic Trace Analysis: idle time breakdown (host wait)",
+    ),
+)

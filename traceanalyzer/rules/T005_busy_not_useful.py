@@ -1,0 +1,229 @@
+"""T005 GPU busy versus useful: a device busy most of the time with work that uses little of it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..fmt import ns, pct
+from ._launches import launch_groups
+from .base import Rule, Threshold
+
+# Per device, the busy share and kernel time split by kernel size (timeline runs only).
+DEVICE_SQL = """
+SELECT b.device_id, b.busy_share, b.busy_ns, b.active_span_ns, b.first_start_ns, b.last_end_ns,
+       k.kernel_ns, k.kernels, k.tiny_ns, k.tiny_kernels
+FROM device_busy b
+LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns, count(*) AS kernels,
+                  coalesce(sum(end_ns - start_ns) FILTER (WHERE end_ns - start_ns < $tiny_kernel_ns), 0) AS tiny_ns,
+                  count(*) FILTER (WHERE end_ns - start_ns < $tiny_kernel_ns) AS tiny_kernels
+           FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL AND end_ns >= start_ns
+           GROUP BY device_id) k USING (device_id)
+WHERE b.run_id = $run_id
+ORDER BY b.device_id
+"""
+
+# Speed-of-light throughputs (% of peak): compute, then memory (DRAM when the combined one is missing).
+SOL_METRICS = ("sm__throughput.avg.pct_of_peak_sustained_elapsed",
+               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+
+# Nsight Compute runs: each launch's duration and speed-of-light throughputs.
+NCU_SQL = """
+SELECT k.kernel_id, k.device_id, coalesce(k.short_name, k.name) AS name,
+       max(m.value) FILTER (WHERE m.metric_id = 'gpu__time_duration.sum') AS duration_ns,
+       max(m.value) FILTER (WHERE m.metric_id = 'sm__throughput.avg.pct_of_peak_sustained_elapsed') AS sm_pct,
+       coalesce(max(m.value) FILTER (WHERE m.metric_id = 'gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed'),
+                max(m.value) FILTER (WHERE m.metric_id IN ('gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed',
+                                                           'dram__throughput.avg.pct_of_peak_sustained_elapsed'))) AS mem_pct
+FROM kernels k JOIN kernel_metrics m ON m.run_id = k.run_id AND m.kernel_id = k.kernel_id
+WHERE k.run_id = $run_id
+GROUP BY ALL
+HAVING sm_pct IS NOT NULL OR mem_pct IS NOT NULL
+ORDER BY k.kernel_id
+"""
+
+
+def _occupancy_estimates(store, run_id: str) -> pd.DataFrame:
+    """Per launch configuration: an estimated achieved occupancy (0..1) and kernel time.
+
+    Kineto's `est. achieved occupancy %` when the trace has it; otherwise the same quantity
+    from the occupancy calculator: theoretical occupancy x min(1, waves), i.e. resident warps
+    over the maximum, with a grid smaller than one wave filling only part of the SMs. When
+    the calculator lacks the device's limits but the SM count is known, the share of SMs the
+    grid can reach, min(1, blocks / SMs), stands in: an upper bound on occupancy.
+    """
+    g = launch_groups(store, run_id)
+    if g.empty:
+        return g
+    g = g[g["total_ns"].notna() & (g["total_ns"] > 0)].copy()
+    calc = g["theoretical"] * np.minimum(1.0, g["waves"])
+    fill = np.minimum(1.0, g["grid_blocks"] / g["sm_count"].where(g["sm_count"] > 0))
+    kineto = g["achieved"].where(g["achieved_source"] == "kineto-estimate")
+    g["estimate"] = kineto.fillna(calc).fillna(fill)
+    g["estimate_source"] = np.select([kineto.notna(), calc.notna(), fill.notna()],
+                                     ["kineto", "calculator", "sm-fill"], default=None)
+    g.loc[g["estimate"].isna(), "estimate_source"] = None
+    return g
+
+
+def _timeline(store, run_id: str, p: dict) -> list[dict]:
+    devices = store.sql(DEVICE_SQL, {"run_id": run_id, "tiny_kernel_ns": p["tiny_kernel_ns"]}).df()
+    groups = _occupancy_estimates(store, run_id)
+    rows = []
+    for d in devices.itertuples():
+        if (not d.busy_share >= p["min_busy_share"] or not d.kernel_ns > 0
+                or d.active_span_ns < p["min_active_span_ns"]):
+            continue
+        dev = groups[groups["device_id"] == d.device_id] if not groups.empty else groups
+        known = dev[dev["estimate"].notna()] if not dev.empty else dev
+        covered_ns = float(known["total_ns"].sum()) if not known.empty else 0.0
+        coverage = covered_ns / d.kernel_ns
+        tiny_share = d.tiny_ns / d.kernel_ns
+        base = {"device_id": int(d.device_id), "item_kind": "device", "item_id": int(d.device_id),
+                "start_ns": int(d.first_start_ns), "end_ns": int(d.last_end_ns)}
+        facts = {"busy_share": d.busy_share, "busy_ns": int(d.busy_ns), "active_span_ns": int(d.active_span_ns),
+                 "kernel_ns": int(d.kernel_ns), "kernels": int(d.kernels), "tiny_kernel_share": tiny_share,
+                 "tiny_kernels": int(d.tiny_kernels), "estimate_coverage": coverage}
+        busy = f"device {int(d.device_id)} is busy {pct(d.busy_share)} of its active span"
+        judged = False
+        if coverage >= p["min_estimate_coverage_share"]:
+            judged = True
+            occ = float((known["estimate"] * known["total_ns"]).sum() / covered_ns)
+            if occ < p["max_occupancy_share"]:
+                known = known.assign(idle_ns=known["total_ns"] * (1 - known["estimate"]))
+                worst = known.sort_values(["idle_ns", "first_id"], ascending=[False, True]).head(p["max_examples"])
+                sources = sorted(set(known["estimate_source"].dropna()))
+                rows.append({**base, "item_name": "busy, low estimated occupancy", "value": occ,
+                             "value_unit": "share", "threshold": p["max_occupancy_share"],
+                             "message": f"{busy}, but its kernels keep {'at most' if sources == ['sm-fill'] else 'about'} "
+                                        f"{pct(occ)} of its warp slots occupied (time-weighted estimated occupancy from "
+                                        f"{'/'.join(sources)}, over {ns(d.kernel_ns)} of kernels): busy is not efficient",
+                             "hint": "Most kernel time runs grids too small to fill the GPU or blocks the SMs can hold "
+                                     "few of: give kernels more blocks (batch work, split-K, smaller tiles) and see "
+                                     "B001/B002 for each kernel; confirm with ncu --section SpeedOfLight.",
+                             "evidence": {**facts, "estimated_occupancy": occ, "estimate": "time-weighted "
+                                          "estimated achieved occupancy (resident warps / max, grid fill included)",
+                                          "estimate_sources": sources,
+                                          "worst": [{"kernel": r.short_name, "first_kernel_id": int(r.first_id),
+                                                     "launches": int(r.launches), "kernel_ns": int(r.total_ns),
+                                                     "estimated_occupancy": r.estimate,
+                                                     "grid_blocks": _num(r.grid_blocks), "sm_count": _num(r.sm_count)}
+                                                    for r in worst.itertuples()]}})
+        if tiny_share >= p["min_tiny_share"]:
+            judged = True
+            rows.append({**base, "item_name": "busy with tiny kernels", "value": tiny_share, "value_unit": "share",
+                         "threshold": p["min_tiny_share"],
+                         "message": f"{busy}, but {pct(tiny_share)} of its kernel time is in {int(d.tiny_kernels)} "
+                                    f"kernels shorter than {ns(p['tiny_kernel_ns'])}, whose ramp-up and drain "
+                                    "dominate their run time: busy is not efficient",
+                         "hint": "Fuse the small kernels (torch.compile, fused optimizers, CUTLASS epilogues), batch "
+                                 "the work into fewer larger launches, or capture the sequence in a CUDA graph.",
+                         "evidence": facts})
+        if not judged and coverage < p["min_estimate_coverage_share"]:
+            rows.append({**base, "item_name": "busy, efficiency unknown", "value": d.busy_share,
+                         "value_unit": "share", "threshold": p["min_busy_share"], "severity": "info",
+                         "message": f"{busy}; this trace cannot tell how much of that is useful: it has no throughput "
+                                    f"counters, and no occupancy estimate (launch configuration or device limits "
+                                    f"missing) for {pct(1 - coverage)} of kernel time",
+                         "hint": "Busy is not efficient: profile the top kernels with Nsight Compute "
+                                 "(ncu --section SpeedOfLight --section Occupancy) to see how close they get to peak.",
+                         "evidence": facts})
+    return rows
+
+
+def _ncu(store, run_id: str, p: dict) -> list[dict]:
+    k = store.sql(NCU_SQL, {"run_id": run_id}).df()
+    if k.empty:
+        return []
+    k["sol_pct"] = k[["sm_pct", "mem_pct"]].max(axis=1)
+    k["weight"] = k["duration_ns"].fillna(1.0)  # unweighted when durations were not collected
+    rows = []
+    for device, part in k.groupby(k["device_id"].fillna(-1), sort=True):
+        sol = float((part["sol_pct"] * part["weight"]).sum() / part["weight"].sum())
+        if sol >= p["max_sol_pct"]:
+            continue
+        low = part[part["sol_pct"] < p["max_sol_pct"]]
+        part = part.assign(idle=part["weight"] * (100 - part["sol_pct"]))
+        worst = part.sort_values(["idle", "kernel_id"], ascending=[False, True]).head(p["max_examples"])
+        dev = None if device == -1 else int(device)
+        timed = bool(part["duration_ns"].notna().all())
+        rows.append({
+            "device_id": dev, "item_kind": "kernel", "item_id": int(worst.iloc[0]["kernel_id"]),
+            "item_name": "profiled kernels below peak", "value": sol, "value_unit": "pct",
+            "threshold": p["max_sol_pct"],
+            "message": f"profiled kernels{'' if dev is None else f' on device {dev}'} reach {sol:.1f}% of peak "
+                       f"throughput ({'time-weighted ' if timed else ''}max of compute and memory speed of light, "
+                       f"{len(part)} launches; {len(low)} below {p['max_sol_pct']:g}%): the GPU is busy "
+                       "with work that uses little of it",
+            "hint": "Neither compute nor memory is near its limit, so latency dominates: expose more parallelism "
+                    "(grid size, occupancy, independent instructions) and see the warp-stall and occupancy findings "
+                    "for these kernels.",
+            "evidence": {"sol_pct": sol, "launches": len(part), "launches_below": len(low),
+                         "weighted_by": "duration" if timed else "launch",
+                         "kernel_ns": float(part["duration_ns"].sum()) if timed else None,
+                         "worst": [{"kernel_id": int(r.kernel_id), "kernel": r.name, "duration_ns": _num(r.duration_ns),
+                                    "sm_pct": _num(r.sm_pct), "memory_pct": _num(r.mem_pct)}
+                                   for r in worst.itertuples()]},
+        })
+    return rows
+
+
+def _num(x):
+    return None if x is None or x != x else float(x)
+
+
+def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    return pd.DataFrame(_timeline(store, run_id, p) + _ncu(store, run_id, p))
+
+
+RULE = Rule(
+    id="T005",
+    name="busy-not-useful",
+    title="GPU busy, but not with useful work",
+    phase="timeline",
+    severity="warning",
+    what="Devices busy most of their active span (`device_busy.busy_share`) whose kernels use little "
+         "of the GPU: low estimated occupancy or mostly tiny kernels on a timeline, low speed-of-light "
+         "throughput in Nsight Compute data; and busy devices whose efficiency the trace cannot judge.",
+    why="Utilization counts time with any kernel running, not how much of the GPU the kernel uses: a "
+        "one-block kernel keeps a device 100 % busy on one SM. A high busy share hides this waste, "
+        "and it is the common reason a 'fully utilized' GPU is still slow.",
+    how="Timeline runs (nsys, Kineto): devices with busy share >= `min_busy_share` and an active span of at least "
+        "`min_active_span_ns` are judged by "
+        "(a) the time-weighted estimated achieved occupancy of their kernels (Kineto's `est. achieved "
+        "occupancy %` when present; otherwise the occupancy calculator's theoretical occupancy x "
+        "min(1, waves), the same quantity: resident warps over the maximum, small grids counting as "
+        "partial fill; without the device's limits, the SM fill min(1, blocks / SMs), an upper "
+        "bound), reported below `max_occupancy_share` when launch data covers at least "
+        "`min_estimate_coverage_share` of kernel time; and (b) the share of kernel time in kernels "
+        "shorter than `tiny_kernel_ns`, reported at `min_tiny_share`. Occupancy is an estimate of "
+        "the GPU's resources in use, not of throughput. A busy device with neither kind of data "
+        "gets an info finding saying so. Nsight Compute runs (no timeline, so no busy share): the "
+        "launches' max(SM, memory) speed-of-light throughput, weighted by duration, is reported "
+        "below `max_sol_pct` (NVIDIA SOLBottleneck's latency-bound threshold). No loss is estimated "
+        "here: the per-kernel rules (B001, B002, I001) estimate it.",
+    fix="Give kernels enough blocks and resident warps to fill the GPU, fuse tiny kernels, and "
+        "profile the top kernels with Nsight Compute to see which limit they hit.",
+    requires="timed kernels (busy share), or Nsight Compute speed-of-light metrics",
+    applies_sql="SELECT (SELECT count(*) > 0 FROM device_busy WHERE run_id = $run_id) OR "
+                "(SELECT count(*) > 0 FROM kernel_metrics WHERE run_id = $run_id AND metric_id IN ("
+                + ", ".join(f"'{m}'" for m in SOL_METRICS) + "))",
+    thresholds=(
+        Threshold("min_busy_share", 0.7, "Devices busy at least this share of their active span are judged."),
+        Threshold("min_active_span_ns", 1000000, "Devices active for less than this (first to last operation) are not judged (1 ms)."),
+        Threshold("max_occupancy_share", 0.25, "Time-weighted estimated occupancy below this is reported."),
+        Threshold("min_estimate_coverage_share", 0.5, "Share of kernel time that needs an occupancy estimate to judge by it."),
+        Threshold("tiny_kernel_ns", 10000, "Kernels shorter than this count as tiny (10 us)."),
+        Threshold("min_tiny_share", 0.5, "Share of kernel time in tiny kernels that is reported."),
+        Threshold("max_sol_pct", 60.0, "Nsight Compute: time-weighted speed of light below this is reported (NVIDIA latency-bound threshold 60%)."),
+        Threshold("max_examples", 5, "How many kernels the evidence lists."),
+    ),
+    evaluate=evaluate,
+    references=(
+        "Nsight Compute SpeedOfLight section rule SOLBottleneck (80 / 60 thresholds)",
+        "Nsight Systems `nsys analyze` rule gpu_time_util (time utilization, not SM utilization)",
+        "Kineto kernel args: 'est. achieved occupancy %'",
+    ),
+)

@@ -1,0 +1,223 @@
+"""T006 copy hygiene: small copies that could be one, pageable device-to-host copies, and
+device-to-host copies the host waits on (the `.item()` pattern), per step."""
+
+from .base import Rule, Threshold
+
+SQL = r"""
+WITH cp AS (
+    SELECT copy_id, device_id, stream_id, start_ns, end_ns, end_ns - start_ns AS dur_ns, direction, bytes,
+           src_kind, dst_kind, api_name, launch_call_id, pid, tid
+    FROM copies
+    WHERE run_id = $run_id AND start_ns IS NOT NULL AND end_ns >= start_ns AND NOT coalesce(unified_memory, false)
+), rates AS (  -- the run's best rate on a large copy, per direction (bytes per ns)
+    SELECT direction, max(bytes / dur_ns) FILTER (WHERE dst_kind IS DISTINCT FROM 'pageable'
+                                                  AND src_kind IS DISTINCT FROM 'pageable') AS pinned_bytes_per_ns,
+           max(bytes / dur_ns) AS bytes_per_ns
+    FROM cp WHERE bytes >= 1048576 AND dur_ns > 0 GROUP BY direction
+), steps AS (  -- iteration ranges: ProfilerStep#N when the trace has them, else NVTX/annotations named like a step
+    SELECT range_id, name, start_ns, end_ns FROM ranges
+    WHERE run_id = $run_id AND kind IN ('user_annotation', 'nvtx') AND end_ns > start_ns
+      AND (name LIKE 'ProfilerStep#%'
+           OR (regexp_matches(name, '(?i)(^|[^a-z])(step|iteration|iter)([^a-z]|$)')
+               AND NOT EXISTS (SELECT 1 FROM ranges r WHERE r.run_id = $run_id AND r.name LIKE 'ProfilerStep#%')))
+),
+-- 1. small copies outside the back-to-back host-to-device batches T002 reports
+h2d_runs AS (
+    SELECT *, sum(CASE WHEN prev_end IS NULL OR start_ns - prev_end > $max_batch_gap_ns OR NOT prev_small
+                       THEN 1 ELSE 0 END)
+              OVER (PARTITION BY device_id, stream_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS batch
+    FROM (SELECT *, lag(end_ns) OVER w AS prev_end, lag(bytes < $small_copy_bytes) OVER w AS prev_small
+          FROM cp WHERE direction = 'HtoD' WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns))
+    WHERE bytes < $small_copy_bytes
+), t002_batched AS (
+    SELECT copy_id FROM (SELECT copy_id, count(*) OVER (PARTITION BY device_id, stream_id, batch) AS n FROM h2d_runs)
+    WHERE n >= $min_batch_count
+), small AS (
+    SELECT c.device_id, c.direction, count(*) AS n, sum(c.bytes) AS bytes, sum(c.dur_ns) AS dur_ns,
+           count(DISTINCT c.stream_id) AS streams, min(c.copy_id) AS first_id,
+           arg_max(c.copy_id, (c.dur_ns, -c.copy_id)) AS worst_id,
+           arg_max(c.start_ns, (c.dur_ns, -c.copy_id)) AS worst_start,
+           arg_max(c.end_ns, (c.dur_ns, -c.copy_id)) AS worst_end,
+           (SELECT count(*) FROM steps) AS n_steps,
+           any_value(coalesce(r.pinned_bytes_per_ns, r.bytes_per_ns)) AS best_rate,
+           to_json(list({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
+                         'stream_id': c.stream_id} ORDER BY c.dur_ns DESC, c.copy_id)[1:$max_examples]) AS worst
+    FROM cp c LEFT JOIN rates r USING (direction)
+    WHERE c.bytes < $small_copy_bytes AND c.copy_id NOT IN (SELECT copy_id FROM t002_batched)
+    GROUP BY c.device_id, c.direction HAVING count(*) >= $min_small_count
+),
+-- 2. device-to-host copies into pageable memory
+pageable AS (
+    SELECT c.device_id, count(*) AS n, sum(c.bytes) AS bytes, sum(c.dur_ns) AS dur_ns,
+           count(*) FILTER (WHERE c.api_name ILIKE '%async%') AS n_async,
+           arg_max(c.copy_id, (c.dur_ns, -c.copy_id)) AS worst_id,
+           arg_max(c.start_ns, (c.dur_ns, -c.copy_id)) AS worst_start,
+           arg_max(c.end_ns, (c.dur_ns, -c.copy_id)) AS worst_end,
+           -- time beyond what the run's best pinned device-to-host rate would take
+           CAST(sum(CASE WHEN r.pinned_bytes_per_ns > 0 THEN greatest(c.dur_ns - c.bytes / r.pinned_bytes_per_ns, 0) END) AS BIGINT) AS extra_ns,
+           to_json(list({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
+                         'api_name': c.api_name} ORDER BY c.dur_ns DESC, c.copy_id)[1:$max_examples]) AS worst
+    FROM cp c LEFT JOIN rates r USING (direction)
+    WHERE c.direction = 'DtoH' AND c.dst_kind = 'pageable'
+    GROUP BY c.device_id
+),
+-- 3. device-to-host copies the host waits for: a synchronous call, an async call that only
+--    returned after the copy ended (pageable), or a sync call right after on the same thread
+d2h AS (
+    SELECT c.*, a.name AS call_name, a.start_ns AS call_start, a.end_ns AS call_end
+    FROM cp c JOIN api_calls a ON a.run_id = $run_id AND a.call_id = c.launch_call_id
+    WHERE c.direction = 'DtoH'
+), sync_calls AS (
+    SELECT name, pid, tid, start_ns, end_ns FROM api_calls
+    WHERE run_id = $run_id AND name ILIKE '%synchronize%'
+), waited AS (
+    SELECT d.*, s.name AS next_sync_name, s.end_ns AS next_sync_end,
+           CASE WHEN d.call_name NOT ILIKE '%async%' THEN 'synchronous call'
+                WHEN d.call_end >= d.end_ns THEN 'blocking async call'
+                WHEN s.start_ns - d.call_end <= $max_sync_delay_ns AND s.end_ns >= d.end_ns THEN 'sync after'
+           END AS how_waited
+    FROM d2h d ASOF LEFT JOIN sync_calls s
+      ON s.pid IS NOT DISTINCT FROM d.pid AND s.tid IS NOT DISTINCT FROM d.tid AND s.start_ns >= d.call_end
+), serial AS (
+    SELECT *, CASE WHEN how_waited = 'sync after' THEN next_sync_end ELSE call_end END AS wait_end,
+           CASE WHEN how_waited = 'sync after' THEN next_sync_name END AS sync_name
+    FROM waited WHERE how_waited IS NOT NULL
+), busy AS (
+    SELECT device_id, start_ns, end_ns FROM device_busy_intervals WHERE run_id = $run_id
+), serial_idle AS (  -- GPU idle from the end of the wait to the device's next operation
+    SELECT s.*, greatest(b.start_ns - s.wait_end, 0) AS idle_after_ns,
+           least(s.wait_end - s.call_start, greatest(b.start_ns - s.wait_end, 0)) AS hideable_ns
+    FROM serial s ASOF LEFT JOIN busy b ON b.device_id = s.device_id AND b.end_ns > s.wait_end
+), serial_step AS (
+    SELECT s.*, st.range_id AS step_id
+    FROM serial_idle s ASOF LEFT JOIN steps st ON st.start_ns <= s.call_start
+), serial_dev AS (
+    SELECT s.device_id, count(*) AS n, sum(s.bytes) AS bytes,
+           -- no more idle can be hidden than the host spent waiting (an upper bound, as in T003)
+           least(sum(s.wait_end - s.call_start), coalesce(sum(s.idle_after_ns), 0)) AS loss_ns,
+           coalesce(sum(s.idle_after_ns), 0) AS idle_ns, sum(s.wait_end - s.call_start) AS wait_ns,
+           (SELECT count(*) FROM steps) AS n_steps,
+           count(*) FILTER (WHERE st.range_id IS NOT NULL AND s.call_start <= st.end_ns) AS n_in_steps,
+           count(DISTINCT st.range_id) FILTER (WHERE s.call_start <= st.end_ns) AS steps_with,
+           to_json(map_from_entries(list(DISTINCT (s.how_waited, n_how)))) AS how_counts,
+           arg_max(s.copy_id, (coalesce(s.hideable_ns, 0), s.wait_end - s.call_start, -s.copy_id)) AS worst_id,
+           arg_max(s.call_start, (coalesce(s.hideable_ns, 0), s.wait_end - s.call_start, -s.copy_id)) AS worst_start,
+           arg_max(s.wait_end + coalesce(s.idle_after_ns, 0),
+                   (coalesce(s.hideable_ns, 0), s.wait_end - s.call_start, -s.copy_id)) AS worst_end,
+           to_json(list({'copy_id': s.copy_id, 'bytes': s.bytes, 'call': s.call_name, 'how': s.how_waited,
+                         'sync_call': s.sync_name, 'call_start_ns': s.call_start, 'wait_end_ns': s.wait_end,
+                         'idle_after_ns': s.idle_after_ns,
+                         'step': CASE WHEN s.call_start <= st.end_ns THEN st.name END}
+                        ORDER BY coalesce(s.hideable_ns, 0) DESC, s.copy_id)[1:$max_examples]) AS worst
+    FROM (SELECT *, count(*) OVER (PARTITION BY device_id, how_waited) AS n_how FROM serial_step) s
+    LEFT JOIN steps st ON st.range_id = s.step_id
+    GROUP BY s.device_id
+), per_step AS (
+    SELECT device_id, max(k) AS max_per_step FROM (
+        SELECT s.device_id, s.step_id, count(*) AS k FROM serial_step s JOIN steps st ON st.range_id = s.step_id
+        WHERE s.call_start <= st.end_ns GROUP BY ALL) GROUP BY device_id
+), spans AS (
+    SELECT device_id, active_span_ns FROM device_busy WHERE run_id = $run_id
+)
+SELECT s.device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, s.worst_id AS item_id,
+       'small ' || s.direction || ' copies' AS item_name, s.worst_start AS start_ns, s.worst_end AS end_ns,
+       s.n AS value, 'copies' AS value_unit, $min_small_count AS threshold,
+       CAST(greatest(s.dur_ns - coalesce(s.bytes / nullif(s.best_rate, 0), 0), 0) AS BIGINT) AS est_loss_ns,
+       NULL AS severity,
+       printf('device %d: %d %s copies under %s (%s in all) took %s%s; each pays a fixed setup cost',
+              s.device_id, s.n, s.direction, fmt_bytes($small_copy_bytes), fmt_bytes(s.bytes), fmt_ns(s.dur_ns),
+              CASE WHEN s.n_steps > 0 THEN printf(', %.1f per step', s.n / s.n_steps) ELSE '' END) AS message,
+       CASE WHEN s.direction = 'DtoH'
+            THEN 'Gather the values on the GPU (torch.stack/cat, one buffer) and copy them to the host once per step, into pinned memory.'
+            ELSE 'Pack the small buffers into one contiguous (pinned, for host memory) buffer and copy once; for device-to-device copies, fuse them into the producing kernel or use a single batched copy.'
+       END AS hint,
+       '{"copies": ' || s.n || ', "direction": "' || s.direction || '", "bytes": ' || s.bytes
+         || ', "copy_ns": ' || s.dur_ns || ', "streams": ' || s.streams || ', "steps": ' || s.n_steps
+         || ', "best_bytes_per_ns": ' || coalesce(s.best_rate, 0) || ', "worst": ' || s.worst || '}' AS evidence
+FROM small s
+UNION ALL
+SELECT p.device_id, NULL, 'copy', p.worst_id, 'pageable DtoH copies', p.worst_start, p.worst_end,
+       p.n, 'copies', $min_pageable_count, p.extra_ns, NULL,
+       printf('device %d: %d device-to-host copies (%s, %s) went to pageable host memory%s: the driver stages '
+              || 'them through a pinned buffer and the call blocks the host until the copy is done',
+              p.device_id, p.n, fmt_bytes(p.bytes), fmt_ns(p.dur_ns),
+              CASE WHEN p.n_async > 0 THEN printf(', %d of them through an Async call that cannot be asynchronous', p.n_async)
+                   ELSE '' END),
+       'Copy into pinned host memory (tensor.to("cpu", non_blocking=True) into a pin_memory() buffer, cudaHostAlloc) so the copy can run asynchronously, and read it only after an event says it is done.',
+       '{"copies": ' || p.n || ', "bytes": ' || p.bytes || ', "copy_ns": ' || p.dur_ns
+         || ', "async_calls": ' || p.n_async || ', "extra_ns": ' || coalesce(CAST(p.extra_ns AS VARCHAR), 'null')
+         || ', "worst": ' || p.worst || '}'
+FROM pageable p WHERE p.n >= $min_pageable_count
+UNION ALL
+SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', d.worst_start, d.worst_end,
+       d.loss_ns / nullif(sp.active_span_ns, 0), 'share', $min_share, d.loss_ns,
+       CASE WHEN d.loss_ns / nullif(sp.active_span_ns, 0) >= $error_share THEN 'error' END,
+       printf('device %d: the host waited for %d device-to-host copies (%s waiting)%s; the GPU then sat idle %s, '
+              || '%s of it (%s of the device''s active span) hideable had the host not waited',
+              d.device_id, d.n, fmt_ns(d.wait_ns),
+              CASE WHEN d.n_steps > 0 THEN printf(', %d in %d of %d steps (up to %d per step)', d.n_in_steps,
+                                                  d.steps_with, d.n_steps, coalesce(ps.max_per_step, 0))
+                   ELSE '' END,
+              fmt_ns(d.idle_ns), fmt_ns(d.loss_ns), fmt_pct(d.loss_ns / nullif(sp.active_span_ns, 0))),
+       'Each of these reads a GPU value on the host (.item(), .cpu(), .tolist(), printing or branching on a tensor) and drains the GPU queue: keep such values on the GPU, read them every N steps, or copy them non_blocking into pinned memory and read after an event.',
+       '{"copies": ' || d.n || ', "bytes": ' || d.bytes || ', "wait_ns": ' || d.wait_ns || ', "idle_after_ns": ' || d.idle_ns
+         || ', "loss_ns": ' || d.loss_ns || ', "steps": ' || d.n_steps || ', "copies_in_steps": ' || d.n_in_steps
+         || ', "steps_with_copies": ' || d.steps_with || ', "max_per_step": ' || coalesce(ps.max_per_step, 0)
+         || ', "how": ' || d.how_counts || ', "worst": ' || d.worst || '}'
+FROM serial_dev d LEFT JOIN spans sp USING (device_id) LEFT JOIN per_step ps USING (device_id)
+WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
+ORDER BY 5, 1
+"""
+
+RULE = Rule(
+    id="T006",
+    name="copy-hygiene",
+    title="Copy hygiene: small copies, pageable device-to-host copies, copies the host waits on",
+    phase="timeline",
+    severity="warning",
+    what="Beyond T002 (host-to-device overlap and batches): many small copies in any direction that "
+         "could be merged; device-to-host copies into pageable memory; and device-to-host copies the "
+         "host waits for (the `.item()` / `.cpu()` pattern), counted per step when the trace has step "
+         "ranges (ProfilerStep#N, else NVTX/annotations named like a step or iteration).",
+    why="Every copy pays a fixed setup cost, so many tiny copies move little data slowly. A copy into "
+        "pageable memory cannot be asynchronous: the driver stages it through a pinned buffer and the "
+        "call blocks. A device-to-host copy the host waits for drains the GPU's queue, so every such "
+        "read per step leaves the GPU idle until the host launches again.",
+    how="Small copies: copies under `small_copy_bytes` (not unified memory), per device and direction, "
+        "leaving out host-to-device copies in the back-to-back batches T002 reports (same batch "
+        "settings); reported at `min_small_count`; estimated loss = their time minus their bytes at "
+        "the run's best large-copy rate in that direction. Pageable: device-to-host copies whose "
+        "destination is pageable, reported at `min_pageable_count`; estimated loss = their time "
+        "beyond the run's best pinned device-to-host rate (NULL when the run has no large pinned "
+        "copy). Waited-on copies: a device-to-host copy made by a non-Async call, by an Async call "
+        "that returned only after the copy ended, or followed on the same thread by a "
+        "`*Synchronize*` call starting within `max_sync_delay_ns` and ending after the copy; the wait "
+        "runs from the copy call's start to the end of that call. The GPU idle after a wait is the "
+        "time to the device's next operation; the estimated loss is min(total wait, total idle "
+        "after), the idle the host could have hidden had it not waited (an upper bound; T003 counts "
+        "the same sync calls by name). Reported when the loss exceeds `min_loss_ns` and `min_share` of the device's active "
+        "span; an error from `error_share`.",
+    fix="Merge small copies into one buffer; use pinned host memory for device-to-host copies; keep "
+        "values on the GPU and read them rarely, asynchronously, after an event.",
+    requires="timed copies (device-to-host copies for the waiting check, with their API calls)",
+    applies_sql="SELECT count(*) > 0 FROM copies WHERE run_id = $run_id AND start_ns IS NOT NULL",
+    thresholds=(
+        Threshold("small_copy_bytes", 65536, "Copies under this size count as small (as in T002)."),
+        Threshold("min_small_count", 20, "Small copies per device and direction that are reported."),
+        Threshold("max_batch_gap_ns", 100000, "As T002: small host-to-device copies this close on a stream form a batch (left to T002)."),
+        Threshold("min_batch_count", 10, "As T002: batches of at least this many small host-to-device copies are left to T002."),
+        Threshold("min_pageable_count", 1, "Pageable device-to-host copies per device that are reported."),
+        Threshold("max_sync_delay_ns", 100000, "A sync call starting this soon after a device-to-host copy call waits for it (100 us)."),
+        Threshold("min_loss_ns", 20000, "Waited-on copies are reported when their estimated loss exceeds this (20 us)..."),
+        Threshold("min_share", 0.01, "...and this share of the device's active span."),
+        Threshold("error_share", 0.25, "Share that makes the waited-on copies an error."),
+        Threshold("max_examples", 5, "How many copies the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "Nsight Systems `nsys analyze` rules cuda_memcpy_async (pageable memory) and cuda_memcpy_sync",
+        "CUDA Runtime API: 'API synchronization behavior' (pageable memory makes Async copies synchronous)",
+        "PyTorch performance tuning guide: 'Avoid unnecessary CPU-GPU synchronization'",
+    ),
+)

@@ -1,0 +1,121 @@
+"""T007 communication overlap: collective kernels that run with no compute beside them."""
+
+from .base import Rule, Threshold
+
+# Kernel names of collectives: NCCL/RCCL kernels and the usual custom all-reduce kernels.
+COMM_PATTERN = (r"(?i)(nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?reduce|all_?gather|"
+                r"reduce_?scatter|all_?to_?all)")
+
+SQL = r"""
+WITH k AS (
+    SELECT kernel_id, device_id, stream_id, start_ns, end_ns, name, coalesce(short_name, name) AS short_name,
+           regexp_matches(name, '__COMM__') AS is_comm
+    FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL AND end_ns > start_ns
+), islands AS (  -- disjoint busy intervals per device, separately for collectives and compute
+    SELECT device_id, is_comm, isl, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM (
+        SELECT *, sum(CASE WHEN prev_end IS NULL OR start_ns > prev_end THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY device_id, is_comm ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS isl
+        FROM (SELECT device_id, is_comm, start_ns, end_ns,
+                     max(end_ns) OVER (PARTITION BY device_id, is_comm ORDER BY start_ns, end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+              FROM k))
+    GROUP BY ALL
+), overlap AS (  -- collective time with some compute kernel running on the same device
+    SELECT c.device_id, sum(least(c.end_ns, x.end_ns) - greatest(c.start_ns, x.start_ns)) AS overlap_ns
+    FROM islands c JOIN islands x
+      ON x.device_id = c.device_id AND c.is_comm AND NOT x.is_comm
+     AND x.start_ns < c.end_ns AND x.end_ns > c.start_ns
+    GROUP BY c.device_id
+), per_kernel AS (
+    SELECT k.*, k.end_ns - k.start_ns - coalesce((
+               SELECT sum(least(k.end_ns, x.end_ns) - greatest(k.start_ns, x.start_ns)) FROM islands x
+               WHERE x.device_id = k.device_id AND NOT x.is_comm AND x.start_ns < k.end_ns AND x.end_ns > k.start_ns), 0)
+           AS exposed_ns
+    FROM k WHERE is_comm
+), by_name AS (
+    SELECT device_id, to_json(list({'kernel': short_name, 'launches': n, 'ns': ns, 'exposed_ns': exposed}
+                                   ORDER BY exposed DESC, short_name)[1:$max_examples]) AS names
+    FROM (SELECT device_id, short_name, count(*) AS n, sum(end_ns - start_ns) AS ns, sum(exposed_ns) AS exposed
+          FROM per_kernel GROUP BY ALL)
+    GROUP BY device_id
+), per_device AS (
+    SELECT p.device_id, count(*) AS n, count(DISTINCT p.stream_id) AS streams,
+           arg_max(p.kernel_id, (p.exposed_ns, -p.start_ns)) AS worst_id,
+           arg_max(p.start_ns, (p.exposed_ns, -p.start_ns)) AS worst_start,
+           arg_max(p.end_ns, (p.exposed_ns, -p.start_ns)) AS worst_end,
+           to_json(list({'kernel_id': p.kernel_id, 'kernel': p.short_name, 'stream_id': p.stream_id,
+                         'start_ns': p.start_ns, 'end_ns': p.end_ns, 'exposed_ns': p.exposed_ns}
+                        ORDER BY p.exposed_ns DESC, p.start_ns)[1:$max_examples]) AS worst
+    FROM per_kernel p GROUP BY p.device_id
+), totals AS (
+    SELECT i.device_id, sum(i.end_ns - i.start_ns) AS comm_ns, coalesce(any_value(o.overlap_ns), 0) AS overlap_ns
+    FROM islands i LEFT JOIN overlap o USING (device_id) WHERE i.is_comm GROUP BY i.device_id
+), scored AS (
+    SELECT d.*, t.comm_ns, t.comm_ns - t.overlap_ns AS exposed_ns, b.active_span_ns, n.names,
+           r.rank, r.world_size
+    FROM per_device d JOIN totals t USING (device_id) JOIN by_name n USING (device_id)
+    JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
+    JOIN runs r ON r.run_id = $run_id
+)
+SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_id AS item_id,
+       'exposed communication' AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       exposed_ns / active_span_ns AS value, 'share' AS value_unit, $min_share AS threshold,
+       exposed_ns AS est_loss_ns,
+       CASE WHEN exposed_ns / active_span_ns >= $error_share THEN 'error' END AS severity,
+       printf('%sdevice %d: %s of %s collective kernel time (%d launches) ran with no compute kernel beside it: '
+              || '%s exposed, %s of the device''s active span',
+              CASE WHEN rank IS NULL THEN '' ELSE printf('rank %d%s, ', rank,
+                   CASE WHEN world_size IS NULL THEN '' ELSE '/' || world_size END) END,
+              device_id, fmt_pct(exposed_ns / comm_ns), fmt_ns(comm_ns), n, fmt_ns(exposed_ns),
+              fmt_pct(exposed_ns / active_span_ns)) AS message,
+       'Overlap communication with computation: launch collectives asynchronously on their own stream as soon as their inputs are ready (DDP gradient bucketing: tune bucket_cap_mb; FSDP: forward/backward prefetch; async_op=True and wait late), and check the other ranks (T008) when the time is waiting for a straggler.' AS hint,
+       '{"collective_launches": ' || n || ', "collective_ns": ' || comm_ns || ', "exposed_ns": ' || exposed_ns
+         || ', "active_span_ns": ' || active_span_ns || ', "streams": ' || streams
+         || ', "rank": ' || coalesce(CAST(rank AS VARCHAR), 'null') || ', "world_size": '
+         || coalesce(CAST(world_size AS VARCHAR), 'null') || ', "by_kernel": ' || names
+         || ', "worst": ' || worst || '}' AS evidence
+FROM scored
+WHERE exposed_ns > $min_exposed_ns AND exposed_ns >= $min_share * active_span_ns
+ORDER BY device_id
+""".replace("__COMM__", COMM_PATTERN)
+
+RULE = Rule(
+    id="T007",
+    name="exposed-communication",
+    title="Collective communication not overlapped with compute",
+    phase="timeline",
+    severity="warning",
+    what="Per device (and rank, when the trace says it), the time collective kernels (NCCL/RCCL "
+         "`ncclKernel_*`/`ncclDevKernel_*`, custom all-reduce kernels) run while no compute kernel runs "
+         "on the same device: exposed communication.",
+    why="A collective that runs alone stalls the step: the GPU only moves data. Data-parallel and "
+        "sharded training hide most communication behind the backward pass or the next layer's "
+        "compute; exposed communication is time that better bucketing, prefetching or stream use "
+        "can win back, or time spent waiting for a slower rank.",
+    how="Kernels whose name matches the collective pattern (nccl, rccl, all_reduce/allreduce, "
+        "all_gather, reduce_scatter, all_to_all, multimem_all_reduce, cross_device_reduce) are "
+        "merged into disjoint intervals per device, and so are all other kernels (compute; copies "
+        "do not count as compute). Exposed time = collective time minus its overlap with compute. "
+        "One finding per device when exposed time exceeds `min_exposed_ns` and `min_share` of the "
+        "device's active span; an error from `error_share`. The estimated loss is the exposed time: "
+        "an upper bound, since part of it may be waiting for other ranks (see T008) or have no "
+        "independent compute to hide behind.",
+    fix="Issue collectives asynchronously on a dedicated stream as early as their inputs allow "
+        "(DDP bucketing, FSDP prefetch, overlapped tensor parallelism) and balance work across ranks.",
+    requires="timed collective (NCCL/RCCL) kernels",
+    applies_sql="SELECT count(*) > 0 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL "
+                "AND regexp_matches(name, '" + COMM_PATTERN + "')",
+    thresholds=(
+        Threshold("min_exposed_ns", 100000, "A device's exposed collective time must exceed this (100 us)."),
+        Threshold("min_share", 0.05, "...and this share of the device's active span."),
+        Threshold("error_share", 0.25, "Share that makes an error."),
+        Threshold("max_examples", 5, "How many kernels and collective names the evidence lists."),
+    ),
+    sql=SQL,
+    formats=("nsys-sqlite", "kineto-json"),
+    references=(
+        "Nsight Systems recipe nccl_gpu_overlap_trace (compute vs nccl kernel overlap)",
+        "Holistic Trace Analysis: comm/comp overlap",
+        "PyTorch DDP: gradient bucketing and communication overlap",
+    ),
+)

@@ -1,0 +1,385 @@
+"""Batch scan: every trace under some paths, parsed and checked in parallel, stored by one writer.
+
+How the work is split, and why:
+
+* A worker (a process of a local pool, or a dask worker, see `distributed.py`) does all the
+  per-file work: it hashes the file, skips it when the store already holds that content with
+  findings for the current rules, parses it, and evaluates the per-run rules on a scratch
+  in-memory DuckDB holding only that run. It returns the parsed tables and the findings
+  (Arrow tables pickle cheaply). Rules, not parsing, dominate the cost of a small trace, so
+  they must run in the workers for `--jobs` to pay.
+* The main process is the only writer (DuckDB allows one per file): it stores each run and
+  its findings as results arrive, so an interrupted scan keeps everything finished so far and
+  a rerun does only what is left.
+* Cross-run rules (scope "runs") need every run at once; they run in the main process after
+  the files are stored, on the store itself.
+
+Per-run rules give the same findings on a one-run scratch store as on the full store: they
+only see `$run_id`, and the run row (file name, used in fingerprints) is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Collection, Iterable, Iterator
+
+import pandas as pd
+import pyarrow as pa
+
+from .ingest import TraceError, find_traces, read_file
+from .rules.engine import Settings, run_rules
+from .store import Store, file_hash, run_id_for
+
+# Results waiting to be written, per worker: enough to keep workers busy while the writer
+# stores one run, few enough that big traces do not pile up in memory.
+IN_FLIGHT_PER_WORKER = 2
+
+
+def default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# -- what a worker does ---------------------------------------------------------------
+
+@dataclass
+class WorkContext:
+    """What every worker needs besides the path: shipped once per worker, not per file."""
+
+    known_hashes: frozenset[str]  # content already stored with current findings: skip
+    settings: Settings | None  # None: store runs without evaluating rules
+    duckdb_threads: int | None = None  # for the scratch store (None: DuckDB's default)
+
+
+@dataclass
+class FileOutcome:
+    """A worker's answer for one file. Exactly one of trace / skipped / error is set."""
+
+    path: str  # absolute path as the worker saw it (the run's source_path)
+    size_bytes: int = 0
+    content_hash: str | None = None
+    trace: object | None = None  # ParsedTrace
+    findings: pa.Table | None = None  # per-run rules' findings (no run_id column)
+    rule_runs: pa.Table | None = None  # their outcomes (no run_id column)
+    rule_ids: list[str] = field(default_factory=list)  # the per-run rules evaluated
+    skipped: bool = False
+    error: str | None = None  # one line
+    internal: bool = False  # the error is a bug in traceanalyzer, not a bad file
+    detail: str | None = None  # traceback text of an internal error
+    work_s: float = 0.0
+
+
+def per_run_settings(settings: Settings) -> Settings | None:
+    """The per-run part of the rule selection; None when it selects nothing."""
+    ids = [r.id for r in settings.rules() if r.scope == "run"]
+    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
+
+
+def cross_run_settings(settings: Settings) -> Settings | None:
+    ids = [r.id for r in settings.rules() if r.scope == "runs"]
+    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
+
+
+_local = threading.local()  # one scratch store per worker thread (DuckDB connections are not shared)
+
+
+def _scratch_store(threads: int | None) -> Store:
+    st = getattr(_local, "store", None)
+    if st is None:
+        st = _local.store = Store(":memory:")
+        if threads:
+            st.sql(f"SET threads = {int(threads)}")
+    return st
+
+
+def process_file(path: str, ctx: WorkContext) -> FileOutcome:
+    """Hash, skip-or-parse, and evaluate the per-run rules of one file. Never raises."""
+    t0 = time.perf_counter()
+    out = FileOutcome(path=path)
+    try:
+        p = Path(path)
+        out.size_bytes = p.stat().st_size
+        out.content_hash = file_hash(p)
+        if out.content_hash in ctx.known_hashes:
+            out.skipped = True
+            return out
+        trace = read_file(p)
+        rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
+        if rules is not None:
+            out.findings, out.rule_runs, out.rule_ids = _evaluate(trace, out, rules, ctx.duckdb_threads)
+        out.trace = trace
+    except TraceError as e:
+        out.error = _one_line(e)
+    except FileNotFoundError:
+        out.error = "no such file"
+    except OSError as e:
+        out.error = e.strerror or _one_line(e)
+    except Exception as e:  # a reader or rule bug: report it, keep scanning
+        out.error, out.internal, out.detail = _one_line(e), True, traceback.format_exc()
+    finally:
+        out.work_s = time.perf_counter() - t0
+    return out
+
+
+def _evaluate(trace, out: FileOutcome, rules: Settings, threads: int | None):
+    """Store the run in the scratch store, run the rules there, hand back their rows."""
+    st = _scratch_store(threads)
+    run_id = run_id_for(out.content_hash)
+    try:
+        st.write_run(trace, Path(out.path), out.content_hash, out.size_bytes)
+        run_rules(st, [run_id], rules)
+        findings = st.arrow("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = $r", {"r": run_id})
+        outcomes = st.arrow("SELECT * EXCLUDE (run_id) FROM rule_runs WHERE run_id = $r", {"r": run_id})
+    finally:
+        st.delete_run(run_id)
+    return findings, outcomes, [r.id for r in rules.rules()]
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# -- running workers locally ------------------------------------------------------------
+
+_pool_ctx: WorkContext | None = None
+
+
+def _init_pool_worker(ctx: WorkContext) -> None:
+    global _pool_ctx
+    _pool_ctx = ctx
+
+
+def _pool_task(path: str) -> FileOutcome:
+    return process_file(path, _pool_ctx)
+
+
+def _mp_context():
+    # Not "fork": the parent holds a DuckDB connection whose threads may hold locks. The
+    # forkserver starts clean once, imports the package once, then forks cheap workers.
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["traceanalyzer.scan"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+WORKER_DIED = "the worker process died while reading this file (crash or out of memory)"
+
+
+def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
+                   task: Callable[[str], FileOutcome] = _pool_task) -> Iterator[FileOutcome]:
+    """Outcomes in completion order. jobs=1 works in this process (no pool).
+
+    A file that kills its worker breaks the whole pool; the files in flight then are rerun
+    one at a time in a fresh pool, so the culprit is found and reported alone.
+    """
+    if jobs <= 1:
+        for f in files:
+            yield process_file(f, ctx)
+        return
+    pending, suspects = deque(files), deque()
+    while pending or suspects:
+        pool = ProcessPoolExecutor(jobs, mp_context=_mp_context(), initializer=_init_pool_worker,
+                                   initargs=(ctx,))
+        in_flight: dict = {}
+        clean_exit = False
+        try:
+            while pending or suspects or in_flight:
+                # Suspects of an earlier crash run alone; everything else keeps `jobs` busy.
+                if suspects and not in_flight:
+                    f = suspects.popleft()
+                    in_flight[pool.submit(task, f)] = (f, True)
+                while not suspects and pending and len(in_flight) < IN_FLIGHT_PER_WORKER * jobs:
+                    f = pending.popleft()
+                    in_flight[pool.submit(task, f)] = (f, False)
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                broken = False
+                for fut in done:
+                    f, alone = in_flight.pop(fut)
+                    try:
+                        result = fut.result()
+                    except BrokenProcessPool:
+                        broken = True
+                        if alone:
+                            yield FileOutcome(path=f, error=WORKER_DIED)
+                        else:
+                            suspects.append(f)
+                        continue
+                    yield result
+                if broken:
+                    suspects.extend(f for f, alone in in_flight.values() if not alone)
+                    for f, alone in in_flight.values():
+                        if alone:  # cannot happen (a suspect runs alone), kept for safety
+                            yield FileOutcome(path=f, error=WORKER_DIED)
+                    in_flight.clear()
+                    break
+            clean_exit = not (pending or suspects)
+        finally:
+            # On an interruption do not wait for running files; their results are not needed.
+            pool.shutdown(wait=clean_exit, cancel_futures=True)
+
+
+# -- the writer -------------------------------------------------------------------------
+
+@dataclass
+class FileResult:
+    """What happened to one file: stored, updated (replaced a stale run), skipped, duplicate, failed."""
+
+    path: str
+    state: str
+    size_bytes: int = 0
+    run_id: str | None = None
+    format: str | None = None
+    error: str | None = None
+    internal: bool = False
+    detail: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    work_s: float = 0.0
+
+
+@dataclass
+class ScanReport:
+    files: list[FileResult] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)  # every run the scan covers, first-seen order
+    elapsed_s: float = 0.0
+    cross_rule_error: str | None = None
+
+    def count(self, state: str) -> int:
+        return sum(1 for f in self.files if f.state == state)
+
+    @property
+    def failed(self) -> list[FileResult]:
+        return [f for f in self.files if f.state == "failed"]
+
+
+class ScanError(Exception):
+    """The scan cannot start (no files, no dask, cannot reach the scheduler)."""
+
+
+def up_to_date_hashes(store: Store, settings: Settings | None) -> set[str]:
+    """Content hashes of stored runs that need no work: stored, and (with rules) holding an
+    outcome of every selected per-run rule with the same thresholds."""
+    rules = per_run_settings(settings) if settings is not None else None
+    if rules is None:
+        return {r[0] for r in store.sql("SELECT content_hash FROM runs").fetchall()}
+    import json
+
+    expected = [f"{r.id}\x1f{json.dumps(rules.params_for(r), sort_keys=True)}" for r in rules.rules()]
+    rows = store.sql("""
+        SELECT r.content_hash FROM runs r JOIN rule_runs o USING (run_id)
+        WHERE list_contains($expected, o.rule_id || chr(31) || o.params::VARCHAR)
+        GROUP BY r.content_hash HAVING count(DISTINCT o.rule_id) = $n""",
+                     {"expected": expected, "n": len(expected)}).fetchall()
+    return {r[0] for r in rows}
+
+
+def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
+         settings: Settings | None = None, scheduler: str | None = None,
+         on_start: Callable[[list[str], int], None] | None = None,
+         on_file: Callable[[FileResult], None] | None = None) -> ScanReport:
+    """Scan `paths` into `store` and run the rules (`settings`; default: all rules).
+
+    `on_start(files, total_bytes)` is called once the files are known, `on_file(result)` after
+    each file is handled (the CLI's progress bar). With `scheduler` (a dask scheduler address
+    or scheduler file) the workers are a dask cluster's instead of local processes.
+    """
+    t0 = time.perf_counter()
+    settings = settings if settings is not None else Settings()
+    files = list(dict.fromkeys(str(Path(f).absolute()) for f in find_traces(paths)))
+    if not files:
+        raise ScanError(f"no trace files under {' '.join(map(str, paths))}")
+    if on_start:
+        on_start(files, sum(_size(f) for f in files))
+    jobs = jobs or default_jobs()
+    ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
+                      duckdb_threads=max(1, default_jobs() // jobs) if jobs > 1 else None)
+    if scheduler:
+        from .distributed import dask_outcomes
+
+        outcomes = dask_outcomes(scheduler, files, ctx)
+    else:
+        outcomes = local_outcomes(files, jobs, ctx)
+    report = ScanReport()
+    written: dict[str, str] = {}  # content hash -> path stored by this scan
+    with contextlib.closing(outcomes):
+        for o in outcomes:
+            result = _store_outcome(store, o, written)
+            report.files.append(result)
+            if result.run_id and result.run_id not in report.run_ids:
+                report.run_ids.append(result.run_id)
+            if on_file:
+                on_file(result)
+    cross = cross_run_settings(settings)
+    if cross is not None and report.run_ids:
+        try:
+            run_rules(store, report.run_ids, cross)
+        except Exception as e:  # the stored runs stay; say what failed
+            report.cross_rule_error = _one_line(e)
+    report.elapsed_s = time.perf_counter() - t0
+    return report
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> FileResult:
+    res = FileResult(path=o.path, state="failed", size_bytes=o.size_bytes, error=o.error,
+                     internal=o.internal, detail=o.detail, work_s=o.work_s)
+    if o.error is not None:
+        return res
+    run_id = run_id_for(o.content_hash)
+    if o.skipped:
+        # fetchall: DuckDB 2 refuses new work on a connection with a half-read result
+        rows = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
+        res.state, res.run_id, res.format = "skipped", run_id, rows[0][0] if rows else None
+        return res
+    if o.content_hash in written:  # same bytes under another name, already stored by this scan
+        res.state, res.run_id, res.format = "duplicate", run_id, o.trace.format
+        res.warnings = [f"same content as {written[o.content_hash]}"]
+        return res
+    try:
+        stored = store.write_run(o.trace, Path(o.path), o.content_hash, o.size_bytes)
+        if o.rule_ids:
+            store.write_findings(run_id, o.rule_ids, o.findings, o.rule_runs)
+    except Exception as e:  # e.g. a reader's table that does not fit the schema
+        res.error, res.internal, res.detail = _one_line(e), True, traceback.format_exc()
+        return res
+    written[o.content_hash] = o.path
+    res.state = "updated" if stored.replaced else "stored"
+    res.run_id, res.format, res.warnings = run_id, o.trace.format, list(o.trace.warnings)
+    return res
+
+
+# -- the per-run table ------------------------------------------------------------------
+
+RUN_TABLE_SQL = """
+SELECT r.run_id, r.file_name, r.format, r.span_ns,
+       (SELECT count(*) FROM kernels k WHERE k.run_id = r.run_id) AS kernels,
+       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'error') AS errors,
+       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'warning') AS warnings,
+       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'info') AS infos
+FROM runs r WHERE list_contains($ids, r.run_id)
+ORDER BY r.source_path, r.run_id
+"""
+
+
+def run_table(store: Store, run_ids: list[str]) -> pd.DataFrame:
+    """One row per run: id, file, format, span, kernels, findings by severity."""
+    return store.df(RUN_TABLE_SQL, {"ids": list(run_ids)})
