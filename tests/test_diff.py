@@ -42,9 +42,10 @@ def diff_json(db, *args) -> tuple[int, dict]:
     return r.exit_code, json.loads(r.stdout)
 
 
-@pytest.fixture
-def db(tmp_path):
-    return tmp_path / "s.duckdb"
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    """One store for the module: each trace is read and checked once, then diffed by many tests."""
+    return tmp_path_factory.mktemp("diff") / "s.duckdb"
 
 
 # -- independent readings ------------------------------------------------------------------
@@ -213,7 +214,8 @@ def test_ncu_runs_compare_kernel_time_from_the_duration_metric(db):
 
 def test_runs_by_id_and_bad_input(db, tmp_path):
     assert diff(db, KINETO_CLEAN, KINETO_PLANTED).exit_code == 0
-    r = runner.invoke(app, ["query", "--store", str(db), "--csv", "SELECT run_id FROM runs ORDER BY file_name"])
+    r = runner.invoke(app, ["query", "--store", str(db), "--csv", "SELECT run_id FROM runs WHERE source_path IN "
+                            f"('{KINETO_CLEAN.resolve()}', '{KINETO_PLANTED.resolve()}') ORDER BY file_name"])
     clean_id, planted_id = r.stdout.split()[1:]
     r = diff(db, clean_id[:8], planted_id)  # id prefixes work, nothing is re-read
     assert r.exit_code == 0 and "verdict: REGRESSED" in r.stdout

@@ -144,17 +144,12 @@ def test_markers_are_the_findings_ranges_and_their_evidence_examples(fixture_sto
     for i, f in enumerate(res.findings):
         if f["start_ns"] is not None:
             main = [m for m in by_finding[i] if m["main"]]
-            assert [(m["s"], m["e"]) for m in main] == [(f["start_ns"] - tl_t0(con), f["end_ns"] - tl_t0(con))]
+            assert [(m["s"], m["e"]) for m in main] == [(f["start_ns"] - first, f["end_ns"] - first)]
     t002 = next(i for i, f in enumerate(res.findings) if f["rule_id"] == "T002" and f["evidence"].get("worst"))
     examples = [m for m in by_finding[t002] if not m["main"]]
     assert examples, "the exposed copies of the evidence are marked"
     for m in examples:  # each example is a copy of the trace, on that copy's stream
         assert copies[(m["s"], m["e"])] == m["st"]
-
-
-def tl_t0(con) -> int:
-    return min(r[0] for r in con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
-                                         "SELECT min(start) FROM CUPTI_ACTIVITY_KIND_MEMCPY"))
 
 
 def synthetic_kernels(store: Store, n: int, seed: int = 7) -> tuple[str, dict]:

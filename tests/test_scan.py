@@ -153,7 +153,7 @@ def test_rescan_skips_stored_content_and_redoes_runs_checked_with_other_threshol
 
 
 def test_interrupted_scan_resumes_with_only_the_files_left(traces, tmp_path, monkeypatch):
-    all_files = {str(p.absolute()) for p in find_traces([traces])}
+    all_files = {str(p.resolve()) for p in find_traces([traces])}
     handled = []
 
     def interrupt_after_two(result):
@@ -191,7 +191,7 @@ def _crash_on_clean_sqlite(path: str):
 
 
 def test_a_file_that_kills_its_worker_is_reported_and_the_rest_are_stored(traces):
-    files = [str(p.absolute()) for p in find_traces([traces])]
+    files = [str(p.resolve()) for p in find_traces([traces])]
     ctx = WorkContext(frozenset(), None)
     outcomes = list(local_outcomes(files, 2, ctx, task=_crash_on_clean_sqlite))
     assert sorted(o.path for o in outcomes) == sorted(files)

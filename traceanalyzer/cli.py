@@ -14,7 +14,7 @@ from rich.table import Table
 
 
 from . import fmt, summary
-from .ingest import TraceError, find_traces
+from .ingest import TraceError, find_traces, one_line
 from .store import Store, StoreError, default_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -38,7 +38,8 @@ def _open(store: Path | None, read_only: bool = False) -> Store:
 
 def _error_line(path: Path, e: BaseException) -> str:
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return f"error: {path}: {msg}"
+    # Names and messages come from files: one line, no terminal escapes, whatever they hold.
+    return f"error: {one_line(str(path), 4096)}: {one_line(msg)}"
 
 
 def ingest_files(st: Store, paths: List[str], debug: bool, skip_existing: bool = False,

@@ -17,6 +17,7 @@ same absolute path (a shared file system), which is how HPC and cloud clusters a
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -48,23 +49,27 @@ def dask_outcomes(scheduler: str, files: list[str], ctx: WorkContext) -> Iterato
 
     client = connect(scheduler)
     try:
-        threads = sum(client.nthreads().values()) or 1
         # The context (known hashes, rule settings) goes to every worker once, not per file.
         ctx_future = client.scatter(ctx, broadcast=True, hash=False)
-        pending = iter(files)
+        scan_token = uuid.uuid4().hex[:8]
+        pending = iter(enumerate(files))
         paths: dict = {}
         running = as_completed(loop=client.loop)
 
-        def submit_next() -> None:
-            path = next(pending, None)
-            if path is not None:
+        def top_up() -> None:
+            # Workers may join or leave while the scan runs (adaptive clusters): ask each time.
+            limit = IN_FLIGHT_PER_THREAD * max(1, sum(client.nthreads().values()))
+            while len(paths) < limit:
+                i, path = next(pending, (None, None))
+                if path is None:
+                    return
+                # Keys must be unique: files in different folders share names, scans share clusters.
                 fut = client.submit(process_file, path, ctx_future, pure=False,
-                                    key=f"traceanalyzer-scan-{len(paths)}-{Path(path).name}")
+                                    key=f"traceanalyzer-scan-{scan_token}-{i}-{Path(path).name}")
                 paths[fut] = path
                 running.add(fut)
 
-        for _ in range(IN_FLIGHT_PER_THREAD * threads):
-            submit_next()
+        top_up()
         for fut in running:
             path = paths.pop(fut)
             try:
@@ -73,7 +78,7 @@ def dask_outcomes(scheduler: str, files: list[str], ctx: WorkContext) -> Iterato
                 outcome = FileOutcome(path=path, error=f"dask task failed: {type(e).__name__}: "
                                                        f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
             fut.release()
-            submit_next()
+            top_up()
             yield outcome
     finally:
         client.close()

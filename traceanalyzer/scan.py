@@ -198,11 +198,14 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
         clean_exit = False
         try:
             while pending or suspects or in_flight:
-                # Suspects of an earlier crash run alone; everything else keeps `jobs` busy.
+                # Suspects of an earlier crash run alone (nothing else in flight, so a crash
+                # is theirs); everything else keeps `jobs` workers busy.
                 if suspects and not in_flight:
                     f = suspects.popleft()
                     in_flight[pool.submit(task, f)] = (f, True)
-                while not suspects and pending and len(in_flight) < IN_FLIGHT_PER_WORKER * jobs:
+                suspect_running = any(alone for _, alone in in_flight.values())
+                while not suspects and not suspect_running and pending \
+                        and len(in_flight) < IN_FLIGHT_PER_WORKER * jobs:
                     f = pending.popleft()
                     in_flight[pool.submit(task, f)] = (f, False)
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
@@ -222,7 +225,7 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
                 if broken:
                     suspects.extend(f for f, alone in in_flight.values() if not alone)
                     for f, alone in in_flight.values():
-                        if alone:  # cannot happen (a suspect runs alone), kept for safety
+                        if alone:  # a suspect whose future was not among `done` yet
                             yield FileOutcome(path=f, error=WORKER_DIED)
                     in_flight.clear()
                     break
@@ -298,7 +301,8 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     """
     t0 = time.perf_counter()
     settings = settings if settings is not None else Settings()
-    files = list(dict.fromkeys(str(Path(f).absolute()) for f in find_traces(paths)))
+    # Resolved like `Store.ingest` does, so `source_path` and run lookups by path agree.
+    files = list(dict.fromkeys(str(Path(f).resolve()) for f in find_traces(paths)))
     if not files:
         raise ScanError(f"no trace files under {' '.join(map(str, paths))}")
     if on_start:

@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
              store: StoreOpt = None,
              gate: Annotated[Optional[float], typer.Option("--gate", min=0, help="Exit 1 when end-to-end time or peak memory grows by more than this percentage.")] = None,
              by: Annotated[str, typer.Option("--by", help="Match kernels by full `name` (white space ignored) or `short` base name (template instances pooled).")] = "name",
-             step: Annotated[Optional[str], typer.Option("--step", help="Range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time [default: ProfilerStep#N when both runs have it, else the span].")] = None,
+             step: Annotated[Optional[str], typer.Option("--step", help="Range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time \\[default: ProfilerStep#N when both runs have it, else the span].")] = None,
              noise: Annotated[float, typer.Option("--noise", min=0, help="Changes below this percentage count as unchanged in the verdict.")] = 1.0,
              top: Annotated[int, typer.Option("--top", min=1, help="Rows per table.")] = 15,
              as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON.")] = False):

@@ -36,14 +36,22 @@ def resolve_inputs(st, refs: list[str], debug: bool) -> tuple[list[str], list[st
 
 
 def ensure_findings(st, run_ids: list[str]) -> None:
-    """Run the rules on the runs that have never been checked (the report reads findings)."""
+    """Run the rules on the runs that were never checked (reports read findings), with the
+    settings `check` would use (the config file's select, ignore and thresholds)."""
+    from ..check import CheckOptions, UsageError, settings_from
+    from ..cli import err
     from ..rules.engine import run_rules
 
     checked = {r[0] for r in st.sql("SELECT DISTINCT run_id FROM rule_runs WHERE list_contains(?, run_id)",
                                     [run_ids]).fetchall()}
     todo = [r for r in run_ids if r not in checked]
     if todo:
-        run_rules(st, todo)
+        try:
+            settings, _ = settings_from(CheckOptions(paths=[]))
+        except UsageError as e:
+            err.print(f"error: {e}", markup=False)
+            raise typer.Exit(2)
+        run_rules(st, todo, settings)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -22,11 +23,30 @@ _EXPORT_HINTS = {
 }
 
 
+# Error text quotes files (SQLite schema text, JSON paths): keep it one short, inert line.
+MAX_MESSAGE_CHARS = 300
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def one_line(text: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` safe to print as one terminal line: whitespace runs become one space, other
+    control characters (ANSI escapes, bidi overrides) are shown escaped (\\x1b), and it is clipped."""
+    text = _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], " ".join(text.split()))
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
 def read_file(path: Path) -> ParsedTrace:
     """Detect the format of `path` from its content and run the matching reader.
 
     Raises TraceError (one line, without the file name) for anything unreadable.
     """
+    try:
+        return _read_file(path)
+    except TraceError as e:
+        raise TraceError(one_line(str(e))) from None
+
+
+def _read_file(path: Path) -> ParsedTrace:
     hint = _EXPORT_HINTS.get(path.suffix.lower())
     if hint:
         raise TraceError(hint)
@@ -57,7 +77,8 @@ def _with_device_limits(trace: ParsedTrace) -> ParsedTrace:
 
         rows = [fill_device(r) for r in devices.to_pylist()]
         names = list(dict.fromkeys(k for r in rows for k in r))
-        trace.tables["devices"] = pa.Table.from_pylist(rows).select(names)
+        # Every row gets every key: from_pylist takes its columns from the first row only.
+        trace.tables["devices"] = pa.Table.from_pylist([{n: r.get(n) for n in names} for r in rows])
     return trace
 
 

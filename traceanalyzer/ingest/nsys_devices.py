@@ -51,8 +51,9 @@ def _select(f: NsysFile, table: str, id_col: str, cols: dict[str, str]) -> list[
     return [{"id": r[0], **dict(zip(cols, r[1:]))} for r in rows]
 
 
-def _clean(value, scale: int = 1):
-    if isinstance(value, (int, float)) and value > 0:
+def _clean(value, scale: int = 1, zero_ok: bool = False):
+    """Old exports write 0 for "not recorded"; only a compute-capability minor can truly be 0."""
+    if isinstance(value, (int, float)) and (value > 0 or (zero_ok and value == 0)):
         return value * scale
     return None
 
@@ -64,7 +65,7 @@ def _described_gpus(f: NsysFile) -> dict[int, dict]:
         cols = {"name": "name", **{dst: src for dst, (src, _, _) in _LIMITS.items()}}
         for r in _select(f, "TARGET_INFO_GPU", "id", cols):
             gpus[r["id"]] = {"name": r["name"] or None,
-                             **{c: _clean(r[c]) for c in _LIMITS}}
+                             **{c: _clean(r[c], zero_ok=c == "compute_minor") for c in _LIMITS}}
     elif f.has("TARGET_INFO_GPU", "deviceId"):
         for r in _select(f, "TARGET_INFO_GPU", "deviceId", {"name": "name"}):
             gpus[r["id"]] = {"name": r["name"] or None}
@@ -75,7 +76,7 @@ def _described_gpus(f: NsysFile) -> dict[int, dict]:
             entry["name"] = entry.get("name") or r["name"] or None
             for c, (_, legacy, scale) in _LIMITS.items():
                 if legacy and entry.get(c) is None:
-                    entry[c] = _clean(r[c], scale)
+                    entry[c] = _clean(r[c], scale, zero_ok=c == "compute_minor")
     return gpus
 
 

@@ -111,7 +111,8 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
         body.append(_run_section(p, rules, multi))
         if p["timeline"]:
             tl = dict(p["timeline"])
-            tl["findings"] = [{"rule": f["rule_id"], "sev": f["severity"], "msg": f["message"]} for f in p["findings"]]
+            tl["findings"] = [{"rule": f["rule_id"], "sev": f["severity"], "msg": clip(f["message"], 600)}
+                              for f in p["findings"]]
             data_blocks.append(f'<script type="application/json" id="tl-{esc(p["run"]["run_id"])}">{json_block(tl)}</script>')
     css, js = asset("report.css"), asset("report.js")
     csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; "

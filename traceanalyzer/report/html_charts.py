@@ -13,6 +13,7 @@ import re
 from .. import fmt
 
 W = 960  # viewBox width; the CSS scales the plot to the page
+TEXT_MAX_CHARS = 2000
 _CTRL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 KERNEL_COLOR = "#3b6fd8"
@@ -27,9 +28,11 @@ STALL_COLORS = ("#d62728", "#ff7f0e", "#bcbd22", "#8c564b", "#9467bd", "#1f77b4"
                 "#c5b0d5", "#c49c94", "#f7b6d2", "#2ca02c", "#dbdb8d", "#9edae5")
 
 
-def esc(s) -> str:
-    """Text for HTML/SVG content and attributes: entities escaped, control characters replaced."""
-    return html.escape(_CTRL.sub("\ufffd", "" if s is None else str(s)), quote=True)
+def esc(s, limit: int = TEXT_MAX_CHARS) -> str:
+    """Text for HTML/SVG content and attributes: clipped to `limit` characters (a trace can
+    hold megabyte-long names, and rule messages quote them), control characters replaced,
+    entities escaped."""
+    return html.escape(_CTRL.sub("\ufffd", clip(s, limit)), quote=True)
 
 
 def clip(s, n: int) -> str:
