@@ -80,6 +80,18 @@ VIEWS: dict[str, tuple[str, str]] = {
         WHERE next_start IS NOT NULL
         """,
     ),
+    "steps": (
+        "Per run, the iteration ranges: Kineto `ProfilerStep#N` when the run has them, else NVTX "
+        "or user annotations named like a step or iteration (`step`, `iter`, `iteration` as a word).",
+        """
+        SELECT run_id, range_id, name, start_ns, end_ns FROM ranges r
+        WHERE kind IN ('user_annotation', 'nvtx') AND end_ns > start_ns
+          AND (name LIKE 'ProfilerStep#%'
+               OR (regexp_matches(name, '(?i)(^|[^a-z])(step|iteration|iter)([^a-z]|$)')
+                   AND NOT EXISTS (SELECT 1 FROM ranges p WHERE p.run_id = r.run_id
+                                   AND p.name LIKE 'ProfilerStep#%')))
+        """,
+    ),
 }
 
 # Small formatting helpers so a rule's SQL can write its own one-line message.

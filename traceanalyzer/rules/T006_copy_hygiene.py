@@ -14,12 +14,8 @@ WITH cp AS (
                                                   AND src_kind IS DISTINCT FROM 'pageable') AS pinned_bytes_per_ns,
            max(bytes / dur_ns) AS bytes_per_ns
     FROM cp WHERE bytes >= 1048576 AND dur_ns > 0 GROUP BY direction
-), steps AS (  -- iteration ranges: ProfilerStep#N when the trace has them, else NVTX/annotations named like a step
-    SELECT range_id, name, start_ns, end_ns FROM ranges
-    WHERE run_id = $run_id AND kind IN ('user_annotation', 'nvtx') AND end_ns > start_ns
-      AND (name LIKE 'ProfilerStep#%'
-           OR (regexp_matches(name, '(?i)(^|[^a-z])(step|iteration|iter)([^a-z]|$)')
-               AND NOT EXISTS (SELECT 1 FROM ranges r WHERE r.run_id = $run_id AND r.name LIKE 'ProfilerStep#%')))
+), steps AS (  -- iteration ranges (the `steps` view)
+    SELECT range_id, name, start_ns, end_ns FROM steps WHERE run_id = $run_id
 ),
 -- 1. small copies outside the back-to-back host-to-device batches T002 reports
 h2d_runs AS (
