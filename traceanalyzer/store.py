@@ -81,6 +81,8 @@ class Store:
         self.path = Path(path) if path is not None else default_path()
         self.read_only = read_only
         self.con = self._connect(lock_timeout_s)
+        # No progress bar on the user's terminal in the middle of our own output.
+        self.con.execute("SET enable_progress_bar = false")
         if not read_only:
             for t in schema.TABLES:
                 self.con.execute(schema.ddl(t))
@@ -117,6 +119,10 @@ class Store:
         return self.sql(query, params).df()
 
     def arrow(self, query: str, params=None) -> pa.Table:
+        # DuckDB 2.x refuses new work while an execute() result is half-read (a fetchone()
+        # elsewhere); abort() drops that leftover, and is a no-op when there is none.
+        if hasattr(self.con, "abort"):
+            self.con.abort()
         rel = self.con.sql(query, params=params)
         # DuckDB 2.x names it to_arrow_table; in 1.x .arrow() returns the table.
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
