@@ -527,10 +527,18 @@ def main() -> None:
     ap.add_argument("--scales", default="1,2,4,8")
     ap.add_argument("--no-peers", action="store_true", help="skip HTA and nsys-ai")
     ap.add_argument("--no-doc", action="store_true", help=f"do not rewrite {DOC.relative_to(ROOT)}")
+    ap.add_argument("--doc-only", action="store_true",
+                    help="rewrite the doc from the last run's bench/data/peers.json, measuring nothing")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         child(a.child[0], a.child[1:])
+        return
+    if a.doc_only:
+        saved = json.loads((DATA / "peers.json").read_text())
+        results = saved["results"]
+        write_doc(results, saved["machine"], sorted({r["scale"] for r in results}), saved.get("argv", []), NOTES)
+        print(f"wrote {DOC.relative_to(ROOT)}")
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     scales = [int(s) for s in a.scales.split(",")]
@@ -543,7 +551,8 @@ def main() -> None:
     for kind in a.kinds.split(","):
         for scale in scales:
             (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results)
-    (DATA / "peers.json").write_text(json.dumps({"machine": info, "results": results}, indent=1, default=str))
+    (DATA / "peers.json").write_text(json.dumps({"machine": info, "argv": sys.argv[1:], "results": results},
+                                                indent=1, default=str))
     print("\n" + "\n".join(targets(results, scales)))
     if not a.no_doc:
         write_doc(results, info, scales, sys.argv[1:], NOTES)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -65,6 +66,7 @@ def make_runs(folder: Path, n: int) -> int:
 
 
 def time_scan(folder: Path, jobs: int, work: Path) -> float:
+    """Wall seconds of one `traceanalyzer scan` into a fresh store."""
     store = work / f"jobs{jobs}.duckdb"
     store.unlink(missing_ok=True)
     cmd = [sys.executable, "-c", "from traceanalyzer.cli import main; main()",
@@ -88,6 +90,8 @@ def main() -> None:
         folder.mkdir()
         nbytes = make_runs(folder, args.runs)
         print(f"{args.runs} runs, {nbytes / 1e6:.1f} MB, from {len(sources())} source traces")
+        print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+              "(other work on the machine skews the ratio)")
         best = {}
         for jobs in (1, 2):
             best[jobs] = min(time_scan(folder, jobs, work) for _ in range(args.repeat))

@@ -24,7 +24,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 StoreOpt = Annotated[Optional[Path], typer.Option(
     "--store", envvar="TRACEANALYZER_STORE", show_envvar=True,
-    help="DuckDB store file [default: ./traceanalyzer.duckdb].")]
+    help="DuckDB store file \\[default: ./traceanalyzer.duckdb].")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
 
 
@@ -200,7 +200,7 @@ def rules_cmd(rule: Annotated[Optional[str], typer.Argument(help="A rule id or n
 
 
 FailOn = typer.Option("--fail-on", help="Lowest severity that fails the check: info, warning, error or never "
-                                      "[default: error, or fail-on from the config file].")
+                                      "\\[default: error, or fail-on from the config file].")
 
 
 @app.command()
@@ -210,7 +210,7 @@ def check(paths: Annotated[List[str], typer.Argument(help="Trace files or folder
           select: Annotated[Optional[List[str]], typer.Option("--select", help="Only these rules (ids or names; repeat or comma-separate).")] = None,
           ignore: Annotated[Optional[List[str]], typer.Option("--ignore", help="Skip these rules.")] = None,
           threshold: Annotated[Optional[List[str]], typer.Option("--threshold", help="RULE.NAME=VALUE, e.g. T001.min_gap_ns=10000.")] = None,
-          config: Annotated[Optional[Path], typer.Option("--config", help="pyproject.toml or traceanalyzer.toml to read [default: looked up from here upwards].")] = None,
+          config: Annotated[Optional[Path], typer.Option("--config", help="pyproject.toml or traceanalyzer.toml to read \\[default: looked up from here upwards].")] = None,
           format: Annotated[str, typer.Option("--format", help="text, json, sarif or junit.")] = "text",
           output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report here instead of stdout.")] = None,
           baseline: Annotated[Optional[Path], typer.Option("--baseline", help="A JSON report from an earlier check: only findings not in it can fail.")] = None,

@@ -21,7 +21,7 @@ def ns(x) -> str:
     """1234 -> '1.23 us'; keeps three significant digits."""
     if _missing(x):
         return "-"
-    x = float(x)
+    x = float(f"{float(x):.3g}")  # round first, so 999.95 us reads 1 ms, not 1e+03 us
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"
@@ -31,7 +31,7 @@ def ns(x) -> str:
 def nbytes(x) -> str:
     if _missing(x):
         return "-"
-    x = float(x)
+    x = float(f"{float(x):.3g}")
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"

@@ -26,6 +26,8 @@ from .ingest.base import ParsedTrace
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
+LOCK_TIMEOUT_ENV = "TRACEANALYZER_LOCK_TIMEOUT_S"
+DEFAULT_LOCK_TIMEOUT_S = 30.0
 
 _ARROW_TYPES = {
     "VARCHAR": pa.string(),
@@ -43,6 +45,18 @@ _TIME_COLUMNS = ("start_ns", "end_ns", "ts_ns")
 
 class StoreError(Exception):
     """A store that cannot be opened or written (locked, not a DuckDB file, ...)."""
+
+
+def lock_timeout_from_env() -> float:
+    """How long to wait for another process's lock: TRACEANALYZER_LOCK_TIMEOUT_S, else 30 s."""
+    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else DEFAULT_LOCK_TIMEOUT_S
+    except ValueError:
+        raise StoreError(f"{LOCK_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    if not value >= 0:  # also NaN
+        raise StoreError(f"{LOCK_TIMEOUT_ENV}={text!r} is not a number of seconds")
+    return value
 
 
 def default_path() -> Path:
@@ -77,8 +91,9 @@ class Store:
     """A DuckDB file holding any number of runs. Use as a context manager or call close()."""
 
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
-                 lock_timeout_s: float = 30.0):
+                 lock_timeout_s: float | None = None):
         self.path = Path(path) if path is not None else default_path()
+        lock_timeout_s = lock_timeout_from_env() if lock_timeout_s is None else lock_timeout_s
         self.read_only = read_only
         self.con = self._connect(lock_timeout_s)
         # No progress bar on the user's terminal in the middle of our own output.
@@ -103,7 +118,7 @@ class Store:
                 if time.monotonic() >= deadline:
                     raise StoreError(
                         f"{self.path}: store is locked by another traceanalyzer process; "
-                        f"waited {lock_timeout_s:.0f} s (retry, or raise --lock-timeout)") from None
+                        f"waited {lock_timeout_s:g} s (retry, or set {LOCK_TIMEOUT_ENV} to wait longer)") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
             except duckdb.Error as e:

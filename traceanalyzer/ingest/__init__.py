@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import pyarrow as pa
+
 from .. import limits
 from .base import ParsedTrace, TraceError
 from .detect import KINETO, NCU, NSYS, detect
@@ -60,6 +62,8 @@ def _read_file(path: Path) -> ParsedTrace:
         raise
     except RecursionError:
         raise TraceError(f"{fmt}: structure nested too deeply") from None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:  # a value no column type holds
+        raise TraceError(f"{fmt}: a value does not fit its column ({str(e).splitlines()[0] if str(e) else ''})") from None
     except MemoryError:
         raise TraceError(f"{fmt}: ran out of memory while reading") from None
     # Whatever the reader: no table past the limits, no time that would overflow later.

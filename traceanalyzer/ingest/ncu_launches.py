@@ -16,6 +16,8 @@ Facts found in the real exports (and relied on here):
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy as np
@@ -213,9 +215,12 @@ def build_devices(ident: pa.Table, metrics: pa.Table) -> pa.Table:
         row.update(device_id=device_id, vendor="nvidia")
         row["compute_major"], row["compute_minor"] = _cc(cc_text[i])
         for col, values in attrs.items():
-            if values[i] is not None:
+            if values[i] is not None and math.isfinite(values[i]):
                 scale = CLOCK_RATE_HZ_PER_UNIT if col == "clock_hz" else 1
-                row[col] = int(round(values[i] * scale))
+                value = int(round(values[i] * scale))
+                bits = _DEVICE_SCHEMA.field(col).type.bit_width
+                # A value past the column's type (a wrong unit, a corrupt cell) is unknown.
+                row[col] = value if -(1 << (bits - 1)) <= value < (1 << (bits - 1)) else None
         row["name"] = display[i] or names.get(device_id)
         from_trace = any(row[k] is not None for k in DEVICE_ATTRIBUTES if not k.startswith("compute_"))
         row = fill_device(row)

@@ -29,6 +29,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import nsys_enums
 from ..limits import MAX_ABS_TIME_NS
@@ -225,9 +226,30 @@ class _Reader:
 
     def _emit(self, name: str, sql: str) -> pa.Table:
         table = self.duck.sql(sql).to_arrow_table()
-        table = table.cast(arrow_schema(name, table.column_names))
+        target = arrow_schema(name, table.column_names)
+        try:
+            table = table.cast(target)
+        except (pa.ArrowInvalid, OverflowError):  # SQLite types nothing: a value past INTEGER, say
+            table = self._cast_dropping_misfits(name, table, target)
         self.tables[name] = table
         return table
+
+    def _cast_dropping_misfits(self, name: str, table: pa.Table, target: pa.Schema) -> pa.Table:
+        """Cast column by column; integers outside the target type become NULL, with a warning."""
+        columns = []
+        for field, col in zip(target, table.columns):
+            try:
+                columns.append(col.cast(field.type))
+                continue
+            except (pa.ArrowInvalid, OverflowError):
+                if not (pa.types.is_integer(field.type) and pa.types.is_integer(col.type)):
+                    raise TraceError(f"{name}.{field.name}: values that do not fit {field.type}") from None
+            lo, hi = -(1 << (field.type.bit_width - 1)), (1 << (field.type.bit_width - 1)) - 1
+            fits = pc.and_(pc.greater_equal(col, lo), pc.less_equal(col, hi))
+            bad = pc.sum(pc.invert(fits)).as_py() or 0
+            self.warnings.append(f"{name}.{field.name}: {bad} value(s) too large for {field.type} set to NULL")
+            columns.append(pc.if_else(fits, col, pa.scalar(None, col.type)).cast(field.type))
+        return pa.Table.from_arrays(columns, schema=target)
 
     # -- tables --------------------------------------------------------------------
     def _api_calls(self) -> None:
@@ -378,7 +400,7 @@ class _Reader:
     def _devices(self) -> None:
         used = " UNION ".join(f"SELECT device_id FROM {_src(t)}" for t in (KERNEL, MEMCPY, MEMSET, SYNC, GRAPH, MEMORY))
         used_ids = [r[0] for r in self.duck.execute(
-            f"SELECT DISTINCT device_id FROM ({used}) WHERE device_id IS NOT NULL").fetchall()]
+            f"SELECT DISTINCT device_id FROM ({used}) WHERE device_id BETWEEN {-2**31} AND {2**31 - 1}").fetchall()]
         devices, meta = read_devices(self.f, used_ids, self.warnings)
         self.tables["devices"] = devices
         self.metadata["devices"] = meta

@@ -21,34 +21,56 @@ WITH ops AS (
     FROM seq WHERE prev_end IS NOT NULL AND start_ns - prev_end > $min_gap_ns
 ), sync_calls AS (
     SELECT pid, start_ns, end_ns FROM api_calls
-    WHERE run_id = $run_id AND (name ILIKE '%synchronize%' OR name ILIKE '%WaitEvent%')
+    WHERE run_id = $run_id AND (name ILIKE '%synchronize%' OR name ILIKE '%WaitEvent%') AND start_ns IS NOT NULL
+), -- "Some interval overlaps the gap" is tested as "the latest end among intervals starting
+   -- before the gap ends is past the gap's start": a running max and an ASOF join, which
+   -- stays O(n log n); an interval-overlap join is quadratic on long runs.
+sync_reach AS (  -- per pid
+    SELECT pid, start_ns, max(end_ns) OVER (PARTITION BY pid ORDER BY start_ns) AS reach_ns
+    FROM sync_calls WHERE pid IS NOT NULL
+), sync_reach_any AS (  -- any pid, for operations whose pid is unknown
+    SELECT start_ns, max(end_ns) OVER (ORDER BY start_ns) AS reach_ns FROM sync_calls
+), copy_reach AS (
+    -- Every timed copy of the device: one on the gap's own stream cannot overlap the gap
+    -- (it is one of the stream's operations, so it ends by the gap's start or starts at
+    -- or after its end), so "on another stream" needs no test here.
+    SELECT device_id, start_ns, max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns) AS reach_ns
+    FROM copies WHERE run_id = $run_id AND device_id IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns
+), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
+    SELECT device_id, start_ns, end_ns,
+           sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS idle_to_end_ns
+    FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
 ), classified AS (
     SELECT g.*,
         CASE
-          WHEN EXISTS (SELECT 1 FROM sync_calls s WHERE (s.pid = g.pid OR g.pid IS NULL)
-                       AND s.start_ns < g.gap_end AND s.end_ns > g.gap_start) THEN 'sync'
-          WHEN EXISTS (SELECT 1 FROM copies c WHERE c.run_id = $run_id AND c.device_id = g.device_id
-                       AND c.stream_id IS DISTINCT FROM g.stream_id
+          WHEN (g.pid IS NOT NULL AND sp.reach_ns > g.gap_start)
+            OR (g.pid IS NULL AND sa.reach_ns > g.gap_start) THEN 'sync'
+          WHEN cr.reach_ns > g.gap_start
+            -- copies with end before start are not operations of any stream: tested directly
+            OR EXISTS (SELECT 1 FROM copies c WHERE c.run_id = $run_id AND c.end_ns < c.start_ns
+                       AND c.device_id = g.device_id AND c.stream_id IS DISTINCT FROM g.stream_id
                        AND c.start_ns < g.gap_end AND c.end_ns > g.gap_start) THEN 'copy'
           WHEN a.end_ns > g.gap_start THEN 'late_launch'
           WHEN a.start_ns IS NULL THEN 'unknown'
           ELSE 'dependency'
-        END AS cause
-    FROM gaps g LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
-), device_idle AS (
-    SELECT device_id, start_ns, end_ns FROM device_idle_gaps WHERE run_id = $run_id
-), lost AS (  -- the part of each stream gap during which no stream of the device worked
-    SELECT c.device_id, c.stream_id, c.gap_start,
-           sum(least(c.gap_end, d.end_ns) - greatest(c.gap_start, d.start_ns)) AS idle_ns
-    FROM classified c JOIN device_idle d
-      ON d.device_id = c.device_id AND d.start_ns < c.gap_end AND d.end_ns > c.gap_start
-    GROUP BY ALL
+        END AS cause,
+        -- the part of the gap during which no stream of the device worked: idle time up to
+        -- the gap's end minus idle time up to its start
+        coalesce(ie.idle_to_end_ns - ie.end_ns + least(g.gap_end, ie.end_ns), 0)
+          - coalesce(ist.idle_to_end_ns - ist.end_ns + least(g.gap_start, ist.end_ns), 0) AS idle_ns
+    FROM gaps g
+    LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
+    ASOF LEFT JOIN sync_reach sp ON sp.pid = g.pid AND sp.start_ns < g.gap_end
+    ASOF LEFT JOIN sync_reach_any sa ON sa.start_ns < g.gap_end
+    ASOF LEFT JOIN copy_reach cr ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
+    ASOF LEFT JOIN idle_cum ie ON ie.device_id = g.device_id AND ie.start_ns <= g.gap_end
+    ASOF LEFT JOIN idle_cum ist ON ist.device_id = g.device_id AND ist.start_ns <= g.gap_start
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns FROM ops GROUP BY ALL
 ), per_stream AS (
     SELECT c.device_id, c.stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns,
-           coalesce(sum(l.idle_ns), 0) AS lost_ns, any_value(s.span_ns) AS span_ns,
+           coalesce(sum(c.idle_ns), 0) AS lost_ns, any_value(s.span_ns) AS span_ns,
            arg_max(c.gap_start, c.gap_ns) AS worst_start, arg_max(c.gap_end, c.gap_ns) AS worst_end,
            mode(cause) AS main_cause,
            to_json(map_from_entries(list(DISTINCT (cause, n_cause)))) AS causes,
@@ -57,7 +79,6 @@ WITH ops AS (
                          'after_kind': next_kind, 'after_id': next_id}
                         ORDER BY gap_ns DESC, c.gap_start)[1:$max_examples]) AS worst
     FROM (SELECT *, count(*) OVER (PARTITION BY device_id, stream_id, cause) AS n_cause FROM classified) c
-    LEFT JOIN lost l USING (device_id, stream_id, gap_start)
     JOIN spans s USING (device_id, stream_id)
     GROUP BY c.device_id, c.stream_id
 ), per_device AS (

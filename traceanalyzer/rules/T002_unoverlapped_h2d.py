@@ -10,11 +10,19 @@ WITH h2d AS (
     WHERE run_id = $run_id AND direction = 'HtoD' AND start_ns IS NOT NULL AND end_ns > start_ns
 ), explicit AS (
     SELECT * FROM h2d WHERE NOT coalesce(unified_memory, false)
+), kernel_busy_cum AS (  -- disjoint kernel-busy stretches with the busy time up to each one's end
+    SELECT device_id, start_ns, end_ns,
+           sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS busy_to_end_ns
+    FROM kernel_busy_intervals WHERE run_id = $run_id AND device_id IS NOT NULL
 ), covered AS (  -- time of each copy during which some kernel ran on its device
-    SELECT e.copy_id, sum(least(e.end_ns, k.end_ns) - greatest(e.start_ns, k.start_ns)) AS covered_ns
-    FROM explicit e JOIN kernel_busy_intervals k
-      ON k.run_id = $run_id AND k.device_id = e.device_id AND k.start_ns < e.end_ns AND k.end_ns > e.start_ns
-    GROUP BY e.copy_id
+    -- = kernel-busy time up to the copy's end minus that up to its start, each read from the
+    -- last stretch starting by then (ASOF): O(n log n), where an overlap join is quadratic.
+    SELECT e.copy_id,
+           coalesce(ke.busy_to_end_ns - ke.end_ns + least(e.end_ns, ke.end_ns), 0)
+             - coalesce(ks.busy_to_end_ns - ks.end_ns + least(e.start_ns, ks.end_ns), 0) AS covered_ns
+    FROM explicit e
+    ASOF LEFT JOIN kernel_busy_cum ke ON ke.device_id = e.device_id AND ke.start_ns <= e.end_ns
+    ASOF LEFT JOIN kernel_busy_cum ks ON ks.device_id = e.device_id AND ks.start_ns <= e.start_ns
 ), per_copy AS (
     SELECT e.*, dur_ns - coalesce(c.covered_ns, 0) AS exposed_ns,
            src_kind = 'pageable' AS pageable,

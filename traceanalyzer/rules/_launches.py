@@ -56,13 +56,29 @@ GROUP BY device_id, name, grid_blocks, threads_per_block, registers_per_thread,
 """
 
 
+# Several rules (B001, B002, T005) read the same groups in one rules pass: keep the last few,
+# keyed by the run's content hash and ingest time, so a re-ingested run is never served stale.
+_CACHE: dict[tuple, pd.DataFrame] = {}
+_CACHE_RUNS = 4
+
+
 def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     """One row per launch configuration, with device limits, occupancy and waves.
 
     Columns added: `time_share` (of the run's kernel time, NULL without durations),
     `blocks_per_sm`, `theoretical`, `achieved` (0..1), `limiter`, `waves`, and `source`
-    (`ncu` when ncu measured the occupancy values, else `calculator`).
+    (`ncu` when ncu measured the occupancy values, else `calculator`). Callers get a copy.
     """
+    stamp = store.sql("SELECT content_hash, ingested_at FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    key = (str(store.path), run_id, *(stamp[0] if stamp else ()))
+    if key not in _CACHE:
+        while len(_CACHE) >= _CACHE_RUNS:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = _launch_groups(store, run_id)
+    return _CACHE[key].copy()
+
+
+def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     groups = store.sql(GROUPS_SQL, {"run_id": run_id}).df()
     if groups.empty:
         return groups
