@@ -551,8 +551,9 @@ def main() -> None:
     for kind in a.kinds.split(","):
         for scale in scales:
             (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results)
-    (DATA / "peers.json").write_text(json.dumps({"machine": info, "argv": sys.argv[1:], "results": results},
-                                                indent=1, default=str))
+            # Saved after every size, so that an interrupted run keeps what it measured.
+            (DATA / "peers.json").write_text(json.dumps({"machine": info, "argv": sys.argv[1:],
+                                                        "results": results}, indent=1, default=str))
     print("\n" + "\n".join(targets(results, scales)))
     if not a.no_doc:
         write_doc(results, info, scales, sys.argv[1:], NOTES)

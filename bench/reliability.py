@@ -7,9 +7,9 @@ writers, killed writers. Anyone can run it (it needs ../shared/traces):
 1. Fuzz corpus (fixtures/gen_hostile.py, every class, every seed trace): each case is
    ingested and judged (`gen_hostile.judge`: clean one-line error, or a complete run; never
    a crash, leftover rows or an incomplete run). Then the whole corpus goes through the real
-   `traceanalyzer ingest` in one batch together with the untouched seed traces: one
-   `error:` line per refused file, no traceback, every seed trace stored, and no byte or
-   mtime of any input changed.
+   `traceanalyzer check` in one batch together with the untouched seed traces: one
+   `error:` line per refused file, no traceback, every seed trace stored, every rule run on
+   every stored run without a rule error, and no byte or mtime of any input changed.
 2. Resource bombs, each in its own process with the default limits: time, peak RSS, outcome.
 3. Concurrent writers: W processes of the real CLI ingesting distinct files into one store.
 4. Kills: SIGKILL inside the transaction, during COMMIT, or at a random moment of a real
@@ -64,7 +64,9 @@ def _fuzz_task(args) -> dict:
     fmt, name, per_class, seed, out_dir = args
     out = Path(out_dir) / (name if fmt != "-" else "not-a-trace")
     out.mkdir(parents=True, exist_ok=True)
-    store = Store(":memory:")
+    judge_dir = Path(out_dir).parent / "judge"  # a file store: DuckDB spills instead of growing RSS
+    judge_dir.mkdir(exist_ok=True)
+    store = Store(judge_dir / f"{out.name}.duckdb")
     if fmt == "-":
         cases = list(G.generic_cases(random.Random(seed), per_class))
         for i, c in enumerate(cases, 1):
@@ -99,8 +101,10 @@ def fuzz(per_class: int, seed: int, work: Path, jobs: int) -> dict:
     before = _snapshot([Path(r["name"]) for r in rows] + seeds)
     db = work / "cli.duckdb"
     t0 = time.perf_counter()
-    r = subprocess.run(cli("ingest", work, *seeds, "--store", db), capture_output=True, text=True, env=ENV,
-                       cwd=work, timeout=7200)
+    report = work.parent / "check.json"
+    r = subprocess.run(cli("check", work, *seeds, "--store", db, "--format", "json", "-o", report,
+                           "--fail-on", "never"), capture_output=True, text=True, env=ENV, cwd=work, timeout=7200)
+    rule_status = Counter(o["status"] for run in json.loads(report.read_text())["runs"] for o in run["rules"])
     cli_s = time.perf_counter() - t0
     after = _snapshot([Path(r_["name"]) for r_ in rows] + seeds)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
@@ -120,6 +124,7 @@ def fuzz(per_class: int, seed: int, work: Path, jobs: int) -> dict:
             "ok_cases_stored": len(judged_ok & stored), "ok_cases": len(judged_ok),
             "seeds_stored": sum(file_hash(p) in stored for p in seeds), "seeds": len(seeds),
             "inputs": len(before), "inputs_unchanged": sum(before[k] == after.get(k) for k in before),
+            "rule_status": dict(rule_status),
         },
     }
 
@@ -137,7 +142,8 @@ from traceanalyzer.ingest import read_file, TraceError
 t0 = time.perf_counter()
 try:
     trace = read_file(Path(sys.argv[1]))
-    out = "stored: " + ", ".join(f"{k}={v.num_rows}" for k, v in trace.tables.items() if v.num_rows)
+    rows = ", ".join(f"{k}={v.num_rows}" for k, v in trace.tables.items() if v.num_rows)
+    out = "read: " + (rows or "no rows; " + "; ".join(trace.warnings[:1]))
 except TraceError as e:
     out = "error: " + str(e)
 print(json.dumps({"seconds": time.perf_counter() - t0, "outcome": out,
@@ -346,10 +352,10 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         "",
         f"Per case: median {statistics.median(secs) * 1000:.0f} ms, max {max(secs):.1f} s "
         f"(`{Path(slow['name']).name}`: {slow['detail']}); peak RSS of a judging worker "
-        f"{f['peak_rss_mb']:.0f} MB.",
+        f"(one seed trace's cases, each stored in the worker's store) {f['peak_rss_mb']:.0f} MB.",
         "",
-        "Then the whole corpus and the untouched seed traces went through `traceanalyzer ingest` "
-        f"as one batch ({f['cli_seconds']:.0f} s):",
+        "Then the whole corpus and the untouched seed traces went through `traceanalyzer check` "
+        f"(ingest, then every rule on every stored run) as one batch ({f['cli_seconds']:.0f} s):",
         "",
         f"- {c['error_lines']} `error:` lines for {c['files_with_errors']} files (at most "
         f"{c['max_lines_per_file']} per file), {c['tracebacks']} tracebacks, {c['internal']} internal errors; "
@@ -357,6 +363,8 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         f"- {c['ok_cases_stored']} of {c['ok_cases']} cases judged complete are in the store, and "
         f"{c['seeds_stored']} of {c['seeds']} seed traces of the same batch.",
         f"- Inputs unchanged (SHA-256 and mtime, before and after): {c['inputs_unchanged']} of {c['inputs']}.",
+        "- Rules on the stored runs: " + ", ".join(f"{n} {st}" for st, n in sorted(c["rule_status"].items()))
+        + " (`error` would be a rule that failed on a run; `no-data`: the run lacks what the rule needs).",
         "",
         "What the refusals say, most common first:",
         "",

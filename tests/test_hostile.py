@@ -229,8 +229,44 @@ def test_row_string_and_text_limits_name_their_variable(tmp_path):
     assert "TRACEANALYZER_MAX_STRING_BYTES" in str(err) and "kernels.name" in str(err)
     err, _, _ = _read_with(traces / "torch" / "kineto__docs__before_fix_trace.json", TRACEANALYZER_MAX_TEXT_BYTES="1K")
     assert "TRACEANALYZER_MAX_TEXT_BYTES" in str(err)
+    amplified = tmp_path / "amplified.sqlite"  # 100 KB name on 200 kernel rows: 20 MB once joined
+    G.amplified_sqlite(amplified, string_bytes=100_000, rows=200)
+    err, _, peak = _read_with(amplified, TRACEANALYZER_MAX_TEXT_BYTES="8M")
+    assert "TRACEANALYZER_MAX_TEXT_BYTES" in str(err) and "repeated on every row" in str(err)
+    assert peak < 8 << 20
+    assert read_file(amplified).tables["kernels"].num_rows == 200  # within the default limits
     err, _, _ = _read_with(nsys, TRACEANALYZER_MAX_ROWS="lots")
     assert "TRACEANALYZER_MAX_ROWS='lots' is not a positive whole number" in str(err)
+
+
+def test_devices_pipes_and_symlink_loops_end_cleanly(tmp_path):
+    """/dev/zero would hash for ever and a pipe blocks or reads once: both are refused by
+    name; a folder whose symlink points back up is walked once."""
+    folder = tmp_path / "traces"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "up").symlink_to("..")
+    (folder / "zero.json").symlink_to("/dev/zero")
+    os.mkfifo(folder / "fifo.json")
+    shutil.copy(FIXTURES / "nsys" / "clean.sqlite", folder / "a" / "clean.sqlite")
+    r = subprocess.run([sys.executable, "-m", "traceanalyzer.cli", "ingest", str(folder), str(folder / "zero.json"),
+                        str(folder / "fifo.json"), "/dev/zero", "--store", str(tmp_path / "s.duckdb")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.count("not a regular file") == 3 and "3 file(s) failed" in r.stderr
+    assert r.stdout.count("clean.sqlite") == 1
+
+
+def test_error_lines_quote_file_text_inert_and_short(tmp_path):
+    """Messages quote the file (an ncu log's ==ERROR== line here): terminal escapes are shown
+    escaped, and the line is clipped; a file name with a newline stays on one line too."""
+    log = tmp_path / "evil\nname.log"
+    log.write_text("==PROF== Connected to process 1\n==ERROR== \x1b[2J\x1b[31mgotcha\u202e " + "x" * 5000 + "\n")
+    r = _cli("ingest", log, "--store", tmp_path / "s.duckdb")
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 1 and len(lines) == 1 and len(r.stderr.splitlines()) == 2
+    assert "\x1b" not in r.stderr and "\u202e" not in r.stderr
+    assert "evil\\nname.log" in lines[0] and "\\x1b[2J" in lines[0] and "\\u202e" in lines[0]
+    assert len(lines[0]) < 600
 
 
 def test_limits_are_documented():
@@ -259,7 +295,7 @@ def test_inputs_are_never_changed(tmp_path):
     os.utime(inputs / "truncated.sqlite", ns=(1_000_000_000, 1_000_000_000))
     before = _snapshot(inputs)
     db = tmp_path / "s.duckdb"
-    for args in (["ingest", inputs], ["check", inputs, "--format", "json", "-o", tmp_path / "r.json"],
+    for args in (["scan", inputs, "--jobs", "1"], ["ingest", inputs], ["check", inputs, "--format", "json", "-o", tmp_path / "r.json"],
                  ["runs"], ["summary", "planted.sqlite"], ["query", "SELECT count(*) FROM kernels"],
                  ["report", inputs, "-o", tmp_path / "r.html"]):
         r = _cli(*args, "--store", db)

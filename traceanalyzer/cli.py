@@ -39,7 +39,7 @@ def _open(store: Path | None, read_only: bool = False) -> Store:
 def _error_line(path: Path, e: BaseException) -> str:
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     # Names and messages come from files: one line, no terminal escapes, whatever they hold.
-    return f"error: {one_line(str(path), 4096)}: {one_line(msg)}"
+    return f"error: {one_line(str(path), 4096, exact=True)}: {one_line(msg)}"
 
 
 def ingest_files(st: Store, paths: List[str], debug: bool, skip_existing: bool = False,

@@ -42,8 +42,9 @@ GIB = 1 << 30
 MIB = 1 << 20
 LIMITS: dict[str, Limit] = {lim.name: lim for lim in (
     Limit("MAX_TEXT_BYTES", 2 * GIB, "bytes",
-          "Largest JSON or CSV file read; these formats are held in memory while parsed "
-          "(peak memory is about 3x the text)."),
+          "Largest JSON or CSV file read (these formats are parsed in memory, peak about 3x the "
+          "text), and the most string bytes one table of an nsys export may expand to (a long "
+          "name stored once but named on every row)."),
     Limit("MAX_INFLATED_BYTES", 2 * GIB, "bytes",
           "Most bytes a gzipped trace may inflate to; inflation stops there."),
     Limit("MAX_INFLATE_RATIO", 200, "x",
@@ -201,11 +202,12 @@ def check_tables(tables: dict, warnings: list[str]) -> None:
     import pyarrow.compute as pc
 
     max_rows, max_string = get("MAX_ROWS"), get("MAX_STRING_BYTES")
-    for name, table in tables.items():
+    for name, table in list(tables.items()):
         if table.num_rows > max_rows:
             raise over("MAX_ROWS", f"{name}: {table.num_rows:,} rows")
         if not table.num_rows:
             continue
+        table = tables[name] = _fit_integers(name, table, warnings)
         for col_name in table.column_names:
             col = table.column(col_name)
             if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
@@ -221,6 +223,37 @@ def check_tables(tables: dict, warnings: list[str]) -> None:
             backwards = pc.sum(pc.less(table.column("end_ns"), table.column("start_ns"))).as_py()
             if backwards:
                 warnings.append(f"{name}: {backwards:,} row(s) end before they start (kept as written)")
+
+
+def _fit_integers(name: str, table, warnings: list[str]):
+    """Give integer columns the schema's type; a value it cannot hold (a grid size of 1e12 in
+    an INTEGER column, inf, 1.5) becomes NULL with a warning instead of failing the store."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from . import schema
+
+    spec = {c.name: c.type for c in schema.BY_NAME[name].columns} if name in schema.BY_NAME else {}
+    for i, col_name in enumerate(table.column_names):
+        target = {"BIGINT": pa.int64(), "INTEGER": pa.int32()}.get(spec.get(col_name, ""))
+        col = table.column(i)
+        if target is None or col.type == target or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            continue
+        try:
+            fitted = col.cast(target)
+        except (pa.ArrowInvalid, OverflowError):
+            lo, hi = -(1 << (target.bit_width - 1)), (1 << (target.bit_width - 1)) - 1
+            if pa.types.is_integer(col.type):
+                ok = pc.and_(pc.greater_equal(col, lo), pc.less_equal(col, hi))
+            else:  # floats: finite whole numbers within range (the bounds as floats are close enough)
+                ok = pc.and_(pc.and_(pc.is_finite(col), pc.equal(pc.floor(col), col)),
+                             pc.and_(pc.greater_equal(col, float(lo)), pc.less(col, float(hi))))
+            ok = pc.fill_null(ok, False)
+            bad = pc.sum(pc.and_(pc.invert(ok), pc.is_valid(col))).as_py() or 0
+            fitted = pc.if_else(ok, col, pa.scalar(None, col.type)).cast(target)
+            warnings.append(f"{name}.{col_name}: {bad:,} value(s) that {target} cannot hold set to NULL")
+        table = table.set_column(i, col_name, fitted)
+    return table
 
 
 __all__ = ["LIMITS", "Limit", "get", "show", "over", "check_text_size", "gunzip", "json_depth",

@@ -220,9 +220,11 @@ class Store:
 
     def ingest(self, path: str | Path, *, skip_existing: bool = False) -> IngestResult:
         """Detect, read and store one file (see `traceanalyzer.ingest.read_file`)."""
-        from .ingest import read_file
+        from .ingest import TraceError, read_file
 
         path = Path(path)
+        if path.exists() and not path.is_file():  # /dev/zero would hash for ever; a pipe reads once
+            raise TraceError("not a regular file (a device, pipe or folder)")
         content_hash = file_hash(path)
         if skip_existing and self.has_hash(content_hash):
             row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()

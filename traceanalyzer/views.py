@@ -110,7 +110,17 @@ MACROS: dict[str, str] = {
 }
 
 
+# DuckDB picks a nested-loop plan for an ASOF join, and a piecewise merge join for a range
+# join, when it *estimates* a side small; its estimates for the rules' CTEs are often ~10
+# rows where there are millions, and those plans are quadratic (T006 and T004 took minutes
+# on 2.5 M kernels). Zero thresholds keep the sort-based ASOF and IEJoin operators, which
+# cost next to nothing extra on small runs.
+PLANNER_SETTINGS = {"asof_loop_join_threshold": 0, "merge_join_threshold": 0}
+
+
 def install(con: duckdb.DuckDBPyConnection) -> None:
+    for name, value in PLANNER_SETTINGS.items():
+        con.execute(f"SET {name} = {value}")
     for name, body in MACROS.items():
         con.execute(f"CREATE OR REPLACE TEMP MACRO {name}{body}")
     for name, (_, sql) in VIEWS.items():

@@ -127,7 +127,9 @@ def metric_for_kernels(metrics: pa.Table, metric_id: str, kernel_ids: pa.Array,
 
 
 def _as_int(values: pa.Array) -> pa.Array:
-    return pc.cast(pc.round(values), pa.int64())
+    # inf, NaN or past int64 (a wrong unit, a corrupt cell) is no value, not a crash.
+    usable = pc.and_(pc.is_finite(values), pc.less(pc.abs(values), 9.2e18))
+    return pc.cast(pc.round(pc.if_else(usable, values, pa.scalar(None, values.type))), pa.int64())
 
 
 def _column(ident: pa.Table, name: str) -> pa.Array | None:

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import nsys_enums
+from .. import limits
 from ..limits import MAX_ABS_TIME_NS
 from .base import ParsedTrace, TraceError, as_path
 from .nsys_devices import read_devices
@@ -87,6 +88,9 @@ SOURCES: dict[str, dict[str, tuple[str, pa.DataType]]] = {
     MEMORY: {"start_ns": ("start", I64), "global_pid": ("globalPid", I64), "device_id": ("deviceId", I64),
              "address": ("address", I64), "bytes": ("bytes", I64), "oper": ("memoryOperationType", I64)},
 }
+# Past this, a StringIds value could multiply into gigabytes by being named on every row.
+LONG_STRING_BYTES = 64 * 1024
+STRING_ID_COLUMNS = ("demangled_id", "short_id", "mangled_id", "name_id", "text_id")
 GPU_TABLES = {KERNEL: "kernels", MEMCPY: "copies", MEMSET: "memsets", SYNC: "syncs", GRAPH: "graph executions"}
 # GPU rows whose times are usable: within ±2^62 ns (so differences fit int64) and not
 # ending before they start. NULL is let through as before; never NULL itself.
@@ -113,6 +117,7 @@ class _Reader:
         self.duck = duckdb.connect()
         self.warnings: list[str] = []
         self.tables: dict[str, pa.Table] = {}
+        self.longest_string_bytes = 0  # of StringIds, set by _load_strings
         self.metadata: dict = {"tables": sorted(f.tables), "source_rows": {}, "dropped_rows": {}}
 
     # -- orchestration -------------------------------------------------------------
@@ -217,7 +222,10 @@ class _Reader:
             data = self.f.arrow(cols, "StringIds", label="StringIds")
         else:
             data = pa.schema([(c.alias, c.type) for c in cols]).empty_table()
+        self.longest_string_bytes = pc.max(pc.binary_length(data["value"])).as_py() or 0
         self.duck.register("string_ids", data)
+        if self.longest_string_bytes > LONG_STRING_BYTES:
+            self._check_expansion()
         self.duck.execute("""
             CREATE TEMP TABLE strings AS
             SELECT id, value, regexp_replace(value, '_v[0-9]+$', '') AS stripped,
@@ -226,30 +234,25 @@ class _Reader:
 
     def _emit(self, name: str, sql: str) -> pa.Table:
         table = self.duck.sql(sql).to_arrow_table()
-        target = arrow_schema(name, table.column_names)
         try:
-            table = table.cast(target)
-        except (pa.ArrowInvalid, OverflowError):  # SQLite types nothing: a value past INTEGER, say
-            table = self._cast_dropping_misfits(name, table, target)
+            table = table.cast(arrow_schema(name, table.column_names))
+        except (pa.ArrowInvalid, OverflowError):
+            pass  # SQLite types nothing (a value past INTEGER): limits.check_tables NULLs it, with a warning
         self.tables[name] = table
         return table
 
-    def _cast_dropping_misfits(self, name: str, table: pa.Table, target: pa.Schema) -> pa.Table:
-        """Cast column by column; integers outside the target type become NULL, with a warning."""
-        columns = []
-        for field, col in zip(target, table.columns):
-            try:
-                columns.append(col.cast(field.type))
-                continue
-            except (pa.ArrowInvalid, OverflowError):
-                if not (pa.types.is_integer(field.type) and pa.types.is_integer(col.type)):
-                    raise TraceError(f"{name}.{field.name}: values that do not fit {field.type}") from None
-            lo, hi = -(1 << (field.type.bit_width - 1)), (1 << (field.type.bit_width - 1)) - 1
-            fits = pc.and_(pc.greater_equal(col, lo), pc.less_equal(col, hi))
-            bad = pc.sum(pc.invert(fits)).as_py() or 0
-            self.warnings.append(f"{name}.{field.name}: {bad} value(s) too large for {field.type} set to NULL")
-            columns.append(pc.if_else(fits, col, pa.scalar(None, col.type)).cast(field.type))
-        return pa.Table.from_arrays(columns, schema=target)
+    def _check_expansion(self) -> None:
+        """A long string is stored once in StringIds but repeated on every row naming it:
+        add up, over the id columns, the lengths the tables would hold, before any join."""
+        refs = [f"SELECT n.len FROM {_src(t)} x JOIN string_lengths n ON n.id = x.{alias}"
+                for t, spec in SOURCES.items() for alias in spec if alias in STRING_ID_COLUMNS]
+        self.duck.execute("CREATE TEMP TABLE string_lengths AS SELECT id, strlen(value) AS len FROM string_ids")
+        longest, total = self.duck.execute(
+            f"SELECT COALESCE(max(len), 0), COALESCE(sum(len), 0) FROM ({' UNION ALL '.join(refs)})").fetchone()
+        if longest > limits.get("MAX_STRING_BYTES"):
+            raise limits.over("MAX_STRING_BYTES", f"a name of {longest:,} bytes")
+        if total > limits.get("MAX_TEXT_BYTES"):
+            raise limits.over("MAX_TEXT_BYTES", f"names repeated on every row would take {total:,} bytes of strings")
 
     # -- tables --------------------------------------------------------------------
     def _api_calls(self) -> None:
