@@ -517,7 +517,83 @@ def write_doc(results: list, info: dict, scales: list[int], argv: list[str], not
 
 
 NOTES = """
-See the bottom of this file's generator (`bench/bench_peers.py`, `NOTES`) for the text of these notes.
+**Inputs** (`bench/gen_big.py`). Kineto: the real 56 MB H100 trace
+`TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz` (132 k events, 4 330 kernels,
+python_function stacks, memory events) repeated 1-8 times, each copy shifted in time and in every
+linking id, written with PyTorch's 2-space indentation (whitespace is a third of a real trace's
+bytes). nsys: the real 2-GPU H100 export `nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite` (schema
+3.25.0, nsys-ai's own fixture): its CREATE TABLE text and rows copied, and the kernel, runtime,
+memcpy, memset and sync tables repeated in SQL with shifted times and correlation ids; 1x = 625 k
+kernels (1.05 M runtime calls), 8x = 5.0 M kernels (8.4 M runtime calls, 1.3 M copies). NVTX,
+strings and devices are not repeated. `python bench/gen_big.py nsys --kernels 1000000` writes the
+1 M-kernel export; the table uses powers of two from 625 k so that 8x is the 5 M target.
+
+**What is timed.** Ours: `Store(path).ingest(file)` into a new DuckDB file (hashing, reading,
+writing) plus `run_rules` with every rule, and again `run_rules` alone on the stored run (the warm
+path). HTA: `TraceAnalysis(trace_dir=...)` (parse plus its per-rank preprocessing; nothing else).
+nsys-ai: `nsys-ai skill run gpu_idle_gaps` on a fresh copy of the export (this builds its Parquet
+cache first, as the first command on any profile does), then, with the cache warm, the four skills
+that match our nsys rules (gpu_idle_gaps, memory_transfers, sync_cost_analysis,
+kernel_launch_overhead) in one process. Bare decode: the whole file into Python objects (json,
+orjson, msgspec), msgspec decoding only the 8 event fields the reader uses (args left raw: the
+fastest decode found), and for SQLite the reader's columns of every activity table plus StringIds
+as Python rows (sqlite3 + fetchmany), as Arrow built from those rows, and as Arrow from the ADBC
+SQLite driver.
+
+**Peers, as installed here.** `HolisticTraceAnalysis==0.5.0` needs `pandas<3` (its current PyPI
+name is `traceinsight`, 0.6.1; not used). `nsys-ai==0.3.0` reads SQLite through DuckDB's
+`sqlite_scanner`; offline that only works with `duckdb==1.5.5` plus the
+`duckdb-extension-sqlite-scanner==1.5.5` wheel, whose extension file this script `INSTALL`s into
+DuckDB's extension folder under `bench/data/venvs/nsys-ai-home` (nsys-ai runs with that HOME).
+Without it nsys-ai falls back to sqlite3 and writes indexes into the export, so it always gets a
+copy. Both live in their own virtual environments under `bench/data/venvs`, made by this script.
+
+**Fixes made while measuring** (each keeps every test passing and gives the same findings on all
+76 real and fixture traces, up to ties that `arg_max` breaks arbitrarily):
+* T001 launch-gaps classified each gap with `EXISTS` interval-overlap subqueries (sync calls,
+  copies) and a join of gaps with device-idle stretches on `device_id` plus overlap: a hash join on
+  2 devices is quadratic (218 s of 383 s of rules on 625 k kernels). Now a running max of `end_ns`
+  plus an ASOF join answers "does any interval overlap the gap", and the idle part of a gap is the
+  difference of cumulative idle time at its two ends (ASOF again): 1.6 s.
+* T002 unoverlapped-h2d joined copies with kernel-busy stretches the same way (112 s); now the
+  cumulative-busy-time difference: 0.7 s.
+* `views.install` sets `asof_loop_join_threshold = 0` and `merge_join_threshold = 0`: DuckDB
+  estimates ~10 rows for many rule CTEs that hold millions and then plans an ASOF join as a
+  nested loop (T006 copy-hygiene: 144 M intermediate rows on 625 k kernels; 53 s at 2.5 M).
+
+**Where we still miss, and why** (cProfile for Python, DuckDB's JSON profiler for SQL):
+* nsys rules are not linear yet. T004 host-bound joins GPU-idle stretches with every host event
+  on two inequalities only; DuckDB runs it as a PIECEWISE_MERGE_JOIN (3.6 s for 6 k result rows
+  at 1x, ~30 s at 4x, quadratic). Fix: the stretches are disjoint and sorted, so each host event
+  can find its first overlapping stretch with an ASOF join and the few events spanning several
+  stretches can be expanded with a range join on stretch numbers, or the rule can clip host events
+  per stretch in one sorted sweep (window functions). S002 unfused-elementwise runs three regexes
+  per GPU operation (`regexp_matches(lower(name), ...)` on every row); matching once per distinct
+  kernel name and joining back would make it cheap. Rules were being added by other helpers while
+  this ran; rerun after they land.
+* nsys memory is several times the file and grows with it. The rules alone on a stored run peak
+  at about half of ingest + rules, so both halves count. From reading the code (not yet measured
+  phase by phase): the reader fetches every needed column into Arrow, registers those tables in an
+  in-memory DuckDB, builds the output tables there as Arrow, and the store then copies them into
+  its own DuckDB, so up to three copies of the largest tables (api_calls, kernels) coexist.
+  Writing each output table into the store as soon as it is built and dropping its `src_*` input
+  would bound ingest by about one copy of the largest table; DuckDB's `memory_limit` on the rule
+  connection would make the rules spill instead of growing.
+* Kineto: ingest + rules is ~4x faster than HTA's load, not 10x. cProfile of one ingest of the 2x
+  file (5.0 s under the profiler): typed msgspec decode of the events 1.0 s (the fastest decode; a
+  quarter), building the tables 2.7 s, of which `kineto_tables.cpu_ops` 1.1 s, `_group` (a Python
+  loop over every event to bucket it by category) 0.4 s, per-row Python calls in
+  `kineto_arrow` (188 k calls) 0.3 s, args decoding 0.4 s; reading the file 0.3 s and hashing it
+  again 0.3 s; the store's insert 0.3 s and checkpoint on close 0.3 s. Then a fixed ~1.5-3 s of
+  rules (20 rules, each with its own applies query and SQL). Bucketing events by category in C
+  (decode a category field array first, or let msgspec tag events by category) and building
+  columns with `pyarrow.array` over Struct attributes rather than per-row callbacks are the next
+  steps; hashing the bytes already read instead of reading the file twice saves one pass.
+  Peak memory is ~2.8x the file because the whole file is one `bytes` and the raw `args` slices
+  keep it alive until the tables are built; decoding `traceEvents` in chunks (find event
+  boundaries, decode ~50 k events at a time, build Arrow per chunk) would bound the peak by the
+  tables, not the file, and is what the 1/3-of-HTA memory target needs.
+* Time linearity on Kineto is good; on nsys see T004/S002 above.
 """
 
 

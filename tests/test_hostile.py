@@ -451,8 +451,6 @@ def test_text_report_prints_markup_literally(hostile_store):
     assert "[bold]m[/] [/x]" in text  # shown as written, not interpreted as rich markup
 
 
-@pytest.mark.xfail(strict=True, reason="report/text.py and the markdown report pass ESC (\\x1b) and bidi "
-                   "controls from kernel names through to the terminal; needs an escape in report/text.py")
 def test_text_and_markdown_reports_neutralise_terminal_escapes(hostile_store):
     _, out, _ = hostile_store
     for name in ("report.text", "report.md"):
@@ -460,8 +458,6 @@ def test_text_and_markdown_reports_neutralise_terminal_escapes(hostile_store):
         assert "\x1b" not in text and "\u202e" not in text, name
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py `summary` puts kernel names in rich Table cells as markup: "
-                   "a kernel named `[/x]` raises MarkupError (traceback)")
 def test_summary_of_a_hostile_run_does_not_crash(hostile_store):
     db, _, _ = hostile_store
     r = _cli("summary", "--store", db)

@@ -11,6 +11,7 @@ from typing import Annotated, List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 from . import fmt, summary
@@ -100,8 +101,8 @@ def runs(store: StoreOpt = None):
             FROM runs r ORDER BY r.ingested_at, r.run_id""")
     t = Table("run", "format", "file", "version", "span", "kernels", "copies", "GPUs")
     for r in df.itertuples():
-        t.add_row(r.run_id, r.format, r.file_name, fmt.text(r.producer_version), fmt.ns(r.span_ns),
-                  fmt.num(r.kernels), fmt.num(r.copies), fmt.text(r.gpus))
+        t.add_row(r.run_id, r.format, _t(r.file_name), _t(fmt.text(r.producer_version)), fmt.ns(r.span_ns),
+                  fmt.num(r.kernels), fmt.num(r.copies), _t(fmt.text(r.gpus)))
     out.print(t)
 
 
@@ -122,14 +123,15 @@ def summary_cmd(run: Annotated[Optional[List[str]], typer.Argument(help="Run ids
 
 def _print_summary(st: Store, rid: str, top: int) -> None:
     info = summary.run_info(st, rid)
-    out.rule(f"{rid}  {info['file_name']}  ({info['format']})", style="bold")
-    out.print(f"span {fmt.ns(info['span_ns'])}   producer {fmt.text(info['producer'])} "
-              f"{fmt.text(info['producer_version'], '')}   host {fmt.text(info['host'])}", markup=False)
+    out.rule(Text(f"{rid}  {fmt.printable(info['file_name'])}  ({info['format']})"), style="bold")
+    out.print(fmt.printable(f"span {fmt.ns(info['span_ns'])}   producer {fmt.text(info['producer'])} "
+                            f"{fmt.text(info['producer_version'], '')}   host {fmt.text(info['host'])}"),
+              markup=False)
     busy = summary.busy(st, rid)
     if not busy.empty:
         t = Table("device", "name", "busy", "active span", "busy share", "share of run", title="GPU busy")
         for r in busy.itertuples():
-            t.add_row(str(r.device_id), fmt.text(r.device), fmt.ns(r.busy_ns), fmt.ns(r.active_span_ns),
+            t.add_row(str(r.device_id), _t(fmt.text(r.device)), fmt.ns(r.busy_ns), fmt.ns(r.active_span_ns),
                       fmt.pct(r.busy_share), fmt.pct(r.busy_share_of_run))
         out.print(t)
     k = summary.top_kernels(st, rid, top)
@@ -138,7 +140,7 @@ def _print_summary(st: Store, rid: str, top: int) -> None:
     else:
         t = Table("kernel", "count", "total", "mean", "median", "min", "max", "share", title="Top kernels by total time")
         for r in k.itertuples():
-            t.add_row(_clip(r.kernel), fmt.num(r.count), fmt.ns(r.total_ns), fmt.ns(r.mean_ns),
+            t.add_row(_t(_clip(r.kernel)), fmt.num(r.count), fmt.ns(r.total_ns), fmt.ns(r.mean_ns),
                       fmt.ns(r.median_ns), fmt.ns(r.min_ns), fmt.ns(r.max_ns), fmt.pct(r.share))
         out.print(t)
     c = summary.copies(st, rid)
@@ -148,6 +150,11 @@ def _print_summary(st: Store, rid: str, top: int) -> None:
             bw = "-" if fmt.text(r.bandwidth_gb_per_s) == "-" else f"{r.bandwidth_gb_per_s:.3g} GB/s"
             t.add_row(r.direction, r.memory_kinds, fmt.num(r.count), fmt.nbytes(r.bytes), fmt.ns(r.total_ns), bw)
         out.print(t)
+
+
+def _t(s) -> Text:
+    """A table cell holding trace text: shown as written (no rich markup), controls escaped."""
+    return Text(fmt.printable(s))
 
 
 def _clip(s: str, n: int = 80) -> str:
@@ -174,7 +181,7 @@ def query(sql: Annotated[str, typer.Argument(help="SQL over the store's tables a
     else:
         t = Table(*map(str, df.columns))
         for row in df.itertuples(index=False):
-            t.add_row(*(fmt.text(v, "") for v in row))
+            t.add_row(*(_t(fmt.text(v, "")) for v in row))
         out.print(t)
 
 

@@ -1,6 +1,18 @@
-"""Human-readable numbers for terminal and report output."""
+"""Human-readable numbers, and trace text made safe, for terminal and report output."""
 
 from __future__ import annotations
+
+import re
+
+# Control characters (ANSI escapes, newlines) and bidi overrides can rewrite a terminal or
+# reorder a line; trace text (kernel names, file names) shows them escaped instead.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text) -> str:
+    """Trace-derived text with control and bidi characters shown as escapes (\\x1b)."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], "" if text is None else str(text))
+
 
 
 def _missing(x) -> bool:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 
 from .. import fmt
 from .model import CheckResult
+
+
+def escape(text) -> str:
+    """Trace text for a rich console: no markup, no terminal control characters."""
+    return _markup_escape(fmt.printable(text))
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
