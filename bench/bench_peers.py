@@ -434,10 +434,12 @@ def targets(results: list, scales: list[int]) -> list[str]:
         best = min(decodes, key=lambda r: r["work_s"])
         generic = min((r for r in decodes if r["what"] != "decode: msgspec-typed"), key=lambda r: r["work_s"],
                       default=best)
-        for ref in ([best] if best is generic else [best, generic]):
-            x = ours["work_s"] / ref["work_s"]
-            lines.append(f"| Kineto {top}x: within 2x of the fastest bare decode ({ref['what'][8:]}) | "
-                         f"{x:.1f}x its time | {verdict(x <= 2)} |")
+        x = ours["work_s"] / best["work_s"]
+        lines.append(f"| Kineto {top}x: within 2x of the fastest bare decode ({best['what'][8:]}) | "
+                     f"{x:.1f}x its time | {verdict(x <= 2)} |")
+        if generic is not best:
+            lines.append(f"| (context) the fastest generic decode into Python objects ({generic['what'][8:]}) | "
+                         f"ours takes {ours['work_s'] / generic['work_s']:.1f}x its time | |")
     ours = _get(results, "nsys", top, "ours: ingest + all rules")
     cold = _get(results, "nsys", top, "nsys-ai: cache build + gaps")
     if ours and cold:
@@ -456,19 +458,27 @@ def targets(results: list, scales: list[int]) -> list[str]:
         lines.append(f"| nsys {top}x: ADBC beats sqlite3 + fetchmany (reader uses ADBC) | "
                      f"{s['work_s'] / a['work_s']:.1f}x faster | {verdict(a['work_s'] < s['work_s'])} |")
     for kind in ("kineto", "nsys"):
+        for what in ("ours: ingest + all rules", "ours: rules on stored run"):
+            pts = [(sc, _get(results, kind, sc, what)) for sc in sorted(scales)]
+            pts = [(sc, r) for sc, r in pts if r]
+            if len(pts) < 2:
+                continue
+            # Worst step: a fixed cost can hide a quadratic part over the whole range.
+            steps = [(b[1]["work_s"] / a[1]["work_s"]) / (b[0] / a[0]) for a, b in zip(pts, pts[1:])]
+            (s0, r0), (s1, r1) = pts[0], pts[-1]
+            lines.append(f"| {kind}, {what[6:]}: time linear in input ({s0}x→{s1}x) | grew "
+                         f"{r1['work_s'] / r0['work_s']:.1f}x for {s1 / s0:.0f}x input; worst step "
+                         f"{max(steps):.2f}x of linear | {verdict(max(steps) <= 1.25)} |")
         pts = [(sc, _get(results, kind, sc, "ours: ingest + all rules")) for sc in sorted(scales)]
         pts = [(sc, r) for sc, r in pts if r]
         if len(pts) >= 2:
-            (s0, r0), (s1, r1) = pts[0], pts[-1]
-            growth = (r1["work_s"] / r0["work_s"]) / (s1 / s0)
-            lines.append(f"| {kind}: time linear in input ({s0}x→{s1}x) | time grew {r1['work_s'] / r0['work_s']:.1f}x "
-                         f"for {s1 / s0:.0f}x input ({growth:.2f} of linear) | {verdict(growth <= 1.25)} |")
+            s1, r1 = pts[-1]
             largest = max((v[1] for v in r1.get("tables", {}).values()), default=0)
             if largest:
                 lines.append(f"| {kind} {s1}x: memory bounded by the largest table, not the file | peak "
                              f"{r1['peak_bytes'] / 1e6:,.0f} MB = {r1['peak_bytes'] / r1['input_bytes']:.2f}x file, "
                              f"{r1['peak_bytes'] / largest:.1f}x largest table ({largest / 1e6:,.0f} MB in Arrow) | "
-                             "see notes |")
+                             f"{verdict(False)} (see notes) |")
     return lines
 
 
@@ -593,7 +603,12 @@ copy. Both live in their own virtual environments under `bench/data/venvs`, made
   keep it alive until the tables are built; decoding `traceEvents` in chunks (find event
   boundaries, decode ~50 k events at a time, build Arrow per chunk) would bound the peak by the
   tables, not the file, and is what the 1/3-of-HTA memory target needs.
-* Time linearity on Kineto is good; on nsys see T004/S002 above.
+* nsys ingest alone is not yet fast enough either (about 0.8x of nsys-ai's whole cache build at
+  8x). The `kernels` table holds each launch's full demangled name, short name and mangled name as
+  plain strings: 2.9 GB of Arrow for 5 M kernels with a few hundred distinct names. Dictionary
+  encoding the name columns (or a names table and an id) would cut that table, the joins that
+  carry it, and the store's write by an order of magnitude.
+* Time on Kineto grows less than linearly (fixed costs dominate at 1x); on nsys see T004/S002.
 """
 
 
