@@ -249,7 +249,7 @@ def kills(work: Path, n: int, seed: int) -> dict:
         else:
             p = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(db), "-", str(BIG), mode, str(delay)],
                                  env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            while (line := p.stdout.readline().strip()) not in ("IN-TXN", "DONE", ""):
+            while p.stdout.readline().strip() not in ("IN-TXN", "DONE", ""):
                 pass
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
@@ -422,10 +422,10 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         "inside a row is refused).",
         "- Byte flips inside SQLite data pages or JSON strings can change values without breaking "
         "the format; such a file is stored with the changed values (nothing can tell).",
-        "- The terminal report (`check --format text`) and the Markdown report escape markup but "
-        "pass control characters such as ESC through from kernel names, and `summary` treats "
-        "kernel names as rich markup (a name like `[/x]` stops it with a traceback); "
-        "`tests/test_hostile.py` marks both as expected failures until fixed.",
+        "- A gzip stops inflating at min(`MAX_INFLATED_BYTES`, `MAX_INFLATE_RATIO` x its size, but "
+        "at least 64 MiB): a bomb of 8 MB may still take ~1.6 GB before it is refused (see above).",
+        "- Peak memory of a legal Kineto trace is about 10x its JSON text (the 3-million-event row "
+        "above); `MAX_TEXT_BYTES` bounds it.",
         "",
         "## Reproduce",
         "",

@@ -207,7 +207,7 @@ def check_tables(tables: dict, warnings: list[str]) -> None:
             raise over("MAX_ROWS", f"{name}: {table.num_rows:,} rows")
         if not table.num_rows:
             continue
-        table = tables[name] = _fit_integers(name, table, warnings)
+        table = tables[name] = _fit_numbers(name, table, warnings)
         for col_name in table.column_names:
             col = table.column(col_name)
             if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
@@ -225,9 +225,10 @@ def check_tables(tables: dict, warnings: list[str]) -> None:
                 warnings.append(f"{name}: {backwards:,} row(s) end before they start (kept as written)")
 
 
-def _fit_integers(name: str, table, warnings: list[str]):
+def _fit_numbers(name: str, table, warnings: list[str]):
     """Give integer columns the schema's type; a value it cannot hold (a grid size of 1e12 in
-    an INTEGER column, inf, 1.5) becomes NULL with a warning instead of failing the store."""
+    an INTEGER column, inf, 1.5) becomes NULL with a warning instead of failing the store.
+    Likewise inf and NaN in DOUBLE columns (`1e400` in an ncu CSV): no rule can use them."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -235,8 +236,15 @@ def _fit_integers(name: str, table, warnings: list[str]):
 
     spec = {c.name: c.type for c in schema.BY_NAME[name].columns} if name in schema.BY_NAME else {}
     for i, col_name in enumerate(table.column_names):
-        target = {"BIGINT": pa.int64(), "INTEGER": pa.int32()}.get(spec.get(col_name, ""))
         col = table.column(i)
+        if spec.get(col_name) == "DOUBLE" and pa.types.is_floating(col.type):
+            finite = pc.fill_null(pc.is_finite(col), True)
+            bad = len(col) - (pc.sum(finite).as_py() or 0)
+            if bad:
+                warnings.append(f"{name}.{col_name}: {bad:,} value(s) that are not finite numbers set to NULL")
+                table = table.set_column(i, col_name, pc.if_else(finite, col, pa.scalar(None, col.type)))
+            continue
+        target = {"BIGINT": pa.int64(), "INTEGER": pa.int32()}.get(spec.get(col_name, ""))
         if target is None or col.type == target or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
             continue
         try:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import pyarrow as pa
 
 from .. import limits
+from ..fmt import printable
 from .base import ParsedTrace, TraceError
 from .detect import KINETO, NCU, NSYS, detect
 
@@ -27,14 +27,13 @@ _EXPORT_HINTS = {
 
 # Error text quotes files (SQLite schema text, JSON paths): keep it one short, inert line.
 MAX_MESSAGE_CHARS = 300
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def one_line(text: str, max_chars: int = MAX_MESSAGE_CHARS, exact: bool = False) -> str:
     """`text` safe to print as one terminal line: whitespace runs become one space (unless
     `exact`, for file names), control characters (newlines if `exact`, ANSI escapes, bidi
     overrides) are shown escaped (\\x1b), and it is clipped."""
-    text = _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text if exact else " ".join(text.split()))
+    text = printable(text if exact else " ".join(text.split()))
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 

@@ -17,7 +17,6 @@ Facts found in the real exports (and relied on here):
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import numpy as np
