@@ -239,9 +239,10 @@ def kills(work: Path, n: int, seed: int) -> dict:
             s.ingest(f)
     modes, outcomes, problems = Counter(), Counter(), []
     survived = 0
+    stored_before = False  # whether BIG's run was in the store when the killed process started
     for i in range(n):
         mode = ("in-transaction", "in-commit", "cli")[i % 3]
-        delay = rng.uniform(0, 0.1) if mode == "in-commit" else rng.uniform(0.2, 3.0)
+        delay = rng.uniform(0, 0.1) if mode == "in-commit" else rng.uniform(0.3, 2.0)
         if mode == "cli":
             p = subprocess.Popen(cli("ingest", BIG, "--store", db), env=ENV, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
@@ -261,16 +262,21 @@ def kills(work: Path, n: int, seed: int) -> dict:
                 bad = [f.name for f in earlier if _counts(s, run_id_for(file_hash(f))) != reference[f]]
                 got = _counts(s, run_id_for(file_hash(BIG)))
                 state = "complete" if got == reference[BIG] else "absent" if set(got.values()) == {0} else "HALF"
-                if state == "complete" and rng.random() < 0.5:  # start the next kill from an empty slot
+                was_stored = stored_before
+                if state == "absent" and was_stored:
+                    state = "LOST"  # a replace that was killed must leave the old copy
+                stored_before = state == "complete"
+                if stored_before and rng.random() < 0.5:  # half the kills then start from an empty slot
                     s.delete_run(run_id_for(file_hash(BIG)))
+                    stored_before = False
             survived += 1
-            outcomes[(mode, state)] += 1
-            if bad or state == "HALF":
+            outcomes[(mode, f"{'replace' if was_stored else 'insert'}: {state}")] += 1
+            if bad or state in ("HALF", "LOST"):
                 problems.append(f"kill {i} ({mode}): earlier runs damaged {bad}, new run {state}")
         except Exception as e:  # noqa: BLE001 - a store that does not open is the failure counted
             problems.append(f"kill {i} ({mode}): store does not open: {e}")
     return {"kills": n, "killed_by_mode": dict(modes), "survived": survived,
-            "outcomes": {f"{m}/{s}": c for (m, s), c in sorted(outcomes.items())}, "problems": problems,
+            "outcomes": {f"{m}, {s}": c for (m, s), c in sorted(outcomes.items())}, "problems": problems,
             "earlier_runs": len(earlier)}
 
 
@@ -408,11 +414,15 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         f"A store holding {k['earlier_runs']} runs; then, {k['kills']} times, a process ingesting "
         f"`{BIG.name}` (~30 000 rows) was killed with SIGKILL: inside the transaction (after its "
         "kernels were inserted), during COMMIT (a timer fired 0-100 ms into it), or at a random "
-        "moment 0.2-3 s into a real CLI run. After each kill the store was opened for writing.",
+        "moment 0.3-2 s into a real CLI run. Half the time the run was already stored, so the "
+        "killed process was replacing it. After each kill the store was opened for writing: the "
+        "run must be complete (the old copy or the new one) or, when it was not stored before, "
+        "absent; never partly there, never lost.",
         "",
         f"- Kills: {sum(k['killed_by_mode'].values())} ({', '.join(f'{m}: {n}' for m, n in k['killed_by_mode'].items())}); "
         f"store opened afterwards: {k['survived']} of {k['kills']}.",
-        "- The killed run afterwards: " + ", ".join(f"{m}: {n}" for m, n in k["outcomes"].items()) + ".",
+        "- The killed run afterwards (mode, insert or replace: state): "
+        + "; ".join(f"{m}: {n}" for m, n in k["outcomes"].items()) + ".",
         f"- Earlier runs lost or damaged, half runs found: {len(k['problems'])}.",
     ] + [f"  - {p}" for p in k["problems"]] + [
         "",
