@@ -300,23 +300,22 @@ def _findings(store: Store, run_id: str) -> list[dict]:
 
 def _finding_changes(base: list[dict], test: list[dict]) -> tuple[list[dict], list[dict], int]:
     """New and fixed findings, compared as multisets of keys."""
-    left = Counter(_finding_key(f) for f in base)
-    new = []
-    for f in test:
+    new = _unmatched(test, base)
+    fixed = _unmatched(base, test)
+    return new, fixed, len(test) - len(new)
+
+
+def _unmatched(items: list[dict], others: list[dict]) -> list[dict]:
+    """The findings of `items` left over once each is paired with an equal-keyed one of `others`."""
+    left = Counter(_finding_key(f) for f in others)
+    out = []
+    for f in items:
         k = _finding_key(f)
         if left[k] > 0:
             left[k] -= 1
         else:
-            new.append(f)
-    right = Counter(_finding_key(f) for f in test)
-    fixed = []
-    for f in base:
-        k = _finding_key(f)
-        if right[k] > 0:
-            right[k] -= 1
-        else:
-            fixed.append(f)
-    return new, fixed, len(test) - len(new)
+            out.append(f)
+    return out
 
 
 def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", step: str | None = None) -> RunDiff:

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from ..fmt import ns, pct
-from ._launches import launch_groups
+from ._launches import int_or_none as _int, launch_groups
 from .base import Rule, Threshold
 
 
@@ -58,10 +58,6 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                          "waves_source": r.source},
         })
     return pd.DataFrame(rows)
-
-
-def _int(x):
-    return None if x is None or x != x else int(x)
 
 
 RULE = Rule(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..fmt import ns, pct
-from ._launches import launch_groups
+from ._launches import int_or_none as _int, launch_groups
 from .base import Rule, Threshold
 
 _LIMITER_HINT = {
@@ -67,10 +67,6 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                          "occupancy_source": r.source},
         })
     return pd.DataFrame(rows)
-
-
-def _int(x):
-    return None if x is None or x != x else int(x)
 
 
 RULE = Rule(

@@ -109,6 +109,11 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     return _plain(out)
 
 
+def int_or_none(x):
+    """A DataFrame cell as an int for a finding (None for NULL/NaN)."""
+    return None if x is None or x != x else int(x)
+
+
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
     """Nullable pandas dtypes -> float64 / object with NaN, so rules can test `x == x`."""
     df = df.copy()
