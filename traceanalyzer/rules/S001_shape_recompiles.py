@@ -102,8 +102,9 @@ WITH launch AS (
      AND (o.first_end - o.first_start > i.first_end - i.first_start OR (o.kind = 'cpu_op' AND i.kind = 'kernel'))
     GROUP BY ALL
 ), folded AS (  -- groups whose slow first calls mostly sit inside another group's
-    SELECT g.kind, g.group_key, mode(n.outer_key) AS outer_key
-    FROM groups g JOIN nested n USING (kind, group_key)
+    SELECT g.kind, g.group_key, arg_max(n.outer_key, (n.times, n.outer_key)) AS outer_key  -- most often; ties by name
+    FROM groups g JOIN (SELECT *, count(*) OVER (PARTITION BY kind, group_key, outer_key) AS times FROM nested) n
+      USING (kind, group_key)
     GROUP BY g.kind, g.group_key HAVING sum(n.excess_ns) >= 0.5 * any_value(g.excess_ns)
 ), reported AS (
     SELECT g.* FROM groups g ANTI JOIN folded f USING (kind, group_key)

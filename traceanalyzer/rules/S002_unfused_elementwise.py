@@ -29,34 +29,36 @@ DTYPE_BYTES = """CASE t WHEN 'float' THEN 4 WHEN 'double' THEN 8 WHEN 'c10::Half
     ELSE CASE WHEN t LIKE 'c10::Float8%' THEN 1 END END"""
 
 SQL = rf"""
-WITH acts AS (
-    SELECT a.device_id, a.stream_id, a.kind, a.item_id, a.start_ns, a.end_ns, a.name,
-           a.kind = 'kernel' AND a.end_ns - a.start_ns <= $max_kernel_ns
-             AND regexp_matches(lower(a.name), '{ELEMENTWISE}')
-             AND NOT regexp_matches(lower(a.name), '{NOT_ELEMENTWISE}') AS ew,
-           regexp_matches(lower(a.name), '{REDUCTION}') AS reduction
-    FROM gpu_activity a WHERE a.run_id = $run_id
+WITH kernel_names AS (  -- the name patterns are matched once per distinct name, not per launch
+    SELECT row_number() OVER (ORDER BY name) AS name_key, name,
+           regexp_matches(lower(name), '{ELEMENTWISE}')
+             AND NOT regexp_matches(lower(name), '{NOT_ELEMENTWISE}') AS ew_name,
+           regexp_matches(lower(name), '{REDUCTION}') AS reduction, {functor_label('name')} AS functor
+    FROM (SELECT DISTINCT name FROM gpu_activity WHERE run_id = $run_id AND kind = 'kernel')
+), acts AS (  -- names travel as integer keys from here on: cheaper to sort, group and compare
+    SELECT a.device_id, a.stream_id, a.item_id, a.start_ns, a.end_ns, n.name_key,
+           a.kind = 'kernel' AND a.end_ns - a.start_ns <= $max_kernel_ns AND coalesce(n.ew_name, false) AS ew,
+           coalesce(n.reduction, false) AS reduction
+    FROM gpu_activity a LEFT JOIN kernel_names n ON a.kind = 'kernel' AND n.name = a.name
+    WHERE a.run_id = $run_id
 ), seq AS (  -- every operation on the stream takes part, so a GEMM or copy in between breaks a chain
     SELECT *, lag(end_ns) OVER w AS prev_end, lag(ew) OVER w AS prev_ew, lag(reduction) OVER w AS prev_reduction
     FROM acts WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, item_id)
-), numbered AS (  -- a new chain starts at every kernel that does not continue the previous one
-    SELECT *, sum(CASE WHEN ew AND continues THEN 0 ELSE 1 END)
-                OVER (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, item_id
-                      ROWS UNBOUNDED PRECEDING) AS chain
+), numbered AS (  -- among element-wise kernels, a chain starts at each one that does not continue the previous
+    SELECT *, sum(CASE WHEN continues THEN 0 ELSE 1 END) OVER w AS chain,
+           NOT coalesce(lead(continues) OVER w, false) AS is_last
     FROM (SELECT *, coalesce(prev_ew AND NOT prev_reduction AND start_ns - prev_end <= $max_gap_ns, false)
-                      AS continues FROM seq)
-), members AS (
-    SELECT n.*, count(*) OVER c AS chain_len,
-           row_number() OVER (PARTITION BY n.device_id, n.stream_id, n.chain ORDER BY n.start_ns DESC, n.item_id DESC) = 1 AS is_last,
-           CASE WHEN continues THEN greatest(n.start_ns - prev_end, 0) ELSE 0 END AS gap_ns,
-           k.external_id, k.short_name,
+                      AS continues FROM seq WHERE ew)
+    WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, item_id ROWS UNBOUNDED PRECEDING)
+), long_chains AS (
+    SELECT device_id, stream_id, chain FROM numbered GROUP BY ALL HAVING count(*) >= $min_chain_count
+), chain_members AS (
+    SELECT n.*, CASE WHEN continues THEN greatest(n.start_ns - prev_end, 0) ELSE 0 END AS gap_ns,
+           k.external_id,
            k.grid_x * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1) * k.block_x * coalesce(k.block_y, 1)
              * coalesce(k.block_z, 1) AS threads
-    FROM numbered n JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = n.item_id
-    WHERE n.ew
-    WINDOW c AS (PARTITION BY n.device_id, n.stream_id, n.chain)
-), chain_members AS (
-    SELECT * FROM members WHERE chain_len >= $min_chain_count
+    FROM numbered n JOIN long_chains USING (device_id, stream_id, chain)
+    JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = n.item_id
 ), launching_ops AS (  -- the operator that launched each kernel (Kineto `External id`)
     SELECT external_id, arg_min(name, op_id) AS op_name, arg_min(input_dims, op_id) AS dims,
            arg_min(input_types, op_id) AS types
@@ -75,8 +77,7 @@ WITH acts AS (
     WHERE json_type(d) = 'ARRAY' AND (json_array_length(d) = 0 OR json_type(d, '$[0]') IN ('UBIGINT', 'BIGINT'))
     GROUP BY external_id
 ), sized AS (
-    SELECT m.*, coalesce(lo.op_name, {functor_label('m.name')}, m.short_name, m.name) AS label,
-           lo.op_name IS NOT NULL AS linked,
+    SELECT m.*, lo.op_name, lo.op_name IS NOT NULL AS linked,
            coalesce(ob.bytes, m.threads * 4) AS out_bytes,
            CASE WHEN ob.bytes IS NOT NULL THEN 'operator input dims' WHEN m.threads IS NOT NULL
                 THEN 'grid x block threads x 4 bytes (proxy)' END AS bytes_source
@@ -86,9 +87,7 @@ WITH acts AS (
            arg_min(s.item_id, s.start_ns) AS first_id,
            sum(s.end_ns - s.start_ns) AS kernel_ns, max(s.end_ns - s.start_ns) AS longest_ns, sum(s.gap_ns) AS gap_ns,
            sum(s.out_bytes) FILTER (WHERE NOT s.is_last) AS intermediate_bytes,
-           list(s.name ORDER BY s.start_ns, s.item_id) AS names,
-           list(coalesce(s.short_name, s.name) ORDER BY s.start_ns, s.item_id) AS short_names,
-           list(s.label ORDER BY s.start_ns, s.item_id) AS labels, count(*) FILTER (WHERE s.linked) AS linked,
+           list(s.name_key ORDER BY s.start_ns, s.item_id) AS keys, count(*) FILTER (WHERE s.linked) AS linked,
            list(s.item_id ORDER BY s.start_ns, s.item_id) AS kernel_ids,
            list(DISTINCT s.bytes_source) FILTER (WHERE NOT s.is_last AND s.bytes_source IS NOT NULL) AS bytes_sources,
            any_value(d.memory_bandwidth_bytes_per_s) AS bandwidth
@@ -98,10 +97,10 @@ WITH acts AS (
     SELECT *, 2 * intermediate_bytes / bandwidth * 1e9 AS round_trip_ns,
            gap_ns + least(coalesce(2 * intermediate_bytes / bandwidth * 1e9, 0), kernel_ns - longest_ns) AS saving_ns
     FROM chains
-), signatures AS (
-    SELECT c.device_id, c.names, any_value(c.short_names) AS short_names,
+), grouped AS (  -- chains with the same kernels, per device
+    SELECT c.device_id, c.keys,
            -- named after the chain whose kernels are best linked to their operators
-           list(c.labels ORDER BY c.linked DESC, c.start_ns)[1] AS labels,
+           arg_min((c.stream_id, c.chain), (-c.linked, c.start_ns, c.stream_id)) AS named_by,
            count(*) AS chains, sum(c.n) AS kernels,
            sum(c.saving_ns) AS saving_ns, sum(c.gap_ns) AS gap_ns, sum(c.kernel_ns) AS kernel_ns,
            sum(c.intermediate_bytes) AS intermediate_bytes, sum(c.round_trip_ns) AS round_trip_ns,
@@ -116,7 +115,19 @@ WITH acts AS (
                           'kernel_ids': c.kernel_ids, 'gap_ns': c.gap_ns, 'kernel_ns': c.kernel_ns,
                           'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}}
                         ORDER BY c.saving_ns DESC, c.start_ns)[1:$max_examples]) AS worst
-    FROM costed c GROUP BY c.device_id, c.names
+    FROM costed c GROUP BY c.device_id, c.keys
+), named AS (  -- names and labels, only for the one chain that names each group
+    SELECT g.device_id, g.keys,
+           list(kn.name ORDER BY s.start_ns, s.item_id) AS names,
+           list(coalesce(k.short_name, kn.name) ORDER BY s.start_ns, s.item_id) AS short_names,
+           list(coalesce(s.op_name, kn.functor, k.short_name, kn.name) ORDER BY s.start_ns, s.item_id) AS labels
+    FROM grouped g
+    JOIN sized s ON s.device_id = g.device_id AND s.stream_id = g.named_by[1] AND s.chain = g.named_by[2]
+    JOIN kernel_names kn ON kn.name_key = s.name_key
+    JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = s.item_id
+    GROUP BY g.device_id, g.keys
+), signatures AS (
+    SELECT g.*, n.names, n.short_names, n.labels FROM grouped g JOIN named n USING (device_id, keys)
 ), judged AS (
     SELECT s.*, s.saving_ns / nullif(b.active_span_ns, 0) AS share,
            -- long chains are named by their ends

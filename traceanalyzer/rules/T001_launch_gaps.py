@@ -6,10 +6,11 @@ from .base import Rule, Threshold
 # how much of each gap the whole device was idle (the time really lost), then one
 # finding per stream plus one per device for idle time across all streams.
 SQL = r"""
-WITH ops AS (
-    SELECT * FROM gpu_activity WHERE run_id = $run_id
+WITH ops AS (  -- names are looked up only for the gaps the evidence lists (cheaper to sort without them)
+    SELECT device_id, stream_id, kind, item_id, start_ns, end_ns, pid, launch_call_id
+    FROM gpu_activity WHERE run_id = $run_id
 ), seq AS (
-    SELECT *, max(end_ns) OVER w AS prev_end, lag(name) OVER w2 AS prev_name
+    SELECT *, max(end_ns) OVER w AS prev_end, lag(kind) OVER w2 AS prev_kind, lag(item_id) OVER w2 AS prev_id
     FROM ops
     WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns
                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
@@ -17,7 +18,7 @@ WITH ops AS (
 ), gaps AS (
     SELECT device_id, stream_id, pid, prev_end AS gap_start, start_ns AS gap_end,
            start_ns - prev_end AS gap_ns, kind AS next_kind, item_id AS next_id,
-           name AS next_name, prev_name, launch_call_id
+           prev_kind, prev_id, launch_call_id
     FROM seq WHERE prev_end IS NOT NULL AND start_ns - prev_end > $min_gap_ns
 ), sync_calls AS (
     SELECT pid, start_ns, end_ns FROM api_calls
@@ -67,19 +68,28 @@ sync_reach AS (  -- per pid
     ASOF LEFT JOIN idle_cum ist ON ist.device_id = g.device_id AND ist.start_ns <= g.gap_start
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns FROM ops GROUP BY ALL
+), worst_gaps AS (  -- the gaps the evidence lists, with the names of the operations around them
+    SELECT t.device_id, t.stream_id,
+           to_json(list({'start_ns': t.gap_start, 'end_ns': t.gap_end, 'gap_ns': t.gap_ns,
+                         'cause': t.cause, 'before': p.name, 'after': a.name,
+                         'after_kind': t.next_kind, 'after_id': t.next_id}
+                        ORDER BY t.gap_ns DESC, t.gap_start)) AS worst
+    FROM (SELECT * FROM classified
+          QUALIFY row_number() OVER (PARTITION BY device_id, stream_id ORDER BY gap_ns DESC, gap_start) <= $max_examples) t
+    LEFT JOIN gpu_activity p ON p.run_id = $run_id AND p.kind = t.prev_kind AND p.item_id = t.prev_id
+    LEFT JOIN gpu_activity a ON a.run_id = $run_id AND a.kind = t.next_kind AND a.item_id = t.next_id
+    GROUP BY t.device_id, t.stream_id
 ), per_stream AS (
     SELECT c.device_id, c.stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns,
            coalesce(sum(c.idle_ns), 0) AS lost_ns, any_value(s.span_ns) AS span_ns,
            arg_max(c.gap_start, c.gap_ns) AS worst_start, arg_max(c.gap_end, c.gap_ns) AS worst_end,
-           mode(cause) AS main_cause,
-           to_json(map_from_entries(list(DISTINCT (cause, n_cause)))) AS causes,
-           to_json(list({'start_ns': c.gap_start, 'end_ns': c.gap_end, 'gap_ns': gap_ns,
-                         'cause': cause, 'before': prev_name, 'after': next_name,
-                         'after_kind': next_kind, 'after_id': next_id}
-                        ORDER BY gap_ns DESC, c.gap_start)[1:$max_examples]) AS worst
+           arg_max(cause, (n_cause, cause)) AS main_cause,  -- most gaps; ties by name
+           to_json(map_from_entries(list(DISTINCT (cause, n_cause) ORDER BY (cause, n_cause)))) AS causes,
+           any_value(w.worst) AS worst
     FROM (SELECT *, count(*) OVER (PARTITION BY device_id, stream_id, cause) AS n_cause FROM classified) c
     JOIN spans s USING (device_id, stream_id)
+    JOIN worst_gaps w USING (device_id, stream_id)
     GROUP BY c.device_id, c.stream_id
 ), per_device AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,

@@ -27,10 +27,20 @@ WITH ops AS (
     UNION ALL
     SELECT 'api_call', call_id, name, pid, tid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND end_ns > start_ns
+), -- Stretches are disjoint and numbered in time order, so the ones a host event overlaps are
+   -- a run of numbers: from the first stretch ending after the event starts to the last one
+   -- starting before it ends (two ASOF joins). An interval-overlap join is quadratic here.
+host_reach AS (
+    SELECT h.*, f.sid AS first_sid, l.sid AS last_sid
+    FROM host h
+    ASOF JOIN stretches f ON h.start_ns < f.end_ns
+    ASOF JOIN stretches l ON h.end_ns > l.start_ns
+    WHERE f.sid <= l.sid
 ), inside AS (  -- host events clipped to the stretches they overlap
     SELECT s.sid, s.gap_ns, h.kind, h.id, h.name, h.end_ns - h.start_ns AS dur_ns,
            greatest(h.start_ns, s.start_ns) AS c_start, least(h.end_ns, s.end_ns) AS c_end
-    FROM stretches s JOIN host h ON h.start_ns < s.end_ns AND h.end_ns > s.start_ns
+    FROM (SELECT *, unnest(range(first_sid, last_sid + 1)) AS sid FROM host_reach) h
+    JOIN stretches s USING (sid)
 ), covered AS (  -- union of the clipped host events per stretch
     SELECT sid, sum(i_end - i_start) AS busy_ns FROM (
         SELECT sid, min(c_start) AS i_start, max(c_end) AS i_end FROM (

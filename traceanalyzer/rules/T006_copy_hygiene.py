@@ -95,7 +95,7 @@ d2h AS (
            (SELECT count(*) FROM steps) AS n_steps,
            count(*) FILTER (WHERE st.range_id IS NOT NULL AND s.call_start <= st.end_ns) AS n_in_steps,
            count(DISTINCT st.range_id) FILTER (WHERE s.call_start <= st.end_ns) AS steps_with,
-           to_json(map_from_entries(list(DISTINCT (s.how_waited, n_how)))) AS how_counts,
+           to_json(map_from_entries(list(DISTINCT (s.how_waited, n_how) ORDER BY (s.how_waited, n_how)))) AS how_counts,
            arg_max(s.copy_id, (coalesce(s.hideable_ns, 0), s.wait_end - s.call_start, -s.copy_id)) AS worst_id,
            arg_max(s.call_start, (coalesce(s.hideable_ns, 0), s.wait_end - s.call_start, -s.copy_id)) AS worst_start,
            arg_max(s.wait_end + coalesce(s.idle_after_ns, 0),

@@ -7,9 +7,11 @@ COMM_PATTERN = (r"(?i)(nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?re
                 r"reduce_?scatter|all_?to_?all)")
 
 SQL = r"""
-WITH k AS (
+WITH comm_names AS (  -- the pattern is matched once per distinct name, not per launch
+    SELECT name FROM (SELECT DISTINCT name FROM kernels WHERE run_id = $run_id) WHERE regexp_matches(name, '__COMM__')
+), k AS (
     SELECT kernel_id, device_id, stream_id, start_ns, end_ns, name, coalesce(short_name, name) AS short_name,
-           regexp_matches(name, '__COMM__') AS is_comm
+           name IN (SELECT name FROM comm_names) AS is_comm
     FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL AND end_ns > start_ns
 ), islands AS (  -- disjoint busy intervals per device, separately for collectives and compute
     SELECT device_id, is_comm, isl, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM (
@@ -103,8 +105,8 @@ RULE = Rule(
     fix="Issue collectives asynchronously on a dedicated stream as early as their inputs allow "
         "(DDP bucketing, FSDP prefetch, overlapped tensor parallelism) and balance work across ranks.",
     requires="timed collective (NCCL/RCCL) kernels",
-    applies_sql="SELECT count(*) > 0 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL "
-                "AND regexp_matches(name, '" + COMM_PATTERN + "')",
+    applies_sql="SELECT count(*) > 0 FROM (SELECT DISTINCT name FROM kernels WHERE run_id = $run_id "
+                "AND start_ns IS NOT NULL) WHERE regexp_matches(name, '" + COMM_PATTERN + "')",
     thresholds=(
         Threshold("min_exposed_ns", 100000, "A device's exposed collective time must exceed this (100 us)."),
         Threshold("min_share", 0.05, "...and this share of the device's active span."),

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 import pandas as pd
 import pyarrow as pa
 
+from .. import views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
 from .base import FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
@@ -148,32 +149,43 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     outcomes: dict[tuple[str, str], RuleOutcome] = {}
     frames: dict[str, list[pd.DataFrame]] = {rid: [] for rid in run_ids}
 
-    for rule in rules:
-        applicable = []
-        for run_id in run_ids:
-            oc = outcomes[(run_id, rule.id)] = RuleOutcome(rule.id, run_id, "ran")
-            try:
-                if not applies(store, rule, run_id, formats[run_id]):
-                    oc.status, oc.note = "no-data", f"needs {rule.requires}"
-                elif rule.scope == "run":
-                    df = evaluate_rule(store, rule, run_id, params[rule.id])
-                    oc.findings = len(df)
-                    if not df.empty:
-                        frames[run_id].append(df)
-                else:
-                    applicable.append(run_id)
-            except Exception as e:  # one broken rule must not hide the others' findings
-                oc.status, oc.note = "error", _error_note(e)
-        if rule.scope == "runs" and applicable:
-            try:
-                df = evaluate_across(store, rule, applicable, params[rule.id])
-                for run_id, part in df.groupby("run_id"):
-                    frames[run_id].append(part)
-                    outcomes[(run_id, rule.id)].findings = len(part)
-            except Exception as e:
-                for run_id in applicable:
-                    outcomes[(run_id, rule.id)].status = "error"
-                    outcomes[(run_id, rule.id)].note = _error_note(e)
+    def guarded(oc: RuleOutcome, fn) -> None:
+        try:
+            fn()
+        except Exception as e:  # one broken rule must not hide the others' findings
+            oc.status, oc.note = "error", _error_note(e)
+
+    applicable: dict[str, list[str]] = {r.id: [] for r in rules}
+    for run_id in run_ids:
+        # Run by run, so the views the rules share are computed once per run (views.scoped_to_run).
+        with views.scoped_to_run(store.con, run_id):
+            for rule in rules:
+                oc = outcomes[(run_id, rule.id)] = RuleOutcome(rule.id, run_id, "ran")
+
+                def evaluate(rule=rule, oc=oc, run_id=run_id):
+                    if not applies(store, rule, run_id, formats[run_id]):
+                        oc.status, oc.note = "no-data", f"needs {rule.requires}"
+                    elif rule.scope == "run":
+                        df = evaluate_rule(store, rule, run_id, params[rule.id])
+                        oc.findings = len(df)
+                        if not df.empty:
+                            frames[run_id].append(df)
+                    else:
+                        applicable[rule.id].append(run_id)
+                guarded(oc, evaluate)
+
+    for rule in rules:  # cross-run rules, on every run that carries their data
+        if rule.scope != "runs" or not applicable[rule.id]:
+            continue
+        try:
+            df = evaluate_across(store, rule, applicable[rule.id], params[rule.id])
+            for run_id, part in df.groupby("run_id"):
+                frames[run_id].append(part)
+                outcomes[(run_id, rule.id)].findings = len(part)
+        except Exception as e:
+            for run_id in applicable[rule.id]:
+                outcomes[(run_id, rule.id)].status = "error"
+                outcomes[(run_id, rule.id)].note = _error_note(e)
 
     for run_id in run_ids:
         statuses = [{"rule_id": r.id, "status": outcomes[(run_id, r.id)].status,
