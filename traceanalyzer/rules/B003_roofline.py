@@ -244,11 +244,13 @@ def _kineto_rows(store, run_id: str, peaks: pd.DataFrame) -> pd.DataFrame:
         f"""SELECT o.op_id, o.name AS op, o.input_dims, o.input_types, o.external_id,
                    list(k.kernel_id ORDER BY k.start_ns) AS kernel_ids, sum(k.end_ns - k.start_ns) AS duration_ns,
                    min(k.start_ns) AS start_ns, max(k.end_ns) AS end_ns, any_value(k.device_id) AS device_id,
-                   arg_max(k.name, k.end_ns - k.start_ns) AS kernel, arg_max(k.short_name, k.end_ns - k.start_ns) AS short_name
+                   arg_max(k.name, (k.end_ns - k.start_ns, -k.kernel_id)) AS kernel,
+                   arg_max(k.short_name, (k.end_ns - k.start_ns, -k.kernel_id)) AS short_name
             FROM cpu_ops o JOIN kernels k ON k.run_id = o.run_id AND k.external_id = o.external_id
             WHERE o.run_id = $run_id AND o.name IN {GEMM_OPS} AND o.input_dims IS NOT NULL
               AND k.start_ns IS NOT NULL AND k.end_ns > k.start_ns
-            GROUP BY ALL""", {"run_id": run_id}).df()
+            GROUP BY ALL
+            ORDER BY min(k.start_ns), o.op_id""", {"run_id": run_id}).df()  # groups below take the earliest call "first"
     if ops.empty:
         return ops
     rows = []

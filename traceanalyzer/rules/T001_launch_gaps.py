@@ -83,7 +83,9 @@ sync_reach AS (  -- per pid
     SELECT c.device_id, c.stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns,
            coalesce(sum(c.idle_ns), 0) AS lost_ns, any_value(s.span_ns) AS span_ns,
-           arg_max(c.gap_start, c.gap_ns) AS worst_start, arg_max(c.gap_end, c.gap_ns) AS worst_end,
+           -- the longest gap, the earliest among equals (as the evidence lists them)
+           arg_max(c.gap_start, (c.gap_ns, -c.gap_start)) AS worst_start,
+           arg_max(c.gap_end, (c.gap_ns, -c.gap_start)) AS worst_end,
            arg_max(cause, (n_cause, cause)) AS main_cause,  -- most gaps; ties by name
            to_json(map_from_entries(list(DISTINCT (cause, n_cause) ORDER BY (cause, n_cause)))) AS causes,
            any_value(w.worst) AS worst
@@ -94,7 +96,8 @@ sync_reach AS (  -- per pid
 ), per_device AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,
-           arg_max(d.start_ns, gap_ns) AS worst_start, arg_max(d.end_ns, gap_ns) AS worst_end,
+           arg_max(d.start_ns, (gap_ns, -d.start_ns)) AS worst_start,
+           arg_max(d.end_ns, (gap_ns, -d.start_ns)) AS worst_end,
            to_json(list({'start_ns': d.start_ns, 'end_ns': d.end_ns, 'gap_ns': gap_ns}
                         ORDER BY gap_ns DESC, d.start_ns)[1:$max_examples]) AS worst
     FROM device_idle_gaps d JOIN device_busy b USING (run_id, device_id)
