@@ -240,29 +240,39 @@ def gemm_shape(op: str, dims: list) -> tuple[float, list[list[int]]] | None:
 
 
 def _kineto_rows(store, run_id: str, peaks: pd.DataFrame) -> pd.DataFrame:
+    """GEMM calls grouped by operator, input dims and types and device (the few distinct shapes
+    are parsed in Python, not the many calls), in order of each group's earliest call."""
     ops = store.sql(
-        f"""SELECT o.op_id, o.name AS op, o.input_dims, o.input_types, o.external_id,
-                   list(k.kernel_id ORDER BY k.start_ns) AS kernel_ids, sum(k.end_ns - k.start_ns) AS duration_ns,
-                   min(k.start_ns) AS start_ns, max(k.end_ns) AS end_ns, any_value(k.device_id) AS device_id,
-                   arg_max(k.name, (k.end_ns - k.start_ns, -k.kernel_id)) AS kernel,
-                   arg_max(k.short_name, (k.end_ns - k.start_ns, -k.kernel_id)) AS short_name
-            FROM cpu_ops o JOIN kernels k ON k.run_id = o.run_id AND k.external_id = o.external_id
-            WHERE o.run_id = $run_id AND o.name IN {GEMM_OPS} AND o.input_dims IS NOT NULL
-              AND k.start_ns IS NOT NULL AND k.end_ns > k.start_ns
-            GROUP BY ALL
-            ORDER BY min(k.start_ns), o.op_id""", {"run_id": run_id}).df()  # groups below take the earliest call "first"
+        f"""WITH calls AS (
+                SELECT o.op_id, o.name AS op, o.input_dims, o.input_types,
+                       min(k.kernel_id) AS first_kernel_id, sum(k.end_ns - k.start_ns) AS duration_ns,
+                       min(k.start_ns) AS start_ns, max(k.end_ns) AS end_ns, any_value(k.device_id) AS device_id,
+                       arg_max(k.name, (k.end_ns - k.start_ns, -k.kernel_id)) AS kernel,
+                       arg_max(k.short_name, (k.end_ns - k.start_ns, -k.kernel_id)) AS short_name
+                FROM cpu_ops o JOIN kernels k ON k.run_id = o.run_id AND k.external_id = o.external_id
+                WHERE o.run_id = $run_id AND o.name IN {GEMM_OPS} AND o.input_dims IS NOT NULL
+                  AND k.start_ns IS NOT NULL AND k.end_ns > k.start_ns
+                GROUP BY o.op_id, o.name, o.input_dims, o.input_types, o.external_id
+            )
+            SELECT op, input_dims, input_types, device_id, count(*) AS calls, sum(duration_ns) AS duration_ns,
+                   -- the earliest call's kernel, ids and times
+                   arg_min(kernel, (start_ns, op_id)) AS kernel, arg_min(short_name, (start_ns, op_id)) AS short_name,
+                   arg_min(first_kernel_id, (start_ns, op_id)) AS first_id,
+                   min(start_ns) AS start_ns, arg_min(end_ns, (start_ns, op_id)) AS end_ns
+            FROM calls GROUP BY op, input_dims, input_types, device_id
+            ORDER BY start_ns, arg_min(op_id, (start_ns, op_id))""", {"run_id": run_id}).df()
     if ops.empty:
         return ops
     rows = []
-    for o in ops.to_dict("records"):  # one row per GEMM call: shapes are nested JSON, not columnar
+    for o in ops.to_dict("records"):  # one row per distinct call shape: shapes are nested JSON, not columnar
         dims, types = json.loads(o["input_dims"]), json.loads(o["input_types"] or "[]")
         shape = gemm_shape(o["op"], dims)
         dtype = next((t for t in types if t in DTYPE_BYTES), None)
         if shape is None or dtype is None:
             continue
         flops, mats = shape
-        o.update(flops=flops, dram_bytes=float(sum(math.prod(m) for m in mats) * DTYPE_BYTES[dtype]), dtype=dtype,
-                 shape=" x ".join("[" + "x".join(map(str, m)) + "]" for m in mats[:2]))
+        o.update(flops=flops * o["calls"], dram_bytes=float(sum(math.prod(m) for m in mats) * DTYPE_BYTES[dtype])
+                 * o["calls"], dtype=dtype, shape=" x ".join("[" + "x".join(map(str, m)) + "]" for m in mats[:2]))
         rows.append(o)
     return pd.DataFrame(rows)
 
@@ -285,8 +295,8 @@ def _kineto_findings(store, run_id: str, p: dict) -> list[dict]:
                          {"run_id": run_id}).fetchone()[0]
     g = df.groupby(["op", "shape", "dtype", "device_id"], sort=False).agg(
         name=("kernel", "first"), short_name=("short_name", "first"),
-        first_id=("kernel_ids", lambda s: min(s.iloc[0])), start_ns=("start_ns", "first"), end_ns=("end_ns", "first"),
-        calls=("op_id", "count"), duration_ns=("duration_ns", "sum"), flops=("flops", "sum"),
+        first_id=("first_id", "first"), start_ns=("start_ns", "first"), end_ns=("end_ns", "first"),
+        calls=("calls", "sum"), duration_ns=("duration_ns", "sum"), flops=("flops", "sum"),
         dram_bytes=("dram_bytes", "sum"), peak_flops=("peak_flops", "first"), peak_bw=("bw", "first"),
         roof_family=("roof_family", "first"), peak_flops_source=("flops_source", "first"),
         peak_bw_source=("bw_source", "first")).reset_index()
