@@ -21,6 +21,17 @@ def shared_traces() -> Path:
     return SHARED_TRACES
 
 
+def copy_fixtures(folder: Path, rel_paths: list[str]) -> Path:
+    """Copies of bundled fixtures under `folder`, keeping their kind sub-folders (for scan tests)."""
+    import shutil
+
+    for rel in rel_paths:
+        dst = folder / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(FIXTURES / rel, dst)
+    return folder
+
+
 @pytest.fixture
 def traces_dir() -> Path:
     return shared_traces()

@@ -4,7 +4,6 @@ loopback) gives the same store as a local scan."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from traceanalyzer.rules.engine import Settings
 from traceanalyzer.scan import ScanError, scan
 from traceanalyzer.store import Store
 
-from .conftest import FIXTURES
+from .conftest import copy_fixtures
 from .test_scan import expected_kernels, table_rows
 
 try:
@@ -40,11 +39,7 @@ def cluster():
 
 @pytest.fixture
 def traces(tmp_path) -> Path:
-    folder = tmp_path / "in"
-    for rel in SOURCES:
-        dst = folder / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(FIXTURES / rel, dst)
+    folder = copy_fixtures(tmp_path / "in", SOURCES)
     (folder / "broken.csv").write_text("this,is\nnot,ncu\n")
     return folder
 

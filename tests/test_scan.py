@@ -28,7 +28,7 @@ from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.scan import WORKER_DIED, WorkContext, local_outcomes, scan
 from traceanalyzer.store import Store
 
-from .conftest import FIXTURES
+from .conftest import copy_fixtures
 
 runner = CliRunner()
 # A fixed set (the fixtures folder grows): every format, gz, and clean and planted traces.
@@ -47,11 +47,7 @@ def run(*args):
 
 @pytest.fixture
 def traces(tmp_path) -> Path:
-    folder = tmp_path / "in"
-    for rel in SOURCES:
-        dst = folder / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(FIXTURES / rel, dst)
+    folder = copy_fixtures(tmp_path / "in", SOURCES)
     return folder
 
 
