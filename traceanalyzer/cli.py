@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -20,8 +21,16 @@ from .store import Store, StoreError, default_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Offline analyzer of GPU profiling traces (nsys SQLite, ncu CSV, Kineto JSON).")
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Piped output (CI logs, files) has no terminal width; rich would wrap tables at 80 columns.
+PIPED_WIDTH = 160
+
+
+def _width(stream) -> int | None:
+    return None if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()) else PIPED_WIDTH
+
+
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 StoreOpt = Annotated[Optional[Path], typer.Option(
     "--store", envvar="TRACEANALYZER_STORE", show_envvar=True,
