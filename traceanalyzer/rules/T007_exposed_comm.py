@@ -22,18 +22,31 @@ WITH comm_names AS (  -- the pattern is matched once per distinct name, not per 
                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
               FROM k))
     GROUP BY ALL
-), overlap AS (  -- collective time with some compute kernel running on the same device
-    SELECT c.device_id, sum(least(c.end_ns, x.end_ns) - greatest(c.start_ns, x.start_ns)) AS overlap_ns
-    FROM islands c JOIN islands x
-      ON x.device_id = c.device_id AND c.is_comm AND NOT x.is_comm
-     AND x.start_ns < c.end_ns AND x.end_ns > c.start_ns
+), compute_cum AS (  -- compute islands, each with the compute time before it
+    SELECT device_id, start_ns, end_ns,
+           coalesce(sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns
+                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_ns
+    FROM islands WHERE NOT is_comm
+), -- Compute time in [a, b] is compute time up to b minus compute time up to a; compute time up
+   -- to t is read from the last island starting at or before t (an ASOF join). An interval-
+   -- overlap join of collectives with compute islands is quadratic on long multi-GPU runs.
+overlap AS (  -- collective time with some compute kernel running on the same device
+    SELECT c.device_id,
+           sum(coalesce(e.before_ns + least(c.end_ns, e.end_ns) - e.start_ns, 0)
+               - coalesce(s.before_ns + least(c.start_ns, s.end_ns) - s.start_ns, 0)) AS overlap_ns
+    FROM islands c
+    ASOF LEFT JOIN compute_cum e ON e.device_id = c.device_id AND e.start_ns <= c.end_ns
+    ASOF LEFT JOIN compute_cum s ON s.device_id = c.device_id AND s.start_ns <= c.start_ns
+    WHERE c.is_comm
     GROUP BY c.device_id
 ), per_kernel AS (
-    SELECT k.*, k.end_ns - k.start_ns - coalesce((
-               SELECT sum(least(k.end_ns, x.end_ns) - greatest(k.start_ns, x.start_ns)) FROM islands x
-               WHERE x.device_id = k.device_id AND NOT x.is_comm AND x.start_ns < k.end_ns AND x.end_ns > k.start_ns), 0)
-           AS exposed_ns
-    FROM k WHERE is_comm
+    SELECT k.*, k.end_ns - k.start_ns
+             - (coalesce(e.before_ns + least(k.end_ns, e.end_ns) - e.start_ns, 0)
+                - coalesce(s.before_ns + least(k.start_ns, s.end_ns) - s.start_ns, 0)) AS exposed_ns
+    FROM k
+    ASOF LEFT JOIN compute_cum e ON e.device_id = k.device_id AND e.start_ns <= k.end_ns
+    ASOF LEFT JOIN compute_cum s ON s.device_id = k.device_id AND s.start_ns <= k.start_ns
+    WHERE k.is_comm
 ), by_name AS (
     SELECT device_id, to_json(list({'kernel': short_name, 'launches': n, 'ns': ns, 'exposed_ns': exposed}
                                    ORDER BY exposed DESC, short_name)[1:$max_examples]) AS names
