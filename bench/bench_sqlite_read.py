@@ -6,7 +6,8 @@ many cudaLaunchKernel calls, using the real 3.24.14 CREATE TABLE text, then time
   baseline       sqlite3 cursor + fetchmany(65536) -> pyarrow record batches
   adbc           ADBC SQLite driver, cursor.fetch_arrow_table()
   *+names(sqlite)   the same, kernel names joined to StringIds inside SQLite
-  *+names(duckdb)   integer ids plus all of StringIds, joined in DuckDB (what the reader does)
+  *+names(duckdb)   integer ids plus all of StringIds, joined in DuckDB (the reader keeps the
+                    ids and dictionary-encodes the names instead of joining strings per row)
   read(*)        the whole reader (traceanalyzer.ingest.nsys.read) with that backend
 
 Each is run --repeat times; the best time is reported with its ratio to the baseline

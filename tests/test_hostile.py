@@ -218,6 +218,17 @@ def test_sqlite_view_is_not_run(tmp_path):
     assert any("no CUDA activity tables" in w or "no kernel table" in w for w in trace.warnings)
 
 
+def test_string_limit_also_reads_dictionary_encoded_columns(monkeypatch):
+    """Readers hand names over dictionary-encoded (nsys); the limit must see those strings too."""
+    import pyarrow as pa
+
+    tables = {"kernels": pa.table({"name": pa.array(["k" * 10, "x"]).dictionary_encode()})}
+    limits.check_tables(tables, [])
+    monkeypatch.setenv("TRACEANALYZER_MAX_STRING_BYTES", "8")
+    with pytest.raises(TraceError, match="kernels.name: a string of 10 bytes"):
+        limits.check_tables(tables, [])
+
+
 def test_row_string_and_text_limits_name_their_variable(tmp_path):
     traces = shared_traces()
     nsys = traces / "nsys" / "DLProf__nsys_profile.sqlite"

@@ -652,3 +652,61 @@ def test_compute_capability_minor_zero_is_kept(traces_dir):
     devices = nsys.read(path).tables["devices"].to_pylist()
     assert expected == (8, 0)
     assert [(d["compute_major"], d["compute_minor"]) for d in devices if d["device_id"] == 0] == [expected]
+
+
+def test_names_are_dictionary_encoded_with_only_the_strings_used():
+    trace = nsys.read(fixture("planted.sqlite"))
+    for table, cols in {"kernels": ("name", "short_name", "mangled_name"), "api_calls": ("name", "raw_name"),
+                        "copies": ("api_name",)}.items():
+        for c in cols:
+            col = trace.tables[table].column(c).combine_chunks()
+            assert pa.types.is_dictionary(col.type), (table, c)
+            used = {v for v in col.to_pylist() if v is not None}
+            assert sorted(col.dictionary.to_pylist()) == sorted(used), (table, c)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_duplicate_correlation_ids_link_to_the_first_call(tmp_path, backend):
+    """Calls repeating a (correlationId, process) pair: GPU rows keep the earliest call,
+    exactly as before the duplicates (the grouped lookup, taken only when needed)."""
+    before = nsys.read(fixture("planted.sqlite"), backend=backend)
+    path = tmp_path / "dup.sqlite"
+    shutil.copy(fixture("planted.sqlite"), path)
+    con = sqlite3.connect(path)
+    late = con.execute(f'SELECT max("end") + 1000 FROM {RUNTIME}').fetchone()[0]
+    con.execute(f'INSERT INTO {RUNTIME} (start, "end", eventClass, globalTid, correlationId, nameId, returnValue) '
+                f'SELECT start + {late}, "end" + {late}, eventClass, globalTid + 1, correlationId, nameId, 1 '
+                f"FROM {RUNTIME}")
+    con.commit()
+    con.close()
+    after = nsys.read(path, backend=backend)
+    assert after.tables["api_calls"].num_rows == 2 * before.tables["api_calls"].num_rows
+    for table in ("kernels", "copies", "syncs"):
+        for c in ("launch_call_id", "tid"):
+            assert after.tables[table][c].equals(before.tables[table][c]), (table, c)
+        assert after.tables[table].num_rows == before.tables[table].num_rows
+
+
+def test_unsorted_rows_get_ids_in_start_order(tmp_path):
+    """Rows written out of time order (nsys flushes per-thread buffers) get ids by start."""
+    path = tmp_path / "reversed.sqlite"
+    shutil.copy(fixture("planted.sqlite"), path)
+    con = sqlite3.connect(path)
+    for table in (RUNTIME, KERNEL):
+        con.execute(f"CREATE TABLE tmp AS SELECT * FROM {table} ORDER BY start DESC")
+        con.execute(f"DELETE FROM {table}")
+        con.execute(f"INSERT INTO {table} SELECT * FROM tmp")
+        con.execute("DROP TABLE tmp")
+    con.commit()
+    con.close()
+    trace = nsys.read(path)
+    for table, id_col in (("kernels", "kernel_id"), ("api_calls", "call_id")):
+        t = trace.tables[table]
+        starts = t["start_ns"].to_pylist()
+        assert starts == sorted(starts) and t[id_col].to_pylist() == list(range(t.num_rows))
+    kernels = trace.tables["kernels"]
+    assert kernels["launch_call_id"].null_count < kernels.num_rows
+    calls = trace.tables["api_calls"]
+    launch = dict(zip(calls["call_id"].to_pylist(), calls["correlation_id"].to_pylist()))
+    for call, corr in zip(kernels["launch_call_id"].to_pylist(), kernels["correlation_id"].to_pylist()):
+        assert call is None or launch[call] == corr

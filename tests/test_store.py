@@ -133,3 +133,16 @@ def test_not_a_store(tmp_path):
     p.write_bytes(b"not a database at all" * 100)
     with pytest.raises(StoreError, match="cannot open store"):
         Store(p)
+
+
+def test_dictionary_strings_are_stored_as_plain_varchar(store):
+    """Readers may hand over dictionary-encoded strings: stored as VARCHAR, same values;
+    run_id and absent columns are filled by the INSERT."""
+    names = pa.DictionaryArray.from_arrays(pa.array([1, 0, None, 1], pa.int32()), pa.array(["a", "b"]))
+    trace = ParsedTrace(format="nsys-sqlite", tables={"kernels": pa.table({
+        "kernel_id": [0, 1, 2, 3], "start_ns": [0, 10, 20, 30], "end_ns": [5, 15, 25, 35], "name": names})})
+    r = store.write_run(trace, Path("/x/d"), "d" * 64, 1)
+    assert r.counts["kernels"] == 4 and r.span_ns == 35
+    assert store.sql("SELECT DISTINCT typeof(name), typeof(run_id) FROM kernels").fetchall() == [("VARCHAR", "VARCHAR")]
+    assert store.sql("SELECT kernel_id, name, short_name, run_id FROM kernels ORDER BY kernel_id").fetchall() == [
+        (0, "b", None, "d" * 16), (1, "a", None, "d" * 16), (2, None, None, "d" * 16), (3, "b", None, "d" * 16)]

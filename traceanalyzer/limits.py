@@ -210,8 +210,12 @@ def check_tables(tables: dict, warnings: list[str]) -> None:
         table = tables[name] = _fit_numbers(name, table, warnings)
         for col_name in table.column_names:
             col = table.column(col_name)
-            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-                longest = pc.max(pc.binary_length(col)).as_py() or 0
+            is_dict = pa.types.is_dictionary(col.type)
+            values = col.type.value_type if is_dict else col.type
+            if pa.types.is_string(values) or pa.types.is_large_string(values):
+                # a dictionary column's strings are its dictionaries' (each stored once)
+                parts = [c.dictionary for c in col.chunks] if is_dict else [col]
+                longest = max((pc.max(pc.binary_length(p)).as_py() or 0 for p in parts), default=0)
                 if longest > max_string:
                     raise over("MAX_STRING_BYTES", f"{name}.{col_name}: a string of {longest:,} bytes")
             elif col_name in TIME_COLUMNS and pa.types.is_integer(col.type):

@@ -2,7 +2,9 @@
 
 A run is written in one transaction (all of its rows or none), keyed by a hash of the
 file's bytes, so ingesting the same content again replaces the run instead of adding a
-second copy. DuckDB allows one writer per file; a second process waits for the lock
+second copy. Tables are inserted as the reader hands them over: dictionary-encoded strings
+are not expanded first, and run_id and absent columns are constants of the INSERT, not
+per-row arrays. DuckDB allows one writer per file; a second process waits for the lock
 (up to `lock_timeout_s`) and then fails with a message that says so.
 """
 
@@ -13,6 +15,7 @@ import hashlib
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -225,11 +228,21 @@ class Store:
         path = Path(path)
         if path.exists() and not path.is_file():  # /dev/zero would hash for ever; a pipe reads once
             raise TraceError("not a regular file (a device, pipe or folder)")
-        content_hash = file_hash(path)
-        if skip_existing and self.has_hash(content_hash):
-            row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
-            return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True)
-        trace = read_file(path)
+        if skip_existing:
+            content_hash = file_hash(path)
+            if self.has_hash(content_hash):
+                row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
+                return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True)
+            trace = read_file(path)
+        else:  # hash on a worker thread while the file is parsed (hashlib lets go of the GIL)
+            with ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
+                hashing = pool.submit(file_hash, path)
+                try:
+                    trace = read_file(path)
+                except BaseException:
+                    hashing.result()  # a file that cannot be hashed fails as it always did
+                    raise
+                content_hash = hashing.result()
         return self.write_run(trace, path.resolve(), content_hash, path.stat().st_size)
 
     def close(self) -> None:
@@ -242,25 +255,40 @@ class Store:
         self.close()
 
 
+_RUN_ID_KEY = b"traceanalyzer.run_id"
+
+
 def _conform(name: str, tbl: pa.Table, run_id: str) -> pa.Table:
-    """Give a reader's table the schema's exact columns and types, run_id first."""
+    """A reader's table with the schema's types, in the schema's column order.
+
+    Nothing is built per row that the insert can say once: `run_id` travels in the
+    schema metadata and becomes a constant of the INSERT, and absent columns are left to
+    their NULL default. Dictionary-encoded strings stay encoded (DuckDB reads them as
+    VARCHAR without expanding them first)."""
     table = schema.BY_NAME.get(name)
     if table is None:
         raise ValueError(f"reader produced unknown table {name!r}")
     unknown = set(tbl.column_names) - set(table.column_names)
     if unknown:
         raise ValueError(f"reader produced unknown columns in {name}: {sorted(unknown)}")
-    n = tbl.num_rows
-    arrays = []
+    arrays, names = [], []
     for col in table.columns:
+        if col.name == "run_id" or col.name not in tbl.column_names:
+            continue
         typ = _ARROW_TYPES[col.type]
-        if col.name == "run_id":
-            arrays.append(pa.array([run_id] * n, pa.string()) if n else pa.array([], pa.string()))
-        elif col.name in tbl.column_names:
-            arrays.append(tbl.column(col.name).cast(typ))
-        else:
-            arrays.append(pa.nulls(n, typ))
-    return pa.Table.from_arrays(arrays, names=table.column_names)
+        data = tbl.column(col.name)
+        if data.type != typ and not (pa.types.is_string(typ) and _is_string_dictionary(data.type)):
+            data = data.cast(typ)
+        arrays.append(data)
+        names.append(col.name)
+    out = pa.Table.from_arrays(arrays, names=names) if names else pa.table({}).slice(0, 0)
+    if not names and tbl.num_rows:  # rows without any known column: keep their count
+        out = pa.table({"_rows": pa.nulls(tbl.num_rows)})
+    return out.replace_schema_metadata({_RUN_ID_KEY: run_id.encode()})
+
+
+def _is_string_dictionary(typ: pa.DataType) -> bool:
+    return pa.types.is_dictionary(typ) and (pa.types.is_string(typ.value_type) or pa.types.is_large_string(typ.value_type))
 
 
 def _span(tables: Iterable[pa.Table]) -> tuple[int | None, int | None]:
@@ -301,8 +329,16 @@ def arrow_schema(table: str) -> pa.Schema:
 
 
 def _insert(con: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> None:
+    """INSERT `tbl`'s columns by name; run_id from the table's metadata (see `_conform`)
+    when it is not a column; the schema's other columns get NULL."""
+    meta = tbl.schema.metadata or {}
+    cols = [c for c in tbl.column_names if c != "_rows"]
+    select = [f'"{c}"' for c in cols]
+    params: list = []
+    if "run_id" not in cols and _RUN_ID_KEY in meta:
+        cols, select, params = ["run_id", *cols], ["CAST(? AS VARCHAR)", *select], [meta[_RUN_ID_KEY].decode()]
     con.register("_ta_incoming", tbl)
     try:
-        con.execute(f"INSERT INTO {name} SELECT * FROM _ta_incoming")
+        con.execute(f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(select)} FROM _ta_incoming", params)
     finally:
         con.unregister("_ta_incoming")

@@ -5,7 +5,9 @@ takes no locks and leaves no journal; `immutable` is safe because an export is f
 Bulk queries go through the ADBC SQLite driver (`fetch_arrow_table`): on 1M kernel rows
 `bench/bench_sqlite_read.py` measured it about 4x faster than `sqlite3` + `fetchmany`
 (1.1 s against 4.5 s). The `sqlite3` path is the fallback when ADBC is not importable or
-fails on a query.
+fails on a query. `submit` runs ADBC fetches on a small pool of threads, each with its own
+connection (the driver releases the GIL): the reader fetches the next table while it
+works on the last one; fallbacks and checks still run in the calling thread.
 
 ADBC infers a column's Arrow type from the first rows it sees and fails when a later
 value has another type, so string expressions are wrapped in `COALESCE(expr, '')`
@@ -14,9 +16,12 @@ value has another type, so string expressions are wrapped in `COALESCE(expr, '')
 
 from __future__ import annotations
 
+import os
+import queue
 import re
 import sqlite3
 import urllib.parse
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -39,6 +44,8 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 _FROM = re.compile(r'\b(?:FROM|JOIN)\s+("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_]*)', re.IGNORECASE)
 FETCH_BATCH_ROWS = 65536
 BACKENDS = ("adbc", "sqlite3")
+# Threads (and ADBC connections) fetching at once: two already use both cores of a laptop.
+FETCH_THREADS = max(1, min(3, os.cpu_count() or 1))
 
 _ADBC_ERRORS: tuple[type[BaseException], ...] = (OSError, pa.ArrowException)
 if adbc_sqlite is not None:
@@ -126,6 +133,9 @@ class NsysFile:
             except _ADBC_ERRORS:
                 self.fallbacks += 1
         self.backend = "adbc" if self._adbc is not None else "sqlite3"
+        self._pool: ThreadPoolExecutor | None = None  # made by the first submit()
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()  # ADBC connections free for a fetch
+        self._extra: list = []  # the pool's connections beyond self._adbc
 
     # -- structure -------------------------------------------------------------------
     def has(self, table: str, column: str | None = None) -> bool:
@@ -206,9 +216,54 @@ class NsysFile:
         table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
         return self._conform(table, schema, label)
 
-    def _fetch_adbc(self, sql: str) -> pa.Table:
-        cur = self._adbc.cursor()
+    def submit(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "") -> "Pending":
+        """`arrow(...)` started now on a fetch thread; `.result()` gives the same table.
+
+        The bounded row count (the guard) runs here, before any thread reads the table."""
+        label = label or from_sql.split()[0].strip('"')
+        self._guard(f"FROM {from_sql}")
+        future = None
+        if self._adbc is not None:
+            if self._pool is None:
+                self._start_pool()
+            future = self._pool.submit(self._fetch_pooled, _select_sql(cols, from_sql, where, cast_ints=False))
+        return Pending(self, future, cols, from_sql, where, label)
+
+    def _start_pool(self) -> None:
+        self._idle.put(self._adbc)
+        for _ in range(FETCH_THREADS - 1):
+            try:
+                con = adbc_sqlite.connect(self.uri)
+            except _ADBC_ERRORS:
+                break
+            self._extra.append(con)
+            self._idle.put(con)
+        self._pool = ThreadPoolExecutor(1 + len(self._extra), thread_name_prefix="nsys-fetch")
+
+    def _fetch_pooled(self, sql: str) -> pa.Table:
+        con = self._idle.get()
         try:
+            return self._fetch_adbc(sql, con)
+        finally:
+            self._idle.put(con)
+
+    def _finish(self, future: Future | None, cols: Sequence[Col], from_sql: str, where: str,
+                label: str) -> pa.Table:
+        schema = pa.schema([(c.alias, c.type) for c in cols])
+        if future is not None:
+            try:
+                return self._conform(future.result(), schema, label)
+            except _ADBC_ERRORS:
+                self.fallbacks += 1  # as in arrow(): a value of another type somewhere
+        table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
+        return self._conform(table, schema, label)
+
+    def _fetch_adbc(self, sql: str, con=None) -> pa.Table:
+        cur = (self._adbc if con is None else con).cursor()
+        try:
+            # Larger batches than the driver's 1024 rows: fewer chunks to stitch together later,
+            # and column types inferred from more rows.
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(FETCH_BATCH_ROWS)})
             cur.execute(sql)
             return cur.fetch_arrow_table()
         finally:
@@ -246,9 +301,13 @@ class NsysFile:
         return pa.Table.from_arrays(arrays, schema=schema)
 
     def close(self) -> None:
-        if self._adbc is not None:
-            self._adbc.close()
-            self._adbc = None
+        if self._pool is not None:  # let fetches in flight end before their connections close
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        for con in [self._adbc, *self._extra]:
+            if con is not None:
+                con.close()
+        self._adbc, self._extra = None, []
         self._con.close()
 
     def __enter__(self) -> "NsysFile":
@@ -256,6 +315,22 @@ class NsysFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Pending:
+    """A fetch started by `NsysFile.submit`."""
+
+    def __init__(self, f: NsysFile, future: Future | None, cols: Sequence[Col], from_sql: str, where: str,
+                 label: str):
+        self._f, self._args = f, (future, cols, from_sql, where, label)
+
+    def result(self) -> pa.Table:
+        """The table, in the calling thread's hands: ADBC's result checked and typed, or the
+        sqlite3 fallback run here (a sqlite3 connection stays in its own thread)."""
+        args, self._args = self._args, None
+        if args is None:
+            raise RuntimeError("Pending.result() called twice")
+        return self._f._finish(*args)
 
 
 def _select_sql(cols: Sequence[Col], from_sql: str, where: str, cast_ints: bool) -> str:
