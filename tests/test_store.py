@@ -146,3 +146,12 @@ def test_dictionary_strings_are_stored_as_plain_varchar(store):
     assert store.sql("SELECT DISTINCT typeof(name), typeof(run_id) FROM kernels").fetchall() == [("VARCHAR", "VARCHAR")]
     assert store.sql("SELECT kernel_id, name, short_name, run_id FROM kernels ORDER BY kernel_id").fetchall() == [
         (0, "b", None, "d" * 16), (1, "a", None, "d" * 16), (2, None, None, "d" * 16), (3, "b", None, "d" * 16)]
+
+
+def test_memory_limit_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACEANALYZER_MEMORY_LIMIT", "1GB")
+    with Store(tmp_path / "m.duckdb") as st:
+        assert st.sql("SELECT current_setting('memory_limit')").fetchone()[0] == "953.6 MiB"
+    monkeypatch.setenv("TRACEANALYZER_MEMORY_LIMIT", "lots")
+    with pytest.raises(StoreError, match="TRACEANALYZER_MEMORY_LIMIT='lots' is not a memory size"):
+        Store(tmp_path / "m.duckdb")

@@ -30,6 +30,7 @@ from .ingest.base import ParsedTrace
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
 LOCK_TIMEOUT_ENV = "TRACEANALYZER_LOCK_TIMEOUT_S"
+MEMORY_LIMIT_ENV = "TRACEANALYZER_MEMORY_LIMIT"
 DEFAULT_LOCK_TIMEOUT_S = 30.0
 
 _ARROW_TYPES = {
@@ -101,6 +102,7 @@ class Store:
         self.con = self._connect(lock_timeout_s)
         # No progress bar on the user's terminal in the middle of our own output.
         self.con.execute("SET enable_progress_bar = false")
+        self._limit_memory()
         if not read_only:
             for t in schema.TABLES:
                 self.con.execute(schema.ddl(t))
@@ -126,6 +128,20 @@ class Store:
                 delay = min(delay * 2, 1.0)
             except duckdb.Error as e:
                 raise StoreError(f"{self.path}: cannot open store: {str(e).splitlines()[0]}") from None
+
+    def _limit_memory(self) -> None:
+        """TRACEANALYZER_MEMORY_LIMIT (DuckDB's syntax: `2GB`, `512MiB`, `40%`) caps what DuckDB
+        holds for sorts, joins and cached blocks; past it, work spills to a temp folder next to
+        the store instead of growing. Unset: DuckDB's own default (80% of RAM)."""
+        text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+        if not text:
+            return
+        try:
+            self.con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'")
+        except duckdb.Error as e:
+            self.con.close()
+            raise StoreError(f"{MEMORY_LIMIT_ENV}={text!r} is not a memory size DuckDB accepts "
+                             f"({str(e).splitlines()[0]})") from None
 
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):
