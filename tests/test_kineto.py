@@ -472,3 +472,115 @@ def test_ingest_planted_into_a_store(store):
     assert n == 1
     sm = store.sql("SELECT sm_count FROM devices WHERE run_id = ? AND device_id = 0", [result.run_id]).fetchone()[0]
     assert sm == P["device"]["sm_count"]
+
+
+# ---- chunked decoding ------------------------------------------------------------------------
+
+def _snapshot(t) -> tuple:
+    """Everything a read gives, in a comparable form."""
+    tables = {name: tbl.to_pydict() for name, tbl in sorted(t.tables.items())}
+    return (t.schema_version, t.clock, t.host, t.rank, t.world_size, t.warnings,
+            json.dumps(t.metadata, sort_keys=True, default=str), tables)
+
+
+def _read_in_small_blocks(path: Path, monkeypatch, block: int):
+    from traceanalyzer.ingest import kineto_stream
+    monkeypatch.setattr(kineto_stream, "READ_BYTES", block)
+    monkeypatch.setattr(kineto_stream, "CUT_WINDOW_BYTES", 4 * block)
+    return read(path)
+
+
+def _whole_file(path: Path, monkeypatch):
+    """The reader with streaming turned off: what it does for any file it cannot stream."""
+    from traceanalyzer.ingest import kineto, kineto_stream
+
+    def refuse(self):
+        raise kineto_stream.Unstreamable
+        yield  # noqa: unreachable - a generator
+
+    monkeypatch.setattr(kineto_stream.EventStream, "__iter__", refuse)
+    try:
+        return kineto.read(path)
+    finally:
+        monkeypatch.undo()
+
+
+def _awkward_doc() -> dict:
+    """Events whose text holds cuts that are not event boundaries, categories in mixed
+    case (row order follows them), keys on both sides of the array, and skipped events."""
+    k = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10.0, "dur": 1.0,
+         "args": {"correlation": 1, "grid": [2, 1, 1]}}
+    r = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 9.0, "dur": 0.5,
+         "args": {"correlation": 1, "External id": 4}}
+    events = []
+    for i in range(400):
+        events.append({**k, "ts": 10.0 + i, "args": {**k["args"], "correlation": i}})
+        events.append({**r, "ts": 9.0 + i, "args": {**r["args"], "correlation": i}})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "step {'a': 1}, {'b': 2}" if i % 7 == 0 else "aten::mm",
+                       "pid": 1, "tid": 2, "ts": 8.0 + i, "dur": 3,
+                       "args": {"Input Dims": [[1, 2]], "nested": [{"x": 1}, {"y": {"z": 2}}], "External id": i}})
+        if i % 50 == 0:
+            events.append({**k, "cat": "Kernel", "name": 'x"}, {"ph": "X"', "ts": 5.0 + i})
+            events.append({**k, "ts": None})
+            events.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 2, "ts": 8.5 + i,
+                           "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512 if i % 100 else "bad"}})
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100", "numSms": 132}],
+            "traceEvents": events, "traceName": "t", "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("indent", [None, 2])
+def test_chunked_read_equals_whole_file_read(tmp_path, monkeypatch, gz, indent):
+    raw = json.dumps(_awkward_doc(), indent=indent).encode()
+    path = tmp_path / ("t.json.gz" if gz else "t.json")
+    path.write_bytes(gzip.compress(raw, mtime=0) if gz else raw)
+    whole = _snapshot(_whole_file(path, monkeypatch))
+    assert whole[-1]["kernels"]["kernel_id"]  # the document does give rows
+    for block in (61, 997, 8 << 20):
+        assert _snapshot(_read_in_small_blocks(path, monkeypatch, block)) == whole, block
+
+
+def test_chunked_read_of_real_traces_equals_whole_file_read(traces_dir, monkeypatch):
+    for name in ("hta__critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
+                 "hta__amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+                 "kineto__docs__before_fix_trace.json"):
+        path = traces_dir / "torch" / name
+        whole = _snapshot(_whole_file(path, monkeypatch))
+        assert _snapshot(_read_in_small_blocks(path, monkeypatch, 4096)) == whole, name
+
+
+ODD_BUT_VALID = {
+    "duplicate_key_last_wins": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "dur": 1}],'
+                               b' "traceEvents": [{"ph": "X", "cat": "kernel", "name": "b", "ts": 1, "dur": 1}]}',
+    "key_text_inside_a_string": b'{"a": "\\"traceEvents\\": [", "traceEvents": [{"ph": "X", "cat": "kernel",'
+                                b' "name": "k", "ts": 1, "dur": 1}]}',
+    "multi_member_gzip": None,
+    "bom_and_whitespace": b'\xef\xbb\xbf \n {"traceEvents" : [ ] , "baseTimeNanoseconds": 5 }\n',
+}
+
+
+@pytest.mark.parametrize("case", sorted(ODD_BUT_VALID))
+def test_odd_but_valid_json_reads_as_if_decoded_whole(tmp_path, monkeypatch, case):
+    path = tmp_path / "t.json"
+    doc = ODD_BUT_VALID[case]
+    if doc is None:
+        raw = json.dumps(_awkward_doc()).encode()
+        path.write_bytes(gzip.compress(raw[:len(raw) // 3]) + gzip.compress(raw[len(raw) // 3:]) + b"\0" * 8)
+    else:
+        path.write_bytes(doc)
+    whole = _snapshot(_whole_file(path, monkeypatch))
+    for block in (7, 4096):
+        assert _snapshot(_read_in_small_blocks(path, monkeypatch, block)) == whole
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gives_the_whole_file_error_when_streamed(tmp_path, monkeypatch, case):
+    path = tmp_path / f"{case}.json"
+    path.write_bytes(BAD_INPUTS[case])
+    errors = []
+    for reader in (lambda: _whole_file(path, monkeypatch), lambda: _read_in_small_blocks(path, monkeypatch, 16)):
+        with pytest.raises(TraceError) as err:
+            reader()
+        errors.append(str(err.value))
+        monkeypatch.undo()
+    assert errors[0] == errors[1]

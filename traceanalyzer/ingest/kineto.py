@@ -6,27 +6,32 @@ on a shared 2-core machine; peak = VmHWM added by the decode, the input bytes in
 module imports excluded):
 
     decoder                                          s    vs json   peak MB  peak/file
-    json.loads                                     2.97     1.00      510      4.6
-    orjson.loads                                   2.15     1.38      709      6.4
-    msgspec.json.decode, untyped                   2.19     1.35      451      4.1
-    msgspec typed, every event's args typed        0.39     7.6       278      2.5
-    msgspec typed, args kept raw       (chosen)    0.42     7.0       235      2.1
-    msgspec raw events, typed in chunks            0.64     4.6       343      3.1
-    read() end to end, all Arrow tables built      1.00     3.0       320      2.9
+    json.loads                                     2.98     1.00      510      4.6
+    orjson.loads                                   2.98     1.00      687      6.2
+    msgspec.json.decode, untyped                   2.95     1.01      451      4.1
+    msgspec typed, every event's args typed        0.54     5.5       278      2.5
+    msgspec typed, args kept raw, whole file       0.55     5.5       234      2.1
+    msgspec raw events, typed in chunks            0.96     3.1       343      3.1
+    msgspec typed, args raw, streamed  (chosen)    0.45     6.6        72      0.65
+    read() end to end, all Arrow tables built      1.08     2.8       174      1.6
 
-(Other runs on the same file: json.loads 1.7-3.0 s, read() 1.0-1.2 s; the ranking holds and
-peak memory repeats within a few MB.)
+(The last three rows from a second run, next to msgspec typed/whole at 0.55 s again. On
+the 404 MB bench file, `bench/gen_big.py kineto --copies 8`: read() 1.9 s of CPU and
+310-340 MB peak RSS, imports included, where the whole-file decode took 3.3 s and 1,060 MB.)
 
 A generic decode builds a dict per event and per args object (python_function stacks,
 `Input Strides`, `Concrete Inputs` ...) that the schema never uses; typed decoding into
-`kineto_events.Event` skips those keys in C. Args stay `msgspec.Raw` slices of the
-input and are decoded per category, in one batch, into Structs of just the fields that
-category needs, so the events nobody reads (flows, python_function, metadata) never have
-their args parsed at all. Typing every event's args in the first pass is a little faster
-but puts all categories under one Struct: one odd value type anywhere (ROCm writes
-`"stream": "0x0"` on runtime calls) would fail the whole file, where per-category
-batches only lose the offending events. Keeping events raw and typing them in chunks
-(to never materialise python_function events) was measured too: slower and no leaner.
+`kineto_events.Event` skips those keys in C. The file is not read whole: `kineto_stream`
+cuts `traceEvents` at event boundaries into ~8 MB chunks, each decoded on its own and
+dropped once `kineto_tables.Collector` has kept the columns its tables need, so the peak
+is the output columns plus one chunk, not the file (odd files fall back to the whole-file
+decode, which keeps every error message and result exact). Args stay `msgspec.Raw`
+slices of the chunk and are decoded per category, in one batch per chunk, into Structs of
+just the fields that category needs, so the events nobody reads (flows, python_function,
+metadata) never have their args parsed at all. Typing every event's args in the first
+pass is about as fast but puts all categories under one Struct: one odd value type
+anywhere (ROCm writes `"stream": "0x0"` on runtime calls) would fail the whole chunk,
+where per-category batches only lose the offending events.
 
 Format facts used (docs/formats.md §4, checked against the files in shared/traces/torch):
 times are µs, `ts` relative to `baseTimeNanoseconds` when that key exists (absolute ns =
@@ -38,21 +43,19 @@ eras, so they go through `kineto_events.CATEGORY_ROLES` lower-cased.
 from __future__ import annotations
 
 from collections import Counter
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
-import pyarrow as pa
 from msgspec import Raw
 
 from .. import limits
 from .base import ParsedTrace, TraceError, as_path
 from .detect import GZIP_MAGIC, KINETO
 from .kineto_devices import devices_table
-from .kineto_events import MEMORY_EVENT_CATEGORY, MEMORY_EVENT_NAME, Event, role_of
-from .kineto_tables import TableBuilder
+from .kineto_events import Event
+from .kineto_stream import EventStream, Unstreamable
+from .kineto_tables import Collector, TableBuilder
 
 # Top-level keys whose JSON text is longer than this stay out of runs.metadata.
 MAX_METADATA_VALUE_BYTES = 16 * 1024
@@ -61,6 +64,8 @@ MAX_METADATA_KEY_CHARS = 256
 MAX_METADATA_DEPTH = 64
 # Absolute Kineto timestamps are Unix-epoch µs: anything at or past 2001-09-09 is one.
 MIN_EPOCH_US = 1e15
+# Events per Collector.add when a file is decoded whole (the fallback).
+FALLBACK_CHUNK_EVENTS = 50_000
 _RUN_FACT_KEYS = ("baseTimeNanoseconds", "distributedInfo", "deviceProperties", "computeProperties",
                   "schemaVersion", "host_name", "hostname")
 LEGACY_CATEGORIES = {"Operator", "Runtime", "Kernel", "Memcpy", "Memset"}
@@ -74,17 +79,33 @@ def read(path: str | Path) -> ParsedTrace:
     path = as_path(path)
     try:
         with limits.json_depth():  # msgspec counts nesting against the recursion limit
-            top, events = _decode(_load(path))
-        return _parse(top, events)
+            collector, stream = Collector(), EventStream(path)
+            events: list[Event] | None = None
+            try:
+                for events in stream:
+                    collector.add(events)
+            except Unstreamable:  # the whole file at once: the exact error, or result, for odd files
+                events = None
+                top, events = _decode(_unpack(_read(path)))
+                collector = Collector()
+                for i in range(0, len(events), FALLBACK_CHUNK_EVENTS):
+                    collector.add(events[i:i + FALLBACK_CHUNK_EVENTS])
+                events.clear()
+            else:
+                top, events = stream.top, None
+            return _parse(top, collector)
     except RecursionError:
         raise limits.depth_error() from None
 
 
-def _load(path: Path) -> bytes:
+def _read(path: Path) -> bytes:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise TraceError(f"cannot read file ({e.strerror})") from None
+
+
+def _unpack(raw: bytes) -> bytes:
     if raw[:2] == GZIP_MAGIC:  # bounded: a small file may inflate a thousandfold
         raw = limits.gunzip(raw)
     return raw.removeprefix(b"\xef\xbb\xbf")
@@ -137,39 +158,8 @@ def _typed(meta: dict[str, Any], key: str, kind: type, what: str) -> Any:
     return value
 
 
-def _group(events: list[Event]) -> tuple[dict[str, list[Event]], list[Event], dict[str, int]]:
-    """Split events by role; memory instants are found by name (their `cat` is
-    `cpu_instant_event` now and absent in 2021 traces).
-
-    Grouping is done on the category column with Arrow/numpy (dictionary-encode, stable
-    argsort, split) rather than a dict append per event: 0.21 s -> 0.06 s on the bench's
-    111 MB file."""
-    cats = pa.array([e.cat for e in events], type=pa.string()).dictionary_encode()
-    names = cats.dictionary.to_pylist() + [None]
-    codes = cats.indices.fill_null(len(names) - 1).to_numpy()
-    order = np.argsort(codes, kind="stable")
-    bounds = np.cumsum(np.bincount(codes, minlength=len(names)))
-    groups: dict[str, list[Event]] = {}
-    memory: list[Event] = []
-    counts: dict[str, int] = {}
-    start = 0
-    for cat, end in zip(names, bounds.tolist()):
-        if end == start:
-            continue
-        members = [events[i] for i in order[start:end].tolist()]
-        counts[str(cat)] = counts.get(str(cat), 0) + len(members)
-        role = role_of(cat)
-        if role is not None:
-            groups.setdefault(role, []).extend(members)
-        elif cat is None or cat.lower() == MEMORY_EVENT_CATEGORY:
-            memory += [e for e in members if e.name == MEMORY_EVENT_NAME]
-        start = end
-    return groups, memory, counts
-
-
-def _time_facts(events: list[Event], base_ns: int | None, legacy: bool) -> tuple[str, str]:
-    """(clock, schema_version) from a sample of timestamps."""
-    sample = [t for t in islice((e.ts for e in events if e.ts is not None), 10_000)]
+def _time_facts(sample: list[float], base_ns: int | None, legacy: bool) -> tuple[str, str]:
+    """(clock, schema_version) from the first timestamps."""
     fractional = any(t != int(t) for t in sample)
     if base_ns is not None:
         clock, ts_kind = "unix-epoch", "ts-relative-to-base"
@@ -180,22 +170,21 @@ def _time_facts(events: list[Event], base_ns: int | None, legacy: bool) -> tuple
     return clock, f"{'legacy' if legacy else 'current'}-categories/{ts_kind}"
 
 
-def _run_vendor(meta: dict[str, Any], groups: dict[str, list[Event]]) -> str | None:
+def _run_vendor(meta: dict[str, Any], c: Collector) -> str | None:
     """Vendor for devices the trace lists no properties for."""
-    if groups.get("mtia"):
+    if c.roles["mtia"].total:
         return "meta"
-    calls = list(islice((e.name or "" for e in groups.get("runtime", []) + groups.get("driver", [])), 1000))
+    calls = [n or "" for n in c.call_names()]
     if "roctracer_version" in meta or "hip_runtime_version" in meta or any(n.startswith("hip") for n in calls):
         return "amd"
-    if any(n.startswith("cu") for n in calls) or groups.get("kernel"):
+    if any(n.startswith("cu") for n in calls) or c.roles["kernel"].total:
         return "nvidia"
     return None
 
 
-def _parse(top: dict[str, Raw], events: list[Event]) -> ParsedTrace:
-    """Build the run. Consumes `events`: the list is cleared once grouped, so the events
-    no table uses (flows, python_function, metadata) are freed before tables are built."""
-    if events and not any(e.ph is not None for e in islice(events, 100_000)):
+def _parse(top: dict[str, Raw], c: Collector) -> ParsedTrace:
+    """Build the run from the top-level keys and the collected event columns."""
+    if c.n_events and not c.any_ph:
         raise TraceError("no event has a `ph` phase: not a Chrome/Kineto trace")
     meta, omitted = _metadata(top)
     # Keys the run facts come from are decoded whatever their size (pg_config can be long).
@@ -204,35 +193,34 @@ def _parse(top: dict[str, Raw], events: list[Event]) -> ParsedTrace:
     if base_ns is not None and abs(base_ns) > limits.MAX_ABS_TIME_NS:
         raise TraceError("`baseTimeNanoseconds` lies beyond ±2^62 ns (a corrupt time base)")
     dist = needed["distributedInfo"] if isinstance(needed["distributedInfo"], dict) else {}
-    groups, memory, counts = _group(events)
+    counts = c.counts
     legacy = bool(LEGACY_CATEGORIES & counts.keys())
-    clock, era = _time_facts(events, base_ns, legacy)
-    n_events = len(events)
-    events.clear()
+    clock, era = _time_facts(c.ts_sample, base_ns, legacy)
+    n_events = c.n_events
 
     warnings: Counter = Counter()
-    b = TableBuilder(base_ns or 0, warnings)
+    b = TableBuilder(c, base_ns or 0, warnings)
     tables = {
         # api_calls first: the GPU tables link to it by correlation id.
-        "api_calls": b.api_calls(groups.get("runtime", []), groups.get("driver", [])),
-        "kernels": b.kernels(groups.get("kernel", [])),
-        "copies": b.copies(groups.get("memcpy", [])),
-        "memsets": b.memsets(groups.get("memset", [])),
-        "syncs": b.syncs(groups.get("sync", [])),
-        "ranges": b.ranges(groups.get("user_annotation", []), groups.get("gpu_user_annotation", [])),
-        "cpu_ops": b.cpu_ops(groups.get("cpu_op", [])),
-        "memory_events": b.memory_events(memory),
+        "api_calls": b.api_calls(),
+        "kernels": b.kernels(),
+        "copies": b.copies(),
+        "memsets": b.memsets(),
+        "syncs": b.syncs(),
+        "ranges": b.ranges(),
+        "cpu_ops": b.cpu_ops(),
+        "memory_events": b.memory_events(),
     }
     props = needed["deviceProperties"] if "deviceProperties" in top else needed["computeProperties"]
-    tables["devices"], device_warnings = devices_table(props, b.gpu_device_ids, _run_vendor(meta, groups))
+    tables["devices"], device_warnings = devices_table(props, b.gpu_device_ids, _run_vendor(meta, c))
 
     out_warnings = [f"{msg}: {n}" for msg, n in warnings.items()] + device_warnings
     if not n_events:
         out_warnings.append("trace has no events")
-    if groups.get("mtia"):
-        out_warnings.append(
-            f"MTIA events not mapped (the schema has no MTIA activity model): {len(groups['mtia'])}")
-    if "kernel" not in groups and not groups.get("mtia") and counts.get("cuda_profiler_range"):
+    n_mtia = c.roles["mtia"].total
+    if n_mtia:
+        out_warnings.append(f"MTIA events not mapped (the schema has no MTIA activity model): {n_mtia}")
+    if not c.roles["kernel"].total and not n_mtia and counts.get("cuda_profiler_range"):
         out_warnings.append("CUPTI-profiler (counter) mode trace: no kernel activity recorded")
 
     meta["reader_notes"] = {

@@ -109,8 +109,8 @@ class CorrelationIndex:
     launched them, so a correlation id seen on two calls is ambiguous. The first call
     (lowest row) wins and the caller is told how many ids were duplicated."""
 
-    def __init__(self, correlations: Sequence[int | None]):
-        corr = np.array([-1 if c is None else c for c in correlations], dtype=np.int64)
+    def __init__(self, correlations: Sequence[int | None] | np.ndarray):
+        corr = _ids_or_minus_one(correlations)
         rows = np.arange(len(corr), dtype=np.int64)
         keep = corr >= 0
         corr, rows = corr[keep], rows[keep]
@@ -121,14 +121,21 @@ class CorrelationIndex:
         self.duplicated_ids = int(np.count_nonzero(~first))
         self._keys, self._rows = self._keys[first], self._rows[first]
 
-    def rows_for(self, correlations: Sequence[int | None]) -> np.ndarray:
+    def rows_for(self, correlations: Sequence[int | None] | np.ndarray) -> np.ndarray:
         """Row of the matching call for each query, -1 where there is none."""
-        q = np.array([-1 if c is None else c for c in correlations], dtype=np.int64)
+        q = _ids_or_minus_one(correlations)
         if len(self._keys) == 0 or len(q) == 0:
             return np.full(len(q), -1, dtype=np.int64)
         pos = np.clip(np.searchsorted(self._keys, q), 0, len(self._keys) - 1)
         hit = (self._keys[pos] == q) & (q >= 0)
         return np.where(hit, self._rows[pos], -1)
+
+
+def _ids_or_minus_one(values: Sequence[int | None] | np.ndarray) -> np.ndarray:
+    """int64 ids with -1 for None (a numpy array is taken as already filled)."""
+    if isinstance(values, np.ndarray):
+        return values.astype(np.int64, copy=False)
+    return np.array([-1 if c is None else c for c in values], dtype=np.int64)
 
 
 def raw_json_text(raws: Sequence[Any]) -> pa.Array:

@@ -2,15 +2,14 @@
 
 Events are decoded with msgspec into small Structs whose `args` stays a `msgspec.Raw`
 slice of the input: most events (python_function, flows, metadata) never need their
-args, and the ones that do are decoded per category in one batch into a Struct holding
-only the fields that category uses. Unknown keys are skipped by msgspec without building
+args, and the ones that do are decoded per category, one batch per chunk of the file,
+into a Struct holding only the fields that category uses. Unknown keys are skipped by msgspec without building
 Python objects, which is where the time and memory go with a generic decoder (see the
 measurements at the top of `kineto.py`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -150,12 +149,12 @@ def role_of(cat: str | None) -> str | None:
 S = TypeVar("S", bound=Struct)
 
 
-def decode_args(events: list[Event], shape: type[S], what: str, warnings: Counter) -> list[S | None]:
-    """Decode the args of `events` into `shape`, one batch for the whole category.
+def decode_args(events: list[Event], shape: type[S]) -> list[S | None]:
+    """Decode the args of `events` into `shape`, one batch for all of them.
 
     A value of the wrong type inside args makes that one event unusable, not the file:
     on a batch failure each event is decoded alone and the bad ones come back as None
-    (counted in `warnings`)."""
+    (the caller counts them, once it knows which events it keeps)."""
     raws = [e.args for e in events]
     try:
         return msgspec.json.decode(b"[" + b",".join(raws) + b"]", type=list[shape])
@@ -169,6 +168,5 @@ def decode_args(events: list[Event], shape: type[S], what: str, warnings: Counte
         try:
             out.append(msgspec.json.decode(raw, type=shape))
         except (msgspec.ValidationError, msgspec.DecodeError):
-            warnings[f"{what} events with unusable args (wrong value type or out of range) skipped"] += 1
             out.append(None)
     return out

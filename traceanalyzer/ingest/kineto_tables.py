@@ -1,25 +1,38 @@
-"""Kineto events of one role -> one schema table (Arrow), with the CPU<->GPU links.
+"""Kineto events -> schema tables (Arrow), built a chunk of events at a time.
 
-Each builder takes the decoded `Event`s of its role, drops (and counts) the ones that
-lack what the table needs, decodes their args in one batch, and builds columns with list
-comprehensions and numpy; links to the launching API call go through
-`CorrelationIndex` (sorted arrays + searchsorted), not per-row dict lookups.
+`Collector.add` takes one chunk of decoded `Event`s (see `kineto_stream`): it buckets
+them by category (Arrow dictionary-encode + a stable argsort, not a dict append per
+event), drops the events of each role that lack what its table needs (counted), decodes
+their args in one batch per category, and keeps only columns: numpy for times, Arrow
+for the rest. Nothing of a chunk outlives it but those columns, so the events and the
+file text are freed chunk by chunk.
+
+`TableBuilder` then works on whole columns once the file is read (the time base may come
+after the events): out-of-range times and unusable args are dropped and counted, times
+become ns, GPU activities are linked to their launching API call through
+`CorrelationIndex` (sorted arrays + searchsorted), and names are parsed once per
+distinct name. Rows keep the order the old one-pass reader gave them: by category in
+order of first appearance (no category last), then file order.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain, compress, islice
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .kineto_arrow import (
     CorrelationIndex, IdParser, coalesce, dur_to_ns, int_or_none, make_table, raw_json_text, take,
     us_to_ns,
 )
 from .kineto_events import (
-    CallArgs, CopyArgs, CpuOpArgs, Event, KernelArgs, MemoryArgs, SyncArgs, decode_args,
+    MEMORY_EVENT_CATEGORY, MEMORY_EVENT_NAME, CallArgs, CopyArgs, CpuOpArgs, Event, KernelArgs, MemoryArgs,
+    SyncArgs, decode_args, role_of,
 )
 from .kineto_names import (
     base_api_name, kernel_short_name, parse_memcpy_name, parse_memset_name, sync_kind,
@@ -32,289 +45,628 @@ MAX_TIME_US = 4.6e15
 _NO_STREAM = {-1, 0xFFFFFFFF}
 # c10::DeviceType codes the schema names; others are kept as the raw code.
 _DEVICE_TYPES = {0: "cpu", 1: "cuda"}
+# Roles whose events become rows: (args shape, name used in warnings).
+COMPLETE_ROLES: dict[str, tuple[Any, str]] = {
+    "runtime": (CallArgs, "runtime API"),
+    "driver": (CallArgs, "driver API"),
+    "kernel": (KernelArgs, "kernel"),
+    "memcpy": (CopyArgs, "memcpy"),
+    "memset": (CopyArgs, "memset"),
+    "sync": (SyncArgs, "cuda_sync"),
+    "user_annotation": (None, "user_annotation"),
+    "gpu_user_annotation": (None, "gpu_user_annotation"),
+    "cpu_op": (CpuOpArgs, "cpu_op"),
+}
+MEMORY = "memory"
+# Names of runtime/driver calls kept to tell the vendor (hip* vs cu*).
+VENDOR_SAMPLE = 1000
+PH_SAMPLE = 100_000
+TS_SAMPLE = 10_000
+
+Column = Any  # pa.Array / pa.ChunkedArray, or a list where a value fits no Arrow type
+
+
+def _ints(values: list) -> Column:
+    """int64 Arrow, or the list itself when a value does not fit (a tid of `"stream
+    99999999999999999999"`): `make_table` then reports it as before."""
+    try:
+        return pa.array(values, type=pa.int64())
+    except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return values
+
+
+def _floats(values: list) -> pa.Array:
+    return pa.array(values, type=pa.float64())
+
+
+def _strings(values: list) -> Column:
+    try:
+        return pa.array(values, type=pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeError):
+        return values
+
+
+def _dims(lists: list) -> dict[str, Any]:
+    """grid/block lists as present-flags and three dims (a short list gives NULLs)."""
+    return {
+        "has": np.fromiter((v is not None for v in lists), dtype=bool, count=len(lists)),
+        "x": _ints([v[0] if v is not None and len(v) > 0 else None for v in lists]),
+        "y": _ints([v[1] if v is not None and len(v) > 1 else None for v in lists]),
+        "z": _ints([v[2] if v is not None and len(v) > 2 else None for v in lists]),
+    }
 
 
 @dataclass
-class _Timed:
-    events: list[Event]
-    args: list
-    start_ns: np.ndarray
-    end_ns: np.ndarray
+class _Role:
+    """What is kept of one role's events, per category, per chunk."""
+
+    parts: dict[str | None, list[dict[str, Any]]] = field(default_factory=dict)
+    total: int = 0
+    missing: int = 0
+    negative: int = 0
+    names: dict[str | None, list[str | None]] = field(default_factory=dict)  # first names, per category
 
 
-def _dim(values: list[int] | None, i: int) -> int | None:
-    return values[i] if values is not None and len(values) > i else None
+class Collector:
+    """Takes chunks of events; keeps per-role columns (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.ids = IdParser()
+        self.roles: dict[str, _Role] = {r: _Role() for r in (*COMPLETE_ROLES, "mtia", MEMORY)}
+        self.cat_order: dict[str, None] = {}  # categories by first appearance (None always last)
+        self._counts: dict[str | None, int] = {}
+        self.n_events = 0
+        self.any_ph = False
+        self.ts_sample: list[float] = []
+
+    def add(self, events: list[Event]) -> None:
+        if not events:
+            return
+        if not self.any_ph and self.n_events < PH_SAMPLE:
+            self.any_ph = any(e.ph is not None for e in islice(events, PH_SAMPLE - self.n_events))
+        if len(self.ts_sample) < TS_SAMPLE:
+            self.ts_sample += islice((e.ts for e in events if e.ts is not None), TS_SAMPLE - len(self.ts_sample))
+        self.n_events += len(events)
+
+        cats = pa.array([e.cat for e in events], type=pa.string()).dictionary_encode()
+        names = cats.dictionary.to_pylist() + [None]
+        codes = cats.indices.fill_null(len(names) - 1).to_numpy(zero_copy_only=False)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.cumsum(np.bincount(codes, minlength=len(names))).tolist()
+        start = 0
+        for cat, end in zip(names, bounds):
+            if end == start:
+                continue
+            if cat is not None:
+                self.cat_order.setdefault(cat)
+            self._counts[cat] = self._counts.get(cat, 0) + (end - start)
+            role = role_of(cat)
+            if role is not None or cat is None or cat.lower() == MEMORY_EVENT_CATEGORY:
+                members = [events[i] for i in order[start:end].tolist()]
+                if role is None:
+                    members = [e for e in members if e.name == MEMORY_EVENT_NAME]
+                    if members:
+                        self._stage_memory(cat, members)
+                elif role == "mtia":
+                    self.roles[role].total += len(members)
+                else:
+                    self._stage(role, cat, members)
+            start = end
+
+    # -- per chunk ----------------------------------------------------------------------
+
+    def _stage(self, role: str, cat: str, events: list[Event]) -> None:
+        r = self.roles[role]
+        r.total += len(events)
+        if role in ("runtime", "driver"):
+            head = r.names.setdefault(cat, [])
+            if len(head) < VENDOR_SAMPLE:
+                head += [e.name for e in islice(events, VENDOR_SAMPLE - len(head))]
+        usable: list[Event] = []
+        for e in events:
+            if e.ts is None or e.dur is None or e.name is None:
+                r.missing += 1
+            elif e.dur < 0:
+                r.negative += 1
+            else:
+                usable.append(e)
+        if not usable:
+            return
+        shape = COMPLETE_ROLES[role][0]
+        n = len(usable)
+        part: dict[str, Any] = {
+            "ts": np.fromiter((e.ts for e in usable), dtype=np.float64, count=n),
+            "dur": np.fromiter((e.dur for e in usable), dtype=np.float64, count=n),
+        }
+        if shape is None:
+            part["ok"] = np.ones(n, dtype=bool)
+            args: list = []
+        else:
+            args = decode_args(usable, shape)
+            part["ok"] = np.fromiter((x is not None for x in args), dtype=bool, count=n)
+            if not part["ok"].all():
+                blank = shape()
+                args = [blank if x is None else x for x in args]
+        part.update(getattr(self, f"_cols_{role}")(usable, args))
+        r.parts.setdefault(cat, []).append(part)
+
+    def _gpu_place(self, events: list[Event], a: list) -> dict[str, Column]:
+        ids = self.ids
+        devices = [x.device if x.device is not None else ids(e.pid) for e, x in zip(events, a)]
+        streams = [x.stream if x.stream is not None else ids(e.tid) for e, x in zip(events, a)]
+        return {"device": _ints(devices), "stream": _ints([None if s in _NO_STREAM else s for s in streams]),
+                "context": _ints([x.context for x in a]), "correlation": _ints([x.correlation for x in a])}
+
+    def _pid_tid(self, events: list[Event]) -> dict[str, Column]:
+        pids = [e.pid for e in events]
+        tids = [e.tid for e in events]
+        try:  # the usual case: ints already
+            return {"pid": pa.array(pids, type=pa.int64()), "tid": pa.array(tids, type=pa.int64())}
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            ids = self.ids
+            return {"pid": _ints([ids(v) for v in pids]), "tid": _ints([ids(v) for v in tids])}
+
+    def _cols_calls(self, events: list[Event], a: list[CallArgs]) -> dict[str, Any]:
+        cols = {"name": _strings([e.name for e in events]), **self._pid_tid(events),
+                "correlation": _ints([x.correlation for x in a]),
+                "external": _ints(coalesce([x.external_id for x in a], [x.external_id_legacy for x in a])),
+                "smem": _ints([x.shared_memory_bytes for x in a]),
+                "size": [x.size for x in a]}
+        cols.update({f"grid_{k}": v for k, v in _dims([x.grid for x in a]).items()})
+        cols.update({f"block_{k}": v for k, v in _dims([x.block for x in a]).items()})
+        return cols
+
+    _cols_runtime = _cols_calls
+    _cols_driver = _cols_calls
+
+    def _cols_kernel(self, events: list[Event], a: list[KernelArgs]) -> dict[str, Any]:
+        cols = {"name": _strings([e.name for e in events]), **self._gpu_place(events, a),
+                "registers": _ints([x.registers_per_thread for x in a]),
+                "smem": _ints([x.shared_memory_bytes for x in a]),
+                "external": _ints(coalesce([x.external_id for x in a], [x.external_id_legacy for x in a])),
+                # CUPTI writes graph id 0 for kernels not launched from a graph.
+                "graph_id": _ints([x.graph_id or None for x in a]),
+                "blocks_per_sm": _floats([x.blocks_per_sm for x in a]),
+                "occupancy": _floats(coalesce([x.est_occupancy_pct for x in a],
+                                              [x.theoretical_occupancy_pct for x in a]))}
+        cols.update({f"grid_{k}": v for k, v in _dims([x.grid for x in a]).items()})
+        cols.update({f"block_{k}": v for k, v in _dims([x.block for x in a]).items()})
+        return cols
+
+    def _cols_memcpy(self, events: list[Event], a: list[CopyArgs]) -> dict[str, Any]:
+        return {"name": _strings([e.name for e in events]), **self._gpu_place(events, a),
+                "bytes": _ints([x.bytes for x in a]),
+                "from_device": _ints([x.from_device for x in a]), "to_device": _ints([x.to_device for x in a])}
+
+    def _cols_memset(self, events: list[Event], a: list[CopyArgs]) -> dict[str, Any]:
+        return {"name": _strings([e.name for e in events]), **self._gpu_place(events, a),
+                "bytes": _ints([x.bytes for x in a])}
+
+    def _cols_sync(self, events: list[Event], a: list[SyncArgs]) -> dict[str, Any]:
+        return {**self._gpu_place(events, a),
+                "record_name": _strings([x.cuda_sync_kind or e.name for e, x in zip(events, a)])}
+
+    def _cols_user_annotation(self, events: list[Event], a: list) -> dict[str, Any]:
+        return {"name": _strings([e.name for e in events]), **self._pid_tid(events)}
+
+    def _cols_gpu_user_annotation(self, events: list[Event], a: list) -> dict[str, Any]:
+        ids = self.ids
+        return {"name": _strings([e.name for e in events]), "device": _ints([ids(e.pid) for e in events]),
+                "stream": _ints([ids(e.tid) for e in events])}
+
+    def _cols_cpu_op(self, events: list[Event], a: list[CpuOpArgs]) -> dict[str, Any]:
+        return {"name": _strings([e.name for e in events]), **self._pid_tid(events),
+                "input_dims": raw_json_text([x.input_dims if len(x.input_dims) else x.input_dims_legacy
+                                             for x in a]),
+                "input_types": raw_json_text([x.input_types for x in a]),
+                "external": _ints(coalesce([x.external_id for x in a], [x.external_id_legacy for x in a])),
+                "sequence_number": _ints([x.sequence_number for x in a])}
+
+    def _stage_memory(self, cat: str | None, events: list[Event]) -> None:
+        r = self.roles[MEMORY]
+        r.total += len(events)
+        usable = [e for e in events if e.ts is not None]
+        r.missing += len(events) - len(usable)
+        if not usable:
+            return
+        n = len(usable)
+        args = decode_args(usable, MemoryArgs)
+        ok = np.fromiter((x is not None for x in args), dtype=bool, count=n)
+        if not ok.all():
+            blank = MemoryArgs()
+            args = [blank if x is None else x for x in args]
+        r.parts.setdefault(cat, []).append({
+            "ts": np.fromiter((e.ts for e in usable), dtype=np.float64, count=n), "ok": ok,
+            "device_type": _strings([None if x.device_type is None
+                                     else _DEVICE_TYPES.get(x.device_type, str(x.device_type)) for x in args]),
+            "device_id": _ints([x.device_id for x in args]),
+            "address": _ints([x.addr for x in args]),
+            "bytes": _ints([x.bytes for x in args]),
+            "total_allocated": _ints([x.total_allocated for x in args]),
+            "total_reserved": _ints([x.total_reserved for x in args]),
+            **self._pid_tid(usable),
+        })
+
+    # -- after the last chunk ----------------------------------------------------------
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events per category, by first appearance, no category (`"None"`) last."""
+        out: dict[str, int] = {}
+        for cat in chain(self.cat_order, [None]):
+            if cat in self._counts:
+                out[str(cat)] = out.get(str(cat), 0) + self._counts[cat]
+        return out
+
+    def role_parts(self, role: str) -> list[dict[str, Any]]:
+        """The role's chunks in row order: category by first appearance (None last), then file."""
+        parts = self.roles[role].parts
+        return [p for cat in chain(self.cat_order, [None]) for p in parts.get(cat, [])]
+
+    def call_names(self) -> list[str | None]:
+        """Names of the first runtime then driver events (all of them, usable or not)."""
+        out: list[str | None] = []
+        for role in ("runtime", "driver"):
+            names = self.roles[role].names
+            out += [n for cat in chain(self.cat_order, [None]) for n in names.get(cat, [])]
+        return out[:VENDOR_SAMPLE] if len(out) > VENDOR_SAMPLE else out
 
 
-def _per_name(names: list[str], fn) -> list:
+# -- whole columns ---------------------------------------------------------------------
+
+def _concat(parts: list[dict[str, Any]], key: str) -> Column:
+    cols = [p[key] for p in parts]
+    if isinstance(cols[0], np.ndarray):
+        return np.concatenate(cols)
+    if any(isinstance(c, list) for c in cols):
+        return list(chain.from_iterable(c if isinstance(c, list) else c.to_pylist() for c in cols))
+    if len(cols) == 1:
+        return cols[0]
+    chunks = [a for c in cols for a in (c.chunks if isinstance(c, pa.ChunkedArray) else [c])]
+    return pa.chunked_array(chunks, type=cols[0].type)
+
+
+def _filter(col: Column, keep: np.ndarray | None) -> Column:
+    if keep is None:
+        return col
+    if isinstance(col, np.ndarray):
+        return col[keep]
+    if isinstance(col, list):
+        return list(compress(col, keep.tolist()))
+    return col.filter(pa.array(keep))
+
+
+def _pylist(col: Column) -> list:
+    return col if isinstance(col, list) else col.to_pylist()
+
+
+def _arrow(col: Column, typ: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    return pa.array(col, type=typ) if isinstance(col, list) else col
+
+
+def _per_name(names: Column, fn) -> list:
     """fn applied once per distinct name (kernel names repeat thousands of times)."""
+    names = _pylist(names)
     cache = {n: fn(n) for n in set(names)}
     return [cache[n] for n in names]
 
 
+def _per_name_arrow(names: Column, fn) -> Column:
+    """fn (str -> str) once per distinct name, as an Arrow column."""
+    if isinstance(names, list):
+        return _per_name(names, fn)
+    if isinstance(names, pa.ChunkedArray):
+        names = names.combine_chunks()
+    enc = names.dictionary_encode()
+    mapped = pa.array([fn(n) for n in enc.dictionary.to_pylist()], type=pa.string())
+    return mapped.take(enc.indices)
+
+
+def _where(has: np.ndarray, own: Column, other: Column) -> Column:
+    """Row-wise: `own` where `has`, else `other`."""
+    if isinstance(own, list) or isinstance(other, list):
+        return [a if h else b for h, a, b in zip(has.tolist(), _pylist(own), _pylist(other))]
+    return pc.if_else(pa.array(has), own, other)
+
+
+def _coalesce(*cols: Column) -> Column:
+    if any(isinstance(c, list) for c in cols):
+        return coalesce(*(_pylist(c) for c in cols))
+    return pc.coalesce(*cols)
+
+
+@dataclass
+class _Timed:
+    cols: dict[str, Column]
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    n: int
+
+
 class TableBuilder:
-    def __init__(self, base_ns: int, warnings: Counter):
+    def __init__(self, collector: Collector, base_ns: int, warnings: Counter):
+        self.c = collector
         self.base_ns = base_ns
         self.warnings = warnings
-        self.ids = IdParser()
-        self._calls: dict[str, pa.Array] = {
+        self._calls: dict[str, Column] = {
             "call_id": pa.array([], pa.int64()), "pid": pa.array([], pa.int64()),
             "tid": pa.array([], pa.int64()), "name": pa.array([], pa.string()),
             "external_id": pa.array([], pa.int64()),
         }
+        self._call_extra: dict[str, Column] = {}
         self._call_index = CorrelationIndex([])
-        self._call_args: list[CallArgs] = []
         self.gpu_device_ids: set[int] = set()
 
     # -- shared steps -------------------------------------------------------------
 
-    def _complete(self, events: list[Event], shape, what: str) -> _Timed:
-        """Complete (`X`) events with ts, dur >= 0, a name and usable args; times in ns."""
-        usable: list[Event] = []
-        missing = negative = absurd = 0
+    def _complete(self, role: str) -> _Timed:
+        """The role's usable rows: ts, dur >= 0, a name, times in range, usable args."""
+        r = self.c.roles[role]
+        what = COMPLETE_ROLES[role][1]
+        parts = self.c.role_parts(role)
         base_us = self.base_ns / 1000
-        for e in events:
-            if e.ts is None or e.dur is None or e.name is None:
-                missing += 1
-            elif e.dur < 0:
-                negative += 1
-            elif not (abs(e.ts + base_us) <= MAX_TIME_US and e.ts + e.dur + base_us <= MAX_TIME_US):  # and inf
-                absurd += 1
-            else:
-                usable.append(e)
-        if missing:
-            self.warnings[f"{what} events without ts, dur or name skipped"] += missing
-        if negative:
-            self.warnings[f"{what} events with negative duration (end before start) skipped"] += negative
+        if parts:
+            ts, dur = np.concatenate([p["ts"] for p in parts]), np.concatenate([p["dur"] for p in parts])
+            ok = np.concatenate([p["ok"] for p in parts])
+            with np.errstate(invalid="ignore", over="ignore"):
+                in_range = (np.abs(ts + base_us) <= MAX_TIME_US) & ((ts + dur) + base_us <= MAX_TIME_US)
+        else:
+            ts = dur = np.zeros(0)
+            ok = in_range = np.zeros(0, dtype=bool)
+        absurd = int(np.count_nonzero(~in_range))
+        unusable = int(np.count_nonzero(in_range & ~ok))
+        if r.missing:
+            self.warnings[f"{what} events without ts, dur or name skipped"] += r.missing
+        if r.negative:
+            self.warnings[f"{what} events with negative duration (end before start) skipped"] += r.negative
         if absurd:
             self.warnings[f"{what} events with out-of-range times skipped"] += absurd
-        args = decode_args(usable, shape, what, self.warnings) if shape else [None] * len(usable)
-        if shape and any(x is None for x in args):
-            kept = [i for i, x in enumerate(args) if x is not None]
-            usable, args = [usable[i] for i in kept], [args[i] for i in kept]
-        n = len(usable)
-        ts = np.fromiter((e.ts for e in usable), dtype=np.float64, count=n)
-        dur = np.fromiter((e.dur for e in usable), dtype=np.float64, count=n)
+        if unusable:
+            self.warnings[f"{what} events with unusable args (wrong value type or out of range) skipped"] += unusable
+        keep = in_range & ok
+        n = int(np.count_nonzero(keep))
+        mask = None if n == len(keep) else keep
+        cols = {k: _filter(_concat(parts, k), mask) for k in parts[0] if k not in ("ts", "dur", "ok")} \
+            if parts else {}
+        ts, dur = ts[keep], dur[keep]
         start = us_to_ns(ts, self.base_ns)
-        return _Timed(usable, args, start, start + dur_to_ns(dur))
+        return _Timed(cols, start, start + dur_to_ns(dur), n)
 
-    def _gpu_place(self, t: _Timed) -> tuple[list[int | None], list[int | None]]:
-        """device and stream of GPU events: args first, else pid (device) / tid (stream)."""
-        ids = self.ids
-        devices = [a.device if a.device is not None else ids(e.pid) for e, a in zip(t.events, t.args)]
-        streams = [a.stream if a.stream is not None else ids(e.tid) for e, a in zip(t.events, t.args)]
-        self.gpu_device_ids.update(d for d in devices if d is not None)
-        return devices, [None if s in _NO_STREAM else s for s in streams]
+    def _devices_seen(self, devices: Column) -> None:
+        values = _pylist(devices) if isinstance(devices, list) else pc.unique(devices).to_pylist()
+        self.gpu_device_ids.update(d for d in values if d is not None)
 
-    def _call_columns(self, correlations: list[int | None]) -> tuple[np.ndarray, dict[str, pa.Array]]:
-        rows = self._call_index.rows_for(correlations)
-        return rows, {k: take(v, rows) for k, v in self._calls.items()}
+    def _call_columns(self, correlations: Column) -> tuple[np.ndarray, dict[str, Column]]:
+        rows = self._call_index.rows_for(_pylist(correlations) if isinstance(correlations, list)
+                                         else _fill(correlations))
+        return rows, {k: take(_arrow(v, pa.int64() if k != "name" else pa.string()), rows)
+                      for k, v in self._calls.items()}
+
+    def _extra(self, rows: np.ndarray, key: str) -> Column:
+        """A column of the linked call's args (ROCm keeps launch details there)."""
+        col = self._call_extra.get(key)
+        if col is None:
+            return pa.nulls(len(rows), pa.int64())
+        if isinstance(col, list):
+            return [col[r] if r >= 0 else None for r in rows.tolist()]
+        return take(col, rows)
 
     # -- tables ---------------------------------------------------------------------
 
-    def api_calls(self, runtime: list[Event], driver: list[Event]) -> pa.Table | None:
-        parts = [(self._complete(runtime, CallArgs, "runtime API"), "runtime"),
-                 (self._complete(driver, CallArgs, "driver API"), "driver")]
-        events = [e for t, _ in parts for e in t.events]
-        args: list[CallArgs] = [a for t, _ in parts for a in t.args]
-        api = [kind for t, kind in parts for _ in t.events]
-        start = np.concatenate([t.start_ns for t, _ in parts])
-        end = np.concatenate([t.end_ns for t, _ in parts])
-        n = len(events)
-        raw_names = [e.name for e in events]
-        pids = [self.ids(e.pid) for e in events]
-        tids = [self.ids(e.tid) for e in events]
-        correlations = [a.correlation for a in args]
-        external = coalesce([a.external_id for a in args], [a.external_id_legacy for a in args])
-        self._call_index = CorrelationIndex(correlations)
+    def api_calls(self) -> pa.Table | None:
+        parts = [(self._complete("runtime"), "runtime"), (self._complete("driver"), "driver")]
+        parts = [(t, kind) for t, kind in parts if t.n]
+        n = sum(t.n for t, _ in parts)
+
+        def cat(key: str) -> Column:
+            return _concat([t.cols for t, _ in parts], key) if parts else []
+
+        start = np.concatenate([t.start_ns for t, _ in parts]) if parts else np.zeros(0, np.int64)
+        end = np.concatenate([t.end_ns for t, _ in parts]) if parts else np.zeros(0, np.int64)
+        api = [kind for t, kind in parts for _ in range(t.n)]
+        correlations = cat("correlation")
+        self._call_index = CorrelationIndex(_pylist(correlations) if isinstance(correlations, list)
+                                            else _fill(correlations) if n else [])
         if self._call_index.duplicated_ids:
             self.warnings["correlation ids shared by several API calls (first call used for links)"] += (
                 self._call_index.duplicated_ids)
-        names = _per_name(raw_names, base_api_name)
-        self._call_args = args
-        self._calls = {
-            "call_id": pa.array(np.arange(n, dtype=np.int64)),
-            "pid": pa.array(pids, type=pa.int64()),
-            "tid": pa.array(tids, type=pa.int64()),
-            "name": pa.array(names, type=pa.string()),
-            "external_id": pa.array(external, type=pa.int64()),
-        }
         if n == 0:
             return None
+        raw_names = cat("name")
+        names = _per_name_arrow(raw_names, base_api_name)
+        pids, tids, external = cat("pid"), cat("tid"), cat("external")
+        self._calls = {
+            "call_id": pa.array(np.arange(n, dtype=np.int64)),
+            "pid": _arrow(pids, pa.int64()), "tid": _arrow(tids, pa.int64()),
+            "name": _arrow(names, pa.string()), "external_id": _arrow(external, pa.int64()),
+        }
+        self._call_extra = {k: cat(k) for k in ("smem", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
+                                                "block_z")}
+        self._call_extra["size"] = cat("size")
+        self._call_extra["grid_has"] = cat("grid_has")
+        self._call_extra["block_has"] = cat("block_has")
         return make_table("api_calls", {
             "call_id": self._calls["call_id"], "api": api, "name": names, "raw_name": raw_names,
             "pid": pids, "tid": tids, "start_ns": start, "end_ns": end,
             "correlation_id": correlations, "external_id": external,
         })
 
-    def _call_extra(self, rows: np.ndarray, attr: str) -> list:
-        """An attribute of the linked call's args (ROCm keeps launch details there)."""
-        args = self._call_args
-        return [getattr(args[r], attr) if r >= 0 else None for r in rows.tolist()]
+    def _dims(self, cols: dict[str, Column], rows: np.ndarray, which: str) -> dict[str, Column]:
+        """grid/block: the kernel's own list if it has one (even a short one), else its call's."""
+        call_has = self._call_extra.get(f"{which}_has")
+        out = {}
+        for axis in "xyz":
+            own = cols[f"{which}_{axis}"]
+            if call_has is None or not call_has.any():
+                out[axis] = own
+            else:
+                out[axis] = _where(cols[f"{which}_has"], own, self._extra(rows, f"{which}_{axis}"))
+        return out
 
-    def kernels(self, events: list[Event]) -> pa.Table | None:
-        t = self._complete(events, KernelArgs, "kernel")
-        if not t.events:
+    def kernels(self) -> pa.Table | None:
+        t = self._complete("kernel")
+        if not t.n:
             return None
-        a = t.args
-        devices, streams = self._gpu_place(t)
-        correlations = [x.correlation for x in a]
+        c = t.cols
+        self._devices_seen(c["device"])
+        correlations = c["correlation"]
         rows, call = self._call_columns(correlations)
-        names = [e.name for e in t.events]
-        grid = coalesce([x.grid for x in a], self._call_extra(rows, "grid"))
-        block = coalesce([x.block for x in a], self._call_extra(rows, "block"))
-        smem = coalesce([x.shared_memory_bytes for x in a], self._call_extra(rows, "shared_memory_bytes"))
+        names = c["name"]
+        grid, block = self._dims(c, rows, "grid"), self._dims(c, rows, "block")
         # A kernel without its own External id inherits its launch call's.
-        external = coalesce([x.external_id for x in a], [x.external_id_legacy for x in a],
-                            call["external_id"].to_pylist())
         cols = {
-            "kernel_id": np.arange(len(names), dtype=np.int64),
-            "device_id": devices,
-            "context_id": [x.context for x in a],
-            "stream_id": streams,
+            "kernel_id": np.arange(t.n, dtype=np.int64),
+            "device_id": c["device"],
+            "context_id": c["context"],
+            "stream_id": c["stream"],
             "start_ns": t.start_ns, "end_ns": t.end_ns,
             "name": names,
-            "short_name": _per_name(names, kernel_short_name),
-            "registers_per_thread": [x.registers_per_thread for x in a],
-            "static_shared_mem_bytes": smem,
+            "short_name": _per_name_arrow(names, kernel_short_name),
+            "registers_per_thread": c["registers"],
+            "static_shared_mem_bytes": _coalesce(c["smem"], self._extra(rows, "smem")),
             "correlation_id": correlations,
             "pid": call["pid"], "tid": call["tid"], "launch_call_id": call["call_id"],
-            "external_id": external,
-            # CUPTI writes graph id 0 for kernels not launched from a graph.
-            "graph_id": [x.graph_id or None for x in a],
-            "blocks_per_sm": [x.blocks_per_sm for x in a],
-            "est_achieved_occupancy_pct": coalesce([x.est_occupancy_pct for x in a],
-                                                   [x.theoretical_occupancy_pct for x in a]),
+            "external_id": _coalesce(c["external"], call["external_id"]),
+            "graph_id": c["graph_id"],
+            "blocks_per_sm": c["blocks_per_sm"],
+            "est_achieved_occupancy_pct": c["occupancy"],
         }
-        for i, axis in enumerate("xyz"):
-            cols[f"grid_{axis}"] = [_dim(g, i) for g in grid]
-            cols[f"block_{axis}"] = [_dim(b, i) for b in block]
+        for axis in "xyz":
+            cols[f"grid_{axis}"] = grid[axis]
+            cols[f"block_{axis}"] = block[axis]
         return make_table("kernels", cols)
 
-    def copies(self, events: list[Event]) -> pa.Table | None:
-        t = self._complete(events, CopyArgs, "memcpy")
-        if not t.events:
+    def _sizes(self, own: Column, rows: np.ndarray) -> list:
+        """Byte counts: the activity's own, else (ROCm) its hipMemcpy* call's `size`."""
+        sizes = self._call_extra.get("size")
+        call = [sizes[r] if r >= 0 else None for r in rows.tolist()] if sizes else [None] * len(rows)
+        return coalesce(_pylist(own), int_or_none(call))
+
+    def copies(self) -> pa.Table | None:
+        t = self._complete("memcpy")
+        if not t.n:
             return None
-        a = t.args
-        devices, streams = self._gpu_place(t)
-        correlations = [x.correlation for x in a]
-        rows, call = self._call_columns(correlations)
-        names = [e.name for e in t.events]
-        kinds = _per_name(names, parse_memcpy_name)
-        # ROCm copies carry no byte count; their hipMemcpy* call has it as `size`.
-        nbytes = coalesce([x.bytes for x in a], int_or_none(self._call_extra(rows, "size")))
+        c = t.cols
+        self._devices_seen(c["device"])
+        rows, call = self._call_columns(c["correlation"])
+        kinds = _per_name(c["name"], parse_memcpy_name)
         return make_table("copies", {
-            "copy_id": np.arange(len(names), dtype=np.int64),
-            "device_id": devices, "context_id": [x.context for x in a], "stream_id": streams,
+            "copy_id": np.arange(t.n, dtype=np.int64),
+            "device_id": c["device"], "context_id": c["context"], "stream_id": c["stream"],
             "start_ns": t.start_ns, "end_ns": t.end_ns,
             "direction": [k[0] for k in kinds],
-            "unified_memory": [False] * len(names),  # Kineto has no UM migration records
+            "unified_memory": [False] * t.n,  # Kineto has no UM migration records
             "src_kind": [k[1] for k in kinds], "dst_kind": [k[2] for k in kinds],
-            "bytes": nbytes,
-            "src_device_id": [x.from_device for x in a], "dst_device_id": [x.to_device for x in a],
-            "correlation_id": correlations,
+            "bytes": self._sizes(c["bytes"], rows),
+            "src_device_id": c["from_device"], "dst_device_id": c["to_device"],
+            "correlation_id": c["correlation"],
             "pid": call["pid"], "tid": call["tid"], "api_name": call["name"],
             "launch_call_id": call["call_id"],
         })
 
-    def memsets(self, events: list[Event]) -> pa.Table | None:
-        t = self._complete(events, CopyArgs, "memset")
-        if not t.events:
+    def memsets(self) -> pa.Table | None:
+        t = self._complete("memset")
+        if not t.n:
             return None
-        a = t.args
-        devices, streams = self._gpu_place(t)
-        correlations = [x.correlation for x in a]
-        rows, call = self._call_columns(correlations)
-        names = [e.name for e in t.events]
+        c = t.cols
+        self._devices_seen(c["device"])
+        rows, call = self._call_columns(c["correlation"])
         return make_table("memsets", {
-            "memset_id": np.arange(len(names), dtype=np.int64),
-            "device_id": devices, "context_id": [x.context for x in a], "stream_id": streams,
+            "memset_id": np.arange(t.n, dtype=np.int64),
+            "device_id": c["device"], "context_id": c["context"], "stream_id": c["stream"],
             "start_ns": t.start_ns, "end_ns": t.end_ns,
-            "bytes": coalesce([x.bytes for x in a], int_or_none(self._call_extra(rows, "size"))),
-            "mem_kind": _per_name(names, parse_memset_name),
-            "correlation_id": correlations, "pid": call["pid"],
+            "bytes": self._sizes(c["bytes"], rows),
+            "mem_kind": _per_name(c["name"], parse_memset_name),
+            "correlation_id": c["correlation"], "pid": call["pid"],
         })
 
-    def syncs(self, events: list[Event]) -> pa.Table | None:
-        t = self._complete(events, SyncArgs, "cuda_sync")
-        if not t.events:
+    def syncs(self) -> pa.Table | None:
+        t = self._complete("sync")
+        if not t.n:
             return None
-        a = t.args
-        devices, streams = self._gpu_place(t)
-        correlations = [x.correlation for x in a]
-        rows, call = self._call_columns(correlations)
+        c = t.cols
+        self._devices_seen(c["device"])
+        rows, call = self._call_columns(c["correlation"])
         api_names = call["name"].to_pylist()
-        record_names = [x.cuda_sync_kind or e.name for e, x in zip(t.events, a)]
-        kinds = [sync_kind(api, rec) for api, rec in zip(api_names, record_names)]
+        kinds = [sync_kind(api, rec) for api, rec in zip(api_names, _pylist(c["record_name"]))]
+        streams = _pylist(c["stream"])
         return make_table("syncs", {
-            "sync_id": np.arange(len(kinds), dtype=np.int64),
+            "sync_id": np.arange(t.n, dtype=np.int64),
             "kind": kinds, "api_name": api_names,
-            "device_id": devices, "context_id": [x.context for x in a],
+            "device_id": c["device"], "context_id": c["context"],
             # Device/context syncs wait on no particular stream.
             "stream_id": [None if k in ("device", "context") else s for k, s in zip(kinds, streams)],
             "start_ns": t.start_ns, "end_ns": t.end_ns,
-            "correlation_id": correlations,
+            "correlation_id": c["correlation"],
             "pid": call["pid"], "tid": call["tid"], "launch_call_id": call["call_id"],
         })
 
-    def ranges(self, cpu: list[Event], gpu: list[Event]) -> pa.Table | None:
-        tc = self._complete(cpu, None, "user_annotation")
-        tg = self._complete(gpu, None, "gpu_user_annotation")
-        n_cpu, n_gpu = len(tc.events), len(tg.events)
+    def ranges(self) -> pa.Table | None:
+        tc, tg = self._complete("user_annotation"), self._complete("gpu_user_annotation")
+        n_cpu, n_gpu = tc.n, tg.n
         if n_cpu + n_gpu == 0:
             return None
-        ids = self.ids
-        gpu_devices = [ids(e.pid) for e in tg.events]
-        self.gpu_device_ids.update(d for d in gpu_devices if d is not None)
+        cc, cg = tc.cols, tg.cols
+        if n_gpu:
+            self._devices_seen(cg["device"])
         return make_table("ranges", {
             "range_id": np.arange(n_cpu + n_gpu, dtype=np.int64),
             "kind": ["user_annotation"] * n_cpu + ["gpu_user_annotation"] * n_gpu,
-            "name": [e.name for e in tc.events] + [e.name for e in tg.events],
-            "pid": [ids(e.pid) for e in tc.events] + [None] * n_gpu,
-            "tid": [ids(e.tid) for e in tc.events] + [None] * n_gpu,
-            "device_id": [None] * n_cpu + gpu_devices,
-            "stream_id": [None] * n_cpu + [ids(e.tid) for e in tg.events],
+            "name": (_pylist(cc["name"]) if n_cpu else []) + (_pylist(cg["name"]) if n_gpu else []),
+            "pid": (_pylist(cc["pid"]) if n_cpu else []) + [None] * n_gpu,
+            "tid": (_pylist(cc["tid"]) if n_cpu else []) + [None] * n_gpu,
+            "device_id": [None] * n_cpu + (_pylist(cg["device"]) if n_gpu else []),
+            "stream_id": [None] * n_cpu + (_pylist(cg["stream"]) if n_gpu else []),
             "start_ns": np.concatenate([tc.start_ns, tg.start_ns]),
             "end_ns": np.concatenate([tc.end_ns, tg.end_ns]),
         })
 
-    def cpu_ops(self, events: list[Event]) -> pa.Table | None:
-        t = self._complete(events, CpuOpArgs, "cpu_op")
-        if not t.events:
+    def cpu_ops(self) -> pa.Table | None:
+        t = self._complete("cpu_op")
+        if not t.n:
             return None
-        a = t.args
-        ids = self.ids
+        c = t.cols
         return make_table("cpu_ops", {
-            "op_id": np.arange(len(a), dtype=np.int64),
-            "name": [e.name for e in t.events],
-            "pid": [ids(e.pid) for e in t.events], "tid": [ids(e.tid) for e in t.events],
+            "op_id": np.arange(t.n, dtype=np.int64),
+            "name": c["name"], "pid": c["pid"], "tid": c["tid"],
             "start_ns": t.start_ns, "end_ns": t.end_ns,
-            "input_dims": raw_json_text([x.input_dims if len(x.input_dims) else x.input_dims_legacy for x in a]),
-            "input_types": raw_json_text([x.input_types for x in a]),
-            "external_id": coalesce([x.external_id for x in a], [x.external_id_legacy for x in a]),
-            "sequence_number": [x.sequence_number for x in a],
+            "input_dims": c["input_dims"], "input_types": c["input_types"],
+            "external_id": c["external"], "sequence_number": c["sequence_number"],
         })
 
-    def memory_events(self, events: list[Event]) -> pa.Table | None:
+    def memory_events(self) -> pa.Table | None:
+        r = self.c.roles[MEMORY]
+        parts = self.c.role_parts(MEMORY)
         base_us = self.base_ns / 1000
-        usable = [e for e in events if e.ts is not None and abs(e.ts + base_us) <= MAX_TIME_US]
-        if len(usable) < len(events):
-            self.warnings["[memory] events without a usable ts skipped"] += len(events) - len(usable)
-        args = decode_args(usable, MemoryArgs, "[memory]", self.warnings)
-        pairs = [(e, x) for e, x in zip(usable, args) if x is not None]
-        if not pairs:
+        if parts:
+            ts = np.concatenate([p["ts"] for p in parts])
+            ok = np.concatenate([p["ok"] for p in parts])
+            with np.errstate(invalid="ignore", over="ignore"):
+                in_range = np.abs(ts + base_us) <= MAX_TIME_US
+        else:
+            ts, ok, in_range = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+        skipped = r.missing + int(np.count_nonzero(~in_range))
+        if skipped:
+            self.warnings["[memory] events without a usable ts skipped"] += skipped
+        unusable = int(np.count_nonzero(in_range & ~ok))
+        if unusable:
+            self.warnings["[memory] events with unusable args (wrong value type or out of range) skipped"] += unusable
+        keep = in_range & ok
+        n = int(np.count_nonzero(keep))
+        if not n:
             return None
-        ts = np.fromiter((e.ts for e, _ in pairs), dtype=np.float64, count=len(pairs))
-        ids = self.ids
+        mask = None if n == len(keep) else keep
+        cols = {k: _filter(_concat(parts, k), mask) for k in parts[0] if k not in ("ts", "ok")}
         return make_table("memory_events", {
-            "event_id": np.arange(len(pairs), dtype=np.int64),
-            "ts_ns": us_to_ns(ts, self.base_ns),
-            "device_type": [None if x.device_type is None else _DEVICE_TYPES.get(x.device_type, str(x.device_type))
-                            for _, x in pairs],
-            "device_id": [x.device_id for _, x in pairs],
-            "address": [x.addr for _, x in pairs],
-            "bytes": [x.bytes for _, x in pairs],
-            "total_allocated_bytes": [x.total_allocated for _, x in pairs],
-            "total_reserved_bytes": [x.total_reserved for _, x in pairs],
-            "pid": [ids(e.pid) for e, _ in pairs], "tid": [ids(e.tid) for e, _ in pairs],
+            "event_id": np.arange(n, dtype=np.int64),
+            "ts_ns": us_to_ns(ts[keep], self.base_ns),
+            "device_type": cols["device_type"], "device_id": cols["device_id"],
+            "address": cols["address"], "bytes": cols["bytes"],
+            "total_allocated_bytes": cols["total_allocated"], "total_reserved_bytes": cols["total_reserved"],
+            "pid": cols["pid"], "tid": cols["tid"],
         })
+
+
+def _fill(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An int64 column as numpy with -1 for NULL (CorrelationIndex's "no id")."""
+    return col.fill_null(-1).to_numpy()
