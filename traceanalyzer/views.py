@@ -28,10 +28,15 @@ def _islands(source: str) -> str:
             FROM ({source})
             WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns, end_ns)
         )
-        SELECT run_id, device_id, row_number() OVER w AS island, start_ns,
-               coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns
-        FROM ordered WHERE prev_max_end IS NULL OR start_ns > prev_max_end
-        WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns)
+        , islands AS (
+            SELECT run_id, device_id, row_number() OVER w AS island, start_ns,
+                   coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns
+            FROM ordered WHERE prev_max_end IS NULL OR start_ns > prev_max_end
+            WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns)
+        )
+        SELECT *, coalesce(sum(end_ns - start_ns) OVER (PARTITION BY run_id, device_id ORDER BY start_ns
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS busy_before_ns
+        FROM islands
         """
 
 
@@ -56,11 +61,13 @@ VIEWS: dict[str, tuple[str, str]] = {
     ),
     "device_busy_intervals": (
         "Per run and device, the union of all GPU activity as disjoint busy intervals "
-        "(gaps-and-islands over `gpu_activity`).",
+        "(gaps-and-islands over `gpu_activity`), with `busy_before_ns`, the busy time before each "
+        "(busy time in any window = a difference of two such running totals, read by ASOF joins).",
         _islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity"),
     ),
     "kernel_busy_intervals": (
-        "Per run and device, the union of kernel execution only (what copies can hide behind).",
+        "Per run and device, the union of kernel execution only (what copies can hide behind), "
+        "with `busy_before_ns` as in `device_busy_intervals`.",
         _islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity WHERE kind = 'kernel'"),
     ),
     "device_busy": (
@@ -76,12 +83,16 @@ VIEWS: dict[str, tuple[str, str]] = {
         """,
     ),
     "device_idle_gaps": (
-        "Per run and device, the idle stretches between busy intervals (no work on any stream).",
+        "Per run and device, the idle stretches between busy intervals (no work on any stream), "
+        "with `idle_before_ns`, the idle time before each (from the device's first operation).",
         """
-        SELECT run_id, device_id, end_ns AS start_ns, next_start AS end_ns, next_start - end_ns AS gap_ns
-        FROM (SELECT run_id, device_id, end_ns,
-                     lead(start_ns) OVER (PARTITION BY run_id, device_id ORDER BY start_ns) AS next_start
-              FROM device_busy_intervals)
+        SELECT run_id, device_id, end_ns AS start_ns, next_start AS end_ns, next_start - end_ns AS gap_ns,
+               -- idle time before = time since the first start, minus busy time, up to this gap
+               end_ns - first_start - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
+        FROM (SELECT run_id, device_id, start_ns, end_ns, busy_before_ns,
+                     lead(start_ns) OVER w AS next_start, first_value(start_ns) OVER w AS first_start
+              FROM device_busy_intervals
+              WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns))
         WHERE next_start IS NOT NULL
         """,
     ),

@@ -38,8 +38,7 @@ sync_reach AS (  -- per pid
     SELECT device_id, start_ns, max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns) AS reach_ns
     FROM copies WHERE run_id = $run_id AND device_id IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns
 ), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
-    SELECT device_id, start_ns, end_ns,
-           sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS idle_to_end_ns
+    SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS idle_to_end_ns
     FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
 ), classified AS (
     SELECT g.*,
@@ -79,7 +78,7 @@ sync_reach AS (  -- per pid
     LEFT JOIN gpu_activity p ON p.run_id = $run_id AND p.kind = t.prev_kind AND p.item_id = t.prev_id
     LEFT JOIN gpu_activity a ON a.run_id = $run_id AND a.kind = t.next_kind AND a.item_id = t.next_id
     GROUP BY t.device_id, t.stream_id
-), per_stream AS (
+), per_stream_totals AS (
     SELECT c.device_id, c.stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns,
            coalesce(sum(c.idle_ns), 0) AS lost_ns, any_value(s.span_ns) AS span_ns,
@@ -87,12 +86,12 @@ sync_reach AS (  -- per pid
            arg_max(c.gap_start, (c.gap_ns, -c.gap_start)) AS worst_start,
            arg_max(c.gap_end, (c.gap_ns, -c.gap_start)) AS worst_end,
            arg_max(cause, (n_cause, cause)) AS main_cause,  -- most gaps; ties by name
-           to_json(map_from_entries(list(DISTINCT (cause, n_cause) ORDER BY (cause, n_cause)))) AS causes,
-           any_value(w.worst) AS worst
+           to_json(map_from_entries(list(DISTINCT (cause, n_cause) ORDER BY (cause, n_cause)))) AS causes
     FROM (SELECT *, count(*) OVER (PARTITION BY device_id, stream_id, cause) AS n_cause FROM classified) c
     JOIN spans s USING (device_id, stream_id)
-    JOIN worst_gaps w USING (device_id, stream_id)
     GROUP BY c.device_id, c.stream_id
+), per_stream AS (
+    SELECT p.*, w.worst FROM per_stream_totals p JOIN worst_gaps w USING (device_id, stream_id)
 ), per_device AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,

@@ -12,7 +12,7 @@ WITH h2d AS (
     SELECT * FROM h2d WHERE NOT coalesce(unified_memory, false)
 ), kernel_busy_cum AS (  -- disjoint kernel-busy stretches with the busy time up to each one's end
     SELECT device_id, start_ns, end_ns,
-           sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS busy_to_end_ns
+           busy_before_ns + end_ns - start_ns AS busy_to_end_ns
     FROM kernel_busy_intervals WHERE run_id = $run_id AND device_id IS NOT NULL
 ), covered AS (  -- time of each copy during which some kernel ran on its device
     -- = kernel-busy time up to the copy's end minus that up to its start, each read from the
