@@ -457,6 +457,12 @@ def targets(results: list, scales: list[int]) -> list[str]:
     if a and s:
         lines.append(f"| nsys {top}x: ADBC beats sqlite3 + fetchmany (reader uses ADBC) | "
                      f"{s['work_s'] / a['work_s']:.1f}x faster | {verdict(a['work_s'] < s['work_s'])} |")
+    scan_jobs = DATA / "scan_jobs.json"  # from bench/bench_scan_jobs.py, if it was run
+    if scan_jobs.exists():
+        j = json.loads(scan_jobs.read_text())
+        lines.append(f"| `scan --jobs 2` ≥ 1.7x faster than `--jobs 1` on {j['runs']} small runs "
+                     f"(bench_scan_jobs.py, {j['measured']}, load {j['load_before']:.1f}) | "
+                     f"{j['speedup']:.2f}x ({j['jobs1_s']:.0f} s → {j['jobs2_s']:.0f} s) | {verdict(j['speedup'] >= 1.7)} |")
     for kind in ("kineto", "nsys"):
         for what in ("ours: ingest + all rules", "ours: rules on stored run"):
             pts = [(sc, _get(results, kind, sc, what)) for sc in sorted(scales)]

@@ -3,7 +3,8 @@
 Makes 200 distinct small traces in a temp folder (the fixtures and a few small real traces,
 each copy changed so its content hash differs, else the scan would skip it as already
 stored), then times the `traceanalyzer scan` command with --jobs 1 and --jobs 2, each into a
-fresh store, in this one script. Prints both times and the ratio; asserts nothing.
+fresh store, in this one script. Prints both times and the ratio (and saves them to
+bench/data/scan_jobs.json, which `bench_peers.py` quotes in docs/performance.md); asserts nothing.
 
     python bench/bench_scan_jobs.py [--runs 200] [--repeat 1]
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
+RESULT = ROOT / "bench" / "data" / "scan_jobs.json"  # read by bench_peers.py for docs/performance.md
 SHARED = ROOT.parent / "shared" / "traces"
 # Small real traces, used when ../shared/traces is there.
 REAL = ["torch/hta__critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
@@ -90,13 +92,19 @@ def main() -> None:
         folder.mkdir()
         nbytes = make_runs(folder, args.runs)
         print(f"{args.runs} runs, {nbytes / 1e6:.1f} MB, from {len(sources())} source traces")
-        print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+        load = os.getloadavg()[0]
+        print(f"load average before: {load:.1f} on {os.cpu_count()} CPUs "
               "(other work on the machine skews the ratio)")
         best = {}
         for jobs in (1, 2):
             best[jobs] = min(time_scan(folder, jobs, work) for _ in range(args.repeat))
             print(f"scan --jobs {jobs}: {best[jobs]:.2f} s ({args.runs / best[jobs]:.1f} runs/s)")
         print(f"speedup --jobs 2 vs --jobs 1: {best[1] / best[2]:.2f}x (target >= 1.7x)")
+        RESULT.parent.mkdir(parents=True, exist_ok=True)
+        RESULT.write_text(json.dumps({
+            "measured": time.strftime("%Y-%m-%d %H:%M"), "runs": args.runs, "load_before": load,
+            "jobs1_s": best[1], "jobs2_s": best[2], "speedup": best[1] / best[2]}, indent=1))
+        print(f"saved to {RESULT.relative_to(ROOT)} (docs/performance.md quotes it)")
 
 
 if __name__ == "__main__":
