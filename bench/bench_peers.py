@@ -59,6 +59,7 @@ NSYS_AI_WARM_SKILLS = ("gpu_idle_gaps", "memory_transfers", "sync_cost_analysis"
 KINETO_DECODERS = ("json", "orjson", "msgspec", "msgspec-typed")
 SQLITE_DECODERS = ("sqlite3-rows", "sqlite3-arrow", "adbc-arrow")
 NSYS_BASE_KERNELS = 625_000  # 1x; 8x = 5 M kernels
+CAPPED_MEMORY = "2GB"  # TRACEANALYZER_MEMORY_LIMIT of the capped nsys row
 
 
 # ======================================================================================
@@ -382,6 +383,11 @@ def run_nsys(scale: int, peers: bool, results: list) -> None:
                                                           label=f"ours_rules_nsys_{scale}x")))
         ours["tables"] = measure(sys.executable, "table-sizes", store, ours["run_id"], label="sizes").get("tables", {})
     store.unlink(missing_ok=True)
+    # The same with DuckDB capped (rules spill instead of growing): the memory a user can ask for.
+    capped = measure(sys.executable, "ours", path, store, env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY},
+                     label=f"ours_capped_nsys_{scale}x")
+    rows.append((f"ours: ingest + all rules, {CAPPED_MEMORY} cap", capped))
+    store.unlink(missing_ok=True)
     if peers:
         python = ensure_venv("nsys-ai")
         copy = DATA / "nsys-ai" / path.name
@@ -446,6 +452,11 @@ def targets(results: list, scales: list[int]) -> list[str]:
         speed, mem = cold["work_s"] / ours["work_s"], ours["peak_bytes"] / cold["peak_bytes"]
         lines.append(f"| nsys {top}x: ≥ 5x faster than nsys-ai's cache build | {speed:.1f}x | {verdict(speed >= 5)} |")
         lines.append(f"| nsys {top}x: ≤ 1/4 of nsys-ai's peak memory | {mem:.2f} of it | {verdict(mem <= 0.25)} |")
+        capped = _get(results, "nsys", top, f"ours: ingest + all rules, {CAPPED_MEMORY} cap")
+        if capped:
+            cm = capped["peak_bytes"] / cold["peak_bytes"]
+            lines.append(f"| nsys {top}x, TRACEANALYZER_MEMORY_LIMIT={CAPPED_MEMORY}: ≤ 1/4 of nsys-ai's peak memory | "
+                         f"{cm:.2f} of it ({cold['work_s'] / capped['work_s']:.1f}x its speed) | {verdict(cm <= 0.25)} |")
     warm_ours = _get(results, "nsys", top, "ours: rules on stored run")
     warm_peer = _get(results, "nsys", top, "nsys-ai: warm-cache skills")
     if warm_ours and warm_peer:
