@@ -13,6 +13,8 @@ from traceanalyzer.ingest.base import ParsedTrace
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store, StoreError
 
+from .conftest import FIXTURES
+
 
 def _trace(n_kernels: int = 3, gap_ns: int = 12_000) -> ParsedTrace:
     starts = [i * (1_000 + gap_ns) for i in range(n_kernels)]
@@ -82,6 +84,10 @@ def test_busy_views(store):
     assert busy == (3_500, 27_000)
     gaps = store.sql("SELECT start_ns, end_ns FROM device_idle_gaps ORDER BY 1").fetchall()
     assert gaps == [(1_500, 13_000), (14_000, 26_000)]
+    # running totals: busy time before each busy interval, idle time before each gap
+    assert store.sql("SELECT start_ns, end_ns, busy_before_ns FROM device_busy_intervals ORDER BY 1").fetchall() \
+        == [(0, 1_500, 0), (13_000, 14_000, 1_500), (26_000, 27_000, 2_500)]
+    assert store.sql("SELECT idle_before_ns FROM device_idle_gaps ORDER BY start_ns").fetchall() == [(0,), (11_500,)]
 
 
 def test_rules_replace_their_findings_and_record_no_data(store):
@@ -155,3 +161,20 @@ def test_memory_limit_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACEANALYZER_MEMORY_LIMIT", "lots")
     with pytest.raises(StoreError, match="TRACEANALYZER_MEMORY_LIMIT='lots' is not a memory size"):
         Store(tmp_path / "m.duckdb")
+
+
+def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store):
+    from traceanalyzer import views
+
+    for f in ("nsys/planted.sqlite", "kineto/planted.json"):
+        store.ingest(FIXTURES / f)
+    names = views.RUN_CACHED
+    whole = {n: store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in names}
+    for run_id in store.run_ids():
+        with views.scoped_to_run(store.con, run_id):
+            for n in names:
+                scoped = store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall()
+                assert scoped and scoped == [r for r in whole[n] if r[0] == run_id], n
+    for n in names:  # store-wide again, and no cache tables left behind
+        assert store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() == whole[n]
+    assert not store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_run\\_%' ESCAPE '\\'").fetchall()

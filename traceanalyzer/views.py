@@ -154,17 +154,27 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[None]
 
     The rules of one run each filter these views on that run; materializing them first
     turns ~10 recomputations (a window sort over every GPU operation each) into one.
-    Outside the block (reports, cross-run rules) the views are the store-wide ones again."""
-    done = []
+    Outside the block (reports, cross-run rules) the views are the store-wide ones again.
+    If the cache cannot be built, the block runs on the store-wide views (slower, same
+    answers), and any error shows up in the rules that read them."""
+    done: list[str] = []
     try:
         for name in RUN_CACHED:
             con.execute(f"CREATE OR REPLACE TEMP TABLE _run_{name} AS SELECT * FROM {name} WHERE run_id = ?",
                         [run_id])
             con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM _run_{name}")
             done.append(name)
+    except duckdb.Error:
+        _restore(con, done)
+        done = []
+    try:
         yield
     finally:
-        for name in reversed(done):
-            con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name][1]}")
-        for name in done:
-            con.execute(f"DROP TABLE IF EXISTS _run_{name}")
+        _restore(con, done)
+
+
+def _restore(con: duckdb.DuckDBPyConnection, cached: list[str]) -> None:
+    for name in reversed(cached):
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name][1]}")
+    for name in cached:
+        con.execute(f"DROP TABLE IF EXISTS _run_{name}")
