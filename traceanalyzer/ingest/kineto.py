@@ -23,7 +23,7 @@ A generic decode builds a dict per event and per args object (python_function st
 `Input Strides`, `Concrete Inputs` ...) that the schema never uses; typed decoding into
 `kineto_events.Event` skips those keys in C. The file is not read whole: `kineto_stream`
 cuts `traceEvents` at event boundaries into ~8 MB chunks, each decoded on its own and
-dropped once `kineto_tables.Collector` has kept the columns its tables need, so the peak
+dropped once `kineto_collect.Collector` has kept the columns its tables need, so the peak
 is the output columns plus one chunk, not the file (odd files fall back to the whole-file
 decode, which keeps every error message and result exact). Args stay `msgspec.Raw`
 slices of the chunk and are decoded per category, in one batch per chunk, into Structs of
@@ -55,7 +55,8 @@ from .detect import GZIP_MAGIC, KINETO
 from .kineto_devices import devices_table
 from .kineto_events import Event
 from .kineto_stream import EventStream, Unstreamable
-from .kineto_tables import Collector, TableBuilder
+from .kineto_collect import Collector
+from .kineto_tables import TableBuilder
 
 # Top-level keys whose JSON text is longer than this stay out of runs.metadata.
 MAX_METADATA_VALUE_BYTES = 16 * 1024
