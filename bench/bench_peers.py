@@ -575,57 +575,64 @@ DuckDB's extension folder under `bench/data/venvs/nsys-ai-home` (nsys-ai runs wi
 Without it nsys-ai falls back to sqlite3 and writes indexes into the export, so it always gets a
 copy. Both live in their own virtual environments under `bench/data/venvs`, made by this script.
 
-**Fixes made while measuring** (each keeps every test passing and gives the same findings on all
-76 real and fixture traces, up to ties that `arg_max` breaks arbitrarily):
-* T001 launch-gaps classified each gap with `EXISTS` interval-overlap subqueries (sync calls,
-  copies) and a join of gaps with device-idle stretches on `device_id` plus overlap: a hash join on
-  2 devices is quadratic (218 s of 383 s of rules on 625 k kernels). Now a running max of `end_ns`
-  plus an ASOF join answers "does any interval overlap the gap", and the idle part of a gap is the
-  difference of cumulative idle time at its two ends (ASOF again): 1.6 s.
-* T002 unoverlapped-h2d joined copies with kernel-busy stretches the same way (112 s); now the
-  cumulative-busy-time difference: 0.7 s.
-* `views.install` sets `asof_loop_join_threshold = 0` and `merge_join_threshold = 0`: DuckDB
-  estimates ~10 rows for many rule CTEs that hold millions and then plans an ASOF join as a
-  nested loop (T006 copy-hygiene: 144 M intermediate rows on 625 k kernels; 53 s at 2.5 M).
+**How we got here.** The first measurement (2026-11-29, loaded machine) had nsys 8x at 214 s /
+14.3 GB for ingest + rules, 303 s for rules alone, and Kineto 8x at 7.5 s / 1,156 MB. Changes since,
+each checked to store identical rows and findings on all real and fixture traces
+(`bench/equivalence.py`, plus a findings diff; ties that some rules used to break arbitrarily are now
+broken deterministically):
+* Quadratic joins removed. DuckDB runs "interval overlaps interval" as a piecewise-merge or
+  inequality join; on long runs that is quadratic. T001 and T002 (first session), then T004
+  host-bound (94 s at 8x) and T007 exposed-communication (118 s on the 1x export with 89 k kernels
+  renamed to NCCL collectives; the benchmark inputs have none) now read "how much of [a, b] was
+  busy/idle" as the difference of two running totals, each found by an ASOF join, and T004 expands
+  a host event to the run of stretch numbers it overlaps (two ASOF joins).
+* Shared work done once per run: `views.scoped_to_run` materializes the busy/idle views for the run
+  being checked (they were recomputed by ~10 rules), and the views carry running totals
+  (`busy_before_ns`, `idle_before_ns`). Name patterns (S002, T007) are matched once per distinct
+  kernel name; S002 groups chains by integer name keys and builds strings only for the chain that
+  names each group; B003 parses GEMM shapes once per distinct call shape (0.84 s to 0.13 s on
+  Kineto 8x); T001 looks names up only for the gaps its evidence lists. `views.install` keeps
+  `asof_loop_join_threshold = 0` and `merge_join_threshold = 0` (DuckDB's row estimates for rule
+  CTEs are often ~10 where there are millions, and the loop plans are quadratic).
+* nsys ingest: fetches run on 2-3 threads (ADBC releases the GIL); names stay StringIds ids
+  through the joins and become dictionary-encoded columns of only the strings used; rows are
+  ordered in numpy; source columns are freed as outputs are built; the store inserts dictionary
+  strings as they are, with run_id as a constant; the file is hashed while it is parsed.
+* Kineto ingest: `traceEvents` is decoded in 8 MB chunks (`kineto_stream.py`; anything unusual
+  falls back to the whole-file decode, which gives the exact old result or error), columns are
+  kept per category with Arrow and numpy (`kineto_collect.py`), tables built once at the end
+  (`kineto_tables.py`), names parsed once per distinct name.
+* `scan --jobs 2` was 1.12x faster than `--jobs 1` under load; on an idle machine it is 1.94x
+  (bench/bench_scan_jobs.py, quoted in the targets table).
 
-**Where we still miss, and why** (cProfile for Python, DuckDB's JSON profiler for SQL):
-* nsys rules are not linear yet. T004 host-bound joins GPU-idle stretches with every host event
-  on two inequalities only; DuckDB runs it as a PIECEWISE_MERGE_JOIN (3.6 s for 6 k result rows
-  at 1x, ~30 s at 4x, quadratic). Fix: the stretches are disjoint and sorted, so each host event
-  can find its first overlapping stretch with an ASOF join and the few events spanning several
-  stretches can be expanded with a range join on stretch numbers, or the rule can clip host events
-  per stretch in one sorted sweep (window functions). S002 unfused-elementwise runs three regexes
-  per GPU operation (`regexp_matches(lower(name), ...)` on every row); matching once per distinct
-  kernel name and joining back would make it cheap. Rules were being added by other helpers while
-  this ran; rerun after they land.
-* nsys memory is several times the file and grows with it. The rules alone on a stored run peak
-  at about half of ingest + rules, so both halves count. From reading the code (not yet measured
-  phase by phase): the reader fetches every needed column into Arrow, registers those tables in an
-  in-memory DuckDB, builds the output tables there as Arrow, and the store then copies them into
-  its own DuckDB, so up to three copies of the largest tables (api_calls, kernels) coexist.
-  Writing each output table into the store as soon as it is built and dropping its `src_*` input
-  would bound ingest by about one copy of the largest table; DuckDB's `memory_limit` on the rule
-  connection would make the rules spill instead of growing.
-* Kineto: ingest + rules is ~4x faster than HTA's load, not 10x. cProfile of one ingest of the 2x
-  file (5.0 s under the profiler): typed msgspec decode of the events 1.0 s (the fastest decode; a
-  quarter), building the tables 2.7 s, of which `kineto_tables.cpu_ops` 1.1 s, `_group` (a Python
-  loop over every event to bucket it by category) 0.4 s, per-row Python calls in
-  `kineto_arrow` (188 k calls) 0.3 s, args decoding 0.4 s; reading the file 0.3 s and hashing it
-  again 0.3 s; the store's insert 0.3 s and checkpoint on close 0.3 s. Then a fixed ~1.5-3 s of
-  rules (20 rules, each with its own applies query and SQL). Bucketing events by category in C
-  (decode a category field array first, or let msgspec tag events by category) and building
-  columns with `pyarrow.array` over Struct attributes rather than per-row callbacks are the next
-  steps; hashing the bytes already read instead of reading the file twice saves one pass.
-  Peak memory is ~2.8x the file because the whole file is one `bytes` and the raw `args` slices
-  keep it alive until the tables are built; decoding `traceEvents` in chunks (find event
-  boundaries, decode ~50 k events at a time, build Arrow per chunk) would bound the peak by the
-  tables, not the file, and is what the 1/3-of-HTA memory target needs.
-* nsys ingest alone is not yet fast enough either (about 0.8x of nsys-ai's whole cache build at
-  8x). The `kernels` table holds each launch's full demangled name, short name and mangled name as
-  plain strings: 2.9 GB of Arrow for 5 M kernels with a few hundred distinct names. Dictionary
-  encoding the name columns (or a names table and an id) would cut that table, the joins that
-  carry it, and the store's write by an order of magnitude.
-* Time on Kineto grows less than linearly (fixed costs dominate at 1x); on nsys see T004/S002.
+**Where we still miss, and why.**
+* nsys, 5x faster than nsys-ai's cache build: not reachable by reading the file the way we do. At
+  8x the bare ADBC fetch of the columns we need takes 11.4 s, while nsys-ai builds its cache (with
+  DuckDB's parallel sqlite_scanner, reading fewer columns) in 26 s; 5x would be 5.3 s for reading,
+  storing and twenty rules. Ours: ingest ~17-20 s (fetch ~6 s, api_calls and kernels ~6 s, the
+  store's insert ~5 s), rules ~30 s.
+* nsys rules on a stored run, 5.2x nsys-ai's four warm skills: twenty rules against four queries
+  on a prebuilt cache. The biggest at 8x: T001 ~7 s (a window over every GPU operation per stream,
+  four ASOF lookups per gap, a name lookup that scans the kernels), materializing the run's
+  busy/idle views ~5 s, S001 ~4 s (a row_number over 2.4 M launches partitioned by name and
+  printf'd shape strings), S002 ~4 s, T004 ~3 s, T002 ~2.4 s. Next steps: integer keys for shapes
+  in S001, names carried as dictionary keys in the store (a kernel-name id column), and caching
+  the per-stream ordering that T001 and S002 both sort.
+* nsys memory, 1/4 of nsys-ai's: ingest peaks ~3.2 GB at 8x inside the reader (the RUNTIME and
+  KERNEL source columns and the finished api_calls and kernels tables coexist, and every table
+  is handed to the store at once); rules run with DuckDB's default limit (80% of RAM) and reach
+  ~9 GB. `TRACEANALYZER_MEMORY_LIMIT=2GB` (the capped row) brings the whole run to 4.2 GB at
+  ~25% more time; the Arrow tables of the ingest sit outside DuckDB's limit. Next step: the
+  reader hands tables to the store one at a time (a stream instead of a dict in ParsedTrace),
+  which would also let the insert overlap the reading.
+* Kineto, 10x faster than HTA: the fastest bare decode of the file alone is ~1.7-2.2 s of HTA's
+  29 s, so 10x leaves ~1 s for building the tables, storing them and twenty rules; we are at
+  ~4.2 s (ingest ~2.4 s, rules ~1.2-1.8 s of which ~0.75 s is SQL and the rest the engine's
+  Python per rule). Within 2x of the bare decode: 2.0x to 2.5x between runs.
+* "Memory bounded by the largest table": Kineto now peaks at 1.27x the file at 8x, ~500 MB
+  (the tables plus one 8 MB chunk and DuckDB), and grows with the tables, not the text. The
+  largest-table column above is the size of the table read back from the store as Arrow with
+  plain strings, so it overstates nsys tables (names are dictionary-encoded while ingesting).
 """
 
 
