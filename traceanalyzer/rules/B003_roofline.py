@@ -249,7 +249,7 @@ def _kineto_rows(store, run_id: str, peaks: pd.DataFrame) -> pd.DataFrame:
                        min(k.start_ns) AS start_ns, max(k.end_ns) AS end_ns, any_value(k.device_id) AS device_id,
                        arg_max(k.name, (k.end_ns - k.start_ns, -k.kernel_id)) AS kernel,
                        arg_max(k.short_name, (k.end_ns - k.start_ns, -k.kernel_id)) AS short_name
-                FROM cpu_ops o JOIN kernels k ON k.run_id = o.run_id AND k.external_id = o.external_id
+                FROM cpu_ops o JOIN kernels k ON k.run_id = $run_id AND k.external_id = o.external_id
                 WHERE o.run_id = $run_id AND o.name IN {GEMM_OPS} AND o.input_dims IS NOT NULL
                   AND k.start_ns IS NOT NULL AND k.end_ns > k.start_ns
                 GROUP BY o.op_id, o.name, o.input_dims, o.input_types, o.external_id
@@ -342,7 +342,7 @@ SELECT (SELECT count(DISTINCT metric_id) FROM kernel_metrics WHERE run_id = $run
         AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
           AND metric_id IN ('dram__bytes.sum', 'dram__bytes_read.sum', 'dram__bytes.sum.per_second')) > 0
         AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND metric_id = '{DURATION}') > 0)
-    OR ((SELECT count(*) FROM cpu_ops o JOIN kernels k ON k.run_id = o.run_id AND k.external_id = o.external_id
+    OR ((SELECT count(*) FROM cpu_ops o JOIN kernels k ON k.run_id = $run_id AND k.external_id = o.external_id
          WHERE o.run_id = $run_id AND o.name IN {GEMM_OPS} AND o.input_dims IS NOT NULL) > 0
         AND (SELECT count(*) FROM devices WHERE run_id = $run_id AND memory_bandwidth_bytes_per_s IS NOT NULL) > 0)
 """

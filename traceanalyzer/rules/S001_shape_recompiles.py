@@ -23,7 +23,7 @@ SQL = rf"""
 WITH launch AS (
     SELECT k.kernel_id, k.device_id, k.name, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z,
            a.call_id, a.pid, a.tid, a.start_ns, a.end_ns
-    FROM kernels k JOIN api_calls a ON a.run_id = k.run_id AND a.call_id = k.launch_call_id
+    FROM kernels k JOIN api_calls a ON a.run_id = $run_id AND a.call_id = k.launch_call_id
     WHERE k.run_id = $run_id AND a.start_ns IS NOT NULL AND a.end_ns >= a.start_ns AND a.tid IS NOT NULL
 ), prep_all AS (  -- loads and compiles on a launching thread
     SELECT DISTINCT pid, tid, start_ns, end_ns FROM (
@@ -70,16 +70,14 @@ WITH launch AS (
                   l.block_x, coalesce(l.block_y, 1), coalesce(l.block_z, 1))
     FROM launch l LEFT JOIN prep_per_call p USING (call_id)
     WHERE l.grid_x IS NOT NULL AND l.block_x IS NOT NULL
-), ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY kind, group_key, shape ORDER BY start_ns, item_id) AS nth
-    FROM instances
-), shapes AS (
+), shapes AS (  -- per shape, the first call (by start) against the median of the later ones
     SELECT kind, group_key, shape, count(*) AS calls,
-           arg_min(item_id, nth) AS first_id, arg_min(cost_ns, nth) AS first_ns,
-           arg_min(start_ns, nth) AS first_start, arg_min(end_ns, nth) AS first_end,
-           arg_min(pid, nth) AS pid, arg_min(tid, nth) AS tid, arg_min(device_id, nth) AS device_id,
-           median(cost_ns) FILTER (WHERE nth > 1) AS later_ns
-    FROM ranked GROUP BY kind, group_key, shape
+           arg_min(item_id, (start_ns, item_id)) AS first_id, arg_min(cost_ns, (start_ns, item_id)) AS first_ns,
+           arg_min(start_ns, (start_ns, item_id)) AS first_start, arg_min(end_ns, (start_ns, item_id)) AS first_end,
+           arg_min(pid, (start_ns, item_id)) AS pid, arg_min(tid, (start_ns, item_id)) AS tid,
+           arg_min(device_id, (start_ns, item_id)) AS device_id,
+           list_aggregate(list(cost_ns ORDER BY start_ns, item_id)[2:], 'median') AS later_ns
+    FROM instances GROUP BY kind, group_key, shape
 ), judged AS (
     SELECT *, first_ns - later_ns AS excess_ns,
            calls > 1 AND first_ns >= $min_first_call_slowdown_ratio * later_ns

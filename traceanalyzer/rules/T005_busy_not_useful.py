@@ -37,7 +37,7 @@ SELECT k.kernel_id, k.device_id, coalesce(k.short_name, k.name) AS name,
        coalesce(max(m.value) FILTER (WHERE m.metric_id = 'gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed'),
                 max(m.value) FILTER (WHERE m.metric_id IN ('gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed',
                                                            'dram__throughput.avg.pct_of_peak_sustained_elapsed'))) AS mem_pct
-FROM kernels k JOIN kernel_metrics m ON m.run_id = k.run_id AND m.kernel_id = k.kernel_id
+FROM kernels k JOIN kernel_metrics m ON m.run_id = $run_id AND m.kernel_id = k.kernel_id
 WHERE k.run_id = $run_id
 GROUP BY ALL
 HAVING sm_pct IS NOT NULL OR mem_pct IS NOT NULL
