@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import nsys_arrow as arrow
 from . import nsys_enums
 from .. import limits
 from ..limits import MAX_ABS_TIME_NS
@@ -291,7 +292,7 @@ class _Reader:
             FROM string_ids""").to_arrow_table()
         self.duck.unregister("string_ids")
         self.duck.register("strings", strings)  # for NVTX text ids (_ranges)
-        self.strings = {c: _array(strings[c]) for c in strings.column_names}
+        self.strings = {c: arrow.array(strings[c]) for c in strings.column_names}
 
     def _check_expansion(self) -> None:
         """A long string is stored once in StringIds but repeated on every row naming it:
@@ -318,7 +319,7 @@ class _Reader:
     def _lookup(self, ids: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, pa.Array]:
         """StringIds ids per row -> (index per row into the distinct ids, each distinct id's
         row in `self.strings`, NULL when StringIds lacks it)."""
-        encoded = pc.dictionary_encode(_array(ids))
+        encoded = pc.dictionary_encode(arrow.array(ids))
         return encoded.indices, pc.index_in(encoded.dictionary, self.strings["id"])
 
     def _emit(self, name: str, sql: str) -> pa.Table:
@@ -345,8 +346,8 @@ class _Reader:
     def _api_calls(self) -> None:
         r = self._columns(RUNTIME)
         n = len(r["start_ns"])
-        order = _order(r["start_ns"])
-        col = lambda c: _take(r.pop(c), order)  # noqa: E731
+        order = arrow.order(r["start_ns"])
+        col = lambda c: arrow.take(r.pop(c), order)  # noqa: E731
         g = col("global_tid")
         idx, pos = self._lookup(col("name_id"))
         s = self.strings
@@ -356,14 +357,14 @@ class _Reader:
                               pc.if_else(pc.equal(event_class, 1), pa.scalar(1, pa.int8()), pa.scalar(None, pa.int8())))
         api = pc.coalesce(pc.take(pc.take(s["api"], pos), idx), by_class)
         del event_class, by_class
-        name = _dictionary(idx, pc.take(s["stripped"], pos))
+        name = arrow.dictionary(idx, pc.take(s["stripped"], pos))
         call_id = pa.array(np.arange(n, dtype=np.int64))
         tid = pc.bit_wise_and(g, 16777215)
         corr = col("correlation_id")
         self._store("api_calls", pa.table({
             "call_id": call_id,
             "api": pa.DictionaryArray.from_arrays(api.cast(pa.int32()), pa.array(["runtime", "driver"])),
-            "name": name, "raw_name": _dictionary(idx, pc.take(s["value"], pos)),
+            "name": name, "raw_name": arrow.dictionary(idx, pc.take(s["value"], pos)),
             "pid": pc.bit_wise_and(pc.shift_right(g, 24), 16777215), "tid": tid,
             "start_ns": col("start_ns"), "end_ns": col("end_ns"),
             "correlation_id": corr, "return_value": col("return_value")}))
@@ -402,7 +403,7 @@ class _Reader:
                     FROM api WHERE correlation_id IS NOT NULL GROUP BY correlation_id, process""")
         finally:
             self.duck.unregister("act")
-        call_id, tid, name = (_scatter(n, i, res[c]) for c in ("call_id", "tid", "name"))
+        call_id, tid, name = (arrow.scatter(n, i, res[c]) for c in ("call_id", "tid", "name"))
         used = pc.drop_null(pc.unique(name))  # the names these rows use, of all api names
         return call_id, tid, pa.DictionaryArray.from_arrays(pc.index_in(name, used).cast(pa.int32()),
                                                             pc.take(self.call_names, used))
@@ -413,17 +414,17 @@ class _Reader:
         k, gr = self._columns(KERNEL), self._columns(GRAPH)
         nk, ng = len(k["start_ns"]), len(gr["start_ns"])
         # Kernel rows, then whole-graph rows: a stable sort on start keeps (start, source, file order).
-        order = _order(_concat(k["start_ns"], gr["start_ns"]))
+        order = arrow.order(arrow.concat(k["start_ns"], gr["start_ns"]))
 
         def column(name: str) -> pa.Array:
             a = k.pop(name)
             b = gr.pop(name) if name in gr else pa.nulls(ng, a.type)
-            return _take(_concat(a, b), order)
+            return arrow.take(arrow.concat(a, b), order)
 
         # name = the demangled name when StringIds has it, else the short name.
         idx, pos = self._lookup(k["demangled_id"])
         demangled = pc.fill_null(pc.take(pc.is_valid(pc.take(self.strings["value"], pos)), idx), False)
-        name_ids = pc.if_else(demangled, _array(k["demangled_id"]), _array(k["short_id"]))
+        name_ids = pc.if_else(demangled, arrow.array(k["demangled_id"]), arrow.array(k["short_id"]))
         graph_names = pc.binary_join_element_wise(
             "[CUDA graph ", pc.fill_null(pc.cast(gr["graph_id"], STR), "?"), "]", "")
         names = {"name": self._names(name_ids, graph_names),
@@ -435,7 +436,7 @@ class _Reader:
         n = nk + ng
         out = {"kernel_id": pa.array(np.arange(n, dtype=np.int64))}
         out.update((c, column(c)) for c in ("device_id", "context_id", "stream_id", "start_ns", "end_ns"))
-        out.update((c, _take(names.pop(c), order)) for c in list(names))
+        out.update((c, arrow.take(names.pop(c), order)) for c in list(names))
         out.update((c, column(c)) for c in config)
         out.update(correlation_id=corr, pid=pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), tid=tid,
                    launch_call_id=launch_call_id, graph_id=column("graph_id"))
@@ -456,19 +457,19 @@ class _Reader:
         idx, pos = self._lookup(ids)
         values = pc.take(self.strings["value"], pos)
         if len(extra):
-            more = pc.dictionary_encode(_array(extra))
+            more = pc.dictionary_encode(arrow.array(extra))
             idx = pa.concat_arrays([idx, pc.add(more.indices, len(values)).cast(idx.type)])
             values = pa.concat_arrays([values, more.dictionary.cast(STR)])
-        return _dictionary(idx, values)
+        return arrow.dictionary(idx, values)
 
     def _sorted(self, table: str) -> tuple[pa.Table, np.ndarray | None]:
         data = self._take_source(table)
-        return data, _order(data["start_ns"])
+        return data, arrow.order(data["start_ns"])
 
     def _copies(self) -> None:
         e = self.enums
         m, order = self._sorted(MEMCPY)
-        col = lambda c: _take(m[c], order)  # noqa: E731
+        col = lambda c: arrow.take(m[c], order)  # noqa: E731
         kind = col("copy_kind")
         corr, gpid = col("correlation_id"), col("global_pid")
         launch_call_id, tid, api_name = self._link(corr, gpid)
@@ -476,10 +477,10 @@ class _Reader:
             "copy_id": pa.array(np.arange(m.num_rows, dtype=np.int64)),
             "device_id": col("device_id"), "context_id": col("context_id"), "stream_id": col("stream_id"),
             "start_ns": col("start_ns"), "end_ns": col("end_ns"),
-            "direction": _enum(kind, {k: v[0] for k, v in e.copy_kind.items()}, "unknown"),
-            "unified_memory": _enum(kind, {k: v[1] for k, v in e.copy_kind.items()}, False, pa.bool_()),
-            "src_kind": _enum(col("src_kind"), e.mem_kind, "unknown"),
-            "dst_kind": _enum(col("dst_kind"), e.mem_kind, "unknown"),
+            "direction": arrow.enum(kind, {k: v[0] for k, v in e.copy_kind.items()}, "unknown"),
+            "unified_memory": arrow.enum(kind, {k: v[1] for k, v in e.copy_kind.items()}, False, pa.bool_()),
+            "src_kind": arrow.enum(col("src_kind"), e.mem_kind, "unknown"),
+            "dst_kind": arrow.enum(col("dst_kind"), e.mem_kind, "unknown"),
             "bytes": col("bytes"), "src_device_id": col("src_device_id"), "dst_device_id": col("dst_device_id"),
             "correlation_id": corr, "pid": pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), "tid": tid,
             "api_name": api_name, "launch_call_id": launch_call_id}))
@@ -497,7 +498,7 @@ class _Reader:
 
     def _syncs(self) -> None:
         s, order = self._sorted(SYNC)
-        col = lambda c: _take(s[c], order)  # noqa: E731
+        col = lambda c: arrow.take(s[c], order)  # noqa: E731
         corr, gpid = col("correlation_id"), col("global_pid")
         launch_call_id, tid, api_name = self._link(corr, gpid)
         self.calls = None  # the last lookup of calls
@@ -509,8 +510,8 @@ class _Reader:
         per_name = self.duck.sql(f"SELECT {nsys_enums.sync_kind_by_name_sql('name')} AS kind "
                                  "FROM call_names ORDER BY i").to_arrow_table()["kind"]
         self.duck.unregister("call_names")
-        by_name = pc.take(_array(per_name).cast(STR), api_name.indices)
-        by_code = _enum(col("sync_type"), self.enums.sync_codes, None).cast(STR)
+        by_name = pc.take(arrow.array(per_name).cast(STR), api_name.indices)
+        by_code = arrow.enum(col("sync_type"), self.enums.sync_codes, None).cast(STR)
         known = pc.coalesce(by_name, by_code)
         stream = col("stream_id")
         no_stream = pc.or_(pc.fill_null(pc.is_in(known, pa.array(["device", "context"])), False),
@@ -584,58 +585,3 @@ class _Reader:
 
 def _src(table: str) -> str:
     return "src_" + table.lower()
-
-
-def _array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-
-
-def _concat(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> pa.Array:
-    if not len(b):
-        return _array(a)
-    return pa.concat_arrays([_array(a), _array(b).cast(a.type)])
-
-
-def _order(start: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
-    """Row order by (start, file order), as ORDER BY start_ns, src_row (NULLs last); None
-    when the rows are in that order already (the usual case for kernels)."""
-    start = _array(start)
-    if start.null_count:
-        return pc.array_sort_indices(start, null_placement="at_end").to_numpy()  # a stable sort
-    a = start.to_numpy()
-    if len(a) < 2 or bool(np.all(a[1:] >= a[:-1])):
-        return None
-    return np.argsort(a, kind="stable")
-
-
-def _take(col: pa.ChunkedArray | pa.Array, order: np.ndarray | None) -> pa.Array:
-    col = _array(col)
-    return col if order is None else col.take(order)
-
-
-def _dictionary(indices: pa.Array, values: pa.Array) -> pa.DictionaryArray:
-    """Rows `values[indices]` as a dictionary array whose dictionary holds each distinct
-    non-NULL value once (a NULL value or index gives a NULL row)."""
-    distinct = pc.unique(pc.drop_null(values))
-    codes = pc.take(pc.index_in(values, distinct), indices)
-    return pa.DictionaryArray.from_arrays(codes.cast(pa.int32()), distinct.cast(STR))
-
-
-def _enum(codes: pa.Array, mapping: dict, default: object, typ: pa.DataType = STR) -> pa.Array:
-    """nsys_enums.sql_case in Arrow, worked out once per distinct code: NULL stays NULL,
-    an unknown code becomes `default`. Strings come back dictionary-encoded."""
-    encoded = pc.dictionary_encode(_array(codes))
-    values = pa.array([mapping.get(c, default) for c in encoded.dictionary.to_pylist()], typ)
-    if typ == STR:
-        return _dictionary(encoded.indices, values)
-    return pc.take(values, encoded.indices)
-
-
-def _scatter(n: int, rows: np.ndarray, values: pa.ChunkedArray) -> pa.Array:
-    """An array of n NULLs with `values` placed at `rows`."""
-    values = _array(values)
-    out = np.zeros(n, dtype=values.type.to_pandas_dtype())
-    out[rows] = pc.fill_null(values, 0).to_numpy()
-    valid = np.zeros(n, dtype=bool)
-    valid[rows] = pc.is_valid(values).to_numpy(zero_copy_only=False)
-    return pa.array(out, mask=~valid)
