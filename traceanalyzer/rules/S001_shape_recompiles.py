@@ -25,10 +25,14 @@ WITH launch AS (
            a.call_id, a.pid, a.tid, a.start_ns, a.end_ns
     FROM kernels k JOIN api_calls a ON a.run_id = $run_id AND a.call_id = k.launch_call_id
     WHERE k.run_id = $run_id AND a.start_ns IS NOT NULL AND a.end_ns >= a.start_ns AND a.tid IS NOT NULL
+), api_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern below DISTINCT, onto every call
+    SELECT DISTINCT name FROM api_calls WHERE run_id = $run_id
+), load_names AS (  -- the pattern is matched once per distinct name, not per call
+    SELECT name FROM api_names WHERE regexp_matches(name, '{LOAD_CALLS}')
 ), prep_all AS (  -- loads and compiles on a launching thread
     SELECT DISTINCT pid, tid, start_ns, end_ns FROM (
         SELECT pid, tid, start_ns, end_ns FROM api_calls
-        WHERE run_id = $run_id AND regexp_matches(name, '{LOAD_CALLS}') AND end_ns >= start_ns
+        WHERE run_id = $run_id AND name IN (SELECT name FROM load_names) AND end_ns >= start_ns
         UNION ALL
         SELECT pid, tid, start_ns, end_ns FROM ranges
         WHERE run_id = $run_id AND tid IS NOT NULL AND end_ns > start_ns AND regexp_matches(name, '{COMPILE_RANGES}'))

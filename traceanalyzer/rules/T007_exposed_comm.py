@@ -7,8 +7,10 @@ COMM_PATTERN = (r"(?i)(nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?re
                 r"reduce_?scatter|all_?to_?all)")
 
 SQL = r"""
-WITH comm_names AS (  -- the pattern is matched once per distinct name, not per launch
-    SELECT name FROM (SELECT DISTINCT name FROM kernels WHERE run_id = $run_id) WHERE regexp_matches(name, '__COMM__')
+WITH run_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern below DISTINCT, onto every launch
+    SELECT DISTINCT name FROM kernels WHERE run_id = $run_id
+), comm_names AS (  -- the pattern is matched once per distinct name, not per launch
+    SELECT name FROM run_names WHERE regexp_matches(name, '__COMM__')
 ), k AS (
     SELECT kernel_id, device_id, stream_id, start_ns, end_ns, name, coalesce(short_name, name) AS short_name,
            name IN (SELECT name FROM comm_names) AS is_comm
@@ -118,8 +120,9 @@ RULE = Rule(
     fix="Issue collectives asynchronously on a dedicated stream as early as their inputs allow "
         "(DDP bucketing, FSDP prefetch, overlapped tensor parallelism) and balance work across ranks.",
     requires="timed collective (NCCL/RCCL) kernels",
-    applies_sql="SELECT count(*) > 0 FROM (SELECT DISTINCT name FROM kernels WHERE run_id = $run_id "
-                "AND start_ns IS NOT NULL) WHERE regexp_matches(name, '" + COMM_PATTERN + "')",
+    # bool_or over the distinct names: a WHERE would be pushed below DISTINCT onto every launch
+    applies_sql="SELECT coalesce(bool_or(regexp_matches(name, '" + COMM_PATTERN + "')), false) "
+                "FROM (SELECT DISTINCT name FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL)",
     thresholds=(
         Threshold("min_exposed_ns", 100000, "A device's exposed collective time must exceed this (100 us)."),
         Threshold("min_share", 0.05, "...and this share of the device's active span."),
