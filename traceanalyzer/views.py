@@ -19,7 +19,8 @@ def _islands(source: str) -> str:
     An island starts at each interval that begins after every earlier one has ended, and
     ends where the next island starts minus the gap, i.e. at the latest end seen before
     that start (or the latest end of all, for the last island): two window passes, the
-    second over island starts only, and no GROUP BY."""
+    second over island starts only, and no GROUP BY. `busy_before_ns` is the busy time
+    before each island (a running total, so busy time in any window is a difference)."""
     return f"""
         WITH ordered AS (
             SELECT run_id, device_id, start_ns,
@@ -28,15 +29,15 @@ def _islands(source: str) -> str:
             FROM ({source})
             WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns, end_ns)
         )
-        , islands AS (
-            SELECT run_id, device_id, row_number() OVER w AS island, start_ns,
-                   coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns
-            FROM ordered WHERE prev_max_end IS NULL OR start_ns > prev_max_end
-            WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns)
-        )
-        SELECT *, coalesce(sum(end_ns - start_ns) OVER (PARTITION BY run_id, device_id ORDER BY start_ns
-                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS busy_before_ns
-        FROM islands
+        -- An earlier island ends at the next one's prev_max_end, so the busy time before an
+        -- island (sum of earlier ends minus earlier starts) comes out of the same window pass.
+        SELECT run_id, device_id, row_number() OVER w AS island, start_ns,
+               coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns,
+               CAST(coalesce(sum(prev_max_end) OVER (w ROWS UNBOUNDED PRECEDING), 0)
+                    - coalesce(sum(start_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                    AS BIGINT) AS busy_before_ns
+        FROM ordered WHERE prev_max_end IS NULL OR start_ns > prev_max_end
+        WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns)
         """
 
 
