@@ -100,7 +100,7 @@ WITH kernel_names AS (  -- the name patterns are matched once per distinct name,
 ), grouped AS (  -- chains with the same kernels, per device
     SELECT c.device_id, c.keys,
            -- named after the chain whose kernels are best linked to their operators
-           arg_min((c.stream_id, c.chain), (-c.linked, c.start_ns, c.stream_id)) AS named_by,
+           arg_min(c.kernel_ids, (-c.linked, c.start_ns, c.stream_id)) AS named_by,
            count(*) AS chains, sum(c.n) AS kernels,
            sum(c.saving_ns) AS saving_ns, sum(c.gap_ns) AS gap_ns, sum(c.kernel_ns) AS kernel_ns,
            sum(c.intermediate_bytes) AS intermediate_bytes, sum(c.round_trip_ns) AS round_trip_ns,
@@ -116,16 +116,21 @@ WITH kernel_names AS (  -- the name patterns are matched once per distinct name,
                           'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}}
                         ORDER BY c.saving_ns DESC, c.start_ns)[1:$max_examples]) AS worst
     FROM costed c GROUP BY c.device_id, c.keys
-), named AS (  -- names and labels, only for the one chain that names each group
-    SELECT g.device_id, g.keys,
-           list(kn.name ORDER BY s.start_ns, s.item_id) AS names,
-           list(coalesce(k.short_name, kn.name) ORDER BY s.start_ns, s.item_id) AS short_names,
-           list(coalesce(s.op_name, kn.functor, k.short_name, kn.name) ORDER BY s.start_ns, s.item_id) AS labels
-    FROM grouped g
-    JOIN sized s ON s.device_id = g.device_id AND s.stream_id = g.named_by[1] AND s.chain = g.named_by[2]
-    JOIN kernel_names kn ON kn.name_key = s.name_key
-    JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = s.item_id
-    GROUP BY g.device_id, g.keys
+), named_members AS (  -- the kernels of the one chain that names each group, in order
+    SELECT device_id, keys, unnest(named_by) AS kernel_id, generate_subscripts(named_by, 1) AS i FROM grouped
+), named AS (  -- names and labels from those kernels alone (their launching operator, else a functor or short name)
+    SELECT m.device_id, m.keys,
+           list(kn.name ORDER BY m.i) AS names,
+           list(coalesce(k.short_name, kn.name) ORDER BY m.i) AS short_names,
+           list(coalesce(lo.op_name, kn.functor, k.short_name, kn.name) ORDER BY m.i) AS labels
+    FROM named_members m
+    JOIN kernel_names kn ON kn.name_key = m.keys[m.i]
+    JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = m.kernel_id
+    LEFT JOIN (SELECT external_id, arg_min(name, op_id) AS op_name FROM cpu_ops
+               WHERE run_id = $run_id AND external_id IN (SELECT k2.external_id FROM kernels k2 JOIN named_members n2
+                                                          ON k2.run_id = $run_id AND k2.kernel_id = n2.kernel_id)
+               GROUP BY external_id) lo ON lo.external_id = k.external_id
+    GROUP BY m.device_id, m.keys
 ), signatures AS (
     SELECT g.*, n.names, n.short_names, n.labels FROM grouped g JOIN named n USING (device_id, keys)
 ), judged AS (
