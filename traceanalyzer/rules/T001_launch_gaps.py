@@ -67,16 +67,26 @@ sync_reach AS (  -- per pid
     ASOF LEFT JOIN idle_cum ist ON ist.device_id = g.device_id AND ist.start_ns <= g.gap_start
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns FROM ops GROUP BY ALL
-), worst_gaps AS (  -- the gaps the evidence lists, with the names of the operations around them
+), listed AS (  -- the gaps the evidence lists
+    SELECT * FROM classified
+    QUALIFY row_number() OVER (PARTITION BY device_id, stream_id ORDER BY gap_ns DESC, gap_start) <= $max_examples
+), listed_ops AS (  -- the operations around them, by id (a few rows: the scans skip to them)
+    SELECT prev_kind AS kind, prev_id AS item_id FROM listed UNION SELECT next_kind, next_id FROM listed
+), listed_names AS (
+    SELECT 'kernel' AS kind, kernel_id AS item_id, name FROM kernels
+    WHERE run_id = $run_id AND kernel_id IN (SELECT item_id FROM listed_ops WHERE kind = 'kernel')
+    UNION ALL
+    SELECT a.kind, a.item_id, a.name FROM gpu_activity a JOIN listed_ops o USING (kind, item_id)
+    WHERE a.run_id = $run_id AND a.kind <> 'kernel'
+), worst_gaps AS (
     SELECT t.device_id, t.stream_id,
            to_json(list({'start_ns': t.gap_start, 'end_ns': t.gap_end, 'gap_ns': t.gap_ns,
                          'cause': t.cause, 'before': p.name, 'after': a.name,
                          'after_kind': t.next_kind, 'after_id': t.next_id}
                         ORDER BY t.gap_ns DESC, t.gap_start)) AS worst
-    FROM (SELECT * FROM classified
-          QUALIFY row_number() OVER (PARTITION BY device_id, stream_id ORDER BY gap_ns DESC, gap_start) <= $max_examples) t
-    LEFT JOIN gpu_activity p ON p.run_id = $run_id AND p.kind = t.prev_kind AND p.item_id = t.prev_id
-    LEFT JOIN gpu_activity a ON a.run_id = $run_id AND a.kind = t.next_kind AND a.item_id = t.next_id
+    FROM listed t
+    LEFT JOIN listed_names p ON p.kind = t.prev_kind AND p.item_id = t.prev_id
+    LEFT JOIN listed_names a ON a.kind = t.next_kind AND a.item_id = t.next_id
     GROUP BY t.device_id, t.stream_id
 ), per_stream_totals AS (
     SELECT c.device_id, c.stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
