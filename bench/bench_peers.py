@@ -607,29 +607,29 @@ broken deterministically):
 
 **Where we still miss, and why.**
 * nsys, 5x faster than nsys-ai's cache build: not reachable by reading the file the way we do. At
-  8x the bare ADBC fetch of the columns we need takes 11.4 s, while nsys-ai builds its cache (with
-  DuckDB's parallel sqlite_scanner, reading fewer columns) in 26 s; 5x would be 5.3 s for reading,
-  storing and twenty rules. Ours: ingest ~17-20 s (fetch ~6 s, api_calls and kernels ~6 s, the
-  store's insert ~5 s), rules ~30 s.
-* nsys rules on a stored run, 5.2x nsys-ai's four warm skills: twenty rules against four queries
-  on a prebuilt cache. The biggest at 8x: T001 ~7 s (a window over every GPU operation per stream,
-  four ASOF lookups per gap, a name lookup that scans the kernels), materializing the run's
-  busy/idle views ~5 s, S001 ~4 s (a row_number over 2.4 M launches partitioned by name and
-  printf'd shape strings), S002 ~4 s, T004 ~3 s, T002 ~2.4 s. Next steps: integer keys for shapes
-  in S001, names carried as dictionary keys in the store (a kernel-name id column), and caching
-  the per-stream ordering that T001 and S002 both sort.
+  8x the bare ADBC fetch of the columns we need takes ~11 s, while nsys-ai builds its cache (with
+  DuckDB's parallel sqlite_scanner, reading fewer columns) in ~25 s; 5x would be ~5 s for reading,
+  storing and twenty rules. Ours: ingest ~19 s (fetch ~6 s, api_calls and kernels ~6 s, the
+  store's insert ~5 s), rules ~23 s in the same process (~29 s from a cold process).
+* nsys rules on a stored run, ~5x nsys-ai's four warm skills: twenty rules against four queries
+  on a prebuilt cache. The biggest at 8x: T001 ~5 s (a window over every GPU operation per stream
+  and four ASOF lookups per gap), materializing the run's busy/idle views ~4 s, S002 ~3.5 s,
+  T002 ~3.4 s (its own kernel-busy islands), S001 ~2.6 s (a join of 5 M kernels with their launch
+  calls, printf'd shape strings), T004 ~2.7 s. Next steps: names carried as dictionary keys in
+  the store (a kernel-name id column), integer shape keys in S001, and caching the per-stream
+  ordering that T001 and S002 both sort.
 * nsys memory, 1/4 of nsys-ai's: ingest peaks ~3.2 GB at 8x inside the reader (the RUNTIME and
   KERNEL source columns and the finished api_calls and kernels tables coexist, and every table
   is handed to the store at once); rules run with DuckDB's default limit (80% of RAM) and reach
-  ~9 GB. `TRACEANALYZER_MEMORY_LIMIT=2GB` (the capped row) brings the whole run to 4.2 GB at
-  ~25% more time; the Arrow tables of the ingest sit outside DuckDB's limit. Next step: the
+  ~6.7 GB. `TRACEANALYZER_MEMORY_LIMIT=2GB` (the capped row) brings the whole run to 4.2 GB at
+  ~12% more time; the Arrow tables of the ingest sit outside DuckDB's limit. Next step: the
   reader hands tables to the store one at a time (a stream instead of a dict in ParsedTrace),
   which would also let the insert overlap the reading.
 * Kineto, 10x faster than HTA: the fastest bare decode of the file alone is ~1.7-2.2 s of HTA's
   29 s, so 10x leaves ~1 s for building the tables, storing them and twenty rules; we are at
-  ~4.2 s (ingest ~2.4 s, rules ~1.2-1.8 s of which ~0.75 s is SQL and the rest the engine's
-  Python per rule). Within 2x of the bare decode: 2.0x to 2.5x between runs.
-* "Memory bounded by the largest table": Kineto now peaks at 1.27x the file at 8x, ~500 MB
+  ~4.1 s (ingest ~2.6 s, rules ~1.0 s of which ~0.75 s is SQL and the rest the engine's Python
+  per rule). Within 2x of the bare decode: 2.0x to 2.5x between runs.
+* "Memory bounded by the largest table": Kineto now peaks at ~1.3x the file at 8x, ~500 MB
   (the tables plus one 8 MB chunk and DuckDB), and grows with the tables, not the text. The
   largest-table column above is the size of the table read back from the store as Arrow with
   plain strings, so it overstates nsys tables (names are dictionary-encoded while ingesting).
