@@ -149,20 +149,13 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     outcomes: dict[tuple[str, str], RuleOutcome] = {}
     frames: dict[str, list[pd.DataFrame]] = {rid: [] for rid in run_ids}
 
-    def guarded(oc: RuleOutcome, fn) -> None:
-        try:
-            fn()
-        except Exception as e:  # one broken rule must not hide the others' findings
-            oc.status, oc.note = "error", _error_note(e)
-
     applicable: dict[str, list[str]] = {r.id: [] for r in rules}
     for run_id in run_ids:
         # Run by run, so the views the rules share are computed once per run (views.scoped_to_run).
         with views.scoped_to_run(store.con, run_id):
             for rule in rules:
                 oc = outcomes[(run_id, rule.id)] = RuleOutcome(rule.id, run_id, "ran")
-
-                def evaluate(rule=rule, oc=oc, run_id=run_id):
+                try:
                     if not applies(store, rule, run_id, formats[run_id]):
                         oc.status, oc.note = "no-data", f"needs {rule.requires}"
                     elif rule.scope == "run":
@@ -172,7 +165,8 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
                             frames[run_id].append(df)
                     else:
                         applicable[rule.id].append(run_id)
-                guarded(oc, evaluate)
+                except Exception as e:  # one broken rule must not hide the others' findings
+                    oc.status, oc.note = "error", _error_note(e)
 
     for rule in rules:  # cross-run rules, on every run that carries their data
         if rule.scope != "runs" or not applicable[rule.id]:
