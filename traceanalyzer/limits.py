@@ -42,8 +42,8 @@ GIB = 1 << 30
 MIB = 1 << 20
 LIMITS: dict[str, Limit] = {lim.name: lim for lim in (
     Limit("MAX_TEXT_BYTES", 2 * GIB, "bytes",
-          "Largest JSON or CSV file read (these formats are parsed in memory, peak 3x to 10x the "
-          "text), and the most string bytes one table of an nsys export may expand to (a long "
+          "Largest JSON or CSV file read (CSV, and JSON of an odd layout, are parsed whole, peak 3x "
+          "to 10x the text; Kineto `traceEvents` is decoded in chunks), and the most string bytes one table of an nsys export may expand to (a long "
           "name stored once but named on every row)."),
     Limit("MAX_INFLATED_BYTES", 2 * GIB, "bytes",
           "Most bytes a gzipped trace may inflate to; inflation stops there."),
