@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..fmt import ns, pct
-from ._ncu import DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col, device_peaks, jsonable, keep_hot, ncu_launches, per_kernel
+from ._ncu import DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col, device_peaks, jsonable, kernel_finding, keep_hot, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 # -- FLOPs and DRAM bytes from ncu counters --------------------------------------------
@@ -199,15 +199,14 @@ def _finding(r: dict, p: dict, estimate: bool) -> dict:
     if fam == fam and fam:
         evidence["peak_flops"] = r.get(f"peak_{fam}")
         evidence["peak_flops_source"] = r.get(f"peak_{fam}_source")
-    return {
-        "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
-        "item_name": r["name"], "start_ns": as_int(r.get("start_ns")), "end_ns": as_int(r.get("end_ns")),
-        "value": share, "value_unit": "share",
-        "threshold": p["latency_bound_pct"] / 100 if bound == "latency" else target,
-        "est_loss_ns": loss, "severity": severity, "message": msg,
-        "hint": _HINTS[bound] + (" Estimated from shapes: confirm with Nsight Compute." if estimate else ""),
-        "evidence": json.dumps(jsonable(evidence), sort_keys=True),
-    }
+    return kernel_finding(
+        r, evidence,
+        start_ns=as_int(r.get("start_ns")), end_ns=as_int(r.get("end_ns")),
+        value=share, value_unit="share",
+        threshold=p["latency_bound_pct"] / 100 if bound == "latency" else target,
+        est_loss_ns=loss, severity=severity, message=msg,
+        hint=_HINTS[bound] + (" Estimated from shapes: confirm with Nsight Compute." if estimate else ""),
+    )
 
 
 # -- the Kineto estimate: GEMM FLOPs from operator input shapes ----------------------------

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 
 import pandas as pd
 
 from ..fmt import nbytes, pct
-from ._ncu import (DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, as_int, busiest_memory_unit, classify,
-                            device_peaks, jsonable, ncu_launches, per_kernel)
+from ._ncu import (DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
+                            device_peaks, kernel_finding, ncu_launches, per_kernel)
 from .base import Rule, Threshold
 
 WAVES = "launch__waves_per_multiprocessor"
@@ -131,17 +130,16 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             "launches": launches, "duration_ns": r["duration_ns"], "time_share": r["time_share"],
             "experiment": experiment,
         }
-        rows.append({
-            "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
-            "item_name": r["name"], "value": share, "value_unit": "share",
-            "threshold": (p["latency_bound_pct"] if limiter != "throughput" else p["throughput_bound_pct"]) / 100,
-            "severity": "warning" if limiter != "throughput" and hot else "info",
-            "message": f"{r['short_name']}: {what}"
-                       + (f"; {pct(r['time_share'])} of profiled time" if r["time_share"] == r["time_share"] else "")
-                       + (f" over {launches} launches" if launches > 1 else ""),
-            "hint": experiment,
-            "evidence": json.dumps(jsonable(evidence), sort_keys=True),
-        })
+        rows.append(kernel_finding(
+            r, evidence,
+            value=share, value_unit="share",
+            threshold=(p["latency_bound_pct"] if limiter != "throughput" else p["throughput_bound_pct"]) / 100,
+            severity="warning" if limiter != "throughput" and hot else "info",
+            message=f"{r['short_name']}: {what}"
+                    + (f"; {pct(r['time_share'])} of profiled time" if r["time_share"] == r["time_share"] else "")
+                    + (f" over {launches} launches" if launches > 1 else ""),
+            hint=experiment,
+        ))
     return pd.DataFrame(rows)
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
 import pandas as pd
 
 from ..fmt import ns, num, pct
-from ._ncu import DURATION, MEM_SOL, as_int, col, jsonable, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, as_int, col, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 OPS = {"ld": "loads", "st": "stores"}
@@ -125,18 +124,17 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                                            "excess_sectors", "total_sectors") if k in f.index}
         evidence.update(excess_share=share, launches=int(r["launches"]), duration_ns=r["duration_ns"],
                         l2_active_share=l2_busy, estimated_gain_share=gain)
-        rows.append({
-            "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
-            "item_name": r["name"], "value": share, "value_unit": "share", "threshold": p["min_excess_share"],
-            "est_loss_ns": loss, "severity": "info" if f["ideal_assumed"] else "warning",
-            "message": f"{r['short_name']}: uncoalesced global {what}: {detail}, {pct(share)} of the traffic wasted"
-                       + (f", est. {ns(loss)}" if loss else ""),
-            "hint": "Make consecutive threads touch consecutive addresses: index with threadIdx.x in the fastest-"
-                    "varying dimension, transpose through shared memory, or switch to a structure-of-arrays layout."
-                    + (" Collect smsp__sass_data_bytes_mem_global_op_ld.sum to know the access width."
-                       if f["ideal_assumed"] else ""),
-            "evidence": json.dumps(jsonable(evidence), sort_keys=True),
-        })
+        rows.append(kernel_finding(
+            r, evidence,
+            value=share, value_unit="share", threshold=p["min_excess_share"],
+            est_loss_ns=loss, severity="info" if f["ideal_assumed"] else "warning",
+            message=f"{r['short_name']}: uncoalesced global {what}: {detail}, {pct(share)} of the traffic wasted"
+                    + (f", est. {ns(loss)}" if loss else ""),
+            hint="Make consecutive threads touch consecutive addresses: index with threadIdx.x in the fastest-"
+                 "varying dimension, transpose through shared memory, or switch to a structure-of-arrays layout."
+                 + (" Collect smsp__sass_data_bytes_mem_global_op_ld.sum to know the access width."
+                    if f["ideal_assumed"] else ""),
+        ))
     return pd.DataFrame(rows)
 
 

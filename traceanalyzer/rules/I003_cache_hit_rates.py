@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pandas as pd
 
 from ..fmt import nbytes, pct
-from ._ncu import DURATION, MEM_SOL, as_int, col, jsonable, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, col, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 L1_HIT, L2_HIT = "l1tex__t_sector_hit_rate.pct", "lts__t_sector_hit_rate.pct"
@@ -59,16 +58,15 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                         "launches": int(r["launches"]), "duration_ns": r["duration_ns"], "time_share": r["time_share"],
                         "cold_cache_caveat": "ncu flushes caches before each replay pass by default "
                                              "(--cache-control all): hit rates are cold-cache"}
-            rows.append({
-                "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
-                "item_name": r["name"], "value": hit, "value_unit": "share", "threshold": p[limit] / 100,
-                "severity": severity,
-                "message": f"{r['short_name']}: {cache} hit rate {pct(hit)} on a memory-heavy kernel ({why})"
-                           + (f", over {int(r['launches'])} launches" if r["launches"] > 1 else ""),
-                "hint": _HINTS[cache] + " ncu measured with cold caches by default: re-profile with "
-                                        "--cache-control none before acting on a small gap.",
-                "evidence": json.dumps(jsonable(evidence), sort_keys=True),
-            })
+            rows.append(kernel_finding(
+                r, evidence,
+                value=hit, value_unit="share", threshold=p[limit] / 100,
+                severity=severity,
+                message=f"{r['short_name']}: {cache} hit rate {pct(hit)} on a memory-heavy kernel ({why})"
+                        + (f", over {int(r['launches'])} launches" if r["launches"] > 1 else ""),
+                hint=_HINTS[cache] + " ncu measured with cold caches by default: re-profile with "
+                                     "--cache-control none before acting on a small gap.",
+            ))
     out = pd.DataFrame(rows)
     if not out.empty:
         out = out.sort_values(["severity", "value"], ascending=[False, True], kind="stable")

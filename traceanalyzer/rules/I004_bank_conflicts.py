@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 
 import pandas as pd
 
 from ..fmt import ns, num, pct
-from ._ncu import DURATION, as_int, col, jsonable, ncu_launches, per_kernel
+from ._ncu import DURATION, as_int, col, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 L1TEX_SOL = "l1tex__throughput.avg.pct_of_peak_sustained_active"
@@ -49,18 +48,17 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                         "requests": requests[idx], "conflict_share": s, "average_ways": w,
                         "l1tex_throughput_pct": l1, "launches": int(r["launches"]), "duration_ns": r["duration_ns"]}
             way_text = f"on average a {w:.1f}-way conflict, " if w == w else ""
-            rows.append({
-                "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
-                "item_name": r["name"], "value": s, "value_unit": "share", "threshold": p["min_conflict_share"],
-                "est_loss_ns": loss,
-                "message": f"{r['short_name']}: shared-memory {m['what']} with bank conflicts: {way_text}"
-                           f"{num(conflicts[idx])} conflicts = {pct(s)} of {num(wavefronts[idx])} wavefronts"
-                           + (f", est. {ns(loss)}" if loss else ""),
-                "hint": "Pad shared arrays (e.g. [32][33] instead of [32][32]) or swizzle the index (XOR the column "
-                        "with the row) so the 32 threads of a warp hit 32 different banks; for 8-byte elements "
-                        "check the access width.",
-                "evidence": json.dumps(jsonable(evidence), sort_keys=True),
-            })
+            rows.append(kernel_finding(
+                r, evidence,
+                value=s, value_unit="share", threshold=p["min_conflict_share"],
+                est_loss_ns=loss,
+                message=f"{r['short_name']}: shared-memory {m['what']} with bank conflicts: {way_text}"
+                        f"{num(conflicts[idx])} conflicts = {pct(s)} of {num(wavefronts[idx])} wavefronts"
+                        + (f", est. {ns(loss)}" if loss else ""),
+                hint="Pad shared arrays (e.g. [32][33] instead of [32][32]) or swizzle the index (XOR the column "
+                     "with the row) so the 32 threads of a warp hit 32 different banks; for 8-byte elements "
+                     "check the access width.",
+            ))
     return pd.DataFrame(rows)
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pandas as pd
 
 from ..fmt import num, pct
-from ._ncu import DURATION, MEM_SOL, as_int, col, jsonable, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, col, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 ALL_INST = "smsp__inst_executed.sum"
@@ -80,18 +79,17 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             evidence = {**{k: x[k] for k in w.columns}, "instruction_share": inst_share[idx],
                         "instructions_saved_at_16_bytes": saved, "memory_sol_pct": r[MEM_SOL],
                         "launches": int(r["launches"]), "duration_ns": r["duration_ns"]}
-            rows.append({
-                "device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
-                "item_name": r["name"], "value": width, "value_unit": "bytes", "threshold": p["min_access_bytes"],
-                "message": f"{r['short_name']}: global {what} move {width:.1f} bytes per thread per instruction "
-                           f"({8 * width:.0f}-bit accesses on average) over {num(x['instructions'])} instructions"
-                           + (f", {pct(inst_share[idx])} of all" if inst_share[idx] == inst_share[idx] else "")
-                           + f"; 16-byte accesses would need {pct(width / 16)} of them",
-                "hint": "Load and store through vector types (float4/int4, or float2 for 8-byte elements) with 16-byte "
-                        "aligned pointers, or process several consecutive elements per thread; check the SASS for "
-                        "LDG.E.128 instead of LDG.E.",
-                "evidence": json.dumps(jsonable(evidence), sort_keys=True),
-            })
+            rows.append(kernel_finding(
+                r, evidence,
+                value=width, value_unit="bytes", threshold=p["min_access_bytes"],
+                message=f"{r['short_name']}: global {what} move {width:.1f} bytes per thread per instruction "
+                        f"({8 * width:.0f}-bit accesses on average) over {num(x['instructions'])} instructions"
+                        + (f", {pct(inst_share[idx])} of all" if inst_share[idx] == inst_share[idx] else "")
+                        + f"; 16-byte accesses would need {pct(width / 16)} of them",
+                hint="Load and store through vector types (float4/int4, or float2 for 8-byte elements) with 16-byte "
+                     "aligned pointers, or process several consecutive elements per thread; check the SASS for "
+                     "LDG.E.128 instead of LDG.E.",
+            ))
     return pd.DataFrame(rows)
 
 

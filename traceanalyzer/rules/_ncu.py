@@ -4,6 +4,7 @@ device peaks."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -139,6 +140,13 @@ def as_int(x):
 # "Arithmetic Instructions" throughput table (32-bit floating-point add, multiply, multiply-add).
 FP32_LANES_PER_SM = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (7, 0): 64, (7, 2): 64, (7, 5): 64, (8, 0): 64,
                      (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
+
+
+def kernel_finding(r, evidence: dict, **fields) -> dict:
+    """A finding row on the kernel group `r` (its device, first launch and full name), with
+    `fields` (value, message, hint, ...) and `evidence` as sorted JSON."""
+    return {"device_id": as_int(r["device_id"]), "item_kind": "kernel", "item_id": int(r["first_id"]),
+            "item_name": r["name"], **fields, "evidence": json.dumps(jsonable(evidence), sort_keys=True)}
 
 
 def device_peaks(store, run_id: str) -> pd.DataFrame:
