@@ -334,56 +334,63 @@ def _short(r: dict) -> str:
     return f"{r['work_s']:7.2f} s  {r['peak_bytes'] / 1e6:7.0f} MB"
 
 
+def _store_path(kind: str, scale: int) -> Path:
+    (DATA / "stores").mkdir(parents=True, exist_ok=True)
+    return DATA / "stores" / f"{kind}_{scale}x.duckdb"
+
+
+def _ours(kind: str, scale: int, path: Path) -> list[tuple[str, dict]]:
+    """Ingest + all rules into a fresh store, then the rules alone on the stored run, and the
+    stored tables' sizes (kept on the first row)."""
+    store = _store_path(kind, scale)
+    ours = measure(sys.executable, "ours", path, store, label=f"ours_{kind}_{scale}x")
+    rows = [("ours: ingest + all rules", ours)]
+    if "error" not in ours:
+        rows.append(("ours: rules on stored run", measure(sys.executable, "ours-rules", store, ours["run_id"],
+                                                          label=f"ours_rules_{kind}_{scale}x")))
+        ours["tables"] = measure(sys.executable, "table-sizes", store, ours["run_id"], label="sizes").get("tables", {})
+    store.unlink(missing_ok=True)
+    return rows
+
+
+def _report(kind: str, scale: int, size: int, rows: list[tuple[str, dict]], results: list) -> None:
+    for what, r in rows:
+        print(f"  {what:<32} {_short(r)}", flush=True)
+        results.append({"kind": kind, "scale": scale, "input_bytes": size, "what": what, **r})
+
+
+def _announce(kind: str, scale: int, path: Path, t0: float) -> int:
+    size = path.stat().st_size
+    print(f"\n== {kind} {scale}x: {path.relative_to(ROOT)} {size / 1e6:.0f} MB "
+          f"(ready in {time.perf_counter() - t0:.0f} s)", flush=True)
+    return size
+
+
 def run_kineto(scale: int, peers: bool, results: list) -> None:
     from gen_big import kineto
 
     t = time.perf_counter()
     path = kineto(scale)
-    size = path.stat().st_size
-    print(f"\n== kineto {scale}x: {path.relative_to(ROOT)} {size / 1e6:.0f} MB "
-          f"(ready in {time.perf_counter() - t:.0f} s)", flush=True)
-    store = DATA / "stores" / f"kineto_{scale}x.duckdb"
-    store.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    ours = measure(sys.executable, "ours", path, store, label=f"ours_kineto_{scale}x")
-    rows.append(("ours: ingest + all rules", ours))
-    if "error" not in ours:
-        rows.append(("ours: rules on stored run", measure(sys.executable, "ours-rules", store, ours["run_id"],
-                                                          label=f"ours_rules_kineto_{scale}x")))
-        sizes = measure(sys.executable, "table-sizes", store, ours["run_id"], label="sizes")
-        ours["tables"] = sizes.get("tables", {})
+    size = _announce("kineto", scale, path, t)
+    rows = _ours("kineto", scale, path)
     if peers:
         rows.append(("HTA: TraceAnalysis load", measure(ensure_venv("hta"), "hta", path.parent,
                                                         label=f"hta_{scale}x")))
     for method in KINETO_DECODERS:
         rows.append((f"decode: {method}", measure(sys.executable, "decode-json", method, path,
                                                   label=f"decode_{method}_{scale}x")))
-    for what, r in rows:
-        print(f"  {what:<32} {_short(r)}", flush=True)
-        results.append({"kind": "kineto", "scale": scale, "input_bytes": size, "what": what, **r})
-    store.unlink(missing_ok=True)
+    _report("kineto", scale, size, rows, results)
 
 
 def run_nsys(scale: int, peers: bool, results: list) -> None:
     from gen_big import nsys
 
     t = time.perf_counter()
-    kernels = NSYS_BASE_KERNELS * scale
-    path = nsys(kernels)
-    size = path.stat().st_size
-    print(f"\n== nsys {scale}x: {path.relative_to(ROOT)} {size / 1e6:.0f} MB "
-          f"(ready in {time.perf_counter() - t:.0f} s)", flush=True)
-    store = DATA / "stores" / f"nsys_{scale}x.duckdb"
-    store.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    ours = measure(sys.executable, "ours", path, store, label=f"ours_nsys_{scale}x")
-    rows.append(("ours: ingest + all rules", ours))
-    if "error" not in ours:
-        rows.append(("ours: rules on stored run", measure(sys.executable, "ours-rules", store, ours["run_id"],
-                                                          label=f"ours_rules_nsys_{scale}x")))
-        ours["tables"] = measure(sys.executable, "table-sizes", store, ours["run_id"], label="sizes").get("tables", {})
-    store.unlink(missing_ok=True)
+    path = nsys(NSYS_BASE_KERNELS * scale)
+    size = _announce("nsys", scale, path, t)
+    rows = _ours("nsys", scale, path)
     # The same with DuckDB capped (rules spill instead of growing): the memory a user can ask for.
+    store = _store_path("nsys", scale)
     capped = measure(sys.executable, "ours", path, store, env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY},
                      label=f"ours_capped_nsys_{scale}x")
     rows.append((f"ours: ingest + all rules, {CAPPED_MEMORY} cap", capped))
@@ -405,9 +412,7 @@ def run_nsys(scale: int, peers: bool, results: list) -> None:
     for method in SQLITE_DECODERS:
         rows.append((f"decode: {method}", measure(sys.executable, "decode-sqlite", method, path,
                                                   label=f"decode_{method}_{scale}x")))
-    for what, r in rows:
-        print(f"  {what:<32} {_short(r)}", flush=True)
-        results.append({"kind": "nsys", "scale": scale, "input_bytes": size, "what": what, **r})
+    _report("nsys", scale, size, rows, results)
 
 
 # -- report --------------------------------------------------------------------------------
