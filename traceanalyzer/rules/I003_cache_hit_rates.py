@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ..fmt import nbytes, pct
-from ._ncu import DURATION, MEM_SOL, col, kernel_finding, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 L1_HIT, L2_HIT = "l1tex__t_sector_hit_rate.pct", "lts__t_sector_hit_rate.pct"
@@ -99,10 +99,7 @@ RULE = Rule(
         "L1/L2, L2 persistence windows; for read-once data, reduce the bytes instead.",
     requires="Nsight Compute hit rates (`l1tex__t_sector_hit_rate.pct`, `lts__t_sector_hit_rate.pct`, Memory "
              "Workload Analysis) with memory SOL or DRAM byte counters",
-    applies_sql=f"""SELECT (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
-                             AND metric_id IN ('{L1_HIT}', '{L2_HIT}')) > 0
-                       AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
-                             AND metric_id IN ('{MEM_SOL}', '{DRAM_RATE}', '{"', '".join(DRAM_IDS)}')) > 0""",
+    applies_sql=has_metrics((L1_HIT, L2_HIT), (MEM_SOL, DRAM_RATE, *DRAM_IDS)),
     thresholds=(
         Threshold("max_l1_hit_pct", 20, "L1/TEX hit rates under this % are reported (heuristic)."),
         Threshold("max_l2_hit_pct", 50, "L2 hit rates under this % are reported (heuristic)."),

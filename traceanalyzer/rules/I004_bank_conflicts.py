@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..fmt import ns, num, pct
-from ._ncu import DURATION, as_int, col, kernel_finding, ncu_launches, per_kernel
+from ._ncu import DURATION, as_int, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 L1TEX_SOL = "l1tex__throughput.avg.pct_of_peak_sustained_active"
@@ -85,8 +85,7 @@ RULE = Rule(
     requires="Nsight Compute shared-memory bank-conflict and wavefront counters (Memory Workload Analysis tables, "
              "or `--metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,"
              "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,...`)",
-    applies_sql=f"""SELECT count(*) > 0 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
-                    AND metric_id IN ('{OPS["ld"]["wavefronts"]}', '{OPS["st"]["wavefronts"]}')""",
+    applies_sql=has_metrics((OPS["ld"]["wavefronts"], OPS["st"]["wavefronts"])),
     thresholds=(
         Threshold("min_conflict_share", 0.1, "Bank conflicts as a share of wavefronts that is reported (NVIDIA SharedMemoryConflicts: 10%)."),
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),

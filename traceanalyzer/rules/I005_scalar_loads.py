@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ..fmt import num, pct
-from ._ncu import DURATION, MEM_SOL, col, kernel_finding, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 ALL_INST = "smsp__inst_executed.sum"
@@ -123,10 +123,7 @@ RULE = Rule(
         "several consecutive elements.",
     requires="Nsight Compute global data-byte (or bytes-per-sector and sector) counters with global instruction "
              "or request counts",
-    applies_sql=f"""SELECT (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
-                             AND metric_id IN ('{"', '".join(_DATA)}')) > 0
-                       AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
-                             AND metric_id IN ('{"', '".join(_INST)}')) > 0""",
+    applies_sql=has_metrics(_DATA, _INST),
     thresholds=(
         Threshold("min_access_bytes", 8, "Average bytes per thread per instruction under this are reported (8: 32-bit or smaller)."),
         Threshold("min_inst_share", 0.02, "Skip when global load (store) instructions are under this share of all instructions."),

@@ -142,6 +142,17 @@ FP32_LANES_PER_SM = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (7, 0): 64, (7, 2): 6
                      (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
 
 
+def has_metrics(*id_groups) -> str:
+    """A rule's applies check: the run has a value for at least one metric of each group."""
+    checks = [f"(SELECT count(*) > 0 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL "
+              f"AND metric_id IN ({', '.join(_sql_text(m) for m in ids)}))" for ids in id_groups]
+    return "SELECT " + " AND ".join(checks)
+
+
+def _sql_text(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 def kernel_finding(r, evidence: dict, **fields) -> dict:
     """A finding row on the kernel group `r` (its device, first launch and full name), with
     `fields` (value, message, hint, ...) and `evidence` as sorted JSON."""
