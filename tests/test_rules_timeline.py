@@ -40,7 +40,7 @@ def test_planted_facts_are_what_the_fixtures_hold():
     """The generator's reference numbers, re-read from the written nsys file."""
     facts = gen_timeline.PLANTED["nsys/timeline_sync.sqlite"]
     con = sqlite3.connect(f"file:{FIXTURES / 'nsys/timeline_sync.sqlite'}?mode=ro", uri=True)
-    busy = _union(con.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+    busy = gen_timeline.union(con.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
                               "SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchall())
     assert busy[-1][1] - busy[0][0] == facts["active_span_ns"]
     n_small_d2d = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 8 AND bytes < 65536")
@@ -70,16 +70,6 @@ def _sqlite(rel_path: str) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{shared_traces() / rel_path}?mode=ro&immutable=1", uri=True)
 
 
-def _union(intervals) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
 def _idle_after(t: int, busy: list[tuple[int, int]], ends: list[int]) -> int | None:
     i = bisect.bisect_right(ends, t)
     return None if i == len(busy) else max(0, busy[i][0] - t)
@@ -90,7 +80,7 @@ def _nsys_busy(con) -> list[tuple[int, int]]:
     for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
         if con.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", [table]).fetchone()[0]:
             ops += con.execute(f'SELECT start, "end" FROM {table} WHERE NOT (start = 0 AND "end" = 0)').fetchall()
-    return _union(ops)
+    return gen_timeline.union(ops)
 
 
 def _nsys_calls(con) -> list[tuple[str, int, int, int]]:
@@ -149,7 +139,7 @@ def test_t003_nsys_sync_loops(check, path, name):
 def test_t003_kineto_stream_syncs(check):
     path = "torch/TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz"
     _, ev = _kineto(path)
-    busy = _union((e["start"], e["end"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    busy = gen_timeline.union((e["start"], e["end"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     ends = [e for _, e in busy]
     syncs = [e for e in ev if e.get("cat") == "cuda_runtime" and e["name"] == "cudaStreamSynchronize"]
     blocked = sum(e["end"] - e["start"] for e in syncs)
@@ -178,7 +168,7 @@ def _host_bound(busy, host, min_ns=100_000):
     out = []
     for s0, e0 in stretches:
         inside = [h for h in host[bisect.bisect_right(ends, s0):] if h[1] < e0]
-        cov = sum(e - s for s, e in _union((max(h[1], s0), min(h[2], e0)) for h in inside))
+        cov = sum(e - s for s, e in gen_timeline.union((max(h[1], s0), min(h[2], e0)) for h in inside))
         if cov < 0.5 * (e0 - s0):
             continue
         half = [h for h in inside if min(h[2], e0) - max(h[1], s0) >= (e0 - s0) / 2]
@@ -219,7 +209,7 @@ def test_t004_nsys_power_iteration(check):
 def test_t004_kineto_dataloader(check):
     path = "torch/TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz"
     _, ev = _kineto(path)
-    busy = _union((e["start"], e["end"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    busy = gen_timeline.union((e["start"], e["end"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     host = [(e["name"], e["start"], e["end"]) for e in ev
             if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver") and e["end"] > e["start"]]
     bound = _host_bound(busy, host)
@@ -233,7 +223,7 @@ def test_t004_kineto_dataloader(check):
 def test_t004_quiet_and_no_data(check):
     path = "torch/TraceLens__mi210__gpu_only_trace__gpu_only_trace.json.gz"
     _, ev = _kineto(path)
-    busy = _union((e["start"], e["end"]) for e in ev if e.get("cat") == "kernel")
+    busy = gen_timeline.union((e["start"], e["end"]) for e in ev if e.get("cat") == "kernel")
     host = [(e["name"], e["start"], e["end"]) for e in ev if e.get("cat") == "cuda_runtime" and e["end"] > e["start"]]
     assert host and _host_bound(busy, host) == []  # launch calls only, never covering an idle stretch
     assert check(path, "T004") == ([], "ran")
@@ -334,9 +324,9 @@ def test_t006_quiet_on_large_pinned_copies(check):
 def test_t007_exposed_nccl(check, path):
     data, ev = _kineto(path)
     kernels = [e for e in ev if e.get("cat") == "kernel"]
-    comm = _union((k["start"], k["end"]) for k in kernels if "nccl" in k["name"].lower())
-    compute = _union((k["start"], k["end"]) for k in kernels if "nccl" not in k["name"].lower())
-    busy = _union((e["start"], e["end"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    comm = gen_timeline.union((k["start"], k["end"]) for k in kernels if "nccl" in k["name"].lower())
+    compute = gen_timeline.union((k["start"], k["end"]) for k in kernels if "nccl" not in k["name"].lower())
+    busy = gen_timeline.union((e["start"], e["end"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     total = sum(e - s for s, e in comm)
     over = sum(max(0, min(e1, e2) - max(s1, s2)) for s1, e1 in comm for s2, e2 in compute)
     exposed, span = total - over, busy[-1][1] - busy[0][0]
@@ -370,7 +360,7 @@ def _comm_per_step(rel_path: str) -> tuple[int, float, float]:
             step = next((n for s, e, n in steps if s <= t <= e), None)
             if step:
                 per_step[step].append((k["start"], k["end"]))
-    comm = sum(sum(e - s for s, e in _union(v)) for v in per_step.values()) / len(steps)
+    comm = sum(sum(e - s for s, e in gen_timeline.union(v)) for v in per_step.values()) / len(steps)
     return data["distributedInfo"]["rank"], comm, sum(e - s for s, e, _ in steps) / len(steps)
 
 
