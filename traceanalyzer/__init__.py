@@ -8,14 +8,33 @@ A small library first, a thin CLI on top::
         df = store.df("SELECT name, count(*) FROM kernels GROUP BY name")
 """
 
-from .ingest.base import ParsedTrace, TraceError
-from .store import IngestResult, Store, StoreError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .ingest.base import ParsedTrace, TraceError
+    from .store import IngestResult, Store, StoreError
 
 __version__ = "0.1.0"
+
+# Imported on first use, so that a process needing one reader (the helper process of a
+# split Kineto read, see ingest/kineto_split.py) does not pay for DuckDB and pandas.
+_LAZY = {"ParsedTrace": ".ingest.base", "TraceError": ".ingest.base", "IngestResult": ".store",
+         "Store": ".store", "StoreError": ".store"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_store(path=None, *, read_only: bool = False) -> Store:
     """Open (or create) a store; path defaults to $TRACEANALYZER_STORE or ./traceanalyzer.duckdb."""
+    from .store import Store
+
     return Store(path, read_only=read_only)
 
 

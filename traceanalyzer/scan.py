@@ -37,6 +37,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .ingest import TraceError, find_traces, read_file
+from .ingest.kineto_split import read_processes
 from .rules.engine import Settings, run_rules
 from .store import Store, file_hash, run_id_for
 
@@ -61,6 +62,9 @@ class WorkContext:
     known_hashes: frozenset[str]  # content already stored with current findings: skip
     settings: Settings | None  # None: store runs without evaluating rules
     duckdb_threads: int | None = None  # for the scratch store (None: DuckDB's default)
+    # Processes one file may be read with (None: the reader's default; see
+    # ingest/kineto_split.py). 1 where workers already share the cores.
+    read_processes: int | None = None
 
 
 @dataclass
@@ -115,7 +119,8 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
         if out.content_hash in ctx.known_hashes:
             out.skipped = True
             return out
-        trace = read_file(p)
+        with read_processes(ctx.read_processes):
+            trace = read_file(p)
         rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
         if rules is not None:
             out.findings, out.rule_runs, out.rule_ids = _evaluate(trace, out, rules, ctx.duckdb_threads)
@@ -309,7 +314,8 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
         on_start(files, sum(_size(f) for f in files))
     jobs = jobs or default_jobs()
     ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
-                      duckdb_threads=max(1, default_jobs() // jobs) if jobs > 1 else None)
+                      duckdb_threads=max(1, default_jobs() // jobs) if jobs > 1 else None,
+                      read_processes=1 if jobs > 1 or scheduler else None)
     if scheduler:
         from .distributed import dask_outcomes
 

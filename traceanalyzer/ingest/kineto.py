@@ -56,6 +56,7 @@ from .kineto_devices import devices_table
 from .kineto_events import Event
 from .kineto_stream import EventStream, Unstreamable
 from .kineto_collect import Collector
+from . import kineto_split
 from .kineto_tables import TableBuilder
 
 # Top-level keys whose JSON text is longer than this stay out of runs.metadata.
@@ -76,27 +77,52 @@ SHARED_MEMORY_NOTE = (
 )
 
 
-def read(path: str | Path) -> ParsedTrace:
+def read(path: str | Path, *, split_min_bytes: int = kineto_split.MIN_SPLIT_BYTES) -> ParsedTrace:
+    """Streamed (`kineto_stream`), in two processes for a big plain file (`kineto_split`);
+    an odd file is decoded whole, which gives the exact error or result."""
     path = as_path(path)
     try:
         with limits.json_depth():  # msgspec counts nesting against the recursion limit
-            collector, stream = Collector(), EventStream(path)
-            events: list[Event] | None = None
-            try:
-                for events in stream:
-                    collector.add(events)
-            except Unstreamable:  # the whole file at once: the exact error, or result, for odd files
-                events = None
-                top, events = _decode(_unpack(_read(path)))
-                collector = Collector()
-                for i in range(0, len(events), FALLBACK_CHUNK_EVENTS):
-                    collector.add(events[i:i + FALLBACK_CHUNK_EVENTS])
-                events.clear()
-            else:
-                top, events = stream.top, None
+            split = kineto_split.split_point(path, split_min_bytes) if kineto_split.allowed() else None
+            readers = [lambda: _read_split(path, split)] if split is not None else []
+            # A split that fails is read again in one pass: the reference result (or error).
+            for reader in readers + [lambda: _read_streamed(EventStream(path))]:
+                try:
+                    parts = reader()
+                except Unstreamable:
+                    continue  # (outside the except block the failed read's frames are freed)
+                return _parse(*parts)
+            # The whole file at once.
+            top, events = _decode(_unpack(_read(path)))
+            collector = Collector()
+            for i in range(0, len(events), FALLBACK_CHUNK_EVENTS):
+                collector.add(events[i:i + FALLBACK_CHUNK_EVENTS])
+            events.clear()
             return _parse(top, collector)
     except RecursionError:
         raise limits.depth_error() from None
+
+
+def _read_streamed(stream: EventStream) -> tuple[dict[str, Raw], Collector]:
+    collector = Collector()
+    for events in stream:
+        collector.add(events)
+    return stream.top, collector
+
+
+def _read_split(path: Path, split: kineto_split.Split) -> tuple[dict[str, Raw], Collector]:
+    helper = kineto_split.Helper(path, split)
+    try:
+        stream = EventStream(path, stop=split.offset)
+        top, collector = _read_streamed(stream)
+        if stream.bare_array != split.bare_array:
+            raise Unstreamable
+        later, after = helper.result()
+    finally:
+        helper.stop()
+    collector.merge(later)
+    top.update(after)  # the keys after the array, as a one-pass read adds them
+    return top, collector
 
 
 def _read(path: Path) -> bytes:

@@ -102,14 +102,20 @@ class Collector:
         self.cat_order: dict[str, None] = {}  # categories by first appearance (None always last)
         self._counts: dict[str | None, int] = {}
         self.n_events = 0
-        self.any_ph = False
+        self.first_ph: int | None = None  # index of the first event with a `ph`, if among the first PH_SAMPLE
         self.ts_sample: list[float] = []
+
+    @property
+    def any_ph(self) -> bool:
+        return self.first_ph is not None
 
     def add(self, events: list[Event]) -> None:
         if not events:
             return
-        if not self.any_ph and self.n_events < PH_SAMPLE:
-            self.any_ph = any(e.ph is not None for e in islice(events, PH_SAMPLE - self.n_events))
+        if self.first_ph is None and self.n_events < PH_SAMPLE:
+            i = next((i for i, e in enumerate(islice(events, PH_SAMPLE - self.n_events)) if e.ph is not None), None)
+            if i is not None:
+                self.first_ph = self.n_events + i
         if len(self.ts_sample) < TS_SAMPLE:
             self.ts_sample += islice((e.ts for e in events if e.ts is not None), TS_SAMPLE - len(self.ts_sample))
         self.n_events += len(events)
@@ -272,6 +278,29 @@ class Collector:
             "total_reserved": _ints([x.total_reserved for x in args]),
             **self._pid_tid(usable),
         })
+
+    def merge(self, later: Collector) -> None:
+        """Append what `later` collected from the events that follow this one's in the
+        file (the second part of a split read): the result is what one Collector would
+        hold after reading both parts in order."""
+        for role, r in later.roles.items():
+            mine = self.roles[role]
+            mine.total += r.total
+            mine.missing += r.missing
+            mine.negative += r.negative
+            for cat, parts in r.parts.items():
+                mine.parts.setdefault(cat, []).extend(parts)
+            for cat, names in r.names.items():
+                head = mine.names.setdefault(cat, [])
+                head += names[:max(0, VENDOR_SAMPLE - len(head))]
+        for cat in later.cat_order:
+            self.cat_order.setdefault(cat)
+        for cat, n in later._counts.items():
+            self._counts[cat] = self._counts.get(cat, 0) + n
+        if self.first_ph is None and later.first_ph is not None and self.n_events + later.first_ph < PH_SAMPLE:
+            self.first_ph = self.n_events + later.first_ph
+        self.ts_sample += later.ts_sample[:max(0, TS_SAMPLE - len(self.ts_sample))]
+        self.n_events += later.n_events
 
     # -- after the last chunk ----------------------------------------------------------
 

@@ -69,10 +69,16 @@ class EventStream:
     """Iterate to get lists of events; afterwards `top` holds the top-level keys in file
     order (`traceEvents` mapped to an empty Raw)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, stop: int | None = None, start: int = 0,
+                 bare_array: bool = False):
+        """`stop` (a file offset where an event starts): read only up to it, the text
+        before it ending in `,`; the events from there on are another reader's. `start`:
+        begin at this offset, inside the array (`bare_array` says which kind of file it
+        is), and read to the end. Both only for plain files (see `kineto_split`)."""
         self.path = path
         self.top: dict[str, Raw] = {}
-        self.bare_array = False
+        self.bare_array = bare_array
+        self.stop, self.start = stop, start
 
     # -- bytes --------------------------------------------------------------------------
 
@@ -82,12 +88,21 @@ class EventStream:
         except OSError:
             raise Unstreamable from None
         with f:
-            raw = f.read(READ_BYTES)
+            if self.start:
+                f.seek(self.start)
+            left = self.stop  # bytes still to read, or None for all
+            raw = f.read(READ_BYTES if left is None else min(READ_BYTES, left))
             if raw[:2] != GZIP_MAGIC:
                 while raw:
                     yield raw
-                    raw = f.read(READ_BYTES)
+                    if left is not None:
+                        left -= len(raw)
+                        if left <= 0:
+                            return
+                    raw = f.read(READ_BYTES if left is None else min(READ_BYTES, left))
                 return
+            if self.stop is not None or self.start:
+                raise Unstreamable
             yield from self._inflate(f, raw)
 
     @staticmethod
@@ -154,6 +169,9 @@ class EventStream:
             buf += block
             return True
 
+        if self.start:  # inside the array already (a split read's second part)
+            yield from self._events(blocks, [], 0)
+            return
         # The opening: BOM, whitespace, `{` or `[`.
         while len(buf) < len(BOM) and more():
             pass
@@ -174,14 +192,20 @@ class EventStream:
         else:
             raise Unstreamable
 
+        rest = buf[pos:]
+        del buf
+        yield from self._events(blocks, [rest], len(rest))
+
+    def _events(self, blocks: Iterator[bytes], pending: list[bytes], size: int) -> Iterator[list[Event]]:
+        """Chunks of events from the text in `pending` (starting at an event, or at the
+        array's end) and the blocks after it."""
         # Blocks are joined only when the newest one holds a cut, so text without any (a
         # gzip of spaces) is not copied over and over.
-        pending, size = [buf[pos:]], len(buf) - pos
-        del buf
         while True:
             block = next(blocks, None)
             if block is None:
-                yield self._tail(b"".join(pending))
+                text = b"".join(pending)
+                yield self._tail(text) if self.stop is None else self._before_stop(text)
                 return
             pending.append(block)
             size += len(block)
@@ -247,6 +271,20 @@ class EventStream:
             self.top = prefix
             self.top["traceEvents"] = Raw(b"")
             return m.end()
+
+    @staticmethod
+    def _before_stop(text: bytes) -> list[Event]:
+        """The last events before `stop`: the text must be whole events and a comma.
+        Decoding it proves `stop` is where an event of the array starts (JSON is read
+        left to right without going back, so a text that parses up to a top-level `,`
+        parses the same way inside the whole file)."""
+        body = text.rstrip()
+        if not body.endswith(b","):
+            raise Unstreamable
+        try:
+            return _decode(_EVENTS, b"[" + body[:-1] + b"]")
+        except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+            raise Unstreamable from None
 
     def _tail(self, text: bytes) -> list[Event]:
         """The last events, up to the array's `]`, and the top-level keys after it."""

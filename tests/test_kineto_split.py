@@ -1,0 +1,164 @@
+"""A big plain Kineto file is read in two processes (ingest/kineto_split.py). Whatever the
+split point (an event boundary, or text inside a string or a nested object), the result,
+or the error, must be the one-pass read's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from traceanalyzer.ingest import kineto, kineto_split
+from traceanalyzer.ingest.base import TraceError
+from traceanalyzer.ingest.kineto_collect import Collector
+
+from .test_kineto import _awkward_doc, _snapshot
+
+pytestmark = pytest.mark.skipif(not kineto_split.allowed(), reason="needs two usable CPUs")
+
+CUT = re.compile(rb"\}\s*,\s*\{")
+
+
+def _one_pass(path: Path):
+    with kineto_split.read_processes(1):
+        return kineto.read(path)
+
+
+def _split_read(path: Path, monkeypatch, offset: int | None = None) -> tuple[object, int]:
+    """Read `path` split at `offset` (default: where the reader would split it); return
+    the trace and how many helper results were merged (0: it fell back to one pass)."""
+    merges = []
+    original = Collector.merge
+
+    def counted(self, later):
+        merges.append(later.n_events)
+        return original(self, later)
+
+    monkeypatch.setattr(Collector, "merge", counted)
+    if offset is not None:
+        bare = path.read_bytes().lstrip()[:1] == b"["
+        monkeypatch.setattr(kineto_split, "split_point", lambda p, m: kineto_split.Split(offset, bare))
+    try:
+        with kineto_split.read_processes(2):
+            return kineto.read(path, split_min_bytes=0), len(merges)
+    finally:
+        monkeypatch.undo()
+
+
+def _candidate_offsets(raw: bytes) -> list[int]:
+    """Where a text search for `}, {` would put the split: true boundaries, and cuts
+    inside strings or nested objects."""
+    return [m.end() - 1 for m in CUT.finditer(raw)]
+
+
+def test_split_at_any_cut_gives_the_one_pass_result(tmp_path, monkeypatch):
+    raw = json.dumps(_awkward_doc()).encode()
+    path = tmp_path / "t.json"
+    path.write_bytes(raw)
+    whole = _snapshot(_one_pass(path))
+    offsets = _candidate_offsets(raw)
+    inside_string = [o for o in offsets if raw.rfind(b'"name": "step', 0, o) > raw.rfind(b'"ph"', 0, o)]
+    nested = [o for o in offsets if raw[o:o + 6] in (b'{"x": ', b'{"y": ')]
+    boundaries = [o for o in offsets if raw[o:o + 7] == b'{"ph": ']
+    assert inside_string and nested and boundaries
+    merged = 0
+    for offset in (boundaries[:2] + boundaries[len(boundaries) // 2:][:1] + boundaries[-2:]
+                   + inside_string[:2] + nested[:2] + nested[-1:]):
+        trace, merges = _split_read(path, monkeypatch, offset)
+        assert _snapshot(trace) == whole, offset
+        merged += merges
+    assert merged >= 5  # the true boundaries were split there, not read again in one pass
+
+
+def test_split_bare_array_and_keys_only_after_the_array(tmp_path, monkeypatch):
+    doc = _awkward_doc()
+    events = doc.pop("traceEvents")
+    for name, raw in (("bare", json.dumps(events).encode()),
+                      ("keys_after", json.dumps({"traceEvents": events, **doc}).encode())):
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(raw)
+        whole = _snapshot(_one_pass(path))
+        offset = [o for o in _candidate_offsets(raw) if raw[o:o + 7] == b'{"ph": '][len(events) // 2]
+        trace, merges = _split_read(path, monkeypatch, offset)
+        assert _snapshot(trace) == whole and merges == 1, name
+
+
+def test_split_of_a_real_trace_at_the_default_point(traces_dir, monkeypatch):
+    path = traces_dir / "torch" / "kineto__docs__before_fix_trace.json"
+    point = kineto_split.split_point(path, 0)
+    raw = path.read_bytes()
+    assert point is not None and raw[point.offset:point.offset + 1] == b"{"
+    trace, merges = _split_read(path, monkeypatch)
+    assert merges == 1 and _snapshot(trace) == _snapshot(_one_pass(path))
+
+
+def test_a_bad_event_in_the_helpers_part_gives_the_one_pass_error(tmp_path, monkeypatch):
+    doc = _awkward_doc()
+    doc["traceEvents"][-5]["ts"] = "not a number"
+    path = tmp_path / "t.json"
+    raw = json.dumps(doc).encode()
+    path.write_bytes(raw)
+    with pytest.raises(TraceError) as one:
+        _one_pass(path)
+    with pytest.raises(TraceError) as split:
+        _split_read(path, monkeypatch, len(raw) // 2 + CUT.search(raw, len(raw) // 2).end() - 1)
+    assert str(split.value) == str(one.value) and "ts" in str(one.value)
+
+
+@pytest.mark.parametrize("how", ["crash", "garbage", "killed"])
+def test_a_failed_helper_falls_back_to_one_pass(tmp_path, monkeypatch, how):
+    raw = json.dumps(_awkward_doc()).encode()
+    path = tmp_path / "t.json"
+    path.write_bytes(raw)
+    code = {"crash": "import os; os._exit(3)", "garbage": "import sys; sys.stdout.write('x' * 100)",
+            "killed": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"}[how]
+    monkeypatch.setattr(kineto_split, "_command", lambda p, s: [sys.executable, "-c", code])
+    offset = [o for o in _candidate_offsets(raw) if raw[o:o + 7] == b'{"ph": '][100]
+    trace, merges = _split_read(path, monkeypatch, offset)
+    assert merges == 0 and _snapshot(trace) == _snapshot(_one_pass(path))
+
+
+def test_split_point_only_for_big_plain_files(tmp_path):
+    raw = json.dumps(_awkward_doc()).encode()
+    plain, gz = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_bytes(raw)
+    gz.write_bytes(__import__("gzip").compress(raw))
+    assert kineto_split.split_point(plain) is None  # under MIN_SPLIT_BYTES
+    assert kineto_split.split_point(gz, 0) is None
+    point = kineto_split.split_point(plain, 0)
+    assert point is not None and not point.bare_array and raw[point.offset - 1:point.offset + 1] in (b" {", b",{")
+
+
+def test_split_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv(kineto_split.PROCESSES_ENV, "1")
+    assert not kineto_split.allowed()
+    with kineto_split.read_processes(2):
+        assert kineto_split.allowed()
+    monkeypatch.delenv(kineto_split.PROCESSES_ENV)
+    with kineto_split.read_processes(1):
+        assert not kineto_split.allowed()
+    assert kineto_split.allowed() == (len(os.sched_getaffinity(0)) >= 2)
+
+
+def test_scan_workers_do_not_split(tmp_path):
+    from traceanalyzer.scan import WorkContext, process_file
+
+    seen = []
+    original = kineto_split.allowed
+
+    def spy():
+        seen.append(original())
+        return seen[-1]
+
+    raw = json.dumps(_awkward_doc()).encode()
+    (tmp_path / "t.json").write_bytes(raw)
+    kineto_split.allowed, saved = spy, kineto_split.allowed
+    try:
+        out = process_file(str(tmp_path / "t.json"), WorkContext(frozenset(), None, read_processes=1))
+    finally:
+        kineto_split.allowed = saved
+    assert out.error is None and seen == [False]

@@ -1,0 +1,163 @@
+"""Read a big plain Kineto file in two processes: this one from the start, a helper from
+about the middle.
+
+Decoding and collecting events is Python work that holds the GIL, so a second core only
+helps from a second process. The helper is a fresh interpreter (`python -m` this module:
+no DuckDB, no pandas, none of the caller's state) that reads the file from an event
+boundary near the middle (`split_point`) to the end with `EventStream(start=...)`,
+collects the events like the main reader does, and writes the pickled `Collector` and the
+top-level keys after the array to its stdout. The main process meanwhile reads from the
+start up to that offset (`EventStream(stop=...)`), then appends the helper's columns
+(`Collector.merge`), so the tables are exactly those of a read in one pass.
+
+The split point is found by a text search, so it could fall inside a string or a nested
+object; the main part then fails to decode its last events (see
+`EventStream._before_stop`) and the caller reads the file again in one pass. Any failure
+of the helper (a bad event, a crash, a kill) has the same outcome: the one-pass read is the
+reference, which also reports the exact error for a bad file.
+
+Only plain files of `MIN_SPLIT_BYTES` or more are split (a gzip stream cannot be entered
+in the middle), only when two CPUs are usable, and never inside `scan --jobs N` workers,
+which keep every core busy already. `TRACEANALYZER_READ_PROCESSES=1` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import subprocess
+import sys
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from msgspec import Raw
+
+from .. import limits
+from .base import TraceError
+from .detect import GZIP_MAGIC
+from .kineto_collect import Collector
+from .kineto_stream import BOM, _CUT, EventStream, Unstreamable
+
+MIN_SPLIT_BYTES = 64 << 20
+PROCESSES_ENV = "TRACEANALYZER_READ_PROCESSES"
+# The helper reads from here on: a bit past the middle, because it starts later (a fresh
+# interpreter) and its columns have to be pickled over to this process.
+HELPER_STARTS_AT = 0.5
+# An event boundary is looked for in this much text after that point.
+SEARCH_BYTES = 4 << 20
+HEAD_BYTES = 64 << 10
+
+_processes: ContextVar[int | None] = ContextVar("read_processes", default=None)
+
+
+@contextlib.contextmanager
+def read_processes(n: int | None) -> Iterator[None]:
+    """Within the block, readers use at most `n` processes per file (None: the default)."""
+    token = _processes.set(n)
+    try:
+        yield
+    finally:
+        _processes.reset(token)
+
+
+def allowed() -> bool:
+    n = _processes.get()
+    if n is None:
+        try:
+            n = int(os.environ.get(PROCESSES_ENV, "2"))
+        except ValueError:
+            n = 1
+    if n < 2:
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except AttributeError:  # not on Linux
+        return (os.cpu_count() or 1) >= 2
+
+
+@dataclass
+class Split:
+    offset: int  # where the helper starts: the `{` of an event, if the search was right
+    bare_array: bool
+
+
+def split_point(path: Path, min_bytes: int = MIN_SPLIT_BYTES) -> Split | None:
+    """Where to split `path`, or None when it is not worth it or not possible."""
+    try:
+        size = path.stat().st_size
+        if size < min_bytes:
+            return None
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            at = int(size * HELPER_STARTS_AT)
+            f.seek(at)
+            window = f.read(SEARCH_BYTES)
+    except OSError:
+        return None
+    if head[:2] == GZIP_MAGIC:
+        return None
+    first = head.removeprefix(BOM).lstrip()[:1]
+    m = _CUT.search(window)
+    if first not in (b"[", b"{") or m is None:
+        return None
+    return Split(at + m.end() - 1, first == b"[")
+
+
+def _command(path: Path, split: Split) -> list[str]:
+    return [sys.executable, "-m", __name__, str(path), str(split.offset), "1" if split.bare_array else "0"]
+
+
+class Helper:
+    """The helper process for the part of `path` from `split.offset` on."""
+
+    def __init__(self, path: Path, split: Split):
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(
+            _command(path, split), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+
+    def result(self) -> tuple[Collector, dict[str, Raw]]:
+        """The helper's Collector and top-level keys after the array; Unstreamable if it failed."""
+        try:  # straight from the pipe: the pickled bytes are never held whole
+            status, payload = pickle.load(self.proc.stdout)
+        except Exception:  # it died (EOF), or wrote something else
+            raise Unstreamable from None
+        if self.proc.wait() != 0 or status != "ok":
+            raise Unstreamable
+        return payload
+
+    def stop(self) -> None:
+        """Kill the helper if it still runs (the main part failed, or was interrupted)."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def read_part(path: Path, offset: int, bare_array: bool) -> tuple[Collector, dict[str, Raw]]:
+    """The helper's work: the events from `offset` to the end of the array."""
+    collector, stream = Collector(), EventStream(path, start=offset, bare_array=bare_array)
+    with limits.json_depth():
+        for events in stream:
+            collector.add(events)
+    return collector, stream.top
+
+
+def _main(argv: list[str]) -> int:
+    path, offset, bare = Path(argv[0]), int(argv[1]), argv[2] == "1"
+    try:
+        payload = ("ok", read_part(path, offset, bare))
+    except (Unstreamable, RecursionError, TraceError):
+        payload = ("unstreamable", None)
+    pickle.dump(payload, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)  # written as it is pickled
+    sys.stdout.buffer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
