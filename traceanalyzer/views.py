@@ -13,31 +13,77 @@ from typing import Iterator
 import duckdb
 
 
-def _islands(source: str) -> str:
+def islands(source: str, successors: bool = False, per_run: bool = False) -> str:
     """Merge overlapping intervals of `source` per run and device into disjoint ones.
 
     An island starts at each interval that begins after every earlier one has ended, and
     ends where the next island starts minus the gap, i.e. at the latest end seen before
     that start (or the latest end of all, for the last island): two window passes, the
     second over island starts only, and no GROUP BY. `busy_before_ns` is the busy time
-    before each island (a running total, so busy time in any window is a difference)."""
+    before each island (a running total, so busy time in any window is a difference).
+    With `successors`, each island also gets the next one's start and the device's first
+    start (`next_start_ns`, `first_start_ns`): all device_idle_gaps needs, from the same pass.
+    With `per_run`, `source` is one run's intervals without a run_id column, and so is the result."""
+    extra = (", lead(start_ns) OVER w AS next_start_ns, first_value(start_ns) OVER w AS first_start_ns"
+             if successors else "")
+    run = "" if per_run else "run_id, "
     return f"""
         WITH ordered AS (
-            SELECT run_id, device_id, start_ns,
+            SELECT {run}device_id, start_ns,
                    max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_end,
                    max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_end
             FROM ({source})
-            WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns, end_ns)
+            WINDOW w AS (PARTITION BY {run}device_id ORDER BY start_ns, end_ns)
         )
         -- An earlier island ends at the next one's prev_max_end, so the busy time before an
         -- island (sum of earlier ends minus earlier starts) comes out of the same window pass.
-        SELECT run_id, device_id, row_number() OVER w AS island, start_ns,
+        SELECT {run}device_id, row_number() OVER w AS island, start_ns,
                coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns,
                CAST(coalesce(sum(prev_max_end) OVER (w ROWS UNBOUNDED PRECEDING), 0)
                     - coalesce(sum(start_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-                    AS BIGINT) AS busy_before_ns
+                    AS BIGINT) AS busy_before_ns{extra}
         FROM ordered WHERE prev_max_end IS NULL OR start_ns > prev_max_end
-        WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns)
+        WINDOW w AS (PARTITION BY {run}device_id ORDER BY start_ns)
+        """
+
+
+def _stream_ops(per_run: bool = False) -> str:
+    """The stream_ops view's query; with `per_run`, one run's ($1) rows without a run_id column."""
+    run = "" if per_run else "run_id, "
+    where = "WHERE a.run_id = $1" if per_run else ""
+    return f"""
+        SELECT {run}device_id, stream_id, kind, item_id, start_ns, end_ns, pid, launch_call_id, name_key,
+               row_number() OVER w AS seq,
+               max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_end_ns,
+               lag(kind) OVER w AS prev_kind, lag(item_id) OVER w AS prev_id, lag(start_ns) OVER w AS prev_start_ns,
+               lag(end_ns) OVER w AS prev_end_ns, lag(name_key) OVER w AS prev_name_key
+        FROM (SELECT a.*, n.name_key FROM gpu_activity a
+              LEFT JOIN kernel_names n ON a.kind = 'kernel' AND n.run_id = a.run_id AND n.name = a.name {where})
+        -- kind last: kernel, copy and memset ids may coincide, and the order must be total
+        WINDOW w AS (PARTITION BY {run}device_id, stream_id ORDER BY start_ns, end_ns, item_id, kind)
+        """
+
+
+def next_busy_candidates(probes: str) -> str:
+    """The busy intervals of $run_id (device_busy_intervals) among which the first one ending
+    after each probe (`device_id`, `t` columns of the query `probes`) lies.
+
+    An ASOF join for "the first busy interval ending after t" sorts its whole right side:
+    millions of intervals for a few thousand probes. Intervals are numbered in time order,
+    so their ends rise with the number; the answer lies in the first block of 64 whose last
+    end is past t, and only the blocks some probe lands in are kept. Exact: the answer is
+    among them, and every interval before it ends by t."""
+    return f"""
+        WITH blocks AS (
+            SELECT device_id, (island - 1) // 64 AS block, max(end_ns) AS block_end
+            FROM device_busy_intervals WHERE run_id = $run_id GROUP BY ALL
+        ), hit AS (
+            SELECT DISTINCT b.device_id, b.block
+            FROM ({probes}) p ASOF JOIN blocks b ON b.device_id = p.device_id AND b.block_end > p.t
+        )
+        SELECT i.device_id, i.start_ns, i.end_ns FROM device_busy_intervals i
+        SEMI JOIN hit h ON h.device_id = i.device_id AND h.block = (i.island - 1) // 64
+        WHERE i.run_id = $run_id
         """
 
 
@@ -64,12 +110,12 @@ VIEWS: dict[str, tuple[str, str]] = {
         "Per run and device, the union of all GPU activity as disjoint busy intervals "
         "(gaps-and-islands over `gpu_activity`), with `busy_before_ns`, the busy time before each "
         "(busy time in any window = a difference of two such running totals, read by ASOF joins).",
-        _islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity"),
+        islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity"),
     ),
     "kernel_busy_intervals": (
         "Per run and device, the union of kernel execution only (what copies can hide behind), "
         "with `busy_before_ns` as in `device_busy_intervals`.",
-        _islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity WHERE kind = 'kernel'"),
+        islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity WHERE kind = 'kernel'"),
     ),
     "device_busy": (
         "Per run and device: busy time (union of GPU activity), the device's active span "
@@ -95,7 +141,21 @@ VIEWS: dict[str, tuple[str, str]] = {
               FROM device_busy_intervals
               WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns))
         WHERE next_start IS NOT NULL
+        """,  # the per-run cache computes the same without this window (_RUN_CACHE_SQL)
+    ),
+    "kernel_names": (
+        "Per run, each distinct kernel name with `name_key`, a small integer (in name order) that "
+        "joins, sorts and groups far cheaper than the long demangled name.",
+        """
+        SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY name) AS name_key, name
+        FROM (SELECT DISTINCT run_id, name FROM kernels WHERE start_ns IS NOT NULL AND end_ns >= start_ns)
         """,
+    ),
+    "stream_ops": (
+        "Every timed GPU operation in stream order (per run, device and stream, by start, end, id), "
+        "with its position `seq`, kernel `name_key`, the latest end of the stream's earlier operations "
+        "(`prev_max_end_ns`) and the previous operation's kind, id, start, end and name key.",
+        _stream_ops(),
     ),
     "steps": (
         "Per run, the iteration ranges: Kineto `ProfilerStep#N` when the run has them, else NVTX "
@@ -144,11 +204,28 @@ def install(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
 
 
-# The views that several timeline rules read and that cost a sort of all GPU work each time,
-# in dependency order (later ones are computed from the cached earlier ones). Views read by
-# one rule only (kernel_busy_intervals: T002) are not worth caching: a filter on run_id
-# reaches the table scan through their windows anyway.
-RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps")
+# The views that several rules read and that cost a sort of all GPU work each time, in
+# dependency order (later ones are computed from the cached earlier ones). stream_ops is the
+# per-stream order T001 and S002 both need; kernel_names hashes the long names once for it
+# and S002. A view read by one rule only is not worth caching (T002 builds its kernel
+# islands itself, per run: views.islands with per_run).
+RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kernel_names", "stream_ops")
+
+# How the cache computes each table: one run's rows ($1) without the run_id column, which the
+# view over the table takes from the one-row _run_scope (a run id on every row would cost a
+# string per row to sort and store). The islands pass also keeps each island's successor,
+# so the idle gaps are a filter over it rather than another sort.
+_RUN_CACHE_SQL = {
+    "device_busy_intervals": islands("SELECT device_id, start_ns, end_ns FROM gpu_activity WHERE run_id = $1",
+                                     successors=True, per_run=True),
+    "device_idle_gaps": """
+        SELECT device_id, end_ns AS start_ns, next_start_ns AS end_ns, next_start_ns - end_ns AS gap_ns,
+               end_ns - first_start_ns - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
+        FROM _run_device_busy_intervals WHERE next_start_ns IS NOT NULL
+        """,
+    "stream_ops": _stream_ops(per_run=True),
+}
+_RUN_CACHE_HIDDEN = {"device_busy_intervals": " EXCLUDE (next_start_ns, first_start_ns)"}
 
 
 @contextmanager
@@ -162,10 +239,13 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[None]
     answers), and any error shows up in the rules that read them."""
     done: list[str] = []
     try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _run_scope AS SELECT $1::VARCHAR AS run_id", [run_id])
         for name in RUN_CACHED:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _run_{name} AS SELECT * FROM {name} WHERE run_id = ?",
-                        [run_id])
-            con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM _run_{name}")
+            sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $1")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _run_{name} AS {sql}", [run_id] if "$1" in sql else [])
+            hidden = _RUN_CACHE_HIDDEN.get(name, "")
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT r.run_id, t.*{hidden} "
+                        f"FROM _run_scope r, _run_{name} t")
             done.append(name)
     except duckdb.Error:
         _restore(con, done)
@@ -181,3 +261,4 @@ def _restore(con: duckdb.DuckDBPyConnection, cached: list[str]) -> None:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name][1]}")
     for name in cached:
         con.execute(f"DROP TABLE IF EXISTS _run_{name}")
+    con.execute("DROP TABLE IF EXISTS _run_scope")

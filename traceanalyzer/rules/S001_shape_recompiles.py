@@ -3,8 +3,11 @@
 from .base import Rule, Threshold
 
 # Host-side calls that load or JIT-compile GPU code before a launch (CUDA driver/runtime, HIP).
-LOAD_CALLS = r"^(cuModuleLoad|cuLibraryLoad|cuModuleGetFunction|cuLibraryGetKernel|cuLink|cudaGetFuncBySymbol|" \
-             r"cudaLibraryLoad|cudaLibraryGetKernel|hipModuleLoad|hipModuleGetFunction)"
+LOAD_CALLS = ("cuModuleLoad", "cuLibraryLoad", "cuModuleGetFunction", "cuLibraryGetKernel", "cuLink",
+              "cudaGetFuncBySymbol", "cudaLibraryLoad", "cudaLibraryGetKernel", "hipModuleLoad", "hipModuleGetFunction")
+# Names starting with one of them: prefix tests read the string's inlined first bytes, far cheaper
+# per call than a regex or a DISTINCT over millions of long names.
+LOAD_TEST = " OR ".join(f"starts_with(name, '{p}')" for p in LOAD_CALLS)
 # Annotated ranges (NVTX, Kineto user annotations) that are compilation or autotuning work.
 # `compile[^d]`: compilation, not the execution of compiled code (`Call CompiledFxGraph`).
 COMPILE_RANGES = r"(?i)(compile[^d]|compile$|nvrtc|autotun|\bjit\b|dynamo_timed)"
@@ -19,20 +22,31 @@ COMPILE_RANGES = r"(?i)(compile[^d]|compile$|nvrtc|autotun|\bjit\b|dynamo_timed)
 # calls. An operator or kernel with enough distinct shapes whose first calls are mostly slow
 # is reported once; one whose slow first calls happen inside another reported one's (a
 # kernel inside its operator, aten::addmm inside aten::linear) is folded into the outer one.
+# Per (operator or kernel, shape): calls, the first call's fields, the median of the later calls.
+# The never-NULL fields of the first call travel in one struct (one arg_min, not four);
+# arg_min skips NULL values, so the nullable ones keep their own.
+SHAPE_STATS = """count(*) AS calls,
+           arg_min({'id': item_id, 'cost': cost_ns, 'start': start_ns, 'end': end_ns}, (start_ns, item_id)) AS first,
+           arg_min(pid, (start_ns, item_id)) AS pid, arg_min(tid, (start_ns, item_id)) AS tid,
+           arg_min(device_id, (start_ns, item_id)) AS device_id,
+           list(cost_ns) AS costs"""
+# The median of the later calls: of all costs less one equal to the first call's (the median
+# depends on the values only, so the list need not be sorted by start, which cost most here).
+SHAPE_COLUMNS = ("calls, first.id AS first_id, first.cost AS first_ns, first.start AS first_start, "
+                 "first.end AS first_end, pid, tid, device_id, "
+                 "list_aggregate(costs[:list_position(costs, first.cost) - 1] "
+                 "|| costs[list_position(costs, first.cost) + 1:], 'median') AS later_ns")
+
 SQL = rf"""
 WITH launch AS (
     SELECT k.kernel_id, k.device_id, k.name, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z,
            a.call_id, a.pid, a.tid, a.start_ns, a.end_ns
     FROM kernels k JOIN api_calls a ON a.run_id = $run_id AND a.call_id = k.launch_call_id
     WHERE k.run_id = $run_id AND a.start_ns IS NOT NULL AND a.end_ns >= a.start_ns AND a.tid IS NOT NULL
-), api_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern below DISTINCT, onto every call
-    SELECT DISTINCT name FROM api_calls WHERE run_id = $run_id
-), load_names AS (  -- the pattern is matched once per distinct name, not per call
-    SELECT name FROM api_names WHERE regexp_matches(name, '{LOAD_CALLS}')
 ), prep_all AS (  -- loads and compiles on a launching thread
     SELECT DISTINCT pid, tid, start_ns, end_ns FROM (
         SELECT pid, tid, start_ns, end_ns FROM api_calls
-        WHERE run_id = $run_id AND name IN (SELECT name FROM load_names) AND end_ns >= start_ns
+        WHERE run_id = $run_id AND ({LOAD_TEST}) AND end_ns >= start_ns
         UNION ALL
         SELECT pid, tid, start_ns, end_ns FROM ranges
         WHERE run_id = $run_id AND tid IS NOT NULL AND end_ns > start_ns AND regexp_matches(name, '{COMPILE_RANGES}'))
@@ -47,7 +61,9 @@ WITH launch AS (
                       AND l.start_ns < p.end_ns AND l.end_ns > p.start_ns)
 ), thread_events AS (
     SELECT pid, tid, start_ns, end_ns, call_id, start_ns AS sort_ns
-    FROM (SELECT DISTINCT call_id, pid, tid, start_ns, end_ns FROM launch)
+    FROM (SELECT DISTINCT call_id, pid, tid, start_ns, end_ns FROM launch l
+          -- a launch can only own a load/compile on its own thread: only those threads need ordering
+          WHERE EXISTS (SELECT 1 FROM prep p WHERE p.pid IS NOT DISTINCT FROM l.pid AND p.tid = l.tid))
     UNION ALL  -- a load or compile is placed at its end: it must be over before the launch it serves
     SELECT p.pid, p.tid, p.start_ns, p.end_ns, NULL, p.end_ns FROM prep p
 ), prep_owner AS (  -- each load/compile belongs to the next launch call on its thread
@@ -67,21 +83,25 @@ WITH launch AS (
     FROM (SELECT *, regexp_matches(name, '^Torch-Compiled Region: .*/\d+$') AS is_region FROM cpu_ops
           WHERE run_id = $run_id AND end_ns >= start_ns)
     WHERE is_region OR input_dims IS NOT NULL
-    UNION ALL
-    SELECT 'kernel', l.kernel_id, l.device_id, l.pid, l.tid, coalesce(least(p.prep_start, l.start_ns), l.start_ns),
-           l.end_ns, l.end_ns - l.start_ns + coalesce(p.prep_ns, 0), l.name,
-           printf('grid (%d,%d,%d) block (%d,%d,%d)', l.grid_x, coalesce(l.grid_y, 1), coalesce(l.grid_z, 1),
-                  l.block_x, coalesce(l.block_y, 1), coalesce(l.block_z, 1))
+), launches AS (  -- a kernel's shape is its grid and block, kept as integers until grouped
+    SELECT 'kernel' AS kind, l.kernel_id AS item_id, l.device_id, l.pid, l.tid,
+           coalesce(least(p.prep_start, l.start_ns), l.start_ns) AS start_ns,
+           l.end_ns, l.end_ns - l.start_ns + coalesce(p.prep_ns, 0) AS cost_ns, l.name AS group_key,
+           l.grid_x, coalesce(l.grid_y, 1) AS grid_y, coalesce(l.grid_z, 1) AS grid_z,
+           l.block_x, coalesce(l.block_y, 1) AS block_y, coalesce(l.block_z, 1) AS block_z
     FROM launch l LEFT JOIN prep_per_call p USING (call_id)
     WHERE l.grid_x IS NOT NULL AND l.block_x IS NOT NULL
+), kernel_shapes AS (  -- grouped by the integers: cheaper than by their text, printed below per shape
+    SELECT kind, group_key, grid_x, grid_y, grid_z, block_x, block_y, block_z, {SHAPE_STATS}
+    FROM launches GROUP BY kind, group_key, grid_x, grid_y, grid_z, block_x, block_y, block_z
 ), shapes AS (  -- per shape, the first call (by start) against the median of the later ones
-    SELECT kind, group_key, shape, count(*) AS calls,
-           arg_min(item_id, (start_ns, item_id)) AS first_id, arg_min(cost_ns, (start_ns, item_id)) AS first_ns,
-           arg_min(start_ns, (start_ns, item_id)) AS first_start, arg_min(end_ns, (start_ns, item_id)) AS first_end,
-           arg_min(pid, (start_ns, item_id)) AS pid, arg_min(tid, (start_ns, item_id)) AS tid,
-           arg_min(device_id, (start_ns, item_id)) AS device_id,
-           list_aggregate(list(cost_ns ORDER BY start_ns, item_id)[2:], 'median') AS later_ns
-    FROM instances GROUP BY kind, group_key, shape
+    SELECT kind, group_key, shape, {SHAPE_COLUMNS}
+    FROM (SELECT kind, group_key, shape, {SHAPE_STATS} FROM instances GROUP BY kind, group_key, shape)
+    UNION ALL  -- the text is a one-to-one image of the integers, so the groups are the same
+    SELECT kind, group_key,
+           printf('grid (%d,%d,%d) block (%d,%d,%d)', grid_x, grid_y, grid_z, block_x, block_y, block_z),
+           {SHAPE_COLUMNS}
+    FROM kernel_shapes
 ), judged AS (
     SELECT *, first_ns - later_ns AS excess_ns,
            calls > 1 AND first_ns >= $min_first_call_slowdown_ratio * later_ns

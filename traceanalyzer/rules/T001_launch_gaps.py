@@ -6,31 +6,29 @@ from .base import Rule, Threshold
 # how much of each gap the whole device was idle (the time really lost), then one
 # finding per stream plus one per device for idle time across all streams.
 SQL = r"""
-WITH ops AS (  -- names are looked up only for the gaps the evidence lists (cheaper to sort without them)
-    SELECT device_id, stream_id, kind, item_id, start_ns, end_ns, pid, launch_call_id
-    FROM gpu_activity WHERE run_id = $run_id
-), seq AS (
-    SELECT *, max(end_ns) OVER w AS prev_end, lag(kind) OVER w2 AS prev_kind, lag(item_id) OVER w2 AS prev_id
-    FROM ops
-    WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-           w2 AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns)
-), gaps AS (
-    SELECT device_id, stream_id, pid, prev_end AS gap_start, start_ns AS gap_end,
-           start_ns - prev_end AS gap_ns, kind AS next_kind, item_id AS next_id,
-           prev_kind, prev_id, launch_call_id
-    FROM seq WHERE prev_end IS NOT NULL AND start_ns - prev_end > $min_gap_ns
+WITH gaps AS (
+    -- Operations in stream order come computed once per run for T001 and S002 (views.stream_ops),
+    -- read straight from the cache: sharing them as a CTE would copy every row again.
+    -- Names are looked up only for the gaps the evidence lists.
+    SELECT device_id, stream_id, pid, prev_max_end_ns AS gap_start, start_ns AS gap_end,
+           start_ns - prev_max_end_ns AS gap_ns, kind AS next_kind, item_id AS next_id,
+           prev_kind, prev_id, launch_call_id, seq,
+           pid IS NOT NULL AS has_pid, coalesce(pid, 0) AS pid_key
+    FROM stream_ops
+    WHERE run_id = $run_id AND prev_max_end_ns IS NOT NULL AND start_ns - prev_max_end_ns > $min_gap_ns
 ), sync_calls AS (
     SELECT pid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND (name ILIKE '%synchronize%' OR name ILIKE '%WaitEvent%') AND start_ns IS NOT NULL
 ), -- "Some interval overlaps the gap" is tested as "the latest end among intervals starting
    -- before the gap ends is past the gap's start": a running max and an ASOF join, which
    -- stays O(n log n); an interval-overlap join is quadratic on long runs.
-sync_reach AS (  -- per pid
-    SELECT pid, start_ns, max(end_ns) OVER (PARTITION BY pid ORDER BY start_ns) AS reach_ns
+sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations whose pid is unknown:
+    -- one table, so one ASOF join serves both
+    SELECT true AS has_pid, pid AS pid_key, start_ns,
+           max(end_ns) OVER (PARTITION BY pid ORDER BY start_ns) AS reach_ns
     FROM sync_calls WHERE pid IS NOT NULL
-), sync_reach_any AS (  -- any pid, for operations whose pid is unknown
-    SELECT start_ns, max(end_ns) OVER (ORDER BY start_ns) AS reach_ns FROM sync_calls
+    UNION ALL
+    SELECT false, 0, start_ns, max(end_ns) OVER (ORDER BY start_ns) FROM sync_calls
 ), copy_reach AS (
     -- Every timed copy of the device: one on the gap's own stream cannot overlap the gap
     -- (it is one of the stream's operations, so it ends by the gap's start or starts at
@@ -40,11 +38,30 @@ sync_reach AS (  -- per pid
 ), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
     SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS idle_to_end_ns
     FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
+), stream_counts AS (  -- per device: its streams, and whether every operation has one
+    SELECT device_id, count(DISTINCT stream_id) AS n_streams, count(stream_id) = count(*) AS all_on_streams
+    FROM stream_ops WHERE run_id = $run_id AND device_id IS NOT NULL GROUP BY device_id
+), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
+    SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
+), multi_gaps AS (
+    SELECT * FROM gaps WHERE device_id IS NOT NULL AND device_id NOT IN (SELECT device_id FROM one_stream)
+), gap_idle AS (
+    -- the part of each gap during which no stream of the device worked: idle time up to the
+    -- gap's end minus idle time up to its start, both ends read in one ASOF join (one sort of
+    -- the device's idle stretches instead of two); a gap is (device, stream, seq)
+    SELECT p.device_id, p.stream_id, p.seq,
+           CAST(sum(p.sign * coalesce(i.idle_to_end_ns - i.end_ns + least(p.t, i.end_ns), 0)) AS BIGINT) AS idle_ns
+    FROM (SELECT device_id, stream_id, seq, gap_end AS t, 1 AS sign FROM multi_gaps
+          UNION ALL
+          SELECT device_id, stream_id, seq, gap_start, -1 FROM multi_gaps) p
+    -- (an ASOF join sorts its right side even for no probes: only the devices probed)
+    ASOF LEFT JOIN (SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM multi_gaps)) i
+      ON i.device_id = p.device_id AND i.start_ns <= p.t
+    GROUP BY p.device_id, p.stream_id, p.seq
 ), classified AS (
     SELECT g.*,
         CASE
-          WHEN (g.pid IS NOT NULL AND sp.reach_ns > g.gap_start)
-            OR (g.pid IS NULL AND sa.reach_ns > g.gap_start) THEN 'sync'
+          WHEN sr.reach_ns > g.gap_start THEN 'sync'
           WHEN cr.reach_ns > g.gap_start
             -- copies with end before start are not operations of any stream: tested directly
             OR EXISTS (SELECT 1 FROM copies c WHERE c.run_id = $run_id AND c.end_ns < c.start_ns
@@ -54,22 +71,25 @@ sync_reach AS (  -- per pid
           WHEN a.start_ns IS NULL THEN 'unknown'
           ELSE 'dependency'
         END AS cause,
-        -- the part of the gap during which no stream of the device worked: idle time up to
-        -- the gap's end minus idle time up to its start
-        coalesce(ie.idle_to_end_ns - ie.end_ns + least(g.gap_end, ie.end_ns), 0)
-          - coalesce(ist.idle_to_end_ns - ist.end_ns + least(g.gap_start, ist.end_ns), 0) AS idle_ns
+        CASE WHEN o.device_id IS NOT NULL THEN g.gap_ns ELSE coalesce(gi.idle_ns, 0) END AS idle_ns
     FROM gaps g
+    LEFT JOIN one_stream o ON o.device_id = g.device_id
     LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
-    ASOF LEFT JOIN sync_reach sp ON sp.pid = g.pid AND sp.start_ns < g.gap_end
-    ASOF LEFT JOIN sync_reach_any sa ON sa.start_ns < g.gap_end
+    LEFT JOIN gap_idle gi ON gi.device_id = g.device_id AND gi.stream_id IS NOT DISTINCT FROM g.stream_id
+                          AND gi.seq = g.seq
+    ASOF LEFT JOIN sync_reach sr ON sr.has_pid = g.has_pid AND sr.pid_key = g.pid_key AND sr.start_ns < g.gap_end
     ASOF LEFT JOIN copy_reach cr ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
-    ASOF LEFT JOIN idle_cum ie ON ie.device_id = g.device_id AND ie.start_ns <= g.gap_end
-    ASOF LEFT JOIN idle_cum ist ON ist.device_id = g.device_id AND ist.start_ns <= g.gap_start
 ), spans AS (
-    SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns FROM ops GROUP BY ALL
-), listed AS (  -- the gaps the evidence lists
-    SELECT * FROM classified
-    QUALIFY row_number() OVER (PARTITION BY device_id, stream_id ORDER BY gap_ns DESC, gap_start) <= $max_examples
+    SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
+    FROM stream_ops WHERE run_id = $run_id GROUP BY ALL
+), listed AS (  -- the gaps the evidence lists: the longest per stream, the earliest among equals
+    -- (a bounded heap per stream, not a sort of all gaps)
+    SELECT unnest(top, recursive := true) FROM (
+        SELECT arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
+                        'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
+                        'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
+                       (gap_ns, -gap_start), CAST(greatest(floor($max_examples), 1) AS BIGINT)) AS top
+        FROM classified WHERE $max_examples >= 1 GROUP BY device_id, stream_id)
 ), listed_ops AS (  -- the operations around them, by id (a few rows: the scans skip to them)
     SELECT prev_kind AS kind, prev_id AS item_id FROM listed UNION SELECT next_kind, next_id FROM listed
 ), listed_names AS (
@@ -95,13 +115,18 @@ sync_reach AS (  -- per pid
            -- the longest gap, the earliest among equals (as the evidence lists them)
            arg_max(c.gap_start, (c.gap_ns, -c.gap_start)) AS worst_start,
            arg_max(c.gap_end, (c.gap_ns, -c.gap_start)) AS worst_end,
-           arg_max(cause, (n_cause, cause)) AS main_cause,  -- most gaps; ties by name
-           to_json(map_from_entries(list(DISTINCT (cause, n_cause) ORDER BY (cause, n_cause)))) AS causes
-    FROM (SELECT *, count(*) OVER (PARTITION BY device_id, stream_id, cause) AS n_cause FROM classified) c
-    JOIN spans s USING (device_id, stream_id)
+    FROM classified c JOIN spans s USING (device_id, stream_id)
     GROUP BY c.device_id, c.stream_id
+), stream_causes AS (  -- per stream, the gaps per cause (a few groups, not a window over all gaps)
+    SELECT device_id, stream_id,
+           arg_max(cause, (n_cause, cause)) AS main_cause,  -- most gaps; ties by name
+           to_json(map_from_entries(list((cause, n_cause) ORDER BY (cause, n_cause)))) AS causes
+    FROM (SELECT device_id, stream_id, cause, count(*) AS n_cause FROM classified GROUP BY ALL)
+    GROUP BY device_id, stream_id
 ), per_stream AS (
-    SELECT p.*, w.worst FROM per_stream_totals p JOIN worst_gaps w USING (device_id, stream_id)
+    SELECT p.*, c.main_cause, c.causes, w.worst
+    FROM per_stream_totals p JOIN stream_causes c USING (device_id, stream_id)
+    JOIN worst_gaps w USING (device_id, stream_id)
 ), per_device AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,
@@ -111,6 +136,7 @@ sync_reach AS (  -- per pid
                         ORDER BY gap_ns DESC, d.start_ns)[1:$max_examples]) AS worst
     FROM device_idle_gaps d JOIN device_busy b USING (run_id, device_id)
     WHERE d.run_id = $run_id AND gap_ns > $min_gap_ns
+      AND d.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)  -- see the last line
     GROUP BY d.device_id
 )
 SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
@@ -148,7 +174,7 @@ SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, worst_start
          || ', "span_ns": ' || span_ns || ', "worst": ' || worst || '}'
 FROM per_device
 -- With a single active stream the device finding would repeat the stream's.
-WHERE (SELECT count(DISTINCT stream_id) FROM ops o WHERE o.device_id = per_device.device_id) > 1
+WHERE device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
 ORDER BY item_kind DESC, device_id, stream_id
 """
 

@@ -1,5 +1,6 @@
 """T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
 
+from ..views import next_busy_candidates
 from .base import Rule, Threshold
 
 # Blocking host calls come from two places: API calls known to wait for the GPU (sync
@@ -10,8 +11,6 @@ from .base import Rule, Threshold
 SQL = r"""
 WITH active AS (
     SELECT device_id, first_start_ns, last_end_ns FROM device_busy WHERE run_id = $run_id
-), busy AS (
-    SELECT device_id, start_ns, end_ns FROM device_busy_intervals WHERE run_id = $run_id
 ), linked AS (  -- the device each API call acted on, from the GPU records it produced
     SELECT launch_call_id AS call_id, min(device_id) AS device_id, count(DISTINCT device_id) AS n_dev,
            bool_or(direction = 'HtoD' AND bytes <= $max_early_return_htod_bytes) AS early_return
@@ -43,6 +42,8 @@ WITH active AS (
     SELECT c.* REPLACE (coalesce(c.device_id, (SELECT min(device_id) FROM active HAVING count(*) = 1)) AS device_id),
            d.device_id AS dev
     FROM calls c JOIN active d ON c.device_id IS NULL OR d.device_id = c.device_id
+), busy AS (  -- the busy intervals that can follow a call (views.next_busy_candidates)
+    __NEXT_BUSY__
 ), next_busy AS (  -- the first busy interval of that device ending after the call returned
     SELECT p.*, b.start_ns AS busy_start
     FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
@@ -111,6 +112,7 @@ FROM scored
 WHERE loss_ns > $min_loss_ns AND loss_ns / span_ns >= $min_share
 ORDER BY loss_ns DESC, name, tid
 """
+SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT dev AS device_id, end_ns AS t FROM per_device"))
 
 RULE = Rule(
     id="T003",

@@ -27,12 +27,24 @@ WITH ops AS (
     UNION ALL
     SELECT 'api_call', call_id, name, pid, tid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND end_ns > start_ns
+), -- Most host events (millions of API calls) fall in busy time. A cheap exact prefilter keeps
+   -- those that may overlap a stretch: time is cut into buckets of width w (about 100k buckets
+   -- over all stretches at most), and an event is kept if it spans more than two buckets or
+   -- one of its end buckets holds part of a stretch. An overlap lies in a bucket of both.
+bucket AS (
+    SELECT CAST(greatest(coalesce(sum(gap_ns), 0) // 100000, 1000) AS BIGINT) AS w FROM stretches
+), idle_buckets AS (
+    SELECT DISTINCT unnest(range(s.start_ns // b.w, s.end_ns // b.w + 1)) AS k FROM stretches s, bucket b
+), host_near AS (
+    SELECT h.* FROM host h, bucket b
+    WHERE h.end_ns // b.w - h.start_ns // b.w > 1
+       OR h.start_ns // b.w IN (SELECT k FROM idle_buckets) OR h.end_ns // b.w IN (SELECT k FROM idle_buckets)
 ), -- Stretches are disjoint and numbered in time order, so the ones a host event overlaps are
    -- a run of numbers: from the first stretch ending after the event starts to the last one
    -- starting before it ends (two ASOF joins). An interval-overlap join is quadratic here.
 host_reach AS (
     SELECT h.*, f.sid AS first_sid, l.sid AS last_sid
-    FROM host h
+    FROM host_near h
     ASOF JOIN stretches f ON h.start_ns < f.end_ns
     ASOF JOIN stretches l ON h.end_ns > l.start_ns
     WHERE f.sid <= l.sid

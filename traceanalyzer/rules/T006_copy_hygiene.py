@@ -1,6 +1,7 @@
 """T006 copy hygiene: small copies that could be one, pageable device-to-host copies, and
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
+from ..views import next_busy_candidates
 from .base import Rule, Threshold
 
 SQL = r"""
@@ -78,8 +79,8 @@ d2h AS (
     SELECT *, CASE WHEN how_waited = 'sync after' THEN next_sync_end ELSE call_end END AS wait_end,
            CASE WHEN how_waited = 'sync after' THEN next_sync_name END AS sync_name
     FROM waited WHERE how_waited IS NOT NULL
-), busy AS (
-    SELECT device_id, start_ns, end_ns FROM device_busy_intervals WHERE run_id = $run_id
+), busy AS (  -- the busy intervals that can follow a wait (views.next_busy_candidates)
+    __NEXT_BUSY__
 ), serial_idle AS (  -- GPU idle from the end of the wait to the device's next operation
     SELECT s.*, greatest(b.start_ns - s.wait_end, 0) AS idle_after_ns,
            least(s.wait_end - s.call_start, greatest(b.start_ns - s.wait_end, 0)) AS hideable_ns
@@ -164,6 +165,7 @@ FROM serial_dev d LEFT JOIN spans sp USING (device_id) LEFT JOIN per_step ps USI
 WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
 ORDER BY 5, 1
 """
+SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT device_id, wait_end AS t FROM serial"))
 
 RULE = Rule(
     id="T006",
