@@ -30,19 +30,25 @@ WITH ev AS (
     SELECT r.*, CASE WHEN d.has_totals THEN r.total_allocated_bytes ELSE r.cum_bytes + d.sum_baseline END AS allocated,
            CASE WHEN d.has_reserved THEN r.total_reserved_bytes END AS reserved
     FROM running r JOIN per_device d USING (device_id)
-), peak_alloc AS (
-    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY device_id ORDER BY allocated DESC, seq) AS k FROM level)
-    WHERE k = 1
+), peak_alloc AS (  -- the first event at the highest level (aggregates: no sort of all events)
+    SELECT l.* FROM level l JOIN (
+        SELECT l.device_id, min(l.seq) AS seq
+        FROM level l JOIN (SELECT device_id, max(allocated) AS top FROM level GROUP BY device_id) m
+          ON m.device_id = l.device_id AND l.allocated = m.top
+        GROUP BY l.device_id) f USING (device_id, seq)
 ), peak_res AS (
-    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY device_id ORDER BY reserved DESC, seq) AS k FROM level
-                   WHERE reserved IS NOT NULL)
-    WHERE k = 1
+    SELECT l.* FROM level l JOIN (
+        SELECT l.device_id, min(l.seq) AS seq
+        FROM level l JOIN (SELECT device_id, max(reserved) AS top FROM level GROUP BY device_id) m
+          ON m.device_id = l.device_id AND l.reserved = m.top
+        GROUP BY l.device_id) f USING (device_id, seq)
+), before_peak AS (
+    SELECT l.device_id, l.seq, l.allocated FROM level l JOIN peak_alloc p ON p.device_id = l.device_id AND l.seq < p.seq
 ), trough AS (  -- the last low point before the peak (used when frees cannot be matched to allocations)
-    SELECT device_id, seq AS trough_seq FROM (
-        SELECT l.device_id, l.seq,
-               row_number() OVER (PARTITION BY l.device_id ORDER BY l.allocated, l.seq DESC) AS k
-        FROM level l JOIN peak_alloc p ON p.device_id = l.device_id AND l.seq < p.seq)
-    WHERE k = 1
+    SELECT b.device_id, max(b.seq) AS trough_seq
+    FROM before_peak b JOIN (SELECT device_id, min(allocated) AS low FROM before_peak GROUP BY device_id) m
+      ON m.device_id = b.device_id AND b.allocated = m.low
+    GROUP BY b.device_id
 ), addressed AS (
     SELECT l.*, lead(l.seq) OVER (PARTITION BY l.device_id, l.address ORDER BY l.seq) AS next_same_address_seq
     FROM level l JOIN per_device d USING (device_id) WHERE d.has_addresses

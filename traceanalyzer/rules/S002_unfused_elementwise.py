@@ -21,6 +21,10 @@ def functor_label(column: str) -> str:
             rf"'gpu_kernel_impl_nocast'))[1]")
 
 
+# Where an intermediate's size comes from (named in the evidence).
+BY_DIMS = "operator input dims"
+BY_PROXY = "grid x block threads x 4 bytes (proxy)"
+
 # Element sizes of the `Input type` strings PyTorch writes.
 DTYPE_BYTES = """CASE t WHEN 'float' THEN 4 WHEN 'double' THEN 8 WHEN 'c10::Half' THEN 2
     WHEN 'c10::BFloat16' THEN 2 WHEN 'long int' THEN 8 WHEN 'int' THEN 4 WHEN 'short int' THEN 2
@@ -29,27 +33,32 @@ DTYPE_BYTES = """CASE t WHEN 'float' THEN 4 WHEN 'double' THEN 8 WHEN 'c10::Half
     ELSE CASE WHEN t LIKE 'c10::Float8%' THEN 1 END END"""
 
 SQL = rf"""
-WITH kernel_names AS (  -- the name patterns are matched once per distinct name, not per launch
-    SELECT row_number() OVER (ORDER BY name) AS name_key, name,
+WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct name, not per launch
+    SELECT name_key, name,
            regexp_matches(lower(name), '{ELEMENTWISE}')
              AND NOT regexp_matches(lower(name), '{NOT_ELEMENTWISE}') AS ew_name,
            regexp_matches(lower(name), '{REDUCTION}') AS reduction, {functor_label('name')} AS functor
-    FROM (SELECT DISTINCT name FROM gpu_activity WHERE run_id = $run_id AND kind = 'kernel')
-), acts AS (  -- names travel as integer keys from here on: cheaper to sort, group and compare
-    SELECT a.device_id, a.stream_id, a.item_id, a.start_ns, a.end_ns, n.name_key,
-           a.kind = 'kernel' AND a.end_ns - a.start_ns <= $max_kernel_ns AND coalesce(n.ew_name, false) AS ew,
-           coalesce(n.reduction, false) AS reduction
-    FROM gpu_activity a LEFT JOIN kernel_names n ON a.kind = 'kernel' AND n.name = a.name
-    WHERE a.run_id = $run_id
-), seq AS (  -- every operation on the stream takes part, so a GEMM or copy in between breaks a chain
-    SELECT *, lag(end_ns) OVER w AS prev_end, lag(ew) OVER w AS prev_ew, lag(reduction) OVER w AS prev_reduction
-    FROM acts WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, item_id)
+    FROM kernel_names WHERE run_id = $run_id
+), acts AS (  -- names travel as integer keys (views.kernel_names): cheaper to sort, group and compare
+    -- Operations in stream order with the previous one's fields, computed once per run
+    -- (views.stream_ops): every operation takes part, so a GEMM or copy in between breaks a chain.
+    SELECT o.device_id, o.stream_id, o.item_id, o.start_ns, o.end_ns, o.name_key, o.seq,
+           o.prev_end_ns AS prev_end,
+           o.kind = 'kernel' AND o.end_ns - o.start_ns <= $max_kernel_ns AND coalesce(n.ew_name, false) AS ew,
+           coalesce(n.reduction, false) AS reduction,
+           o.prev_kind = 'kernel' AND o.prev_end_ns - o.prev_start_ns <= $max_kernel_ns
+             AND coalesce(p.ew_name, false) AS prev_ew,
+           coalesce(p.reduction, false) AS prev_reduction
+    FROM stream_ops o
+    LEFT JOIN names n ON n.name_key = o.name_key
+    LEFT JOIN names p ON p.name_key = o.prev_name_key
+    WHERE o.run_id = $run_id
 ), numbered AS (  -- among element-wise kernels, a chain starts at each one that does not continue the previous
     SELECT *, sum(CASE WHEN continues THEN 0 ELSE 1 END) OVER w AS chain,
            NOT coalesce(lead(continues) OVER w, false) AS is_last
     FROM (SELECT *, coalesce(prev_ew AND NOT prev_reduction AND start_ns - prev_end <= $max_gap_ns, false)
-                      AS continues FROM seq WHERE ew)
-    WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, item_id ROWS UNBOUNDED PRECEDING)
+                      AS continues FROM acts WHERE ew)
+    WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY seq ROWS UNBOUNDED PRECEDING)
 ), long_chains AS (
     SELECT device_id, stream_id, chain FROM numbered GROUP BY ALL HAVING count(*) >= $min_chain_count
 ), chain_members AS (
@@ -79,20 +88,28 @@ WITH kernel_names AS (  -- the name patterns are matched once per distinct name,
 ), sized AS (
     SELECT m.*, lo.op_name, lo.op_name IS NOT NULL AS linked,
            coalesce(ob.bytes, m.threads * 4) AS out_bytes,
-           CASE WHEN ob.bytes IS NOT NULL THEN 'operator input dims' WHEN m.threads IS NOT NULL
-                THEN 'grid x block threads x 4 bytes (proxy)' END AS bytes_source
+           ob.bytes IS NOT NULL AS sized_by_dims, ob.bytes IS NULL AND m.threads IS NOT NULL AS sized_by_proxy
     FROM chain_members m LEFT JOIN op_bytes ob USING (external_id) LEFT JOIN launching_ops lo USING (external_id)
-), chains AS (
+), chain_totals AS (
     SELECT s.device_id, s.stream_id, s.chain, count(*) AS n, min(s.start_ns) AS start_ns, max(s.end_ns) AS end_ns,
            arg_min(s.item_id, s.start_ns) AS first_id,
            sum(s.end_ns - s.start_ns) AS kernel_ns, max(s.end_ns - s.start_ns) AS longest_ns, sum(s.gap_ns) AS gap_ns,
            sum(s.out_bytes) FILTER (WHERE NOT s.is_last) AS intermediate_bytes,
-           list(s.name_key ORDER BY s.start_ns, s.item_id) AS keys, count(*) FILTER (WHERE s.linked) AS linked,
-           list(s.item_id ORDER BY s.start_ns, s.item_id) AS kernel_ids,
-           list(DISTINCT s.bytes_source) FILTER (WHERE NOT s.is_last AND s.bytes_source IS NOT NULL) AS bytes_sources,
+           list({{'k': s.name_key, 'id': s.item_id}} ORDER BY s.start_ns, s.item_id) AS members,
+           count(*) FILTER (WHERE s.linked) AS linked,
+           -- which size sources the intermediates used, as flags (a DISTINCT list costs a hash table per chain)
+           bool_or(s.sized_by_dims) FILTER (WHERE NOT s.is_last) AS by_dims,
+           bool_or(s.sized_by_proxy) FILTER (WHERE NOT s.is_last) AS by_proxy,
            any_value(d.memory_bandwidth_bytes_per_s) AS bandwidth
     FROM sized s LEFT JOIN devices d ON d.run_id = $run_id AND d.device_id = s.device_id
     GROUP BY s.device_id, s.stream_id, s.chain
+), chains AS (  -- the kernels' keys and ids in order, from one ordered list of both
+    SELECT * EXCLUDE (members, by_dims, by_proxy), list_transform(members, lambda m: m.k) AS keys,
+           list_transform(members, lambda m: m.id) AS kernel_ids,
+           CASE WHEN by_dims OR by_proxy THEN list_filter([CASE WHEN by_dims THEN '{BY_DIMS}' END,
+                                                         CASE WHEN by_proxy THEN '{BY_PROXY}' END],
+                                                        lambda x: x IS NOT NULL) END AS bytes_sources
+    FROM chain_totals
 ), costed AS (  -- a fused kernel saves the gaps and the intermediates' DRAM round trips
     SELECT *, 2 * intermediate_bytes / bandwidth * 1e9 AS round_trip_ns,
            gap_ns + least(coalesce(2 * intermediate_bytes / bandwidth * 1e9, 0), kernel_ns - longest_ns) AS saving_ns
@@ -102,15 +119,16 @@ WITH kernel_names AS (  -- the name patterns are matched once per distinct name,
            -- named after the chain whose kernels are best linked to their operators
            arg_min(c.kernel_ids, (-c.linked, c.start_ns, c.stream_id)) AS named_by,
            count(*) AS chains, sum(c.n) AS kernels,
-           sum(c.saving_ns) AS saving_ns, sum(c.gap_ns) AS gap_ns, sum(c.kernel_ns) AS kernel_ns,
-           sum(c.intermediate_bytes) AS intermediate_bytes, sum(c.round_trip_ns) AS round_trip_ns,
+           -- doubles summed in one fixed order: a parallel sum() differs in the last digits run to run
+           list_sum(list(c.saving_ns ORDER BY c.start_ns, c.stream_id)) AS saving_ns,
+           sum(c.gap_ns) AS gap_ns, sum(c.kernel_ns) AS kernel_ns, sum(c.intermediate_bytes) AS intermediate_bytes,
+           list_sum(list(c.round_trip_ns ORDER BY c.start_ns, c.stream_id)) AS round_trip_ns,
            any_value(c.bandwidth) AS bandwidth,
            list_sort(list_distinct(flatten(list(c.bytes_sources)))) AS bytes_sources,
            -- the chain saving most (the earliest among equals)
-           list(c.first_id ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_id,
-           list(c.stream_id ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_stream,
-           list(c.start_ns ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_start,
-           list(c.end_ns ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_end,
+           -- (its fields from one ordered list, not one list per field)
+           list({{'id': c.first_id, 'stream_id': c.stream_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns}}
+                ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_chain,
            to_json(list({{'stream_id': c.stream_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns,
                           'kernel_ids': c.kernel_ids, 'gap_ns': c.gap_ns, 'kernel_ns': c.kernel_ns,
                           'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}}
@@ -124,7 +142,7 @@ WITH kernel_names AS (  -- the name patterns are matched once per distinct name,
            list(coalesce(k.short_name, kn.name) ORDER BY m.i) AS short_names,
            list(coalesce(lo.op_name, kn.functor, k.short_name, kn.name) ORDER BY m.i) AS labels
     FROM named_members m
-    JOIN kernel_names kn ON kn.name_key = m.keys[m.i]
+    JOIN names kn ON kn.name_key = m.keys[m.i]
     JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = m.kernel_id
     LEFT JOIN (SELECT external_id, arg_min(name, op_id) AS op_name FROM cpu_ops
                WHERE run_id = $run_id AND external_id IN (SELECT k2.external_id FROM kernels k2 JOIN named_members n2
@@ -142,8 +160,8 @@ WITH kernel_names AS (  -- the name patterns are matched once per distinct name,
            len(list_distinct(s.labels)) = 1 AS one_op  -- the same op on many tensors: horizontal fusion
     FROM signatures s LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = s.device_id
 )
-SELECT device_id, worst_stream AS stream_id, 'kernel' AS item_kind, worst_id AS item_id,
-       chain_name AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, worst_chain.id AS item_id,
+       chain_name AS item_name, worst_chain.start_ns AS start_ns, worst_chain.end_ns AS end_ns,
        share AS value, 'share' AS value_unit, $min_saving_share AS threshold,
        CAST(round(saving_ns) AS BIGINT) AS est_loss_ns,
        CASE WHEN share >= $warning_share THEN 'warning' ELSE 'info' END AS severity,

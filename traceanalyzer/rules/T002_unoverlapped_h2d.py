@@ -1,6 +1,12 @@
 """T002 unoverlapped host-to-device copies: copy time no kernel hides."""
 
+from ..views import islands
 from .base import Rule, Threshold
+
+# kernel_busy_intervals for this run, computed here without a run_id column: cheaper to sort
+# (the view carries the run id string on every row, and only this rule reads it).
+KERNEL_ISLANDS = islands("SELECT device_id, start_ns, end_ns FROM gpu_activity WHERE run_id = $run_id "
+                         "AND kind = 'kernel'", per_run=True)
 
 SQL = r"""
 WITH h2d AS (
@@ -13,16 +19,19 @@ WITH h2d AS (
 ), kernel_busy_cum AS (  -- disjoint kernel-busy stretches with the busy time up to each one's end
     SELECT device_id, start_ns, end_ns,
            busy_before_ns + end_ns - start_ns AS busy_to_end_ns
-    FROM kernel_busy_intervals WHERE run_id = $run_id AND device_id IS NOT NULL
+    FROM (__KERNEL_ISLANDS__) WHERE device_id IS NOT NULL
 ), covered AS (  -- time of each copy during which some kernel ran on its device
     -- = kernel-busy time up to the copy's end minus that up to its start, each read from the
     -- last stretch starting by then (ASOF): O(n log n), where an overlap join is quadratic.
-    SELECT e.copy_id,
-           coalesce(ke.busy_to_end_ns - ke.end_ns + least(e.end_ns, ke.end_ns), 0)
-             - coalesce(ks.busy_to_end_ns - ks.end_ns + least(e.start_ns, ks.end_ns), 0) AS covered_ns
-    FROM explicit e
-    ASOF LEFT JOIN kernel_busy_cum ke ON ke.device_id = e.device_id AND ke.start_ns <= e.end_ns
-    ASOF LEFT JOIN kernel_busy_cum ks ON ks.device_id = e.device_id AND ks.start_ns <= e.start_ns
+    -- Both ends go through one ASOF join (one sort of the stretches, not two); copy_id is the
+    -- copy's row id in the run.
+    SELECT p.copy_id,
+           CAST(sum(p.sign * coalesce(k.busy_to_end_ns - k.end_ns + least(p.t, k.end_ns), 0)) AS BIGINT) AS covered_ns
+    FROM (SELECT copy_id, device_id, end_ns AS t, 1 AS sign FROM explicit
+          UNION ALL
+          SELECT copy_id, device_id, start_ns, -1 FROM explicit) p
+    ASOF LEFT JOIN kernel_busy_cum k ON k.device_id = p.device_id AND k.start_ns <= p.t
+    GROUP BY p.copy_id
 ), per_copy AS (
     SELECT e.*, dur_ns - coalesce(c.covered_ns, 0) AS exposed_ns,
            src_kind = 'pageable' AS pageable,
@@ -36,8 +45,8 @@ WITH h2d AS (
            count(*) FILTER (WHERE sync_call) AS n_sync,
            coalesce(sum(exposed_ns) FILTER (WHERE sync_call), 0) AS exposed_sync_ns,
            sum(bytes) AS bytes,
-           arg_max(p.copy_id, exposed_ns) AS worst_id, arg_max(p.start_ns, exposed_ns) AS worst_start,
-           arg_max(p.end_ns, exposed_ns) AS worst_end,
+           -- the most exposed copy, the first among equals (one arg_max, so the fields agree)
+           arg_max({'id': p.copy_id, 'start_ns': p.start_ns, 'end_ns': p.end_ns}, (exposed_ns, -p.copy_id)) AS worst_copy,
            to_json(list({'copy_id': p.copy_id, 'stream_id': p.stream_id, 'start_ns': p.start_ns,
                          'end_ns': p.end_ns, 'bytes': p.bytes, 'exposed_ns': exposed_ns,
                          'src_kind': src_kind, 'api_name': api_name}
@@ -63,8 +72,8 @@ WITH h2d AS (
            min(start_ns) AS start_ns, max(end_ns) AS end_ns
     FROM h2d WHERE coalesce(unified_memory, false) GROUP BY device_id
 )
-SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_id AS item_id,
-       'host-to-device copies' AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id AS item_id,
+       'host-to-device copies' AS item_name, worst_copy.start_ns AS start_ns, worst_copy.end_ns AS end_ns,
        exposed_ns / nullif(span_ns, 0) AS value, 'share' AS value_unit, $warning_share AS threshold,
        exposed_ns AS est_loss_ns,
        CASE WHEN exposed_ns / nullif(span_ns, 0) >= $error_share THEN 'error'
@@ -106,6 +115,7 @@ SELECT device_id, NULL, 'device', device_id, 'unified-memory migrations', start_
 FROM unified
 ORDER BY 3, 1, 2
 """
+SQL = SQL.replace("__KERNEL_ISLANDS__", KERNEL_ISLANDS)
 
 RULE = Rule(
     id="T002",
