@@ -543,10 +543,13 @@ def write_doc(results: list, info: dict, scales: list[int], argv: list[str], not
            f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['ram_gb']} GB RAM, "
            f"{info['os']}; Python {info['python']}, DuckDB {info['duckdb']}, pyarrow {info['pyarrow']}, "
            f"msgspec {info['msgspec']}; peers: {info.get('peers', 'not run')}. Load average at start: "
-           f"{', '.join(f'{x:.1f}' for x in info['load_avg_start'])}.", "",
+           f"{', '.join(f'{x:.1f}' for x in info['load_avg_start'])}."
+           + "".join(f" The {k} rows are from an earlier run ({d}, `--keep-others`)." for k, d in
+                     sorted(info.get("kept", {}).items())), "",
            "**The machine is shared** (other jobs ran during these measurements): absolute seconds are "
            "noisy; ratios within one run are what counts. Each cell is one run in a fresh process: "
-           "work seconds (imports and interpreter start excluded) / peak RSS of that process.", "",
+           "work seconds (the tool's imports included, interpreter start-up not) / peak resident memory "
+           "of that process and its children together (sampled every 20 ms).", "",
            f"Command: `python bench/bench_peers.py {' '.join(argv)}`".rstrip() + "", "",
            "## Targets (largest size measured)", "", "| target | measured | |", "|---|---|---|",
            *targets(results, scales), ""]
@@ -681,6 +684,8 @@ def main() -> None:
     ap.add_argument("--no-doc", action="store_true", help=f"do not rewrite {DOC.relative_to(ROOT)}")
     ap.add_argument("--doc-only", action="store_true",
                     help="rewrite the doc from the last run's bench/data/peers.json, measuring nothing")
+    ap.add_argument("--keep-others", action="store_true",
+                    help="keep the saved results of the kinds not measured now (the doc says when each was measured)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -699,8 +704,15 @@ def main() -> None:
         info["peers"] = (f"HolisticTraceAnalysis {package_version(ensure_venv('hta'), 'HolisticTraceAnalysis')}, "
                          f"nsys-ai {package_version(ensure_venv('nsys-ai'), 'nsys-ai')} "
                          f"(duckdb {package_version(ensure_venv('nsys-ai'), 'duckdb')} + sqlite_scanner)")
+    kinds = a.kinds.split(",")
     results: list = []
-    for kind in a.kinds.split(","):
+    if a.keep_others and (DATA / "peers.json").exists():
+        saved = json.loads((DATA / "peers.json").read_text())
+        results = [r for r in saved["results"] if r["kind"] not in kinds]
+        info["kept"] = {**saved["machine"].get("kept", {}),
+                        **{k: saved["machine"]["date"] for k in {r["kind"] for r in results}
+                           if k not in saved["machine"].get("kept", {})}}
+    for kind in kinds:
         for scale in scales:
             (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results)
             # Saved after every size, so that an interrupted run keeps what it measured.
