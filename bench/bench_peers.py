@@ -638,7 +638,7 @@ broken deterministically):
   through the joins and become dictionary-encoded columns of only the strings used; rows are
   ordered in numpy; source columns are freed as outputs are built; the store inserts dictionary
   strings as they are, with run_id as a constant; the file is hashed while it is parsed.
-* Kineto ingest: `traceEvents` is decoded in 8 MB chunks (`kineto_stream.py`; anything unusual
+* Kineto ingest: `traceEvents` is decoded in 4 MB chunks (`kineto_stream.py`; anything unusual
   falls back to the whole-file decode, which gives the exact old result or error), columns are
   kept per category with Arrow and numpy (`kineto_collect.py`), tables built once at the end
   (`kineto_tables.py`), names parsed once per distinct name.

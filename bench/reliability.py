@@ -436,7 +436,7 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         "the format; such a file is stored with the changed values (nothing can tell).",
         "- A gzip stops inflating at min(`MAX_INFLATED_BYTES`, `MAX_INFLATE_RATIO` x its size, but "
         "at least 64 MiB): a bomb of 8 MB may still take ~1.6 GB before it is refused (see above).",
-        "- Peak memory of a legal Kineto trace is its tables plus one 8 MB chunk of text (`traceEvents` "
+        "- Peak memory of a legal Kineto trace is its tables plus one 4 MB chunk of text (`traceEvents` "
         "is decoded in chunks): 3.6x its JSON text for the 3-million-tiny-event row above, 1.3x for a "
         "real 404 MB trace (docs/performance.md); a file with an odd layout is decoded whole, up to "
         "~10x. `MAX_TEXT_BYTES` bounds both.",

@@ -34,7 +34,9 @@ from .. import limits
 from .detect import GZIP_MAGIC
 from .kineto_events import Event
 
-READ_BYTES = 8 << 20
+# 4 MB: on the 400 MB benchmark trace as fast as 8 MB, and ~90 MB less at the peak (fewer
+# decoded events alive at once; 2 MB saved 20 MB more but ran slower).
+READ_BYTES = 4 << 20
 # Give up streaming (decode the whole file) when this much text has no usable cut, or
 # the top-level keys before `traceEvents` are longer than this.
 MAX_PENDING_BYTES = 128 << 20
