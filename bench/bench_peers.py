@@ -616,24 +616,30 @@ Without it nsys-ai falls back to sqlite3 and writes indexes into the export, so 
 copy. Both live in their own virtual environments under `bench/data/venvs`, made by this script.
 
 **How we got here.** The first measurement (2026-11-29, loaded machine) had nsys 8x at 214 s /
-14.3 GB for ingest + rules, 303 s for rules alone, and Kineto 8x at 7.5 s / 1,156 MB. Changes since,
-each checked to store identical rows and findings on all real and fixture traces
-(`bench/equivalence.py`, plus a findings diff; ties that some rules used to break arbitrarily are now
-broken deterministically):
+14.3 GB for ingest + rules, 303 s for rules alone, and Kineto 8x at 7.5 s / 1,156 MB. The next
+(2026-11-30 01:17) had nsys 8x at 41.6 s / 6.7 GB (rules alone 29.4 s) and Kineto 8x at 4.08 s /
+536 MB. Changes, each checked to store identical rows and findings on all real and fixture traces
+(`bench/equivalence.py` for tables, a findings diff for rules):
 * Quadratic joins removed. DuckDB runs "interval overlaps interval" as a piecewise-merge or
-  inequality join; on long runs that is quadratic. T001 and T002 (first session), then T004
-  host-bound (94 s at 8x) and T007 exposed-communication (118 s on the 1x export with 89 k kernels
-  renamed to NCCL collectives; the benchmark inputs have none) now read "how much of [a, b] was
-  busy/idle" as the difference of two running totals, each found by an ASOF join, and T004 expands
-  a host event to the run of stretch numbers it overlaps (two ASOF joins).
-* Shared work done once per run: `views.scoped_to_run` materializes the busy/idle views for the run
-  being checked (they were recomputed by ~10 rules), and the views carry running totals
-  (`busy_before_ns`, `idle_before_ns`). Name patterns (S002, T007) are matched once per distinct
-  kernel name; S002 groups chains by integer name keys and builds strings only for the chain that
-  names each group; B003 parses GEMM shapes once per distinct call shape (0.84 s to 0.13 s on
-  Kineto 8x); T001 looks names up only for the gaps its evidence lists. `views.install` keeps
-  `asof_loop_join_threshold = 0` and `merge_join_threshold = 0` (DuckDB's row estimates for rule
-  CTEs are often ~10 where there are millions, and the loop plans are quadratic).
+  inequality join; on long runs that is quadratic. T001, T002, T004 host-bound and T007
+  exposed-communication now read "how much of [a, b] was busy/idle" as the difference of two
+  running totals, each found by an ASOF join.
+* Shared work done once per run: `views.scoped_to_run` materializes, for the run being checked,
+  the busy/idle views and two more: `stream_ops` (every GPU operation in stream order with the
+  previous one's fields: the sort T001 and S002 both needed) and `kernel_names` (an integer key
+  per distinct kernel name). The cached tables carry no run_id column (a string per row to sort
+  and store); idle gaps come out of the islands pass instead of another sort.
+* Per rule at 5 M kernels (rules on the stored run, 20.5 s -> 12.2 s in one back-to-back
+  comparison): T001 4.3 -> 1.2 s (one ASOF join per gap end, top gaps by bounded `arg_max`,
+  device-wide work only on multi-stream devices), S001 2.4 -> 1.0 s (launches grouped by integer
+  grid/block, the shape text printed once per group), T004 2.3 -> 0.8 s (calls that cannot touch
+  an idle stretch dropped before its ASOF joins: 8.4 M -> 333 k), S002 3.3 -> 2.4 s, T002 2.9 ->
+  2.0 s, T003/T006 (the "first busy interval after t" lookup prunes to blocks of 64 intervals
+  before joining). Name patterns are matched once per distinct name; B003 parses GEMM shapes once
+  per distinct shape; M001 finds peaks with aggregates instead of window sorts.
+* Determinism: S002 sums doubles in a fixed order and T002 takes its worst copy from one
+  `arg_max` with an id tie-break (both used to vary between runs in the last digits / the
+  example copy).
 * nsys ingest: fetches run on 2-3 threads (ADBC releases the GIL); names stay StringIds ids
   through the joins and become dictionary-encoded columns of only the strings used; rows are
   ordered in numpy; source columns are freed as outputs are built; the store inserts dictionary
@@ -641,37 +647,42 @@ broken deterministically):
 * Kineto ingest: `traceEvents` is decoded in 4 MB chunks (`kineto_stream.py`; anything unusual
   falls back to the whole-file decode, which gives the exact old result or error), columns are
   kept per category with Arrow and numpy (`kineto_collect.py`), tables built once at the end
-  (`kineto_tables.py`), names parsed once per distinct name.
-* `scan --jobs 2` was 1.12x faster than `--jobs 1` under load; on an idle machine it is 1.94x
-  (bench/bench_scan_jobs.py, quoted in the targets table).
+  (`kineto_tables.py`). A plain file of 64 MB or more is read by two processes
+  (`kineto_split.py`): a helper interpreter reads from an event boundary 55% into the file and
+  sends its columns back as JSON + Arrow IPC (`kineto_wire.py`); the main process proves the
+  boundary by decoding its own last events up to it, and anything odd is read again in one pass.
+  On the 404 MB file the read goes from ~1.95 s to ~1.4 s; the peak memory column is the whole
+  process tree (the helper included), sampled every 20 ms.
+* `scan --jobs 2` is 1.94x faster than `--jobs 1` on an idle machine (bench/bench_scan_jobs.py,
+  quoted in the targets table); its workers never split a read.
 
 **Where we still miss, and why.**
-* nsys, 5x faster than nsys-ai's cache build: not reachable by reading the file the way we do. At
-  8x the bare ADBC fetch of the columns we need takes ~11 s, while nsys-ai builds its cache (with
-  DuckDB's parallel sqlite_scanner, reading fewer columns) in ~25 s; 5x would be ~5 s for reading,
-  storing and twenty rules. Ours: ingest ~19 s (fetch ~6 s, api_calls and kernels ~6 s, the
-  store's insert ~5 s), rules ~23 s in the same process (~29 s from a cold process).
-* nsys rules on a stored run, ~5x nsys-ai's four warm skills: twenty rules against four queries
-  on a prebuilt cache. The biggest at 8x: T001 ~5 s (a window over every GPU operation per stream
-  and four ASOF lookups per gap), materializing the run's busy/idle views ~4 s, S002 ~3.5 s,
-  T002 ~3.4 s (its own kernel-busy islands), S001 ~2.6 s (a join of 5 M kernels with their launch
-  calls, printf'd shape strings), T004 ~2.7 s. Next steps: names carried as dictionary keys in
-  the store (a kernel-name id column), integer shape keys in S001, and caching the per-stream
-  ordering that T001 and S002 both sort.
+* Kineto, 10x faster than HTA: HTA takes ~27-29 s, so 10x is ~2.8 s for importing, reading,
+  storing and twenty rules. Ours is 3.0-3.4 s between runs on this machine (8.1x in the run
+  above, 9.0x in the one before it, same code but 8 MB chunks): imports ~0.35 s (pandas ~0.2 s,
+  used by the rule engine), the split read ~1.4 s, the store's insert and commit ~0.35 s, rules
+  ~0.7 s (twenty rules of 30-90 ms, mostly DuckDB planning and running small queries). Within
+  2x of the bare typed decode: 1.97x in this run (the decode itself varies 1.5-1.8 s, so this
+  sits on the line).
+* nsys, 5x faster than nsys-ai's cache build: not reachable by reading the file the way we do.
+  At 8x the bare ADBC fetch of the columns we need takes ~10.5 s, while nsys-ai builds its cache
+  (DuckDB's parallel sqlite_scanner, fewer columns) in ~24 s; 5x would be ~5 s for reading,
+  storing and twenty rules. Ours: ingest ~18.6 s, rules ~14.8 s in the same process.
+* nsys rules on a stored run, ~2.7x nsys-ai's four warm skills (was 5.3x): twenty rules against
+  four queries on a prebuilt cache. What is left at 8x: the per-run cache ~3.5 s (the islands
+  pass 1.5-1.7 s and `stream_ops` 1.7 s, each one window sort of 6.3 M GPU operations plus
+  writing the temp table), S002 2.4 s, T002 2.0 s, T001 1.2 s, S001 1.0 s. Next steps: keep
+  the per-stream order from the ingest (the reader already sorts in numpy) instead of sorting
+  again per rule pass; integer kind codes in the sort keys.
 * nsys memory, 1/4 of nsys-ai's: ingest peaks ~3.2 GB at 8x inside the reader (the RUNTIME and
   KERNEL source columns and the finished api_calls and kernels tables coexist, and every table
-  is handed to the store at once); rules run with DuckDB's default limit (80% of RAM) and reach
-  ~6.7 GB. `TRACEANALYZER_MEMORY_LIMIT=2GB` (the capped row) brings the whole run to 4.2 GB at
-  ~12% more time; the Arrow tables of the ingest sit outside DuckDB's limit. Next step: the
-  reader hands tables to the store one at a time (a stream instead of a dict in ParsedTrace),
-  which would also let the insert overlap the reading.
-* Kineto, 10x faster than HTA: the fastest bare decode of the file alone is ~1.7-2.2 s of HTA's
-  29 s, so 10x leaves ~1 s for building the tables, storing them and twenty rules; we are at
-  ~4.1 s (ingest ~2.6 s, rules ~1.0 s of which ~0.75 s is SQL and the rest the engine's Python
-  per rule). Within 2x of the bare decode: 2.0x to 2.5x between runs.
-* "Memory bounded by the largest table": Kineto now peaks at ~1.3x the file at 8x, ~500 MB
-  (the tables plus one 8 MB chunk and DuckDB), and grows with the tables, not the text. The
-  largest-table column above is the size of the table read back from the store as Arrow with
+  is handed to the store at once); rules run with DuckDB's default limit (80% of RAM).
+  `TRACEANALYZER_MEMORY_LIMIT=2GB` (the capped row) brings the whole run to 4.2 GB; the Arrow
+  tables of the ingest sit outside DuckDB's limit. 1/4 of nsys-ai (1.6 GB) needs the reader to
+  work in row batches end to end (the GPU-to-API join included), not a table at a time.
+* "Memory bounded by the largest table": Kineto peaks at ~1.3x the file at 8x, ~520 MB (the
+  tables plus one 4 MB chunk per process, and DuckDB), and grows with the tables, not the text.
+  The largest-table column above is the size of the table read back from the store as Arrow with
   plain strings, so it overstates nsys tables (names are dictionary-encoded while ingesting).
 """
 
