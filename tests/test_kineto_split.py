@@ -162,3 +162,49 @@ def test_scan_workers_do_not_split(tmp_path):
     finally:
         kineto_split.allowed = saved
     assert out.error is None and seen == [False]
+
+
+def test_wire_round_trip_keeps_every_column_kind():
+    """numpy, Arrow, chunked Arrow and plain-list columns (values no Arrow type holds) come
+    back with their types and values; the counts, samples and keys too."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    from msgspec import Raw
+
+    from traceanalyzer.ingest import kineto_wire
+
+    c = Collector()
+    r = c.roles["runtime"]
+    r.total, r.missing, r.negative = 5, 1, 1
+    r.names = {"cuda_runtime": ["cudaLaunchKernel", None]}
+    r.parts["cuda_runtime"] = [{
+        "ts": np.array([1.5, 2.5, 3.5]), "ok": np.array([True, False, True]),
+        "name": pa.array(["a", None, "c"]), "pid": pa.chunked_array([pa.array([1, 2, 3], pa.int64())]),
+        "size": [1, "0x10", None], "tid": [2**70, -(2**70), None], "odd": ["\ud800", "x", None],
+    }]
+    c.cat_order = {"cuda_runtime": None, "kernel": None}
+    c._counts = {"cuda_runtime": 5, None: 2}
+    c.n_events, c.first_ph, c.ts_sample = 7, 3, [0.1, float("nan"), 1e300]
+    top = {"deviceProperties": Raw(b'[{"id": 0}]'), "odd": Raw(b'"\xff\xfe"')}
+    buf = io.BytesIO()
+    kineto_wire.dump(c, top, buf)
+    raw = buf.getvalue()
+    back, top_back = kineto_wire.load(io.BytesIO(raw), len(raw))
+    part = back.roles["runtime"].parts["cuda_runtime"][0]
+    assert part["ts"].dtype == np.float64 and part["ts"].tolist() == [1.5, 2.5, 3.5] and part["ts"].flags.writeable
+    assert part["ok"].dtype == bool and part["ok"].tolist() == [True, False, True]
+    assert part["name"].equals(pa.array(["a", None, "c"]))
+    assert isinstance(part["pid"], pa.ChunkedArray) and part["pid"].to_pylist() == [1, 2, 3]
+    assert part["size"] == [1, "0x10", None] and part["tid"] == [2**70, -(2**70), None]
+    assert part["odd"] == ["\ud800", "x", None]
+    assert (back.roles["runtime"].total, back.roles["runtime"].names) == (5, r.names)
+    assert back.cat_order == c.cat_order and back._counts == c._counts
+    assert (back.n_events, back.first_ph, back.ts_sample[0], back.ts_sample[2]) == (7, 3, 0.1, 1e300)
+    assert {k: bytes(v) for k, v in top_back.items()} == {k: bytes(v) for k, v in top.items()}
+    for cut in (0, 5, len(raw) // 2, len(raw) - 1):  # a helper that died half-way
+        with pytest.raises(kineto_wire.WireError):
+            kineto_wire.load(io.BytesIO(raw[:cut]), len(raw))
+    with pytest.raises(kineto_wire.WireError):  # a length past the bound
+        kineto_wire.load(io.BytesIO(raw), 10)
