@@ -6,6 +6,17 @@ from .base import Rule, Threshold
 ALLOCATOR_OPS = ("'aten::empty', 'aten::empty_strided', 'aten::empty_like', 'aten::new_empty', "
                  "'aten::new_empty_strided', 'aten::resize_', 'aten::empty_permuted'")
 
+
+def _first_at_top(level: str) -> str:
+    """Per device, the first event (lowest seq) at the highest `level`: two aggregates, not
+    a window sort of every event."""
+    return f"""SELECT l.* FROM level l JOIN (
+        SELECT l.device_id, min(l.seq) AS seq
+        FROM level l JOIN (SELECT device_id, max({level}) AS top FROM level GROUP BY device_id) m
+          ON m.device_id = l.device_id AND l.{level} = m.top
+        GROUP BY l.device_id) f USING (device_id, seq)"""
+
+
 SQL = rf"""
 WITH ev AS (
     SELECT event_id, ts_ns, device_id, address, bytes, total_allocated_bytes, total_reserved_bytes, pid, tid
@@ -30,18 +41,10 @@ WITH ev AS (
     SELECT r.*, CASE WHEN d.has_totals THEN r.total_allocated_bytes ELSE r.cum_bytes + d.sum_baseline END AS allocated,
            CASE WHEN d.has_reserved THEN r.total_reserved_bytes END AS reserved
     FROM running r JOIN per_device d USING (device_id)
-), peak_alloc AS (  -- the first event at the highest level (aggregates: no sort of all events)
-    SELECT l.* FROM level l JOIN (
-        SELECT l.device_id, min(l.seq) AS seq
-        FROM level l JOIN (SELECT device_id, max(allocated) AS top FROM level GROUP BY device_id) m
-          ON m.device_id = l.device_id AND l.allocated = m.top
-        GROUP BY l.device_id) f USING (device_id, seq)
+), peak_alloc AS (
+    {_first_at_top("allocated")}
 ), peak_res AS (
-    SELECT l.* FROM level l JOIN (
-        SELECT l.device_id, min(l.seq) AS seq
-        FROM level l JOIN (SELECT device_id, max(reserved) AS top FROM level GROUP BY device_id) m
-          ON m.device_id = l.device_id AND l.reserved = m.top
-        GROUP BY l.device_id) f USING (device_id, seq)
+    {_first_at_top("reserved")}
 ), before_peak AS (
     SELECT l.device_id, l.seq, l.allocated FROM level l JOIN peak_alloc p ON p.device_id = l.device_id AND l.seq < p.seq
 ), trough AS (  -- the last low point before the peak (used when frees cannot be matched to allocations)
