@@ -18,7 +18,7 @@ from traceanalyzer.ingest.kineto_collect import Collector
 
 from .test_kineto import _awkward_doc, _snapshot
 
-pytestmark = pytest.mark.skipif(not kineto_split.allowed(), reason="needs two usable CPUs")
+two_cpus = pytest.mark.skipif(not kineto_split.allowed(), reason="a split read needs two usable CPUs")
 
 CUT = re.compile(rb"\}\s*,\s*\{")
 
@@ -55,6 +55,7 @@ def _candidate_offsets(raw: bytes) -> list[int]:
     return [m.end() - 1 for m in CUT.finditer(raw)]
 
 
+@two_cpus
 def test_split_at_any_cut_gives_the_one_pass_result(tmp_path, monkeypatch):
     raw = json.dumps(_awkward_doc()).encode()
     path = tmp_path / "t.json"
@@ -74,6 +75,7 @@ def test_split_at_any_cut_gives_the_one_pass_result(tmp_path, monkeypatch):
     assert merged >= 5  # the true boundaries were split there, not read again in one pass
 
 
+@two_cpus
 def test_split_bare_array_and_keys_only_after_the_array(tmp_path, monkeypatch):
     doc = _awkward_doc()
     events = doc.pop("traceEvents")
@@ -87,6 +89,7 @@ def test_split_bare_array_and_keys_only_after_the_array(tmp_path, monkeypatch):
         assert _snapshot(trace) == whole and merges == 1, name
 
 
+@two_cpus
 def test_split_of_a_real_trace_at_the_default_point(traces_dir, monkeypatch):
     path = traces_dir / "torch" / "kineto__docs__before_fix_trace.json"
     point = kineto_split.split_point(path, 0)
@@ -96,6 +99,7 @@ def test_split_of_a_real_trace_at_the_default_point(traces_dir, monkeypatch):
     assert merges == 1 and _snapshot(trace) == _snapshot(_one_pass(path))
 
 
+@two_cpus
 def test_a_bad_event_in_the_helpers_part_gives_the_one_pass_error(tmp_path, monkeypatch):
     doc = _awkward_doc()
     doc["traceEvents"][-5]["ts"] = "not a number"
@@ -109,6 +113,7 @@ def test_a_bad_event_in_the_helpers_part_gives_the_one_pass_error(tmp_path, monk
     assert str(split.value) == str(one.value) and "ts" in str(one.value)
 
 
+@two_cpus
 @pytest.mark.parametrize("how", ["crash", "garbage", "killed"])
 def test_a_failed_helper_falls_back_to_one_pass(tmp_path, monkeypatch, how):
     raw = json.dumps(_awkward_doc()).encode()
@@ -134,14 +139,15 @@ def test_split_point_only_for_big_plain_files(tmp_path):
 
 
 def test_split_can_be_turned_off(monkeypatch):
+    two = len(os.sched_getaffinity(0)) >= 2
     monkeypatch.setenv(kineto_split.PROCESSES_ENV, "1")
     assert not kineto_split.allowed()
     with kineto_split.read_processes(2):
-        assert kineto_split.allowed()
+        assert kineto_split.allowed() == two
     monkeypatch.delenv(kineto_split.PROCESSES_ENV)
     with kineto_split.read_processes(1):
         assert not kineto_split.allowed()
-    assert kineto_split.allowed() == (len(os.sched_getaffinity(0)) >= 2)
+    assert kineto_split.allowed() == two
 
 
 def test_scan_workers_do_not_split(tmp_path):
