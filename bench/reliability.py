@@ -440,7 +440,8 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         "- A gzip stops inflating at min(`MAX_INFLATED_BYTES`, `MAX_INFLATE_RATIO` x its size, but "
         "at least 64 MiB): a bomb of 8 MB may still take ~1.6 GB before it is refused (see above).",
         "- Peak memory of a legal Kineto trace is its tables plus one 4 MB chunk of text (`traceEvents` "
-        "is decoded in chunks): 3.6x its JSON text for the 3-million-tiny-event row above, 1.3x for a "
+        "is decoded in chunks; a big plain file by two processes, each holding its part): up to 4.9x "
+        "its JSON text for the 3-million-tiny-event row above (both processes' peaks added), 1.3x for a "
         "real 404 MB trace (docs/performance.md); a file with an odd layout is decoded whole, up to "
         "~10x. `MAX_TEXT_BYTES` bounds both.",
         "",
