@@ -6,9 +6,10 @@ helps from a second process. The helper is a fresh interpreter (`python -m` this
 no DuckDB, no pandas, none of the caller's state) that reads the file from an event
 boundary near the middle (`split_point`) to the end with `EventStream(start=...)`,
 collects the events like the main reader does, and writes that `Collector` and the
-top-level keys after the array to its stdout (`kineto_wire`: JSON and Arrow IPC, no pickle). The main process meanwhile reads from the
-start up to that offset (`EventStream(stop=...)`), then appends the helper's columns
-(`Collector.merge`), so the tables are exactly those of a read in one pass.
+top-level keys after the array to its stdout (`kineto_wire`: JSON and Arrow IPC, no
+pickle). The main process meanwhile reads from the start up to that offset
+(`EventStream(stop=...)`), then appends the helper's columns (`Collector.merge`), so the
+tables are exactly those of a read in one pass.
 
 The split point is found by a text search, so it could fall inside a string or a nested
 object; the main part then fails to decode its last events (see
