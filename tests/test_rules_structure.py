@@ -364,6 +364,20 @@ def test_m001_legacy_running_sum_without_totals(check):
     assert f["evidence"]["attributed_bytes"] == climbed
 
 
+def test_m001_planted_peak_is_charged_to_the_allocating_ops(check):
+    """gen_kineto's planted trace allocates inside aten::copy_ (4 MiB), aten::mm (1 MiB) and
+    aten::add (2 MiB, freed before the peak; then 8 MiB), and its frees name the addresses
+    of the blocks they free: at the 13 MiB peak every live block is known by address."""
+    findings, status = check(str(FIXTURES / "kineto" / "planted.json"), "M001")
+    assert status == "ran"
+    peak = next(f for f in findings if f["item_name"] == "peak allocated memory")
+    ev = peak["evidence"]
+    assert peak["value"] == 13 << 20 and ev["attribution"] == "live at the peak"
+    assert ev["attributed_bytes"] == 13 << 20 and ev["held_from_before_trace_bytes"] == 0
+    assert [(o["op"], o["bytes"], o["allocations"]) for o in ev["top_ops"]] == [
+        ("aten::add", 8 << 20, 1), ("aten::copy_", 4 << 20, 1), ("aten::mm", 1 << 20, 1)]
+
+
 def test_m001_no_data_without_memory_events(check):
     assert check("torch/TraceLens__b200__eager_trace.json.gz", "M001") == ([], "no-data")
     assert check("nsys/Rodinia_Gaussian__report2.sqlite", "M001") == ([], "no-data")
