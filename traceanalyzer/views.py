@@ -87,6 +87,31 @@ def next_busy_candidates(probes: str) -> str:
         """
 
 
+def covered_ns(probes: str, keys: tuple[str, ...], stretches: str) -> str:
+    """How much of each probe interval some stretch covers: columns `keys` + `covered_ns`.
+
+    `probes`: a query with the columns `keys` (naming a probe), `device_id`, `start_ns` and
+    `end_ns`. `stretches`: a query with `device_id`, `start_ns`, `end_ns` and `to_end_ns`
+    (the stretches' total length up to each one's end), disjoint per device: islands from
+    `islands()`, whose `to_end_ns` is `busy_before_ns + end_ns - start_ns`.
+
+    Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read
+    from the last stretch starting by t. Both ends go through one ASOF join (one sort of the
+    stretches), where an interval-overlap join is quadratic on long runs. A probe with no
+    stretch on its device gets 0."""
+    key_list = ", ".join(f"p.{k}" for k in keys)
+    cols = ", ".join(dict.fromkeys((*keys, "device_id")))
+    ends = f"SELECT {cols}, end_ns AS t, 1 AS sign FROM ({probes})"
+    starts = f"SELECT {cols}, start_ns AS t, -1 AS sign FROM ({probes})"
+    return f"""
+        SELECT {key_list},
+               CAST(sum(p.sign * coalesce(c.to_end_ns - c.end_ns + least(p.t, c.end_ns), 0)) AS BIGINT) AS covered_ns
+        FROM ({ends} UNION ALL {starts}) p
+        ASOF LEFT JOIN ({stretches}) c ON c.device_id = p.device_id AND c.start_ns <= p.t
+        GROUP BY {key_list}
+        """
+
+
 VIEWS: dict[str, tuple[str, str]] = {
     "gpu_activity": (
         "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "

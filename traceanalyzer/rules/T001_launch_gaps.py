@@ -1,5 +1,6 @@
 """T001 launch gaps: idle time between consecutive GPU operations on a stream."""
 
+from ..views import covered_ns
 from .base import Rule, Threshold
 
 # One CTE chain: per-stream gaps, the host's activity in each gap (its likely cause),
@@ -36,7 +37,7 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     SELECT device_id, start_ns, max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns) AS reach_ns
     FROM copies WHERE run_id = $run_id AND device_id IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns
 ), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
-    SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS idle_to_end_ns
+    SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS to_end_ns
     FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
 ), stream_counts AS (  -- per device: its streams, and whether every operation has one
     SELECT device_id, count(DISTINCT stream_id) AS n_streams, count(stream_id) = count(*) AS all_on_streams
@@ -45,19 +46,8 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
 ), multi_gaps AS (
     SELECT * FROM gaps WHERE device_id IS NOT NULL AND device_id NOT IN (SELECT device_id FROM one_stream)
-), gap_idle AS (
-    -- the part of each gap during which no stream of the device worked: idle time up to the
-    -- gap's end minus idle time up to its start, both ends read in one ASOF join (one sort of
-    -- the device's idle stretches instead of two); a gap is (device, stream, seq)
-    SELECT p.device_id, p.stream_id, p.seq,
-           CAST(sum(p.sign * coalesce(i.idle_to_end_ns - i.end_ns + least(p.t, i.end_ns), 0)) AS BIGINT) AS idle_ns
-    FROM (SELECT device_id, stream_id, seq, gap_end AS t, 1 AS sign FROM multi_gaps
-          UNION ALL
-          SELECT device_id, stream_id, seq, gap_start, -1 FROM multi_gaps) p
-    -- (an ASOF join sorts its right side even for no probes: only the devices probed)
-    ASOF LEFT JOIN (SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM multi_gaps)) i
-      ON i.device_id = p.device_id AND i.start_ns <= p.t
-    GROUP BY p.device_id, p.stream_id, p.seq
+), gap_idle AS (  -- the part of each gap during which no stream of the device worked
+    __GAP_IDLE__
 ), classified AS (
     SELECT g.*,
         CASE
@@ -71,7 +61,7 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
           WHEN a.start_ns IS NULL THEN 'unknown'
           ELSE 'dependency'
         END AS cause,
-        CASE WHEN o.device_id IS NOT NULL THEN g.gap_ns ELSE coalesce(gi.idle_ns, 0) END AS idle_ns
+        CASE WHEN o.device_id IS NOT NULL THEN g.gap_ns ELSE coalesce(gi.covered_ns, 0) END AS idle_ns
     FROM gaps g
     LEFT JOIN one_stream o ON o.device_id = g.device_id
     LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
@@ -177,6 +167,12 @@ FROM per_device
 WHERE device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
 ORDER BY item_kind DESC, device_id, stream_id
 """
+# Idle time within each gap of a multi-stream device (a gap is device, stream, seq). Only the
+# devices probed are read: an ASOF join sorts its right side even for no probes.
+SQL = SQL.replace("__GAP_IDLE__", covered_ns(
+    "SELECT device_id, stream_id, seq, gap_start AS start_ns, gap_end AS end_ns FROM multi_gaps",
+    ("device_id", "stream_id", "seq"),
+    "SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM multi_gaps)"))
 
 RULE = Rule(
     id="T001",

@@ -1,12 +1,15 @@
 """T002 unoverlapped host-to-device copies: copy time no kernel hides."""
 
-from ..views import islands
+from ..views import covered_ns, islands
 from .base import Rule, Threshold
 
 # kernel_busy_intervals for this run, computed here without a run_id column: cheaper to sort
 # (the view carries the run id string on every row, and only this rule reads it).
 KERNEL_ISLANDS = islands("SELECT device_id, start_ns, end_ns FROM gpu_activity WHERE run_id = $run_id "
                          "AND kind = 'kernel'", per_run=True)
+COVERED = covered_ns("SELECT copy_id, device_id, start_ns, end_ns FROM explicit", ("copy_id",),
+                     f"SELECT *, busy_before_ns + end_ns - start_ns AS to_end_ns FROM ({KERNEL_ISLANDS}) "
+                     "WHERE device_id IS NOT NULL")
 
 SQL = r"""
 WITH h2d AS (
@@ -16,22 +19,8 @@ WITH h2d AS (
     WHERE run_id = $run_id AND direction = 'HtoD' AND start_ns IS NOT NULL AND end_ns > start_ns
 ), explicit AS (
     SELECT * FROM h2d WHERE NOT coalesce(unified_memory, false)
-), kernel_busy_cum AS (  -- disjoint kernel-busy stretches with the busy time up to each one's end
-    SELECT device_id, start_ns, end_ns,
-           busy_before_ns + end_ns - start_ns AS busy_to_end_ns
-    FROM (__KERNEL_ISLANDS__) WHERE device_id IS NOT NULL
 ), covered AS (  -- time of each copy during which some kernel ran on its device
-    -- = kernel-busy time up to the copy's end minus that up to its start, each read from the
-    -- last stretch starting by then (ASOF): O(n log n), where an overlap join is quadratic.
-    -- Both ends go through one ASOF join (one sort of the stretches, not two); copy_id is the
-    -- copy's row id in the run.
-    SELECT p.copy_id,
-           CAST(sum(p.sign * coalesce(k.busy_to_end_ns - k.end_ns + least(p.t, k.end_ns), 0)) AS BIGINT) AS covered_ns
-    FROM (SELECT copy_id, device_id, end_ns AS t, 1 AS sign FROM explicit
-          UNION ALL
-          SELECT copy_id, device_id, start_ns, -1 FROM explicit) p
-    ASOF LEFT JOIN kernel_busy_cum k ON k.device_id = p.device_id AND k.start_ns <= p.t
-    GROUP BY p.copy_id
+    __COVERED__
 ), per_copy AS (
     SELECT e.*, dur_ns - coalesce(c.covered_ns, 0) AS exposed_ns,
            src_kind = 'pageable' AS pageable,
@@ -115,7 +104,7 @@ SELECT device_id, NULL, 'device', device_id, 'unified-memory migrations', start_
 FROM unified
 ORDER BY 3, 1, 2
 """
-SQL = SQL.replace("__KERNEL_ISLANDS__", KERNEL_ISLANDS)
+SQL = SQL.replace("__COVERED__", COVERED)
 
 RULE = Rule(
     id="T002",

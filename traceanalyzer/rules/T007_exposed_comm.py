@@ -1,5 +1,6 @@
 """T007 communication overlap: collective kernels that run with no compute beside them."""
 
+from ..views import covered_ns, islands
 from .base import Rule, Threshold
 
 # Kernel names of collectives: NCCL/RCCL kernels and the usual custom all-reduce kernels.
@@ -15,40 +16,15 @@ WITH run_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern
     SELECT kernel_id, device_id, stream_id, start_ns, end_ns, name, coalesce(short_name, name) AS short_name,
            name IN (SELECT name FROM comm_names) AS is_comm
     FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL AND end_ns > start_ns
-), islands AS (  -- disjoint busy intervals per device, separately for collectives and compute
-    SELECT device_id, is_comm, isl, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM (
-        SELECT *, sum(CASE WHEN prev_end IS NULL OR start_ns > prev_end THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY device_id, is_comm ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS isl
-        FROM (SELECT device_id, is_comm, start_ns, end_ns,
-                     max(end_ns) OVER (PARTITION BY device_id, is_comm ORDER BY start_ns, end_ns
-                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-              FROM k))
-    GROUP BY ALL
-), compute_cum AS (  -- compute islands, each with the compute time before it
-    SELECT device_id, start_ns, end_ns,
-           coalesce(sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns
-                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_ns
-    FROM islands WHERE NOT is_comm
-), -- Compute time in [a, b] is compute time up to b minus compute time up to a; compute time up
-   -- to t is read from the last island starting at or before t (an ASOF join). An interval-
-   -- overlap join of collectives with compute islands is quadratic on long multi-GPU runs.
-overlap AS (  -- collective time with some compute kernel running on the same device
-    SELECT c.device_id,
-           sum(coalesce(e.before_ns + least(c.end_ns, e.end_ns) - e.start_ns, 0)
-               - coalesce(s.before_ns + least(c.start_ns, s.end_ns) - s.start_ns, 0)) AS overlap_ns
-    FROM islands c
-    ASOF LEFT JOIN compute_cum e ON e.device_id = c.device_id AND e.start_ns <= c.end_ns
-    ASOF LEFT JOIN compute_cum s ON s.device_id = c.device_id AND s.start_ns <= c.start_ns
-    WHERE c.is_comm
-    GROUP BY c.device_id
+), comm_islands AS (  -- disjoint collective-busy intervals per device
+    __COMM_ISLANDS__
+), compute_cum AS (  -- disjoint compute-busy intervals, each with the compute time up to its end
+    SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM (__COMPUTE_ISLANDS__)
+), overlap AS (  -- collective time with some compute kernel running on the same device
+    SELECT device_id, sum(covered_ns) AS overlap_ns FROM (__ISLAND_OVERLAP__) GROUP BY device_id
 ), per_kernel AS (
-    SELECT k.*, k.end_ns - k.start_ns
-             - (coalesce(e.before_ns + least(k.end_ns, e.end_ns) - e.start_ns, 0)
-                - coalesce(s.before_ns + least(k.start_ns, s.end_ns) - s.start_ns, 0)) AS exposed_ns
-    FROM k
-    ASOF LEFT JOIN compute_cum e ON e.device_id = k.device_id AND e.start_ns <= k.end_ns
-    ASOF LEFT JOIN compute_cum s ON s.device_id = k.device_id AND s.start_ns <= k.start_ns
-    WHERE k.is_comm
+    SELECT k.*, k.end_ns - k.start_ns - o.covered_ns AS exposed_ns
+    FROM k JOIN (__KERNEL_OVERLAP__) o USING (kernel_id)
 ), by_name AS (
     SELECT device_id, to_json(list({'kernel': short_name, 'launches': n, 'ns': ns, 'exposed_ns': exposed}
                                    ORDER BY exposed DESC, short_name)[1:$max_examples]) AS names
@@ -66,7 +42,7 @@ overlap AS (  -- collective time with some compute kernel running on the same de
     FROM per_kernel p GROUP BY p.device_id
 ), totals AS (
     SELECT i.device_id, sum(i.end_ns - i.start_ns) AS comm_ns, coalesce(any_value(o.overlap_ns), 0) AS overlap_ns
-    FROM islands i LEFT JOIN overlap o USING (device_id) WHERE i.is_comm GROUP BY i.device_id
+    FROM comm_islands i LEFT JOIN overlap o USING (device_id) GROUP BY i.device_id
 ), scored AS (
     SELECT d.*, t.comm_ns, t.comm_ns - t.overlap_ns AS exposed_ns, b.active_span_ns, n.names,
            r.rank, r.world_size
@@ -94,7 +70,16 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_id AS 
 FROM scored
 WHERE exposed_ns > $min_exposed_ns AND exposed_ns >= $min_share * active_span_ns
 ORDER BY device_id
-""".replace("__COMM__", COMM_PATTERN)
+"""
+# Compute time beside each collective island and each collective kernel: covered_ns (one ASOF
+# join over running totals), where an interval-overlap join is quadratic on long multi-GPU runs.
+SQL = SQL.replace("__COMM__", COMM_PATTERN).replace(
+    "__COMM_ISLANDS__", islands("SELECT device_id, start_ns, end_ns FROM k WHERE is_comm", per_run=True)).replace(
+    "__COMPUTE_ISLANDS__", islands("SELECT device_id, start_ns, end_ns FROM k WHERE NOT is_comm", per_run=True)).replace(
+    "__ISLAND_OVERLAP__", covered_ns("SELECT device_id, island, start_ns, end_ns FROM comm_islands",
+                                     ("device_id", "island"), "SELECT * FROM compute_cum")).replace(
+    "__KERNEL_OVERLAP__", covered_ns("SELECT kernel_id, device_id, start_ns, end_ns FROM k WHERE is_comm",
+                                     ("kernel_id",), "SELECT * FROM compute_cum"))
 
 RULE = Rule(
     id="T007",
