@@ -260,3 +260,29 @@ def test_export_is_a_hive_partitioned_dataset_engines_read_as_it_is(traces, tmp_
     assert [p.name for p in (out / "runs").iterdir()] == [f"run_id={run_ids[0]}"]
     r = run("export", "--store", db, "--parquet", traces)
     assert r.exit_code == 2 and "not an earlier traceanalyzer export" in r.stderr
+
+
+def test_a_store_begun_with_sha256_keeps_it_and_still_recognizes_its_runs(traces, tmp_path, monkeypatch):
+    """Runs are keyed by XXH3-128 now; a store that holds SHA-256 runs (written before the
+    change) keeps hashing with SHA-256, so a rescan skips them instead of storing copies."""
+    from traceanalyzer.ingest import read_file
+    from traceanalyzer.store import file_hash
+
+    with Store(tmp_path / "new.duckdb") as st:
+        assert st.hash_name() == "xxh3_128"
+        res = st.ingest(traces / "nsys/clean.sqlite")
+        assert st.sql("SELECT content_hash FROM runs").fetchone()[0] == file_hash(traces / "nsys/clean.sqlite")
+        assert len(file_hash(traces / "nsys/clean.sqlite")) == 32 and res.run_id == file_hash(traces / "nsys/clean.sqlite")[:16]
+    with Store(tmp_path / "old.duckdb") as st:
+        first = traces / "nsys/clean.sqlite"
+        legacy = st.write_run(read_file(first), first.resolve(), file_hash(first, "sha256"), first.stat().st_size)
+        run_rules(st, [legacy.run_id], FAST)
+        assert st.hash_name() == "sha256"
+        assert st.ingest(first, skip_existing=True).skipped
+        parsed = []
+        real_read = scan_mod.read_file
+        monkeypatch.setattr(scan_mod, "read_file", lambda p: parsed.append(p.name) or real_read(p))
+        report = scan(st, [traces], jobs=1, settings=FAST)
+        assert report.count("skipped") == 1 and "clean.sqlite" not in parsed
+        hashes = [h for (h,) in st.sql("SELECT content_hash FROM runs").fetchall()]
+    assert len(hashes) == len(SOURCES) and {len(h) for h in hashes} == {64}

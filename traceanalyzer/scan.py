@@ -39,7 +39,7 @@ import pyarrow as pa
 from .ingest import TraceError, find_traces, read_file
 from .ingest.kineto_split import read_processes
 from .rules.engine import Settings, run_rules
-from .store import Store, file_hash, run_id_for
+from .store import DEFAULT_HASH, Store, file_hash, run_id_for
 
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
@@ -65,6 +65,7 @@ class WorkContext:
     # Processes one file may be read with (None: the reader's default; see
     # ingest/kineto_split.py). 1 where workers already share the cores.
     read_processes: int | None = None
+    hash_name: str = DEFAULT_HASH  # the store's content hash (`Store.hash_name`)
 
 
 @dataclass
@@ -115,7 +116,7 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
     try:
         p = Path(path)
         out.size_bytes = p.stat().st_size
-        out.content_hash = file_hash(p)
+        out.content_hash = file_hash(p, ctx.hash_name)
         if out.content_hash in ctx.known_hashes:
             out.skipped = True
             return out
@@ -315,7 +316,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     jobs = jobs or default_jobs()
     ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
                       duckdb_threads=max(1, default_jobs() // jobs) if jobs > 1 else None,
-                      read_processes=1 if jobs > 1 or scheduler else None)
+                      read_processes=1 if jobs > 1 or scheduler else None, hash_name=store.hash_name())
     if scheduler:
         from .distributed import dask_outcomes
 

@@ -36,7 +36,7 @@ def _t(name: str, doc: str, *cols: tuple[str, str, str]) -> Table:
     return Table(name, doc, tuple(Column(*c) for c in cols))
 
 
-RUN = ("run_id", "VARCHAR", "Run id: the first 16 hex digits of the SHA-256 of the source file's bytes.")
+RUN = ("run_id", "VARCHAR", "Run id: the first 16 hex digits of `runs.content_hash`.")
 
 RUNS = _t(
     "runs",
@@ -45,7 +45,7 @@ RUNS = _t(
     ("source_path", "VARCHAR", "Absolute path of the file when it was ingested."),
     ("file_name", "VARCHAR", "Base name of the source file."),
     ("format", "VARCHAR", "`nsys-sqlite`, `ncu-csv` or `kineto-json`."),
-    ("content_hash", "VARCHAR", "Full SHA-256 of the file's bytes (hex)."),
+    ("content_hash", "VARCHAR", "XXH3-128 of the file's bytes (32 hex digits); SHA-256 (64) in stores begun before 2026-11-30, which keep it."),
     ("file_size_bytes", "BIGINT", "Size of the source file."),
     ("producer", "VARCHAR", "Tool that wrote the file (`nsys`, `ncu`, `kineto`), as far as it can be told."),
     ("producer_version", "VARCHAR", "Tool version when the file says it (nsys product version, ncu dialect, Kineto schemaVersion)."),

@@ -12,11 +12,12 @@ rest (run, rule id, default severity) and stores them in the `findings` table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import schema
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PHASES = ("structure", "timeline", "bottleneck", "instruction", "memory")
 SEVERITIES = ("info", "warning", "error")

@@ -6,15 +6,17 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-import pandas as pd
 import pyarrow as pa
 
 from .. import views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
 from .base import FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
+
+if TYPE_CHECKING:  # imported where used: see `prefetch` (the store imports it while it writes)
+    import pandas as pd
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -62,6 +64,8 @@ def query(store: Store, sql: str, values: dict[str, Any]) -> pd.DataFrame:
 
 def evaluate_rule(store: Store, rule: Rule, run_id: str, params: dict[str, Any]) -> pd.DataFrame:
     """The findings of one rule on one run, as a DataFrame with FINDING_COLUMNS."""
+    import pandas as pd
+
     values = {"run_id": run_id, **params}
     frames = []
     if rule.sql is not None:
@@ -123,6 +127,8 @@ def applies(store: Store, rule: Rule, run_id: str, fmt: str) -> bool:
 
 def evaluate_across(store: Store, rule: Rule, run_ids: list[str], params: dict[str, Any]) -> pd.DataFrame:
     """A cross-run rule (scope "runs") on a set of runs: findings carry their own run_id."""
+    import pandas as pd
+
     df = rule.evaluate(store, run_ids, params)
     if df is None or df.empty:
         return pd.DataFrame(columns=list(FINDING_COLUMNS))
@@ -141,6 +147,8 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
     rank of a multi-rank job) see every run given here that carries their data.
     """
+    import pandas as pd
+
     settings = settings or Settings()
     rules = settings.rules()
     params = {r.id: settings.params_for(r) for r in rules}
