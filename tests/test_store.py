@@ -178,3 +178,31 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store)
     for n in names:  # store-wide again, and no cache tables left behind
         assert store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() == whole[n]
     assert not store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_run\\_%' ESCAPE '\\'").fetchall()
+
+
+def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
+    """A run's rules are spread over two cursors reading one shared cache (engine.rule_threads);
+    the findings and outcomes are those of a one-thread pass, and no cache is left behind."""
+    from traceanalyzer import views
+    from traceanalyzer.rules import engine
+
+    for f in ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite"):
+        store.ingest(FIXTURES / f)
+    store.sql("SET threads = 2")
+
+    def stored():
+        return (store.sql("SELECT * FROM findings ORDER BY ALL").fetchall(),
+                store.sql("SELECT * EXCLUDE (evaluated_at) FROM rule_runs ORDER BY ALL").fetchall())
+
+    shared = []
+    real_use = views.use_run_cache
+    monkeypatch.setattr(views, "use_run_cache", lambda con, cache: shared.append(cache.database) or real_use(con, cache))
+    two = run_rules(store)
+    assert len(shared) == 2 * len(store.run_ids())  # two cursors per run, on the attached cache
+    on_two = stored()
+    monkeypatch.setattr(engine, "rule_threads", lambda st: 1)
+    one = run_rules(store)
+    assert stored() == on_two and [(o.rule_id, o.status, o.findings) for o in one] == \
+        [(o.rule_id, o.status, o.findings) for o in two]
+    assert sum(o.findings for o in one) > 0
+    assert not store.sql("SELECT database_name FROM duckdb_databases() WHERE database_name LIKE '_ta_run_cache%'").fetchall()

@@ -10,6 +10,7 @@ per-row arrays. DuckDB allows one writer per file; a second process waits for th
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import hashlib
 import json
@@ -280,6 +281,16 @@ class Store:
                     raise
                 content_hash = hashing.result()
         return self.write_run(trace, path.resolve(), content_hash, path.stat().st_size)
+
+    def cursor(self) -> "Store":
+        """This store on a new cursor of the same database, for another thread (a DuckDB
+        connection is used by one thread at a time), with the views installed. Close it
+        when done; the database stays open."""
+        clone = copy.copy(self)
+        clone.con = self.con.cursor()
+        clone.con.execute("SET enable_progress_bar = false")
+        views.install(clone.con)
+        return clone
 
     def close(self) -> None:
         self.con.close()

@@ -7,7 +7,9 @@ connection, not the file, so a store written by an older version gets the curren
 
 from __future__ import annotations
 
+import itertools
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import duckdb
@@ -239,51 +241,90 @@ RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kerne
 # How the cache computes each table: one run's rows ($1) without the run_id column, which the
 # view over the table takes from the one-row _run_scope (a run id on every row would cost a
 # string per row to sort and store). The islands pass also keeps each island's successor,
-# so the idle gaps are a filter over it rather than another sort.
+# so the idle gaps are a filter over it rather than another sort. `{cache}` is where the
+# cached tables live (see RunCache).
 _RUN_CACHE_SQL = {
     "device_busy_intervals": islands("SELECT device_id, start_ns, end_ns FROM gpu_activity WHERE run_id = $1",
                                      successors=True, per_run=True),
     "device_idle_gaps": """
         SELECT device_id, end_ns AS start_ns, next_start_ns AS end_ns, next_start_ns - end_ns AS gap_ns,
                end_ns - first_start_ns - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
-        FROM _run_device_busy_intervals WHERE next_start_ns IS NOT NULL
+        FROM {cache}._run_device_busy_intervals WHERE next_start_ns IS NOT NULL
         """,
     "stream_ops": _stream_ops(per_run=True),
 }
 _RUN_CACHE_HIDDEN = {"device_busy_intervals": " EXCLUDE (next_start_ns, first_start_ns)"}
+_cache_ids = itertools.count()
+
+
+@dataclass
+class RunCache:
+    """Where `scoped_to_run` keeps its tables: `temp` (this connection's own), or an
+    in-memory database attached for the block, which every cursor of the same database can
+    read (`use_run_cache`), so rules can run on several threads."""
+
+    database: str
+    cached: list[str] = field(default_factory=list)
+
+    @property
+    def shared(self) -> bool:
+        return self.database != "temp" and bool(self.cached)
 
 
 @contextmanager
-def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[None]:
+def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = False) -> Iterator[RunCache]:
     """Within the block, the RUN_CACHED views hold only `run_id`'s rows, computed once.
 
     The rules of one run each filter these views on that run; materializing them first
     turns ~10 recomputations (a window sort over every GPU operation each) into one.
     Outside the block (reports, cross-run rules) the views are the store-wide ones again.
     If the cache cannot be built, the block runs on the store-wide views (slower, same
-    answers), and any error shows up in the rules that read them."""
-    done: list[str] = []
+    answers), and any error shows up in the rules that read them. With `shared`, the tables
+    go into an attached in-memory database (TEMP tables where that fails: a read-only store)."""
+    cache = RunCache("temp")
+    if shared:
+        name = f"_ta_run_cache_{next(_cache_ids)}"
+        try:
+            con.execute(f"ATTACH ':memory:' AS {name}")
+            cache.database = name
+        except duckdb.Error:
+            pass
+    db = cache.database
+    create = "CREATE OR REPLACE TEMP TABLE " if db == "temp" else f"CREATE OR REPLACE TABLE {db}."
     try:
-        con.execute("CREATE OR REPLACE TEMP TABLE _run_scope AS SELECT $1::VARCHAR AS run_id", [run_id])
+        con.execute(f"{create}_run_scope AS SELECT $1::VARCHAR AS run_id", [run_id])
         for name in RUN_CACHED:
             sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $1")
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _run_{name} AS {sql}", [run_id] if "$1" in sql else [])
-            hidden = _RUN_CACHE_HIDDEN.get(name, "")
-            con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT r.run_id, t.*{hidden} "
-                        f"FROM _run_scope r, _run_{name} t")
-            done.append(name)
+            con.execute(f"{create}_run_{name} AS {sql.replace('{cache}', db)}", [run_id] if "$1" in sql else [])
+            _use(con, db, name)
+            cache.cached.append(name)
     except duckdb.Error:
-        _restore(con, done)
-        done = []
+        _restore(con, cache)
+        cache.cached = []
     try:
-        yield
+        yield cache
     finally:
-        _restore(con, done)
+        _restore(con, cache)
+        if db != "temp":
+            con.execute(f"DETACH {db}")
 
 
-def _restore(con: duckdb.DuckDBPyConnection, cached: list[str]) -> None:
-    for name in reversed(cached):
+def use_run_cache(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
+    """Point another cursor's views (see `install`) at a shared RunCache."""
+    for name in cache.cached:
+        _use(con, cache.database, name)
+
+
+def _use(con: duckdb.DuckDBPyConnection, db: str, name: str) -> None:
+    hidden = _RUN_CACHE_HIDDEN.get(name, "")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT r.run_id, t.*{hidden} "
+                f"FROM {db}._run_scope r, {db}._run_{name} t")
+
+
+def _restore(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
+    db = cache.database
+    for name in reversed(cache.cached):
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name][1]}")
-    for name in cached:
-        con.execute(f"DROP TABLE IF EXISTS _run_{name}")
-    con.execute("DROP TABLE IF EXISTS _run_scope")
+    for name in cache.cached:
+        con.execute(f"DROP TABLE IF EXISTS {db}._run_{name}")
+    con.execute(f"DROP TABLE IF EXISTS {db}._run_scope")

@@ -8,6 +8,8 @@ calculator's, and the rules prefer them: they are measured on the real device.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pandas as pd
 
@@ -60,6 +62,7 @@ GROUP BY device_id, name, grid_blocks, threads_per_block, registers_per_thread,
 # keyed by the run's content hash and ingest time, so a re-ingested run is never served stale.
 _CACHE: dict[tuple, pd.DataFrame] = {}
 _CACHE_RUNS = 4
+_CACHE_LOCK = threading.Lock()  # rules may run on two threads (engine.rule_threads): compute once
 
 
 def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
@@ -71,11 +74,12 @@ def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     """
     stamp = store.sql("SELECT content_hash, ingested_at FROM runs WHERE run_id = ?", [run_id]).fetchall()
     key = (str(store.path), run_id, *(stamp[0] if stamp else ()))
-    if key not in _CACHE:
-        while len(_CACHE) >= _CACHE_RUNS:
-            _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = _launch_groups(store, run_id)
-    return _CACHE[key].copy()
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            while len(_CACHE) >= _CACHE_RUNS:
+                _CACHE.pop(next(iter(_CACHE)))
+            _CACHE[key] = _launch_groups(store, run_id)
+        return _CACHE[key].copy()
 
 
 def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
