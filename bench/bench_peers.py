@@ -65,6 +65,9 @@ KINETO_DECODERS = ("json", "orjson", "msgspec", "msgspec-typed")
 SQLITE_DECODERS = ("sqlite3-rows", "sqlite3-arrow", "adbc-arrow")
 NSYS_BASE_KERNELS = 625_000  # 1x; 8x = 5 M kernels
 CAPPED_MEMORY = "2GB"  # TRACEANALYZER_MEMORY_LIMIT of the capped nsys row
+# Runs of each cell a target reads, at the largest size (the median run is shown): the
+# machine is shared, and one run, ours or a peer's, can be slowed by a neighbour.
+REPEAT_LARGEST = 3
 
 
 # ======================================================================================
@@ -360,6 +363,22 @@ def machine() -> dict:
             "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "load_avg_start": os.getloadavg()}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median work time (the lower one of an even count), with every run's
+    time in `runs_s`; the last error if none ran."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["work_s"])
+    if not ok:
+        return runs[-1]
+    pick = dict(ok[(len(ok) - 1) // 2])
+    if len(runs) > 1:
+        pick["runs_s"] = [round(r["work_s"], 3) for r in ok]
+    return pick
+
+
+def repeated(reps: int, fn) -> dict:
+    return median_run([fn() for _ in range(reps)])
+
+
 def _short(r: dict) -> str:
     if "error" in r:
         return f"ERROR {r['error'][:80]}"
@@ -371,15 +390,16 @@ def _store_path(kind: str, scale: int) -> Path:
     return DATA / "stores" / f"{kind}_{scale}x.duckdb"
 
 
-def _ours(kind: str, scale: int, path: Path) -> list[tuple[str, dict]]:
+def _ours(kind: str, scale: int, path: Path, reps: int) -> list[tuple[str, dict]]:
     """Ingest + all rules into a fresh store, then the rules alone on the stored run, and the
     stored tables' sizes (kept on the first row)."""
     store = _store_path(kind, scale)
-    ours = measure(sys.executable, "ours", path, store, label=f"ours_{kind}_{scale}x")
+    ours = repeated(reps, lambda: measure(sys.executable, "ours", path, store, label=f"ours_{kind}_{scale}x"))
     rows = [("ours: ingest + all rules", ours)]
     if "error" not in ours:
-        rows.append(("ours: rules on stored run", measure(sys.executable, "ours-rules", store, ours["run_id"],
-                                                          label=f"ours_rules_{kind}_{scale}x")))
+        rows.append(("ours: rules on stored run",
+                     repeated(reps, lambda: measure(sys.executable, "ours-rules", store, ours["run_id"],
+                                                    label=f"ours_rules_{kind}_{scale}x"))))
         ours["tables"] = measure(sys.executable, "table-sizes", store, ours["run_id"], label="sizes").get("tables", {})
     store.unlink(missing_ok=True)
     return rows
@@ -398,53 +418,68 @@ def _announce(kind: str, scale: int, path: Path, t0: float) -> int:
     return size
 
 
-def run_kineto(scale: int, peers: bool, results: list) -> None:
+def run_kineto(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     from gen_big import kineto
 
     t = time.perf_counter()
     path = kineto(scale)
     size = _announce("kineto", scale, path, t)
-    rows = _ours("kineto", scale, path)
+    rows = _ours("kineto", scale, path, reps)
     if peers:
-        rows.append(("HTA: TraceAnalysis load", measure(ensure_venv("hta"), "hta", path.parent,
-                                                        label=f"hta_{scale}x")))
-    for method in KINETO_DECODERS:
-        rows.append((f"decode: {method}", measure(sys.executable, "decode-json", method, path,
-                                                  label=f"decode_{method}_{scale}x")))
+        rows.append(("HTA: TraceAnalysis load", repeated(reps, lambda: measure(
+            ensure_venv("hta"), "hta", path.parent, label=f"hta_{scale}x"))))
+    for method in KINETO_DECODERS:  # the typed decode is a target's baseline; the others are context
+        rows.append((f"decode: {method}", repeated(reps if method == "msgspec-typed" else 1, lambda: measure(
+            sys.executable, "decode-json", method, path, label=f"decode_{method}_{scale}x"))))
     _report("kineto", scale, size, rows, results)
 
 
-def run_nsys(scale: int, peers: bool, results: list) -> None:
+def run_nsys(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     from gen_big import nsys
 
     t = time.perf_counter()
     path = nsys(NSYS_BASE_KERNELS * scale)
     size = _announce("nsys", scale, path, t)
-    rows = _ours("nsys", scale, path)
+    rows = _ours("nsys", scale, path, reps)
     # The same with DuckDB capped (rules spill instead of growing): the memory a user can ask for.
     store = _store_path("nsys", scale)
-    capped = measure(sys.executable, "ours", path, store, env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY},
-                     label=f"ours_capped_nsys_{scale}x")
+    capped = repeated(reps, lambda: measure(sys.executable, "ours", path, store,
+                                            env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY},
+                                            label=f"ours_capped_nsys_{scale}x"))
     rows.append((f"ours: ingest + all rules, {CAPPED_MEMORY} cap", capped))
     store.unlink(missing_ok=True)
     if peers:
-        python = ensure_venv("nsys-ai")
-        copy = DATA / "nsys-ai" / path.name
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(copy.with_suffix(".nsys-cache"), ignore_errors=True)
-        shutil.copyfile(path, copy)  # nsys-ai may write into the export; never into ours
-        env = {"HOME": str(NSYS_AI_HOME)}
+        colds, warms = [], []
+        for _ in range(reps):
+            cold, warm = _nsys_ai(path, scale)
+            colds.append(cold)
+            if warm is not None:
+                warms.append(warm)
+        rows.append(("nsys-ai: cache build + gaps", median_run(colds)))
+        if warms:
+            rows.append(("nsys-ai: warm-cache skills", median_run(warms)))
+    for method in SQLITE_DECODERS:  # ADBC's is the reader's baseline
+        rows.append((f"decode: {method}", repeated(reps if method == "adbc-arrow" else 1, lambda: measure(
+            sys.executable, "decode-sqlite", method, path, label=f"decode_{method}_{scale}x"))))
+    _report("nsys", scale, size, rows, results)
+
+
+def _nsys_ai(path: Path, scale: int) -> tuple[dict, dict | None]:
+    """nsys-ai's cold cache build on a fresh copy of the export, then its warm skills."""
+    python = ensure_venv("nsys-ai")
+    copy = DATA / "nsys-ai" / path.name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(copy.with_suffix(".nsys-cache"), ignore_errors=True)
+    shutil.copyfile(path, copy)  # nsys-ai may write into the export; never into ours
+    env = {"HOME": str(NSYS_AI_HOME)}
+    try:
         cold = measure(python, "nsys-ai-cold", copy, env=env, label=f"nsysai_cold_{scale}x")
-        rows.append(("nsys-ai: cache build + gaps", cold))
-        if "error" not in cold:
-            rows.append(("nsys-ai: warm-cache skills", measure(python, "nsys-ai-warm", copy, env=env,
-                                                               label=f"nsysai_warm_{scale}x")))
+        warm = (None if "error" in cold else
+                measure(python, "nsys-ai-warm", copy, env=env, label=f"nsysai_warm_{scale}x"))
+    finally:
         copy.unlink(missing_ok=True)
         shutil.rmtree(copy.with_suffix(".nsys-cache"), ignore_errors=True)
-    for method in SQLITE_DECODERS:
-        rows.append((f"decode: {method}", measure(sys.executable, "decode-sqlite", method, path,
-                                                  label=f"decode_{method}_{scale}x")))
-    _report("nsys", scale, size, rows, results)
+    return cold, warm
 
 
 # -- report --------------------------------------------------------------------------------
@@ -605,7 +640,9 @@ kernel_launch_overhead) in one process. Bare decode: the whole file into Python 
 orjson, msgspec), msgspec decoding only the 8 event fields the reader uses (args left raw: the
 fastest decode found), and for SQLite the reader's columns of every activity table plus StringIds
 as Python rows (sqlite3 + fetchmany), as Arrow built from those rows, and as Arrow from the ADBC
-SQLite driver.
+SQLite driver. At the largest size, every cell a target reads (ours, HTA, nsys-ai, the typed and
+the ADBC decodes) is run 3 times (`--repeat`) and the median run is shown, its time and its peak
+memory; all three times are in `bench/data/peers.json` (`runs_s`). Other cells are one run.
 
 **Peers, as installed here.** `HolisticTraceAnalysis==0.5.0` needs `pandas<3` (its current PyPI
 name is `traceinsight`, 0.6.1; not used). `nsys-ai==0.3.0` reads SQLite through DuckDB's
@@ -697,6 +734,8 @@ def main() -> None:
                     help="rewrite the doc from the last run's bench/data/peers.json, measuring nothing")
     ap.add_argument("--keep-others", action="store_true",
                     help="keep the saved results of the kinds not measured now (the doc says when each was measured)")
+    ap.add_argument("--repeat", type=int, default=REPEAT_LARGEST,
+                    help="runs of each cell a target reads at the largest size; the median run is shown")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -725,7 +764,8 @@ def main() -> None:
                            if k not in saved["machine"].get("kept", {})}}
     for kind in kinds:
         for scale in scales:
-            (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results)
+            reps = a.repeat if scale == max(scales) else 1
+            (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results, reps)
             # Saved after every size, so that an interrupted run keeps what it measured.
             (DATA / "peers.json").write_text(json.dumps({"machine": info, "argv": sys.argv[1:],
                                                         "results": results}, indent=1, default=str))

@@ -33,12 +33,13 @@ WITH run_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern
     GROUP BY device_id
 ), per_device AS (
     SELECT p.device_id, count(*) AS n, count(DISTINCT p.stream_id) AS streams,
-           arg_max(p.kernel_id, (p.exposed_ns, -p.start_ns)) AS worst_id,
-           arg_max(p.start_ns, (p.exposed_ns, -p.start_ns)) AS worst_start,
-           arg_max(p.end_ns, (p.exposed_ns, -p.start_ns)) AS worst_end,
+           -- the most exposed kernel (the earliest, then lowest id, among equals), from one arg_max:
+           -- three would each break a tie on their own
+           arg_max({'id': p.kernel_id, 'start_ns': p.start_ns, 'end_ns': p.end_ns},
+                   (p.exposed_ns, -p.start_ns, -p.kernel_id)) AS worst_kernel,
            to_json(list({'kernel_id': p.kernel_id, 'kernel': p.short_name, 'stream_id': p.stream_id,
                          'start_ns': p.start_ns, 'end_ns': p.end_ns, 'exposed_ns': p.exposed_ns}
-                        ORDER BY p.exposed_ns DESC, p.start_ns)[1:$max_examples]) AS worst
+                        ORDER BY p.exposed_ns DESC, p.start_ns, p.kernel_id)[1:$max_examples]) AS worst
     FROM per_kernel p GROUP BY p.device_id
 ), totals AS (
     SELECT i.device_id, sum(i.end_ns - i.start_ns) AS comm_ns, coalesce(any_value(o.overlap_ns), 0) AS overlap_ns
@@ -50,8 +51,8 @@ WITH run_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern
     JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
     JOIN runs r ON r.run_id = $run_id
 )
-SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_id AS item_id,
-       'exposed communication' AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_kernel.id AS item_id,
+       'exposed communication' AS item_name, worst_kernel.start_ns AS start_ns, worst_kernel.end_ns AS end_ns,
        exposed_ns / active_span_ns AS value, 'share' AS value_unit, $min_share AS threshold,
        exposed_ns AS est_loss_ns,
        CASE WHEN exposed_ns / active_span_ns >= $error_share THEN 'error' END AS severity,
