@@ -65,9 +65,9 @@ KINETO_DECODERS = ("json", "orjson", "msgspec", "msgspec-typed")
 SQLITE_DECODERS = ("sqlite3-rows", "sqlite3-arrow", "adbc-arrow")
 NSYS_BASE_KERNELS = 625_000  # 1x; 8x = 5 M kernels
 CAPPED_MEMORY = "2GB"  # TRACEANALYZER_MEMORY_LIMIT of the capped nsys row
-# Runs of each cell a target reads, at the largest size (the median run is shown): the
-# machine is shared, and one run, ours or a peer's, can be slowed by a neighbour.
-REPEAT_LARGEST = 3
+# Runs of each cell a target reads, at every size (the median run is shown): the machine
+# is shared, and one run, ours or a peer's, can be slowed by a neighbour.
+REPEAT = 3
 
 
 # ======================================================================================
@@ -451,7 +451,7 @@ def run_nsys(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     if peers:
         colds, warms = [], []
         for _ in range(reps):
-            cold, warm = _nsys_ai(path, scale)
+            cold, warm = _nsys_ai_once(path, scale)
             colds.append(cold)
             if warm is not None:
                 warms.append(warm)
@@ -464,7 +464,7 @@ def run_nsys(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     _report("nsys", scale, size, rows, results)
 
 
-def _nsys_ai(path: Path, scale: int) -> tuple[dict, dict | None]:
+def _nsys_ai_once(path: Path, scale: int) -> tuple[dict, dict | None]:
     """nsys-ai's cold cache build on a fresh copy of the export, then its warm skills."""
     python = ensure_venv("nsys-ai")
     copy = DATA / "nsys-ai" / path.name
@@ -582,8 +582,8 @@ def write_doc(results: list, info: dict, scales: list[int], argv: list[str], not
            + "".join(f" The {k} rows are from an earlier run ({d}, `--keep-others`)." for k, d in
                      sorted(info.get("kept", {}).items())), "",
            "**The machine is shared** (other jobs ran during these measurements): absolute seconds are "
-           "noisy; ratios within one run are what counts. Each cell is one run in a fresh process: "
-           "work seconds (the tool's imports included, interpreter start-up not) / peak resident memory "
+           "noisy; ratios within one run are what counts. Each cell is a run in a fresh process (the "
+           "median of 3 for the cells a target reads, see *What is timed*): work seconds (the tool's imports included, interpreter start-up not) / peak resident memory "
            "of that process and its children together (sampled every 20 ms).", "",
            f"Command: `python bench/bench_peers.py {' '.join(argv)}`".rstrip() + "", "",
            "## Targets (largest size measured)", "", "| target | measured | |", "|---|---|---|",
@@ -640,9 +640,9 @@ kernel_launch_overhead) in one process. Bare decode: the whole file into Python 
 orjson, msgspec), msgspec decoding only the 8 event fields the reader uses (args left raw: the
 fastest decode found), and for SQLite the reader's columns of every activity table plus StringIds
 as Python rows (sqlite3 + fetchmany), as Arrow built from those rows, and as Arrow from the ADBC
-SQLite driver. At the largest size, every cell a target reads (ours, HTA, nsys-ai, the typed and
-the ADBC decodes) is run 3 times (`--repeat`) and the median run is shown, its time and its peak
-memory; all three times are in `bench/data/peers.json` (`runs_s`). Other cells are one run.
+SQLite driver. Every cell a target reads (ours, HTA, nsys-ai, the typed and the ADBC decodes) is
+run 3 times (`--repeat`) and the median run is shown, its time and its peak memory; all three
+times are in `bench/data/peers.json` (`runs_s`). The other decodes (context) are one run each.
 
 **Peers, as installed here.** `HolisticTraceAnalysis==0.5.0` needs `pandas<3` (its current PyPI
 name is `traceinsight`, 0.6.1; not used). `nsys-ai==0.3.0` reads SQLite through DuckDB's
@@ -690,25 +690,44 @@ copy. Both live in their own virtual environments under `bench/data/venvs`, made
   boundary by decoding its own last events up to it, and anything odd is read again in one pass.
   On the 404 MB file the read goes from ~1.95 s to ~1.4 s; the peak memory column is the whole
   process tree (the helper included), sampled every 20 ms.
-* `scan --jobs 2` is 1.94x faster than `--jobs 1` on an idle machine (bench/bench_scan_jobs.py,
-  quoted in the targets table); its workers never split a read.
+* Later the same day (Kineto 8x ingest + rules 3.11 s -> 2.75 s, median of A/B runs): the content
+  hash is XXH3-128 instead of SHA-256 (it ran on a thread beside the two reading processes and
+  cost ~0.25 s at Kineto 8x, ~0.7 s of CPU at nsys 8x; a store begun with SHA-256 keeps it); the
+  rules' modules and pandas are imported on a thread while DuckDB stores the run, as DuckDB lets
+  go of the GIL (`traceanalyzer/prefetch.py`; the engine no longer imports pandas up front); and
+  a run's rules are spread over two threads, two DuckDB cursors reading the per-run cache from an
+  attached in-memory database, on runs of up to 1 M GPU operations (above that each query keeps
+  both cores busy already, and two at once cost 0.9 GB more at 5 M kernels for 3%). Tried and
+  dropped: decoding every event's args in the first pass into one struct of all args fields
+  (reads 15% slower: building args for the python_function events that no table reads costs
+  more than the second decode it saves).
+* `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
+  rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
+  42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
+  a read, and run their rules on one thread when the jobs fill the cores.
 
 **Where we still miss, and why.**
-* Kineto, 10x faster than HTA: HTA takes ~27-29 s, so 10x is ~2.8 s for importing, reading,
-  storing and twenty rules. Ours is 3.0-3.4 s between runs on this machine (8.1x in the run
-  above, 9.0x in the one before it, same code but 8 MB chunks): imports ~0.35 s (pandas ~0.2 s,
-  used by the rule engine), the split read ~1.4 s, the store's insert and commit ~0.35 s, rules
-  ~0.7 s (twenty rules of 30-90 ms, mostly DuckDB planning and running small queries). Within
-  2x of the bare typed decode: 1.97x in this run (the decode itself varies 1.5-1.8 s, so this
-  sits on the line).
+* Kineto, 10x faster than HTA: on the line, and decided by the machine's noise. Same code, three
+  runs today (median of 3 each): 10.0x at 04:57 (ours 2.58 s, HTA 25.9 s), 7.8x at 05:16 (ours
+  3.06-3.81 s, HTA 28.5-30.1 s) and 9.8x in the run above (ours 2.51-2.74 s, HTA 25.7-26.4 s).
+  Ours uses both cores (two reading processes, two rule threads) and HTA one; on this machine two
+  busy processes each run 15-40% slower than one alone (measured with a plain Python loop), and
+  by more when a neighbour on the host is busy, so ours varies more between runs than HTA. Where
+  ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s, the store's insert and commit
+  ~0.35 s (pandas and the rules' modules are imported meanwhile), tables ~0.12 s, rules ~0.5 s.
+* Within 2x of the bare typed decode: 1.8x in the run above, 1.8x at 04:57, 2.3x in the slow
+  05:16 run; a read in one process is ~1.95 s against the bare decode's ~1.5 s.
 * nsys, 5x faster than nsys-ai's cache build: not reachable by reading the file the way we do.
   At 8x the bare ADBC fetch of the columns we need takes ~10.5 s, while nsys-ai builds its cache
   (DuckDB's parallel sqlite_scanner, fewer columns) in ~24 s; 5x would be ~5 s for reading,
-  storing and twenty rules. Ours: ingest ~18.6 s, rules ~14.8 s in the same process.
+  storing and twenty rules. Ours: ingest ~16.6 s, rules ~13.4 s in the same process (median
+  run). Of the ingest, ~1.6 s is SQLite counting the rows of each big table before it is read
+  (`nsys_sqlite.checked_rows`, the bounded count that refuses row bombs) on the main thread;
+  running those counts on the fetch threads, each before its own fetch, would overlap them.
 * nsys rules on a stored run, ~2.7x nsys-ai's four warm skills (was 5.3x): twenty rules against
-  four queries on a prebuilt cache. What is left at 8x: the per-run cache ~3.5 s (the islands
-  pass 1.5-1.7 s and `stream_ops` 1.7 s, each one window sort of 6.3 M GPU operations plus
-  writing the temp table), S002 2.4 s, T002 2.0 s, T001 1.2 s, S001 1.0 s. Next steps: keep
+  four queries on a prebuilt cache. Rules of runs this big stay on one thread (see above). What
+  is left at 8x: the per-run cache ~3.4 s (the islands pass 1.5-1.7 s and `stream_ops` 1.7 s,
+  each one window sort of 6.3 M GPU operations plus writing the cached table), S002 2.4 s, T002 2.0 s, T001 1.2 s, S001 1.0 s. Next steps: keep
   the per-stream order from the ingest (the reader already sorts in numpy) instead of sorting
   again per rule pass; integer kind codes in the sort keys.
 * nsys memory, 1/4 of nsys-ai's: ingest peaks ~3.2 GB at 8x inside the reader (the RUNTIME and
@@ -734,8 +753,8 @@ def main() -> None:
                     help="rewrite the doc from the last run's bench/data/peers.json, measuring nothing")
     ap.add_argument("--keep-others", action="store_true",
                     help="keep the saved results of the kinds not measured now (the doc says when each was measured)")
-    ap.add_argument("--repeat", type=int, default=REPEAT_LARGEST,
-                    help="runs of each cell a target reads at the largest size; the median run is shown")
+    ap.add_argument("--repeat", type=int, default=REPEAT,
+                    help="runs of each cell a target reads; the median run is shown")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -764,8 +783,7 @@ def main() -> None:
                            if k not in saved["machine"].get("kept", {})}}
     for kind in kinds:
         for scale in scales:
-            reps = a.repeat if scale == max(scales) else 1
-            (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results, reps)
+            (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results, a.repeat)
             # Saved after every size, so that an interrupted run keeps what it measured.
             (DATA / "peers.json").write_text(json.dumps({"machine": info, "argv": sys.argv[1:],
                                                         "results": results}, indent=1, default=str))
