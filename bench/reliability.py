@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from fixtures import gen_hostile as G  # noqa: E402
 from traceanalyzer import limits, schema  # noqa: E402
-from traceanalyzer.store import Store, file_hash, run_id_for  # noqa: E402
+from traceanalyzer.store import HASHES, DEFAULT_HASH, Store, file_hash, run_id_for  # noqa: E402
 
 DOC = ROOT / "docs" / "reliability.md"
 FIXTURES = ROOT / "fixtures"
@@ -80,7 +80,7 @@ def _fuzz_task(args) -> dict:
         o = G.judge(store, path, c)
         rows.append({"name": str(path), "cls": c.cls, "fmt": c.fmt, "source": c.source, "expect": c.expect,
                      "result": o.result, "message": o.message, "seconds": o.seconds, "warnings": o.warnings,
-                     "detail": c.detail, "sha": hashlib.sha256(c.data).hexdigest()})
+                     "detail": c.detail, "content_hash": HASHES[DEFAULT_HASH](c.data).hexdigest()})
     store.close()
     return {"rows": rows, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -111,7 +111,7 @@ def fuzz(per_class: int, seed: int, work: Path, jobs: int) -> dict:
     per_file = Counter(m.group(1) for ln in errors if (m := re.match(r"error: (.+?): ", ln)))
     with Store(db, read_only=True) as s:
         stored = {x for (x,) in s.sql("SELECT content_hash FROM runs").fetchall()}
-    judged_ok = {x["sha"] for x in rows if x["result"] == "ok"}
+    judged_ok = {x["content_hash"] for x in rows if x["result"] == "ok"}  # as the store keys runs
     judged_err = {x["name"] for x in rows if x["result"] == "error"}
     return {
         "rows": rows, "judge_seconds": judged_s, "cli_seconds": cli_s,

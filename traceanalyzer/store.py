@@ -271,7 +271,7 @@ class Store:
                 row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
                 return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True)
             trace = read_file(path)
-        else:  # hash on a worker thread while the file is parsed (hashlib lets go of the GIL)
+        else:  # hash on a worker thread while the file is parsed (hashing lets go of the GIL)
             with ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
                 hashing = pool.submit(file_hash, path, hash_name)
                 try:
