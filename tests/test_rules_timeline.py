@@ -337,6 +337,31 @@ def test_t007_exposed_nccl(check, path):
     assert f["value"] == pytest.approx(exposed / span) and f["severity"] == _severity(exposed / span, 0.0, 0.25)
 
 
+def test_t007_worst_kernel_is_one_kernel_when_exposures_tie(tmp_path):
+    """Two all-reduces start together and are exposed alike (600 us each: one is 1 ms long with
+    400 us under a GEMM, the other 600 us long): the finding's kernel id, start and end are those
+    of one kernel, the lower id, as are the evidence's first example's."""
+    def kernel(name, stream, ts, dur, corr):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+                "args": {"device": 0, "stream": stream, "correlation": corr}}
+    path = tmp_path / "tie.json"
+    path.write_text(json.dumps({"traceEvents": [
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 7, 10000.0, 1000.0, 1),
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8, 10000.0, 600.0, 2),
+        kernel("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n", 9, 10600.0, 500.0, 3)]}))
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(path).run_id
+        run_rules(st, [run_id], Settings(select=["T007"]))
+        ids = dict(st.sql("SELECT stream_id, kernel_id FROM kernels WHERE stream_id IN (7, 8)").fetchall())
+        spans = {k: (s, e) for k, s, e in st.sql("SELECT kernel_id, start_ns, end_ns FROM kernels").fetchall()}
+        [(item_id, start, end, evidence)] = st.sql(
+            "SELECT item_id, start_ns, end_ns, evidence FROM findings WHERE rule_id = 'T007'").fetchall()
+    first = min(ids.values())
+    assert item_id == first and (start, end) == spans[first]
+    worst = json.loads(evidence)["worst"]
+    assert [w["exposed_ns"] for w in worst] == [600_000, 600_000] and worst[0]["kernel_id"] == first
+
+
 def test_t007_no_data_without_collectives(check):
     assert check("nsys/Rodinia_Gaussian__report2.sqlite", "T007") == ([], "no-data")
 
