@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from fixtures import gen_hostile as G  # noqa: E402
 from traceanalyzer import limits, schema  # noqa: E402
-from traceanalyzer.store import HASHES, DEFAULT_HASH, Store, file_hash, run_id_for  # noqa: E402
+from traceanalyzer.store import Store, file_hash, run_id_for  # noqa: E402
 
 DOC = ROOT / "docs" / "reliability.md"
 FIXTURES = ROOT / "fixtures"
@@ -80,7 +80,7 @@ def _fuzz_task(args) -> dict:
         o = G.judge(store, path, c)
         rows.append({"name": str(path), "cls": c.cls, "fmt": c.fmt, "source": c.source, "expect": c.expect,
                      "result": o.result, "message": o.message, "seconds": o.seconds, "warnings": o.warnings,
-                     "detail": c.detail, "content_hash": HASHES[DEFAULT_HASH](c.data).hexdigest()})
+                     "detail": c.detail, "content_hash": file_hash(path)})
     store.close()
     return {"rows": rows, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 

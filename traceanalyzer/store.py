@@ -112,13 +112,11 @@ class Store:
         lock_timeout_s = lock_timeout_from_env() if lock_timeout_s is None else lock_timeout_s
         self.read_only = read_only
         self.con = self._connect(lock_timeout_s)
-        # No progress bar on the user's terminal in the middle of our own output.
-        self.con.execute("SET enable_progress_bar = false")
         self._limit_memory()
         if not read_only:
             for t in schema.TABLES:
                 self.con.execute(schema.ddl(t))
-        views.install(self.con)
+        _set_up(self.con)
 
     def _connect(self, lock_timeout_s: float) -> duckdb.DuckDBPyConnection:
         if self.read_only and not self.path.exists():
@@ -288,8 +286,7 @@ class Store:
         when done; the database stays open."""
         clone = copy.copy(self)
         clone.con = self.con.cursor()
-        clone.con.execute("SET enable_progress_bar = false")
-        views.install(clone.con)
+        _set_up(clone.con)
         return clone
 
     def close(self) -> None:
@@ -300,6 +297,13 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _set_up(con: duckdb.DuckDBPyConnection) -> None:
+    """What every connection (or cursor) to a store gets: the views, and no progress bar on
+    the user's terminal in the middle of our own output."""
+    con.execute("SET enable_progress_bar = false")
+    views.install(con)
 
 
 _RUN_ID_KEY = b"traceanalyzer.run_id"

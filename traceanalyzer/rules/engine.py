@@ -157,16 +157,10 @@ def rule_threads(store: Store) -> int:
 PARALLEL_MAX_GPU_OPS = 1_000_000
 
 
-def _gpu_ops(store: Store, cache: views.RunCache) -> int:
-    if "stream_ops" not in cache.cached:
-        return 0
-    return store.sql(f"SELECT count(*) FROM {cache.database}._run_stream_ops").fetchone()[0]
-
-
 def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, threads: int) -> list:
     """`check(store, rule)` for every rule, in order; on `threads` cursors when the run's
     cached views are readable from other cursors (else on this one)."""
-    if threads < 2 or not cache.shared or len(rules) < 2 or _gpu_ops(store, cache) > PARALLEL_MAX_GPU_OPS:
+    if threads < 2 or not cache.shared or len(rules) < 2 or cache.rows(store.con, "stream_ops") > PARALLEL_MAX_GPU_OPS:
         return [check(store, r) for r in rules]
     results: list = [None] * len(rules)
     todo = iter(range(len(rules)))  # next() on a shared iterator: each rule taken once
