@@ -163,7 +163,8 @@ def test_memory_limit_comes_from_the_environment(tmp_path, monkeypatch):
         Store(tmp_path / "m.duckdb")
 
 
-def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store):
+@pytest.mark.parametrize("shared", [False, True], ids=["temp", "attached"])
+def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store, shared):
     from traceanalyzer import views
 
     for f in ("nsys/planted.sqlite", "kineto/planted.json"):
@@ -171,13 +172,17 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store)
     names = views.RUN_CACHED
     whole = {n: store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in names}
     for run_id in store.run_ids():
-        with views.scoped_to_run(store.con, run_id):
+        with views.scoped_to_run(store.con, run_id, shared=shared) as cache:
+            assert cache.cached == list(names) and cache.shared == shared
             for n in names:
                 scoped = store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall()
                 assert scoped and scoped == [r for r in whole[n] if r[0] == run_id], n
-    for n in names:  # store-wide again, and no cache tables left behind
+    for n in names:  # store-wide again, and no cache tables or views left behind
         assert store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() == whole[n]
-    assert not store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_run\\_%' ESCAPE '\\'").fetchall()
+    run_objects = "SELECT {0}_name FROM duckdb_{0}s() WHERE {0}_name LIKE '\\_run\\_%' ESCAPE '\\'"
+    assert not store.sql(run_objects.format("table")).fetchall()
+    assert not store.sql(run_objects.format("view")).fetchall()
+    assert not store.sql("SELECT 1 FROM duckdb_databases() WHERE database_name LIKE '_ta_run_cache%'").fetchall()
 
 
 def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):

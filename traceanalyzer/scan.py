@@ -36,6 +36,7 @@ from typing import Callable, Collection, Iterable, Iterator
 import pandas as pd
 import pyarrow as pa
 
+from . import memory
 from .ingest import TraceError, find_traces, read_file
 from .ingest.kineto_split import read_processes
 from .rules.engine import Settings, run_rules
@@ -328,6 +329,9 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     with contextlib.closing(outcomes):
         for o in outcomes:
             result = _store_outcome(store, o, written)
+            if o.trace is not None:  # stored: free its tables before the next file's work
+                freed, o.trace = sum(t.nbytes for t in o.trace.tables.values()), None
+                memory.give_back(freed)
             report.files.append(result)
             if result.run_id and result.run_id not in report.run_ids:
                 report.run_ids.append(result.run_id)

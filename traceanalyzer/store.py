@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from . import prefetch, schema, views
+from . import memory, prefetch, schema, views
 from .ingest.base import ParsedTrace
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
@@ -278,7 +278,11 @@ class Store:
                     hashing.result()  # a file that cannot be hashed fails as it always did
                     raise
                 content_hash = hashing.result()
-        return self.write_run(trace, path.resolve(), content_hash, path.stat().st_size)
+        result = self.write_run(trace, path.resolve(), content_hash, path.stat().st_size)
+        freed = sum(t.nbytes for t in trace.tables.values())
+        del trace  # before the rules, which need memory of their own (see memory.py)
+        memory.give_back(freed)
+        return result
 
     def cursor(self) -> "Store":
         """This store on a new cursor of the same database, for another thread (a DuckDB
