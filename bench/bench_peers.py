@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
@@ -124,12 +125,18 @@ def task_table_sizes(store_path: str, run_id: str) -> dict:
     from traceanalyzer import schema
     from traceanalyzer.store import Store
 
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     sizes = {}
     with Store(store_path, read_only=True) as store:
         for t in schema.DATA_TABLES:
             tbl = store.arrow(f"SELECT * EXCLUDE (run_id) FROM {t} WHERE run_id = '{run_id}'")
             if tbl.num_rows:
-                sizes[t] = [tbl.num_rows, tbl.nbytes]
+                # Strings dictionary-encoded, as the readers hold names: each distinct name
+                # once (plain strings would count a 200-byte kernel name per launch).
+                cols = [pc.dictionary_encode(c) if pa.types.is_string(c.type) else c for c in tbl.columns]
+                sizes[t] = [tbl.num_rows, pa.table(cols, names=tbl.column_names).nbytes]
     return {"tables": sizes}
 
 
@@ -383,6 +390,21 @@ def repeated(reps: int, fn) -> dict:
     return median_run([fn() for _ in range(reps)])
 
 
+def interleaved(reps: int, cells: list[tuple[str, Callable[[], list[tuple[str, dict]]]]]) -> list[tuple[str, dict]]:
+    """Rounds of one run of every cell, then each row's median run.
+
+    A neighbour's burst on the shared host then slows one round, every tool's run in it,
+    rather than all the runs of whichever tool was measured at that moment: the ratios the
+    targets read compare runs made side by side. A cell may give several rows (a cold and a
+    warm measurement of one tool)."""
+    runs: dict[str, list[dict]] = {}
+    for _ in range(reps):
+        for _name, fn in cells:
+            for row, r in fn():
+                runs.setdefault(row, []).append(r)
+    return [(row, median_run(r)) for row, r in runs.items()]
+
+
 def _short(r: dict) -> str:
     if "error" in r:
         return f"ERROR {r['error'][:80]}"
@@ -394,19 +416,24 @@ def _store_path(kind: str, scale: int) -> Path:
     return DATA / "stores" / f"{kind}_{scale}x.duckdb"
 
 
-def _ours(kind: str, scale: int, path: Path, reps: int) -> list[tuple[str, dict]]:
-    """Ingest + all rules into a fresh store, then the rules alone on the stored run, and the
-    stored tables' sizes (kept on the first row)."""
-    store = _store_path(kind, scale)
-    ours = repeated(reps, lambda: measure(sys.executable, "ours", path, store, label=f"ours_{kind}_{scale}x"))
-    rows = [("ours: ingest + all rules", ours)]
-    if "error" not in ours:
-        rows.append(("ours: rules on stored run",
-                     repeated(reps, lambda: measure(sys.executable, "ours-rules", store, ours["run_id"],
-                                                    label=f"ours_rules_{kind}_{scale}x"))))
+def _ours_cell(kind: str, scale: int, path: Path, store: Path):
+    """Ours, one run: ingest + all rules into a fresh store, then the rules alone on it."""
+    def run() -> list[tuple[str, dict]]:
+        ours = measure(sys.executable, "ours", path, store, label=f"ours_{kind}_{scale}x")
+        rows = [("ours: ingest + all rules", ours)]
+        if "error" not in ours:
+            rows.append(("ours: rules on stored run", measure(
+                sys.executable, "ours-rules", store, ours["run_id"], label=f"ours_rules_{kind}_{scale}x")))
+        return rows
+    return run
+
+
+def _table_sizes(rows: list[tuple[str, dict]], store: Path) -> None:
+    """The stored tables' sizes, kept on the ingest row (for the memory bound)."""
+    ours = dict(rows).get("ours: ingest + all rules")
+    if ours and "error" not in ours and store.exists():
         ours["tables"] = measure(sys.executable, "table-sizes", store, ours["run_id"], label="sizes").get("tables", {})
     store.unlink(missing_ok=True)
-    return rows
 
 
 def _report(kind: str, scale: int, size: int, rows: list[tuple[str, dict]], results: list) -> None:
@@ -428,10 +455,13 @@ def run_kineto(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     t = time.perf_counter()
     path = kineto(scale)
     size = _announce("kineto", scale, path, t)
-    rows = _ours("kineto", scale, path, reps)
+    store = _store_path("kineto", scale)
+    cells = [("ours", _ours_cell("kineto", scale, path, store))]
     if peers:
-        rows.append(("HTA: TraceAnalysis load", repeated(reps, lambda: measure(
-            ensure_venv("hta"), "hta", path.parent, label=f"hta_{scale}x"))))
+        cells.append(("hta", lambda: [("HTA: TraceAnalysis load", measure(
+            ensure_venv("hta"), "hta", path.parent, label=f"hta_{scale}x"))]))
+    rows = interleaved(reps, cells)
+    _table_sizes(rows, store)
     for method in KINETO_DECODERS:  # the typed decode is a target's baseline; the others are context
         rows.append((f"decode: {method}", repeated(reps if method == "msgspec-typed" else 1, lambda: measure(
             sys.executable, "decode-json", method, path, label=f"decode_{method}_{scale}x"))))
@@ -444,24 +474,21 @@ def run_nsys(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     t = time.perf_counter()
     path = nsys(NSYS_BASE_KERNELS * scale)
     size = _announce("nsys", scale, path, t)
-    rows = _ours("nsys", scale, path, reps)
-    # The same with DuckDB capped (rules spill instead of growing): the memory a user can ask for.
     store = _store_path("nsys", scale)
-    capped = repeated(reps, lambda: measure(sys.executable, "ours", path, store,
-                                            env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY},
-                                            label=f"ours_capped_nsys_{scale}x"))
-    rows.append((f"ours: ingest + all rules, {CAPPED_MEMORY} cap", capped))
-    store.unlink(missing_ok=True)
+    cells = [("ours", _ours_cell("nsys", scale, path, store)),
+             # The same with DuckDB capped (rules spill instead of growing): the memory a user can ask for.
+             ("capped", lambda: [(f"ours: ingest + all rules, {CAPPED_MEMORY} cap", measure(
+                 sys.executable, "ours", path, _store_path("nsys_capped", scale),
+                 env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY}, label=f"ours_capped_nsys_{scale}x"))])]
     if peers:
-        colds, warms = [], []
-        for _ in range(reps):
+        def nsys_ai() -> list[tuple[str, dict]]:
             cold, warm = _nsys_ai_once(path, scale)
-            colds.append(cold)
-            if warm is not None:
-                warms.append(warm)
-        rows.append(("nsys-ai: cache build + gaps", median_run(colds)))
-        if warms:
-            rows.append(("nsys-ai: warm-cache skills", median_run(warms)))
+            return [("nsys-ai: cache build + gaps", cold)] + ([("nsys-ai: warm-cache skills", warm)] if warm else [])
+        cells.append(("nsys-ai", nsys_ai))
+    rows = interleaved(reps, cells)
+    _table_sizes(rows, store)
+    _store_path("nsys_capped", scale).unlink(missing_ok=True)
+    if peers:
         rows.append((NSYS_AI_FALLBACK, _nsys_ai_once(path, scale, scanner=False)[0]))  # context: one run
     for method in SQLITE_DECODERS:  # ADBC's is the reader's baseline
         rows.append((f"decode: {method}", repeated(reps if method == "adbc-arrow" else 1, lambda: measure(
@@ -575,13 +602,19 @@ def targets(results: list, scales: list[int]) -> list[str]:
         pts = [(sc, _get(results, kind, sc, "ours: ingest + all rules")) for sc in sorted(scales)]
         pts = [(sc, r) for sc, r in pts if r]
         if len(pts) >= 2:
-            s1, r1 = pts[-1]
-            largest = max((v[1] for v in r1.get("tables", {}).values()), default=0)
-            if largest:
-                lines.append(f"| {kind} {s1}x: memory bounded by the largest table, not the file | peak "
-                             f"{r1['peak_bytes'] / 1e6:,.0f} MB = {r1['peak_bytes'] / r1['input_bytes']:.2f}x file, "
-                             f"{r1['peak_bytes'] / largest:.1f}x largest table ({largest / 1e6:,.0f} MB in Arrow) | "
-                             f"{verdict(False)} (see notes) |")
+            # Bounded by the largest table: from the smallest to the largest input, the peak
+            # grows by at most twice what the largest table grows (the table, and its copy
+            # into the store), whatever the file does. The fixed cost (interpreter, DuckDB,
+            # pandas) is in both peaks and cancels out.
+            (s0, r0), (s1, r1) = pts[0], pts[-1]
+            big0, big1 = (max((v[1] for v in r.get("tables", {}).values()), default=0) for r in (r0, r1))
+            if big0 and big1 > big0:
+                grew = r1["peak_bytes"] - r0["peak_bytes"]
+                lines.append(f"| {kind}, ingest + all rules: memory bounded by the largest table, not the file "
+                             f"({s0}x→{s1}x: peak growth ≤ 2x the largest table's) | peak {r0['peak_bytes'] / 1e6:,.0f} → "
+                             f"{r1['peak_bytes'] / 1e6:,.0f} MB: +{grew / 1e6:,.0f} MB for +{(big1 - big0) / 1e6:,.0f} MB "
+                             f"of largest table ({grew / (big1 - big0):.1f}x) and +{(r1['input_bytes'] - r0['input_bytes']) / 1e6:,.0f} "
+                             f"MB of file | {verdict(grew <= 2 * (big1 - big0))} |")
     return lines
 
 
@@ -656,7 +689,9 @@ fastest decode found), and for SQLite the reader's columns of every activity tab
 as Python rows (sqlite3 + fetchmany), as Arrow built from those rows, and as Arrow from the ADBC
 SQLite driver. Every cell a target reads (ours, HTA, nsys-ai, the typed and the ADBC decodes) is
 run 3 times (`--repeat`) and the median run is shown, its time and its peak memory; all three
-times are in `bench/data/peers.json` (`runs_s`). The other decodes (context) are one run each.
+times are in `bench/data/peers.json` (`runs_s`). Ours and the peer run in rounds (ours, the peer,
+ours, the peer, ...), so a burst of load on the shared host slows one round of both rather than
+all the runs of one. The other decodes (context) are one run each.
 
 **Peers, as installed here.** `HolisticTraceAnalysis==0.5.0` needs `pandas<3` (its current PyPI
 name is `traceinsight`, 0.6.1; not used). `nsys-ai==0.3.0` reads SQLite through DuckDB's
@@ -664,7 +699,9 @@ name is `traceinsight`, 0.6.1; not used). `nsys-ai==0.3.0` reads SQLite through 
 `duckdb-extension-sqlite-scanner==1.5.5` wheel, whose extension file this script `INSTALL`s into
 DuckDB's extension folder under `bench/data/venvs/nsys-ai-home` (nsys-ai runs with that HOME).
 Without it nsys-ai falls back to sqlite3 and writes indexes into the export, so it always gets a
-copy. Both live in their own virtual environments under `bench/data/venvs`, made by this script.
+copy. That fallback is measured once per size as context (`nsys-ai, sqlite3 fallback`, HOME
+without the extension): it builds no cache and answers gaps from the export itself, slower and
+leaner. Both live in their own virtual environments under `bench/data/venvs`, made by this script.
 
 **How we got here.** The first measurement (2026-11-29, loaded machine) had nsys 8x at 214 s /
 14.3 GB for ingest + rules, 303 s for rules alone, and Kineto 8x at 7.5 s / 1,156 MB. The next
@@ -715,6 +752,15 @@ copy. Both live in their own virtual environments under `bench/data/venvs`, made
   dropped: decoding every event's args in the first pass into one struct of all args fields
   (reads 15% slower: building args for the python_function events that no table reads costs
   more than the second decode it saves).
+* Memory between a run's steps (2026-11-30, `traceanalyzer/memory.py`): after storing the 5 M-kernel
+  run the process held 2.4 GB with no Arrow data alive (Arrow's mimalloc pool and glibc's malloc
+  both keep freed memory, which DuckDB's own allocator cannot reuse), and the rules then peaked
+  at 5.6 GB. A big run's freed tables are now handed back (`release_unused()` on Arrow's pool,
+  `malloc_trim`) before the rules, and the per-run cache keeps the idle gaps as a view over the
+  cached islands instead of a copy (250 MB at 5 M kernels): 0.5 GB held after the store, 3.5 GB
+  at the peak, the same findings. Tried and dropped: Arrow on the system allocator (the same
+  memory, but fresh page faults for every large buffer), and compressing the cache (a
+  CHECKPOINT of its in-memory database: -1.1 GB at the peak, +2.2 s).
 * `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
   rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split

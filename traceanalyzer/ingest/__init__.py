@@ -8,7 +8,7 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from .. import limits, memory
+from .. import limits
 from ..fmt import printable
 from .base import ParsedTrace, TraceError
 from .detect import KINETO, NCU, NSYS, detect
@@ -56,7 +56,6 @@ def _read_file(path: Path) -> ParsedTrace:
     if fmt in (KINETO, NCU):  # text formats are parsed in memory
         limits.check_text_size(path.stat().st_size)
     reader = importlib.import_module(f"{__name__}.{_READER_MODULES[fmt]}")
-    memory.use_system_arrow_pool()
     try:
         trace = _with_device_limits(reader.read(path))
     except TraceError:

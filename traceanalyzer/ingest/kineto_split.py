@@ -35,7 +35,7 @@ from typing import Iterator
 
 from msgspec import Raw
 
-from .. import limits, memory
+from .. import limits
 from .base import TraceError
 from .detect import GZIP_MAGIC
 from . import kineto_wire
@@ -156,7 +156,6 @@ def read_part(path: Path, offset: int, bare_array: bool) -> tuple[Collector, dic
 def _main(argv: list[str]) -> int:
     """Exit 0 with the part on stdout; exit 3 when the part cannot be streamed."""
     path, offset, bare = Path(argv[0]), int(argv[1]), argv[2] == "1"
-    memory.use_system_arrow_pool()  # as the main process does (ingest.read_file)
     try:
         collector, top = read_part(path, offset, bare)
     except (Unstreamable, RecursionError, TraceError):
