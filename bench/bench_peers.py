@@ -766,40 +766,55 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
   a read, and run their rules on one thread when the jobs fill the cores.
 
-**Where we still miss, and why.**
-* Kineto, 10x faster than HTA: on the line, and decided by the machine's noise. Same code, three
-  runs today (median of 3 each): 10.0x at 04:57 (ours 2.58 s, HTA 25.9 s), 7.8x at 05:16 (ours
-  3.06-3.81 s, HTA 28.5-30.1 s) and 9.8x in the run above (ours 2.51-2.74 s, HTA 25.7-26.4 s).
-  Ours uses both cores (two reading processes, two rule threads) and HTA one; on this machine two
-  busy processes each run 15-40% slower than one alone (measured with a plain Python loop), and
-  by more when a neighbour on the host is busy, so ours varies more between runs than HTA. Where
-  ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s, the store's insert and commit
-  ~0.35 s (pandas and the rules' modules are imported meanwhile), tables ~0.12 s, rules ~0.5 s.
-* Within 2x of the bare typed decode: 1.8x in the run above, 1.8x at 04:57, 2.3x in the slow
-  05:16 run; a read in one process is ~1.95 s against the bare decode's ~1.5 s.
-* nsys, 5x faster than nsys-ai's cache build: not reachable by reading the file the way we do.
-  At 8x the bare ADBC fetch of the columns we need takes ~10.5 s, while nsys-ai builds its cache
-  (DuckDB's parallel sqlite_scanner, fewer columns) in ~24 s; 5x would be ~5 s for reading,
-  storing and twenty rules. Ours: ingest ~16.6 s, rules ~13.4 s in the same process (median
-  run). Of the ingest, ~1.6 s is SQLite counting the rows of each big table before it is read
-  (`nsys_sqlite.checked_rows`, the bounded count that refuses row bombs) on the main thread;
-  running those counts on the fetch threads, each before its own fetch, would overlap them.
-* nsys rules on a stored run, ~2.7x nsys-ai's four warm skills (was 5.3x): twenty rules against
-  four queries on a prebuilt cache. Rules of runs this big stay on one thread (see above). What
-  is left at 8x: the per-run cache ~3.4 s (the islands pass 1.5-1.7 s and `stream_ops` 1.7 s,
-  each one window sort of 6.3 M GPU operations plus writing the cached table), S002 2.4 s, T002 2.0 s, T001 1.2 s, S001 1.0 s. Next steps: keep
-  the per-stream order from the ingest (the reader already sorts in numpy) instead of sorting
-  again per rule pass; integer kind codes in the sort keys.
-* nsys memory, 1/4 of nsys-ai's: ingest peaks ~3.2 GB at 8x inside the reader (the RUNTIME and
-  KERNEL source columns and the finished api_calls and kernels tables coexist, and every table
-  is handed to the store at once); rules run with DuckDB's default limit (80% of RAM).
-  `TRACEANALYZER_MEMORY_LIMIT=2GB` (the capped row) brings the whole run to 4.2 GB; the Arrow
-  tables of the ingest sit outside DuckDB's limit. 1/4 of nsys-ai (1.6 GB) needs the reader to
-  work in row batches end to end (the GPU-to-API join included), not a table at a time.
-* "Memory bounded by the largest table": Kineto peaks at ~1.3x the file at 8x, ~520 MB (the
-  tables plus one 4 MB chunk per process, and DuckDB), and grows with the tables, not the text.
-  The largest-table column above is the size of the table read back from the store as Arrow with
-  plain strings, so it overstates nsys tables (names are dictionary-encoded while ingesting).
+**Where we still miss, and why.** The run above (07:06) met a loaded host: against the quiet
+05:16-05:38 runs, single-threaded work was 5-25% slower (the typed decode, HTA) and ours, which
+uses both cores, 30-45% slower; an A/B of the rules alone (the session's start against its end,
+alternated) showed no difference, so that is the machine, not the code. Ratios between two tools
+of the same round are what to read.
+* Kineto, 10x faster than HTA: 8.8x here; 10.0x, 7.8x and 9.8x in three earlier runs today (median
+  of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line, and decided by
+  the host's load: two busy processes on this machine each run 15-40% slower than one alone, and
+  ours is two processes reading, then two rule threads. Where ours goes on a quiet run: imports
+  ~0.2 s, the split read ~1.35 s (the helper's half arrives ~0.15 s after the main half), the
+  store's insert and commit ~0.4 s (pandas and the rules' modules are imported meanwhile), tables
+  ~0.1 s, rules ~0.5 s.
+* Within 2x of the bare typed decode: 2.4x here, 1.8x on the quiet runs (the decode is one
+  process, so load slows it less than ours).
+* nsys, 5x faster than nsys-ai's cache build: cannot be met on this machine class as written. At
+  8x, nsys-ai with sqlite_scanner builds its cache in 23-27 s, so 5x is 4.6-5.4 s for reading,
+  storing and every rule. Only fetching the columns we need with ADBC, the fastest reader measured
+  here (sqlite3 is 2-5x slower; DuckDB's sqlite_scanner has no build for DuckDB 2.x, the wheels
+  stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
+  before anything is stored. Ours: ingest 16.6 s (quiet) / 23.8 s (here), of which 6.7 s of the
+  reader is waiting for fetches. The issue's own figure for nsys-ai (165 s, 7.5 GB) is 7x slower
+  than what nsys-ai does here; against 165 s ours (30 s quiet, 43 s here) is 3.8-5.5x. nsys-ai without the extension
+  (the context row) builds no cache and answers from the export: 63.5 s, 2.4 GB at 8x.
+* nsys rules on a stored run, 2.6-2.7x nsys-ai's four warm skills: twenty rules against four
+  queries on a prebuilt cache; our four matching rules (T001-T004) alone, with the per-run cache
+  they need, take ~8 s at 8x on a quiet run. What is left: the per-run cache ~3.5 s (the islands
+  pass and `stream_ops`, one window sort of 6.3 M GPU operations each), S002 2.4-2.9 s (its chain
+  aggregate with an ordered list per chain, 1.5 s, and the numbering window, 1.2 s), T002 2.0 s,
+  T001 1.3 s, S001 1.0 s. Next steps: keep the per-run cache with the stored run (computed at
+  ingest, versioned with the code), so that a warm pass skips it; S002's member lists in chain
+  order without a sort per chain.
+* nsys memory, 1/4 of nsys-ai's: 0.55 of it (3.6 GB against 6.4 GB; was 0.90), 0.51 with the 2 GB
+  cap. With the freed memory handed back after the store (see above), the peak is now in the
+  rules: the per-run cache holds ~1.4 GB at 8x and S002 adds ~1.2 GB (its hash aggregate over
+  403 k chains and the join of 3.2 M chain members with the kernels). Under the cap the rules stay
+  near 2.3 GB and the peak moves to the reader (3.1 GB: the RUNTIME and KERNEL source columns, the
+  finished api_calls and kernels tables, and the GPU-to-API join all coexist). 1/4 (1.6 GB) needs
+  the reader to hand each table to the store as it is finished, and the rules' cache to spill or
+  shrink.
+* "Memory bounded by the largest table", read as: from 1x to 8x the peak grows by at most twice
+  what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
+  +2.7 GB for +0.77 GB of kernels table (3.6x): the rules' per-run cache and S002 grow with all GPU
+  operations, not with one table. Kineto: +207 MB for +12 MB (the tables are small next to the
+  reading: two processes with their own decode buffers, the collected columns, then every table
+  at once for the store). Neither meets it.
+* `scan --jobs 2` against `--jobs 1`: 1.51x, and 1.55x is the ceiling as `--jobs 1` works now: it
+  keeps ~1.3 cores busy itself (its rules run on two threads), see docs/scan.md. 1.7x would need
+  `--jobs 1` to use one core only, which makes every single-file scan slower; a decision for the
+  issue's author, not taken here.
 """
 
 
