@@ -95,7 +95,9 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            arg_min(s.item_id, s.start_ns) AS first_id,
            sum(s.end_ns - s.start_ns) AS kernel_ns, max(s.end_ns - s.start_ns) AS longest_ns, sum(s.gap_ns) AS gap_ns,
            sum(s.out_bytes) FILTER (WHERE NOT s.is_last) AS intermediate_bytes,
-           list({{'k': s.name_key, 'id': s.item_id}} ORDER BY s.start_ns, s.item_id) AS members,
+           -- in (start, id) order: list_sort of the structs, one sort per list, costs less than
+           -- an ordered aggregate (5 M kernels: 2.6 -> 2.4 s)
+           list_sort(list({{'s': s.start_ns, 'id': s.item_id, 'k': s.name_key}})) AS members,
            count(*) FILTER (WHERE s.linked) AS linked,
            -- which size sources the intermediates used, as flags (a DISTINCT list costs a hash table per chain)
            bool_or(s.sized_by_dims) FILTER (WHERE NOT s.is_last) AS by_dims,
