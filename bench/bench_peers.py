@@ -736,7 +736,7 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   falls back to the whole-file decode, which gives the exact old result or error), columns are
   kept per category with Arrow and numpy (`kineto_collect.py`), tables built once at the end
   (`kineto_tables.py`). A plain file of 64 MB or more is read by two processes
-  (`kineto_split.py`): a helper interpreter reads from an event boundary 55% into the file and
+  (`kineto_split.py`): a helper interpreter reads from an event boundary 58% into the file and
   sends its columns back as JSON + Arrow IPC (`kineto_wire.py`); the main process proves the
   boundary by decoding its own last events up to it, and anything odd is read again in one pass.
   On the 404 MB file the read goes from ~1.95 s to ~1.4 s; the peak memory column is the whole
