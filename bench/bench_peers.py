@@ -811,7 +811,7 @@ of the same round are what to read.
   operations, not with one table. Kineto: +207 MB for +12 MB (the tables are small next to the
   reading: two processes with their own decode buffers, the collected columns, then every table
   at once for the store). Neither meets it.
-* `scan --jobs 2` against `--jobs 1`: 1.51x, and 1.55x is the ceiling as `--jobs 1` works now: it
+* `scan --jobs 2` against `--jobs 1`: 1.48x (1.51x on a quieter run), and ~1.55x is the ceiling as `--jobs 1` works now: it
   keeps ~1.3 cores busy itself (its rules run on two threads), see docs/scan.md. 1.7x would need
   `--jobs 1` to use one core only, which makes every single-file scan slower; a decision for the
   issue's author, not taken here.
