@@ -766,20 +766,23 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
   a read, and run their rules on one thread when the jobs fill the cores.
 
-**Where we still miss, and why.** The run above (07:06) met a loaded host: against the quiet
-05:16-05:38 runs, single-threaded work was 5-25% slower (the typed decode, HTA) and ours, which
-uses both cores, 30-45% slower; an A/B of the rules alone (the session's start against its end,
-alternated) showed no difference, so that is the machine, not the code. Ratios between two tools
-of the same round are what to read.
-* Kineto, 10x faster than HTA: 8.8x here; 10.0x, 7.8x and 9.8x in three earlier runs today (median
-  of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line, and decided by
-  the host's load: two busy processes on this machine each run 15-40% slower than one alone, and
-  ours is two processes reading, then two rule threads. Where ours goes on a quiet run: imports
-  ~0.2 s, the split read ~1.35 s (the helper's half arrives ~0.15 s after the main half), the
-  store's insert and commit ~0.4 s (pandas and the rules' modules are imported meanwhile), tables
-  ~0.1 s, rules ~0.5 s.
-* Within 2x of the bare typed decode: 2.4x here, 1.8x on the quiet runs (the decode is one
-  process, so load slows it less than ours).
+**Where we still miss, and why.** Both runs above met a loaded host (Kineto rows 07:49, nsys rows
+07:06). Against the quiet 05:16-05:38 runs, ours was 30-45% slower and the single-process work
+(the typed decode, HTA) 0-25% slower. Around 07:50 the Kineto read's helper process, which starts a
+fresh interpreter, handed its half over 0.3-0.55 s after the main half instead of ~0.15 s, and
+imports and the store's write were slower too: start-up and file work, not CPU (two busy
+processes ran at full speed side by side then). Alternated A/B runs of this session's start
+against its end gave the same times (ingest + rules at Kineto 8x, rules alone at Kineto 8x and
+nsys 1x), so that is the machine, not the code. Ratios between two tools of the same round are
+what to read.
+* Kineto, 10x faster than HTA: 7.6x here; 10.0x, 7.8x, 9.8x and 8.8x in four earlier runs today
+  (median of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line when
+  the host is quiet, and decided by its load: ours is two processes reading, then two rule
+  threads, where HTA is one process. Where ours goes on a quiet run: imports ~0.2 s, the split
+  read ~1.35 s, the store's insert and commit ~0.4 s (pandas and the rules' modules are imported
+  meanwhile), tables ~0.1 s, rules ~0.5 s.
+* Within 2x of the bare typed decode: 2.5x here, 1.8x on the quiet runs (the decode is one
+  process, and does no start-up or writing, so load slows it less than ours).
 * nsys, 5x faster than nsys-ai's cache build: cannot be met on this machine class as written. At
   8x, nsys-ai with sqlite_scanner builds its cache in 23-27 s, so 5x is 4.6-5.4 s for reading,
   storing and every rule. Only fetching the columns we need with ADBC, the fastest reader measured
