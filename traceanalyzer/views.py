@@ -299,13 +299,12 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
         except duckdb.Error:
             pass
     db = cache.database
-    create = "CREATE OR REPLACE TEMP {} " if db == "temp" else f"CREATE OR REPLACE {{}} {db}."
+    temp = "TEMP " if db == "temp" else ""  # DuckDB creates in the temp catalog only with TEMP
     try:
-        con.execute(f"{create.format('TABLE')}_run_scope AS SELECT $1::VARCHAR AS run_id", [run_id])
+        con.execute(f"CREATE OR REPLACE {temp}TABLE {db}._run_scope AS SELECT $1::VARCHAR AS run_id", [run_id])
         for name in RUN_CACHED:
             sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $1")
-            kind = "VIEW" if name in _RUN_CACHE_VIEWS else "TABLE"
-            con.execute(f"{create.format(kind)}_run_{name} AS {sql.replace('{cache}', db)}",
+            con.execute(f"CREATE OR REPLACE {temp}{_cached_as(name)} {db}._run_{name} AS {sql.replace('{cache}', db)}",
                         [run_id] if "$1" in sql else [])
             _use(con, db, name)
             cache.cached.append(name)
@@ -326,6 +325,10 @@ def use_run_cache(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
         _use(con, cache.database, name)
 
 
+def _cached_as(name: str) -> str:
+    return "VIEW" if name in _RUN_CACHE_VIEWS else "TABLE"
+
+
 def _use(con: duckdb.DuckDBPyConnection, db: str, name: str) -> None:
     hidden = _RUN_CACHE_HIDDEN.get(name, "")
     con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT r.run_id, t.*{hidden} "
@@ -337,5 +340,5 @@ def _restore(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
     for name in reversed(cache.cached):
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name][1]}")
     for name in reversed(cache.cached):  # views first: they read the tables
-        con.execute(f"DROP {'VIEW' if name in _RUN_CACHE_VIEWS else 'TABLE'} IF EXISTS {db}._run_{name}")
+        con.execute(f"DROP {_cached_as(name)} IF EXISTS {db}._run_{name}")
     con.execute(f"DROP TABLE IF EXISTS {db}._run_scope")
