@@ -390,7 +390,7 @@ def repeated(reps: int, fn) -> dict:
     return median_run([fn() for _ in range(reps)])
 
 
-def interleaved(reps: int, cells: list[tuple[str, Callable[[], list[tuple[str, dict]]]]]) -> list[tuple[str, dict]]:
+def interleaved(reps: int, cells: list[Callable[[], list[tuple[str, dict]]]]) -> list[tuple[str, dict]]:
     """Rounds of one run of every cell, then each row's median run.
 
     A neighbour's burst on the shared host then slows one round, every tool's run in it,
@@ -399,8 +399,8 @@ def interleaved(reps: int, cells: list[tuple[str, Callable[[], list[tuple[str, d
     warm measurement of one tool)."""
     runs: dict[str, list[dict]] = {}
     for _ in range(reps):
-        for _name, fn in cells:
-            for row, r in fn():
+        for cell in cells:
+            for row, r in cell():
                 runs.setdefault(row, []).append(r)
     return [(row, median_run(r)) for row, r in runs.items()]
 
@@ -456,10 +456,10 @@ def run_kineto(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     path = kineto(scale)
     size = _announce("kineto", scale, path, t)
     store = _store_path("kineto", scale)
-    cells = [("ours", _ours_cell("kineto", scale, path, store))]
+    cells = [_ours_cell("kineto", scale, path, store)]
     if peers:
-        cells.append(("hta", lambda: [("HTA: TraceAnalysis load", measure(
-            ensure_venv("hta"), "hta", path.parent, label=f"hta_{scale}x"))]))
+        cells.append(lambda: [("HTA: TraceAnalysis load", measure(
+            ensure_venv("hta"), "hta", path.parent, label=f"hta_{scale}x"))])
     rows = interleaved(reps, cells)
     _table_sizes(rows, store)
     for method in KINETO_DECODERS:  # the typed decode is a target's baseline; the others are context
@@ -475,16 +475,16 @@ def run_nsys(scale: int, peers: bool, results: list, reps: int = 1) -> None:
     path = nsys(NSYS_BASE_KERNELS * scale)
     size = _announce("nsys", scale, path, t)
     store = _store_path("nsys", scale)
-    cells = [("ours", _ours_cell("nsys", scale, path, store)),
+    cells = [_ours_cell("nsys", scale, path, store),
              # The same with DuckDB capped (rules spill instead of growing): the memory a user can ask for.
-             ("capped", lambda: [(f"ours: ingest + all rules, {CAPPED_MEMORY} cap", measure(
+             lambda: [(f"ours: ingest + all rules, {CAPPED_MEMORY} cap", measure(
                  sys.executable, "ours", path, _store_path("nsys_capped", scale),
-                 env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY}, label=f"ours_capped_nsys_{scale}x"))])]
+                 env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY}, label=f"ours_capped_nsys_{scale}x"))]]
     if peers:
         def nsys_ai() -> list[tuple[str, dict]]:
             cold, warm = _nsys_ai_once(path, scale)
             return [("nsys-ai: cache build + gaps", cold)] + ([("nsys-ai: warm-cache skills", warm)] if warm else [])
-        cells.append(("nsys-ai", nsys_ai))
+        cells.append(nsys_ai)
     rows = interleaved(reps, cells)
     _table_sizes(rows, store)
     _store_path("nsys_capped", scale).unlink(missing_ok=True)
