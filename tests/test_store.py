@@ -185,6 +185,105 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
     assert not store.sql("SELECT 1 FROM duckdb_databases() WHERE database_name LIKE '_ta_run_cache%'").fetchall()
 
 
+def _stored_results(store):
+    return (store.sql("SELECT * FROM findings ORDER BY ALL").fetchall(),
+            store.sql("SELECT * EXCLUDE (evaluated_at) FROM rule_runs ORDER BY ALL").fetchall())
+
+
+def _kept(store):
+    from traceanalyzer import views
+
+    tables = {t for (t,) in store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_ta\\_kept\\_%' "
+                                      "ESCAPE '\\'").fetchall()}
+    registry = dict(store.sql(f"SELECT run_id, version FROM {views.KEPT_REGISTRY}").fetchall()) \
+        if views.KEPT_REGISTRY in tables else {}
+    return registry, tables - {views.KEPT_REGISTRY}
+
+
+def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
+    """A run at or above KEEP_MIN_GPU_OPS keeps its per-run cache in the store file; later rule
+    passes (this process or another, read-only too) use it instead of building one, and find
+    exactly what a pass on a cache built for the block finds."""
+    from traceanalyzer import views
+
+    built = []
+    real_build = views._build
+    monkeypatch.setattr(views, "_build", lambda con, run_id, cache, temp: built.append(cache.kept)
+                        or real_build(con, run_id, cache, temp))
+    files = ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite")
+    with Store(tmp_path / "block.duckdb") as st:  # the threshold out of reach: nothing kept
+        for f in files:
+            st.ingest(FIXTURES / f)
+        run_rules(st)
+        assert _kept(st) == ({}, set()) and built == [False] * 3
+        reference = _stored_results(st)
+
+    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    path = tmp_path / "kept.duckdb"
+    with Store(path) as st:
+        for f in files:
+            st.ingest(FIXTURES / f)
+        built.clear()
+        run_rules(st)
+        registry, tables = _kept(st)
+        assert built == [True] * 3 and registry == {r: views.CACHE_VERSION for r in st.run_ids()}
+        assert tables == {f"_ta_kept_{r}_{n}" for r in st.run_ids()
+                          for n in ("scope", *[n for n in views.RUN_CACHED if n not in views._RUN_CACHE_VIEWS])}
+        assert _stored_results(st) == reference
+        built.clear()
+        run_rules(st)  # warm: nothing built
+        assert built == [] and _stored_results(st) == reference
+    with Store(path, read_only=True) as ro:
+        for run_id in ro.run_ids():
+            with views.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
+                assert cache.kept and built == []
+                assert ro.sql("SELECT count(*) FROM stream_ops WHERE run_id <> $1", [run_id]).fetchone()[0] == 0
+    assert not Store(":memory:").keeps_caches and not ro.keeps_caches
+
+
+def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
+    """Replacing or deleting a run drops its kept cache in the same transaction; a cache kept
+    by another version of the cache's definition is not read, and is rebuilt where the store
+    is writable."""
+    from traceanalyzer import views
+
+    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    path = tmp_path / "kept.duckdb"
+    with Store(path) as st:
+        first = st.ingest(FIXTURES / "nsys/planted.sqlite").run_id
+        other = st.ingest(FIXTURES / "kineto/planted.json").run_id
+        run_rules(st)
+        reference = _stored_results(st)
+        assert set(_kept(st)[0]) == {first, other}
+        st.ingest(FIXTURES / "nsys/planted.sqlite")  # same content: the run is replaced
+        registry, tables = _kept(st)
+        assert set(registry) == {other} and not any(first in t for t in tables)
+        run_rules(st)
+        st.delete_run(other)
+        registry, tables = _kept(st)
+        assert set(registry) == {first} and not any(other in t for t in tables)
+        st.ingest(FIXTURES / "kineto/planted.json")
+        run_rules(st)
+        assert _stored_results(st) == reference
+        st.sql(f"UPDATE {views.KEPT_REGISTRY} SET version = 'older' WHERE run_id = $1", [first])
+
+    built = []
+    real_build = views._build
+    monkeypatch.setattr(views, "_build", lambda con, run_id, cache, temp: built.append((run_id, cache.kept))
+                        or real_build(con, run_id, cache, temp))
+    with Store(path, read_only=True) as ro:  # cannot rebuild it: a cache for the block
+        run_ids = ro.run_ids()
+        for run_id in run_ids:
+            with views.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
+                assert cache.kept == (run_id != first)
+        assert built == [(first, False)]
+    built.clear()
+    with Store(path) as st:
+        run_rules(st)
+        assert built == [(first, True)] and _kept(st)[0] == {r: views.CACHE_VERSION for r in run_ids}
+        assert _stored_results(st) == reference
+
+
 def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
     """A run's rules are spread over two cursors reading one shared cache (engine.rule_threads);
     the findings and outcomes are those of a one-thread pass, and no cache is left behind."""

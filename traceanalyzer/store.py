@@ -211,6 +211,7 @@ class Store:
             replaced = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
             for t in schema.TABLES:
                 con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
+            views.drop_kept(con, run_id)  # computed from the rows replaced here
             _insert(con, "runs", run_row)
             for name, tbl in tables.items():
                 if tbl.num_rows:
@@ -250,6 +251,7 @@ class Store:
         try:
             for t in schema.TABLES:
                 self.con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
+            views.drop_kept(self.con, run_id)
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
@@ -283,6 +285,12 @@ class Store:
         del trace  # before the rules, which need memory of their own (see memory.py)
         memory.give_back(freed)
         return result
+
+    @property
+    def keeps_caches(self) -> bool:
+        """Whether a big run's rules keep their per-run cache in this store (see
+        `views.scoped_to_run`): a writable store in a file."""
+        return not self.read_only and str(self.path) != ":memory:"
 
     def cursor(self) -> "Store":
         """This store on a new cursor of the same database, for another thread (a DuckDB

@@ -7,6 +7,7 @@ connection, not the file, so a store written by an older version gets the curren
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -231,65 +232,96 @@ def install(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
 
 
-# The views that several rules read and that cost a sort of all GPU work each time, in
-# dependency order (later ones are computed from the cached earlier ones). stream_ops is the
-# per-stream order T001 and S002 both need; kernel_names hashes the long names once for it
-# and S002. A view read by one rule only is not worth caching (T002 builds its kernel
-# islands itself, per run: views.islands with per_run).
-RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kernel_names", "stream_ops")
+# The views the rules read that cost a sort of all GPU work each time, in dependency order
+# (later ones are computed from the cached earlier ones). stream_ops is the per-stream order
+# T001 and S002 both need; kernel_names hashes the long names once for it and S002. T002
+# alone reads kernel_busy_intervals, but a big run keeps its cache (KEEP_MIN_GPU_OPS), and
+# there a sort paid once is a sort no later pass pays.
+RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kernel_busy_intervals",
+              "kernel_names", "stream_ops")
 
 # How the cache computes each table: one run's rows ($1) without the run_id column, which the
-# view over the table takes from the one-row _run_scope (a run id on every row would cost a
-# string per row to sort and store). The islands pass also keeps each island's successor,
-# so the idle gaps are a filter over it rather than another sort. `{cache}` is where the
-# cached tables live (see RunCache).
+# view over the table takes from the one-row `<prefix>scope` (a run id on every row would cost
+# a string per row to sort and store). The islands pass also keeps each island's successor,
+# so the idle gaps are a filter over it rather than another sort. `{cache}` is the prefix of
+# the cached tables' names (see RunCache).
 _RUN_CACHE_SQL = {
     "device_busy_intervals": islands("SELECT device_id, start_ns, end_ns FROM gpu_activity WHERE run_id = $1",
                                      successors=True, per_run=True),
     "device_idle_gaps": """
         SELECT device_id, end_ns AS start_ns, next_start_ns AS end_ns, next_start_ns - end_ns AS gap_ns,
                end_ns - first_start_ns - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
-        FROM {cache}._run_device_busy_intervals WHERE next_start_ns IS NOT NULL
+        FROM {cache}device_busy_intervals WHERE next_start_ns IS NOT NULL
         """,
+    "kernel_busy_intervals": islands("SELECT device_id, start_ns, end_ns FROM gpu_activity "
+                                     "WHERE run_id = $1 AND kind = 'kernel'", per_run=True),
     "stream_ops": _stream_ops(per_run=True),
 }
 _RUN_CACHE_HIDDEN = {"device_busy_intervals": " EXCLUDE (next_start_ns, first_start_ns)"}
-# Cached as views over the cached tables, not copies: a filter of the islands, cheaper to
-# scan again than to hold (5 M kernels: 250 MB).
+# Not stored: views over the cached tables, a filter of the islands, cheaper to scan again
+# than to hold (5 M kernels: 250 MB).
 _RUN_CACHE_VIEWS = ("device_idle_gaps",)
 _cache_ids = itertools.count()
+
+# A run with at least this many GPU operations keeps its cache in the store file, so later
+# rule passes on it skip the sorts (5 M kernels: ~4.5 s of a ~13-18 s pass, for ~300 MB on
+# disk). Below it, the cache costs a few hundred ms to build and is not worth the disk.
+KEEP_MIN_GPU_OPS = 200_000
+# Kept caches are tables `_ta_kept_<run_id>_<view>` listed in this table with the version of
+# the cache's definition they were built by; a run whose version is not the current one is
+# built again (and its old tables dropped) the next time its rules run on a writable store.
+KEPT_REGISTRY = "_ta_kept_cache"
+CACHE_VERSION = hashlib.sha1(repr((RUN_CACHED, _RUN_CACHE_SQL, _RUN_CACHE_HIDDEN, _RUN_CACHE_VIEWS,
+                                   [VIEWS[n][1] for n in RUN_CACHED])).encode()).hexdigest()[:16]
 
 
 @dataclass
 class RunCache:
-    """Where `scoped_to_run` keeps its tables: `temp` (this connection's own), or an
-    in-memory database attached for the block, which every cursor of the same database can
-    read (`use_run_cache`), so rules can run on several threads."""
+    """Where `scoped_to_run` keeps its tables (named `<prefix><view>`): `temp` (this
+    connection's own), an in-memory database attached for the block, or the store file
+    (`kept`); the last two are readable by every cursor of the same database
+    (`use_run_cache`), so rules can run on several threads."""
 
     database: str
     cached: list[str] = field(default_factory=list)
+    kept: bool = False
+    prefix: str = ""
 
     @property
     def shared(self) -> bool:
-        return self.database != "temp" and bool(self.cached)
+        return (self.kept or self.database != "temp") and bool(self.cached)
 
     def rows(self, con: duckdb.DuckDBPyConnection, name: str) -> int:
         """Rows of the cached view `name` (0 when it is not cached)."""
         if name not in self.cached:
             return 0
-        return con.execute(f"SELECT count(*) FROM {self.database}._run_{name}").fetchone()[0]
+        return con.execute(f"SELECT count(*) FROM {self.prefix}{name}").fetchall()[0][0]
 
 
 @contextmanager
-def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = False) -> Iterator[RunCache]:
+def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = False,
+                  keep: bool = False) -> Iterator[RunCache]:
     """Within the block, the RUN_CACHED views hold only `run_id`'s rows, computed once.
 
     The rules of one run each filter these views on that run; materializing them first
     turns ~10 recomputations (a window sort over every GPU operation each) into one.
     Outside the block (reports, cross-run rules) the views are the store-wide ones again.
     If the cache cannot be built, the block runs on the store-wide views (slower, same
-    answers), and any error shows up in the rules that read them. With `shared`, the tables
-    go into an attached in-memory database (TEMP tables where that fails: a read-only store)."""
+    answers), and any error shows up in the rules that read them.
+
+    A cache kept in the store (`KEEP_MIN_GPU_OPS`) is used when its version is current;
+    with `keep` (a writable store), a big run's cache is built into the store and kept.
+    Otherwise it lives for the block: with `shared`, in an attached in-memory database
+    (TEMP tables where that fails: a read-only store)."""
+    if _kept_version(con, run_id) == CACHE_VERSION or (
+            keep and _gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)):
+        cache = RunCache("main", list(RUN_CACHED), kept=True, prefix=_kept_prefix(run_id))
+        use_run_cache(con, cache)
+        try:
+            yield cache
+        finally:
+            _restore_views(con, cache)
+        return
     cache = RunCache("temp")
     if shared:
         name = f"_ta_run_cache_{next(_cache_ids)}"
@@ -299,15 +331,9 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
         except duckdb.Error:
             pass
     db = cache.database
-    temp = "TEMP " if db == "temp" else ""  # DuckDB creates in the temp catalog only with TEMP
+    cache.prefix = f"{db}._run_"
     try:
-        con.execute(f"CREATE OR REPLACE {temp}TABLE {db}._run_scope AS SELECT $1::VARCHAR AS run_id", [run_id])
-        for name in RUN_CACHED:
-            sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $1")
-            con.execute(f"CREATE OR REPLACE {temp}{_cached_as(name)} {db}._run_{name} AS {sql.replace('{cache}', db)}",
-                        [run_id] if "$1" in sql else [])
-            _use(con, db, name)
-            cache.cached.append(name)
+        _build(con, run_id, cache, "TEMP " if db == "temp" else "")  # DuckDB creates in temp only with TEMP
     except duckdb.Error:
         _restore(con, cache)
         cache.cached = []
@@ -319,26 +345,90 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
             con.execute(f"DETACH {db}")
 
 
+def _build(con: duckdb.DuckDBPyConnection, run_id: str, cache: RunCache, temp: str) -> None:
+    """Create the cache's tables at `cache.prefix`, pointing each view at its table as soon
+    as it is made (later tables are computed from the earlier ones)."""
+    con.execute(f"CREATE OR REPLACE {temp}TABLE {cache.prefix}scope AS SELECT $1::VARCHAR AS run_id", [run_id])
+    for name in RUN_CACHED:
+        if name not in _RUN_CACHE_VIEWS:
+            sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $1")
+            con.execute(f"CREATE OR REPLACE {temp}TABLE {cache.prefix}{name} AS {sql}",
+                        [run_id] if "$1" in sql else [])
+        _use(con, cache.prefix, name)
+        cache.cached.append(name)
+
+
+def _kept_prefix(run_id: str) -> str:
+    if not run_id.isalnum():  # run ids are hex digits; anything else is not a table name
+        raise ValueError(f"run id {run_id!r} cannot name a table")
+    return f"_ta_kept_{run_id}_"
+
+
+def _kept_version(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND schema_name = 'main' AND table_name = $1", [KEPT_REGISTRY]).fetchall()[0][0]:
+        return None
+    rows = con.execute(f"SELECT version FROM {KEPT_REGISTRY} WHERE run_id = $1", [run_id]).fetchall()
+    return rows[0][0] if rows else None
+
+
+def _gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    return con.execute("SELECT (SELECT count(*) FROM kernels WHERE run_id = $1) + (SELECT count(*) FROM copies "
+                       "WHERE run_id = $1) + (SELECT count(*) FROM memsets WHERE run_id = $1)", [run_id]).fetchall()[0][0]
+
+
+def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
+    """Build `run_id`'s cache into the store in one transaction, replacing any older one.
+    False (and nothing written) when that fails."""
+    cache = RunCache("main", kept=True, prefix=_kept_prefix(run_id))
+    try:
+        con.execute("BEGIN TRANSACTION")
+        drop_kept(con, run_id)
+        con.execute(f"CREATE TABLE IF NOT EXISTS {KEPT_REGISTRY} (run_id VARCHAR, version VARCHAR, built_at TIMESTAMP)")
+        _build(con, run_id, cache, "")
+        con.execute(f"INSERT INTO {KEPT_REGISTRY} VALUES ($1, $2, now()::TIMESTAMP)", [run_id, CACHE_VERSION])
+        con.execute("COMMIT")
+        return True
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        return False
+    finally:
+        _restore_views(con, cache)
+
+
+def drop_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Drop `run_id`'s kept cache, of any version (in the caller's transaction, if any)."""
+    if _kept_version(con, run_id) is None:
+        return
+    for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+                                "AND schema_name = 'main' AND starts_with(table_name, $1)",
+                                [_kept_prefix(run_id)]).fetchall():
+        con.execute(f'DROP TABLE "{table}"')
+    con.execute(f"DELETE FROM {KEPT_REGISTRY} WHERE run_id = $1", [run_id])
+
+
 def use_run_cache(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
     """Point another cursor's views (see `install`) at a shared RunCache."""
     for name in cache.cached:
-        _use(con, cache.database, name)
+        _use(con, cache.prefix, name)
 
 
-def _cached_as(name: str) -> str:
-    return "VIEW" if name in _RUN_CACHE_VIEWS else "TABLE"
-
-
-def _use(con: duckdb.DuckDBPyConnection, db: str, name: str) -> None:
+def _use(con: duckdb.DuckDBPyConnection, prefix: str, name: str) -> None:
     hidden = _RUN_CACHE_HIDDEN.get(name, "")
+    table = (f"({_RUN_CACHE_SQL[name].replace('{cache}', prefix)})" if name in _RUN_CACHE_VIEWS
+             else f"{prefix}{name}")
     con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT r.run_id, t.*{hidden} "
-                f"FROM {db}._run_scope r, {db}._run_{name} t")
+                f"FROM {prefix}scope r, {table} t")
+
+
+def _restore_views(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
+    for name in reversed(cache.cached):
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name][1]}")
 
 
 def _restore(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
-    db = cache.database
-    for name in reversed(cache.cached):
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name][1]}")
+    _restore_views(con, cache)
     for name in reversed(cache.cached):  # views first: they read the tables
-        con.execute(f"DROP {_cached_as(name)} IF EXISTS {db}._run_{name}")
-    con.execute(f"DROP TABLE IF EXISTS {db}._run_scope")
+        if name not in _RUN_CACHE_VIEWS:
+            con.execute(f"DROP TABLE IF EXISTS {cache.prefix}{name}")
+    con.execute(f"DROP TABLE IF EXISTS {cache.prefix}scope")

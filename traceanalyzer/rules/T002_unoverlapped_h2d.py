@@ -1,15 +1,11 @@
 """T002 unoverlapped host-to-device copies: copy time no kernel hides."""
 
-from ..views import covered_ns, islands
+from ..views import covered_ns
 from .base import Rule, Threshold
 
-# kernel_busy_intervals for this run, computed here without a run_id column: cheaper to sort
-# (the view carries the run id string on every row, and only this rule reads it).
-KERNEL_ISLANDS = islands("SELECT device_id, start_ns, end_ns FROM gpu_activity WHERE run_id = $run_id "
-                         "AND kind = 'kernel'", per_run=True)
 COVERED = covered_ns("SELECT copy_id, device_id, start_ns, end_ns FROM explicit", ("copy_id",),
-                     f"SELECT *, busy_before_ns + end_ns - start_ns AS to_end_ns FROM ({KERNEL_ISLANDS}) "
-                     "WHERE device_id IS NOT NULL")
+                     "SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns "
+                     "FROM kernel_busy_intervals WHERE run_id = $run_id AND device_id IS NOT NULL")
 
 SQL = r"""
 WITH h2d AS (

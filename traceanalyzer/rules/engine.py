@@ -224,7 +224,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             return oc, df
 
         # Run by run, so the views the rules share are computed once per run (views.scoped_to_run).
-        with views.scoped_to_run(store.con, run_id, shared=threads > 1) as cache:
+        with views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
             results = _map_rules(store, cache, rules, check, threads)
         for rule, (oc, df) in zip(rules, results):
             outcomes[(run_id, rule.id)] = oc
