@@ -122,8 +122,8 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
            any_value(b.active_span_ns) AS span_ns,
            arg_max(d.start_ns, (gap_ns, -d.start_ns)) AS worst_start,
            arg_max(d.end_ns, (gap_ns, -d.start_ns)) AS worst_end,
-           to_json(list({'start_ns': d.start_ns, 'end_ns': d.end_ns, 'gap_ns': gap_ns}
-                        ORDER BY gap_ns DESC, d.start_ns)[1:$max_examples]) AS worst
+           to_json(arg_max({'start_ns': d.start_ns, 'end_ns': d.end_ns, 'gap_ns': gap_ns},
+                           (gap_ns, -d.start_ns), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
     FROM device_idle_gaps d JOIN device_busy b USING (run_id, device_id)
     WHERE d.run_id = $run_id AND gap_ns > $min_gap_ns
       AND d.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)  -- see the last line

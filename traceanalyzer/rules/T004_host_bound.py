@@ -85,10 +85,10 @@ host_reach AS (
 ), summary AS (
     SELECT count(*) AS n, sum(gap_ns) AS total_ns, max(gap_ns) AS max_ns, median(gap_ns) AS median_ns,
            arg_max(start_ns, (gap_ns, -start_ns)) AS worst_start, arg_max(end_ns, (gap_ns, -start_ns)) AS worst_end,
-           to_json(list({'start_ns': start_ns, 'end_ns': end_ns, 'gap_ns': gap_ns,
-                         'host_busy_share': round(host_busy_share, 4), 'main': main_name,
-                         'main_kind': main_kind, 'main_id': main_id}
-                        ORDER BY gap_ns DESC, start_ns)[1:$max_examples]) AS worst
+           to_json(arg_max({'start_ns': start_ns, 'end_ns': end_ns, 'gap_ns': gap_ns,
+                            'host_busy_share': round(host_busy_share, 4), 'main': main_name,
+                            'main_kind': main_kind, 'main_id': main_id},
+                           (gap_ns, -start_ns), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
     FROM bound
 ), run AS (
     SELECT span_ns FROM runs WHERE run_id = $run_id

@@ -37,8 +37,9 @@ h2d_runs AS (
            arg_max(c.end_ns, (c.dur_ns, -c.copy_id)) AS worst_end,
            (SELECT count(*) FROM steps) AS n_steps,
            any_value(coalesce(r.pinned_bytes_per_ns, r.bytes_per_ns)) AS best_rate,
-           to_json(list({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
-                         'stream_id': c.stream_id} ORDER BY c.dur_ns DESC, c.copy_id)[1:$max_examples]) AS worst
+           -- the longest first, by a bounded heap (a list ORDER BY sorts every copy)
+           to_json(arg_max({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
+                            'stream_id': c.stream_id}, (c.dur_ns, -c.copy_id), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
     FROM cp c LEFT JOIN rates r USING (direction)
     WHERE c.bytes < $small_copy_bytes AND c.copy_id NOT IN (SELECT copy_id FROM t002_batched)
     GROUP BY c.device_id, c.direction HAVING count(*) >= $min_small_count
@@ -52,8 +53,8 @@ pageable AS (
            arg_max(c.end_ns, (c.dur_ns, -c.copy_id)) AS worst_end,
            -- time beyond what the run's best pinned device-to-host rate would take
            CAST(sum(CASE WHEN r.pinned_bytes_per_ns > 0 THEN greatest(c.dur_ns - c.bytes / r.pinned_bytes_per_ns, 0) END) AS BIGINT) AS extra_ns,
-           to_json(list({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
-                         'api_name': c.api_name} ORDER BY c.dur_ns DESC, c.copy_id)[1:$max_examples]) AS worst
+           to_json(arg_max({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
+                            'api_name': c.api_name}, (c.dur_ns, -c.copy_id), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
     FROM cp c LEFT JOIN rates r USING (direction)
     WHERE c.direction = 'DtoH' AND c.dst_kind = 'pageable'
     GROUP BY c.device_id
