@@ -53,21 +53,25 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     LEFT JOIN names n ON n.name_key = o.name_key
     LEFT JOIN names p ON p.name_key = o.prev_name_key
     WHERE o.run_id = $run_id
-), numbered AS (  -- among element-wise kernels, a chain starts at each one that does not continue the previous
-    SELECT *, sum(CASE WHEN continues THEN 0 ELSE 1 END) OVER w AS chain,
+), numbered AS (  -- among element-wise kernels, a chain starts at each one that does not continue the previous;
+    -- a chain is named by its first kernel's `seq`, and as its kernels are consecutive operations of
+    -- the stream, its last one tells its length
+    SELECT *, max(CASE WHEN continues THEN NULL ELSE seq END) OVER w AS chain,
            NOT coalesce(lead(continues) OVER w, false) AS is_last
     FROM (SELECT *, coalesce(prev_ew AND NOT prev_reduction AND start_ns - prev_end <= $max_gap_ns, false)
                       AS continues FROM acts WHERE ew)
     WINDOW w AS (PARTITION BY device_id, stream_id ORDER BY seq ROWS UNBOUNDED PRECEDING)
 ), long_chains AS (
-    SELECT device_id, stream_id, chain FROM numbered GROUP BY ALL HAVING count(*) >= $min_chain_count
+    SELECT device_id, stream_id, chain FROM numbered WHERE is_last AND seq - chain + 1 >= $min_chain_count
 ), chain_members AS (
     SELECT n.*, CASE WHEN continues THEN greatest(n.start_ns - prev_end, 0) ELSE 0 END AS gap_ns,
-           k.external_id,
-           k.grid_x * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1) * k.block_x * coalesce(k.block_y, 1)
-             * coalesce(k.block_z, 1) AS threads
+           k.external_id, k.threads
     FROM numbered n JOIN long_chains USING (device_id, stream_id, chain)
-    JOIN kernels k ON k.run_id = $run_id AND k.kernel_id = n.item_id
+    -- threads computed before the join: two columns in its hash table instead of seven
+    JOIN (SELECT kernel_id, external_id,
+                 grid_x * coalesce(grid_y, 1) * coalesce(grid_z, 1) * block_x * coalesce(block_y, 1)
+                   * coalesce(block_z, 1) AS threads
+          FROM kernels WHERE run_id = $run_id) k ON k.kernel_id = n.item_id
 ), launching_ops AS (  -- the operator that launched each kernel (Kineto `External id`)
     SELECT external_id, arg_min(name, op_id) AS op_name, arg_min(input_dims, op_id) AS dims,
            arg_min(input_types, op_id) AS types
@@ -127,14 +131,15 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            list_sum(list(c.round_trip_ns ORDER BY c.start_ns, c.stream_id)) AS round_trip_ns,
            any_value(c.bandwidth) AS bandwidth,
            list_sort(list_distinct(flatten(list(c.bytes_sources)))) AS bytes_sources,
-           -- the chain saving most (the earliest among equals)
-           -- (its fields from one ordered list, not one list per field)
-           list({{'id': c.first_id, 'stream_id': c.stream_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns}}
-                ORDER BY c.saving_ns DESC, c.start_ns)[1] AS worst_chain,
-           to_json(list({{'stream_id': c.stream_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns,
-                          'kernel_ids': c.kernel_ids, 'gap_ns': c.gap_ns, 'kernel_ns': c.kernel_ns,
-                          'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}}
-                        ORDER BY c.saving_ns DESC, c.start_ns)[1:$max_examples]) AS worst
+           -- the chain saving most (the earliest, then lowest stream, among equals), its fields from
+           -- one arg_max; then the chains the evidence lists, from a bounded heap (not a sorted list)
+           arg_max({{'id': c.first_id, 'stream_id': c.stream_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns}},
+                   (c.saving_ns, -c.start_ns, -c.stream_id)) AS worst_chain,
+           to_json(arg_max({{'stream_id': c.stream_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns,
+                             'kernel_ids': c.kernel_ids, 'gap_ns': c.gap_ns, 'kernel_ns': c.kernel_ns,
+                             'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}},
+                           (c.saving_ns, -c.start_ns, -c.stream_id),
+                           CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
     FROM costed c GROUP BY c.device_id, c.keys
 ), named_members AS (  -- the kernels of the one chain that names each group, in order
     SELECT device_id, keys, unnest(named_by) AS kernel_id, generate_subscripts(named_by, 1) AS i FROM grouped
