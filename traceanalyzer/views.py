@@ -268,8 +268,9 @@ _cache_ids = itertools.count()
 # disk). Below it, the cache costs a few hundred ms to build and is not worth the disk.
 KEEP_MIN_GPU_OPS = 200_000
 # Kept caches are tables `_ta_kept_<run_id>_<view>` listed in this table with the version of
-# the cache's definition they were built by; a run whose version is not the current one is
-# built again (and its old tables dropped) the next time its rules run on a writable store.
+# the cache's definition they were built by and the run's `ingested_at`; a cache of another
+# version or ingest is not read, and is built again (its old tables dropped) the next time the
+# run's rules run on a writable store.
 KEPT_REGISTRY = "_ta_kept_cache"
 CACHE_VERSION = hashlib.sha1(repr((RUN_CACHED, _RUN_CACHE_SQL, _RUN_CACHE_HIDDEN, _RUN_CACHE_VIEWS,
                                    [VIEWS[n][1] for n in RUN_CACHED])).encode()).hexdigest()[:16]
@@ -365,11 +366,19 @@ def _kept_prefix(run_id: str) -> str:
 
 
 def _kept_version(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
-    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                       "AND schema_name = 'main' AND table_name = $1", [KEPT_REGISTRY]).fetchall()[0][0]:
+    """The version of `run_id`'s kept cache; None when there is none, or when it was built
+    from an earlier ingest of the run (a version of traceanalyzer that knew nothing of kept
+    caches may have replaced the run without dropping them)."""
+    if not _has_registry(con):
         return None
-    rows = con.execute(f"SELECT version FROM {KEPT_REGISTRY} WHERE run_id = $1", [run_id]).fetchall()
-    return rows[0][0] if rows else None
+    rows = con.execute(f"SELECT k.version, k.ingested_at IS NOT DISTINCT FROM r.ingested_at FROM {KEPT_REGISTRY} k "
+                       "LEFT JOIN runs r USING (run_id) WHERE k.run_id = $1", [run_id]).fetchall()
+    return rows[0][0] if rows and rows[0][1] else None
+
+
+def _has_registry(con: duckdb.DuckDBPyConnection) -> bool:
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND schema_name = 'main' AND table_name = $1", [KEPT_REGISTRY]).fetchall()[0][0] > 0
 
 
 def _gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
@@ -384,9 +393,11 @@ def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
     try:
         con.execute("BEGIN TRANSACTION")
         drop_kept(con, run_id)
-        con.execute(f"CREATE TABLE IF NOT EXISTS {KEPT_REGISTRY} (run_id VARCHAR, version VARCHAR, built_at TIMESTAMP)")
+        con.execute(f"CREATE TABLE IF NOT EXISTS {KEPT_REGISTRY} (run_id VARCHAR, version VARCHAR, "
+                    "ingested_at TIMESTAMP, built_at TIMESTAMP)")
         _build(con, run_id, cache, "")
-        con.execute(f"INSERT INTO {KEPT_REGISTRY} VALUES ($1, $2, now()::TIMESTAMP)", [run_id, CACHE_VERSION])
+        con.execute(f"INSERT INTO {KEPT_REGISTRY} SELECT $1, $2, ingested_at, now()::TIMESTAMP FROM runs "
+                    "WHERE run_id = $1", [run_id, CACHE_VERSION])
         con.execute("COMMIT")
         return True
     except duckdb.Error:
@@ -398,7 +409,7 @@ def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
 
 def drop_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Drop `run_id`'s kept cache, of any version (in the caller's transaction, if any)."""
-    if _kept_version(con, run_id) is None:
+    if not _has_registry(con):
         return
     for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
                                 "AND schema_name = 'main' AND starts_with(table_name, $1)",
