@@ -285,6 +285,17 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
         assert sorted(built) == sorted([(first, True), (other, True)])
         assert _kept(st)[0] == {r: views.CACHE_VERSION for r in run_ids}
         assert _stored_results(st) == reference
+        # a registry of an earlier layout (no ingested_at) is void, and replaced when a cache is built
+        st.sql(f"DROP TABLE {views.KEPT_REGISTRY}")
+        st.sql(f"CREATE TABLE {views.KEPT_REGISTRY} AS SELECT run_id, $1 AS version, now() AS built_at FROM runs",
+               [views.CACHE_VERSION])
+        with views.scoped_to_run(st.con, first) as cache:
+            assert not cache.kept
+        built.clear()
+        run_rules(st)
+        assert sorted(built) == sorted([(first, True), (other, True)])
+        assert _kept(st)[0] == {r: views.CACHE_VERSION for r in run_ids}
+        assert _stored_results(st) == reference
 
 
 def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):

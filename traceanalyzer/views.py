@@ -369,16 +369,24 @@ def _kept_version(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
     """The version of `run_id`'s kept cache; None when there is none, or when it was built
     from an earlier ingest of the run (a version of traceanalyzer that knew nothing of kept
     caches may have replaced the run without dropping them)."""
-    if not _has_registry(con):
+    if _registry_columns(con) != _REGISTRY_COLUMNS:  # none, or another layout: nothing is kept
         return None
     rows = con.execute(f"SELECT k.version, k.ingested_at IS NOT DISTINCT FROM r.ingested_at FROM {KEPT_REGISTRY} k "
                        "LEFT JOIN runs r USING (run_id) WHERE k.run_id = $1", [run_id]).fetchall()
     return rows[0][0] if rows and rows[0][1] else None
 
 
+_REGISTRY_COLUMNS = ("run_id", "version", "ingested_at", "built_at")
+
+
+def _registry_columns(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
+    return tuple(c for (c,) in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND table_name = $1 ORDER BY column_index", [KEPT_REGISTRY]).fetchall())
+
+
 def _has_registry(con: duckdb.DuckDBPyConnection) -> bool:
-    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                       "AND schema_name = 'main' AND table_name = $1", [KEPT_REGISTRY]).fetchall()[0][0] > 0
+    return bool(_registry_columns(con))
 
 
 def _gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
@@ -393,6 +401,8 @@ def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
     try:
         con.execute("BEGIN TRANSACTION")
         drop_kept(con, run_id)
+        if _registry_columns(con) not in ((), _REGISTRY_COLUMNS):  # an earlier layout: its rows are void
+            con.execute(f"DROP TABLE {KEPT_REGISTRY}")
         con.execute(f"CREATE TABLE IF NOT EXISTS {KEPT_REGISTRY} (run_id VARCHAR, version VARCHAR, "
                     "ingested_at TIMESTAMP, built_at TIMESTAMP)")
         _build(con, run_id, cache, "")
