@@ -679,7 +679,10 @@ strings and devices are not repeated. `python bench/gen_big.py nsys --kernels 10
 
 **What is timed.** Ours: `Store(path).ingest(file)` into a new DuckDB file (hashing, reading,
 writing) plus `run_rules` with every rule, and again `run_rules` alone on the stored run (the warm
-path). HTA: `TraceAnalysis(trace_dir=...)` (parse plus its per-rank preprocessing; nothing else).
+path). A run of 200 k GPU operations or more keeps its per-run cache (the islands, `stream_ops`)
+in the store from its first rules pass (`views.KEEP_MIN_GPU_OPS`), as nsys-ai keeps its Parquet
+cache, and the warm pass reads it: the nsys runs here (0.8-6.3 M operations) do, the Kineto runs
+(at most 41 k) do not. HTA: `TraceAnalysis(trace_dir=...)` (parse plus its per-rank preprocessing; nothing else).
 nsys-ai: `nsys-ai skill run gpu_idle_gaps` on a fresh copy of the export (this builds its Parquet
 cache first, as the first command on any profile does), then, with the cache warm, the four skills
 that match our nsys rules (gpu_idle_gaps, memory_transfers, sync_cost_analysis,
@@ -761,57 +764,65 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   at the peak, the same findings. Tried and dropped: Arrow on the system allocator (the same
   memory, but fresh page faults for every large buffer), and compressing the cache (a
   CHECKPOINT of its in-memory database: -1.1 GB at the peak, +2.2 s).
+* Kept per-run cache and bounded heaps (2026-11-30, fifth session). The first rules pass on a run
+  of 200 k GPU operations or more builds the per-run cache into the store (`_ta_kept_<run_id>_*`
+  tables, versioned with the cache's SQL and the run's ingest, dropped with the run), kernel islands
+  included (T002 sorted them itself); later passes, read-only ones too, read it. The evidence's
+  worst-N lists come from bounded `arg_max(x, key, n)` heaps instead of a sorted list of every row
+  per group (T001, T002, T004, T006, S002), and S002 names a chain by its first kernel's `seq`, so
+  its long chains are a filter on last kernels rather than a group and a join back. At 5 M kernels,
+  back to back: the warm pass 13.4 -> 6.5-7 s, the first pass (which now also writes the cache,
+  ~+1 s) 14.9 -> 13.6 s, the rules' peak memory 3.4 -> 2.1 GB (the cache is on disk, not held);
+  the store grows by 349 MB (55 bytes per GPU operation). The same findings and outcomes on every
+  real and fixture trace, with the cache kept and not. Tried and dropped: the device and kernel
+  islands in one window pass with FILTERed aggregates (slower: DuckDB evaluates each window
+  expression on its own, and `lead(... IGNORE NULLS)` took 65 s on 0.8 M rows), and the rules of a
+  big run on two threads again (no faster).
 * `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
   rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
   a read, and run their rules on one thread when the jobs fill the cores.
 
-**Where we still miss, and why.** Both runs above met a loaded host (Kineto rows 07:49, nsys rows
-07:06). Against the quiet 05:16-05:38 runs, ours was 30-45% slower and the single-process work
-(the typed decode, HTA) 0-25% slower. Around 07:50 the Kineto read's helper process, which starts a
-fresh interpreter, handed its half over 0.3-0.55 s after the main half instead of ~0.15 s, and
-imports and the store's write were slower too: start-up and file work, not CPU (two busy
-processes ran at full speed side by side then). Alternated A/B runs of this session's start
-against its end gave the same times (ingest + rules at Kineto 8x, rules alone at Kineto 8x and
-nsys 1x), so that is the machine, not the code. Ratios between two tools of the same round are
-what to read.
-* Kineto, 10x faster than HTA: 7.6x here; 10.0x, 7.8x, 9.8x and 8.8x in four earlier runs today
-  (median of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line when
-  the host is quiet, and decided by its load: ours is two processes reading, then two rule
+**Where we still miss, and why.** The runs above met a shared host (see the load averages).
+Runs at 07:06-07:49 met a busier one: against quiet runs (05:16-05:38) ours was 30-45% slower
+there and the single-process work (the typed decode, HTA) 0-25% slower, mostly in start-up and
+file work (the Kineto read's helper process handed its half over 0.3-0.55 s late instead of
+~0.15 s); alternated A/B runs of old and new code gave equal times, so that was the machine.
+Ratios between two tools of the same round are what to read.
+* Kineto, 10x faster than HTA: 9.8x here (2.73 s against 26.9 s; 10x is 2.69 s); 10.0x, 7.8x,
+  9.8x, 8.8x and 7.6x in five earlier runs today (median of 3 each), ours 2.5-2.7 s on a quiet run
+  against HTA's 25.7-26.4 s. On the line, and decided by the host's load: ours is two processes reading, then two rule
   threads, where HTA is one process. Where ours goes on a quiet run: imports ~0.2 s, the split
   read ~1.35 s, the store's insert and commit ~0.4 s (pandas and the rules' modules are imported
   meanwhile), tables ~0.1 s, rules ~0.5 s.
-* Within 2x of the bare typed decode: 2.5x here, 1.8x on the quiet runs (the decode is one
-  process, and does no start-up or writing, so load slows it less than ours).
+* Within 2x of the bare typed decode: met here (1.8x), 2.5x on a busier run this morning (the
+  decode is one process, and does no start-up or writing, so load slows it less than ours).
 * nsys, 5x faster than nsys-ai's cache build: cannot be met on this machine class as written. At
   8x, nsys-ai with sqlite_scanner builds its cache in 23-27 s, so 5x is 4.6-5.4 s for reading,
   storing and every rule. Only fetching the columns we need with ADBC, the fastest reader measured
   here (sqlite3 is 2-5x slower; DuckDB's sqlite_scanner has no build for DuckDB 2.x, the wheels
   stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
-  before anything is stored. Ours: ingest 16.6 s (quiet) / 23.8 s (here), of which 6.7 s of the
-  reader is waiting for fetches. The issue's own figure for nsys-ai (165 s, 7.5 GB) is 7x slower
-  than what nsys-ai does here; against 165 s ours (30 s quiet, 43 s here) is 3.8-5.5x. nsys-ai without the extension
-  (the context row) builds no cache and answers from the export: 63.5 s, 2.4 GB at 8x.
-* nsys rules on a stored run, 2.6-2.7x nsys-ai's four warm skills: twenty rules against four
-  queries on a prebuilt cache; our four matching rules (T001-T004) alone, with the per-run cache
-  they need, take ~8 s at 8x on a quiet run. What is left: the per-run cache ~3.5 s (the islands
-  pass and `stream_ops`, one window sort of 6.3 M GPU operations each), S002 2.4-2.9 s (its chain
-  aggregate with an ordered list per chain, 1.5 s, and the numbering window, 1.2 s), T002 2.0 s,
-  T001 1.3 s, S001 1.0 s. Next steps: keep the per-run cache with the stored run (computed at
-  ingest, versioned with the code), so that a warm pass skips it; S002's member lists in chain
-  order without a sort per chain.
-* nsys memory, 1/4 of nsys-ai's: 0.55 of it (3.6 GB against 6.4 GB; was 0.90), 0.51 with the 2 GB
-  cap. With the freed memory handed back after the store (see above), the peak is now in the
-  rules: the per-run cache holds ~1.4 GB at 8x and S002 adds ~1.2 GB (its hash aggregate over
-  403 k chains and the join of 3.2 M chain members with the kernels). Under the cap the rules stay
-  near 2.3 GB and the peak moves to the reader (3.1 GB: the RUNTIME and KERNEL source columns, the
-  finished api_calls and kernels tables, and the GPU-to-API join all coexist). 1/4 (1.6 GB) needs
-  the reader to hand each table to the store as it is finished, and the rules' cache to spill or
-  shrink.
+  before anything is stored. Ours: ingest 16.6-17.5 s, then the first rules pass 13.6-16.4 s
+  (~5 s of it building the cache that later passes read). The issue's own figure for nsys-ai
+  (165 s, 7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (30-34 s) is
+  4.8-5.5x. nsys-ai without the extension (the context row) builds no cache and answers from the
+  export: 45-64 s, 2.4 GB at 8x.
+* nsys rules on a stored run, 1.5x nsys-ai's four warm skills (was 2.6-2.7x): twenty rules against
+  four queries on a prebuilt cache. Every rule of a 5 M-kernel run now costs under 1.7 s warm;
+  what is left is DuckDB's own work on both cores (two threads of rules are no faster): S002
+  ~1.6 s (its numbering window over 4 M element-wise kernels, 1.0 s), T001 ~1.1 s (two ASOF
+  joins of 0.8 M gaps), S001 ~1.0 s (the join of 5 M kernels with their 8.4 M launch calls),
+  T004 ~0.7 s (a run-wide window over 6.3 M operations, which could be kept too), T002 ~0.5 s,
+  T006 and T003 ~0.4 s each, imports and planning ~0.5 s.
+* nsys memory, 1/4 of nsys-ai's: 0.51 of it (3.3 GB against 6.4 GB; was 0.90 this morning). With
+  the kept cache on disk, the rules stay near 2.1 GB and the peak is the reader's (3.2 GB: the
+  RUNTIME and KERNEL source columns, the finished api_calls and kernels tables, and the GPU-to-API
+  join all coexist), so the 2 GB cap changes nothing. 1/4 (1.6 GB) needs the reader to hand each
+  table to the store as it is finished, in the one transaction.
 * "Memory bounded by the largest table", read as: from 1x to 8x the peak grows by at most twice
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
-  +2.7 GB for +0.77 GB of kernels table (3.6x): the rules' per-run cache and S002 grow with all GPU
-  operations, not with one table. Kineto: +207 MB for +12 MB (the tables are small next to the
+  +2.6 GB for +0.77 GB of kernels table (3.4x): the reader holds every table and its sources at
+  once (see above). Kineto: +193 MB for +12 MB (the tables are small next to the
   reading: two processes with their own decode buffers, the collected columns, then every table
   at once for the store). Neither meets it.
 * `scan --jobs 2` against `--jobs 1`: 1.48x (1.51x on a quieter run), and ~1.55x is the ceiling as `--jobs 1` works now: it
@@ -856,9 +867,10 @@ def main() -> None:
     if a.keep_others and (DATA / "peers.json").exists():
         saved = json.loads((DATA / "peers.json").read_text())
         results = [r for r in saved["results"] if r["kind"] not in kinds]
-        info["kept"] = {**saved["machine"].get("kept", {}),
-                        **{k: saved["machine"]["date"] for k in {r["kind"] for r in results}
-                           if k not in saved["machine"].get("kept", {})}}
+        kept = {**saved["machine"].get("kept", {}),
+                **{k: saved["machine"]["date"] for k in {r["kind"] for r in results}
+                   if k not in saved["machine"].get("kept", {})}}
+        info["kept"] = {k: d for k, d in kept.items() if k not in kinds}  # measured now: not kept
     for kind in kinds:
         for scale in scales:
             (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results, a.repeat)

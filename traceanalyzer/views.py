@@ -264,7 +264,7 @@ _RUN_CACHE_VIEWS = ("device_idle_gaps",)
 _cache_ids = itertools.count()
 
 # A run with at least this many GPU operations keeps its cache in the store file, so later
-# rule passes on it skip the sorts (5 M kernels: ~4.5 s of a ~13-18 s pass, for ~300 MB on
+# rule passes on it skip the sorts (5 M kernels: ~5 s of a ~13-18 s pass, for ~350 MB on
 # disk). Below it, the cache costs a few hundred ms to build and is not worth the disk.
 KEEP_MIN_GPU_OPS = 200_000
 # Kept caches are tables `_ta_kept_<run_id>_<view>` listed in this table with the version of
