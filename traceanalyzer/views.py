@@ -67,6 +67,20 @@ def _stream_ops(per_run: bool = False) -> str:
         """
 
 
+def _run_idle_gaps(per_run: bool = False) -> str:
+    """The run_idle_gaps view's query: one window over all GPU work of a run, every device
+    together; with `per_run`, one run's ($1) rows without a run_id column."""
+    run = "" if per_run else "run_id, "
+    return f"""
+        SELECT {run}prev_end_ns AS start_ns, start_ns AS end_ns, start_ns - prev_end_ns AS gap_ns
+        FROM (SELECT {run}start_ns,
+                     max(end_ns) OVER ({'' if per_run else 'PARTITION BY run_id '}ORDER BY start_ns, end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_ns
+              FROM gpu_activity {'WHERE run_id = $1' if per_run else ''})
+        WHERE start_ns > prev_end_ns
+        """
+
+
 def next_busy_candidates(probes: str) -> str:
     """The busy intervals of $run_id (device_busy_intervals) among which the first one ending
     after each probe (`device_id`, `t` columns of the query `probes`) lies.
@@ -171,6 +185,12 @@ VIEWS: dict[str, tuple[str, str]] = {
         WHERE next_start IS NOT NULL
         """,  # the per-run cache computes the same without this window (_RUN_CACHE_SQL)
     ),
+    "run_idle_gaps": (
+        "Per run, the stretches during which no GPU of the run had work: the gaps in the union of all "
+        "GPU activity over every device, with `gap_ns` (before the first and after the last operation "
+        "is not a gap).",
+        _run_idle_gaps(),
+    ),
     "kernel_names": (
         "Per run, each distinct kernel name with `name_key`, a small integer (in name order) that "
         "joins, sorts and groups far cheaper than the long demangled name.",
@@ -235,10 +255,10 @@ def install(con: duckdb.DuckDBPyConnection) -> None:
 # The views the rules read that cost a sort of all GPU work each time, in dependency order
 # (later ones are computed from the cached earlier ones). stream_ops is the per-stream order
 # T001 and S002 both need; kernel_names hashes the long names once for it and S002. T002
-# alone reads kernel_busy_intervals, but a big run keeps its cache (KEEP_MIN_GPU_OPS), and
-# there a sort paid once is a sort no later pass pays.
+# alone reads kernel_busy_intervals, and T004 run_idle_gaps, but a big run keeps its cache
+# (KEEP_MIN_GPU_OPS), and there a sort paid once is a sort no later pass pays.
 RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kernel_busy_intervals",
-              "kernel_names", "stream_ops")
+              "run_idle_gaps", "kernel_names", "stream_ops")
 
 # How the cache computes each table: one run's rows ($1) without the run_id column, which the
 # view over the table takes from the one-row `<prefix>scope` (a run id on every row would cost
@@ -255,6 +275,7 @@ _RUN_CACHE_SQL = {
         """,
     "kernel_busy_intervals": islands("SELECT device_id, start_ns, end_ns FROM gpu_activity "
                                      "WHERE run_id = $1 AND kind = 'kernel'", per_run=True),
+    "run_idle_gaps": _run_idle_gaps(per_run=True),
     "stream_ops": _stream_ops(per_run=True),
 }
 _RUN_CACHE_HIDDEN = {"device_busy_intervals": " EXCLUDE (next_start_ns, first_start_ns)"}

@@ -2,22 +2,15 @@
 
 from .base import Rule, Threshold
 
-# The stretches come from the union of GPU work over all devices (gaps-and-islands without
-# a device partition: a stretch is idle on every GPU). Host activity is any recorded host
-# event: framework ops, CPU ranges (NVTX, record_function) and API calls. What the host was
-# doing in a stretch is the innermost event (shortest) covering at least half of it;
-# enclosing ranges such as ProfilerStep#N only win when nothing finer covers the stretch.
+# The stretches are the gaps in the union of GPU work over all devices (views.run_idle_gaps:
+# idle on every GPU, computed once per run and kept with a big run's cache). Host activity is
+# any recorded host event: framework ops, CPU ranges (NVTX, record_function) and API calls.
+# What the host was doing in a stretch is the innermost event (shortest) covering at least
+# half of it; enclosing ranges such as ProfilerStep#N only win when nothing finer covers it.
 SQL = r"""
-WITH ops AS (
-    SELECT start_ns, end_ns FROM gpu_activity WHERE run_id = $run_id
-), ordered AS (
-    SELECT start_ns, max(end_ns) OVER (ORDER BY start_ns, end_ns
-                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM ops
-), stretches AS (
-    SELECT row_number() OVER (ORDER BY prev_end) AS sid, prev_end AS start_ns, start_ns AS end_ns,
-           start_ns - prev_end AS gap_ns
-    FROM ordered WHERE start_ns - prev_end >= $min_stretch_ns
+WITH stretches AS (
+    SELECT row_number() OVER (ORDER BY start_ns) AS sid, start_ns, end_ns, gap_ns
+    FROM run_idle_gaps WHERE run_id = $run_id AND gap_ns >= $min_stretch_ns
 ), host AS (
     SELECT 'cpu_op' AS kind, op_id AS id, name, pid, tid, start_ns, end_ns FROM cpu_ops
     WHERE run_id = $run_id AND end_ns > start_ns
