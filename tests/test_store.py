@@ -88,6 +88,12 @@ def test_busy_views(store):
     assert store.sql("SELECT start_ns, end_ns, busy_before_ns FROM device_busy_intervals ORDER BY 1").fetchall() \
         == [(0, 1_500, 0), (13_000, 14_000, 1_500), (26_000, 27_000, 2_500)]
     assert store.sql("SELECT idle_before_ns FROM device_idle_gaps ORDER BY start_ns").fetchall() == [(0,), (11_500,)]
+    # run-wide gaps: idle on every device; a second device busy over [1400, 20000] leaves one
+    assert store.sql("SELECT start_ns, end_ns, gap_ns FROM run_idle_gaps ORDER BY 1").fetchall() \
+        == [(1_500, 13_000, 11_500), (14_000, 26_000, 12_000)]
+    store.sql("INSERT INTO kernels (run_id, kernel_id, device_id, stream_id, start_ns, end_ns, name) "
+              "SELECT run_id, 99, 1, 7, 1_400, 20_000, 'other device' FROM runs")
+    assert store.sql("SELECT start_ns, end_ns, gap_ns FROM run_idle_gaps ORDER BY 1").fetchall() == [(20_000, 26_000, 6_000)]
 
 
 def test_rules_replace_their_findings_and_record_no_data(store):
