@@ -767,11 +767,12 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
 * Kept per-run cache and bounded heaps (2026-11-30, fifth session). The first rules pass on a run
   of 200 k GPU operations or more builds the per-run cache into the store (`_ta_kept_<run_id>_*`
   tables, versioned with the cache's SQL and the run's ingest, dropped with the run), kernel islands
-  included (T002 sorted them itself); later passes, read-only ones too, read it. The evidence's
+  and the run-wide idle gaps included (T002 and T004 each sorted every operation themselves);
+  later passes, read-only ones too, read it. The evidence's
   worst-N lists come from bounded `arg_max(x, key, n)` heaps instead of a sorted list of every row
   per group (T001, T002, T004, T006, S002), and S002 names a chain by its first kernel's `seq`, so
   its long chains are a filter on last kernels rather than a group and a join back. At 5 M kernels,
-  back to back: the warm pass 13.4 -> 6.5-7 s, the first pass (which now also writes the cache,
+  back to back: the warm pass 13.4 -> 6.5-7 s (T004 0.7 -> 0.3 s of that), the first pass (which now also writes the cache,
   ~+1 s) 14.9 -> 13.6 s, the rules' peak memory 3.4 -> 2.1 GB (the cache is on disk, not held);
   the store grows by 349 MB (55 bytes per GPU operation). The same findings and outcomes on every
   real and fixture trace, with the cache kept and not. Tried and dropped: the device and kernel
@@ -811,9 +812,9 @@ Ratios between two tools of the same round are what to read.
   four queries on a prebuilt cache. Every rule of a 5 M-kernel run now costs under 1.7 s warm;
   what is left is DuckDB's own work on both cores (two threads of rules are no faster): S002
   ~1.6 s (its numbering window over 4 M element-wise kernels, 1.0 s), T001 ~1.1 s (two ASOF
-  joins of 0.8 M gaps), S001 ~1.0 s (the join of 5 M kernels with their 8.4 M launch calls),
-  T004 ~0.7 s (a run-wide window over 6.3 M operations, which could be kept too), T002 ~0.5 s,
-  T006 and T003 ~0.4 s each, imports and planning ~0.5 s.
+  joins of 0.8 M gaps), S001 ~1.0 s (the join of 5 M kernels with their 8.4 M launch calls,
+  carrying the long kernel names), T002 ~0.6 s, T006, T003 and T004 ~0.3-0.4 s each, imports and
+  planning ~0.5 s.
 * nsys memory, 1/4 of nsys-ai's: 0.51 of it (3.3 GB against 6.4 GB; was 0.90 this morning). With
   the kept cache on disk, the rules stay near 2.1 GB and the peak is the reader's (3.2 GB: the
   RUNTIME and KERNEL source columns, the finished api_calls and kernels tables, and the GPU-to-API
