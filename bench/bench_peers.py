@@ -803,12 +803,12 @@ Ratios between two tools of the same round are what to read.
   storing and every rule. Only fetching the columns we need with ADBC, the fastest reader measured
   here (sqlite3 is 2-5x slower; DuckDB's sqlite_scanner has no build for DuckDB 2.x, the wheels
   stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
-  before anything is stored. Ours: ingest 16.6-17.5 s, then the first rules pass 13.6-16.4 s
+  before anything is stored. Ours: ingest 16.6-18.3 s, then the first rules pass 13.6-16.4 s
   (~5 s of it building the cache that later passes read). The issue's own figure for nsys-ai
   (165 s, 7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (30-34 s) is
   4.8-5.5x. nsys-ai without the extension (the context row) builds no cache and answers from the
   export: 45-64 s, 2.4 GB at 8x.
-* nsys rules on a stored run, 1.5x nsys-ai's four warm skills (was 2.6-2.7x): twenty rules against
+* nsys rules on a stored run, 1.4x nsys-ai's four warm skills (was 2.6-2.7x): twenty rules against
   four queries on a prebuilt cache. Every rule of a 5 M-kernel run now costs under 1.7 s warm;
   what is left is DuckDB's own work on both cores (two threads of rules are no faster): S002
   ~1.6 s (its numbering window over 4 M element-wise kernels, 1.0 s), T001 ~1.1 s (two ASOF
