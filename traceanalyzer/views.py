@@ -219,7 +219,7 @@ VIEWS: dict[str, tuple[str, str]] = {
     ),
 }
 
-# Small formatting helpers so a rule's SQL can write its own one-line message.
+# Small helpers so a rule's SQL can write its own one-line message and evidence.
 MACROS: dict[str, str] = {
     "fmt_ns": """(x) AS CASE WHEN x IS NULL THEN '-'
         WHEN abs(x) >= 1e9 THEN printf('%.3g s', x / 1e9)
@@ -232,6 +232,9 @@ MACROS: dict[str, str] = {
         WHEN abs(x) >= 1e3 THEN printf('%.3g KB', x / 1e3)
         ELSE printf('%d B', CAST(x AS BIGINT)) END""",
     "fmt_pct": "(x) AS CASE WHEN x IS NULL THEN '-' ELSE printf('%.1f%%', 100 * x) END",
+    # How many rows a bounded `arg_max(x, key, n)` heap keeps for a list of at most n examples:
+    # at least one (the heap needs n >= 1; slice the result with [1:n] for n < 1).
+    "heap_size": "(n) AS CAST(greatest(floor(n), 1) AS BIGINT)",
 }
 
 

@@ -139,7 +139,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
                              'kernel_ids': c.kernel_ids, 'gap_ns': c.gap_ns, 'kernel_ns': c.kernel_ns,
                              'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}},
                            (c.saving_ns, -c.start_ns, -c.stream_id),
-                           CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
+                           heap_size($max_examples))[1:$max_examples]) AS worst
     FROM costed c GROUP BY c.device_id, c.keys
 ), named_members AS (  -- the kernels of the one chain that names each group, in order
     SELECT device_id, keys, unnest(named_by) AS kernel_id, generate_subscripts(named_by, 1) AS i FROM grouped

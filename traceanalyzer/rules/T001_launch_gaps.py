@@ -78,7 +78,7 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
         SELECT arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
                         'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
                         'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
-                       (gap_ns, -gap_start), CAST(greatest(floor($max_examples), 1) AS BIGINT)) AS top
+                       (gap_ns, -gap_start), heap_size($max_examples)) AS top
         FROM classified WHERE $max_examples >= 1 GROUP BY device_id, stream_id)
 ), listed_ops AS (  -- the operations around them, by id (a few rows: the scans skip to them)
     SELECT prev_kind AS kind, prev_id AS item_id FROM listed UNION SELECT next_kind, next_id FROM listed
@@ -123,7 +123,7 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
            arg_max(d.start_ns, (gap_ns, -d.start_ns)) AS worst_start,
            arg_max(d.end_ns, (gap_ns, -d.start_ns)) AS worst_end,
            to_json(arg_max({'start_ns': d.start_ns, 'end_ns': d.end_ns, 'gap_ns': gap_ns},
-                           (gap_ns, -d.start_ns), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
+                           (gap_ns, -d.start_ns), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM device_idle_gaps d JOIN device_busy b USING (run_id, device_id)
     WHERE d.run_id = $run_id AND gap_ns > $min_gap_ns
       AND d.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)  -- see the last line

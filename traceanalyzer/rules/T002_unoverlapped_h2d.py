@@ -36,7 +36,7 @@ WITH h2d AS (
            to_json(arg_max({'copy_id': p.copy_id, 'stream_id': p.stream_id, 'start_ns': p.start_ns,
                             'end_ns': p.end_ns, 'bytes': p.bytes, 'exposed_ns': exposed_ns,
                             'src_kind': src_kind, 'api_name': api_name},
-                           (exposed_ns, -p.copy_id), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst,
+                           (exposed_ns, -p.copy_id), heap_size($max_examples))[1:$max_examples]) AS worst,
            any_value(b.active_span_ns) AS span_ns
     FROM per_copy p LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = p.device_id
     GROUP BY p.device_id

@@ -81,7 +81,7 @@ host_reach AS (
            to_json(arg_max({'start_ns': start_ns, 'end_ns': end_ns, 'gap_ns': gap_ns,
                             'host_busy_share': round(host_busy_share, 4), 'main': main_name,
                             'main_kind': main_kind, 'main_id': main_id},
-                           (gap_ns, -start_ns), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
+                           (gap_ns, -start_ns), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM bound
 ), run AS (
     SELECT span_ns FROM runs WHERE run_id = $run_id

@@ -39,7 +39,7 @@ h2d_runs AS (
            any_value(coalesce(r.pinned_bytes_per_ns, r.bytes_per_ns)) AS best_rate,
            -- the longest first, by a bounded heap (a list ORDER BY sorts every copy)
            to_json(arg_max({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
-                            'stream_id': c.stream_id}, (c.dur_ns, -c.copy_id), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
+                            'stream_id': c.stream_id}, (c.dur_ns, -c.copy_id), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM cp c LEFT JOIN rates r USING (direction)
     WHERE c.bytes < $small_copy_bytes AND c.copy_id NOT IN (SELECT copy_id FROM t002_batched)
     GROUP BY c.device_id, c.direction HAVING count(*) >= $min_small_count
@@ -54,7 +54,7 @@ pageable AS (
            -- time beyond what the run's best pinned device-to-host rate would take
            CAST(sum(CASE WHEN r.pinned_bytes_per_ns > 0 THEN greatest(c.dur_ns - c.bytes / r.pinned_bytes_per_ns, 0) END) AS BIGINT) AS extra_ns,
            to_json(arg_max({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
-                            'api_name': c.api_name}, (c.dur_ns, -c.copy_id), CAST(greatest(floor($max_examples), 1) AS BIGINT))[1:$max_examples]) AS worst
+                            'api_name': c.api_name}, (c.dur_ns, -c.copy_id), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM cp c LEFT JOIN rates r USING (direction)
     WHERE c.direction = 'DtoH' AND c.dst_kind = 'pageable'
     GROUP BY c.device_id
