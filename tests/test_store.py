@@ -206,22 +206,30 @@ def _kept(store):
     return registry, tables - {views.KEPT_REGISTRY}
 
 
+def _record_builds(monkeypatch) -> list[tuple[str, bool]]:
+    """(run id, kept) of every per-run cache built from here on."""
+    from traceanalyzer import views
+
+    built: list[tuple[str, bool]] = []
+    real_build = views._build
+    monkeypatch.setattr(views, "_build", lambda con, run_id, cache, temp: built.append((run_id, cache.kept))
+                        or real_build(con, run_id, cache, temp))
+    return built
+
+
 def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
     """A run at or above KEEP_MIN_GPU_OPS keeps its per-run cache in the store file; later rule
     passes (this process or another, read-only too) use it instead of building one, and find
     exactly what a pass on a cache built for the block finds."""
     from traceanalyzer import views
 
-    built = []
-    real_build = views._build
-    monkeypatch.setattr(views, "_build", lambda con, run_id, cache, temp: built.append(cache.kept)
-                        or real_build(con, run_id, cache, temp))
+    built = _record_builds(monkeypatch)
     files = ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite")
     with Store(tmp_path / "block.duckdb") as st:  # the threshold out of reach: nothing kept
         for f in files:
             st.ingest(FIXTURES / f)
         run_rules(st)
-        assert _kept(st) == ({}, set()) and built == [False] * 3
+        assert _kept(st) == ({}, set()) and [kept for _, kept in built] == [False] * 3
         reference = _stored_results(st)
 
     monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
@@ -232,7 +240,8 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
         built.clear()
         run_rules(st)
         registry, tables = _kept(st)
-        assert built == [True] * 3 and registry == {r: views.CACHE_VERSION for r in st.run_ids()}
+        assert sorted(built) == sorted((r, True) for r in st.run_ids())
+        assert registry == {r: views.CACHE_VERSION for r in st.run_ids()}
         assert tables == {f"_ta_kept_{r}_{n}" for r in st.run_ids()
                           for n in ("scope", *[n for n in views.RUN_CACHED if n not in views._RUN_CACHE_VIEWS])}
         assert _stored_results(st) == reference
@@ -275,10 +284,7 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
         # `other` replaced by a traceanalyzer that knew nothing of kept caches: its rows are new
         st.sql("UPDATE runs SET ingested_at = ingested_at + INTERVAL 1 SECOND WHERE run_id = $1", [other])
 
-    built = []
-    real_build = views._build
-    monkeypatch.setattr(views, "_build", lambda con, run_id, cache, temp: built.append((run_id, cache.kept))
-                        or real_build(con, run_id, cache, temp))
+    built = _record_builds(monkeypatch)
     with Store(path, read_only=True) as ro:  # cannot rebuild them: caches for the block
         run_ids = ro.run_ids()
         for run_id in run_ids:
@@ -314,19 +320,15 @@ def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
         store.ingest(FIXTURES / f)
     store.sql("SET threads = 2")
 
-    def stored():
-        return (store.sql("SELECT * FROM findings ORDER BY ALL").fetchall(),
-                store.sql("SELECT * EXCLUDE (evaluated_at) FROM rule_runs ORDER BY ALL").fetchall())
-
     shared = []
     real_use = views.use_run_cache
     monkeypatch.setattr(views, "use_run_cache", lambda con, cache: shared.append(cache.database) or real_use(con, cache))
     two = run_rules(store)
     assert len(shared) == 2 * len(store.run_ids())  # two cursors per run, on the attached cache
-    on_two = stored()
+    on_two = _stored_results(store)
     monkeypatch.setattr(engine, "rule_threads", lambda st: 1)
     one = run_rules(store)
-    assert stored() == on_two and [(o.rule_id, o.status, o.findings) for o in one] == \
+    assert _stored_results(store) == on_two and [(o.rule_id, o.status, o.findings) for o in one] == \
         [(o.rule_id, o.status, o.findings) for o in two]
     assert sum(o.findings for o in one) > 0
     assert not store.sql("SELECT database_name FROM duckdb_databases() WHERE database_name LIKE '_ta_run_cache%'").fetchall()

@@ -330,7 +330,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
         for o in outcomes:
             result = _store_outcome(store, o, written)
             if o.trace is not None:  # stored: free its tables before the next file's work
-                freed, o.trace = sum(t.nbytes for t in o.trace.tables.values()), None
+                freed, o.trace = o.trace.nbytes, None
                 memory.give_back(freed)
             report.files.append(result)
             if result.run_id and result.run_id not in report.run_ids:

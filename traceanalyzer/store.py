@@ -209,9 +209,7 @@ class Store:
         con.execute("BEGIN TRANSACTION")
         try:
             replaced = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
-            for t in schema.TABLES:
-                con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
-            views.drop_kept(con, run_id)  # computed from the rows replaced here
+            _delete_rows(con, run_id)
             _insert(con, "runs", run_row)
             for name, tbl in tables.items():
                 if tbl.num_rows:
@@ -249,9 +247,7 @@ class Store:
     def delete_run(self, run_id: str) -> None:
         self.con.execute("BEGIN TRANSACTION")
         try:
-            for t in schema.TABLES:
-                self.con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
-            views.drop_kept(self.con, run_id)
+            _delete_rows(self.con, run_id)
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
@@ -281,7 +277,7 @@ class Store:
                     raise
                 content_hash = hashing.result()
         result = self.write_run(trace, path.resolve(), content_hash, path.stat().st_size)
-        freed = sum(t.nbytes for t in trace.tables.values())
+        freed = trace.nbytes
         del trace  # before the rules, which need memory of their own (see memory.py)
         memory.give_back(freed)
         return result
@@ -316,6 +312,13 @@ def _set_up(con: duckdb.DuckDBPyConnection) -> None:
     the user's terminal in the middle of our own output."""
     con.execute("SET enable_progress_bar = false")
     views.install(con)
+
+
+def _delete_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Every row of `run_id`, and the cache kept from them (in the caller's transaction)."""
+    for t in schema.TABLES:
+        con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
+    views.drop_kept(con, run_id)
 
 
 _RUN_ID_KEY = b"traceanalyzer.run_id"

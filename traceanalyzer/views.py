@@ -314,7 +314,7 @@ class RunCache:
 
     @property
     def shared(self) -> bool:
-        return (self.kept or self.database != "temp") and bool(self.cached)
+        return self.database != "temp" and bool(self.cached)
 
     def rows(self, con: duckdb.DuckDBPyConnection, name: str) -> int:
         """Rows of the cached view `name` (0 when it is not cached)."""
@@ -409,10 +409,6 @@ def _registry_columns(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
         "AND table_name = $1 ORDER BY column_index", [KEPT_REGISTRY]).fetchall())
 
 
-def _has_registry(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(_registry_columns(con))
-
-
 def _gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     return con.execute("SELECT (SELECT count(*) FROM kernels WHERE run_id = $1) + (SELECT count(*) FROM copies "
                        "WHERE run_id = $1) + (SELECT count(*) FROM memsets WHERE run_id = $1)", [run_id]).fetchall()[0][0]
@@ -443,7 +439,7 @@ def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
 
 def drop_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Drop `run_id`'s kept cache, of any version (in the caller's transaction, if any)."""
-    if not _has_registry(con):
+    if not _registry_columns(con):
         return
     for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
                                 "AND schema_name = 'main' AND starts_with(table_name, $1)",

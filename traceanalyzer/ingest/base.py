@@ -35,6 +35,11 @@ class ParsedTrace:
     tables: dict[str, pa.Table] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of Arrow data the tables hold (what storing and dropping them frees)."""
+        return sum(t.nbytes for t in self.tables.values())
+
 
 def count(trace: ParsedTrace, table: str) -> int:
     t = trace.tables.get(table)
