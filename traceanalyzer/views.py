@@ -56,7 +56,7 @@ def _stream_ops(per_run: bool = False) -> str:
     where = "WHERE a.run_id = $1" if per_run else ""
     return f"""
         SELECT {run}device_id, stream_id, kind, item_id, start_ns, end_ns, pid, launch_call_id, name_key,
-               row_number() OVER w AS seq,
+               external_id, threads, row_number() OVER w AS seq,
                max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_end_ns,
                lag(kind) OVER w AS prev_kind, lag(item_id) OVER w AS prev_id, lag(start_ns) OVER w AS prev_start_ns,
                lag(end_ns) OVER w AS prev_end_ns, lag(name_key) OVER w AS prev_name_key
@@ -132,19 +132,22 @@ def covered_ns(probes: str, keys: tuple[str, ...], stretches: str) -> str:
 VIEWS: dict[str, tuple[str, str]] = {
     "gpu_activity": (
         "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
-        "row id of its source table in `item_id`.",
+        "row id of its source table in `item_id`; kernels also carry `external_id` and `threads` "
+        "(grid x block threads).",
         """
         SELECT run_id, device_id, stream_id, 'kernel' AS kind, kernel_id AS item_id,
-               start_ns, end_ns, name, pid, correlation_id, launch_call_id
+               start_ns, end_ns, name, pid, correlation_id, launch_call_id, external_id,
+               grid_x * coalesce(grid_y, 1) * coalesce(grid_z, 1)
+                 * block_x * coalesce(block_y, 1) * coalesce(block_z, 1) AS threads
         FROM kernels WHERE start_ns IS NOT NULL AND end_ns >= start_ns
         UNION ALL
         SELECT run_id, device_id, stream_id, 'copy', copy_id, start_ns, end_ns,
                'Memcpy ' || direction || CASE WHEN unified_memory THEN ' (unified)' ELSE '' END,
-               pid, correlation_id, launch_call_id
+               pid, correlation_id, launch_call_id, NULL, NULL
         FROM copies WHERE start_ns IS NOT NULL AND end_ns >= start_ns
         UNION ALL
         SELECT run_id, device_id, stream_id, 'memset', memset_id, start_ns, end_ns, 'Memset',
-               pid, correlation_id, NULL
+               pid, correlation_id, NULL, NULL, NULL
         FROM memsets WHERE start_ns IS NOT NULL AND end_ns >= start_ns
         """,
     ),
@@ -196,7 +199,18 @@ VIEWS: dict[str, tuple[str, str]] = {
         "joins, sorts and groups far cheaper than the long demangled name.",
         """
         SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY name) AS name_key, name
-        FROM (SELECT DISTINCT run_id, name FROM kernels WHERE start_ns IS NOT NULL AND end_ns >= start_ns)
+        FROM (SELECT DISTINCT run_id, name FROM kernels WHERE name IS NOT NULL)
+        """,
+    ),
+    "kernel_launches": (
+        "Every kernel with the host call that launched it (`api_calls` by `launch_call_id`): the "
+        "kernel's device, `name_key` and grid and block, the call's id, pid, tid, start and end.",
+        """
+        SELECT k.run_id, k.kernel_id, k.device_id, n.name_key, k.grid_x, k.grid_y, k.grid_z,
+               k.block_x, k.block_y, k.block_z, a.call_id, a.pid, a.tid,
+               a.start_ns AS call_start_ns, a.end_ns AS call_end_ns
+        FROM kernels k JOIN api_calls a ON a.run_id = k.run_id AND a.call_id = k.launch_call_id
+        LEFT JOIN kernel_names n ON n.run_id = k.run_id AND n.name = k.name
         """,
     ),
     "stream_ops": (
@@ -257,11 +271,12 @@ def install(con: duckdb.DuckDBPyConnection) -> None:
 
 # The views the rules read that cost a sort of all GPU work each time, in dependency order
 # (later ones are computed from the cached earlier ones). stream_ops is the per-stream order
-# T001 and S002 both need; kernel_names hashes the long names once for it and S002. T002
-# alone reads kernel_busy_intervals, and T004 run_idle_gaps, but a big run keeps its cache
-# (KEEP_MIN_GPU_OPS), and there a sort paid once is a sort no later pass pays.
+# T001 and S002 both need; kernel_names hashes the long names once for it and S002.
+# kernel_launches (S001) is a join of every kernel with its launch call rather than a sort.
+# T002 alone reads kernel_busy_intervals, and T004 run_idle_gaps, but a big run keeps its
+# cache (KEEP_MIN_GPU_OPS), and there work paid once is work no later pass pays.
 RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kernel_busy_intervals",
-              "run_idle_gaps", "kernel_names", "stream_ops")
+              "run_idle_gaps", "kernel_names", "stream_ops", "kernel_launches")
 
 # How the cache computes each table: one run's rows ($1) without the run_id column, which the
 # view over the table takes from the one-row `<prefix>scope` (a run id on every row would cost

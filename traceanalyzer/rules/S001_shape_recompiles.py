@@ -38,11 +38,11 @@ SHAPE_COLUMNS = ("calls, first.id AS first_id, first.cost AS first_ns, first.sta
                  "|| costs[list_position(costs, first.cost) + 1:], 'median') AS later_ns")
 
 SQL = rf"""
-WITH launch AS (
-    SELECT k.kernel_id, k.device_id, k.name, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z,
-           a.call_id, a.pid, a.tid, a.start_ns, a.end_ns
-    FROM kernels k JOIN api_calls a ON a.run_id = $run_id AND a.call_id = k.launch_call_id
-    WHERE k.run_id = $run_id AND a.start_ns IS NOT NULL AND a.end_ns >= a.start_ns AND a.tid IS NOT NULL
+WITH launch AS (  -- kernels with their launch calls, joined once per run (views.kernel_launches)
+    SELECT kernel_id, device_id, name_key, grid_x, grid_y, grid_z, block_x, block_y, block_z,
+           call_id, pid, tid, call_start_ns AS start_ns, call_end_ns AS end_ns
+    FROM kernel_launches
+    WHERE run_id = $run_id AND call_start_ns IS NOT NULL AND call_end_ns >= call_start_ns AND tid IS NOT NULL
 ), prep_all AS (  -- loads and compiles on a launching thread
     SELECT DISTINCT pid, tid, start_ns, end_ns FROM (
         SELECT pid, tid, start_ns, end_ns FROM api_calls
@@ -86,22 +86,22 @@ WITH launch AS (
 ), launches AS (  -- a kernel's shape is its grid and block, kept as integers until grouped
     SELECT 'kernel' AS kind, l.kernel_id AS item_id, l.device_id, l.pid, l.tid,
            coalesce(least(p.prep_start, l.start_ns), l.start_ns) AS start_ns,
-           l.end_ns, l.end_ns - l.start_ns + coalesce(p.prep_ns, 0) AS cost_ns, l.name AS group_key,
+           l.end_ns, l.end_ns - l.start_ns + coalesce(p.prep_ns, 0) AS cost_ns, l.name_key,
            l.grid_x, coalesce(l.grid_y, 1) AS grid_y, coalesce(l.grid_z, 1) AS grid_z,
            l.block_x, coalesce(l.block_y, 1) AS block_y, coalesce(l.block_z, 1) AS block_z
     FROM launch l LEFT JOIN prep_per_call p USING (call_id)
     WHERE l.grid_x IS NOT NULL AND l.block_x IS NOT NULL
-), kernel_shapes AS (  -- grouped by the integers: cheaper than by their text, printed below per shape
-    SELECT kind, group_key, grid_x, grid_y, grid_z, block_x, block_y, block_z, {SHAPE_STATS}
-    FROM launches GROUP BY kind, group_key, grid_x, grid_y, grid_z, block_x, block_y, block_z
+), kernel_shapes AS (  -- grouped by integers (name key, grid, block): cheaper than by text, printed below per shape
+    SELECT kind, name_key, grid_x, grid_y, grid_z, block_x, block_y, block_z, {SHAPE_STATS}
+    FROM launches GROUP BY kind, name_key, grid_x, grid_y, grid_z, block_x, block_y, block_z
 ), shapes AS (  -- per shape, the first call (by start) against the median of the later ones
     SELECT kind, group_key, shape, {SHAPE_COLUMNS}
     FROM (SELECT kind, group_key, shape, {SHAPE_STATS} FROM instances GROUP BY kind, group_key, shape)
     UNION ALL  -- the text is a one-to-one image of the integers, so the groups are the same
-    SELECT kind, group_key,
+    SELECT kind, n.name AS group_key,
            printf('grid (%d,%d,%d) block (%d,%d,%d)', grid_x, grid_y, grid_z, block_x, block_y, block_z),
            {SHAPE_COLUMNS}
-    FROM kernel_shapes
+    FROM kernel_shapes s LEFT JOIN kernel_names n ON n.run_id = $run_id AND n.name_key = s.name_key
 ), judged AS (
     SELECT *, first_ns - later_ns AS excess_ns,
            calls > 1 AND first_ns >= $min_first_call_slowdown_ratio * later_ns

@@ -42,7 +42,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
 ), acts AS (  -- names travel as integer keys (views.kernel_names): cheaper to sort, group and compare
     -- Operations in stream order with the previous one's fields, computed once per run
     -- (views.stream_ops): every operation takes part, so a GEMM or copy in between breaks a chain.
-    SELECT o.device_id, o.stream_id, o.item_id, o.start_ns, o.end_ns, o.name_key, o.seq,
+    SELECT o.device_id, o.stream_id, o.item_id, o.start_ns, o.end_ns, o.name_key, o.seq, o.external_id, o.threads,
            o.prev_end_ns AS prev_end,
            o.kind = 'kernel' AND o.end_ns - o.start_ns <= $max_kernel_ns AND coalesce(n.ew_name, false) AS ew,
            coalesce(n.reduction, false) AS reduction,
@@ -56,7 +56,10 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
 ), numbered AS (  -- among element-wise kernels, a chain starts at each one that does not continue the previous;
     -- a chain is named by its first kernel's `seq`, and as its kernels are consecutive operations of
     -- the stream, its last one tells its length
-    SELECT *, max(CASE WHEN continues THEN NULL ELSE seq END) OVER w AS chain,
+    -- (only the columns used later: the window sorts and the CTE stores every column it carries)
+    SELECT device_id, stream_id, item_id, start_ns, end_ns, name_key, seq, external_id, threads,
+           CASE WHEN continues THEN greatest(start_ns - prev_end, 0) ELSE 0 END AS gap_ns,
+           max(CASE WHEN continues THEN NULL ELSE seq END) OVER w AS chain,
            NOT coalesce(lead(continues) OVER w, false) AS is_last
     FROM (SELECT *, coalesce(prev_ew AND NOT prev_reduction AND start_ns - prev_end <= $max_gap_ns, false)
                       AS continues FROM acts WHERE ew)
@@ -64,14 +67,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
 ), long_chains AS (
     SELECT device_id, stream_id, chain FROM numbered WHERE is_last AND seq - chain + 1 >= $min_chain_count
 ), chain_members AS (
-    SELECT n.*, CASE WHEN continues THEN greatest(n.start_ns - prev_end, 0) ELSE 0 END AS gap_ns,
-           k.external_id, k.threads
-    FROM numbered n JOIN long_chains USING (device_id, stream_id, chain)
-    -- threads computed before the join: two columns in its hash table instead of seven
-    JOIN (SELECT kernel_id, external_id,
-                 grid_x * coalesce(grid_y, 1) * coalesce(grid_z, 1) * block_x * coalesce(block_y, 1)
-                   * coalesce(block_z, 1) AS threads
-          FROM kernels WHERE run_id = $run_id) k ON k.kernel_id = n.item_id
+    SELECT n.* FROM numbered n JOIN long_chains USING (device_id, stream_id, chain)
 ), launching_ops AS (  -- the operator that launched each kernel (Kineto `External id`)
     SELECT external_id, arg_min(name, op_id) AS op_name, arg_min(input_dims, op_id) AS dims,
            arg_min(input_types, op_id) AS types

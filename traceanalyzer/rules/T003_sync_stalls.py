@@ -11,7 +11,12 @@ from .base import Rule, Threshold
 SQL = r"""
 WITH active AS (
     SELECT device_id, first_start_ns, last_end_ns FROM device_busy WHERE run_id = $run_id
-), linked AS (  -- the device each API call acted on, from the GPU records it produced
+), blocking AS (  -- API calls that wait for the GPU, by name
+    SELECT call_id, name, pid, tid, start_ns, end_ns FROM api_calls
+    WHERE run_id = $run_id AND end_ns >= start_ns
+      AND (name ILIKE '%synchronize%' OR ((name ILIKE '%memcpy%' OR name ILIKE '%memset%') AND name NOT ILIKE '%async%'))
+), linked AS (  -- the device each of those calls acted on, from the GPU records it produced
+    -- (only their records are grouped: a run has far more async copies than blocking calls)
     SELECT launch_call_id AS call_id, min(device_id) AS device_id, count(DISTINCT device_id) AS n_dev,
            bool_or(direction = 'HtoD' AND bytes <= $max_early_return_htod_bytes) AS early_return
     FROM (SELECT launch_call_id, device_id, NULL AS direction, NULL::BIGINT AS bytes FROM syncs
@@ -19,18 +24,16 @@ WITH active AS (
           UNION ALL
           SELECT launch_call_id, device_id, direction, bytes FROM copies
           WHERE run_id = $run_id AND launch_call_id IS NOT NULL)
+    WHERE launch_call_id IN (SELECT call_id FROM blocking)
     GROUP BY launch_call_id
 ), calls AS (
     SELECT a.call_id, NULL::BIGINT AS sync_id, a.name, a.pid, a.tid, a.start_ns, a.end_ns,
            CASE WHEN a.name ILIKE '%synchronize%' THEN 'sync'
                 WHEN a.name ILIKE '%memcpy%' THEN 'copy' ELSE 'memset' END AS what,
            CASE WHEN l.n_dev = 1 THEN l.device_id END AS device_id
-    FROM api_calls a LEFT JOIN linked l USING (call_id)
-    WHERE a.run_id = $run_id AND a.end_ns >= a.start_ns
-      AND (a.name ILIKE '%synchronize%'
-           OR ((a.name ILIKE '%memcpy%' OR a.name ILIKE '%memset%') AND a.name NOT ILIKE '%async%'))
-      -- CUDA returns early from small pageable host-to-device copies: they do not block
-      AND NOT coalesce(l.early_return, false)
+    FROM blocking a LEFT JOIN linked l USING (call_id)
+    -- CUDA returns early from small pageable host-to-device copies: they do not block
+    WHERE NOT coalesce(l.early_return, false)
     UNION ALL
     SELECT NULL, sync_id, coalesce(api_name, kind || ' sync record without an API call'), pid, tid,
            start_ns, end_ns, 'sync', device_id
