@@ -337,6 +337,34 @@ def test_t007_exposed_nccl(check, path):
     assert f["value"] == pytest.approx(exposed / span) and f["severity"] == _severity(exposed / span, 0.0, 0.25)
 
 
+@pytest.mark.parametrize("layout, exposed_us", [
+    ("one stream, in order", 10),           # the copy sits between two kernels: nothing hides it
+    ("one stream, overlapping records", 5),  # a broken trace: the kernel's record overlaps the copy's
+    ("copy on its own stream", 5),          # a kernel on another stream hides half of it
+])
+def test_t002_exposed_time_by_stream_layout(tmp_path, layout, exposed_us):
+    """T002 skips the overlap lookup for copies on a device's only kernel stream when that
+    stream's records never overlap (a stream runs its work in order); a trace whose records do
+    overlap there, or a copy on another stream, is looked up."""
+    def op(cat, name, stream, ts, dur, corr, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+                "args": {"device": 0, "stream": stream, "correlation": corr, **args}}
+    first_end = {"one stream, overlapping records": 25.0}.get(layout, 20.0)
+    copy_stream = 8 if layout == "copy on its own stream" else 7
+    copy_start = 15.0 if layout == "copy on its own stream" else 20.0
+    path = tmp_path / "t002.json"
+    path.write_text(json.dumps({"traceEvents": [
+        op("kernel", "gemm_a", 7, 10.0, first_end - 10.0, 1),
+        op("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", copy_stream, copy_start, 10.0, 2, bytes=1 << 20),
+        op("kernel", "gemm_b", 7, 30.0, 10.0, 3)]}))
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(path).run_id
+        run_rules(st, [run_id], Settings(select=["T002"]))
+        [(evidence,)] = st.sql("SELECT evidence FROM findings WHERE rule_id = 'T002' "
+                               "AND item_name = 'host-to-device copies'").fetchall()
+    assert json.loads(evidence)["exposed_ns"] == exposed_us * 1000
+
+
 def test_t007_worst_kernel_is_one_kernel_when_exposures_tie(tmp_path):
     """Two all-reduces start together and are exposed alike (600 us each: one is 1 ms long with
     400 us under a GEMM, the other 600 us long): the finding's kernel id, start and end are those

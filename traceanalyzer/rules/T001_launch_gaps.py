@@ -48,17 +48,23 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     SELECT * FROM gaps WHERE device_id IS NOT NULL AND device_id NOT IN (SELECT device_id FROM one_stream)
 ), gap_idle AS (  -- the part of each gap during which no stream of the device worked
     __GAP_IDLE__
-), reach AS (  -- whether a sync call or a copy overlaps each gap (a gap is device, stream, seq);
-    -- the ASOF joins sort their probes, so they get only the columns they need
-    SELECT g.device_id, g.stream_id, g.seq, sr.reach_ns > g.gap_start AS sync_hit, cr.reach_ns > g.gap_start AS copy_hit
+), sync_hits AS (  -- whether a sync call overlaps each gap (a gap is device, stream, seq);
+    -- an ASOF join sorts its probes, so they get only the columns it needs
+    SELECT g.device_id, g.stream_id, g.seq, sr.reach_ns > g.gap_start AS sync_hit
     FROM (SELECT device_id, stream_id, seq, has_pid, pid_key, gap_start, gap_end FROM gaps) g
     ASOF LEFT JOIN sync_reach sr ON sr.has_pid = g.has_pid AND sr.pid_key = g.pid_key AND sr.start_ns < g.gap_end
-    ASOF LEFT JOIN copy_reach cr ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
+), copy_hits AS (  -- whether a copy overlaps each gap: only on devices with several streams (on
+    -- a device with one, every copy is an operation of the gap's own stream)
+    SELECT g.device_id, g.stream_id, g.seq, cr.reach_ns > g.gap_start AS copy_hit
+    FROM (SELECT device_id, stream_id, seq, gap_start, gap_end FROM multi_gaps) g
+    -- (the right side of an ASOF join is sorted even for no probes: only the devices probed)
+    ASOF JOIN (SELECT * FROM copy_reach WHERE device_id IN (SELECT device_id FROM multi_gaps)) cr
+      ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
 ), classified AS (
     SELECT g.*,
         CASE
-          WHEN r.sync_hit THEN 'sync'
-          WHEN r.copy_hit
+          WHEN sh.sync_hit THEN 'sync'
+          WHEN ch.copy_hit
             -- copies with end before start are not operations of any stream: tested directly
             OR EXISTS (SELECT 1 FROM copies c WHERE c.run_id = $run_id AND c.end_ns < c.start_ns
                        AND c.device_id = g.device_id AND c.stream_id IS DISTINCT FROM g.stream_id
@@ -73,8 +79,10 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
     LEFT JOIN gap_idle gi ON gi.device_id = g.device_id AND gi.stream_id IS NOT DISTINCT FROM g.stream_id
                           AND gi.seq = g.seq
-    LEFT JOIN reach r ON r.device_id IS NOT DISTINCT FROM g.device_id AND r.stream_id IS NOT DISTINCT FROM g.stream_id
-                     AND r.seq = g.seq
+    LEFT JOIN sync_hits sh ON sh.device_id IS NOT DISTINCT FROM g.device_id
+                          AND sh.stream_id IS NOT DISTINCT FROM g.stream_id AND sh.seq = g.seq
+    LEFT JOIN copy_hits ch ON ch.device_id = g.device_id AND ch.stream_id IS NOT DISTINCT FROM g.stream_id
+                          AND ch.seq = g.seq
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
     FROM stream_ops WHERE run_id = $run_id GROUP BY ALL

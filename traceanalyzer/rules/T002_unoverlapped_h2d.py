@@ -3,9 +3,12 @@
 from ..views import covered_ns
 from .base import Rule, Threshold
 
-COVERED = covered_ns("SELECT copy_id, device_id, start_ns, end_ns FROM explicit", ("copy_id",),
+# Only copies a kernel can overlap are probed, and only their devices' kernel intervals read
+# (an ASOF join sorts its right side even for no probes).
+COVERED = covered_ns("SELECT copy_id, device_id, start_ns, end_ns FROM probed", ("copy_id",),
                      "SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns "
-                     "FROM kernel_busy_intervals WHERE run_id = $run_id AND device_id IS NOT NULL")
+                     "FROM kernel_busy_intervals WHERE run_id = $run_id AND device_id IS NOT NULL "
+                     "AND device_id IN (SELECT device_id FROM probed)")
 
 SQL = r"""
 WITH h2d AS (
@@ -15,6 +18,18 @@ WITH h2d AS (
     WHERE run_id = $run_id AND direction = 'HtoD' AND start_ns IS NOT NULL AND end_ns > start_ns
 ), explicit AS (
     SELECT * FROM h2d WHERE NOT coalesce(unified_memory, false)
+), stream_facts AS (  -- per stream: its kernels, and whether its operations never overlap one another
+    SELECT device_id, stream_id, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
+           coalesce(max(prev_max_end_ns - start_ns), 0) <= 0 AS disjoint
+    FROM stream_ops WHERE run_id = $run_id GROUP BY device_id, stream_id
+), lone_stream AS (  -- devices whose kernels all run on one stream whose operations never overlap: no
+    -- kernel can run during a copy on that stream (a CUDA stream runs its work in order; traces rarely
+    -- break this, and then the copies are probed)
+    SELECT device_id, any_value(stream_id) AS stream_id FROM stream_facts WHERE kernels > 0
+    GROUP BY device_id HAVING count(*) = 1 AND bool_and(disjoint)
+), probed AS (  -- the copies some kernel may overlap
+    SELECT * FROM explicit e
+    WHERE NOT EXISTS (SELECT 1 FROM lone_stream l WHERE l.device_id = e.device_id AND l.stream_id = e.stream_id)
 ), covered AS (  -- time of each copy during which some kernel ran on its device
     __COVERED__
 ), per_copy AS (
