@@ -30,12 +30,7 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     FROM sync_calls WHERE pid IS NOT NULL
     UNION ALL
     SELECT false, 0, start_ns, max(end_ns) OVER (ORDER BY start_ns) FROM sync_calls
-), copy_reach AS (
-    -- Every timed copy of the device: one on the gap's own stream cannot overlap the gap
-    -- (it is one of the stream's operations, so it ends by the gap's start or starts at
-    -- or after its end), so "on another stream" needs no test here.
-    SELECT device_id, start_ns, max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns) AS reach_ns
-    FROM copies WHERE run_id = $run_id AND device_id IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns
+    WHERE EXISTS (SELECT 1 FROM gaps WHERE pid IS NULL)  -- (the ASOF join sorts all it is given)
 ), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
     SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS to_end_ns
     FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
@@ -46,6 +41,14 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
 ), multi_gaps AS (
     SELECT * FROM gaps WHERE device_id IS NOT NULL AND device_id NOT IN (SELECT device_id FROM one_stream)
+), copy_reach AS (
+    -- Every timed copy of the device: one on the gap's own stream cannot overlap the gap
+    -- (it is one of the stream's operations, so it ends by the gap's start or starts at
+    -- or after its end), so "on another stream" needs no test here. Only devices with
+    -- several streams are probed (copy_hits).
+    SELECT device_id, start_ns, max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns) AS reach_ns
+    FROM copies WHERE run_id = $run_id AND device_id IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns
+      AND device_id IN (SELECT device_id FROM multi_gaps)
 ), gap_idle AS (  -- the part of each gap during which no stream of the device worked
     __GAP_IDLE__
 ), sync_hits AS (  -- whether a sync call overlaps each gap (a gap is device, stream, seq);
@@ -57,25 +60,25 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     -- a device with one, every copy is an operation of the gap's own stream)
     SELECT g.device_id, g.stream_id, g.seq, cr.reach_ns > g.gap_start AS copy_hit
     FROM (SELECT device_id, stream_id, seq, gap_start, gap_end FROM multi_gaps) g
-    -- (the right side of an ASOF join is sorted even for no probes: only the devices probed)
-    ASOF JOIN (SELECT * FROM copy_reach WHERE device_id IN (SELECT device_id FROM multi_gaps)) cr
-      ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
+    ASOF JOIN copy_reach cr ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
+), odd_copy_hits AS (  -- copies with end before start are not operations of any stream: tested
+    -- directly (a join, not a correlated EXISTS per gap: there are almost never any)
+    SELECT DISTINCT g.device_id, g.stream_id, g.seq
+    FROM gaps g JOIN copies c ON c.run_id = $run_id AND c.end_ns < c.start_ns AND c.device_id = g.device_id
+                             AND c.stream_id IS DISTINCT FROM g.stream_id
+                             AND c.start_ns < g.gap_end AND c.end_ns > g.gap_start
 ), classified AS (
     SELECT g.*,
         CASE
           WHEN sh.sync_hit THEN 'sync'
-          WHEN ch.copy_hit
-            -- copies with end before start are not operations of any stream: tested directly
-            OR EXISTS (SELECT 1 FROM copies c WHERE c.run_id = $run_id AND c.end_ns < c.start_ns
-                       AND c.device_id = g.device_id AND c.stream_id IS DISTINCT FROM g.stream_id
-                       AND c.start_ns < g.gap_end AND c.end_ns > g.gap_start) THEN 'copy'
+          WHEN ch.copy_hit OR oc.seq IS NOT NULL THEN 'copy'
           WHEN a.end_ns > g.gap_start THEN 'late_launch'
           WHEN a.start_ns IS NULL THEN 'unknown'
           ELSE 'dependency'
         END AS cause,
-        CASE WHEN o.device_id IS NOT NULL THEN g.gap_ns ELSE coalesce(gi.covered_ns, 0) END AS idle_ns
+        CASE WHEN g.device_id IN (SELECT device_id FROM one_stream) THEN g.gap_ns ELSE coalesce(gi.covered_ns, 0) END
+          AS idle_ns
     FROM gaps g
-    LEFT JOIN one_stream o ON o.device_id = g.device_id
     LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
     LEFT JOIN gap_idle gi ON gi.device_id = g.device_id AND gi.stream_id IS NOT DISTINCT FROM g.stream_id
                           AND gi.seq = g.seq
@@ -83,6 +86,8 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
                           AND sh.stream_id IS NOT DISTINCT FROM g.stream_id AND sh.seq = g.seq
     LEFT JOIN copy_hits ch ON ch.device_id = g.device_id AND ch.stream_id IS NOT DISTINCT FROM g.stream_id
                           AND ch.seq = g.seq
+    LEFT JOIN odd_copy_hits oc ON oc.device_id = g.device_id AND oc.stream_id IS NOT DISTINCT FROM g.stream_id
+                              AND oc.seq = g.seq
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
     FROM stream_ops WHERE run_id = $run_id GROUP BY ALL
