@@ -27,13 +27,15 @@ wrapper. Verified against Kineto's ``est. achieved occupancy %`` and Nsight Comp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from .gpu import CC_LIMITS, LIMIT_COLUMNS, CCLimits, effective_limits
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 UNLIMITED = 2**31 - 1  # cuda_occupancy.h reports an unused resource as INT_MAX
 
@@ -243,18 +245,24 @@ def waves(grid_blocks: float, blocks_per_sm: float, sm_count: float) -> float | 
 
 
 def _column(df: pd.DataFrame, name: str) -> pd.Series:
+    import pandas as pd
+
     if name in df.columns:
         return pd.to_numeric(df[name], errors="coerce").astype("Float64")
     return pd.Series(pd.NA, index=df.index, dtype="Float64")
 
 
 def _cc_table() -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame([_int_fields(lim) for lim in CC_LIMITS.values()])
 
 
 def _device_arrays(df: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per-row limits: the row's device columns where given, else its CC's table values.
     Also returns a mask of rows whose limits are complete."""
+    import pandas as pd
+
     major, minor = _column(df, "compute_major"), _column(df, "compute_minor")
     keys = pd.DataFrame({"major": major, "minor": minor}, index=df.index)
     table = _cc_table().astype("Float64")
@@ -297,6 +305,8 @@ def occupancy_table(
     ``theoretical_occupancy``, ``shared_mem_per_block_bytes``, ``shared_mem_config_bytes``
     and ``waves``; all NULL for rows whose device or launch facts are unknown.
     """
+    import pandas as pd
+
     if isinstance(kernels, pa.RecordBatchReader):  # what a DuckDB relation's .arrow() gives
         kernels = kernels.read_all()
     df = kernels.to_pandas() if isinstance(kernels, pa.Table) else kernels

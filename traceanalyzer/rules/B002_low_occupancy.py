@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..fmt import ns, pct
 from ._launches import int_or_none as _int, launch_groups
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 _LIMITER_HINT = {
     "registers": "cap registers (__launch_bounds__ / -maxrregcount) or reduce live values",
@@ -18,6 +21,8 @@ _LIMITER_HINT = {
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     g = launch_groups(store, run_id)
     if g.empty:
         return g

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..fmt import ns, pct
 from ._ncu import DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col, device_peaks, jsonable, kernel_finding, keep_hot, ncu_launches, per_kernel
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 # -- FLOPs and DRAM bytes from ncu counters --------------------------------------------
 
@@ -49,6 +52,8 @@ def _tensor_metrics(columns) -> list[str]:
 def roofline_inputs(df: pd.DataFrame, peaks: pd.DataFrame) -> pd.DataFrame:
     """Per launch: FLOPs per family, DRAM bytes, and the peaks to compare them with (ncu's own
     peaks at the measured clock when collected, else the device's)."""
+    import pandas as pd
+
     out = pd.DataFrame(index=df.index)
     seconds = col(df, DURATION) / 1e9
     hz = col(df, "smsp__cycles_elapsed.avg.per_second", "sm__cycles_elapsed.avg.per_second",
@@ -87,6 +92,8 @@ FAMILY_LABEL = {"fp32": "FP32", "fp64": "FP64", "half": "FP16 (non-tensor)", "te
 def roofline_shares(g: pd.DataFrame) -> pd.DataFrame:
     """compute_pct / memory_pct (% of the roofs) from summed FLOPs and bytes per kernel.
     The compute side is the precision family nearest its own peak."""
+    import pandas as pd
+
     secs = g["duration_ns"] / 1e9
     fam_pct = pd.DataFrame({f: 100 * g[f"flops_{f}"] / secs / g[f"peak_{f}"] for f in FAMILY_LABEL})
     has_flops = fam_pct.notna().any(axis=1)
@@ -108,6 +115,8 @@ def roofline_shares(g: pd.DataFrame) -> pd.DataFrame:
 # -- the ncu part of the rule -------------------------------------------------------------
 
 def _ncu_findings(store, run_id: str, p: dict) -> list[dict]:
+    import pandas as pd
+
     ids = (SM_SOL, MEM_SOL, "launch__waves_per_multiprocessor", *ROOFLINE_IDS,
            *(m for ms in MEMORY_UNITS.values() for m in ms))
     df = ncu_launches(store, run_id, ids, ROOFLINE_PATTERN)
@@ -241,6 +250,8 @@ def gemm_shape(op: str, dims: list) -> tuple[float, list[list[int]]] | None:
 def _kineto_rows(store, run_id: str, peaks: pd.DataFrame) -> pd.DataFrame:
     """GEMM calls grouped by operator, input dims and types and device (the few distinct shapes
     are parsed in Python, not the many calls), in order of each group's earliest call."""
+    import pandas as pd
+
     ops = store.sql(
         f"""WITH calls AS (
                 SELECT o.op_id, o.name AS op, o.input_dims, o.input_types,
@@ -325,6 +336,8 @@ def _kineto_findings(store, run_id: str, p: dict) -> list[dict]:
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     fmt = store.sql("SELECT format FROM runs WHERE run_id = $run_id", {"run_id": run_id}).fetchone()[0]
     rows = _ncu_findings(store, run_id, p) if fmt == "ncu-csv" else _kineto_findings(store, run_id, p)
     df = pd.DataFrame(rows)

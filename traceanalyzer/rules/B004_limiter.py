@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..fmt import nbytes, pct
 from ._ncu import (DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
                             device_peaks, kernel_finding, ncu_launches, per_kernel)
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 WAVES = "launch__waves_per_multiprocessor"
 THEORETICAL = "sm__maximum_warps_per_active_cycle_pct"
@@ -102,6 +104,8 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     ids = [DURATION, *MEANS]
     df = ncu_launches(store, run_id, ids)
     if df.empty:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..fmt import ns, num, pct
 from ._ncu import DURATION, MEM_SOL, as_int, col, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 OPS = {"ld": "loads", "st": "stores"}
 L2_SECTORS = "memory_l2_theoretical_sectors_global"
@@ -52,6 +55,8 @@ def _rule_rows(store, run_id: str) -> pd.DataFrame:
 
 def _measure(g: pd.DataFrame, op: str, assumed_bytes: float) -> pd.DataFrame:
     """Excess share of sectors for one access kind, from the most direct data present."""
+    import pandas as pd
+
     m = _ids(op)
     sectors, requests = col(g, m["sectors"]), col(g, m["requests"])
     spr = (sectors / requests.where(requests > 0)).fillna(col(g, m["spr"]))
@@ -74,6 +79,8 @@ def _measure(g: pd.DataFrame, op: str, assumed_bytes: float) -> pd.DataFrame:
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     df = ncu_launches(store, run_id, [DURATION, *COUNTERS, *RATIOS])
     rr = _rule_rows(store, run_id)
     if not rr.empty:

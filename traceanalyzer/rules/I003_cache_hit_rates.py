@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..fmt import nbytes, pct
 from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 L1_HIT, L2_HIT = "l1tex__t_sector_hit_rate.pct", "lts__t_sector_hit_rate.pct"
 DRAM_RATE = "dram__bytes.sum.per_second"
@@ -24,6 +27,8 @@ _HINTS = {
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     df = ncu_launches(store, run_id, [DURATION, L1_HIT, L2_HIT, MEM_SOL, DRAM_RATE, *DRAM_IDS])
     if df.empty:
         return df

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..fmt import ns, num, pct
 from ._ncu import DURATION, as_int, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 L1TEX_SOL = "l1tex__throughput.avg.pct_of_peak_sustained_active"
 OPS = {
@@ -25,6 +27,8 @@ COUNTERS = sorted({m for o in OPS.values() for m in (o["conflicts"], o["wavefron
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     df = ncu_launches(store, run_id, [DURATION, L1TEX_SOL, *COUNTERS])
     if df.empty:
         return df

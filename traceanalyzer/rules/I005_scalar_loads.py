@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..fmt import num, pct
 from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 ALL_INST = "smsp__inst_executed.sum"
 THREADS_PER_INST = "smsp__thread_inst_executed_per_inst_executed.ratio"  # Avg. Active Threads Per Warp
@@ -32,6 +35,8 @@ RATIOS = sorted({m for op in OPS for m in _ids(op)["used_pct"]} | {THREADS_PER_I
 
 def _widths(g: pd.DataFrame, op: str) -> pd.DataFrame:
     """Bytes per active thread per instruction, and how each input was obtained."""
+    import pandas as pd
+
     m = _ids(op)
     sectors = col(g, *m["sectors"])
     data = col(g, *m["data_bytes"])
@@ -59,6 +64,8 @@ def _widths(g: pd.DataFrame, op: str) -> pd.DataFrame:
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     df = ncu_launches(store, run_id, [DURATION, *COUNTERS, *RATIOS])
     if df.empty:
         return df

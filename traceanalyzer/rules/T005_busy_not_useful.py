@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from ..fmt import ns, pct
 from ._launches import launch_groups
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 # Per device, the busy share and kernel time split by kernel size (timeline runs only).
 DEVICE_SQL = """
@@ -175,6 +179,8 @@ def _num(x):
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame(_timeline(store, run_id, p) + _ncu(store, run_id, p))
 
 

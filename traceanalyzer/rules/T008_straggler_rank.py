@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..fmt import ns, pct
 from .base import Rule, Threshold
 from .T007_exposed_comm import COMM_PATTERN
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 # Per run: the step ranges (ProfilerStep#N), and per step the collective and compute kernel
 # time of the kernels launched in it (a kernel belongs to the step its launch call ran in;
@@ -75,6 +77,8 @@ def _jobs(runs: pd.DataFrame) -> list[pd.DataFrame]:
 
 def _per_rank(rows: pd.DataFrame, job: pd.DataFrame) -> pd.DataFrame:
     """One row per run of the job: steps common to all its runs, and per-step averages."""
+    import pandas as pd
+
     mine = rows[rows["run_id"].isin(job["run_id"])]
     stepped = mine[mine["step"].notna()]
     common = set.intersection(*[set(g["step"]) for _, g in stepped.groupby("run_id")]) if (
@@ -101,6 +105,8 @@ def _int(x):
 
 
 def evaluate(store, run_ids: list[str], p: dict) -> pd.DataFrame:
+    import pandas as pd
+
     rows = store.sql(SQL, {"run_ids": list(run_ids)}).df()
     if rows.empty:
         return rows

@@ -9,12 +9,15 @@ calculator's, and the rules prefer them: they are measured on the real device.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..occupancy import occupancy_table
 from ..store import Store
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 _NCU = {
     "waves_per_multiprocessor": "launch__waves_per_multiprocessor",
@@ -120,6 +123,8 @@ def int_or_none(x):
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
     """Nullable pandas dtypes -> float64 / object with NaN, so rules can test `x == x`."""
+    import pandas as pd
+
     df = df.copy()
     for c in df.columns:
         if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .. import gpu
+
+if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
+    import pandas as pd
 
 # -- ncu metrics, one wide row per launch ---------------------------------------------
 
@@ -53,6 +56,8 @@ def ncu_launches(store, run_id: str, metric_ids=(), pattern: str | None = None) 
 
 def col(df: pd.DataFrame, *candidates: str) -> pd.Series:
     """The first non-null of the candidate columns present, per row (NaN when none)."""
+    import pandas as pd
+
     out = pd.Series(np.nan, index=df.index, dtype="float64")
     for c in candidates:
         if c in df.columns:
@@ -67,6 +72,8 @@ def per_kernel(df: pd.DataFrame, sums=(), means=(), weight: str | None = None, f
     `means` are averaged, weighted by `weight` (e.g. duration) where it is known and equal
     otherwise; `firsts` are taken from the first launch. Adds launches, first_id, duration_ns (sum)
     and time_share (of all profiled time)."""
+    import pandas as pd
+
     d = df.copy()
     d["_dev"] = d["device_id"].fillna(-1)
     d["_dur"] = d[DURATION] if DURATION in d.columns else np.nan
@@ -103,6 +110,8 @@ def classify(compute_pct: pd.Series, memory_pct: pd.Series, p: dict) -> pd.Serie
     """NVIDIA's SOLBottleneck verdict from compute and memory % of peak: `compute`/`memory`
     (one at or over `throughput_bound_pct`, or over `latency_bound_pct` and `balanced_pct` points
     ahead of the other), `balanced` (both over the latency line, close together) or `latency`."""
+    import pandas as pd
+
     c, m = compute_pct.fillna(0), memory_pct.fillna(0)
     hi = np.maximum(c, m)
     return pd.Series(np.select(
@@ -112,6 +121,8 @@ def classify(compute_pct: pd.Series, memory_pct: pd.Series, p: dict) -> pd.Serie
 
 
 def busiest_memory_unit(df: pd.DataFrame) -> pd.Series:
+    import pandas as pd
+
     units = pd.DataFrame({u: col(df, *ids) for u, ids in MEMORY_UNITS.items()})
     has = units.notna().any(axis=1)
     return units.fillna(-1).idxmax(axis=1).where(has)
@@ -167,6 +178,8 @@ def device_peaks(store, run_id: str) -> pd.DataFrame:
     bandwidth; the product table by name for FLOP/s (vendor dense peaks at boost clock); else
     FP32 = SMs x FP32 lanes per SM (by CC) x 2 x SM clock when the trace has all three.
     Half (non-tensor) is assumed 2 x FP32 (packed half2)."""
+    import pandas as pd
+
     dev = store.sql("SELECT * FROM devices WHERE run_id = $run_id", {"run_id": run_id}).df()
     rows = []
     for d in dev.to_dict("records"):

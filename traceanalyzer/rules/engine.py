@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import pyarrow as pa
 
-from .. import views
+from .. import prefetch, views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
 from .base import FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
@@ -61,19 +61,19 @@ def bind(sql: str, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def query(store: Store, sql: str, values: dict[str, Any]) -> pd.DataFrame:
-    return store.sql(sql, bind(sql, values)).df()
+    result = store.sql(sql, bind(sql, values))  # DuckDB runs the query here, without the GIL
+    return result.df()  # imports pandas, or waits for the thread importing it
 
 
 def evaluate_rule(store: Store, rule: Rule, run_id: str, params: dict[str, Any]) -> pd.DataFrame:
     """The findings of one rule on one run, as a DataFrame with FINDING_COLUMNS."""
-    import pandas as pd
-
     values = {"run_id": run_id, **params}
     frames = []
     if rule.sql is not None:
         frames.append(query(store, rule.sql, values))
     if rule.evaluate is not None:
         frames.append(rule.evaluate(store, run_id, params))
+    import pandas as pd  # after the query ran: a run's first rules run while pandas is imported (run_rules)
     frames = [f for f in frames if f is not None and not f.empty]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return _normalize(df, rule, run_id, store)
@@ -197,8 +197,9 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
     rank of a multi-rank job) see every run given here that carries their data.
     """
-    import pandas as pd
-
+    # pandas (~0.25 s to import) is first needed for the first rule's result: import it on a
+    # thread meanwhile (see prefetch.py; a rules pass right after an ingest started it already)
+    prefetch.rules_engine()
     settings = settings or Settings()
     rules = settings.rules()
     params = {r.id: settings.params_for(r) for r in rules}
@@ -245,6 +246,8 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             for run_id in applicable[rule.id]:
                 outcomes[(run_id, rule.id)].status = "error"
                 outcomes[(run_id, rule.id)].note = _error_note(e)
+
+    import pandas as pd
 
     for run_id in run_ids:
         statuses = [{"rule_id": r.id, "status": outcomes[(run_id, r.id)].status,
