@@ -87,9 +87,9 @@ RULE = Rule(
     fix="Size grids to whole waves (tile size, blocks per SM), use persistent kernels or "
         "stream-K style scheduling, or run small kernels concurrently.",
     requires="kernel grid and block sizes with registers and shared memory per thread/block (or ncu launch metrics)",
-    applies_sql="SELECT count(*) > 0 FROM kernels WHERE run_id = $run_id AND (grid_x IS NOT NULL OR kernel_id IN "
+    applies_sql="SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id AND (grid_x IS NOT NULL OR kernel_id IN "
                 "(SELECT kernel_id FROM kernel_metrics WHERE run_id = $run_id AND metric_id IN "
-                "('launch__grid_size', 'launch__waves_per_multiprocessor')))",
+                "('launch__grid_size', 'launch__waves_per_multiprocessor'))))",
     thresholds=(
         Threshold("min_wasted_share", 0.1, "Idle share of the kernel in its partial last wave that is reported."),
         Threshold("max_small_grid_waves", 1.0, "Grids under this many waves are reported as under-filled."),

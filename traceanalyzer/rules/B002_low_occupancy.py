@@ -97,11 +97,11 @@ RULE = Rule(
     fix="Reduce the limiting resource (registers via __launch_bounds__, shared memory per block, "
         "block size), or balance work so warps retire together.",
     requires="block size, registers and shared memory per kernel (or ncu occupancy metrics)",
-    applies_sql="SELECT count(*) > 0 FROM kernels WHERE run_id = $run_id AND ((block_x IS NOT NULL AND "
+    applies_sql="SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id AND ((block_x IS NOT NULL AND "
                 "registers_per_thread IS NOT NULL) OR est_achieved_occupancy_pct IS NOT NULL OR kernel_id IN "
                 "(SELECT kernel_id FROM kernel_metrics WHERE run_id = $run_id AND metric_id IN "
                 "('sm__maximum_warps_per_active_cycle_pct', 'sm__warps_active.avg.pct_of_peak_sustained_active', "
-                "'launch__occupancy_limit_registers')))",
+                "'launch__occupancy_limit_registers'))))",
     thresholds=(
         Threshold("min_theoretical_share", 0.8, "Theoretical occupancy under this is reported (NVIDIA: 80%)."),
         Threshold("max_achieved_gap_share", 0.1, "Achieved more than this below theoretical is reported (NVIDIA: 10 points)."),

@@ -125,8 +125,8 @@ RULE = Rule(
         "instructions carry the stalls.",
     requires="Nsight Compute stall-reason metrics (e.g. `--section WarpStateStats` or "
              "`--metrics smsp__warp_issue_stalled_*`)",
-    applies_sql="SELECT count(*) > 0 FROM kernel_metrics WHERE run_id = $run_id "
-                "AND metric_id LIKE 'smsp__%issue_stalled%'",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id "
+                "AND metric_id LIKE 'smsp__%issue_stalled%')",
     thresholds=(
         Threshold("min_dominant_share", 0.3, "Share of stall cycles the top reason needs (NVIDIA CPIStall: 0.3)."),
         Threshold("max_issue_active_ratio", 0.8, "Kernels issuing on at least this share of cycles are skipped (NVIDIA CPIStall: 0.8)."),

@@ -196,8 +196,8 @@ RULE = Rule(
         "sharding); against fragmentation set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` "
         "and keep tensor sizes steady.",
     requires="allocator events (Kineto `[memory]` with profile_memory=True, or nsys --cuda-memory-usage=true)",
-    applies_sql="SELECT count(*) > 0 FROM memory_events WHERE run_id = $run_id AND device_type = 'cuda' "
-                "AND device_id >= 0 AND bytes IS NOT NULL",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM memory_events WHERE run_id = $run_id AND device_type = 'cuda' "
+                "AND device_id >= 0 AND bytes IS NOT NULL)",
     thresholds=(
         Threshold("warning_capacity_share", 0.9, "Peak memory at this share of the device's memory makes the peak finding a warning."),
         Threshold("min_fragmentation_share", 0.3, "Report when 1 - peak allocated / peak reserved reaches this share ..."),

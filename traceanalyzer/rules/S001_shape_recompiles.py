@@ -207,9 +207,9 @@ RULE = Rule(
         "(`torch.compile(dynamic=True)`, `torch._dynamo.mark_dynamic`); warm up every bucket before "
         "the measured loop; cache compiled kernels.",
     requires="framework operators with input shapes, torch.compile regions, or kernels with launch calls and grid sizes",
-    applies_sql="SELECT (SELECT count(*) FROM cpu_ops WHERE run_id = $run_id AND (input_dims IS NOT NULL "
-                "OR name LIKE 'Torch-Compiled Region:%')) + (SELECT count(*) FROM kernels WHERE run_id = $run_id "
-                "AND launch_call_id IS NOT NULL AND grid_x IS NOT NULL) > 0",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id AND (input_dims IS NOT NULL "
+                "OR name LIKE 'Torch-Compiled Region:%')) OR EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id "
+                "AND launch_call_id IS NOT NULL AND grid_x IS NOT NULL)",
     thresholds=(
         Threshold("min_distinct_shapes_count", 3, "An operator or kernel needs at least this many distinct shapes."),
         Threshold("min_slow_shapes_count", 2, "... and at least this many shapes whose first call was slow."),

@@ -222,7 +222,7 @@ RULE = Rule(
     fix="Use torch.compile or fused operators (fused norms, bias+activation epilogues, fused "
         "optimizers), or write one kernel for the chain.",
     requires="timed kernels",
-    applies_sql="SELECT count(*) > 0 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL)",
     thresholds=(
         Threshold("max_kernel_ns", 50000, "Element-wise kernels longer than this (50 us) are not chained."),
         Threshold("max_gap_ns", 100000, "A gap longer than this between two kernels ends a chain."),

@@ -217,7 +217,7 @@ RULE = Rule(
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",
-    applies_sql="SELECT count(*) > 0 FROM gpu_activity WHERE run_id = $run_id",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM gpu_activity WHERE run_id = $run_id)",
     thresholds=(
         Threshold("min_gap_ns", 5000, "Gaps at or below this are ignored (5 us, by design)."),
         Threshold("warning_share", 0.05, "Device-idle gap time as a share of the stream's span that makes a warning (below: info)."),

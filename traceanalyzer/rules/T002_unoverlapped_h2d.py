@@ -141,8 +141,8 @@ RULE = Rule(
         "(double buffering, DataLoader pin_memory + non_blocking); merge small copies; prefetch "
         "managed memory.",
     requires="timed host-to-device copies",
-    applies_sql="SELECT count(*) > 0 FROM copies WHERE run_id = $run_id AND direction = 'HtoD' "
-                "AND start_ns IS NOT NULL",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM copies WHERE run_id = $run_id AND direction = 'HtoD' "
+                "AND start_ns IS NOT NULL)",
     thresholds=(
         Threshold("min_exposed_ns", 0, "A device's exposed copy time must exceed this to be reported."),
         Threshold("warning_share", 0.05, "Exposed copy time as a share of the device's active span that makes a warning."),

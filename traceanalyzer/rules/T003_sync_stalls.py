@@ -150,9 +150,9 @@ RULE = Rule(
     fix="Take synchronizations out of loops; keep values on the GPU until they are needed; use "
         "asynchronous copies into pinned memory and events for ordering.",
     requires="host API calls or sync records, and timed GPU operations",
-    applies_sql="SELECT (SELECT count(*) > 0 FROM gpu_activity WHERE run_id = $run_id) AND "
-                "((SELECT count(*) > 0 FROM syncs WHERE run_id = $run_id) OR "
-                "(SELECT count(*) > 0 FROM api_calls WHERE run_id = $run_id))",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM gpu_activity WHERE run_id = $run_id) AND "
+                "(EXISTS (SELECT 1 FROM syncs WHERE run_id = $run_id) OR "
+                "EXISTS (SELECT 1 FROM api_calls WHERE run_id = $run_id))",
     thresholds=(
         Threshold("min_loss_ns", 20000, "A group is reported when its estimated loss exceeds this (20 us)."),
         Threshold("min_share", 0.01, "...and when that loss is at least this share of the device's active span."),

@@ -129,10 +129,10 @@ RULE = Rule(
         "memory, prefetching), do preprocessing on the GPU, reduce per-step Python work "
         "(torch.compile, CUDA graphs), avoid host-side bookkeeping between launches.",
     requires="timed GPU operations and host events (framework ops, CPU ranges or API calls)",
-    applies_sql="SELECT (SELECT count(*) > 0 FROM gpu_activity WHERE run_id = $run_id) AND "
-                "((SELECT count(*) > 0 FROM cpu_ops WHERE run_id = $run_id) OR "
-                "(SELECT count(*) > 0 FROM api_calls WHERE run_id = $run_id) OR "
-                "(SELECT count(*) > 0 FROM ranges WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')))",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM gpu_activity WHERE run_id = $run_id) AND "
+                "(EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id) OR "
+                "EXISTS (SELECT 1 FROM api_calls WHERE run_id = $run_id) OR "
+                "EXISTS (SELECT 1 FROM ranges WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')))",
     thresholds=(
         Threshold("min_stretch_ns", 100000, "GPU-idle stretches shorter than this are left to T001 (100 us)."),
         Threshold("min_host_busy_share", 0.5, "Share of a stretch that host events must cover for it to count as host-bound."),

@@ -199,7 +199,7 @@ RULE = Rule(
     fix="Merge small copies into one buffer; use pinned host memory for device-to-host copies; keep "
         "values on the GPU and read them rarely, asynchronously, after an event.",
     requires="timed copies (device-to-host copies for the waiting check, with their API calls)",
-    applies_sql="SELECT count(*) > 0 FROM copies WHERE run_id = $run_id AND start_ns IS NOT NULL",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM copies WHERE run_id = $run_id AND start_ns IS NOT NULL)",
     thresholds=(
         Threshold("small_copy_bytes", 65536, "Copies under this size count as small (as in T002)."),
         Threshold("min_small_count", 20, "Small copies per device and direction that are reported."),

@@ -184,7 +184,7 @@ RULE = Rule(
         "and evaluation off the critical rank) and check the straggler's own host and device.",
     requires="traces of two or more ranks of one job (Kineto distributedInfo rank and world size) with timed kernels",
     applies_sql="SELECT (SELECT rank IS NOT NULL AND world_size > 1 FROM runs WHERE run_id = $run_id) AND "
-                "(SELECT count(*) > 0 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL)",
+                "EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL)",
     thresholds=(
         Threshold("min_lag_ns", 100000, "The straggler's lag per step must be at least this (100 us)..."),
         Threshold("min_lag_share", 0.05, "...and this share of the median step time."),

@@ -155,7 +155,7 @@ FP32_LANES_PER_SM = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (7, 0): 64, (7, 2): 6
 
 def has_metrics(*id_groups) -> str:
     """A rule's applies check: the run has a value for at least one metric of each group."""
-    checks = [f"(SELECT count(*) > 0 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL "
+    checks = [f"EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL "
               f"AND metric_id IN ({', '.join(_sql_text(m) for m in ids)}))" for ids in id_groups]
     return "SELECT " + " AND ".join(checks)
 
