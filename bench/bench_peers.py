@@ -679,7 +679,7 @@ strings and devices are not repeated. `python bench/gen_big.py nsys --kernels 10
 
 **What is timed.** Ours: `Store(path).ingest(file)` into a new DuckDB file (hashing, reading,
 writing) plus `run_rules` with every rule, and again `run_rules` alone on the stored run (the warm
-path). A run of 200 k GPU operations or more keeps its per-run cache (the islands, `stream_ops`)
+path). A run of 200 k GPU operations or more keeps its per-run cache (the islands, `stream_ops`, `kernel_launches`)
 in the store from its first rules pass (`views.KEEP_MIN_GPU_OPS`), as nsys-ai keeps its Parquet
 cache, and the warm pass reads it: the nsys runs here (0.8-6.3 M operations) do, the Kineto runs
 (at most 41 k) do not. HTA: `TraceAnalysis(trace_dir=...)` (parse plus its per-rank preprocessing; nothing else).
@@ -779,6 +779,23 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   islands in one window pass with FILTERed aggregates (slower: DuckDB evaluates each window
   expression on its own, and `lead(... IGNORE NULLS)` took 65 s on 0.8 M rows), and the rules of a
   big run on two threads again (no faster).
+* The warm pass at 5 M kernels (2026-11-30, sixth session; A/B back to back 6.3-6.5 s -> 4.5-4.8 s
+  of rules, findings identical on every real and fixture trace, kept and not): S001 reads the
+  launches from `kernel_launches`, a new per-run cached view (every kernel with its launch call,
+  joined once per run: 2.4 M of 5 M kernels against 8.4 M calls) and groups by name key, 0.9 ->
+  0.4 s; S002 takes `threads` and `external_id` from `stream_ops` instead of a join of its chains
+  with the kernels table, 1.8 -> 1.5 s; T001's ASOF joins sort narrow probes that are joined back by
+  (device, stream, seq), copies with end before start are one join instead of a correlated EXISTS
+  per gap (DuckDB decorrelated it into a join over every gap), and a device with one stream needs
+  no copy lookup (every copy is then one of the gap's own stream's operations), 1.2 -> 0.7 s; T002
+  probes only copies a kernel can overlap (not those on a device's only kernel stream whose
+  records never overlap), 0.7 -> 0.22 s; T003 groups only the blocking calls' GPU records, 0.4 ->
+  0.17 s; the twenty applies checks ask EXISTS instead of counting rows, 0.2 -> 0.04 s; and the
+  rule modules no longer import pandas, which `run_rules` imports on a thread while its first
+  queries run (loading the rules 0.19 -> 0.035 s). The first pass also builds `kernel_launches`
+  (~+0.8 s, ~+40 MB in the store at 5 M kernels). Tried and dropped: one window over a single
+  BIGINT key instead of S002's (device, stream) partitions (20% faster alone, lost in the rule),
+  the two lookups of T004's prefilter as one key, and a big run's light rules on two threads.
 * `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
   rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
@@ -790,13 +807,16 @@ there and the single-process work (the typed decode, HTA) 0-25% slower, mostly i
 file work (the Kineto read's helper process handed its half over 0.3-0.55 s late instead of
 ~0.15 s); alternated A/B runs of old and new code gave equal times, so that was the machine.
 Ratios between two tools of the same round are what to read.
-* Kineto, 10x faster than HTA: 9.8x here (2.73 s against 26.9 s; 10x is 2.69 s); 10.0x, 7.8x,
-  9.8x, 8.8x and 7.6x in five earlier runs today (median of 3 each), ours 2.5-2.7 s on a quiet run
-  against HTA's 25.7-26.4 s. On the line, and decided by the host's load: ours is two processes reading, then two rule
-  threads, where HTA is one process. Where ours goes on a quiet run: imports ~0.2 s, the split
-  read ~1.35 s, the store's insert and commit ~0.4 s (pandas and the rules' modules are imported
-  meanwhile), tables ~0.1 s, rules ~0.5 s.
-* Within 2x of the bare typed decode: met here (1.8x), 2.5x on a busier run this morning (the
+* Kineto, 10x faster than HTA: 9.0x here (3.00 s against 27.0 s; 10x is 2.70 s), 8.1x at 10:53 on a
+  busier host; 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier today (median of 3 each), ours
+  2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line, and decided by the host's load:
+  ours is two processes reading, then two rule threads, where HTA is one process. Where ours goes on
+  a quiet run: imports ~0.2 s, the split read ~1.35 s, the store's insert and commit ~0.4 s (pandas
+  and the rules' modules are imported meanwhile), tables ~0.1 s, rules ~0.5 s. Alternated A/B runs
+  of this session's start and end on the 8x trace give the same ingest + rules time (3.1-3.7 s
+  each on this afternoon's host) and ~0.03 s more for a warm pass (the per-run cache now also
+  holds `kernel_launches`).
+* Within 2x of the bare typed decode: met here (1.9x), 2.2x at 10:53 and 2.5x this morning on busier runs (the
   decode is one process, and does no start-up or writing, so load slows it less than ours).
 * nsys, 5x faster than nsys-ai's cache build: cannot be met on this machine class as written. At
   8x, nsys-ai with sqlite_scanner builds its cache in 23-27 s, so 5x is 4.6-5.4 s for reading,
@@ -808,18 +828,24 @@ Ratios between two tools of the same round are what to read.
   (165 s, 7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (30-34 s) is
   4.8-5.5x. nsys-ai without the extension (the context row) builds no cache and answers from the
   export: 45-64 s, 2.4 GB at 8x.
-* nsys rules on a stored run, 1.4x nsys-ai's four warm skills (was 2.6-2.7x): twenty rules against
-  four queries on a prebuilt cache. Every rule of a 5 M-kernel run now costs under 1.7 s warm;
-  what is left is DuckDB's own work on both cores (two threads of rules are no faster): S002
-  ~1.6 s (its numbering window over 4 M element-wise kernels, 1.0 s), T001 ~1.1 s (two ASOF
-  joins of 0.8 M gaps), S001 ~1.0 s (the join of 5 M kernels with their 8.4 M launch calls,
-  carrying the long kernel names), T002 ~0.6 s, T006, T003 and T004 ~0.3-0.4 s each, imports and
-  planning ~0.5 s.
-* nsys memory, 1/4 of nsys-ai's: 0.51 of it (3.3 GB against 6.4 GB; was 0.90 this morning). With
-  the kept cache on disk, the rules stay near 2.1 GB and the peak is the reader's (3.2 GB: the
-  RUNTIME and KERNEL source columns, the finished api_calls and kernels tables, and the GPU-to-API
-  join all coexist), so the 2 GB cap changes nothing. 1/4 (1.6 GB) needs the reader to hand each
-  table to the store as it is finished, in the one transaction.
+* nsys rules on a stored run against nsys-ai's four warm skills: met on the line (0.99x at 10:53,
+  5.03 s against 5.08 s; it was 1.4x this morning and 2.6x yesterday), with twenty rules against
+  four queries on a prebuilt cache; the four rules that match those skills (T001-T004) take
+  ~2.0-2.4 s with imports, about 2x faster than the skills. What is left is DuckDB's own work on
+  both cores: S002 ~1.5 s (its numbering window over 4 M element-wise kernels is a sort of ~0.6 s
+  wall; every formulation tried sorts the same rows), T001 ~0.7 s, S001, T006 ~0.45 s each, T004
+  ~0.3 s, T005 ~0.25 s (grouping 5 M kernels by name), imports and planning ~0.4 s. A busy host
+  moves it either way by more than the margin.
+* nsys memory, 1/4 of nsys-ai's: 0.50 of it (3.3 GB against 6.4 GB; was 0.90 yesterday). With
+  the kept cache on disk, the rules stay near 2.1 GB and the peak is the reader's (3.2 GB), so the
+  2 GB cap changes nothing. Measured per reader step at 8x (RSS / Arrow-allocated): after the
+  strings 0.34 / 0.0 GB, after api_calls 2.2 / 0.58 GB, after kernels 3.1 / 1.2 GB, after copies
+  3.3 / 1.3 GB. Most of what is not Arrow's is the source columns of every table, which all
+  fetches hold from the start (they run at once, on ADBC's allocator); then the finished tables
+  (1.5 GB) wait for the store together. 1/4 (1.6 GB) needs both: fetches started only when the
+  step before frees its sources, and each table handed to the store as it is finished, in the one
+  transaction; and the first rules pass (2.1 GB, mostly DuckDB's window sorts building the kept
+  cache) under a DuckDB memory limit that spills.
 * "Memory bounded by the largest table", read as: from 1x to 8x the peak grows by at most twice
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
   +2.6 GB for +0.77 GB of kernels table (3.4x): the reader holds every table and its sources at

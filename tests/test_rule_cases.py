@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -80,6 +82,14 @@ def test_every_rule_has_cases():
 
     have = {p.name.split("_", 1)[0] for p in RULES_DIR.glob("*.cases.toml")}
     assert {r.id for r in all_rules()} <= have
+
+
+def test_loading_the_rules_does_not_import_pandas():
+    """Rule modules import pandas where they use it: a rules pass imports it on a thread while its
+    first queries run (engine.run_rules), and listing the rules stays cheap."""
+    code = ("import sys; from traceanalyzer.rules import all_rules; assert len(all_rules()) >= 20; "
+            "assert 'pandas' not in sys.modules, 'a rule module imports pandas at the top'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def _trace_path(trace: str) -> Path:
