@@ -215,8 +215,9 @@ VIEWS: dict[str, tuple[str, str]] = {
     ),
     "stream_ops": (
         "Every timed GPU operation in stream order (per run, device and stream, by start, end, id), "
-        "with its position `seq`, kernel `name_key`, the latest end of the stream's earlier operations "
-        "(`prev_max_end_ns`) and the previous operation's kind, id, start, end and name key.",
+        "with its position `seq`, a kernel's `name_key`, `external_id` and `threads`, the latest end of "
+        "the stream's earlier operations (`prev_max_end_ns`) and the previous operation's kind, id, "
+        "start, end and name key.",
         _stream_ops(),
     ),
     "steps": (
