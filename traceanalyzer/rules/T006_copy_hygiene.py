@@ -5,7 +5,7 @@ from ..views import next_busy_candidates
 from .base import Rule, Threshold
 
 SQL = r"""
-WITH cp AS (
+WITH cp AS NOT MATERIALIZED (  -- each part reads only the columns it needs (5 M kernels: 0.37 -> 0.32 s)
     SELECT copy_id, device_id, stream_id, start_ns, end_ns, end_ns - start_ns AS dur_ns, direction, bytes,
            src_kind, dst_kind, api_name, launch_call_id, pid, tid
     FROM copies
