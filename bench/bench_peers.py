@@ -790,7 +790,8 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   no copy lookup (every copy is then one of the gap's own stream's operations), 1.2 -> 0.7 s; T002
   probes only copies a kernel can overlap (not those on a device's only kernel stream whose
   records never overlap), 0.7 -> 0.22 s; T003 groups only the blocking calls' GPU records, 0.4 ->
-  0.17 s; the twenty applies checks ask EXISTS instead of counting rows, 0.2 -> 0.04 s; and the
+  0.17 s; T006 reads copies once per part (its CTE not materialized), 0.37 -> 0.32 s; the twenty
+  applies checks ask EXISTS instead of counting rows, 0.2 -> 0.04 s; and the
   rule modules no longer import pandas, which `run_rules` imports on a thread while its first
   queries run (loading the rules 0.19 -> 0.035 s). The first pass also builds `kernel_launches`
   (~+0.8 s, ~+40 MB in the store at 5 M kernels). Tried and dropped: one window over a single
@@ -828,14 +829,15 @@ Ratios between two tools of the same round are what to read.
   (165 s, 7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (30-34 s) is
   4.8-5.5x. nsys-ai without the extension (the context row) builds no cache and answers from the
   export: 45-64 s, 2.4 GB at 8x.
-* nsys rules on a stored run against nsys-ai's four warm skills: met on the line (0.99x at 10:53,
-  5.03 s against 5.08 s; it was 1.4x this morning and 2.6x yesterday), with twenty rules against
-  four queries on a prebuilt cache; the four rules that match those skills (T001-T004) take
+* nsys rules on a stored run against nsys-ai's four warm skills: met, 0.86x at 11:34 (5.14 s
+  against 5.98 s) and 0.99x at 10:53 (5.03 s against 5.08 s); it was 1.4x this morning and 2.6x
+  yesterday. Twenty rules against
+  four queries on a prebuilt cache: the four rules that match those skills (T001-T004) take
   ~2.0-2.4 s with imports, about 2x faster than the skills. What is left is DuckDB's own work on
   both cores: S002 ~1.5 s (its numbering window over 4 M element-wise kernels is a sort of ~0.6 s
-  wall; every formulation tried sorts the same rows), T001 ~0.7 s, S001, T006 ~0.45 s each, T004
+  wall; every formulation tried sorts the same rows), T001 ~0.7 s, S001 ~0.35 s, T006 ~0.32 s, T004
   ~0.3 s, T005 ~0.25 s (grouping 5 M kernels by name), imports and planning ~0.4 s. A busy host
-  moves it either way by more than the margin.
+  moves either tool by 10-20% between runs, so the margin is thin.
 * nsys memory, 1/4 of nsys-ai's: 0.50 of it (3.3 GB against 6.4 GB; was 0.90 yesterday). With
   the kept cache on disk, the rules stay near 2.1 GB and the peak is the reader's (3.2 GB), so the
   2 GB cap changes nothing. Measured per reader step at 8x (RSS / Arrow-allocated): after the
