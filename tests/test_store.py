@@ -256,6 +256,26 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
     assert not Store(":memory:").keeps_caches and not ro.keeps_caches
 
 
+def test_summary_and_diff_read_a_kept_cache_and_build_none(tmp_path, monkeypatch):
+    """summary.busy and diff's busy time read a run's current kept cache (here made to disagree
+    with the run's rows, to see which is read), build nothing, and leave the views store-wide."""
+    from traceanalyzer import diff, summary, views
+
+    built = _record_builds(monkeypatch)
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(FIXTURES / "nsys/planted.sqlite").run_id
+        whole = st.sql("SELECT * FROM device_busy ORDER BY ALL").fetchall()
+        assert list(summary.busy(st, run_id)["busy_ns"]) == [r[2] for r in whole]  # nothing kept: store-wide
+        monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+        run_rules(st, [run_id], Settings(select=["T001"]))
+        assert built == [(run_id, True)]
+        st.sql(f"UPDATE {views._kept_prefix(run_id)}device_busy SET busy_ns = 7")
+        assert set(summary.busy(st, run_id)["busy_ns"]) == {7}
+        assert diff._busy_ns(st, run_id) == 7 * len(whole)
+        assert st.sql("SELECT * FROM device_busy ORDER BY ALL").fetchall() == whole  # store-wide again
+        assert built == [(run_id, True)]
+
+
 def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
     """Replacing or deleting a run drops its kept cache in the same transaction; a cache kept
     by another version of the cache's definition, or from an earlier ingest of the run, is not

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from . import views
 from .store import Store
 
 STEP_PATTERN = r"^ProfilerStep#\d+$"
@@ -216,8 +217,13 @@ def _side(store: Store, run_id: str, by: str) -> dict:
         "kernels": store.df(KERNELS_SQL.format(key=_kernel_key(by)), {"run_id": run_id}),
         "ranges": store.df(RANGES_SQL, {"run_id": run_id}),
         "memory": store.df(MEMORY_SQL, {"run_id": run_id}),
-        "busy_ns": _scalar(store, "SELECT sum(busy_ns) FROM device_busy WHERE run_id = $run_id", run_id),
+        "busy_ns": _busy_ns(store, run_id),
     }
+
+
+def _busy_ns(store: Store, run_id: str):
+    with views.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
+        return _scalar(store, "SELECT sum(busy_ns) FROM device_busy WHERE run_id = $run_id", run_id)
 
 
 # -- the comparison ---------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from . import views
 from .store import Store
 
 TOP_KERNELS_SQL = """
@@ -68,4 +69,5 @@ def copies(store: Store, run_id: str) -> pd.DataFrame:
 
 
 def busy(store: Store, run_id: str) -> pd.DataFrame:
-    return store.df(BUSY_SQL, [run_id])
+    with views.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
+        return store.df(BUSY_SQL, [run_id])

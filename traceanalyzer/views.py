@@ -356,12 +356,8 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     (TEMP tables where that fails: a read-only store)."""
     if _kept_version(con, run_id) == CACHE_VERSION or (
             keep and _gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)):
-        cache = RunCache("main", list(RUN_CACHED), kept=True, prefix=_kept_prefix(run_id))
-        use_run_cache(con, cache)
-        try:
+        with _on_kept(con, run_id) as cache:
             yield cache
-        finally:
-            _restore_views(con, cache)
         return
     cache = RunCache("temp")
     if shared:
@@ -384,6 +380,30 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
         _restore(con, cache)
         if db != "temp":
             con.execute(f"DETACH {db}")
+
+
+@contextmanager
+def kept_views(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[bool]:
+    """Within the block, the RUN_CACHED views read `run_id`'s kept cache when it has a current
+    one (True); else they stay the store-wide views (False). Nothing is built: this is for
+    readers of a few numbers of one run (summary, reports, diff), for whom a big run's
+    `device_busy` would otherwise be a sort of every GPU operation (5 M kernels: ~1.9 s)."""
+    if _kept_version(con, run_id) != CACHE_VERSION:
+        yield False
+        return
+    with _on_kept(con, run_id):
+        yield True
+
+
+@contextmanager
+def _on_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[RunCache]:
+    """The views pointed at `run_id`'s kept tables for the block (their version checked by the caller)."""
+    cache = RunCache("main", list(RUN_CACHED), kept=True, prefix=_kept_prefix(run_id))
+    use_run_cache(con, cache)
+    try:
+        yield cache
+    finally:
+        _restore_views(con, cache)
 
 
 def _build(con: duckdb.DuckDBPyConnection, run_id: str, cache: RunCache, temp: str) -> None:
