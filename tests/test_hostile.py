@@ -229,6 +229,27 @@ def test_string_limit_also_reads_dictionary_encoded_columns(monkeypatch):
         limits.check_tables(tables, [])
 
 
+def test_table_checks_add_up_the_parts_of_a_table(monkeypatch):
+    """A table stored in parts (the nsys reader streams big ones) is held to MAX_ROWS as a
+    whole, and each of its warnings comes once, with the count over all parts."""
+    import pyarrow as pa
+
+    part = pa.table({"start_ns": [5, 1, 2], "end_ns": [1, 2, 1], "grid_x": [1, 1 << 40, 2]})
+    checks = limits.TableChecks()
+    for _ in range(3):
+        assert checks.check("kernels", part)["grid_x"].type == pa.int32()
+    checks.check("copies", part.select(["start_ns", "end_ns"]))
+    assert checks.warnings() == ["kernels.grid_x: 3 value(s) that int32 cannot hold set to NULL",
+                                 "kernels: 6 row(s) end before they start (kept as written)",
+                                 "copies: 2 row(s) end before they start (kept as written)"]
+    checks.forget("kernels")  # its parts were discarded: counted again from nothing
+    assert checks.warnings() == ["copies: 2 row(s) end before they start (kept as written)"]
+    monkeypatch.setenv("TRACEANALYZER_MAX_ROWS", "5")
+    checks.check("kernels", part)
+    with pytest.raises(TraceError, match="TRACEANALYZER_MAX_ROWS.*kernels: 6 rows|kernels: 6 rows"):
+        checks.check("kernels", part)
+
+
 def test_row_string_and_text_limits_name_their_variable(tmp_path):
     traces = shared_traces()
     nsys = traces / "nsys" / "DLProf__nsys_profile.sqlite"

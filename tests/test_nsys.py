@@ -710,3 +710,111 @@ def test_unsorted_rows_get_ids_in_start_order(tmp_path):
     launch = dict(zip(calls["call_id"].to_pylist(), calls["correlation_id"].to_pylist()))
     for call, corr in zip(kernels["launch_call_id"].to_pylist(), kernels["correlation_id"].to_pylist()):
         assert call is None or launch[call] == corr
+
+
+# -- big tables read and stored in parts ------------------------------------------------------
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Kernels and copies streamed in parts of two rows (batches of one), as a 5 M-kernel
+    export is in parts of CHUNK_ROWS: every part boundary and restart is exercised."""
+    if "adbc" not in BACKENDS:
+        pytest.skip("parts are streamed through ADBC")
+    from traceanalyzer.ingest import nsys_sqlite
+
+    monkeypatch.setattr(nsys, "CHUNK_ROWS", 2)
+    monkeypatch.setattr(nsys_sqlite, "FETCH_BATCH_ROWS", 1)
+
+
+def plain(trace) -> dict:
+    """Tables as Python values (parts have dictionaries of their own; the values are what counts)."""
+    return {name: t.to_pylist() for name, t in trace.tables.items()}
+
+
+def reordered(tmp_path: Path, table: str) -> Path:
+    path = tmp_path / "reordered.sqlite"
+    shutil.copy(fixture("planted.sqlite"), path)
+    con = sqlite3.connect(path)
+    # Rows out of start order from the middle of the table on: the first parts are fine.
+    con.execute(f"CREATE TABLE tmp AS SELECT * FROM {table} ORDER BY (rowid > 3), start DESC")
+    con.execute(f"DELETE FROM {table}")
+    con.execute(f"INSERT INTO {table} SELECT * FROM tmp")
+    con.execute("DROP TABLE tmp")
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.mark.parametrize("name", ["planted.sqlite", "h100_2gpu"])
+def test_parts_give_the_tables_of_one_read(traces_dir, name, monkeypatch, small_parts):
+    path = fixture(name) if name.endswith(".sqlite") else real(traces_dir, "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite")
+    parts = nsys.read(path)
+    assert parts.tables["kernels"]["kernel_id"].num_chunks > 1  # it was read in parts
+    monkeypatch.setattr(nsys, "CHUNK_ROWS", 1 << 30)
+    whole = nsys.read(path)
+    assert plain(parts) == plain(whole)
+    assert (parts.metadata, parts.warnings) == (whole.metadata, whole.warnings)
+
+
+@pytest.mark.parametrize("table", [KERNEL, MEMCPY])
+def test_parts_out_of_order_are_read_again_whole(tmp_path, table, small_parts):
+    path = reordered(tmp_path, table)
+
+    class Recorder:
+        def __init__(self):
+            self.parts, self.discarded = {}, []
+
+        def add(self, name, t):
+            self.parts.setdefault(name, []).append(t)
+
+        def discard(self, name):
+            self.discarded.append(name)
+            self.parts.pop(name, None)
+
+    sink = Recorder()
+    nsys.read(path, sink=sink)
+    output, id_col = ("kernels", "kernel_id") if table == KERNEL else ("copies", "copy_id")
+    assert output in sink.discarded  # (planted.sqlite's last copy is out of order already)
+    got = pa.concat_tables(sink.parts[output])
+    starts = got["start_ns"].to_pylist()
+    assert starts == sorted(starts) and got[id_col].to_pylist() == list(range(got.num_rows))
+    # The rows of the untouched file, each once.
+    ids = [c for c in got.column_names if c.endswith("_id") and c != "device_id"]
+    want = nsys.read(fixture("planted.sqlite")).tables[output]
+    assert sorted(map(str, got.drop_columns(ids).to_pylist())) == sorted(map(str, want.drop_columns(ids).to_pylist()))
+
+
+def test_a_stream_that_fails_falls_back_to_a_whole_read(tmp_path, small_parts):
+    path = tmp_path / "odd.sqlite"
+    shutil.copy(fixture("planted.sqlite"), path)
+    con = sqlite3.connect(path)
+    con.execute(f"UPDATE {KERNEL} SET gridY = 'n/a' WHERE rowid = 5")  # ADBC typed the column from row 1
+    con.commit()
+    con.close()
+    trace = nsys.read(path)
+    assert trace.tables["kernels"]["grid_y"].to_pylist() == [1, 1, 1, 1, None, 1, 1, 1, 1]
+    assert trace.tables["kernels"]["kernel_id"].to_pylist() == list(range(9))
+    assert trace.metadata["adbc_fallbacks"] >= 1
+
+
+def test_streamed_ingest_that_fails_leaves_the_store_as_it_was(tmp_path, monkeypatch, small_parts):
+    """Kernels and copies are written as they are read: a failure later rolls all of it back,
+    and an earlier copy of the same run stays."""
+    from traceanalyzer.store import Store
+
+    path = fixture("planted.sqlite")
+    with Store(tmp_path / "s.duckdb") as st:
+        first = st.ingest(path)
+        before = {t: st.sql(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("kernels", "copies", "api_calls", "runs")}
+
+        def broken(self):
+            raise TraceError("planted failure after the big tables")
+
+        monkeypatch.setattr(nsys._Reader, "_syncs", broken)
+        with pytest.raises(TraceError, match="planted failure"):
+            st.ingest(path)
+        after = {t: st.sql(f"SELECT count(*) FROM {t}").fetchone()[0] for t in before}
+        assert after == before
+        monkeypatch.undo()
+        again = st.ingest(path)  # no transaction was left open
+        assert again.replaced and again.run_id == first.run_id and again.counts == first.counts
+        assert st.sql("SELECT count(*) FROM kernels").fetchone()[0] == before["kernels"]

@@ -198,16 +198,39 @@ def check_tables(tables: dict, warnings: list[str]) -> None:
     """Checks every reader's output gets before it is stored, vectorised over Arrow:
     rows per table and string lengths within the limits, times within ±2^62 ns (raise
     TraceError), and rows that end before they start counted (a warning)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    max_rows, max_string = get("MAX_ROWS"), get("MAX_STRING_BYTES")
+    checks = TableChecks()
     for name, table in list(tables.items()):
-        if table.num_rows > max_rows:
-            raise over("MAX_ROWS", f"{name}: {table.num_rows:,} rows")
+        tables[name] = checks.check(name, table)
+    warnings.extend(checks.warnings())
+
+
+class TableChecks:
+    """`check_tables` for tables that may arrive in parts (a reader streaming into the
+    store): rows add up per table against MAX_ROWS, and each warning is given once per
+    table, with the count over all its parts, when `warnings()` is asked."""
+
+    def __init__(self):
+        self._rows: dict[str, int] = {}
+        self._notes: dict[str, dict[str, int]] = {}  # table -> warning text with {n} -> count
+
+    def check(self, name: str, table):
+        """`table` (a whole table or its next part) checked, its integer columns in the
+        schema's types (values they cannot hold NULLed)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = self._rows[name] = self._rows.get(name, 0) + table.num_rows
+        if rows > get("MAX_ROWS"):
+            raise over("MAX_ROWS", f"{name}: {rows:,} rows")
+        notes = self._notes.setdefault(name, {})
         if not table.num_rows:
-            continue
-        table = tables[name] = _fit_numbers(name, table, warnings)
+            return table
+
+        def note(text: str, n: int) -> None:
+            notes[text] = notes.get(text, 0) + n
+
+        table = _fit_numbers(name, table, note)
+        max_string = get("MAX_STRING_BYTES")
         for col_name in table.column_names:
             col = table.column(col_name)
             is_dict = pa.types.is_dictionary(col.type)
@@ -226,10 +249,19 @@ def check_tables(tables: dict, warnings: list[str]) -> None:
         if "start_ns" in table.column_names and "end_ns" in table.column_names:
             backwards = pc.sum(pc.less(table.column("end_ns"), table.column("start_ns"))).as_py()
             if backwards:
-                warnings.append(f"{name}: {backwards:,} row(s) end before they start (kept as written)")
+                note(f"{name}: {{n}} row(s) end before they start (kept as written)", backwards)
+        return table
+
+    def forget(self, name: str) -> None:
+        """Drop what was counted for `name` (its parts so far were discarded)."""
+        self._rows.pop(name, None)
+        self._notes.pop(name, None)
+
+    def warnings(self) -> list[str]:
+        return [text.format(n=f"{n:,}") for notes in self._notes.values() for text, n in notes.items()]
 
 
-def _fit_numbers(name: str, table, warnings: list[str]):
+def _fit_numbers(name: str, table, note):
     """Give integer columns the schema's type; a value it cannot hold (a grid size of 1e12 in
     an INTEGER column, inf, 1.5) becomes NULL with a warning instead of failing the store.
     Likewise inf and NaN in DOUBLE columns (`1e400` in an ncu CSV): no rule can use them."""
@@ -245,7 +277,7 @@ def _fit_numbers(name: str, table, warnings: list[str]):
             finite = pc.fill_null(pc.is_finite(col), True)
             bad = len(col) - (pc.sum(finite).as_py() or 0)
             if bad:
-                warnings.append(f"{name}.{col_name}: {bad:,} value(s) that are not finite numbers set to NULL")
+                note(f"{name}.{col_name}: {{n}} value(s) that are not finite numbers set to NULL", bad)
                 table = table.set_column(i, col_name, pc.if_else(finite, col, pa.scalar(None, col.type)))
             continue
         target = {"BIGINT": pa.int64(), "INTEGER": pa.int32()}.get(spec.get(col_name, ""))
@@ -263,10 +295,10 @@ def _fit_numbers(name: str, table, warnings: list[str]):
             ok = pc.fill_null(ok, False)
             bad = pc.sum(pc.and_(pc.invert(ok), pc.is_valid(col))).as_py() or 0
             fitted = pc.if_else(ok, col, pa.scalar(None, col.type)).cast(target)
-            warnings.append(f"{name}.{col_name}: {bad:,} value(s) that {target} cannot hold set to NULL")
+            note(f"{name}.{col_name}: {{n}} value(s) that {target} cannot hold set to NULL", bad)
         table = table.set_column(i, col_name, fitted)
     return table
 
 
 __all__ = ["LIMITS", "Limit", "get", "show", "over", "check_text_size", "gunzip", "json_depth",
-           "depth_error", "InflateGuard", "SQLITE_MIN_ROW_BYTES", "check_tables", "MAX_ABS_TIME_NS"]
+           "depth_error", "InflateGuard", "SQLITE_MIN_ROW_BYTES", "check_tables", "TableChecks", "MAX_ABS_TIME_NS"]

@@ -2,7 +2,10 @@
 
 A run is written in one transaction (all of its rows or none), keyed by a hash of the
 file's bytes, so ingesting the same content again replaces the run instead of adding a
-second copy. Tables are inserted as the reader hands them over: dictionary-encoded strings
+second copy. A reader that streams (nsys) hands its tables, in parts, to a `RunWriter`
+while it reads, so a big run is never whole in memory; the transaction is begun at the
+first part (the run id waits for the file's hash) and committed, or rolled back, at the
+end. Tables are inserted as the reader hands them over: dictionary-encoded strings
 are not expanded first, and run_id and absent columns are constants of the INSERT, not
 per-row arrays. DuckDB allows one writer per file; a second process waits for the lock
 (up to `lock_timeout_s`) and then fails with a message that says so.
@@ -19,14 +22,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from . import memory, prefetch, schema, views
+from . import limits, memory, prefetch, schema, views
 from .ingest.base import ParsedTrace
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
@@ -198,29 +201,18 @@ class Store:
     def write_run(self, trace: ParsedTrace, source: Path, content_hash: str,
                   file_size_bytes: int) -> IngestResult:
         """Store one parsed trace in a single transaction, replacing any run with the same id."""
+        writer = self.run_writer(lambda: run_id_for(content_hash))
+        try:
+            return writer.finish(trace, source, content_hash, file_size_bytes)
+        except BaseException:
+            writer.abort()
+            raise
+
+    def run_writer(self, run_id: Callable[[], str]) -> "RunWriter":
+        """A TableSink that writes one run (see `RunWriter`); `run_id` is asked at the first table."""
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
-        run_id = run_id_for(content_hash)
-        tables = {name: _conform(name, tbl, run_id) for name, tbl in trace.tables.items()}
-        start, end = _span(tables.values())
-        run_row = _run_row(trace, run_id, source, content_hash, file_size_bytes, start, end)
-        prefetch.rules_engine()  # while DuckDB writes (see prefetch.py)
-        con = self.con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            replaced = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
-            _delete_rows(con, run_id)
-            _insert(con, "runs", run_row)
-            for name, tbl in tables.items():
-                if tbl.num_rows:
-                    _insert(con, name, tbl)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        counts = {name: tables[name].num_rows if name in tables else 0 for name in schema.DATA_TABLES}
-        span = None if start is None else end - start
-        return IngestResult(source, run_id, trace.format, counts, span, list(trace.warnings), replaced)
+        return RunWriter(self.con, run_id)
 
     def write_findings(self, run_id: str, rule_ids: list[str], findings: pa.Table,
                        rule_runs: pa.Table) -> None:
@@ -260,24 +252,31 @@ class Store:
         path = Path(path)
         if path.exists() and not path.is_file():  # /dev/zero would hash for ever; a pipe reads once
             raise TraceError("not a regular file (a device, pipe or folder)")
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
         hash_name = self.hash_name()
+        content_hash = None
         if skip_existing:
             content_hash = file_hash(path, hash_name)
             if self.has_hash(content_hash):
                 row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
                 return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True)
-            trace = read_file(path)
-        else:  # hash on a worker thread while the file is parsed (hashing lets go of the GIL)
-            with ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
-                hashing = pool.submit(file_hash, path, hash_name)
-                try:
-                    trace = read_file(path)
-                except BaseException:
+        # Hashed on a worker thread while the file is parsed (hashing lets go of the GIL); a
+        # reader that streams its tables waits for the hash at its first table (the run id).
+        with ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
+            hashing = pool.submit(file_hash, path, hash_name) if content_hash is None else None
+            known = content_hash
+            writer = self.run_writer(lambda: run_id_for(known or hashing.result()))
+            try:
+                trace = read_file(path, sink=writer)
+                content_hash = content_hash or hashing.result()
+                result = writer.finish(trace, path.resolve(), content_hash, path.stat().st_size)
+            except BaseException:
+                writer.abort()
+                if hashing is not None:
                     hashing.result()  # a file that cannot be hashed fails as it always did
-                    raise
-                content_hash = hashing.result()
-        result = self.write_run(trace, path.resolve(), content_hash, path.stat().st_size)
-        freed = trace.nbytes
+                raise
+        freed = trace.nbytes + writer.nbytes
         del trace  # before the rules, which need memory of their own (see memory.py)
         memory.give_back(freed)
         return result
@@ -305,6 +304,86 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class RunWriter:
+    """Writes one run's tables into the store as a reader hands them over (a TableSink, so
+    a big table need not wait in memory for the others), in one transaction: begun at
+    the first table, committed by `finish`, rolled back by `abort`. A run with the same
+    id is replaced. Tables are checked (`limits.TableChecks`) part by part."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: Callable[[], str]):
+        self.con = con
+        self._ask_run_id = run_id
+        self.run_id: str | None = None  # set, and the transaction begun, by the first table
+        self.replaced = False
+        self.nbytes = 0  # Arrow bytes written (freed by the reader once written)
+        self._checks = limits.TableChecks()
+        self._rows: dict[str, int] = {}
+        self._spans: dict[str, tuple[int | None, int | None]] = {}
+        self._open = False
+
+    def _begin(self) -> None:
+        if self.run_id is not None:
+            return
+        run_id = self._ask_run_id()
+        prefetch.rules_engine()  # while DuckDB writes (see prefetch.py)
+        self.con.execute("BEGIN TRANSACTION")
+        self.run_id, self._open = run_id, True
+        self.replaced = self.con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
+        _delete_rows(self.con, run_id)
+
+    def add(self, name: str, table: pa.Table, *, checked: bool = False) -> None:
+        """Append `table`'s rows to `name` (checked here unless `checked` says read_file did)."""
+        self._begin()
+        if not checked:
+            table = self._checks.check(name, table)
+        table = _conform(name, table, self.run_id)
+        self._rows[name] = self._rows.get(name, 0) + table.num_rows
+        lo, hi = _span([table])
+        was = self._spans.get(name, (None, None))
+        self._spans[name] = _span_union(was, (lo, hi))
+        self.nbytes += table.nbytes
+        if table.num_rows:
+            _insert(self.con, name, table)
+
+    def discard(self, name: str) -> None:
+        if self.run_id is None:
+            return
+        self.con.execute(f"DELETE FROM {schema.BY_NAME[name].name} WHERE run_id = ?", [self.run_id])
+        self._checks.forget(name)
+        self._rows.pop(name, None)
+        self._spans.pop(name, None)
+
+    def finish(self, trace: ParsedTrace, source: Path, content_hash: str, file_size_bytes: int) -> IngestResult:
+        """Write `trace.tables` (already checked) and the run's row, and commit."""
+        self._begin()
+        trace.warnings.extend(self._checks.warnings())
+        for name, tbl in trace.tables.items():
+            self.add(name, tbl, checked=True)
+        start, end = None, None
+        for span in self._spans.values():
+            start, end = _span_union((start, end), span)
+        _insert(self.con, "runs", _run_row(trace, self.run_id, source, content_hash, file_size_bytes, start, end))
+        self.con.execute("COMMIT")
+        self._open = False
+        counts = {name: self._rows.get(name, 0) for name in schema.DATA_TABLES}
+        span = None if start is None else end - start
+        return IngestResult(source, self.run_id, trace.format, counts, span, list(trace.warnings), self.replaced)
+
+    def abort(self) -> None:
+        """Roll back whatever was written (nothing of the run stays, an earlier copy included)."""
+        if self._open:
+            self._open = False
+            self.con.execute("ROLLBACK")
+
+
+def _span_union(a: tuple[int | None, int | None], b: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
+    if a[0] is None:
+        return b
+    if b[0] is None:
+        return a
+    return min(a[0], b[0]), max(a[1], b[1])
 
 
 def _set_up(con: duckdb.DuckDBPyConnection) -> None:
@@ -403,8 +482,20 @@ def _insert(con: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> None:
     params: list = []
     if "run_id" not in cols and _RUN_ID_KEY in meta:
         cols, select, params = ["run_id", *cols], ["CAST(? AS VARCHAR)", *select], [meta[_RUN_ID_KEY].decode()]
-    con.register("_ta_incoming", tbl)
+    # Handed over as a stream of batches, each let go once read: DuckDB keeps what it was
+    # given alive until the transaction ends, and a run writer's transaction spans all of
+    # a big run's tables (a registered Table would stay in memory, whole, until COMMIT).
+    con.register("_ta_incoming", pa.RecordBatchReader.from_batches(tbl.schema, _handed_over(tbl)))
+    del tbl
     try:
         con.execute(f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(select)} FROM _ta_incoming", params)
     finally:
         con.unregister("_ta_incoming")
+
+
+def _handed_over(tbl: pa.Table) -> Iterable[pa.RecordBatch]:
+    batches = tbl.to_batches()
+    del tbl
+    batches.reverse()
+    while batches:
+        yield batches.pop()

@@ -10,10 +10,12 @@ import pyarrow as pa
 
 from .. import limits
 from ..fmt import printable
-from .base import ParsedTrace, TraceError
+from .base import ParsedTrace, TableSink, TraceError
 from .detect import KINETO, NCU, NSYS, detect
 
 _READER_MODULES = {NSYS: "nsys", NCU: "ncu", KINETO: "kineto"}
+# Readers that can hand their big tables to a TableSink as they build them.
+_STREAMING = {NSYS}
 
 # Files a folder walk picks up; an explicitly named file is always tried.
 TRACE_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".csv", ".log", ".json", ".gz")
@@ -37,18 +39,21 @@ def one_line(text: str, max_chars: int = MAX_MESSAGE_CHARS, exact: bool = False)
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
-def read_file(path: Path) -> ParsedTrace:
+def read_file(path: Path, sink: TableSink | None = None) -> ParsedTrace:
     """Detect the format of `path` from its content and run the matching reader.
 
-    Raises TraceError (one line, without the file name) for anything unreadable.
+    With a `sink`, a reader that can stream (nsys) hands it its big tables as they are
+    built, unchecked: the sink runs `limits.TableChecks` on them. The result's `tables`
+    hold the rest, checked. Raises TraceError (one line, without the file name) for
+    anything unreadable.
     """
     try:
-        return _read_file(path)
+        return _read_file(path, sink)
     except TraceError as e:
         raise TraceError(one_line(str(e))) from None
 
 
-def _read_file(path: Path) -> ParsedTrace:
+def _read_file(path: Path, sink: TableSink | None) -> ParsedTrace:
     hint = _EXPORT_HINTS.get(path.suffix.lower())
     if hint:
         raise TraceError(hint)
@@ -57,7 +62,8 @@ def _read_file(path: Path) -> ParsedTrace:
         limits.check_text_size(path.stat().st_size)
     reader = importlib.import_module(f"{__name__}.{_READER_MODULES[fmt]}")
     try:
-        trace = _with_device_limits(reader.read(path))
+        trace = _with_device_limits(reader.read(path, sink=sink) if sink is not None and fmt in _STREAMING
+                                    else reader.read(path))
     except TraceError:
         raise
     except RecursionError:
@@ -104,4 +110,4 @@ def find_traces(paths: Iterable[str | Path]) -> Iterator[Path]:
             yield p
 
 
-__all__ = ["read_file", "find_traces", "ParsedTrace", "TraceError", "detect"]
+__all__ = ["read_file", "find_traces", "ParsedTrace", "TableSink", "TraceError", "detect"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -39,6 +39,36 @@ class ParsedTrace:
     def nbytes(self) -> int:
         """Bytes of Arrow data the tables hold (what storing and dropping them frees)."""
         return sum(t.nbytes for t in self.tables.values())
+
+
+class TableSink(Protocol):
+    """Where a reader that can stream puts its big tables as it builds them, instead of
+    holding them all until the end (the store writes them at once: see
+    `Store.ingest`). Such a reader leaves in `ParsedTrace.tables` only what it did not
+    stream."""
+
+    def add(self, name: str, table: pa.Table) -> None:
+        """Append rows to table `name`: the whole table, or its next part in row-id order."""
+
+    def discard(self, name: str) -> None:
+        """Forget the rows added to `name` so far (the reader starts that table again)."""
+
+
+class CollectedTables:
+    """A TableSink that keeps the parts in memory: a streaming reader's own default."""
+
+    def __init__(self):
+        self.parts: dict[str, list[pa.Table]] = {}
+
+    def add(self, name: str, table: pa.Table) -> None:
+        self.parts.setdefault(name, []).append(table)
+
+    def discard(self, name: str) -> None:
+        self.parts.pop(name, None)
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {name: parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+                for name, parts in self.parts.items()}
 
 
 def count(trace: ParsedTrace, table: str) -> int:

@@ -3,7 +3,15 @@
 How: every table and column is probed first (exports create tables lazily and columns
 come and go between schema versions). The numeric columns of each activity table, plus
 StringIds, are fetched into Arrow (`nsys_sqlite`), all fetches started at once on a few
-threads, each table worked on as soon as its own fetch is done. Names stay StringIds ids
+threads, each table worked on as soon as its own fetch is done. The two big GPU tables,
+kernels and copies, are streamed instead: read in parts of CHUNK_ROWS on a thread of
+their own, a few batches ahead, each part built and handed over before the next is read
+(every real export has them in start order; one that is not is dropped and read again
+whole). Runtime calls are sorted whole (real exports write them per thread) and handed
+over in parts too. With a sink (`Store.ingest` passes its RunWriter) each part goes
+straight into the store's transaction, so no output table is ever whole in memory: the
+5 M-kernel export (bench/gen_big.py) peaked at 3.2 GB in ingest before and ~1.5-1.7 GB
+after, in about the same time. Names stay StringIds ids
 until the end and become dictionary-encoded columns (each distinct string once, however
 many rows name it); name clean-up and code-to-word mappings run once per distinct value.
 Rows are put in (start, file order) with a stable sort (skipped when already in order),
@@ -42,11 +50,11 @@ import pyarrow.compute as pc
 
 from . import nsys_arrow as arrow
 from . import nsys_enums
-from .. import limits
+from .. import limits, memory
 from ..limits import MAX_ABS_TIME_NS
-from .base import ParsedTrace, TraceError, as_path
+from .base import CollectedTables, ParsedTrace, TableSink, TraceError, as_path
 from .nsys_devices import read_devices
-from .nsys_sqlite import Col, NsysFile, arrow_schema, one_line, quote
+from .nsys_sqlite import Col, NsysFile, StreamFailed, arrow_schema, one_line, quote
 
 FORMAT = "nsys-sqlite"
 PRODUCER = "nsys"
@@ -103,6 +111,12 @@ LONG_STRING_BYTES = 64 * 1024
 STRING_ID_COLUMNS = ("demangled_id", "short_id", "mangled_id", "name_id", "text_id")
 # Fetch order: the largest tables first, as the steps below need them.
 FETCH_ORDER = (RUNTIME, KERNEL, MEMCPY, GRAPH, SYNC, MEMSET, NVTX, MEMORY)
+# Tables read as a stream of parts and built part by part (when the file has them in start
+# order, as every real export seen so far does): each is never whole in memory, as source
+# or as output. Runtime calls are out of order in real exports, so they are sorted whole.
+STREAMED = (KERNEL, MEMCPY)
+CHUNK_ROWS = 1 << 19  # rows per part of an output table
+STREAM_BATCHES_AHEAD = 4  # batches of FETCH_BATCH_ROWS a stream reads ahead
 GPU_TABLES = {KERNEL: "kernels", MEMCPY: "copies", MEMSET: "memsets", SYNC: "syncs", GRAPH: "graph executions"}
 # GPU rows whose times are usable: within ±2^62 ns (so differences fit int64) and not
 # ending before they start. NULL is let through as before; never NULL itself.
@@ -110,11 +124,13 @@ SANE_GPU_TIMES = ("((start IS NULL OR start BETWEEN {m1} AND {m}) AND (\"end\" I
                   "AND (start IS NULL OR \"end\" IS NULL OR \"end\" >= start))").format(m=MAX_ABS_TIME_NS, m1=-MAX_ABS_TIME_NS)
 
 
-def read(path: str | Path, backend: str | None = None) -> ParsedTrace:
-    """Read an nsys SQLite export. `backend` forces "adbc" or "sqlite3" (default: ADBC if importable)."""
+def read(path: str | Path, backend: str | None = None, sink: TableSink | None = None) -> ParsedTrace:
+    """Read an nsys SQLite export. `backend` forces "adbc" or "sqlite3" (default: ADBC if
+    importable). With a `sink`, every table but `devices` goes there as it is built (and
+    is not in the result's `tables`)."""
     f = NsysFile(as_path(path), backend)
     try:
-        return _Reader(f).read()
+        return _Reader(f, sink).read()
     except sqlite3.Error as e:
         raise TraceError(f"corrupt or truncated SQLite export ({one_line(e)})") from None
     except duckdb.Error as e:
@@ -124,16 +140,19 @@ def read(path: str | Path, backend: str | None = None) -> ParsedTrace:
 
 
 class _Reader:
-    def __init__(self, f: NsysFile):
+    def __init__(self, f: NsysFile, sink: TableSink | None = None):
         self.f = f
         self.duck = duckdb.connect()
         self.warnings: list[str] = []
-        self.tables: dict[str, pa.Table] = {}
+        self.sink = sink
+        self.out: TableSink = CollectedTables() if sink is None else sink
+        self.tables: dict[str, pa.Table] = {}  # what is not streamed: devices
         self.longest_string_bytes = 0  # of StringIds, set by _load_strings
         self.metadata: dict = {"tables": sorted(f.tables), "source_rows": {}, "dropped_rows": {}}
         self.strings: dict[str, pa.Array] = {}  # StringIds columns, plus per string: stripped, api
         # Source tables: a fetch in flight (tuple), then its Arrow table, then None once used.
         self.sources: dict[str, object] = {}
+        self.streams: dict[str, tuple] = {}  # STREAMED tables being read in parts: (stream, total rows)
         self.drop_warnings: dict[str, list[str]] = {}  # per source table, shown first, in SOURCES order
         self.device_ids: set[int] = set()
         self.calls: pa.Table | None = None  # one row per api call, in call_id order (see _api_calls)
@@ -150,7 +169,8 @@ class _Reader:
             nvtx_types = ", ".join(str(int(k)) for k in self.enums.nvtx) or "NULL"
             self._submit_strings()
             for table in FETCH_ORDER:  # all fetches start now; each step below waits for its own
-                self._submit(table, f"eventType IN ({nvtx_types})" if table == NVTX else "")
+                if not (table in STREAMED and self._open_stream(table)):
+                    self._submit(table, f"eventType IN ({nvtx_types})" if table == NVTX else "")
             self._load_strings()
             self._api_calls()
             self._kernels()
@@ -163,7 +183,7 @@ class _Reader:
             self._notes()
         finally:
             self.duck.close()
-        trace.tables = self.tables
+        trace.tables = ({} if self.sink is not None else self.out.tables()) | self.tables
         trace.warnings = [w for t in SOURCES for w in self.drop_warnings.get(t, [])] + self.warnings
         trace.metadata = self.metadata
         return trace
@@ -204,18 +224,95 @@ class _Reader:
     # -- fetching ------------------------------------------------------------------
     def _submit(self, table: str, where: str = "") -> None:
         """Start fetching a source table's columns (an empty table when the file lacks it)."""
-        spec = SOURCES[table]
-        cols = [Col(alias, self.f.column(table, src), typ) for alias, (src, typ) in spec.items()]
+        cols = self._source_columns(table)
         if not self.f.has(table):
             self.sources[table] = pa.schema([(c.alias, c.type) for c in cols]).empty_table()
             return
         total = self.metadata["source_rows"][table] = self.f.count(table)
+        timed, where = self._source_filter(table, where)
+        self.sources[table] = (self.f.submit(cols, quote(table), where, label=table), total, timed)
+
+    def _source_columns(self, table: str) -> list[Col]:
+        return [Col(alias, self.f.column(table, src), typ) for alias, (src, typ) in SOURCES[table].items()]
+
+    def _source_filter(self, table: str, where: str) -> tuple[bool, str]:
+        """Whether the table's rows are timed GPU work (some may be dropped), and its WHERE."""
         timed = table in GPU_TABLES and self.f.has(table, "start") and self.f.has(table, "end")
         if timed:
             where = f'NOT (start = 0 AND "end" = 0) AND {SANE_GPU_TIMES}'
         elif table == NVTX and not self.f.has(table, "eventType"):
             where = ""
-        self.sources[table] = (self.f.submit(cols, quote(table), where, label=table), total, timed)
+        return timed, where
+
+    def _open_stream(self, table: str) -> bool:
+        """Start reading a STREAMED table in parts; False where it must be read whole (no
+        ADBC, too few rows to matter, or, for kernels, whole-graph rows to merge in)."""
+        if not self.f.has(table) or (table == KERNEL and self.f.count(GRAPH)):
+            return False
+        total = self.f.count(table)
+        if total <= CHUNK_ROWS:
+            return False
+        if not self._source_filter(table, "")[0] or self.f.backend != "adbc":
+            return False
+        self.metadata["source_rows"][table] = total
+        self.streams[table] = (None, total)  # started by _start_stream
+        if not any(s for s, _ in self.streams.values()):  # the first starts now, the next after it
+            self._start_stream(table)
+        return True
+
+    def _start_stream(self, table: str) -> None:
+        stream, total = self.streams[table]
+        if stream is None:
+            stream = self.f.stream(self._source_columns(table), quote(table), self._source_filter(table, "")[1],
+                                   label=table, batches_ahead=STREAM_BATCHES_AHEAD)
+            self.streams[table] = (stream, total)
+
+    def _parts(self, table: str):
+        """A streamed table's rows in parts of about CHUNK_ROWS, each in start order and
+        after the last: raises _ReadWhole where they are not (or the stream fails)."""
+        self._start_stream(table)
+        stream, total = self.streams.pop(table)
+        if stream is None:  # no connection for it
+            raise _ReadWhole()
+        for waiting in self.streams:  # the next streamed table starts when this one is read
+            self._start_stream(waiting)
+            break
+        last = None
+        try:
+            batches, rows = [], 0
+            for batch in stream.batches():
+                batches.append(batch)
+                rows += batch.num_rows
+                if rows >= CHUNK_ROWS:
+                    part, batches, rows = pa.concat_tables(batches), [], 0
+                    last = self._in_order(part, last)
+                    yield part
+            if batches:
+                part = pa.concat_tables(batches)
+                self._in_order(part, last)
+                yield part
+        except StreamFailed:
+            raise _ReadWhole() from None
+        finally:
+            stream.close()
+        self._account(table, stream.rows, total, True)
+
+    def _in_order(self, part: pa.Table, last: int | None) -> int | None:
+        start = arrow.array(part["start_ns"])
+        if not len(start):
+            return last
+        if start.null_count or arrow.order(start) is not None or (last is not None and start[0].as_py() < last):
+            raise _ReadWhole()
+        self._note_devices(part)
+        return start[-1].as_py()
+
+    def _restart(self, table: str, output: str) -> None:
+        """A streamed table turned out not in order: drop what was stored, read it whole."""
+        stream = self.streams.pop(table, (None, 0))[0]
+        if stream is not None:
+            stream.close()
+        self.out.discard(output)
+        self._submit(table)
 
     def _source(self, table: str) -> pa.Table:
         """A source table's rows in file order (waiting for its fetch)."""
@@ -226,7 +323,14 @@ class _Reader:
             raise AssertionError(f"source {table} used twice")
         pending, total, timed = item
         data = pending.result()
-        dropped = total - data.num_rows if timed else 0
+        self._account(table, data.num_rows, total, timed)
+        self._note_devices(data)
+        self.sources[table] = data
+        return data
+
+    def _account(self, table: str, rows: int, total: int, timed: bool) -> None:
+        """Rows a timed GPU table lost to the filter: counted, with a warning saying why."""
+        dropped = total - rows if timed else 0
         if dropped:
             self.metadata["dropped_rows"][table] = dropped
             # Rare, so the reasons are counted only here.
@@ -239,11 +343,11 @@ class _Reader:
             if insane:
                 notes.append(f"dropped {insane} {GPU_TABLES[table]} row(s) that end before they "
                              f"start or lie beyond ±2^62 ns (corrupt times) from {table}")
+
+    def _note_devices(self, data: pa.Table) -> None:
         if "device_id" in data.column_names:
             self.device_ids.update(v for v in pc.unique(data["device_id"]).to_pylist()
                                    if v is not None and -2**31 <= v <= 2**31 - 1)
-        self.sources[table] = data
-        return data
 
     def _take_source(self, table: str) -> pa.Table:
         """The source table, released here: it is not kept once its output is built."""
@@ -322,10 +426,10 @@ class _Reader:
         encoded = pc.dictionary_encode(arrow.array(ids))
         return encoded.indices, pc.index_in(encoded.dictionary, self.strings["id"])
 
-    def _emit(self, name: str, sql: str) -> pa.Table:
-        return self._store(name, self.duck.sql(sql).to_arrow_table())
+    def _emit(self, name: str, sql: str) -> None:
+        self._store(name, self.duck.sql(sql).to_arrow_table())
 
-    def _store(self, name: str, table: pa.Table) -> pa.Table:
+    def _store(self, name: str, table: pa.Table) -> None:
         """Keep an output table, each column in its schema type where the values allow
         (dictionary-encoded strings stay so; a value past the type is left for
         limits.check_tables to NULL, with a warning)."""
@@ -339,8 +443,11 @@ class _Reader:
                     pass
             columns.append(col)
         table = pa.Table.from_arrays(columns, names=table.column_names)
-        self.tables[name] = table
-        return table
+        del columns
+        self.out.add(name, table)
+        if self.sink is not None:  # the sink has it: what it held goes back before the next part
+            freed, table = table.nbytes, None
+            memory.give_back(freed)
 
     # -- tables --------------------------------------------------------------------
     def _api_calls(self) -> None:
@@ -351,28 +458,38 @@ class _Reader:
         g = col("global_tid")
         idx, pos = self._lookup(col("name_id"))
         s = self.strings
-        # Runtime or driver: from the name, else from eventClass (0 runtime, 1 driver).
-        event_class = col("event_class")
-        by_class = pc.if_else(pc.equal(event_class, 0), pa.scalar(0, pa.int8()),
-                              pc.if_else(pc.equal(event_class, 1), pa.scalar(1, pa.int8()), pa.scalar(None, pa.int8())))
-        api = pc.coalesce(pc.take(pc.take(s["api"], pos), idx), by_class)
-        del event_class, by_class
         name = arrow.dictionary(idx, pc.take(s["stripped"], pos))
         call_id = pa.array(np.arange(n, dtype=np.int64))
         tid = pc.bit_wise_and(g, 16777215)
         corr = col("correlation_id")
-        self._store("api_calls", pa.table({
-            "call_id": call_id,
-            "api": pa.DictionaryArray.from_arrays(api.cast(pa.int32()), pa.array(["runtime", "driver"])),
-            "name": name, "raw_name": arrow.dictionary(idx, pc.take(s["value"], pos)),
-            "pid": pc.bit_wise_and(pc.shift_right(g, 24), 16777215), "tid": tid,
-            "start_ns": col("start_ns"), "end_ns": col("end_ns"),
-            "correlation_id": corr, "return_value": col("return_value")}))
         # What GPU rows look up (see _link): the call is found on correlationId AND process.
         self.calls = pa.table({"call_id": call_id, "correlation_id": corr,
                                "process": pc.bit_wise_and(g, PROCESS_MASK), "tid": tid, "name": name.indices})
         self.call_names = name.dictionary
         self.duck.register("api", self.calls)
+        # The table itself is built and stored in parts, each source row taken once: it is
+        # never whole in memory beside its source.
+        rest = {c: arrow.array(r.pop(c)) for c in list(r)}
+        api_by_string, raw_by_string = pc.take(s["api"], pos), pc.take(s["value"], pos)
+        for lo in range(0, max(n, 1), CHUNK_ROWS):
+            size = min(n, lo + CHUNK_ROWS) - lo
+            rows = None if order is None else order[lo:lo + size]
+            part = lambda c: rest[c].slice(lo, size) if rows is None else rest[c].take(rows)  # noqa: E731
+            i = idx.slice(lo, size)
+            # Runtime or driver: from the name, else from eventClass (0 runtime, 1 driver).
+            event_class = part("event_class")
+            by_class = pc.if_else(pc.equal(event_class, 0), pa.scalar(0, pa.int8()),
+                                  pc.if_else(pc.equal(event_class, 1), pa.scalar(1, pa.int8()),
+                                             pa.scalar(None, pa.int8())))
+            api = pc.coalesce(pc.take(api_by_string, i), by_class)
+            self._store("api_calls", pa.table({
+                "call_id": call_id.slice(lo, size),
+                "api": pa.DictionaryArray.from_arrays(api.cast(pa.int32()), pa.array(["runtime", "driver"])),
+                "name": pa.DictionaryArray.from_arrays(name.indices.slice(lo, size), name.dictionary),
+                "raw_name": arrow.dictionary(i, raw_by_string),
+                "pid": pc.bit_wise_and(pc.shift_right(g.slice(lo, size), 24), 16777215), "tid": tid.slice(lo, size),
+                "start_ns": part("start_ns"), "end_ns": part("end_ns"),
+                "correlation_id": corr.slice(lo, size), "return_value": part("return_value")}))
 
     def _link(self, corr: pa.Array, global_pid: pa.Array) -> tuple[pa.Array, pa.Array, pa.DictionaryArray]:
         """For GPU rows (in output order): their API call's call_id, tid and name.
@@ -409,9 +526,36 @@ class _Reader:
                                                             pc.take(self.call_names, used))
 
     def _kernels(self) -> None:
+        k_rows = 0
+        launched = 0
+        if KERNEL in self.streams:
+            try:
+                graph = self._take_source(GRAPH)  # empty: a file with graph rows is read whole
+                for part in self._parts(KERNEL):
+                    n, hit = self._kernel_rows(dict(zip(part.column_names, part.columns)),
+                                               dict(zip(graph.column_names, graph.columns)), k_rows)
+                    k_rows, launched = k_rows + n, launched + hit
+            except _ReadWhole:
+                self._restart(KERNEL, "kernels")
+                self.sources[GRAPH] = graph
+                k_rows = launched = 0
+        if not k_rows and self.sources.get(KERNEL) is not None:
+            k_rows, launched = self._kernel_rows(self._columns(KERNEL), self._columns(GRAPH), 0)
+        self.metadata["kernels_with_launch_call"] = launched
+        if k_rows and launched < k_rows:
+            self.warnings.append(f"{k_rows - launched} of {k_rows} kernel(s) have no launch call in the trace "
+                                 "(time-sliced capture, or API tracing off)")
+        graphs = self.metadata["source_rows"].get(GRAPH, 0)
+        if graphs:
+            self.warnings.append(f"{graphs} whole-graph execution(s) from {GRAPH} were added as opaque "
+                                 "kernels named [CUDA graph N]: their kernels were not traced one by one "
+                                 "(capture with --cuda-graph-trace=node for that)")
+
+    def _kernel_rows(self, k: dict, gr: dict, first_id: int) -> tuple[int, int]:
+        """Kernel rows (and whole-graph rows) from their source columns, stored with ids from
+        `first_id`: (rows, rows with a launch call)."""
         config = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
                   "static_shared_mem_bytes", "dynamic_shared_mem_bytes", "local_mem_per_thread_bytes")
-        k, gr = self._columns(KERNEL), self._columns(GRAPH)
         nk, ng = len(k["start_ns"]), len(gr["start_ns"])
         # Kernel rows, then whole-graph rows: a stable sort on start keeps (start, source, file order).
         order = arrow.order(arrow.concat(k["start_ns"], gr["start_ns"]))
@@ -434,23 +578,14 @@ class _Reader:
         corr, gpid = column("correlation_id"), column("global_pid")
         launch_call_id, tid, _ = self._link(corr, gpid)
         n = nk + ng
-        out = {"kernel_id": pa.array(np.arange(n, dtype=np.int64))}
+        out = {"kernel_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64))}
         out.update((c, column(c)) for c in ("device_id", "context_id", "stream_id", "start_ns", "end_ns"))
         out.update((c, arrow.take(names.pop(c), order)) for c in list(names))
         out.update((c, column(c)) for c in config)
         out.update(correlation_id=corr, pid=pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), tid=tid,
                    launch_call_id=launch_call_id, graph_id=column("graph_id"))
-        kernels = self._store("kernels", pa.table(out))
-        launched = n - kernels.column("launch_call_id").null_count
-        self.metadata["kernels_with_launch_call"] = launched
-        if n and launched < n:
-            self.warnings.append(f"{n - launched} of {n} kernel(s) have no launch call in the trace "
-                                 "(time-sliced capture, or API tracing off)")
-        graphs = self.metadata["source_rows"].get(GRAPH, 0)
-        if graphs:
-            self.warnings.append(f"{graphs} whole-graph execution(s) from {GRAPH} were added as opaque "
-                                 "kernels named [CUDA graph N]: their kernels were not traced one by one "
-                                 "(capture with --cuda-graph-trace=node for that)")
+        self._store("kernels", pa.table(out))
+        return n, n - launch_call_id.null_count
 
     def _names(self, ids: pa.ChunkedArray, extra: pa.Array) -> pa.DictionaryArray:
         """Dictionary-encoded StringIds values of `ids`, followed by the strings `extra`."""
@@ -462,19 +597,31 @@ class _Reader:
             values = pa.concat_arrays([values, more.dictionary.cast(STR)])
         return arrow.dictionary(idx, values)
 
-    def _sorted(self, table: str) -> tuple[pa.Table, np.ndarray | None]:
-        data = self._take_source(table)
-        return data, arrow.order(data["start_ns"])
-
     def _copies(self) -> None:
+        rows = linked = 0
+        if MEMCPY in self.streams:
+            try:
+                for part in self._parts(MEMCPY):
+                    n, hit = self._copy_rows(part, None, rows)
+                    rows, linked = rows + n, linked + hit
+            except _ReadWhole:
+                self._restart(MEMCPY, "copies")
+                rows = linked = 0
+        if not rows and self.sources.get(MEMCPY) is not None:
+            m = self._take_source(MEMCPY)
+            rows, linked = self._copy_rows(m, arrow.order(m["start_ns"]), 0)
+        self.metadata["copies_with_api_call"] = linked
+
+    def _copy_rows(self, m: pa.Table, order: np.ndarray | None, first_id: int) -> tuple[int, int]:
+        """Copy rows from their source rows (put in `order`), stored with ids from `first_id`:
+        (rows, rows with an API call)."""
         e = self.enums
-        m, order = self._sorted(MEMCPY)
         col = lambda c: arrow.take(m[c], order)  # noqa: E731
         kind = col("copy_kind")
         corr, gpid = col("correlation_id"), col("global_pid")
         launch_call_id, tid, api_name = self._link(corr, gpid)
-        copies = self._store("copies", pa.table({
-            "copy_id": pa.array(np.arange(m.num_rows, dtype=np.int64)),
+        self._store("copies", pa.table({
+            "copy_id": pa.array(np.arange(first_id, first_id + m.num_rows, dtype=np.int64)),
             "device_id": col("device_id"), "context_id": col("context_id"), "stream_id": col("stream_id"),
             "start_ns": col("start_ns"), "end_ns": col("end_ns"),
             "direction": arrow.enum(kind, {k: v[0] for k, v in e.copy_kind.items()}, "unknown"),
@@ -484,7 +631,11 @@ class _Reader:
             "bytes": col("bytes"), "src_device_id": col("src_device_id"), "dst_device_id": col("dst_device_id"),
             "correlation_id": corr, "pid": pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), "tid": tid,
             "api_name": api_name, "launch_call_id": launch_call_id}))
-        self.metadata["copies_with_api_call"] = copies.num_rows - copies.column("launch_call_id").null_count
+        return m.num_rows, m.num_rows - launch_call_id.null_count
+
+    def _sorted(self, table: str) -> tuple[pa.Table, np.ndarray | None]:
+        data = self._take_source(table)
+        return data, arrow.order(data["start_ns"])
 
     def _memsets(self) -> None:
         with self._registered(MEMSET):
@@ -581,6 +732,10 @@ class _Reader:
         self.metadata["fetch_backend"] = f.backend
         if f.fallbacks:
             self.metadata["adbc_fallbacks"] = f.fallbacks
+
+
+class _ReadWhole(Exception):
+    """A streamed table that must be read whole after all (out of order, or the stream failed)."""
 
 
 def _src(table: str) -> str:

@@ -20,11 +20,12 @@ import os
 import queue
 import re
 import sqlite3
+import threading
 import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,6 +137,7 @@ class NsysFile:
         self._pool: ThreadPoolExecutor | None = None  # made by the first submit()
         self._idle: queue.SimpleQueue = queue.SimpleQueue()  # ADBC connections free for a fetch
         self._extra: list = []  # the pool's connections beyond self._adbc
+        self._streams: list[Stream] = []
 
     # -- structure -------------------------------------------------------------------
     def has(self, table: str, column: str | None = None) -> bool:
@@ -229,6 +231,24 @@ class NsysFile:
             future = self._pool.submit(self._fetch_pooled, _select_sql(cols, from_sql, where, cast_ints=False))
         return Pending(self, future, cols, from_sql, where, label)
 
+    def stream(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "",
+               batches_ahead: int = 8) -> "Stream | None":
+        """`arrow(...)` as batches of FETCH_BATCH_ROWS rows, read on a thread of its own at most
+        `batches_ahead` batches ahead of the caller (so a big table is never whole in memory).
+        None without ADBC: the caller fetches the table whole instead."""
+        if self._adbc is None:
+            return None
+        label = label or from_sql.split()[0].strip('"')
+        self._guard(f"FROM {from_sql}")
+        try:
+            con = adbc_sqlite.connect(self.uri)
+        except _ADBC_ERRORS:
+            return None
+        stream = Stream(self, con, _select_sql(cols, from_sql, where, cast_ints=False),
+                        pa.schema([(c.alias, c.type) for c in cols]), label, batches_ahead)
+        self._streams.append(stream)
+        return stream
+
     def _start_pool(self) -> None:
         self._idle.put(self._adbc)
         for _ in range(FETCH_THREADS - 1):
@@ -301,6 +321,9 @@ class NsysFile:
         return pa.Table.from_arrays(arrays, schema=schema)
 
     def close(self) -> None:
+        for stream in self._streams:
+            stream.close()
+        self._streams = []
         if self._pool is not None:  # let fetches in flight end before their connections close
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -331,6 +354,84 @@ class Pending:
         if args is None:
             raise RuntimeError("Pending.result() called twice")
         return self._f._finish(*args)
+
+
+class StreamFailed(Exception):
+    """A stream that could not be read to its end (a value of another type than the first
+    batches', a read error): the caller reads the table whole instead."""
+
+
+class Stream:
+    """A table read in batches by `NsysFile.stream`, on a thread with its own connection."""
+
+    _END = object()
+
+    def __init__(self, f: NsysFile, con, sql: str, schema: pa.Schema, label: str, batches_ahead: int):
+        self._f, self._con, self._schema, self._label = f, con, schema, label
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, batches_ahead))
+        self._stop = threading.Event()
+        self.rows = 0  # handed to the caller so far
+        self._thread = threading.Thread(target=self._read, args=(sql,), name="nsys-stream", daemon=True)
+        self._thread.start()
+
+    def _read(self, sql: str) -> None:
+        cur = None
+        try:
+            cur = self._con.cursor()
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(FETCH_BATCH_ROWS)})
+            cur.execute(sql)
+            reader = cur.fetch_record_batch()
+            for batch in reader:
+                if not self._put(batch):
+                    return
+            self._put(self._END)
+        except BaseException as e:  # handed to the caller, who reads the table whole instead
+            self._put(e)
+        finally:
+            if cur is not None:
+                try:
+                    cur.close()
+                except _ADBC_ERRORS:
+                    pass
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def batches(self) -> Iterator[pa.Table]:
+        """The rows in file order, one table per batch, typed as the columns say (raises
+        StreamFailed where the read fails)."""
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise StreamFailed(one_line(item)) from None
+            try:
+                table = self._f._conform(pa.Table.from_batches([item]), self._schema, self._label)
+            except _ADBC_ERRORS as e:
+                raise StreamFailed(one_line(e)) from None
+            self.rows += table.num_rows
+            yield table
+
+    def close(self) -> None:
+        """Stop reading (if not done) and close the connection."""
+        if self._con is None:
+            return
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)  # unblock a put
+            except queue.Empty:
+                pass
+        self._thread.join()
+        self._con.close()
+        self._con = None
 
 
 def _select_sql(cols: Sequence[Col], from_sql: str, where: str, cast_ints: bool) -> str:
