@@ -69,7 +69,7 @@ NSYS_AI_WARM_SKILLS = ("gpu_idle_gaps", "memory_transfers", "sync_cost_analysis"
 KINETO_DECODERS = ("json", "orjson", "msgspec", "msgspec-typed")
 SQLITE_DECODERS = ("sqlite3-rows", "sqlite3-arrow", "adbc-arrow")
 NSYS_BASE_KERNELS = 625_000  # 1x; 8x = 5 M kernels
-CAPPED_MEMORY = "2GB"  # TRACEANALYZER_MEMORY_LIMIT of the capped nsys row
+CAPPED_MEMORY = "1GB"  # TRACEANALYZER_MEMORY_LIMIT of the capped nsys row
 # Runs of each cell a target reads, at every size (the median run is shown): the machine
 # is shared, and one run, ours or a peer's, can be slowed by a neighbour.
 REPEAT = 3
