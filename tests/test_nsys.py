@@ -818,3 +818,46 @@ def test_streamed_ingest_that_fails_leaves_the_store_as_it_was(tmp_path, monkeyp
         again = st.ingest(path)  # no transaction was left open
         assert again.replaced and again.run_id == first.run_id and again.counts == first.counts
         assert st.sql("SELECT count(*) FROM kernels").fetchone()[0] == before["kernels"]
+
+
+@pytest.mark.parametrize("name", ["nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite", "Rodinia_Gaussian__report2.sqlite",
+                                  "nsightful__power_iteration__baseline.sqlite"])
+def test_call_index_links_as_the_join_does(traces_dir, name, monkeypatch):
+    """GPU rows find their call by binary search over sorted (process, correlation id)
+    keys; the hash join it replaces must give the same links."""
+    from traceanalyzer.ingest import nsys_arrow
+
+    path = real(traces_dir, name)
+    indexed = nsys.read(path)
+    assert nsys_arrow.CallIndex.build(*(pa.array(x) for x in ([1, 2], [0, 0]))) is not None
+    monkeypatch.setattr(nsys_arrow.CallIndex, "build", classmethod(lambda cls, corr, process: None))
+    joined = nsys.read(path)
+    assert plain(indexed) == plain(joined)
+    assert indexed.tables["kernels"]["launch_call_id"].null_count < max(1, indexed.tables["kernels"].num_rows)
+
+
+def test_call_index_refuses_what_it_cannot_key():
+    from traceanalyzer.ingest.nsys_arrow import CallIndex
+
+    assert CallIndex.build(pa.array([1, 1]), pa.array([7, 7])) is None  # a repeated pair: the join decides
+    assert CallIndex.build(pa.array([0, 1 << 40]), pa.array([7, 7])) is None  # ids too far apart
+    index = CallIndex.build(pa.array([5, None, 5, 9]), pa.array([7, 7, 8, 7]))
+    rows, calls = index.find(pa.array([9, 5, 5, 6, None, 5]), pa.array([7, 8, 9, 7, 7, 7]))
+    assert list(zip(rows, calls)) == [(0, 3), (1, 2), (5, 0)]
+
+
+def test_runtime_read_in_two_halves_falls_back_as_a_whole(tmp_path, monkeypatch, small_parts):
+    """Runtime calls are fetched as two rowid halves on two threads; a value of another type
+    in the second half sends the whole table to sqlite3, as a whole read would."""
+    path = tmp_path / "odd_runtime.sqlite"
+    shutil.copy(fixture("planted.sqlite"), path)
+    con = sqlite3.connect(path)
+    con.execute(f"UPDATE {RUNTIME} SET returnValue = 'oops' WHERE rowid = (SELECT max(rowid) FROM {RUNTIME})")
+    con.commit()
+    con.close()
+    halves = nsys.read(path)
+    assert halves.metadata["adbc_fallbacks"] >= 1
+    monkeypatch.setattr(nsys, "CHUNK_ROWS", 1 << 30)
+    whole = nsys.read(path)
+    assert plain(halves) == plain(whole)
+    assert halves.tables["api_calls"]["return_value"].null_count == 1

@@ -156,6 +156,7 @@ class _Reader:
         self.drop_warnings: dict[str, list[str]] = {}  # per source table, shown first, in SOURCES order
         self.device_ids: set[int] = set()
         self.calls: pa.Table | None = None  # one row per api call, in call_id order (see _api_calls)
+        self.call_index: arrow.CallIndex | None = None
         self.call_names: pa.Array = pa.array([], STR)  # dictionary of api_calls.name
         self.grouped_calls = False
 
@@ -230,7 +231,8 @@ class _Reader:
             return
         total = self.metadata["source_rows"][table] = self.f.count(table)
         timed, where = self._source_filter(table, where)
-        self.sources[table] = (self.f.submit(cols, quote(table), where, label=table), total, timed)
+        split = CHUNK_ROWS if table == RUNTIME else 0  # the one big table read whole
+        self.sources[table] = (self.f.submit(cols, quote(table), where, label=table, split_rows=split), total, timed)
 
     def _source_columns(self, table: str) -> list[Col]:
         return [Col(alias, self.f.column(table, src), typ) for alias, (src, typ) in SOURCES[table].items()]
@@ -463,8 +465,11 @@ class _Reader:
         tid = pc.bit_wise_and(g, 16777215)
         corr = col("correlation_id")
         # What GPU rows look up (see _link): the call is found on correlationId AND process.
-        self.calls = pa.table({"call_id": call_id, "correlation_id": corr,
-                               "process": pc.bit_wise_and(g, PROCESS_MASK), "tid": tid, "name": name.indices})
+        process = pc.bit_wise_and(g, PROCESS_MASK)
+        self.calls = pa.table({"call_id": call_id, "correlation_id": corr, "process": process, "tid": tid,
+                               "name": name.indices})
+        self.call_index = arrow.CallIndex.build(corr, process)
+        del process
         self.call_names = name.dictionary
         self.duck.register("api", self.calls)
         # The table itself is built and stored in parts, each source row taken once: it is
@@ -497,8 +502,14 @@ class _Reader:
         One call per (correlation id, process); should a file hold several, the first
         (lowest call_id) is taken, with the first non-NULL tid and name, as a GROUP BY
         would. That grouping costs as much as the join, so it is done only when the plain
-        join shows a row matching twice."""
+        join shows a row matching twice. Without repeats, the sorted CallIndex finds the
+        same calls without a join (a big table's parts each look up every call)."""
         n = len(corr)
+        if self.call_index is not None:
+            i, rows = self.call_index.find(corr, pc.bit_wise_and(global_pid, PROCESS_MASK))
+            rows = pa.array(rows)
+            res = {"call_id": rows, "tid": pc.take(self.calls["tid"], rows), "name": pc.take(self.calls["name"], rows)}
+            return self._linked(n, i, res)
         self.duck.register("act", pa.table({"i": np.arange(n, dtype=np.int64), "correlation_id": corr,
                                             "process": pc.bit_wise_and(global_pid, PROCESS_MASK)}))
         try:
@@ -520,6 +531,9 @@ class _Reader:
                     FROM api WHERE correlation_id IS NOT NULL GROUP BY correlation_id, process""")
         finally:
             self.duck.unregister("act")
+        return self._linked(n, i, res)
+
+    def _linked(self, n: int, i: np.ndarray, res) -> tuple[pa.Array, pa.Array, pa.DictionaryArray]:
         call_id, tid, name = (arrow.scatter(n, i, res[c]) for c in ("call_id", "tid", "name"))
         used = pc.drop_null(pc.unique(name))  # the names these rows use, of all api names
         return call_id, tid, pa.DictionaryArray.from_arrays(pc.index_in(name, used).cast(pa.int32()),
@@ -652,7 +666,7 @@ class _Reader:
         col = lambda c: arrow.take(s[c], order)  # noqa: E731
         corr, gpid = col("correlation_id"), col("global_pid")
         launch_call_id, tid, api_name = self._link(corr, gpid)
-        self.calls = None  # the last lookup of calls
+        self.calls = self.call_index = None  # the last lookup of calls
         self.duck.unregister("api")
         self.duck.execute("DROP TABLE IF EXISTS calls")
         # The kind the call's name says, once per distinct name.

@@ -63,3 +63,53 @@ def scatter(n: int, rows: np.ndarray, values: pa.ChunkedArray) -> pa.Array:
     valid = np.zeros(n, dtype=bool)
     valid[rows] = pc.is_valid(values).to_numpy(zero_copy_only=False)
     return pa.array(out, mask=~valid)
+
+
+class CallIndex:
+    """The API calls' (correlation id, process) pairs, sorted once, so that GPU rows find
+    their call part by part with a binary search instead of a hash join over every call.
+
+    A pair is one int64: the process's code among the few distinct processes in the high
+    32 bits, the correlation id's offset from the smallest in the low 32. `build` gives
+    None where that does not fit, or where a pair repeats (the first call must then be
+    chosen, which the reader's grouped join does)."""
+
+    def __init__(self, processes: pa.Array, low: int, high: int, keys: np.ndarray, rows: np.ndarray):
+        self.processes, self.low, self.high, self.keys, self.rows = processes, low, high, keys, rows
+
+    @classmethod
+    def build(cls, corr: pa.Array, process: pa.Array) -> "CallIndex | None":
+        corr, process = array(corr), array(process)
+        valid = pc.and_(pc.is_valid(corr), pc.is_valid(process))
+        if not pc.any(valid).as_py():
+            return cls(pa.array([], process.type), 0, 0, np.empty(0, np.int64), np.empty(0, np.int64))
+        bounds = pc.min_max(pc.filter(corr, valid))
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        processes = pc.unique(pc.filter(process, valid))
+        if high - low >= 1 << 32 or len(processes) >= 1 << 31:
+            return None
+        rows = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
+        keys = cls._keys(pc.index_in(process, processes).to_numpy(zero_copy_only=False), corr, low, rows)
+        order = np.argsort(keys, kind="stable")  # calls are near key order already: cheap
+        keys, rows = keys[order], rows[order]
+        if len(keys) > 1 and bool(np.any(keys[1:] == keys[:-1])):
+            return None
+        return cls(processes, low, high, keys, rows)
+
+    @staticmethod
+    def _keys(codes: np.ndarray, corr: pa.Array, low: int, rows: np.ndarray) -> np.ndarray:
+        c = pc.fill_null(corr, 0).to_numpy()[rows] - low
+        return (codes[rows].astype(np.int64) << 32) | c
+
+    def find(self, corr: pa.Array, process: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(GPU rows that have a call, the row of each one's call)."""
+        corr, process = array(corr), array(process)
+        code = pc.index_in(process, self.processes)
+        ok = pc.and_(pc.is_valid(code), pc.and_(pc.greater_equal(corr, self.low), pc.less_equal(corr, self.high)))
+        rows = np.flatnonzero(pc.fill_null(ok, False).to_numpy(zero_copy_only=False))
+        if not len(rows) or not len(self.keys):
+            return rows[:0], rows[:0]
+        keys = self._keys(pc.fill_null(code, 0).to_numpy(), corr, self.low, rows)
+        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        hit = self.keys[at] == keys
+        return rows[hit], self.rows[at[hit]]

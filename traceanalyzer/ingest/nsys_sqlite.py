@@ -218,18 +218,33 @@ class NsysFile:
         table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
         return self._conform(table, schema, label)
 
-    def submit(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "") -> "Pending":
+    def submit(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "",
+               split_rows: int = 0) -> "Pending":
         """`arrow(...)` started now on a fetch thread; `.result()` gives the same table.
 
-        The bounded row count (the guard) runs here, before any thread reads the table."""
+        A table (`from_sql` its quoted name) of more than `split_rows` rows is read as two
+        halves of its rowid range on two threads: SQLite decodes rows on one core per
+        connection. The bounded row count (the guard) runs here, before any thread reads."""
         label = label or from_sql.split()[0].strip('"')
         self._guard(f"FROM {from_sql}")
-        future = None
+        futures = []
         if self._adbc is not None:
             if self._pool is None:
                 self._start_pool()
-            future = self._pool.submit(self._fetch_pooled, _select_sql(cols, from_sql, where, cast_ints=False))
-        return Pending(self, future, cols, from_sql, where, label)
+            for part in self._halves(from_sql, where, split_rows):
+                futures.append(self._pool.submit(self._fetch_pooled, _select_sql(cols, from_sql, part, cast_ints=False)))
+        return Pending(self, futures, cols, from_sql, where, label)
+
+    def _halves(self, from_sql: str, where: str, split_rows: int) -> list[str]:
+        name = from_sql[1:-1].replace('""', '"') if from_sql.startswith('"') else from_sql
+        if not split_rows or FETCH_THREADS < 2 or name not in self.tables or self.checked_rows(name) <= split_rows:
+            return [where]
+        low, high = self.rows(f"SELECT min(rowid), max(rowid) FROM {from_sql}")[0]
+        if low is None or high - low < 2:
+            return [where]
+        mid = low + (high - low) // 2
+        both = f"({where}) AND " if where else ""
+        return [f"{both}rowid <= {mid}", f"{both}rowid > {mid}"]
 
     def stream(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "",
                batches_ahead: int = 8) -> "Stream | None":
@@ -267,14 +282,17 @@ class NsysFile:
         finally:
             self._idle.put(con)
 
-    def _finish(self, future: Future | None, cols: Sequence[Col], from_sql: str, where: str,
+    def _finish(self, futures: list[Future], cols: Sequence[Col], from_sql: str, where: str,
                 label: str) -> pa.Table:
         schema = pa.schema([(c.alias, c.type) for c in cols])
-        if future is not None:
+        if futures:
             try:
-                return self._conform(future.result(), schema, label)
+                parts = [self._conform(f.result(), schema, label) for f in futures]
+                return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
             except _ADBC_ERRORS:
                 self.fallbacks += 1  # as in arrow(): a value of another type somewhere
+                for f in futures:  # none still reading when sqlite3 starts
+                    f.cancel() or f.exception()
         table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
         return self._conform(table, schema, label)
 
@@ -343,9 +361,9 @@ class NsysFile:
 class Pending:
     """A fetch started by `NsysFile.submit`."""
 
-    def __init__(self, f: NsysFile, future: Future | None, cols: Sequence[Col], from_sql: str, where: str,
+    def __init__(self, f: NsysFile, futures: list[Future], cols: Sequence[Col], from_sql: str, where: str,
                  label: str):
-        self._f, self._args = f, (future, cols, from_sql, where, label)
+        self._f, self._args = f, (futures, cols, from_sql, where, label)
 
     def result(self) -> pa.Table:
         """The table, in the calling thread's hands: ADBC's result checked and typed, or the
