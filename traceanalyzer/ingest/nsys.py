@@ -174,6 +174,7 @@ class _Reader:
                     self._submit(table, f"eventType IN ({nvtx_types})" if table == NVTX else "")
             self._load_strings()
             self._api_calls()
+            self._given_back()  # the runtime source, before kernels are read
             self._kernels()
             self._copies()
             self._memsets()
@@ -448,8 +449,15 @@ class _Reader:
         del columns
         self.out.add(name, table)
         if self.sink is not None:  # the sink has it: what it held goes back before the next part
-            freed, table = table.nbytes, None
-            memory.give_back(freed)
+            table = None
+            self._given_back()
+
+    def _given_back(self) -> None:
+        """With a sink, hand freed memory back to the OS (Arrow's pool and malloc keep it
+        otherwise; see memory.py): what one step freed is then there for the next, and for
+        the store. Some 10 ms a time, once per part."""
+        if self.sink is not None:
+            memory.give_back()
 
     # -- tables --------------------------------------------------------------------
     def _api_calls(self) -> None:
@@ -461,20 +469,27 @@ class _Reader:
         idx, pos = self._lookup(col("name_id"))
         s = self.strings
         name = arrow.dictionary(idx, pc.take(s["stripped"], pos))
-        call_id = pa.array(np.arange(n, dtype=np.int64))
-        tid = pc.bit_wise_and(g, 16777215)
         corr = col("correlation_id")
-        # What GPU rows look up (see _link): the call is found on correlationId AND process.
+        # What GPU rows look up (see _link): the call is found on correlationId AND process,
+        # through the CallIndex, or a join where it cannot be built. A tid fits 24 bits.
         process = pc.bit_wise_and(g, PROCESS_MASK)
-        self.calls = pa.table({"call_id": call_id, "correlation_id": corr, "process": process, "tid": tid,
-                               "name": name.indices})
+        self._given_back()  # the source columns sorted so far
         self.call_index = arrow.CallIndex.build(corr, process)
-        del process
+        tid = pc.bit_wise_and(g, 16777215).cast(pa.int32())
+        if self.call_index is None:
+            self.calls = pa.table({"call_id": pa.array(np.arange(n, dtype=np.int64)), "correlation_id": corr,
+                                   "process": process, "tid": tid, "name": name.indices})
+            self.duck.register("api", self.calls)
+        else:
+            self.calls = pa.table({"tid": tid, "name": name.indices})
+        del process, tid
         self.call_names = name.dictionary
-        self.duck.register("api", self.calls)
         # The table itself is built and stored in parts, each source row taken once: it is
         # never whole in memory beside its source.
-        rest = {c: arrow.array(r.pop(c)) for c in list(r)}
+        rest = {}
+        for c in list(r):
+            rest[c] = arrow.array(r.pop(c))
+            self._given_back()  # the source's batches, now copied
         api_by_string, raw_by_string = pc.take(s["api"], pos), pc.take(s["value"], pos)
         for lo in range(0, max(n, 1), CHUNK_ROWS):
             size = min(n, lo + CHUNK_ROWS) - lo
@@ -488,11 +503,12 @@ class _Reader:
                                              pa.scalar(None, pa.int8())))
             api = pc.coalesce(pc.take(api_by_string, i), by_class)
             self._store("api_calls", pa.table({
-                "call_id": call_id.slice(lo, size),
+                "call_id": pa.array(np.arange(lo, lo + size, dtype=np.int64)),
                 "api": pa.DictionaryArray.from_arrays(api.cast(pa.int32()), pa.array(["runtime", "driver"])),
                 "name": pa.DictionaryArray.from_arrays(name.indices.slice(lo, size), name.dictionary),
                 "raw_name": arrow.dictionary(i, raw_by_string),
-                "pid": pc.bit_wise_and(pc.shift_right(g.slice(lo, size), 24), 16777215), "tid": tid.slice(lo, size),
+                "pid": pc.bit_wise_and(pc.shift_right(g.slice(lo, size), 24), 16777215),
+                "tid": pc.bit_wise_and(g.slice(lo, size), 16777215),
                 "start_ns": part("start_ns"), "end_ns": part("end_ns"),
                 "correlation_id": corr.slice(lo, size), "return_value": part("return_value")}))
 
@@ -666,8 +682,9 @@ class _Reader:
         col = lambda c: arrow.take(s[c], order)  # noqa: E731
         corr, gpid = col("correlation_id"), col("global_pid")
         launch_call_id, tid, api_name = self._link(corr, gpid)
+        if self.call_index is None and self.calls is not None:
+            self.duck.unregister("api")
         self.calls = self.call_index = None  # the last lookup of calls
-        self.duck.unregister("api")
         self.duck.execute("DROP TABLE IF EXISTS calls")
         # The kind the call's name says, once per distinct name.
         names = api_name.dictionary
