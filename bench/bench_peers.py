@@ -797,6 +797,22 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   (~+0.8 s, ~+40 MB in the store at 5 M kernels). Tried and dropped: one window over a single
   BIGINT key instead of S002's (device, stream) partitions (20% faster alone, lost in the rule),
   the two lookups of T004's prefilter as one key, and a big run's light rules on two threads.
+* The nsys reader streams into the store (2026-11-30, seventh session; 5 M kernels, A/B back to
+  back: ingest 3.2-3.4 GB -> 1.42 GB at its peak, 18.6-20.7 s -> 18.6-20.2 s; every table and
+  finding identical on every real and fixture trace and on the 625 k-kernel export, read whole and
+  in parts). `Store.ingest` hands the reader a `RunWriter` (a TableSink) that inserts each table,
+  part by part, inside the run's one transaction (begun at the first part, once the file's hash
+  gives the run id; a failure rolls all of it back). Kernels and copies are read from the file as
+  an ADBC stream, a few batches ahead, and built in parts of 512 k rows (an export with them out of
+  start order, or a stream that fails, drops what it stored of that table and reads it whole; no
+  real export seen so far needs that); runtime calls are sorted whole but stored in parts. Two
+  things were needed besides: DuckDB keeps an Arrow table registered for an INSERT alive until the
+  transaction ends, so inserts hand it batches it lets go of; and GPU rows find their call with a
+  binary search over the calls' sorted (process, correlation id) keys (`nsys_arrow.CallIndex`)
+  instead of a hash join per part (10 parts of kernels each probing 8.4 M calls cost 3.0 s; 0.95 s
+  now; the join stays for files that repeat a key). Runtime calls are fetched as two rowid halves
+  on two threads, which pays for the parts. Freed memory is handed back between steps (Arrow's
+  pool and malloc keep it otherwise; ~10 ms a time).
 * `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
   rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
@@ -808,52 +824,55 @@ there and the single-process work (the typed decode, HTA) 0-25% slower, mostly i
 file work (the Kineto read's helper process handed its half over 0.3-0.55 s late instead of
 ~0.15 s); alternated A/B runs of old and new code gave equal times, so that was the machine.
 Ratios between two tools of the same round are what to read.
-* Kineto, 10x faster than HTA: 9.0x here (3.00 s against 27.0 s; 10x is 2.70 s), 8.1x at 10:53 on a
-  busier host; 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier today (median of 3 each), ours
-  2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line, and decided by the host's load:
-  ours is two processes reading, then two rule threads, where HTA is one process. Where ours goes on
-  a quiet run: imports ~0.2 s, the split read ~1.35 s, the store's insert and commit ~0.4 s (pandas
-  and the rules' modules are imported meanwhile), tables ~0.1 s, rules ~0.5 s. Alternated A/B runs
-  of this session's start and end on the 8x trace give the same ingest + rules time (3.1-3.7 s
-  each on this afternoon's host) and ~0.03 s more for a warm pass (the per-run cache now also
-  holds `kernel_launches`).
-* Within 2x of the bare typed decode: met here (1.9x), 2.2x at 10:53 and 2.5x this morning on busier runs (the
-  decode is one process, and does no start-up or writing, so load slows it less than ours).
+* Kineto, 10x faster than HTA: 8.6x here (3.37 s against 29.0 s), on a busier host than the
+  11:16 run (9.0x: 3.00 s against 27.0 s); 8.1x, 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier
+  today (median of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line,
+  and decided by the host's load: ours is two processes reading, then two rule threads, where HTA
+  is one process. Where ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s, the
+  store's insert and commit ~0.4 s (pandas and the rules' modules are imported meanwhile), tables
+  ~0.1 s, rules ~0.5 s. This session's change to the store's inserts (batches DuckDB can let go
+  of) left the Kineto path as fast as before: alternated A/B runs of the session's start and end
+  on the 8x trace gave ingest 2.59-3.00 s against 2.81-3.10 s, rules 0.67-0.82 s against
+  0.75-0.77 s.
+* Within 2x of the bare typed decode: 2.3x here, 1.9x at 11:16, 2.2x at 10:53 and 2.5x this
+  morning (the decode is one process, and does no start-up or writing, so load slows it less than
+  ours).
 * nsys, 5x faster than nsys-ai's cache build: cannot be met on this machine class as written. At
   8x, nsys-ai with sqlite_scanner builds its cache in 23-27 s, so 5x is 4.6-5.4 s for reading,
   storing and every rule. Only fetching the columns we need with ADBC, the fastest reader measured
   here (sqlite3 is 2-5x slower; DuckDB's sqlite_scanner has no build for DuckDB 2.x, the wheels
   stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
-  before anything is stored. Ours: ingest 16.6-18.3 s, then the first rules pass 13.6-16.4 s
-  (~5 s of it building the cache that later passes read). The issue's own figure for nsys-ai
-  (165 s, 7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (30-34 s) is
-  4.8-5.5x. nsys-ai without the extension (the context row) builds no cache and answers from the
-  export: 45-64 s, 2.4 GB at 8x.
-* nsys rules on a stored run against nsys-ai's four warm skills: met, 0.86x at 11:34 (5.14 s
-  against 5.98 s) and 0.99x at 10:53 (5.03 s against 5.08 s); it was 1.4x this morning and 2.6x
-  yesterday. Twenty rules against
-  four queries on a prebuilt cache: the four rules that match those skills (T001-T004) take
-  ~2.0-2.4 s with imports, about 2x faster than the skills. What is left is DuckDB's own work on
-  both cores: S002 ~1.5 s (its numbering window over 4 M element-wise kernels is a sort of ~0.6 s
-  wall; every formulation tried sorts the same rows), T001 ~0.7 s, S001 ~0.35 s, T006 ~0.32 s, T004
-  ~0.3 s, T005 ~0.25 s (grouping 5 M kernels by name), imports and planning ~0.4 s. A busy host
-  moves either tool by 10-20% between runs, so the margin is thin.
-* nsys memory, 1/4 of nsys-ai's: 0.50 of it (3.3 GB against 6.4 GB; was 0.90 yesterday). With
-  the kept cache on disk, the rules stay near 2.1 GB and the peak is the reader's (3.2 GB), so the
-  2 GB cap changes nothing. Measured per reader step at 8x (RSS / Arrow-allocated): after the
-  strings 0.34 / 0.0 GB, after api_calls 2.2 / 0.58 GB, after kernels 3.1 / 1.2 GB, after copies
-  3.3 / 1.3 GB. Most of what is not Arrow's is the source columns of every table, which all
-  fetches hold from the start (they run at once, on ADBC's allocator); then the finished tables
-  (1.5 GB) wait for the store together. 1/4 (1.6 GB) needs both: fetches started only when the
-  step before frees its sources, and each table handed to the store as it is finished, in the one
-  transaction; and the first rules pass (2.1 GB, mostly DuckDB's window sorts building the kept
-  cache) under a DuckDB memory limit that spills.
+  before anything is stored. Ours: ingest 17-21 s, then the first rules pass 13.6-16.4 s (~5 s of
+  it building the cache that later passes read). The issue's own figure for nsys-ai (165 s,
+  7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (33-40 s) is 4.1-5x.
+  nsys-ai without the extension (the context row) builds no cache and answers from the export:
+  45-64 s, 2.4 GB at 8x.
+* nsys rules on a stored run against nsys-ai's four warm skills: 1.13x here (6.46 s against
+  5.73 s), on the busier host of 13:23 (the same code took 5.26 s at 12:40, against nsys-ai's
+  5.23 s: 1.00x; and 5.14 s at 11:34 against 5.98 s: 0.86x). The rules were not changed this
+  session; a busy host moves either tool by 10-20% between runs, so the target flips with it.
+  Twenty rules against four queries on a prebuilt cache: the four rules that match those skills
+  (T001-T004) take ~2.0-2.4 s with imports, about 2x faster than the skills. What is left is
+  DuckDB's own work on both cores: S002 ~1.5 s (its numbering window over 4 M element-wise
+  kernels is a sort of ~0.6 s wall; every formulation tried sorts the same rows), T001 ~0.7 s,
+  S001 ~0.35 s, T006 ~0.32 s, T004 ~0.3 s, T005 ~0.25 s (grouping 5 M kernels by name), imports
+  and planning ~0.4 s.
+* nsys memory, 1/4 of nsys-ai's: 0.36 of it by default (2.3 GB against 6.3 GB; 0.51 this
+  morning, 0.90 yesterday), and met with `TRACEANALYZER_MEMORY_LIMIT=1GB`: 0.23 (1.46 GB, 8-12%
+  slower). The reader now stays under 1.5 GB (streamed into the store, see above); the default's
+  peak is the first rules pass, ~2.1-2.3 GB, nearly all of it DuckDB building the kept cache
+  (the window over every GPU operation that makes `stream_ops` peaks ~1.6 GB above what DuckDB
+  held before it). Tried: evicting DuckDB's buffer pool before each cached table (-0.2 GB), one
+  thread for the cache build (-0.3 GB, +8 s), `preserve_insertion_order = false` (nothing); a
+  1 GB limit during the cache build alone gives ~1.5 GB for ~+3 s, which is what the capped row
+  measures over the whole pass. Whether the default should cap DuckDB is for the issue's author:
+  it trades ~10% of a big run's first pass for a third of its memory.
 * "Memory bounded by the largest table", read as: from 1x to 8x the peak grows by at most twice
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
-  +2.6 GB for +0.77 GB of kernels table (3.4x): the reader holds every table and its sources at
-  once (see above). Kineto: +193 MB for +12 MB (the tables are small next to the
-  reading: two processes with their own decode buffers, the collected columns, then every table
-  at once for the store). Neither meets it.
+  +1,560 MB for +766 MB of kernels table here (2.04x, missed by a hair), 1.8x at 12:40 (met);
+  the 8x peak is the first rules pass (above), 3.4x this morning when the reader held every table.
+  Kineto: +193 MB for +12 MB (the tables are small next to the reading: two processes with their
+  own decode buffers, and the collected columns).
 * `scan --jobs 2` against `--jobs 1`: 1.48x (1.51x on a quieter run), and ~1.55x is the ceiling as `--jobs 1` works now: it
   keeps ~1.3 cores busy itself (its rules run on two threads), see docs/scan.md. 1.7x would need
   `--jobs 1` to use one core only, which makes every single-file scan slower; a decision for the
