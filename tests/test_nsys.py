@@ -518,16 +518,21 @@ def test_fixtures_regenerate_byte_identical(tmp_path):
     assert total < 400_000
 
 
-def test_missing_tables_and_columns_are_probed(tmp_path):
-    path = tmp_path / "thin.sqlite"
+def edited_planted(tmp_path: Path, name: str, *statements: str) -> Path:
+    """A copy of planted.sqlite with `statements` run on it."""
+    path = tmp_path / name
     shutil.copy(fixture("planted.sqlite"), path)
     con = sqlite3.connect(path)
-    con.execute(f"DROP TABLE {RUNTIME}")
-    con.execute(f"ALTER TABLE {KERNEL} DROP COLUMN mangledName")
-    con.execute(f"ALTER TABLE {MEMCPY} DROP COLUMN srcKind")
-    con.execute("DROP TABLE ENUM_CUDA_MEMCPY_OPER")
+    for sql in statements:
+        con.execute(sql)
     con.commit()
     con.close()
+    return path
+
+
+def test_missing_tables_and_columns_are_probed(tmp_path):
+    path = edited_planted(tmp_path, "thin.sqlite", f"DROP TABLE {RUNTIME}", f"ALTER TABLE {KERNEL} DROP COLUMN mangledName",
+                          f"ALTER TABLE {MEMCPY} DROP COLUMN srcKind", "DROP TABLE ENUM_CUDA_MEMCPY_OPER")
     trace = nsys.read(path)
     kernels, copies = trace.tables["kernels"], trace.tables["copies"]
     assert kernels.num_rows == 9 and trace.tables["api_calls"].num_rows == 0
@@ -608,12 +613,8 @@ def test_odd_value_types_fall_back_to_sqlite3(tmp_path):
     """SQLite columns are untyped: a text value in an INTEGER column must not break the read."""
     if "adbc" not in BACKENDS:
         pytest.skip("ADBC not importable")
-    path = tmp_path / "odd.sqlite"
-    shutil.copy(fixture("planted.sqlite"), path)
-    con = sqlite3.connect(path)
-    con.execute(f"UPDATE {KERNEL} SET gridY = 'n/a', registersPerThread = 32.0 WHERE rowid = 5")
-    con.commit()
-    con.close()
+    path = edited_planted(tmp_path, "odd.sqlite",
+                          f"UPDATE {KERNEL} SET gridY = 'n/a', registersPerThread = 32.0 WHERE rowid = 5")
     trace = nsys.read(path, backend="adbc")  # row 5 is kernel 4 (rows are in start order)
     assert trace.tables["kernels"]["grid_y"].to_pylist() == [1, 1, 1, 1, None, 1, 1, 1, 1]
     assert trace.tables["kernels"]["registers_per_thread"][4].as_py() == 32
@@ -731,17 +732,10 @@ def plain(trace) -> dict:
 
 
 def reordered(tmp_path: Path, table: str) -> Path:
-    path = tmp_path / "reordered.sqlite"
-    shutil.copy(fixture("planted.sqlite"), path)
-    con = sqlite3.connect(path)
     # Rows out of start order from the middle of the table on: the first parts are fine.
-    con.execute(f"CREATE TABLE tmp AS SELECT * FROM {table} ORDER BY (rowid > 3), start DESC")
-    con.execute(f"DELETE FROM {table}")
-    con.execute(f"INSERT INTO {table} SELECT * FROM tmp")
-    con.execute("DROP TABLE tmp")
-    con.commit()
-    con.close()
-    return path
+    return edited_planted(tmp_path, "reordered.sqlite",
+                          f"CREATE TABLE tmp AS SELECT * FROM {table} ORDER BY (rowid > 3), start DESC",
+                          f"DELETE FROM {table}", f"INSERT INTO {table} SELECT * FROM tmp", "DROP TABLE tmp")
 
 
 @pytest.mark.parametrize("name", ["planted.sqlite", "h100_2gpu"])
@@ -784,12 +778,8 @@ def test_parts_out_of_order_are_read_again_whole(tmp_path, table, small_parts):
 
 
 def test_a_stream_that_fails_falls_back_to_a_whole_read(tmp_path, small_parts):
-    path = tmp_path / "odd.sqlite"
-    shutil.copy(fixture("planted.sqlite"), path)
-    con = sqlite3.connect(path)
-    con.execute(f"UPDATE {KERNEL} SET gridY = 'n/a' WHERE rowid = 5")  # ADBC typed the column from row 1
-    con.commit()
-    con.close()
+    # ADBC typed the column from the first row
+    path = edited_planted(tmp_path, "odd.sqlite", f"UPDATE {KERNEL} SET gridY = 'n/a' WHERE rowid = 5")
     trace = nsys.read(path)
     assert trace.tables["kernels"]["grid_y"].to_pylist() == [1, 1, 1, 1, None, 1, 1, 1, 1]
     assert trace.tables["kernels"]["kernel_id"].to_pylist() == list(range(9))
@@ -849,12 +839,8 @@ def test_call_index_refuses_what_it_cannot_key():
 def test_runtime_read_in_two_halves_falls_back_as_a_whole(tmp_path, monkeypatch, small_parts):
     """Runtime calls are fetched as two rowid halves on two threads; a value of another type
     in the second half sends the whole table to sqlite3, as a whole read would."""
-    path = tmp_path / "odd_runtime.sqlite"
-    shutil.copy(fixture("planted.sqlite"), path)
-    con = sqlite3.connect(path)
-    con.execute(f"UPDATE {RUNTIME} SET returnValue = 'oops' WHERE rowid = (SELECT max(rowid) FROM {RUNTIME})")
-    con.commit()
-    con.close()
+    path = edited_planted(tmp_path, "odd_runtime.sqlite",
+                          f"UPDATE {RUNTIME} SET returnValue = 'oops' WHERE rowid = (SELECT max(rowid) FROM {RUNTIME})")
     halves = nsys.read(path)
     assert halves.metadata["adbc_fallbacks"] >= 1
     monkeypatch.setattr(nsys, "CHUNK_ROWS", 1 << 30)
