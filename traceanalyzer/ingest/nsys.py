@@ -10,8 +10,9 @@ their own, a few batches ahead, each part built and handed over before the next 
 whole). Runtime calls are sorted whole (real exports write them per thread) and handed
 over in parts too. With a sink (`Store.ingest` passes its RunWriter) each part goes
 straight into the store's transaction, so no output table is ever whole in memory: the
-5 M-kernel export (bench/gen_big.py) peaked at 3.2 GB in ingest before and ~1.5-1.7 GB
-after, in about the same time. Names stay StringIds ids
+5 M-kernel export (bench/gen_big.py) peaked at 3.2-3.4 GB in ingest before and 1.42 GB
+after, in about the same time (GPU rows find their API call through `CallIndex`, a binary
+search, not a join per part; runtime calls are fetched as two halves on two threads). Names stay StringIds ids
 until the end and become dictionary-encoded columns (each distinct string once, however
 many rows name it); name clean-up and code-to-word mappings run once per distinct value.
 Rows are put in (start, file order) with a stable sort (skipped when already in order),
@@ -277,7 +278,7 @@ class _Reader:
         stream, total = self.streams.pop(table)
         if stream is None:  # no connection for it
             raise _ReadWhole()
-        for waiting in self.streams:  # the next streamed table starts when this one is read
+        for waiting in self.streams:  # the next streamed table starts reading now: two at most
             self._start_stream(waiting)
             break
         last = None

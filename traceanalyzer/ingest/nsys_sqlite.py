@@ -7,7 +7,10 @@ Bulk queries go through the ADBC SQLite driver (`fetch_arrow_table`): on 1M kern
 (1.1 s against 4.5 s). The `sqlite3` path is the fallback when ADBC is not importable or
 fails on a query. `submit` runs ADBC fetches on a small pool of threads, each with its own
 connection (the driver releases the GIL): the reader fetches the next table while it
-works on the last one; fallbacks and checks still run in the calling thread.
+works on the last one; fallbacks and checks still run in the calling thread. A big table
+may be fetched as two rowid halves at once (`split_rows`). `stream` reads a table in
+batches on a thread and connection of its own, a few batches ahead of its reader, for the
+tables the nsys reader builds part by part.
 
 ADBC infers a column's Arrow type from the first rows it sees and fails when a later
 value has another type, so string expressions are wrapped in `COALESCE(expr, '')`
