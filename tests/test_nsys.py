@@ -732,9 +732,10 @@ def plain(trace) -> dict:
 
 
 def reordered(tmp_path: Path, table: str) -> Path:
-    # Rows out of start order from the middle of the table on: the first parts are fine.
+    # Rows out of start order from the fifth on: the first two parts are in order (and stored).
     return edited_planted(tmp_path, "reordered.sqlite",
-                          f"CREATE TABLE tmp AS SELECT * FROM {table} ORDER BY (rowid > 3), start DESC",
+                          f"CREATE TABLE tmp AS SELECT * FROM {table} "
+                          "ORDER BY rowid > 4, CASE WHEN rowid > 4 THEN -start ELSE start END",
                           f"DELETE FROM {table}", f"INSERT INTO {table} SELECT * FROM tmp", "DROP TABLE tmp")
 
 
@@ -847,3 +848,18 @@ def test_runtime_read_in_two_halves_falls_back_as_a_whole(tmp_path, monkeypatch,
     whole = nsys.read(path)
     assert plain(halves) == plain(whole)
     assert halves.tables["api_calls"]["return_value"].null_count == 1
+
+
+def test_store_drops_the_parts_of_a_table_read_again(tmp_path, small_parts):
+    """The store's writer deletes, inside the run's transaction, what it stored of a table
+    the reader starts again: the run holds each kernel once, with ids in start order."""
+    from traceanalyzer.store import Store
+
+    path = reordered(tmp_path, KERNEL)
+    with Store(tmp_path / "s.duckdb") as st:
+        result = st.ingest(path)
+        rows = st.sql("SELECT kernel_id, start_ns FROM kernels WHERE run_id = ? ORDER BY kernel_id",
+                      [result.run_id]).fetchall()
+    assert result.counts["kernels"] == len(rows) == 9
+    assert [r[0] for r in rows] == list(range(9)) and [r[1] for r in rows] == sorted(r[1] for r in rows)
+    assert sorted(r[1] for r in rows) == sorted(nsys.read(fixture("planted.sqlite")).tables["kernels"]["start_ns"].to_pylist())
