@@ -639,8 +639,7 @@ class _Reader:
                 self._restart(MEMCPY, "copies")
                 rows = linked = 0
         if not rows and self.sources.get(MEMCPY) is not None:
-            m = self._take_source(MEMCPY)
-            rows, linked = self._copy_rows(m, arrow.order(m["start_ns"]), 0)
+            rows, linked = self._copy_rows(*self._sorted(MEMCPY), 0)
         self.metadata["copies_with_api_call"] = linked
 
     def _copy_rows(self, m: pa.Table, order: np.ndarray | None, first_id: int) -> tuple[int, int]:

@@ -25,7 +25,7 @@ import re
 import sqlite3
 import threading
 import urllib.parse
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -294,8 +294,7 @@ class NsysFile:
                 return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
             except _ADBC_ERRORS:
                 self.fallbacks += 1  # as in arrow(): a value of another type somewhere
-                for f in futures:  # none still reading when sqlite3 starts
-                    f.cancel() or f.exception()
+                wait(futures)  # none still reading when sqlite3 starts
         table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
         return self._conform(table, schema, label)
 
