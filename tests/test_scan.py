@@ -206,6 +206,37 @@ def test_same_content_under_two_names_is_stored_once(traces, tmp_path):
     assert "same content as" in dup.warnings[0]
 
 
+def test_big_streamed_files_are_read_by_the_writer_with_the_same_result(traces, tmp_path, monkeypatch):
+    """nsys exports of WRITER_READS_MIN_BYTES or more are read by the writer itself (streamed,
+    `Store.ingest`), not by a worker: the same rows and findings; skipped when scanned again; a
+    copy under another name is a duplicate; a truncated one is one error line, and the rest goes on."""
+    with Store(tmp_path / "workers.duckdb") as st:  # every file through the workers
+        scan(st, [traces], jobs=2, settings=FAST)
+
+    nsys = traces / "nsys"
+    shutil.copyfile(nsys / "planted.sqlite", nsys / "planted_copy.sqlite")
+    data = (nsys / "clean.sqlite").read_bytes()
+    (nsys / "truncated.sqlite").write_bytes(data[:len(data) // 2])
+    monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)
+    by_workers = []
+    real_read = scan_mod.read_file
+    monkeypatch.setattr(scan_mod, "read_file", lambda p: by_workers.append(p.name) or real_read(p))
+    db = tmp_path / "writer.duckdb"
+    with Store(db) as st:
+        report = scan(st, [traces], jobs=1, settings=FAST)
+        states = {Path(f.path).name: f.state for f in report.files}
+        assert sorted(by_workers) == sorted(Path(f).name for f in SOURCES if not f.endswith(".sqlite"))
+        assert states["planted.sqlite"] == "stored" and states["planted_copy.sqlite"] == "duplicate"
+        assert states["truncated.sqlite"] == "failed" and report.count("stored") == len(SOURCES)
+        bad = next(f for f in report.files if f.state == "failed")
+        assert "truncated SQLite file" in bad.error and not bad.internal
+        by_workers.clear()
+        again = scan(st, [traces], jobs=1, settings=FAST)
+        assert by_workers == [] and again.count("skipped") == len(SOURCES) + 1  # the copy too: same content
+    for table in ("runs", "kernels", "copies", "api_calls", "findings", "rule_runs"):
+        assert table_rows(db, table) == table_rows(tmp_path / "workers.duckdb", table), table
+
+
 def test_glob_and_missing_path(traces, tmp_path):
     db = tmp_path / "s.duckdb"
     r = run("scan", "--store", db, "--jobs", "1", *FAST_OPTS, f"{traces}/*/*.sqlite", tmp_path / "nope.sqlite")

@@ -13,6 +13,8 @@ How the work is split, and why:
   a rerun does only what is left.
 * Cross-run rules (scope "runs") need every run at once; they run in the main process after
   the files are stored, on the store itself.
+* A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): read as `Store.ingest` reads
+  it, streamed into the store, and checked there, between two workers' results.
 
 Per-run rules give the same findings on a one-run scratch store as on the full store: they
 only see `$run_id`, and the run row (file name, used in fingerprints) is the same.
@@ -37,7 +39,7 @@ import pandas as pd
 import pyarrow as pa
 
 from . import memory
-from .ingest import TraceError, find_traces, read_file
+from .ingest import TraceError, find_traces, read_file, streams
 from .ingest.kineto_split import read_processes
 from .rules.engine import Settings, run_rules
 from .store import DEFAULT_HASH, Store, file_hash, run_id_for
@@ -45,6 +47,12 @@ from .store import DEFAULT_HASH, Store, file_hash, run_id_for
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
 IN_FLIGHT_PER_WORKER = 2
+# A file at least this big, of a format whose reader streams its tables (nsys), is read by the
+# writer itself with `Store.ingest`, its rules run on the store, instead of in a worker: a worker
+# holds every table whole, copies them into its scratch store for the rules and hands them over
+# once more, where the streamed read holds about one table part at a time, and the run keeps
+# its rules' cache in the store (see views.KEEP_MIN_GPU_OPS) for later checks and reports.
+WRITER_READS_MIN_BYTES = 256 << 20
 
 
 def default_jobs() -> int:
@@ -318,25 +326,38 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
                       duckdb_threads=max(1, default_jobs() // jobs) if jobs > 1 else None,
                       read_processes=1 if jobs > 1 or scheduler else None, hash_name=store.hash_name())
+    # Big streamed files are the writer's own (local scans only: a cluster's workers may see
+    # files this process cannot). It reads one between two workers' results, so the workers
+    # keep busy meanwhile.
+    by_writer = deque(f for f in files if not scheduler and _read_by_writer(f))
+    to_workers = [f for f in files if f not in set(by_writer)]
     if scheduler:
         from .distributed import dask_outcomes
 
         outcomes = dask_outcomes(scheduler, files, ctx)
     else:
-        outcomes = local_outcomes(files, jobs, ctx)
+        outcomes = local_outcomes(to_workers, jobs, ctx)
     report = ScanReport()
     written: dict[str, str] = {}  # content hash -> path stored by this scan
+
+    def handled(result: FileResult) -> None:
+        report.files.append(result)
+        if result.run_id and result.run_id not in report.run_ids:
+            report.run_ids.append(result.run_id)
+        if on_file:
+            on_file(result)
+
     with contextlib.closing(outcomes):
         for o in outcomes:
             result = _store_outcome(store, o, written)
             if o.trace is not None:  # stored: free its tables before the next file's work
                 freed, o.trace = o.trace.nbytes, None
                 memory.give_back(freed)
-            report.files.append(result)
-            if result.run_id and result.run_id not in report.run_ids:
-                report.run_ids.append(result.run_id)
-            if on_file:
-                on_file(result)
+            handled(result)
+            if by_writer:
+                handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
+    while by_writer:
+        handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
     cross = cross_run_settings(settings)
     if cross is not None and report.run_ids:
         try:
@@ -354,6 +375,48 @@ def _size(path: str) -> int:
         return 0
 
 
+def _read_by_writer(path: str) -> bool:
+    return _size(path) >= WRITER_READS_MIN_BYTES and streams(Path(path))
+
+
+def _ingest_by_writer(store: Store, path: str, ctx: WorkContext, written: dict[str, str]) -> FileResult:
+    """What a worker and `_store_outcome` do for one file, done here: hash, skip or store
+    (streamed, `Store.ingest`), then the per-run rules on the store. Never raises."""
+    t0 = time.perf_counter()
+    result = FileResult(path=path, state="failed", size_bytes=_size(path))
+    try:
+        content_hash = file_hash(Path(path), ctx.hash_name)
+        if content_hash in ctx.known_hashes or content_hash in written:
+            run_id = run_id_for(content_hash)
+            rows = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
+            result.run_id, result.format = run_id, rows[0][0] if rows else None
+            if content_hash in ctx.known_hashes:
+                result.state = "skipped"
+            else:
+                _duplicate(result, written[content_hash])
+        else:
+            stored = store.ingest(path, content_hash=content_hash)
+            written[content_hash] = path
+            result.state = "updated" if stored.replaced else "stored"
+            result.run_id, result.format, result.warnings = stored.run_id, stored.format, list(stored.warnings)
+            rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
+            if rules is not None:
+                run_rules(store, [stored.run_id], rules)
+    except TraceError as e:
+        result.error = _one_line(e)
+    except OSError as e:
+        result.error = e.strerror or _one_line(e)
+    except Exception as e:  # a reader or rule bug: report it, keep scanning
+        result.state, result.error, result.internal, result.detail = ("failed", _one_line(e), True,
+                                                                      traceback.format_exc())
+    result.work_s = time.perf_counter() - t0
+    return result
+
+
+def _duplicate(result: FileResult, first_path: str) -> None:
+    result.state, result.warnings = "duplicate", [f"same content as {first_path}"]
+
+
 def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> FileResult:
     res = FileResult(path=o.path, state="failed", size_bytes=o.size_bytes, error=o.error,
                      internal=o.internal, detail=o.detail, work_s=o.work_s)
@@ -366,8 +429,8 @@ def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> Fil
         res.state, res.run_id, res.format = "skipped", run_id, rows[0][0] if rows else None
         return res
     if o.content_hash in written:  # same bytes under another name, already stored by this scan
-        res.state, res.run_id, res.format = "duplicate", run_id, o.trace.format
-        res.warnings = [f"same content as {written[o.content_hash]}"]
+        res.run_id, res.format = run_id, o.trace.format
+        _duplicate(res, written[o.content_hash])
         return res
     try:
         stored = store.write_run(o.trace, Path(o.path), o.content_hash, o.size_bytes)

@@ -245,8 +245,11 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
 
-    def ingest(self, path: str | Path, *, skip_existing: bool = False) -> IngestResult:
-        """Detect, read and store one file (see `traceanalyzer.ingest.read_file`)."""
+    def ingest(self, path: str | Path, *, skip_existing: bool = False,
+               content_hash: str | None = None) -> IngestResult:
+        """Detect, read and store one file (see `traceanalyzer.ingest.read_file`).
+        `content_hash`: the file's hash (`file_hash` with the store's `hash_name`), when the
+        caller has it already."""
         from .ingest import TraceError, read_file
 
         path = Path(path)
@@ -255,9 +258,8 @@ class Store:
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
         hash_name = self.hash_name()
-        content_hash = None
         if skip_existing:
-            content_hash = file_hash(path, hash_name)
+            content_hash = content_hash or file_hash(path, hash_name)
             if self.has_hash(content_hash):
                 row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
                 return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True)

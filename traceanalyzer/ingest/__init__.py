@@ -53,6 +53,15 @@ def read_file(path: Path, sink: TableSink | None = None) -> ParsedTrace:
         raise TraceError(one_line(str(e))) from None
 
 
+def streams(path: Path) -> bool:
+    """Whether `path` is of a format whose reader hands its big tables to a sink as it builds
+    them (see `read_file`); False for anything unreadable."""
+    try:
+        return path.suffix.lower() not in _EXPORT_HINTS and detect(path) in _STREAMING
+    except (TraceError, OSError):
+        return False
+
+
 def _read_file(path: Path, sink: TableSink | None) -> ParsedTrace:
     hint = _EXPORT_HINTS.get(path.suffix.lower())
     if hint:
