@@ -284,6 +284,40 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
     assert not Store(":memory:").keeps_caches and not ro.keeps_caches
 
 
+def test_the_pass_that_builds_a_kept_cache_drops_cached_blocks_before_each_rule(tmp_path, monkeypatch):
+    """On the pass that has just built a run's kept cache, rules run one at a time with DuckDB's
+    buffer pool cut down before each (engine.DROP_BLOCKS_WHEN_BUILT); later passes do not. The
+    memory limit is what it was afterwards, and the findings are those of a pass that drops nothing."""
+    from traceanalyzer import views
+    from traceanalyzer.rules import engine
+
+    drops = []
+    real_drop = Store.drop_cached_blocks
+    monkeypatch.setattr(Store, "drop_cached_blocks", lambda st, *a: drops.append(1) or real_drop(st, *a))
+    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(engine, "PARALLEL_MAX_GPU_OPS", 0)  # one at a time, as on a big run
+    monkeypatch.setenv("TRACEANALYZER_MEMORY_LIMIT", "3GB")
+    results = []
+    for drop in (False, True):
+        monkeypatch.setattr(engine, "DROP_BLOCKS_WHEN_BUILT", drop)
+        with Store(tmp_path / f"d{drop}.duckdb") as st:
+            st.ingest(FIXTURES / "nsys/planted.sqlite")
+            drops.clear()
+            run_rules(st)
+            first = len(drops)
+            assert st.sql("SELECT current_setting('memory_limit')").fetchone()[0] == "2.7 GiB"
+            drops.clear()
+            run_rules(st)  # warm: reads the kept cache, drops nothing
+            assert drops == [] and first == (len(Settings().rules()) if drop else 0)
+            results.append(_stored_results(st))
+    assert results[0] == results[1]
+    monkeypatch.delenv("TRACEANALYZER_MEMORY_LIMIT")
+    with Store(tmp_path / "d.duckdb") as st:  # unset: DuckDB's default again after a drop
+        default = st.sql("SELECT current_setting('memory_limit')").fetchone()[0]
+        st.drop_cached_blocks()
+        assert st.sql("SELECT current_setting('memory_limit')").fetchone()[0] == default
+
+
 def test_summary_and_diff_read_a_kept_cache_and_build_none(tmp_path, monkeypatch):
     """summary.busy and diff's busy time read a run's current kept cache (here made to disagree
     with the run's rows, to see which is read), build nothing, and leave the views store-wide."""

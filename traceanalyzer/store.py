@@ -147,14 +147,24 @@ class Store:
         holds for sorts, joins and cached blocks; past it, work spills to a temp folder next to
         the store instead of growing. Unset: DuckDB's own default (80% of RAM)."""
         text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
-        if not text:
-            return
         try:
-            self.con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'")
+            self.con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'" if text else "RESET memory_limit")
         except duckdb.Error as e:
             self.con.close()
             raise StoreError(f"{MEMORY_LIMIT_ENV}={text!r} is not a memory size DuckDB accepts "
                              f"({str(e).splitlines()[0]})") from None
+
+    def drop_cached_blocks(self, keep: str = "256MB") -> None:
+        """Let DuckDB drop the blocks of the store it keeps in memory after reading or writing
+        them (its buffer pool keeps them up to its memory limit, 80% of RAM by default) down to
+        `keep`: it evicts them to fit that limit for a moment, then the limit is set again. They
+        are read again from the file (the OS's page cache, as a rule) when a query needs them."""
+        try:
+            self.con.execute(f"SET memory_limit = '{keep}'")
+        except duckdb.Error:  # nothing to drop, or not now: not worth failing for
+            pass
+        finally:
+            self._limit_memory()
 
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):

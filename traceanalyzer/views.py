@@ -377,6 +377,7 @@ class RunCache:
     cached: list[str] = field(default_factory=list)
     kept: bool = False
     prefix: str = ""
+    built: bool = False  # kept tables this block has just written (DuckDB holds all of them then)
 
     @property
     def shared(self) -> bool:
@@ -404,9 +405,11 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     with `keep` (a writable store), a big run's cache is built into the store and kept.
     Otherwise it lives for the block: with `shared`, in an attached in-memory database
     (TEMP tables where that fails: a read-only store)."""
-    if _kept_version(con, run_id) == CACHE_VERSION or (
-            keep and _gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)):
+    current = _kept_version(con, run_id) == CACHE_VERSION
+    built = not current and keep and _gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)
+    if current or built:
         with _on_kept(con, run_id) as cache:
+            cache.built = built
             yield cache
         return
     cache = RunCache("temp")
