@@ -813,6 +813,25 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   now; the join stays for files that repeat a key). Runtime calls are fetched as two rowid halves
   on two threads, which pays for the parts. Freed memory is handed back between steps (Arrow's
   pool and malloc keep it otherwise; ~10 ms a time).
+* The first rules pass in bounded memory (2026-11-30, eighth session; 5 M kernels, back to back:
+  its peak 2.0-2.1 GB -> 1.3-1.45 GB, the same findings and outcomes on every real and fixture
+  trace, with the cache kept and not, and the same kept tables at 5 M kernels). Three changes:
+  `stream_ops` and `kernel_launches` are built into the cache in slices of ~1 M operations by
+  start time (`views._build_in_slices`; each slice of `stream_ops` is its own window, going on
+  from each stream's last row of the slices before, and the slice bounds are written so DuckDB
+  skips other row groups by their zone maps): the two builds took 1.9 GB above the process at
+  once, ~0.65 GB in slices, in the same time within the noise. S002's chain window carries only
+  the keys (device, stream, seq, whether a kernel continues a chain) and the chains' kernels are
+  picked out afterwards by position with a hash join: DuckDB's peak for the rule 1.28 -> 0.82 GB,
+  at the same speed. And the pass that has just built a big run's kept cache cuts DuckDB's buffer
+  pool to 256 MB before each rule (`Store.drop_cached_blocks`): it held every freshly written
+  cache block and each rule's reads on top (1.6-1.75 GB -> 1.4 GB; 0.5-1.2 s of a 14-15 s pass
+  to read blocks again from the file; later passes keep theirs). With these, a 1 GB cap
+  (`TRACEANALYZER_MEMORY_LIMIT`) costs the first pass ~0.5 s instead of ~4 s. Tried and dropped:
+  slices of 500 k (+1.2 s for 0.15 GB less), DuckDB's `operator_memory_limit`, its allocator flush
+  thresholds, and emptying the pool once after the build only (1.56 GB). Also `scan` now reads an
+  nsys export of 256 MB or more in its writer (streamed, as `ingest`) instead of a worker: at
+  5 M kernels 121 s and 12.8 GB (process tree) -> 45 s and 2.0 GB (docs/scan.md).
 * `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
   rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
@@ -824,19 +843,17 @@ there and the single-process work (the typed decode, HTA) 0-25% slower, mostly i
 file work (the Kineto read's helper process handed its half over 0.3-0.55 s late instead of
 ~0.15 s); alternated A/B runs of old and new code gave equal times, so that was the machine.
 Ratios between two tools of the same round are what to read.
-* Kineto, 10x faster than HTA: 8.6x here (3.37 s against 29.0 s), on a busier host than the
-  11:16 run (9.0x: 3.00 s against 27.0 s); 8.1x, 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier
-  today (median of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line,
-  and decided by the host's load: ours is two processes reading, then two rule threads, where HTA
-  is one process. Where ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s, the
-  store's insert and commit ~0.4 s (pandas and the rules' modules are imported meanwhile), tables
-  ~0.1 s, rules ~0.5 s. This session's change to the store's inserts (batches DuckDB can let go
-  of) left the Kineto path as fast as before: alternated A/B runs of the session's start and end
-  on the 8x trace gave ingest 2.59-3.00 s against 2.81-3.10 s, rules 0.67-0.82 s against
-  0.75-0.77 s.
-* Within 2x of the bare typed decode: 2.3x here, 1.9x at 11:16, 2.2x at 10:53 and 2.5x this
-  morning (the decode is one process, and does no start-up or writing, so load slows it less than
-  ours).
+* Kineto, 10x faster than HTA: 9.1x here (3.01 s against 27.3 s), 8.6x at 13:40 (3.37 s against
+  29.0 s) and 9.0x at 11:16; 8.1x, 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier today (median
+  of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line, and decided by
+  the host's load: ours is two processes reading, then two rule threads, where HTA is one
+  process. Where ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s, the store's
+  insert and commit ~0.4 s (pandas and the rules' modules are imported meanwhile), tables ~0.1 s,
+  rules ~0.5 s. The Kineto reader was not changed this session (the sliced cache builds one slice
+  for these runs; S002's change is the same speed).
+* Within 2x of the bare typed decode: 1.9x here (met), 2.3x at 13:40, 1.9x at 11:16, 2.2x at 10:53
+  and 2.5x this morning (the decode is one process, and does no start-up or writing, so load
+  slows it less than ours).
 * nsys, 5x faster than nsys-ai's cache build: cannot be met on this machine class as written. At
   8x, nsys-ai with sqlite_scanner builds its cache in 23-27 s, so 5x is 4.6-5.4 s for reading,
   storing and every rule. Only fetching the columns we need with ADBC, the fastest reader measured
@@ -844,33 +861,28 @@ Ratios between two tools of the same round are what to read.
   stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
   before anything is stored. Ours: ingest 17-21 s, then the first rules pass 13.6-16.4 s (~5 s of
   it building the cache that later passes read). The issue's own figure for nsys-ai (165 s,
-  7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (33-40 s) is 4.1-5x.
+  7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (33-42 s) is 3.9-5x.
   nsys-ai without the extension (the context row) builds no cache and answers from the export:
   45-64 s, 2.4 GB at 8x.
-* nsys rules on a stored run against nsys-ai's four warm skills: 1.13x here (6.46 s against
-  5.73 s), on the busier host of 13:23 (the same code took 5.26 s at 12:40, against nsys-ai's
-  5.23 s: 1.00x; and 5.14 s at 11:34 against 5.98 s: 0.86x). The rules were not changed this
-  session; a busy host moves either tool by 10-20% between runs, so the target flips with it.
-  Twenty rules against four queries on a prebuilt cache: the four rules that match those skills
-  (T001-T004) take ~2.0-2.4 s with imports, about 2x faster than the skills. What is left is
-  DuckDB's own work on both cores: S002 ~1.5 s (its numbering window over 4 M element-wise
-  kernels is a sort of ~0.6 s wall; every formulation tried sorts the same rows), T001 ~0.7 s,
-  S001 ~0.35 s, T006 ~0.32 s, T004 ~0.3 s, T005 ~0.25 s (grouping 5 M kernels by name), imports
-  and planning ~0.4 s.
-* nsys memory, 1/4 of nsys-ai's: 0.36 of it by default (2.3 GB against 6.3 GB; 0.51 this
-  morning, 0.90 yesterday), and met with `TRACEANALYZER_MEMORY_LIMIT=1GB`: 0.23 (1.46 GB, 8-12%
-  slower). The reader now stays under 1.5 GB (streamed into the store, see above); the default's
-  peak is the first rules pass, ~2.1-2.3 GB, nearly all of it DuckDB building the kept cache
-  (the window over every GPU operation that makes `stream_ops` peaks ~1.6 GB above what DuckDB
-  held before it). Tried: evicting DuckDB's buffer pool before each cached table (-0.2 GB), one
-  thread for the cache build (-0.3 GB, +8 s), `preserve_insertion_order = false` (nothing); a
-  1 GB limit during the cache build alone gives ~1.5 GB for ~+3 s, which is what the capped row
-  measures over the whole pass. Whether the default should cap DuckDB is for the issue's author:
-  it trades ~10% of a big run's first pass for a third of its memory.
+* nsys rules on a stored run against nsys-ai's four warm skills: 1.00x here (5.28 s against
+  5.26 s; missed by 20 ms), 1.03x at 15:38 (6.13 s against 5.97 s), 1.13x at 13:23 on a busier
+  host, 1.00x at 12:40 and 0.86x at 11:34. A busy host moves either tool by 10-20% between runs,
+  so the target flips with it. Twenty rules against four queries on a prebuilt cache: the four
+  rules that match those skills (T001-T004) take ~2.0-2.4 s with imports, about 2x faster than
+  the skills. What is left is DuckDB's own work on both cores: S002 ~1.5 s (its chain window
+  over 4 M element-wise kernels, now over their keys only, ~0.6 s, and the per-chain aggregates
+  ~0.55 s), T001 ~0.7-0.9 s, S001 ~0.4 s, T006 ~0.4 s, T004 ~0.35 s, T005 ~0.3 s (grouping 5 M
+  kernels by name), imports and planning ~0.4 s.
+* nsys memory, 1/4 of nsys-ai's: met by default since this session, 0.22 (1,460 MB against
+  6,542 MB; 0.34 at 15:38 before the last two changes above, 0.36 this morning, 0.90 yesterday).
+  The peak is now the reader's (~1.4 GB, streamed into the store), no longer the first rules
+  pass. `TRACEANALYZER_MEMORY_LIMIT=1GB` gives the same peak here and cost this run nothing
+  (37.1 s against 41.9 s uncapped: within the host's noise; ~0.5 s in A/B runs of the first
+  pass).
 * "Memory bounded by the largest table", read as: from 1x to 8x the peak grows by at most twice
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
-  +1,560 MB for +766 MB of kernels table here (2.04x, missed by a hair), 1.8x at 12:40 (met);
-  the 8x peak is the first rules pass (above), 3.4x this morning when the reader held every table.
+  +709 MB for +766 MB of kernels table here (0.9x; 1.9x at 15:38 and 2.04x at 13:23, when the
+  first rules pass made the peak; 3.4x this morning when the reader held every table).
   Kineto: +193 MB for +12 MB (the tables are small next to the reading: two processes with their
   own decode buffers, and the collected columns).
 * `scan --jobs 2` against `--jobs 1`: 1.48x (1.51x on a quieter run), and ~1.55x is the ceiling as `--jobs 1` works now: it

@@ -330,7 +330,8 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     # files this process cannot). It reads one between two workers' results, so the workers
     # keep busy meanwhile.
     by_writer = deque(f for f in files if not scheduler and _read_by_writer(f))
-    to_workers = [f for f in files if f not in set(by_writer)]
+    writers = set(by_writer)
+    to_workers = [f for f in files if f not in writers]
     if scheduler:
         from .distributed import dask_outcomes
 

@@ -85,9 +85,8 @@ def _stream_ops(per_run: bool = False, sliced: bool = False) -> str:
 
     With `sliced` (and `per_run`), one slice of it: the operations starting in the slice
     (`_in_slice`), each stream going on from its last operation in earlier slices, which
-    _STREAM_OPS_CARRY holds. That row takes
-    part in the window (it is the first operation's predecessor and numbers the stream on) and
-    is left out of the result."""
+    _STREAM_OPS_CARRY holds. That row takes part in the window (it is the first operation's
+    predecessor, and numbers the stream on) and is left out of the result."""
     run = "" if per_run else "run_id, "
     where = "WHERE a.run_id = $1" if per_run else ""
     if sliced:
