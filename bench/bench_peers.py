@@ -831,7 +831,7 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   slices of 500 k (+1.2 s for 0.15 GB less), DuckDB's `operator_memory_limit`, its allocator flush
   thresholds, and emptying the pool once after the build only (1.56 GB). Also `scan` now reads an
   nsys export of 256 MB or more in its writer (streamed, as `ingest`) instead of a worker: at
-  5 M kernels 121 s and 12.8 GB (process tree) -> 45 s and 2.0 GB (docs/scan.md).
+  5 M kernels 121 s and 12.8 GB (process tree) -> 44 s and 1.4 GB (docs/scan.md).
 * `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
   rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
