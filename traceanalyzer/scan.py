@@ -135,14 +135,8 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
         if rules is not None:
             out.findings, out.rule_runs, out.rule_ids = _evaluate(trace, out, rules, ctx.duckdb_threads)
         out.trace = trace
-    except TraceError as e:
-        out.error = _one_line(e)
-    except FileNotFoundError:
-        out.error = "no such file"
-    except OSError as e:
-        out.error = e.strerror or _one_line(e)
-    except Exception as e:  # a reader or rule bug: report it, keep scanning
-        out.error, out.internal, out.detail = _one_line(e), True, traceback.format_exc()
+    except Exception as e:
+        out.error, out.internal, out.detail = _failure(e)
     finally:
         out.work_s = time.perf_counter() - t0
     return out
@@ -160,6 +154,19 @@ def _evaluate(trace, out: FileOutcome, rules: Settings, threads: int | None):
     finally:
         st.delete_run(run_id)
     return findings, outcomes, [r.id for r in rules.rules()]
+
+
+def _failure(e: Exception) -> tuple[str, bool, str | None]:
+    """What one file's failed work reports: (one-line error, whether it is a bug in
+    traceanalyzer rather than a bad file, the traceback of such a bug). Call it in the except
+    block, where the traceback is."""
+    if isinstance(e, TraceError):
+        return _one_line(e), False, None
+    if isinstance(e, FileNotFoundError):
+        return "no such file", False, None
+    if isinstance(e, OSError):
+        return e.strerror or _one_line(e), False, None
+    return _one_line(e), True, traceback.format_exc()  # a reader or rule bug: report it, keep scanning
 
 
 def _one_line(e: BaseException) -> str:
@@ -389,8 +396,7 @@ def _ingest_by_writer(store: Store, path: str, ctx: WorkContext, written: dict[s
         content_hash = file_hash(Path(path), ctx.hash_name)
         if content_hash in ctx.known_hashes or content_hash in written:
             run_id = run_id_for(content_hash)
-            rows = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
-            result.run_id, result.format = run_id, rows[0][0] if rows else None
+            result.run_id, result.format = run_id, _stored_format(store, run_id)
             if content_hash in ctx.known_hashes:
                 result.state = "skipped"
             else:
@@ -403,15 +409,17 @@ def _ingest_by_writer(store: Store, path: str, ctx: WorkContext, written: dict[s
             rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
             if rules is not None:
                 run_rules(store, [stored.run_id], rules)
-    except TraceError as e:
-        result.error = _one_line(e)
-    except OSError as e:
-        result.error = e.strerror or _one_line(e)
-    except Exception as e:  # a reader or rule bug: report it, keep scanning
-        result.state, result.error, result.internal, result.detail = ("failed", _one_line(e), True,
-                                                                      traceback.format_exc())
+    except Exception as e:
+        result.state = "failed"
+        result.error, result.internal, result.detail = _failure(e)
     result.work_s = time.perf_counter() - t0
     return result
+
+
+def _stored_format(store: Store, run_id: str) -> str | None:
+    # fetchall: DuckDB 2 refuses new work on a connection with a half-read result
+    rows = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    return rows[0][0] if rows else None
 
 
 def _duplicate(result: FileResult, first_path: str) -> None:
@@ -425,9 +433,7 @@ def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> Fil
         return res
     run_id = run_id_for(o.content_hash)
     if o.skipped:
-        # fetchall: DuckDB 2 refuses new work on a connection with a half-read result
-        rows = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
-        res.state, res.run_id, res.format = "skipped", run_id, rows[0][0] if rows else None
+        res.state, res.run_id, res.format = "skipped", run_id, _stored_format(store, run_id)
         return res
     if o.content_hash in written:  # same bytes under another name, already stored by this scan
         res.run_id, res.format = run_id, o.trace.format
