@@ -26,10 +26,13 @@ COMPILE_RANGES = r"(?i)(compile[^d]|compile$|nvrtc|autotun|\bjit\b|dynamo_timed)
 # The never-NULL fields of the first call travel in one struct (one arg_min, not four);
 # arg_min skips NULL values, so the nullable ones keep their own.
 SHAPE_STATS = """count(*) AS calls,
-           arg_min({'id': item_id, 'cost': cost_ns, 'start': start_ns, 'end': end_ns}, (start_ns, item_id)) AS first,
-           arg_min(pid, (start_ns, item_id)) AS pid, arg_min(tid, (start_ns, item_id)) AS tid,
-           arg_min(device_id, (start_ns, item_id)) AS device_id,
-           list(cost_ns) AS costs"""
+           arg_min({'id': item_id, 'cost': cost_ns, 'start': start_ns, 'end': end_ns}, FIRST_KEY) AS first,
+           arg_min(pid, FIRST_KEY) AS pid, arg_min(tid, FIRST_KEY) AS tid,
+           arg_min(device_id, FIRST_KEY) AS device_id,
+           list(cost_ns) AS costs""".replace(
+    # (start_ns, item_id) in order, as one 128-bit integer: compared far faster than a tuple
+    # (5 M kernels: the grouping 0.39 -> 0.13 s); item_id is shifted into [0, 2^64)
+    "FIRST_KEY", "(start_ns::HUGEINT * 18446744073709551616 + item_id::HUGEINT + 9223372036854775808)")
 # The median of the later calls: of all costs less one equal to the first call's (the median
 # depends on the values only, so the list need not be sorted by start, which cost most here).
 SHAPE_COLUMNS = ("calls, first.id AS first_id, first.cost AS first_ns, first.start AS first_start, "
