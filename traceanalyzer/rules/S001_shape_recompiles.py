@@ -1,6 +1,6 @@
 """S001 recompiles on shape changes: first calls per input shape far slower than later ones."""
 
-from .base import Rule, Threshold
+from .base import Rule, Threshold, pair_key
 
 # Host-side calls that load or JIT-compile GPU code before a launch (CUDA driver/runtime, HIP).
 LOAD_CALLS = ("cuModuleLoad", "cuLibraryLoad", "cuModuleGetFunction", "cuLibraryGetKernel", "cuLink",
@@ -29,10 +29,7 @@ SHAPE_STATS = """count(*) AS calls,
            arg_min({'id': item_id, 'cost': cost_ns, 'start': start_ns, 'end': end_ns}, FIRST_KEY) AS first,
            arg_min(pid, FIRST_KEY) AS pid, arg_min(tid, FIRST_KEY) AS tid,
            arg_min(device_id, FIRST_KEY) AS device_id,
-           list(cost_ns) AS costs""".replace(
-    # (start_ns, item_id) in order, as one 128-bit integer: compared far faster than a tuple
-    # (5 M kernels: the grouping 0.39 -> 0.13 s); item_id is shifted into [0, 2^64)
-    "FIRST_KEY", "(start_ns::HUGEINT * 18446744073709551616 + item_id::HUGEINT + 9223372036854775808)")
+           list(cost_ns) AS costs""".replace("FIRST_KEY", pair_key("start_ns", "item_id"))
 # The median of the later calls: of all costs less one equal to the first call's (the median
 # depends on the values only, so the list need not be sorted by start, which cost most here).
 SHAPE_COLUMNS = ("calls, first.id AS first_id, first.cost AS first_ns, first.start AS first_start, "
