@@ -2,7 +2,7 @@
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
 from ..views import next_busy_candidates
-from .base import Rule, Threshold
+from .base import Rule, Threshold, pair_key
 
 SQL = r"""
 WITH cp AS NOT MATERIALIZED (  -- each part reads only the columns it needs (5 M kernels: 0.37 -> 0.32 s)
@@ -32,14 +32,14 @@ h2d_runs AS (
 ), small AS (
     SELECT c.device_id, c.direction, count(*) AS n, sum(c.bytes) AS bytes, sum(c.dur_ns) AS dur_ns,
            count(DISTINCT c.stream_id) AS streams, min(c.copy_id) AS first_id,
-           arg_max(c.copy_id, (c.dur_ns, -c.copy_id)) AS worst_id,
-           arg_max(c.start_ns, (c.dur_ns, -c.copy_id)) AS worst_start,
-           arg_max(c.end_ns, (c.dur_ns, -c.copy_id)) AS worst_end,
+           arg_max(c.copy_id, __LONGEST__) AS worst_id,
+           arg_max(c.start_ns, __LONGEST__) AS worst_start,
+           arg_max(c.end_ns, __LONGEST__) AS worst_end,
            (SELECT count(*) FROM steps) AS n_steps,
            any_value(coalesce(r.pinned_bytes_per_ns, r.bytes_per_ns)) AS best_rate,
            -- the longest first, by a bounded heap (a list ORDER BY sorts every copy)
            to_json(arg_max({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
-                            'stream_id': c.stream_id}, (c.dur_ns, -c.copy_id), heap_size($max_examples))[1:$max_examples]) AS worst
+                            'stream_id': c.stream_id}, __LONGEST__, heap_size($max_examples))[1:$max_examples]) AS worst
     FROM cp c LEFT JOIN rates r USING (direction)
     WHERE c.bytes < $small_copy_bytes AND c.copy_id NOT IN (SELECT copy_id FROM t002_batched)
     GROUP BY c.device_id, c.direction HAVING count(*) >= $min_small_count
@@ -48,13 +48,13 @@ h2d_runs AS (
 pageable AS (
     SELECT c.device_id, count(*) AS n, sum(c.bytes) AS bytes, sum(c.dur_ns) AS dur_ns,
            count(*) FILTER (WHERE c.api_name ILIKE '%async%') AS n_async,
-           arg_max(c.copy_id, (c.dur_ns, -c.copy_id)) AS worst_id,
-           arg_max(c.start_ns, (c.dur_ns, -c.copy_id)) AS worst_start,
-           arg_max(c.end_ns, (c.dur_ns, -c.copy_id)) AS worst_end,
+           arg_max(c.copy_id, __LONGEST__) AS worst_id,
+           arg_max(c.start_ns, __LONGEST__) AS worst_start,
+           arg_max(c.end_ns, __LONGEST__) AS worst_end,
            -- time beyond what the run's best pinned device-to-host rate would take
            CAST(sum(CASE WHEN r.pinned_bytes_per_ns > 0 THEN greatest(c.dur_ns - c.bytes / r.pinned_bytes_per_ns, 0) END) AS BIGINT) AS extra_ns,
            to_json(arg_max({'copy_id': c.copy_id, 'start_ns': c.start_ns, 'end_ns': c.end_ns, 'bytes': c.bytes,
-                            'api_name': c.api_name}, (c.dur_ns, -c.copy_id), heap_size($max_examples))[1:$max_examples]) AS worst
+                            'api_name': c.api_name}, __LONGEST__, heap_size($max_examples))[1:$max_examples]) AS worst
     FROM cp c LEFT JOIN rates r USING (direction)
     WHERE c.direction = 'DtoH' AND c.dst_kind = 'pageable'
     GROUP BY c.device_id
@@ -167,6 +167,8 @@ WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
 ORDER BY 5, 1
 """
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT device_id, wait_end AS t FROM serial"))
+# The longest copy first, the lowest id among equals: (dur_ns, -copy_id) as one integer.
+SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descending=True))
 
 RULE = Rule(
     id="T006",
