@@ -200,7 +200,6 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            END AS chain_name,
            len(list_distinct(n.labels)) = 1 AS one_op  -- the same op on many tensors: horizontal fusion
     FROM reported r JOIN named n USING (device_id, n, sig_a, sig_b) JOIN worst_shown w USING (device_id, n, sig_a, sig_b)
-
 )
 SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, worst_chain.id AS item_id,
        chain_name AS item_name, worst_chain.start_ns AS start_ns, worst_chain.end_ns AS end_ns,
