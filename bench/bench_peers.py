@@ -832,6 +832,23 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   thresholds, and emptying the pool once after the build only (1.56 GB). Also `scan` now reads an
   nsys export of 256 MB or more in its writer (streamed, as `ingest`) instead of a worker: at
   5 M kernels 121 s and 12.8 GB (process tree) -> 44 s and 1.4 GB (docs/scan.md).
+* The warm pass again (2026-11-30, ninth session; 5 M kernels, each rule old against new in one
+  process, 5 alternated runs each, medians; findings and outcomes identical on every real and
+  fixture trace). S002 2.16 -> 1.52 s (CPU 4.1 -> 2.8 s): chains are found from their bounds (the
+  element-wise kernels that start one and the operations right after one that stop it: 1.8 M rows
+  instead of the 4 M element-wise kernels) with one `lead()` over those rows, and chains group by
+  two 64-bit hashes of their kernels' (position, name key) instead of a list of names per chain;
+  the kernel lists are built only for the few chains a finding shows. S001 0.42 -> 0.33 s: the
+  first call per shape by one 128-bit integer key (start, id) instead of a tuple
+  (`rules.base.pair_key`; its grouping 0.39 -> 0.13 s). T004 0.52 -> 0.45 s: its prefilter looks
+  both end buckets of a host event up by their sum, one hash probe per event instead of two (the
+  sixth session's one-key try did not pay; this one does). T006 0.50 -> 0.47 s (`pair_key`). The
+  whole warm pass, alternated with the session's start: 6.8-7.1 s -> 6.0-6.3 s on a busy host.
+  Tried and dropped: asking for the runs' formats without a list parameter (a Python list makes
+  DuckDB wait for the pandas import on the other thread; without it the import shares the two
+  cores with the first rule instead: no faster), S002's chain members by an ASOF join (slower
+  than the hash join on positions), `pair_key` in T001 (2%, within the noise), and decoding each
+  Kineto chunk in place instead of copying it between brackets (no faster).
 * `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
   rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
   42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
@@ -842,17 +859,25 @@ Runs at 07:06-07:49 met a busier one: against quiet runs (05:16-05:38) ours was 
 there and the single-process work (the typed decode, HTA) 0-25% slower, mostly in start-up and
 file work (the Kineto read's helper process handed its half over 0.3-0.55 s late instead of
 ~0.15 s); alternated A/B runs of old and new code gave equal times, so that was the machine.
-Ratios between two tools of the same round are what to read.
-* Kineto, 10x faster than HTA: 9.1x here (3.01 s against 27.3 s), 8.6x at 13:40 (3.37 s against
-  29.0 s) and 9.0x at 11:16; 8.1x, 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier today (median
+Ratios between two tools of the same round are what to read. The runs at 17:34-18:21 met a
+busier host than those at 16:00-16:26: nsys-ai's cache build 31.9 s against 24.6 s, HTA 34.5-37.0 s
+against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
+* Kineto, 10x faster than HTA: 8.0x at 18:14 (4.30 s against 34.5 s) and 8.7x at 17:58 (4.27 s
+  against 37.0 s), on that busier host, which slowed ours more (~40%, the two-process read most:
+  ingest 3.1 s against 2.2 s) than HTA (~30%); 9.1x at 16:26 (3.01 s against 27.3 s), 8.6x at
+  13:40 (3.37 s against 29.0 s) and 9.0x at 11:16; 8.1x, 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier today (median
   of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line, and decided by
   the host's load: ours is two processes reading, then two rule threads, where HTA is one
   process. Where ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s, the store's
   insert and commit ~0.4 s (pandas and the rules' modules are imported meanwhile), tables ~0.1 s,
-  rules ~0.5 s. The Kineto reader was not changed this session (the sliced cache builds one slice
-  for these runs; S002's change is the same speed).
-* Within 2x of the bare typed decode: 1.9x here (met), 2.3x at 13:40, 1.9x at 11:16, 2.2x at 10:53
-  and 2.5x this morning (the decode is one process, and does no start-up or writing, so load
+  rules ~0.5 s. The ninth session changed no Kineto code and only rules that take little time on
+  a Kineto run: alternated runs of its start and its end on the 8x trace, 3.92-4.26 s against
+  4.07-4.49 s (ingest, whose code did not change, varied most). Still to try: the helper
+  interpreter takes ~0.4 s to start (pyarrow's import ~0.13 s of it) before it reads; a forked
+  helper would start at once, but its pages shared with this process would count twice in the
+  process tree's resident memory that the memory target reads.
+* Within 2x of the bare typed decode: 2.4x at 18:14 and at 17:58 (missed), 1.9x at 16:26 (met),
+  2.3x at 13:40, 1.9x at 11:16, 2.2x at 10:53 and 2.5x that morning (the decode is one process, and does no start-up or writing, so load
   slows it less than ours).
 * nsys, 5x faster than nsys-ai's cache build: cannot be met on this machine class as written. At
   8x, nsys-ai with sqlite_scanner builds its cache in 23-27 s, so 5x is 4.6-5.4 s for reading,
@@ -860,31 +885,33 @@ Ratios between two tools of the same round are what to read.
   here (sqlite3 is 2-5x slower; DuckDB's sqlite_scanner has no build for DuckDB 2.x, the wheels
   stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
   before anything is stored. Ours: ingest 17-21 s, then the first rules pass 13.6-16.4 s (~5 s of
-  it building the cache that later passes read). The issue's own figure for nsys-ai (165 s,
+  it building the cache that later passes read); 0.7x at 17:34 (46.1 s against 31.9 s, a busy host). The issue's own figure for nsys-ai (165 s,
   7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (33-42 s) is 3.9-5x.
   nsys-ai without the extension (the context row) builds no cache and answers from the export:
   45-64 s, 2.4 GB at 8x.
-* nsys rules on a stored run against nsys-ai's four warm skills: 1.00x here (5.28 s against
-  5.26 s; missed by 20 ms), 1.03x at 15:38 (6.13 s against 5.97 s), 1.13x at 13:23 on a busier
-  host, 1.00x at 12:40 and 0.86x at 11:34. A busy host moves either tool by 10-20% between runs,
-  so the target flips with it. Twenty rules against four queries on a prebuilt cache: the four
-  rules that match those skills (T001-T004) take ~2.0-2.4 s with imports, about 2x faster than
-  the skills. What is left is DuckDB's own work on both cores: S002 ~1.5 s (its chain window
-  over 4 M element-wise kernels, now over their keys only, ~0.6 s, and the per-chain aggregates
-  ~0.55 s), T001 ~0.7-0.9 s, S001 ~0.4 s, T006 ~0.4 s, T004 ~0.35 s, T005 ~0.3 s (grouping 5 M
-  kernels by name), imports and planning ~0.4 s.
-* nsys memory, 1/4 of nsys-ai's: met by default since this session, 0.22 (1,460 MB against
-  6,542 MB; 0.34 at 15:38 before the last two changes above, 0.36 this morning, 0.90 yesterday).
-  The peak is now the reader's (~1.4 GB, streamed into the store), no longer the first rules
-  pass. `TRACEANALYZER_MEMORY_LIMIT=1GB` gives the same peak here and cost this run nothing
-  (37.1 s against 41.9 s uncapped: within the host's noise; ~0.5 s in A/B runs of the first
-  pass).
+* nsys rules on a stored run against nsys-ai's four warm skills: met at 17:34, 0.90x (6.73 s
+  against 7.52 s, on a host that slowed both by ~30% against 16:00), after the ninth session's
+  rule changes above; before them 1.00x at 16:00 (5.28 s against 5.26 s), 1.03x at 15:38, 1.13x
+  at 13:23, 1.00x at 12:40 and 0.86x at 11:34. A busy host moves either tool by 10-20% between
+  runs, so a 10% margin can still flip. Twenty rules against four queries on a prebuilt cache: the
+  four rules that match those skills (T001-T004) take ~2 s with imports. What is left is DuckDB's
+  own work on both cores (measured at 17:10-17:30 on the busier host): S002 ~1.5 s (the chains'
+  members by a hash join on positions ~0.5 s, their per-chain aggregates ~0.45 s), T001 ~0.9 s,
+  T006 ~0.45 s, T004 ~0.45 s, T005 ~0.45 s (kernels grouped by launch configuration, then the
+  occupancy calculator per group), S001 ~0.33 s, imports and planning ~0.4 s.
+* nsys memory, 1/4 of nsys-ai's: met by default since the eighth session, 0.23 at 17:34 (1,460 MB
+  against 6,443 MB), 0.22 at 16:00 (0.34 at 15:38 before that session's last two changes, 0.36
+  that morning, 0.90 the day before). The peak is the reader's (~1.4 GB, streamed into the store),
+  not the first rules pass. `TRACEANALYZER_MEMORY_LIMIT=1GB` gives the same peak here (47.4 s
+  against 46.1 s uncapped at 17:34; ~0.5 s in A/B runs of the first pass).
 * "Memory bounded by the largest table", read as: from 1x to 8x the peak grows by at most twice
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
-  +709 MB for +766 MB of kernels table here (0.9x; 1.9x at 15:38 and 2.04x at 13:23, when the
+  +702 MB for +766 MB of kernels table at 17:34 (0.9x, as at 16:00; 1.9x at 15:38 and 2.04x at 13:23, when the
   first rules pass made the peak; 3.4x this morning when the reader held every table).
-  Kineto: +193 MB for +12 MB (the tables are small next to the reading: two processes with their
-  own decode buffers, and the collected columns).
+  Kineto: +195 MB for +12 MB at 18:14 (the tables are small next to the reading: the 8x file is read
+  by two processes, each with its own interpreter, imports and decode buffers, where the 1x file
+  (under 64 MB) is read by one; and the collected columns hold strings per chunk, 82 MB at 8x for
+  34 MB of tables).
 * `scan --jobs 2` against `--jobs 1`: 1.48x (1.51x on a quieter run), and ~1.55x is the ceiling as `--jobs 1` works now: it
   keeps ~1.3 cores busy itself (its rules run on two threads), see docs/scan.md. 1.7x would need
   `--jobs 1` to use one core only, which makes every single-file scan slower; a decision for the
