@@ -92,6 +92,30 @@ def test_loading_the_rules_does_not_import_pandas():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_pair_key_orders_like_the_pair():
+    """rules.base.pair_key (one 128-bit integer for a pair of BIGINTs, ascending or with the second
+    descending) sorts every pair as the tuple does, the extremes of BIGINT included."""
+    import random
+
+    import duckdb
+
+    from traceanalyzer.rules.base import pair_key
+
+    lo, hi = -(1 << 63), (1 << 63) - 1
+    edges = [lo, lo + 1, -1, 0, 1, hi - 1, hi]
+    rnd = random.Random(5)
+    pairs = [(a, b) for a in edges for b in edges]
+    pairs += [(rnd.choice(edges + [rnd.randint(lo, hi)]), rnd.randint(lo, hi)) for _ in range(500)]
+    con = duckdb.connect()
+    con.execute("CREATE TABLE p (a BIGINT, b BIGINT)")
+    con.executemany("INSERT INTO p VALUES (?, ?)", pairs)
+    for descending in (False, True):
+        key = pair_key("a", "b", then_descending=descending)
+        got = con.execute(f"SELECT a, b FROM p ORDER BY {key}, a, b").fetchall()
+        assert got == sorted(pairs, key=lambda x: (x[0], -x[1] if descending else x[1]))
+        assert con.execute(f"SELECT count(DISTINCT {key}) FROM p").fetchone()[0] == len(set(pairs))
+
+
 def _trace_path(trace: str) -> Path:
     return shared_traces() / trace[len("shared:"):] if trace.startswith("shared:") else FIXTURES / trace
 
