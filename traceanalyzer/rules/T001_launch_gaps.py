@@ -91,14 +91,28 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
     FROM stream_ops WHERE run_id = $run_id GROUP BY ALL
-), listed AS (  -- the gaps the evidence lists: the longest per stream, the earliest among equals
-    -- (a bounded heap per stream, not a sort of all gaps)
-    SELECT unnest(top, recursive := true) FROM (
-        SELECT arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
-                        'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
-                        'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
-                       (gap_ns, -gap_start), heap_size($max_examples)) AS top
-        FROM classified WHERE $max_examples >= 1 GROUP BY device_id, stream_id)
+), per_stream_all AS (  -- one pass over the classified gaps per stream (read once, not kept): totals,
+    -- gaps per cause, and the ones the evidence lists (the longest, the earliest among equals, from a
+    -- bounded heap rather than a sort of all gaps)
+    SELECT device_id, stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
+           median(gap_ns) AS median_ns, max(gap_ns) AS max_ns, coalesce(sum(idle_ns), 0) AS lost_ns,
+           -- the longest gap, the earliest among equals (as the evidence lists them)
+           arg_max(gap_start, (gap_ns, -gap_start)) AS worst_start,
+           arg_max(gap_end, (gap_ns, -gap_start)) AS worst_end,
+           -- gaps per cause, in the causes' name order (the CASE above makes exactly these); the
+           -- count first, so that a descending sort puts the main cause first (ties by name)
+           [{'n': count(*) FILTER (WHERE cause = 'copy'), 'cause': 'copy'},
+            {'n': count(*) FILTER (WHERE cause = 'dependency'), 'cause': 'dependency'},
+            {'n': count(*) FILTER (WHERE cause = 'late_launch'), 'cause': 'late_launch'},
+            {'n': count(*) FILTER (WHERE cause = 'sync'), 'cause': 'sync'},
+            {'n': count(*) FILTER (WHERE cause = 'unknown'), 'cause': 'unknown'}] AS per_cause,
+           arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
+                    'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
+                    'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
+                   (gap_ns, -gap_start), heap_size($max_examples)) AS top
+    FROM classified GROUP BY device_id, stream_id
+), listed AS (  -- the gaps the evidence lists
+    SELECT unnest(top, recursive := true) FROM per_stream_all WHERE $max_examples >= 1
 ), listed_ops AS (  -- the operations around them, by id (a few rows: the scans skip to them)
     SELECT prev_kind AS kind, prev_id AS item_id FROM listed UNION SELECT next_kind, next_id FROM listed
 ), listed_names AS (
@@ -117,25 +131,13 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     LEFT JOIN listed_names p ON p.kind = t.prev_kind AND p.item_id = t.prev_id
     LEFT JOIN listed_names a ON a.kind = t.next_kind AND a.item_id = t.next_id
     GROUP BY t.device_id, t.stream_id
-), per_stream_totals AS (
-    SELECT c.device_id, c.stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
-           median(gap_ns) AS median_ns, max(gap_ns) AS max_ns,
-           coalesce(sum(c.idle_ns), 0) AS lost_ns, any_value(s.span_ns) AS span_ns,
-           -- the longest gap, the earliest among equals (as the evidence lists them)
-           arg_max(c.gap_start, (c.gap_ns, -c.gap_start)) AS worst_start,
-           arg_max(c.gap_end, (c.gap_ns, -c.gap_start)) AS worst_end,
-    FROM classified c JOIN spans s USING (device_id, stream_id)
-    GROUP BY c.device_id, c.stream_id
-), stream_causes AS (  -- per stream, the gaps per cause (a few groups, not a window over all gaps)
-    SELECT device_id, stream_id,
-           arg_max(cause, (n_cause, cause)) AS main_cause,  -- most gaps; ties by name
-           to_json(map_from_entries(list((cause, n_cause) ORDER BY (cause, n_cause)))) AS causes
-    FROM (SELECT device_id, stream_id, cause, count(*) AS n_cause FROM classified GROUP BY ALL)
-    GROUP BY device_id, stream_id
 ), per_stream AS (
-    SELECT p.*, c.main_cause, c.causes, w.worst
-    FROM per_stream_totals p JOIN stream_causes c USING (device_id, stream_id)
-    JOIN worst_gaps w USING (device_id, stream_id)
+    SELECT p.* EXCLUDE (per_cause, top), s.span_ns,
+           list_sort(list_filter(p.per_cause, lambda x: x.n > 0), 'DESC')[1]['cause'] AS main_cause,
+           to_json(map_from_entries(list_transform(list_filter(p.per_cause, lambda x: x.n > 0),
+                                                   lambda x: (x.cause, x.n)))) AS causes,
+           w.worst
+    FROM per_stream_all p JOIN spans s USING (device_id, stream_id) JOIN worst_gaps w USING (device_id, stream_id)
 ), per_device AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,
