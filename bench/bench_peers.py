@@ -842,8 +842,12 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   first call per shape by one 128-bit integer key (start, id) instead of a tuple
   (`rules.base.pair_key`; its grouping 0.39 -> 0.13 s). T004 0.52 -> 0.45 s: its prefilter looks
   both end buckets of a host event up by their sum, one hash probe per event instead of two (the
-  sixth session's one-key try did not pay; this one does). T006 0.50 -> 0.47 s (`pair_key`). The
-  whole warm pass, alternated with the session's start: 6.8-7.1 s -> 6.0-6.3 s on a busy host.
+  sixth session's one-key try did not pay; this one does). T006 0.50 -> 0.47 s (`pair_key`). T001
+  0.99 -> 0.88 s (9 runs each): one aggregate per stream over the classified gaps gives the totals,
+  the gaps per cause and the listed heap, so those 0.8 M rows are read once instead of being kept
+  for three readers, and the streams' spans are joined after it instead of to every gap. The
+  whole warm pass, alternated with the session's start (before the T001 change): 6.8-7.1 s ->
+  6.0-6.3 s on a busy host.
   Tried and dropped: asking for the runs' formats without a list parameter (a Python list makes
   DuckDB wait for the pandas import on the other thread; without it the import shares the two
   cores with the first rule instead: no faster), S002's chain members by an ASOF join (slower
@@ -859,9 +863,9 @@ Runs at 07:06-07:49 met a busier one: against quiet runs (05:16-05:38) ours was 
 there and the single-process work (the typed decode, HTA) 0-25% slower, mostly in start-up and
 file work (the Kineto read's helper process handed its half over 0.3-0.55 s late instead of
 ~0.15 s); alternated A/B runs of old and new code gave equal times, so that was the machine.
-Ratios between two tools of the same round are what to read. The runs at 17:34-18:21 met a
-busier host than those at 16:00-16:26: nsys-ai's cache build 31.9 s against 24.6 s, HTA 34.5-37.0 s
-against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
+Ratios between two tools of the same round are what to read. The runs at 17:34-18:56 met a
+busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against 24.6 s, HTA
+34.5-37.0 s against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
 * Kineto, 10x faster than HTA: 8.0x at 18:14 (4.30 s against 34.5 s) and 8.7x at 17:58 (4.27 s
   against 37.0 s), on that busier host, which slowed ours more (~40%, the two-process read most:
   ingest 3.1 s against 2.2 s) than HTA (~30%); 9.1x at 16:26 (3.01 s against 27.3 s), 8.6x at
@@ -885,28 +889,30 @@ against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
   here (sqlite3 is 2-5x slower; DuckDB's sqlite_scanner has no build for DuckDB 2.x, the wheels
   stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
   before anything is stored. Ours: ingest 17-21 s, then the first rules pass 13.6-16.4 s (~5 s of
-  it building the cache that later passes read); 0.7x at 17:34 (46.1 s against 31.9 s, a busy host). The issue's own figure for nsys-ai (165 s,
+  it building the cache that later passes read); 0.6x at 18:33 (44.1 s against 28.2 s) and 0.7x at
+  17:34 (46.1 s against 31.9 s), on a busy host. The issue's own figure for nsys-ai (165 s,
   7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (33-42 s) is 3.9-5x.
   nsys-ai without the extension (the context row) builds no cache and answers from the export:
   45-64 s, 2.4 GB at 8x.
-* nsys rules on a stored run against nsys-ai's four warm skills: met at 17:34, 0.90x (6.73 s
-  against 7.52 s, on a host that slowed both by ~30% against 16:00), after the ninth session's
-  rule changes above; before them 1.00x at 16:00 (5.28 s against 5.26 s), 1.03x at 15:38, 1.13x
+* nsys rules on a stored run against nsys-ai's four warm skills: met at 18:33, 0.90x (6.13 s against
+  6.85 s, with all of the ninth session's rule changes above), and at 17:34, 0.90x (6.73 s against
+  7.52 s, before its T001 change), on a host that slowed both by 15-30% against 16:00; before
+  those changes 1.00x at 16:00 (5.28 s against 5.26 s), 1.03x at 15:38, 1.13x
   at 13:23, 1.00x at 12:40 and 0.86x at 11:34. A busy host moves either tool by 10-20% between
   runs, so a 10% margin can still flip. Twenty rules against four queries on a prebuilt cache: the
   four rules that match those skills (T001-T004) take ~2 s with imports. What is left is DuckDB's
-  own work on both cores (measured at 17:10-17:30 on the busier host): S002 ~1.5 s (the chains'
+  own work on both cores (measured at 17:10-18:30 on the busier host): S002 ~1.5 s (the chains'
   members by a hash join on positions ~0.5 s, their per-chain aggregates ~0.45 s), T001 ~0.9 s,
   T006 ~0.45 s, T004 ~0.45 s, T005 ~0.45 s (kernels grouped by launch configuration, then the
   occupancy calculator per group), S001 ~0.33 s, imports and planning ~0.4 s.
-* nsys memory, 1/4 of nsys-ai's: met by default since the eighth session, 0.23 at 17:34 (1,460 MB
-  against 6,443 MB), 0.22 at 16:00 (0.34 at 15:38 before that session's last two changes, 0.36
+* nsys memory, 1/4 of nsys-ai's: met by default since the eighth session, 0.23 at 18:33 and 17:34
+  (1,460 MB against 6,437-6,443 MB), 0.22 at 16:00 (0.34 at 15:38 before that session's last two changes, 0.36
   that morning, 0.90 the day before). The peak is the reader's (~1.4 GB, streamed into the store),
-  not the first rules pass. `TRACEANALYZER_MEMORY_LIMIT=1GB` gives the same peak here (47.4 s
-  against 46.1 s uncapped at 17:34; ~0.5 s in A/B runs of the first pass).
+  not the first rules pass. `TRACEANALYZER_MEMORY_LIMIT=1GB` gives the same peak here (45.1 s
+  against 44.1 s uncapped at 18:33; ~0.5 s in A/B runs of the first pass).
 * "Memory bounded by the largest table", read as: from 1x to 8x the peak grows by at most twice
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
-  +702 MB for +766 MB of kernels table at 17:34 (0.9x, as at 16:00; 1.9x at 15:38 and 2.04x at 13:23, when the
+  +715 MB for +766 MB of kernels table at 18:33 (0.9x, as at 17:34 and 16:00; 1.9x at 15:38 and 2.04x at 13:23, when the
   first rules pass made the peak; 3.4x this morning when the reader held every table).
   Kineto: +195 MB for +12 MB at 18:14 (the tables are small next to the reading: the 8x file is read
   by two processes, each with its own interpreter, imports and decode buffers, where the 1x file
