@@ -309,18 +309,37 @@ def measure(python: Path | str, task: str, *args, env: dict | None = None, label
 
 def _tree_rss_bytes(pid: int) -> int:
     """Resident bytes of `pid` and all its descendants now (0 if it is gone)."""
+    children = _children_of if Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists() \
+        else _children_from_all(pid)
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children(p)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE_BYTES
+    return total
+
+
+def _children_of(pid: int) -> list[int]:
+    """`pid`'s child processes, from its threads' `children` files. This sampler runs every
+    20 ms beside the measured tool; reading every process's stat instead took ~2 ms of a core
+    per sample here, ~10% of the core a two-process tool (ours) also needs, against nothing
+    taken from a one-process tool, which leaves that core idle."""
+    found = []
+    for f in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found += map(int, f.read_text().split())
+    return found
+
+
+def _children_from_all(pid: int):
+    """`_children_of` for kernels without the `children` files: every process's parent, read once."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE_BYTES
-    return total
+    return lambda p: children.get(p, [])
 
 
 def ensure_venv(name: str) -> Path:
@@ -853,10 +872,14 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   cores with the first rule instead: no faster), S002's chain members by an ASOF join (slower
   than the hash join on positions), `pair_key` in T001 (2%, within the noise), and decoding each
   Kineto chunk in place instead of copying it between brackets (no faster).
-* `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.94x at 00:53 (93 s -> 48 s); since the
-  rules of a run use two threads, `--jobs 1` itself uses both cores and takes 64 s, `--jobs 2`
-  42 s: 1.51x (bench/bench_scan_jobs.py, quoted in the targets table). Scan workers never split
-  a read, and run their rules on one thread when the jobs fill the cores.
+* `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.91x at 19:28 (128 s -> 67 s;
+  bench/bench_scan_jobs.py, quoted in the targets table). Since the tenth session `--jobs N`
+  is the CPUs the scan uses: `--jobs 1` is serial (one process, one DuckDB thread, one read
+  process), `--jobs 2` two one-thread workers; fewer files than N get workers with more threads
+  each, and one worker works in the scan's own process on all N (docs/scan.md). Before, `--jobs
+  1` ran its rules on two threads and kept ~1.3 cores busy: 64 s -> 42 s, 1.51x, and 1.48x on
+  a busier host (1.94x at 00:53, before a run's rules had two threads). The 19:28 run met a host
+  ~30% slower than that of 07:48 (`--jobs 2`, whose work did not change: 67 s against 51 s).
 
 **Where we still miss, and why.** The runs above met a shared host (see the load averages).
 Runs at 07:06-07:49 met a busier one: against quiet runs (05:16-05:38) ours was 30-45% slower
@@ -918,10 +941,6 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   by two processes, each with its own interpreter, imports and decode buffers, where the 1x file
   (under 64 MB) is read by one; and the collected columns hold strings per chunk, 82 MB at 8x for
   34 MB of tables).
-* `scan --jobs 2` against `--jobs 1`: 1.48x (1.51x on a quieter run), and ~1.55x is the ceiling as `--jobs 1` works now: it
-  keeps ~1.3 cores busy itself (its rules run on two threads), see docs/scan.md. 1.7x would need
-  `--jobs 1` to use one core only, which makes every single-file scan slower; a decision for the
-  issue's author, not taken here.
 """
 
 

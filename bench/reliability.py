@@ -332,7 +332,7 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
     lines += [
         "| `TRACEANALYZER_LOCK_TIMEOUT_S` | 30 | Seconds to wait for another process's lock on the store. |",
         "| `TRACEANALYZER_MEMORY_LIMIT` | DuckDB's (80% of RAM) | Memory DuckDB may hold for the store's sorts, joins and cached blocks (DuckDB's syntax: `2GB`, `40%`); past it, rules spill to a temp folder next to the store instead of growing. |",
-        "| `TRACEANALYZER_READ_PROCESSES` | 2 | Processes that read one big (64 MB or more) plain Kineto JSON file: 2 splits it between this process and a helper process that starts from an event near the middle (only with two usable CPUs, never inside `scan --jobs N` workers); 1 reads it in one pass. A split that cannot be proven right is read again in one pass. |",
+        "| `TRACEANALYZER_READ_PROCESSES` | 2 | Processes that read one big (64 MB or more) plain Kineto JSON file: 2 splits it between this process and a helper process that starts from an event near the middle (only with two usable CPUs, and in `scan` only where one worker has two or more of the `--jobs` CPUs: never with `--jobs 1`); 1 reads it in one pass. A split that cannot be proven right is read again in one pass. |",
         "",
         "Fixed bounds (not settings): times beyond ±2^62 ns (146 years from the clock's zero) are "
         "corrupt (GPU rows with them, or ending before they start, are dropped with a warning; "

@@ -25,7 +25,7 @@ from traceanalyzer import schema
 from traceanalyzer.cli import app
 from traceanalyzer.ingest import find_traces
 from traceanalyzer.rules.engine import Settings, run_rules
-from traceanalyzer.scan import WORKER_DIED, WorkContext, local_outcomes, scan
+from traceanalyzer.scan import WORKER_DIED, JobPlan, WorkContext, local_outcomes, scan
 from traceanalyzer.store import Store
 
 from .conftest import copy_fixtures
@@ -235,6 +235,47 @@ def test_big_streamed_files_are_read_by_the_writer_with_the_same_result(traces, 
         assert by_workers == [] and again.count("skipped") == len(SOURCES) + 1  # the copy too: same content
     for table in ("runs", "kernels", "copies", "api_calls", "findings", "rule_runs"):
         assert table_rows(db, table) == table_rows(tmp_path / "workers.duckdb", table), table
+
+
+def test_jobs_are_cores_in_all(monkeypatch):
+    """`--jobs N` spends N cores: one-thread workers for many files, fewer workers with more
+    threads each for fewer files, and no pool at all for one worker."""
+    monkeypatch.setattr(scan_mod, "default_jobs", lambda: 4)
+    plan = lambda jobs, files: tuple(vars(JobPlan.for_scan(jobs, files)).values())  # noqa: E731
+    assert plan(1, 200) == (1, 1, 1)  # serial: one process, one thread, one read process
+    assert plan(2, 200) == (2, 1, 1)
+    assert plan(None, 200) == (4, 1, 1)
+    assert plan(None, 1) == (1, 4, None)  # one file: this process, every core, a split read allowed
+    assert plan(4, 2) == (2, 2, None)
+    assert plan(4, 3) == (3, 1, 1)
+    assert plan(None, 0) == (1, 4, None)  # only the writer's files
+
+
+def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_core(traces, tmp_path, monkeypatch):
+    seen = []  # (process, DuckDB threads) of every rules pass
+    real_run_rules = scan_mod.run_rules
+
+    def recording(store, *a, **k):
+        seen.append((os.getpid(), store.sql("SELECT current_setting('threads')").fetchall()[0][0]))
+        return real_run_rules(store, *a, **k)
+
+    monkeypatch.setattr(scan_mod, "run_rules", recording)
+    monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)  # the nsys files: the writer's own
+    with Store(tmp_path / "s.duckdb") as st:
+        before = st.sql("SELECT current_setting('threads')").fetchall()[0][0]
+        st.sql("SET threads = 3")
+        report = scan(st, [traces], jobs=1, settings=FAST)
+        assert report.count("stored") == len(SOURCES) and not report.failed
+        # workers' scratch stores and the writer's store alike; the store's own setting is back after
+        assert seen == [(os.getpid(), 1)] * len(SOURCES)
+        assert st.sql("SELECT current_setting('threads')").fetchall()[0][0] == 3
+        st.sql(f"SET threads = {before}")
+
+    seen.clear()
+    monkeypatch.setattr(scan_mod, "default_jobs", lambda: 2)
+    with Store(tmp_path / "one.duckdb") as st:
+        scan(st, [traces / "kineto" / "planted.json"], settings=FAST)
+    assert seen == [(os.getpid(), 2)]
 
 
 def test_glob_and_missing_path(traces, tmp_path):

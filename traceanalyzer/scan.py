@@ -62,6 +62,29 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@dataclass(frozen=True)
+class JobPlan:
+    """How `--jobs N` is spent: N cores in all, never more.
+
+    Many files: N worker processes of one DuckDB thread and one read process each. Fewer files
+    than N: one worker per file, each with its share of the cores. One worker: no pool, the work
+    is done in this process, on all N cores (a single-file scan with the default N reads and
+    checks its file with every CPU, as `traceanalyzer check` does). `--jobs 1` is serial: one
+    process, one thread, one read process, which is what a batch job given one CPU needs.
+    """
+
+    workers: int  # worker processes (1: in this process, no pool)
+    threads: int  # DuckDB threads per run's rules (and the store's, while the scan runs)
+    read_processes: int | None  # processes that may read one file (None: the reader's default)
+
+    @classmethod
+    def for_scan(cls, jobs: int | None, n_files: int) -> JobPlan:
+        cores = jobs or default_jobs()
+        workers = max(1, min(cores, n_files))
+        threads = max(1, cores // workers)
+        return cls(workers, threads, None if threads > 1 else 1)
+
+
 # -- what a worker does ---------------------------------------------------------------
 
 @dataclass
@@ -113,8 +136,10 @@ def _scratch_store(threads: int | None) -> Store:
     st = getattr(_local, "store", None)
     if st is None:
         st = _local.store = Store(":memory:")
-        if threads:
-            st.sql(f"SET threads = {int(threads)}")
+        _local.threads = None
+    if threads and threads != _local.threads:  # set per scan: an in-process one may follow another
+        st.sql(f"SET threads = {int(threads)}")
+        _local.threads = threads
     return st
 
 
@@ -329,22 +354,22 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
         raise ScanError(f"no trace files under {' '.join(map(str, paths))}")
     if on_start:
         on_start(files, sum(_size(f) for f in files))
-    jobs = jobs or default_jobs()
-    ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
-                      duckdb_threads=max(1, default_jobs() // jobs) if jobs > 1 else None,
-                      read_processes=1 if jobs > 1 or scheduler else None, hash_name=store.hash_name())
     # Big streamed files are the writer's own (local scans only: a cluster's workers may see
     # files this process cannot). It reads one between two workers' results, so the workers
     # keep busy meanwhile.
     by_writer = deque(f for f in files if not scheduler and _read_by_writer(f))
     writers = set(by_writer)
     to_workers = [f for f in files if f not in writers]
+    plan = JobPlan.for_scan(jobs, len(to_workers))
+    ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
+                      duckdb_threads=1 if scheduler else plan.threads,
+                      read_processes=1 if scheduler else plan.read_processes, hash_name=store.hash_name())
     if scheduler:
         from .distributed import dask_outcomes
 
         outcomes = dask_outcomes(scheduler, files, ctx)
     else:
-        outcomes = local_outcomes(to_workers, jobs, ctx)
+        outcomes = local_outcomes(to_workers, plan.workers, ctx)
     report = ScanReport()
     written: dict[str, str] = {}  # content hash -> path stored by this scan
 
@@ -355,25 +380,42 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
         if on_file:
             on_file(result)
 
-    with contextlib.closing(outcomes):
-        for o in outcomes:
-            result = _store_outcome(store, o, written)
-            if o.trace is not None:  # stored: free its tables before the next file's work
-                freed, o.trace = o.trace.nbytes, None
-                memory.give_back(freed)
-            handled(result)
-            if by_writer:
-                handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
-    while by_writer:
-        handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
-    cross = cross_run_settings(settings)
-    if cross is not None and report.run_ids:
-        try:
-            run_rules(store, report.run_ids, cross)
-        except Exception as e:  # the stored runs stay; say what failed
-            report.cross_rule_error = _one_line(e)
+    # The writer's own work (storing, big files' reads and rules, cross-run rules) keeps to
+    # the cores asked for too.
+    with _store_threads(store, None if scheduler or not jobs else jobs):
+        with contextlib.closing(outcomes):
+            for o in outcomes:
+                result = _store_outcome(store, o, written)
+                if o.trace is not None:  # stored: free its tables before the next file's work
+                    freed, o.trace = o.trace.nbytes, None
+                    memory.give_back(freed)
+                handled(result)
+                if by_writer:
+                    handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
+        while by_writer:
+            handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
+        cross = cross_run_settings(settings)
+        if cross is not None and report.run_ids:
+            try:
+                run_rules(store, report.run_ids, cross)
+            except Exception as e:  # the stored runs stay; say what failed
+                report.cross_rule_error = _one_line(e)
     report.elapsed_s = time.perf_counter() - t0
     return report
+
+
+@contextlib.contextmanager
+def _store_threads(store: Store, threads: int | None) -> Iterator[None]:
+    """Within the block the store's connection uses `threads` DuckDB threads (None: unchanged)."""
+    if not threads:
+        yield
+        return
+    before = store.sql("SELECT current_setting('threads')").fetchall()[0][0]
+    store.sql(f"SET threads = {int(threads)}")
+    try:
+        yield
+    finally:
+        store.sql(f"SET threads = {int(before)}")
 
 
 def _size(path: str) -> int:

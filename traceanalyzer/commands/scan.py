@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def scan(paths: Annotated[List[str], typer.Argument(help="Trace files, folders (recursive) or globs.")],
              store: StoreOpt = None,
-             jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes \\[default: one per CPU].")] = None,
+             jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="CPUs to use: N worker processes of one thread each (fewer, with more threads each, when there are fewer files); 1 is serial, in this process \\[default: every CPU].")] = None,
              scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Dask scheduler address (tcp://host:8786) or scheduler JSON file: parse and check on that cluster's workers (needs traceanalyzer\\[dask]).")] = None,
              select: Annotated[Optional[List[str]], typer.Option("--select", help="Only these rules (ids or names).")] = None,
              ignore: Annotated[Optional[List[str]], typer.Option("--ignore", help="Skip these rules.")] = None,

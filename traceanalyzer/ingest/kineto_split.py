@@ -18,8 +18,9 @@ of the helper (a bad event, a crash, a kill) has the same outcome: the one-pass 
 reference, which also reports the exact error for a bad file.
 
 Only plain files of `MIN_SPLIT_BYTES` or more are split (a gzip stream cannot be entered
-in the middle), only when two CPUs are usable, and never inside `scan --jobs N` workers,
-which keep every core busy already. `TRACEANALYZER_READ_PROCESSES=1` turns it off.
+in the middle), only when two CPUs are usable, and not in `scan` workers of one CPU each
+(`scan.JobPlan`), which keep every core busy already. `TRACEANALYZER_READ_PROCESSES=1`
+turns it off.
 """
 
 from __future__ import annotations
