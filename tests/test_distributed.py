@@ -68,6 +68,22 @@ def test_cluster_scan_gives_the_same_store_as_a_local_scan(cluster, traces, tmp_
     assert checked == (len(SOURCES), len(FAST.select))
 
 
+def test_big_nsys_exports_are_streamed_by_the_workers_with_the_same_store(cluster, traces, tmp_path, monkeypatch):
+    """Big streamed files (here every nsys export: the bar set to 1 byte) are streamed into a
+    store file by the dask worker (`scan._through_temp_store`), as the writer streams them in a
+    local scan: the two stores are the same."""
+    import traceanalyzer.scan as scan_mod
+
+    monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)
+    with Store(tmp_path / "dask.duckdb") as st:
+        on_dask = scan(st, [traces], settings=FAST, scheduler=cluster.scheduler_address)
+    with Store(tmp_path / "local.duckdb") as st:
+        scan(st, [traces], jobs=2, settings=FAST)
+    assert [f.state for f in on_dask.files].count("stored") == len(SOURCES)
+    for t in schema.TABLES:
+        assert table_rows(tmp_path / "dask.duckdb", t.name) == table_rows(tmp_path / "local.duckdb", t.name), t.name
+
+
 def test_cli_scan_on_a_cluster_and_rescan_skips(cluster, traces, tmp_path):
     db = tmp_path / "s.duckdb"
     args = ["scan", "--store", db, "--scheduler", cluster.scheduler_address, "--select", "T001", traces]

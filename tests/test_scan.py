@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import duckdb
@@ -235,6 +236,31 @@ def test_big_streamed_files_are_read_by_the_writer_with_the_same_result(traces, 
         assert by_workers == [] and again.count("skipped") == len(SOURCES) + 1  # the copy too: same content
     for table in ("runs", "kernels", "copies", "api_calls", "findings", "rule_runs"):
         assert table_rows(db, table) == table_rows(tmp_path / "workers.duckdb", table), table
+
+
+def test_a_big_streamed_file_in_a_worker_goes_through_a_store_file_with_the_same_result(traces, tmp_path, monkeypatch):
+    """A worker given an nsys export of `stream_min_bytes` or more (a dask worker: local scans
+    leave those to the writer) streams it into a store file of its own and runs the rules
+    there: the writer then stores exactly what a file held whole gives, and the file is gone."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    through = []
+    real = scan_mod._through_temp_store
+    monkeypatch.setattr(scan_mod, "_through_temp_store", lambda p, *a: through.append(p.name) or real(p, *a))
+    files = [str(p.resolve()) for p in find_traces([traces])]
+    for name, min_bytes in (("whole", None), ("streamed", 1)):
+        ctx = WorkContext(frozenset(), Settings(), stream_min_bytes=min_bytes)
+        with Store(tmp_path / f"{name}.duckdb") as st:
+            for f in files:
+                o = scan_mod.process_file(f, ctx)
+                assert o.error is None, o.error
+                assert scan_mod._store_outcome(st, o, {}).state == "stored"
+    assert sorted(through) == ["clean.sqlite", "planted.sqlite"]  # only the formats whose reader streams
+    assert list(scratch.iterdir()) == []
+    for t in schema.TABLES:
+        assert table_rows(tmp_path / "streamed.duckdb", t.name) == table_rows(tmp_path / "whole.duckdb", t.name), t.name
+    assert len(table_rows(tmp_path / "streamed.duckdb", "findings")) > 0
 
 
 def test_jobs_are_cores_in_all(monkeypatch):

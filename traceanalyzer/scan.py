@@ -14,7 +14,9 @@ How the work is split, and why:
 * Cross-run rules (scope "runs") need every run at once; they run in the main process after
   the files are stored, on the store itself.
 * A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): read as `Store.ingest` reads
-  it, streamed into the store, and checked there, between two workers' results.
+  it, streamed into the store, and checked there, between two workers' results. A dask
+  worker given one (the writer cannot see a cluster's files) does the same into a store file
+  of its own, then hands the rows over (`_through_temp_store`).
 
 Per-run rules give the same findings on a one-run scratch store as on the full store: they
 only see `$run_id`, and the run row (file name, used in fingerprints) is the same.
@@ -23,8 +25,10 @@ only see `$run_id`, and the run row (file name, used in fingerprints) is the sam
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
+import tempfile
 import threading
 import time
 import traceback
@@ -37,9 +41,10 @@ from typing import Callable, Collection, Iterable, Iterator
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from . import memory
-from .ingest import TraceError, find_traces, read_file, streams
+from . import memory, schema
+from .ingest import ParsedTrace, TraceError, find_traces, read_file, streams
 from .ingest.kineto_split import read_processes
 from .rules.engine import Settings, run_rules
 from .store import DEFAULT_HASH, Store, file_hash, run_id_for
@@ -98,6 +103,10 @@ class WorkContext:
     # ingest/kineto_split.py). 1 where workers already share the cores.
     read_processes: int | None = None
     hash_name: str = DEFAULT_HASH  # the store's content hash (`Store.hash_name`)
+    # A file at least this big whose reader streams (nsys) is streamed into a temporary store
+    # file in the worker (`_through_temp_store`) instead of being held whole (None: never).
+    # Only a dask worker meets such files: a local scan leaves them to the writer.
+    stream_min_bytes: int | None = None
 
 
 @dataclass
@@ -154,9 +163,12 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
         if out.content_hash in ctx.known_hashes:
             out.skipped = True
             return out
+        rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
+        if ctx.stream_min_bytes is not None and out.size_bytes >= ctx.stream_min_bytes and streams(p):
+            out.trace, out.findings, out.rule_runs, out.rule_ids = _through_temp_store(p, out, rules, ctx)
+            return out
         with read_processes(ctx.read_processes):
             trace = read_file(p)
-        rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
         if rules is not None:
             out.findings, out.rule_runs, out.rule_ids = _evaluate(trace, out, rules, ctx.duckdb_threads)
         out.trace = trace
@@ -179,6 +191,61 @@ def _evaluate(trace, out: FileOutcome, rules: Settings, threads: int | None):
     finally:
         st.delete_run(run_id)
     return findings, outcomes, [r.id for r in rules.rules()]
+
+
+def _through_temp_store(path: Path, out: FileOutcome, rules: Settings | None, ctx: WorkContext):
+    """A big streamed file, done in a worker as the writer does it (`_ingest_by_writer`):
+    streamed into a store file of its own, its rules run there, then its rows read back for
+    the writer. Held whole instead, the 5 M-kernel export took 12.8 GB (reader, scratch copy
+    and rules at once); this way the peak is the streamed read's, the rules' or the rows
+    handed over, strings dictionary-encoded as a reader holds them (there: 1.8, 1.1, 2.7 GB)."""
+    with tempfile.TemporaryDirectory(prefix="traceanalyzer-scan-") as tmp:
+        with Store(Path(tmp) / "run.duckdb") as st:  # the content hash is given: no hash to agree on
+            if ctx.duckdb_threads:
+                st.sql(f"SET threads = {int(ctx.duckdb_threads)}")
+            run_id = st.ingest(path, content_hash=out.content_hash).run_id
+            findings = outcomes = None
+            if rules is not None:
+                run_rules(st, [run_id], rules)
+                findings = st.arrow("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = $r", {"r": run_id})
+                outcomes = st.arrow("SELECT * EXCLUDE (run_id) FROM rule_runs WHERE run_id = $r", {"r": run_id})
+            trace = _stored_trace(st, run_id)
+    memory.give_back()  # the store's and the plain strings' memory, before the rows are sent
+    return trace, findings, outcomes, [r.id for r in rules.rules()] if rules is not None else []
+
+
+def _stored_trace(store: Store, run_id: str) -> ParsedTrace:
+    """Run `run_id` of `store` as a reader's ParsedTrace: `Store.write_run` stores the same rows."""
+    (fmt, producer, version, schema_version, host, clock, rank, world_size, warnings, metadata), = store.sql(
+        "SELECT format, producer, producer_version, schema_version, host, clock, rank, world_size, warnings, "
+        "metadata FROM runs WHERE run_id = $r", {"r": run_id}).fetchall()
+    store.drop_cached_blocks()  # the rules' blocks: what is read now is another table each time
+    tables = {}
+    for name in schema.DATA_TABLES:
+        # A batch at a time, its strings encoded before the next one is read: the plain
+        # strings of a whole table are never held.
+        reader = store.con.sql(f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $r",
+                               params={"r": run_id}).to_arrow_reader(EXTRACT_BATCH_ROWS)
+        batches = [_dictionary_strings(b) for b in reader]
+        if any(b.num_rows for b in batches):
+            tables[name] = pa.Table.from_batches(batches)
+    return ParsedTrace(format=fmt, producer=producer, producer_version=version, schema_version=schema_version,
+                       host=host, clock=clock, rank=rank, world_size=world_size,
+                       metadata=json.loads(metadata) if metadata else {}, tables=tables,
+                       warnings=list(warnings or []))
+
+
+EXTRACT_BATCH_ROWS = 1 << 20
+
+
+def _dictionary_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """String columns dictionary-encoded (kernel names repeat millions of times): what is
+    sent to the writer is then about as big as the reader's own tables. The other columns
+    are copied too: a batch exported by DuckDB is freed only when none of its columns is
+    alive, and it holds the plain strings."""
+    columns = [pc.dictionary_encode(c) if pa.types.is_string(c.type) or pa.types.is_large_string(c.type)
+               else pa.concat_arrays([c]) for c in batch.columns]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def _failure(e: Exception) -> tuple[str, bool, str | None]:
@@ -363,7 +430,8 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     plan = JobPlan.for_scan(jobs, len(to_workers))
     ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
                       duckdb_threads=1 if scheduler else plan.threads,
-                      read_processes=1 if scheduler else plan.read_processes, hash_name=store.hash_name())
+                      read_processes=1 if scheduler else plan.read_processes, hash_name=store.hash_name(),
+                      stream_min_bytes=WRITER_READS_MIN_BYTES)
     if scheduler:
         from .distributed import dask_outcomes
 
