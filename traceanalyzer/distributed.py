@@ -6,10 +6,10 @@ on this machine and on every worker.
 Each dask task is `scan.process_file` on one path, the same function the local process
 pool runs: hash, skip what the store already holds, parse, and evaluate the per-run rules
 on a scratch DuckDB inside the worker (a big nsys export is streamed into a store file of
-the worker's own instead, see `scan._through_temp_store`). Rules are evaluated there, not centrally after
-gathering, because they cost more than parsing; the worker hands back the parsed tables
-and the findings, and this process (the store's only writer) stores both, exactly as a
-local scan does. Cross-run rules then run here on the store. So a cluster scan and a local
+the worker's own instead, see `scan._through_temp_store`). Rules are evaluated there, not
+centrally after gathering, because they cost more than parsing; the worker hands back the
+parsed tables and the findings, and this process (the store's only writer) stores both,
+exactly as a local scan does. Cross-run rules then run here on the store. So a cluster scan and a local
 scan of the same files give the same store (tests/test_distributed.py checks it).
 
 Workers open the files themselves: every path must be readable by every worker under the
