@@ -170,6 +170,24 @@ def test_scan_workers_do_not_split(tmp_path):
     assert out.error is None and seen == [False]
 
 
+def test_the_helper_does_not_import_pandas(tmp_path):
+    """pyarrow would import pandas on the helper's first `pa.array` (~0.3 s of its start);
+    the helper refuses it and still sends its part."""
+    import subprocess
+
+    raw = json.dumps(_awkward_doc()).encode()
+    path = tmp_path / "t.json"
+    path.write_bytes(raw)
+    offset = next(o for o in _candidate_offsets(raw) if raw[o:o + 7] == b'{"ph": ')
+    cmd = kineto_split._command(path, kineto_split.Split(offset, False))
+    env = {**os.environ, "PYTHONPATH": str(Path(kineto_split.__file__).resolve().parents[2])}
+    r = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], capture_output=True, env=env)
+    assert r.returncode == 0 and len(r.stdout) > 0
+    imported = [ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.decode().splitlines() if "|" in ln]
+    # (a refused import is listed too, as `pandas`: what is not there is any of its modules)
+    assert "pyarrow" in imported and not any(m.startswith("pandas.") for m in imported)
+
+
 def test_wire_round_trip_keeps_every_column_kind():
     """numpy, Arrow, chunked Arrow and plain-list columns (values no Arrow type holds) come
     back with their types and values; the counts, samples and keys too."""
