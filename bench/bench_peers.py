@@ -889,7 +889,16 @@ file work (the Kineto read's helper process handed its half over 0.3-0.55 s late
 Ratios between two tools of the same round are what to read. The runs at 17:34-18:56 met a
 busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against 24.6 s, HTA
 34.5-37.0 s against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
-* Kineto, 10x faster than HTA: 8.6x at 19:39 (3.34 s against 28.8 s) and 7.8x at 19:16 (4.12 s
+* Kineto, 10x faster than HTA: 8.1x at 20:19 (3.60 s against 29.1 s; ingest 2.52 s, rules 0.87 s)
+  with the split read's helper no longer importing pandas: pyarrow imported it on the helper's
+  first `pa.array`, 0.22-0.33 s of its start (helper alone, 8 alternated runs: median 1.95 ->
+  1.55 s; ingest + rules in 12 alternated fresh processes: 3.58 -> 3.42 s median; the tree's
+  peak 511 -> 476 MB). This process still imports pandas on its own first `pa.array`, during
+  its part of the read (GIL-bound, so no thread can hide it there); with the helper quicker,
+  a split at 0.52 was no better than at 0.58 (12 alternated runs). A helper that takes over
+  the end of the other's part when one is done first (tried, not kept): no gain in 6
+  alternated reads (medians 1.83 against 1.88 s); the helper was 87-100% through the file
+  when this process ended its part. 8.6x at 19:39 (3.34 s against 28.8 s) and 7.8x at 19:16 (4.12 s
   against 32.3 s), with no Kineto code changed since 16:26 (the tenth session's); the 19:39 run with
   the bench's memory sampler fixed: it read every process's stat every 20 ms, ~2 ms of a core a
   sample, ~10% of the second core that ours uses and a one-process tool leaves idle (now 0.26 ms).
@@ -899,15 +908,16 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   13:40 (3.37 s against 29.0 s) and 9.0x at 11:16; 8.1x, 9.8x, 10.0x, 7.8x, 8.8x and 7.6x in runs earlier today (median
   of 3 each), ours 2.5-2.7 s on a quiet run against HTA's 25.7-26.4 s. On the line, and decided by
   the host's load: ours is two processes reading, then two rule threads, where HTA is one
-  process. Where ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s, the store's
-  insert and commit ~0.4 s (pandas and the rules' modules are imported meanwhile), tables ~0.1 s,
+  process. Where ours goes on a quiet run: imports ~0.2 s, the split read ~1.35 s (pandas's
+  import, ~0.3 s, inside it), the store's insert and commit ~0.4 s (the rules' modules are
+  imported meanwhile), tables ~0.1 s,
   rules ~0.5 s. The ninth session changed no Kineto code and only rules that take little time on
   a Kineto run: alternated runs of its start and its end on the 8x trace, 3.92-4.26 s against
   4.07-4.49 s (ingest, whose code did not change, varied most). Still to try: the helper
-  interpreter takes ~0.4 s to start (pyarrow's import ~0.13 s of it) before it reads; a forked
+  interpreter takes ~0.35 s to start (pyarrow's import ~0.13 s of it) before it reads; a forked
   helper would start at once, but its pages shared with this process would count twice in the
   process tree's resident memory that the memory target reads.
-* Within 2x of the bare typed decode: 2.1x at 19:39 and 2.5x at 19:16 (missed), 2.4x at 18:14 and
+* Within 2x of the bare typed decode: 2.3x at 20:19, 2.1x at 19:39 and 2.5x at 19:16 (missed), 2.4x at 18:14 and
   at 17:58, 1.9x at 16:26 (met),
   2.3x at 13:40, 1.9x at 11:16, 2.2x at 10:53 and 2.5x that morning (the decode is one process, and does no start-up or writing, so load
   slows it less than ours).
@@ -942,7 +952,7 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
   +715 MB for +766 MB of kernels table at 18:33 (0.9x, as at 17:34 and 16:00; 1.9x at 15:38 and 2.04x at 13:23, when the
   first rules pass made the peak; 3.4x this morning when the reader held every table).
-  Kineto: +202 MB for +12 MB at 19:39, +195 MB at 18:14 (the tables are small next to the reading: the 8x file is read
+  Kineto: +158 MB for +12 MB at 20:19 (the helper without pandas), +202 MB at 19:39, +195 MB at 18:14 (the tables are small next to the reading: the 8x file is read
   by two processes, each with its own interpreter, imports and decode buffers, where the 1x file
   (under 64 MB) is read by one; and the collected columns hold strings per chunk, 82 MB at 8x for
   34 MB of tables).
