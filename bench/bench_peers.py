@@ -894,7 +894,11 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   first `pa.array`, 0.22-0.33 s of its start (helper alone, 8 alternated runs: median 1.95 ->
   1.55 s; ingest + rules in 12 alternated fresh processes: 3.58 -> 3.42 s median; the tree's
   peak 511 -> 476 MB). This process still imports pandas on its own first `pa.array`, during
-  its part of the read (GIL-bound, so no thread can hide it there); with the helper quicker,
+  its part of the read (GIL-bound, so no thread can hide it there). Refusing pandas to the
+  reading thread and importing it on the prefetch thread during the insert instead (tried, not
+  kept): the read ended ~0.3 s sooner, but the insert took 0.15-0.25 s longer (DuckDB's insert
+  keeps both cores busy), ~0.1 s net in 5 paired runs and nothing clear in 10-12 alternated
+  ones: not worth an import hook and pyarrow's private pandas shim. With the helper quicker,
   a split at 0.52 was no better than at 0.58 (12 alternated runs). A helper that takes over
   the end of the other's part when one is done first (tried, not kept): no gain in 6
   alternated reads (medians 1.83 against 1.88 s); the helper was 87-100% through the file
