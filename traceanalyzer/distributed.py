@@ -9,8 +9,8 @@ on a scratch DuckDB inside the worker (a big nsys export is streamed into a stor
 the worker's own instead, see `scan._through_temp_store`). Rules are evaluated there, not
 centrally after gathering, because they cost more than parsing; the worker hands back the
 parsed tables and the findings, and this process (the store's only writer) stores both,
-exactly as a local scan does. Cross-run rules then run here on the store. So a cluster scan and a local
-scan of the same files give the same store (tests/test_distributed.py checks it).
+exactly as a local scan does. Cross-run rules then run here on the store. So a cluster scan
+and a local scan of the same files give the same store (tests/test_distributed.py checks it).
 
 Workers open the files themselves: every path must be readable by every worker under the
 same absolute path (a shared file system), which is how HPC and cloud clusters are run.

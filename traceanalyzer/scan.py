@@ -185,11 +185,17 @@ def _evaluate(trace, out: FileOutcome, rules: Settings, threads: int | None):
     run_id = run_id_for(out.content_hash)
     try:
         st.write_run(trace, Path(out.path), out.content_hash, out.size_bytes)
-        run_rules(st, [run_id], rules)
-        findings = st.arrow("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = $r", {"r": run_id})
-        outcomes = st.arrow("SELECT * EXCLUDE (run_id) FROM rule_runs WHERE run_id = $r", {"r": run_id})
+        return _checked(st, run_id, rules)
     finally:
         st.delete_run(run_id)
+
+
+def _checked(st: Store, run_id: str, rules: Settings):
+    """Run `rules` on `run_id` of `st`; their findings and outcomes (without the run_id
+    column, which the writer's store sets) and the rules' ids."""
+    run_rules(st, [run_id], rules)
+    findings = st.arrow("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = $r", {"r": run_id})
+    outcomes = st.arrow("SELECT * EXCLUDE (run_id) FROM rule_runs WHERE run_id = $r", {"r": run_id})
     return findings, outcomes, [r.id for r in rules.rules()]
 
 
@@ -204,14 +210,10 @@ def _through_temp_store(path: Path, out: FileOutcome, rules: Settings | None, ct
             if ctx.duckdb_threads:
                 st.sql(f"SET threads = {int(ctx.duckdb_threads)}")
             run_id = st.ingest(path, content_hash=out.content_hash).run_id
-            findings = outcomes = None
-            if rules is not None:
-                run_rules(st, [run_id], rules)
-                findings = st.arrow("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = $r", {"r": run_id})
-                outcomes = st.arrow("SELECT * EXCLUDE (run_id) FROM rule_runs WHERE run_id = $r", {"r": run_id})
+            checked = _checked(st, run_id, rules) if rules is not None else (None, None, [])
             trace = _stored_trace(st, run_id)
     memory.give_back()  # the store's and the plain strings' memory, before the rows are sent
-    return trace, findings, outcomes, [r.id for r in rules.rules()] if rules is not None else []
+    return (trace, *checked)
 
 
 def _stored_trace(store: Store, run_id: str) -> ParsedTrace:
