@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from traceanalyzer.ingest import kineto, kineto_split
-from traceanalyzer.ingest.base import TraceError
+from traceanalyzer.ingest.base import TraceError, read_cpus
 from traceanalyzer.ingest.kineto_collect import Collector
 
 from .test_kineto import _awkward_doc, _snapshot
@@ -24,7 +24,7 @@ CUT = re.compile(rb"\}\s*,\s*\{")
 
 
 def _one_pass(path: Path):
-    with kineto_split.read_processes(1):
+    with read_cpus(1):
         return kineto.read(path)
 
 
@@ -43,7 +43,7 @@ def _split_read(path: Path, monkeypatch, offset: int | None = None) -> tuple[obj
         bare = path.read_bytes().lstrip()[:1] == b"["
         monkeypatch.setattr(kineto_split, "split_point", lambda p, m: kineto_split.Split(offset, bare))
     try:
-        with kineto_split.read_processes(2):
+        with read_cpus(2):
             return kineto.read(path, split_min_bytes=0), len(merges)
     finally:
         monkeypatch.undo()
@@ -142,10 +142,10 @@ def test_split_can_be_turned_off(monkeypatch):
     two = len(os.sched_getaffinity(0)) >= 2
     monkeypatch.setenv(kineto_split.PROCESSES_ENV, "1")
     assert not kineto_split.allowed()
-    with kineto_split.read_processes(2):
+    with read_cpus(2):
         assert kineto_split.allowed() == two
     monkeypatch.delenv(kineto_split.PROCESSES_ENV)
-    with kineto_split.read_processes(1):
+    with read_cpus(1):
         assert not kineto_split.allowed()
     assert kineto_split.allowed() == two
 
@@ -164,7 +164,7 @@ def test_scan_workers_do_not_split(tmp_path):
     (tmp_path / "t.json").write_bytes(raw)
     kineto_split.allowed, saved = spy, kineto_split.allowed
     try:
-        out = process_file(str(tmp_path / "t.json"), WorkContext(frozenset(), None, read_processes=1))
+        out = process_file(str(tmp_path / "t.json"), WorkContext(frozenset(), None, read_cpus=1))
     finally:
         kineto_split.allowed = saved
     assert out.error is None and seen == [False]

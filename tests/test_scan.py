@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import traceanalyzer.scan as scan_mod
 from traceanalyzer import schema
 from traceanalyzer.cli import app
-from traceanalyzer.ingest import find_traces
+from traceanalyzer.ingest import find_traces, nsys_sqlite
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.scan import WORKER_DIED, JobPlan, WorkContext, local_outcomes, scan
 from traceanalyzer.store import Store
@@ -268,13 +268,13 @@ def test_jobs_are_cores_in_all(monkeypatch):
     threads each for fewer files, and no pool at all for one worker."""
     monkeypatch.setattr(scan_mod, "default_jobs", lambda: 4)
     plan = lambda jobs, files: tuple(vars(JobPlan.for_scan(jobs, files)).values())  # noqa: E731
-    assert plan(1, 200) == (1, 1, 1)  # serial: one process, one thread, one read process
+    assert plan(1, 200) == (1, 1, 1)  # serial: one process, one thread, one read CPU
     assert plan(2, 200) == (2, 1, 1)
     assert plan(None, 200) == (4, 1, 1)
-    assert plan(None, 1) == (1, 4, None)  # one file: this process, every core, a split read allowed
-    assert plan(4, 2) == (2, 2, None)
+    assert plan(None, 1) == (1, 4, 4)  # one file: this process, every core (a split read, fetch threads)
+    assert plan(4, 2) == (2, 2, 2)
     assert plan(4, 3) == (3, 1, 1)
-    assert plan(None, 0) == (1, 4, None)  # only the writer's files
+    assert plan(None, 0) == (1, 4, 4)  # only the writer's files
 
 
 def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_core(traces, tmp_path, monkeypatch):
@@ -287,6 +287,14 @@ def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_cor
 
     monkeypatch.setattr(scan_mod, "run_rules", recording)
     monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)  # the nsys files: the writer's own
+    fetch_threads = []  # of every nsys file read (1: no fetch or stream thread)
+    real_init = nsys_sqlite.NsysFile.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        fetch_threads.append(self.threads)
+
+    monkeypatch.setattr(nsys_sqlite.NsysFile, "__init__", init)
     with Store(tmp_path / "s.duckdb") as st:
         before = st.sql("SELECT current_setting('threads')").fetchall()[0][0]
         st.sql("SET threads = 3")
@@ -294,6 +302,7 @@ def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_cor
         assert report.count("stored") == len(SOURCES) and not report.failed
         # workers' scratch stores and the writer's store alike; the store's own setting is back after
         assert seen == [(os.getpid(), 1)] * len(SOURCES)
+        assert fetch_threads and set(fetch_threads) == {1}
         assert st.sql("SELECT current_setting('threads')").fetchall()[0][0] == 3
         st.sql(f"SET threads = {before}")
 

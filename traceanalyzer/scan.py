@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 
 from . import memory, schema
 from .ingest import ParsedTrace, TraceError, find_traces, read_file, streams
-from .ingest.kineto_split import read_processes
+from .ingest.base import read_cpus, usable_cpus
 from .rules.engine import Settings, run_rules
 from .store import DEFAULT_HASH, Store, file_hash, run_id_for
 
@@ -61,33 +61,31 @@ WRITER_READS_MIN_BYTES = 256 << 20
 
 
 def default_jobs() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 @dataclass(frozen=True)
 class JobPlan:
     """How `--jobs N` is spent: N cores in all, never more.
 
-    Many files: N worker processes of one DuckDB thread and one read process each. Fewer files
+    Many files: N worker processes of one DuckDB thread and one read CPU each. Fewer files
     than N: one worker per file, each with its share of the cores. One worker: no pool, the work
     is done in this process, on all N cores (a single-file scan with the default N reads and
     checks its file with every CPU, as `traceanalyzer check` does). `--jobs 1` is serial: one
-    process, one thread, one read process, which is what a batch job given one CPU needs.
+    process, one thread, one read CPU (no split Kineto read, no nsys fetch threads), which is
+    what a batch job given one CPU needs.
     """
 
     workers: int  # worker processes (1: in this process, no pool)
     threads: int  # DuckDB threads per run's rules (and the store's, while the scan runs)
-    read_processes: int | None  # processes that may read one file (None: the reader's default)
+    read_cpus: int  # CPUs a worker may read one file with (`ingest.base.read_cpus`)
 
     @classmethod
     def for_scan(cls, jobs: int | None, n_files: int) -> JobPlan:
         cores = jobs or default_jobs()
         workers = max(1, min(cores, n_files))
         threads = max(1, cores // workers)
-        return cls(workers, threads, None if threads > 1 else 1)
+        return cls(workers, threads, threads)
 
 
 # -- what a worker does ---------------------------------------------------------------
@@ -99,9 +97,9 @@ class WorkContext:
     known_hashes: frozenset[str]  # content already stored with current findings: skip
     settings: Settings | None  # None: store runs without evaluating rules
     duckdb_threads: int | None = None  # for the scratch store (None: DuckDB's default)
-    # Processes one file may be read with (None: the reader's default; see
-    # ingest/kineto_split.py). 1 where workers already share the cores.
-    read_processes: int | None = None
+    # CPUs one file may be read with (None: the reader's default; see `ingest.base.read_cpus`).
+    # 1 where workers already share the cores.
+    read_cpus: int | None = None
     hash_name: str = DEFAULT_HASH  # the store's content hash (`Store.hash_name`)
     # A file at least this big whose reader streams (nsys) is streamed into a temporary store
     # file in the worker (`_through_temp_store`) instead of being held whole (None: never).
@@ -165,9 +163,10 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
             return out
         rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
         if ctx.stream_min_bytes is not None and out.size_bytes >= ctx.stream_min_bytes and streams(p):
-            out.trace, out.findings, out.rule_runs, out.rule_ids = _through_temp_store(p, out, rules, ctx)
+            with read_cpus(ctx.read_cpus):
+                out.trace, out.findings, out.rule_runs, out.rule_ids = _through_temp_store(p, out, rules, ctx)
             return out
-        with read_processes(ctx.read_processes):
+        with read_cpus(ctx.read_cpus):
             trace = read_file(p)
         if rules is not None:
             out.findings, out.rule_runs, out.rule_ids = _evaluate(trace, out, rules, ctx.duckdb_threads)
@@ -432,7 +431,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     plan = JobPlan.for_scan(jobs, len(to_workers))
     ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
                       duckdb_threads=1 if scheduler else plan.threads,
-                      read_processes=1 if scheduler else plan.read_processes, hash_name=store.hash_name(),
+                      read_cpus=1 if scheduler else plan.read_cpus, hash_name=store.hash_name(),
                       stream_min_bytes=WRITER_READS_MIN_BYTES)
     if scheduler:
         from .distributed import dask_outcomes
@@ -452,7 +451,8 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
 
     # The writer's own work (storing, big files' reads and rules, cross-run rules) keeps to
     # the cores asked for too.
-    with _store_threads(store, None if scheduler or not jobs else jobs):
+    asked = None if scheduler or not jobs else jobs
+    with _store_threads(store, asked), read_cpus(asked):
         with contextlib.closing(outcomes):
             for o in outcomes:
                 result = _store_outcome(store, o, written)

@@ -25,19 +25,16 @@ turns it off.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from msgspec import Raw
 
 from .. import limits
-from .base import TraceError
+from .base import TraceError, read_cpu_limit, usable_cpus
 from .detect import GZIP_MAGIC
 from . import kineto_wire
 from .kineto_collect import Collector
@@ -56,32 +53,16 @@ HELPER_STARTS_AT = 0.58
 SEARCH_BYTES = 4 << 20
 HEAD_BYTES = 64 << 10
 
-_processes: ContextVar[int | None] = ContextVar("read_processes", default=None)
-
-
-@contextlib.contextmanager
-def read_processes(n: int | None) -> Iterator[None]:
-    """Within the block, readers use at most `n` processes per file (None: the default)."""
-    token = _processes.set(n)
-    try:
-        yield
-    finally:
-        _processes.reset(token)
-
-
 def allowed() -> bool:
-    n = _processes.get()
+    """Whether a split read may run now: two usable CPUs, and two allowed by `base.read_cpus`
+    (scan's `--jobs`) or, where that is not set, by TRACEANALYZER_READ_PROCESSES."""
+    n = read_cpu_limit()
     if n is None:
         try:
             n = int(os.environ.get(PROCESSES_ENV, "2"))
         except ValueError:
             n = 1
-    if n < 2:
-        return False
-    try:
-        return len(os.sched_getaffinity(0)) >= 2
-    except AttributeError:  # not on Linux
-        return (os.cpu_count() or 1) >= 2
+    return n >= 2 and usable_cpus() >= 2
 
 
 @dataclass

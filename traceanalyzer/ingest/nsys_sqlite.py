@@ -10,7 +10,9 @@ connection (the driver releases the GIL): the reader fetches the next table whil
 works on the last one; fallbacks and checks still run in the calling thread. A big table
 may be fetched as two rowid halves at once (`split_rows`). `stream` reads a table in
 batches on a thread and connection of its own, a few batches ahead of its reader, for the
-tables the nsys reader builds part by part.
+tables the nsys reader builds part by part. With one read CPU (`base.read_cpus(1)`: scan's
+`--jobs 1`, or a worker of a scan that shares the cores) there are no such threads: every
+fetch and batch is read in the calling thread when it is asked for.
 
 ADBC infers a column's Arrow type from the first rows it sees and fails when a later
 value has another type, so string expressions are wrapped in `COALESCE(expr, '')`
@@ -19,7 +21,6 @@ value has another type, so string expressions are wrapped in `COALESCE(expr, '')
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import sqlite3
@@ -35,7 +36,7 @@ import pyarrow.compute as pc
 
 from .. import limits
 from .. import schema as store_schema
-from .base import TraceError
+from .base import TraceError, read_cpu_limit, usable_cpus
 
 try:  # optional: faster bulk reads
     import adbc_driver_manager
@@ -49,7 +50,14 @@ _FROM = re.compile(r'\b(?:FROM|JOIN)\s+("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_]*)',
 FETCH_BATCH_ROWS = 65536
 BACKENDS = ("adbc", "sqlite3")
 # Threads (and ADBC connections) fetching at once: two already use both cores of a laptop.
-FETCH_THREADS = max(1, min(3, os.cpu_count() or 1))
+MAX_FETCH_THREADS = 3
+
+
+def fetch_threads() -> int:
+    """Threads a file's fetches may run on now: the usable CPUs and `base.read_cpus`, at most
+    MAX_FETCH_THREADS. One means no fetch thread at all (see the module docstring)."""
+    limit = read_cpu_limit()
+    return max(1, min(MAX_FETCH_THREADS, usable_cpus(), limit if limit is not None else MAX_FETCH_THREADS))
 
 _ADBC_ERRORS: tuple[type[BaseException], ...] = (OSError, pa.ArrowException)
 if adbc_sqlite is not None:
@@ -137,6 +145,7 @@ class NsysFile:
             except _ADBC_ERRORS:
                 self.fallbacks += 1
         self.backend = "adbc" if self._adbc is not None else "sqlite3"
+        self.threads = fetch_threads()
         self._pool: ThreadPoolExecutor | None = None  # made by the first submit()
         self._idle: queue.SimpleQueue = queue.SimpleQueue()  # ADBC connections free for a fetch
         self._extra: list = []  # the pool's connections beyond self._adbc
@@ -230,17 +239,21 @@ class NsysFile:
         connection. The bounded row count (the guard) runs here, before any thread reads."""
         label = label or from_sql.split()[0].strip('"')
         self._guard(f"FROM {from_sql}")
-        futures = []
+        futures: list = []
         if self._adbc is not None:
-            if self._pool is None:
-                self._start_pool()
             for part in self._halves(from_sql, where, split_rows):
-                futures.append(self._pool.submit(self._fetch_pooled, _select_sql(cols, from_sql, part, cast_ints=False)))
+                sql = _select_sql(cols, from_sql, part, cast_ints=False)
+                if self.threads < 2:
+                    futures.append(_Later(self._fetch_adbc, sql))
+                    continue
+                if self._pool is None:
+                    self._start_pool()
+                futures.append(self._pool.submit(self._fetch_pooled, sql))
         return Pending(self, futures, cols, from_sql, where, label)
 
     def _halves(self, from_sql: str, where: str, split_rows: int) -> list[str]:
         name = from_sql[1:-1].replace('""', '"') if from_sql.startswith('"') else from_sql
-        if not split_rows or FETCH_THREADS < 2 or name not in self.tables or self.checked_rows(name) <= split_rows:
+        if not split_rows or self.threads < 2 or name not in self.tables or self.checked_rows(name) <= split_rows:
             return [where]
         low, high = self.rows(f"SELECT min(rowid), max(rowid) FROM {from_sql}")[0]
         if low is None or high - low < 2:
@@ -252,8 +265,9 @@ class NsysFile:
     def stream(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "",
                batches_ahead: int = 8) -> "Stream | None":
         """`arrow(...)` as batches of FETCH_BATCH_ROWS rows, read on a thread of its own at most
-        `batches_ahead` batches ahead of the caller (so a big table is never whole in memory).
-        None without ADBC: the caller fetches the table whole instead."""
+        `batches_ahead` batches ahead of the caller (so a big table is never whole in memory;
+        with one read CPU, in the caller's thread as it asks for them). None without ADBC: the
+        caller fetches the table whole instead."""
         if self._adbc is None:
             return None
         label = label or from_sql.split()[0].strip('"')
@@ -263,13 +277,13 @@ class NsysFile:
         except _ADBC_ERRORS:
             return None
         stream = Stream(self, con, _select_sql(cols, from_sql, where, cast_ints=False),
-                        pa.schema([(c.alias, c.type) for c in cols]), label, batches_ahead)
+                        pa.schema([(c.alias, c.type) for c in cols]), label, batches_ahead if self.threads > 1 else 0)
         self._streams.append(stream)
         return stream
 
     def _start_pool(self) -> None:
         self._idle.put(self._adbc)
-        for _ in range(FETCH_THREADS - 1):
+        for _ in range(self.threads - 1):
             try:
                 con = adbc_sqlite.connect(self.uri)
             except _ADBC_ERRORS:
@@ -294,7 +308,7 @@ class NsysFile:
                 return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
             except _ADBC_ERRORS:
                 self.fallbacks += 1  # as in arrow(): a value of another type somewhere
-                wait(futures)  # none still reading when sqlite3 starts
+                wait([f for f in futures if isinstance(f, Future)])  # none still reading when sqlite3 starts
         table = self._fetch_sqlite3(_select_sql(cols, from_sql, where, cast_ints=True), schema, label)
         return self._conform(table, schema, label)
 
@@ -360,6 +374,16 @@ class NsysFile:
         self.close()
 
 
+class _Later:
+    """A fetch run when its result is asked for, in the asking thread (one read CPU: no pool)."""
+
+    def __init__(self, fetch, sql: str):
+        self._fetch, self._sql = fetch, sql
+
+    def result(self) -> pa.Table:
+        return self._fetch(self._sql)
+
+
 class Pending:
     """A fetch started by `NsysFile.submit`."""
 
@@ -382,37 +406,52 @@ class StreamFailed(Exception):
 
 
 class Stream:
-    """A table read in batches by `NsysFile.stream`, on a thread with its own connection."""
+    """A table read in batches by `NsysFile.stream` with a connection of its own: on a thread
+    of its own up to `batches_ahead` batches ahead of the caller, or (0) in the caller's
+    thread as it asks for each batch."""
 
     _END = object()
 
     def __init__(self, f: NsysFile, con, sql: str, schema: pa.Schema, label: str, batches_ahead: int):
         self._f, self._con, self._schema, self._label = f, con, schema, label
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, batches_ahead))
-        self._stop = threading.Event()
+        self._sql = sql
         self.rows = 0  # handed to the caller so far
-        self._thread = threading.Thread(target=self._read, args=(sql,), name="nsys-stream", daemon=True)
-        self._thread.start()
+        self._items: Iterator | None = None  # the caller's reading (no thread)
+        self._thread: threading.Thread | None = None
+        if batches_ahead > 0:
+            self._queue: queue.Queue = queue.Queue(maxsize=batches_ahead)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._read, name="nsys-stream", daemon=True)
+            self._thread.start()
 
-    def _read(self, sql: str) -> None:
+    def _produce(self) -> Iterator:
+        """The batches, then _END; or the exception that ended the read."""
         cur = None
         try:
             cur = self._con.cursor()
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(FETCH_BATCH_ROWS)})
-            cur.execute(sql)
-            reader = cur.fetch_record_batch()
-            for batch in reader:
-                if not self._put(batch):
-                    return
-            self._put(self._END)
+            cur.execute(self._sql)
+            yield from cur.fetch_record_batch()
+            yield self._END
+        except GeneratorExit:  # the reader stopped early
+            raise
         except BaseException as e:  # handed to the caller, who reads the table whole instead
-            self._put(e)
+            yield e
         finally:
             if cur is not None:
                 try:
                     cur.close()
                 except _ADBC_ERRORS:
                     pass
+
+    def _read(self) -> None:
+        items = self._produce()
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+        finally:
+            items.close()  # the cursor, in this thread
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -426,8 +465,10 @@ class Stream:
     def batches(self) -> Iterator[pa.Table]:
         """The rows in file order, one table per batch, typed as the columns say (raises
         StreamFailed where the read fails)."""
+        if self._thread is None:
+            self._items = self._produce()
         while True:
-            item = self._queue.get()
+            item = self._queue.get() if self._thread is not None else next(self._items)
             if item is self._END:
                 return
             if isinstance(item, BaseException):
@@ -443,13 +484,16 @@ class Stream:
         """Stop reading (if not done) and close the connection."""
         if self._con is None:
             return
-        self._stop.set()
-        while self._thread.is_alive():
-            try:
-                self._queue.get(timeout=0.05)  # unblock a put
-            except queue.Empty:
-                pass
-        self._thread.join()
+        if self._thread is not None:
+            self._stop.set()
+            while self._thread.is_alive():
+                try:
+                    self._queue.get(timeout=0.05)  # unblock a put
+                except queue.Empty:
+                    pass
+            self._thread.join()
+        elif self._items is not None:
+            self._items.close()  # its cursor, before the connection
         self._con.close()
         self._con = None
 
