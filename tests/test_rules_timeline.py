@@ -417,7 +417,7 @@ def _comm_per_step(rel_path: str) -> tuple[int, float, float]:
     return data["distributedInfo"]["rank"], comm, sum(e - s for s, e, _ in steps) / len(steps)
 
 
-def test_t008_real_two_rank_job(check):
+def test_t008_real_two_rank_job(check, monkeypatch):
     store = check.store
     ids = [store.ingest(shared_traces() / p).run_id for p in SAMPLED]
     ranks = {r: (c, s) for r, c, s in map(_comm_per_step, SAMPLED)}
@@ -434,6 +434,27 @@ def test_t008_real_two_rank_job(check):
     assert f["run_id"] == ids[straggler] and ev["straggler_rank"] == straggler == 1
     assert ev["lag_ns"] == pytest.approx(lag) and f["value"] == pytest.approx(lag / median_step)
     assert {r["rank"]: r["comm_ns"] for r in ev["ranks"]} == pytest.approx({r: c for r, (c, _) in ranks.items()})
+
+    # Alone, a cross-run rule builds no per-run cache (scan's last pass over hundreds of runs),
+    # and finds what it finds beside every per-run rule.
+    from traceanalyzer import views
+
+    cached = []
+    real_scope = views.scoped_to_run
+
+    def scope(con, run_id, *a, **k):
+        cached.append(run_id)
+        return real_scope(con, run_id, *a, **k)
+
+    monkeypatch.setattr(views, "scoped_to_run", scope)
+    low = {"T008": {"min_lag_share": 0.001}}
+    alone = run_rules(store, ids, Settings(select=["T008"], thresholds=low))
+    assert cached == [] and [(o.status, o.findings) for o in alone] == [("ran", 0), ("ran", 1)]
+    found = store.arrow("SELECT * FROM findings WHERE rule_id = 'T008'").to_pylist()
+    every = run_rules(store, ids, Settings(thresholds=low))
+    assert cached == ids
+    assert [(o.status, o.findings) for o in every if o.rule_id == "T008"] == [("ran", 0), ("ran", 1)]
+    assert store.arrow("SELECT * FROM findings WHERE rule_id = 'T008'").to_pylist() == found
 
 
 def test_t008_no_data_for_single_rank_runs(check):

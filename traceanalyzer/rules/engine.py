@@ -223,6 +223,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
 
     applicable: dict[str, list[str]] = {r.id: [] for r in rules}
     threads = rule_threads(store)
+    per_run = any(r.scope == "run" for r in rules)
     for run_id in run_ids:
         def check(st: Store, rule: Rule, run_id=run_id):
             oc = RuleOutcome(rule.id, run_id, "ran")
@@ -237,9 +238,11 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
                 oc.status, oc.note, df = "error", _error_note(e), None
             return oc, df
 
-        # Run by run, so the views the rules share are computed once per run (views.scoped_to_run).
-        with views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
-            results = _map_rules(store, cache, rules, check, threads)
+        if per_run:  # run by run, so the views the rules share are computed once per run (views.scoped_to_run)
+            with views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
+                results = _map_rules(store, cache, rules, check, threads)
+        else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
+            results = [check(store, rule) for rule in rules]
         for rule, (oc, df) in zip(rules, results):
             outcomes[(run_id, rule.id)] = oc
             if oc.status == "ran" and rule.scope == "runs":
