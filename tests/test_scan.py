@@ -313,6 +313,30 @@ def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_cor
     assert seen == [(os.getpid(), 2)]
 
 
+def test_a_worker_replaces_its_scratch_store_before_dead_rows_pile_up(traces, monkeypatch):
+    """An in-memory DuckDB table keeps its deleted rows: a worker's scratch store is replaced
+    once it has held SCRATCH_MAX_ROWS rows, and which store checked a file changes nothing."""
+    from traceanalyzer.scan import process_file
+
+    path = str(traces / "nsys" / "planted.sqlite")
+    ctx = WorkContext(frozenset(), FAST, duckdb_threads=1, read_cpus=1)
+    monkeypatch.setattr(scan_mod._local, "store", None, raising=False)
+    first = process_file(path, ctx)
+    rows = sum(t.num_rows for t in first.trace.tables.values())
+    monkeypatch.setattr(scan_mod, "SCRATCH_MAX_ROWS", 2 * rows)
+    monkeypatch.setattr(scan_mod._local, "store", None, raising=False)
+    stores, outs = [], []
+    for _ in range(4):
+        outs.append(process_file(path, ctx))
+        stores.append(scan_mod._local.store)
+    assert stores[0] is not None and stores[1] is None and stores[2] is not None and stores[3] is None
+    assert stores[0] is not stores[2] and stores[0].con is not stores[2].con
+    want = (first.findings.to_pylist(), first.rule_runs.drop_columns(["evaluated_at"]).to_pylist())
+    for o in outs:
+        assert o.error is None
+        assert (o.findings.to_pylist(), o.rule_runs.drop_columns(["evaluated_at"]).to_pylist()) == want
+
+
 def test_glob_and_missing_path(traces, tmp_path):
     db = tmp_path / "s.duckdb"
     r = run("scan", "--store", db, "--jobs", "1", *FAST_OPTS, f"{traces}/*/*.sqlite", tmp_path / "nope.sqlite")
