@@ -872,8 +872,19 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   cores with the first rule instead: no faster), S002's chain members by an ASOF join (slower
   than the hash join on positions), `pair_key` in T001 (2%, within the noise), and decoding each
   Kineto chunk in place instead of copying it between brackets (no faster).
-* `scan --jobs 2` against `--jobs 1` on 200 small runs: 1.91x at 19:28 (128 s -> 67 s;
-  bench/bench_scan_jobs.py, quoted in the targets table). Since the tenth session `--jobs N`
+* `scan --jobs 2` against `--jobs 1` on 200 small runs: 2.13x at 22:32 (89.1 s -> 41.9 s), with every change below;
+  2.09x at 22:12 (100.9 s -> 48.2 s) before the scratch store was replaced (bench/bench_scan_jobs.py,
+  quoted in the targets table). The eleventh session found the scan's writer (this process) using
+  19.9 s of CPU at `--jobs 2` (200 runs, 56 s), a third process on two cores: the last pass, of
+  the cross-run rules alone, built every run's per-run cache (views.scoped_to_run) just to ask
+  each run whether it had their data. It no longer does (9.0 s of CPU; the wall 56 -> 42 s in
+  that script). Before: 1.73x at 21:35 (102 s -> 59 s) and 1.74x at 21:40 for the tenth
+  session's code (from 33 source traces, ../shared not being beside that checkout); 1.91x at
+  19:28 (128 s -> 67 s) on a busier host. A worker's scratch store is now also replaced once it
+  has held 200 k rows: an in-memory DuckDB table keeps its deleted rows, so it grew by every run
+  it had checked (40 checks of a 124 KB trace: 6 -> 68 MB) and the rules scanned them. And with
+  one read CPU (`--jobs 1`, or workers sharing the cores) the nsys reader fetches in its own
+  thread, no fetch or stream threads. Since the tenth session `--jobs N`
   is the CPUs the scan uses: `--jobs 1` is serial (one process, one DuckDB thread, one read
   process), `--jobs 2` two one-thread workers; fewer files than N get workers with more threads
   each, and one worker works in the scan's own process on all N (docs/scan.md). Before, `--jobs
@@ -889,7 +900,8 @@ file work (the Kineto read's helper process handed its half over 0.3-0.55 s late
 Ratios between two tools of the same round are what to read. The runs at 17:34-18:56 met a
 busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against 24.6 s, HTA
 34.5-37.0 s against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
-* Kineto, 10x faster than HTA: 8.1x at 20:19 (3.60 s against 29.1 s; ingest 2.52 s, rules 0.87 s)
+* Kineto, 10x faster than HTA: 8.2x at 21:14 (3.77 s against 31.1 s; ingest 2.69 s, rules 0.80 s;
+  the eleventh session's start, no Kineto code changed since), 8.1x at 20:19 (3.60 s against 29.1 s; ingest 2.52 s, rules 0.87 s)
   with the split read's helper no longer importing pandas: pyarrow imported it on the helper's
   first `pa.array`, 0.22-0.33 s of its start (helper alone, 8 alternated runs: median 1.95 ->
   1.55 s; ingest + rules in 12 alternated fresh processes: 3.58 -> 3.42 s median; the tree's
@@ -921,7 +933,22 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   interpreter takes ~0.35 s to start (pyarrow's import ~0.13 s of it) before it reads; a forked
   helper would start at once, but its pages shared with this process would count twice in the
   process tree's resident memory that the memory target reads.
-* Within 2x of the bare typed decode: 2.3x at 20:19, 2.1x at 19:39 and 2.5x at 19:16 (missed), 2.4x at 18:14 and
+  Measured and dropped in the eleventh session: (1) decoding the events of categories no table
+  reads (python_function and ac2g: 60% of the 8x trace's 1.06 M events) into a tagged-union
+  Struct with only `ph` and `ts` (what the reader samples from every event): the decode of a 100
+  MB trace 0.168 -> 0.137 s (0.121 s with no fields), ~0.12 s of CPU at 8x over both processes,
+  but a wrong-typed `pid` or `name` in such an event would then be accepted where the whole-file
+  decode, the reference, refuses the file; an unknown category would send its chunk back to the
+  plain decode. Not worth a second meaning of "a valid trace". (2) The ingest's commit without
+  its checkpoint (~0.12 s), run on another cursor during the rules instead: no faster (the rules
+  keep ~1.5 cores busy). (3) DuckDB's `read_json` over the file (`traceEvents` as a list of
+  structs, args as JSON): 4.0 s for the 1x file, against ~0.7 s. (4) One query for the twenty
+  rules' applies checks instead of twenty: no faster (DuckDB plans each subquery as before).
+  Where a quiet 8x run went (21:0x): imports 0.24 s, the split read 1.85 s (this process's part;
+  the helper's columns came 0.1 s later), the tables 0.13 s, storing 0.46 s (inserts 0.27 s,
+  commit 0.13 s), the rules 0.61 s (cache 0.15-0.19 s, then two threads ~1.75 cores busy):
+  3.5 s in that run, 2.65-2.76 s minutes earlier with the same code, on the same host.
+* Within 2x of the bare typed decode: 2.5x at 21:14, 2.3x at 20:19, 2.1x at 19:39 and 2.5x at 19:16 (missed), 2.4x at 18:14 and
   at 17:58, 1.9x at 16:26 (met),
   2.3x at 13:40, 1.9x at 11:16, 2.2x at 10:53 and 2.5x that morning (the decode is one process, and does no start-up or writing, so load
   slows it less than ours).
@@ -931,7 +958,10 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   here (sqlite3 is 2-5x slower; DuckDB's sqlite_scanner has no build for DuckDB 2.x, the wheels
   stop at 1.5.5), takes 10.3-11.5 s on one core: 5.2 s even if split perfectly over both cores,
   before anything is stored. Ours: ingest 17-21 s, then the first rules pass 13.6-16.4 s (~5 s of
-  it building the cache that later passes read); 0.6x at 18:33 (44.1 s against 28.2 s) and 0.7x at
+  it building the cache that later passes read; 9.4 s of a 14.2 s first pass in a fresh process
+  on a quiet host in the eleventh session: device_busy_intervals 2.4 s, kernel_busy_intervals
+  1.35 s, run_idle_gaps 0.5 s, stream_ops 3.65 s, kernel_launches 1.1 s, each a sort of 5-6 M
+  operations written to the file; with `preserve_insertion_order=false`, 9.2 s); 0.6x at 18:33 (44.1 s against 28.2 s) and 0.7x at
   17:34 (46.1 s against 31.9 s), on a busy host. The issue's own figure for nsys-ai (165 s,
   7.5 GB) is 7x slower than what nsys-ai does here; against 165 s ours (33-42 s) is 3.9-5x.
   nsys-ai without the extension (the context row) builds no cache and answers from the export:
@@ -956,7 +986,7 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
   +715 MB for +766 MB of kernels table at 18:33 (0.9x, as at 17:34 and 16:00; 1.9x at 15:38 and 2.04x at 13:23, when the
   first rules pass made the peak; 3.4x this morning when the reader held every table).
-  Kineto: +158 MB for +12 MB at 20:19 (the helper without pandas), +202 MB at 19:39, +195 MB at 18:14 (the tables are small next to the reading: the 8x file is read
+  Kineto: +181 MB for +12 MB at 21:14, +158 MB at 20:19 (the helper without pandas), +202 MB at 19:39, +195 MB at 18:14 (the tables are small next to the reading: the 8x file is read
   by two processes, each with its own interpreter, imports and decode buffers, where the 1x file
   (under 64 MB) is read by one; and the collected columns hold strings per chunk, 82 MB at 8x for
   34 MB of tables).
