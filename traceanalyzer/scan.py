@@ -177,11 +177,10 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
             out.skipped = True
             return out
         rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
-        if ctx.stream_min_bytes is not None and out.size_bytes >= ctx.stream_min_bytes and streams(p):
-            with read_cpus(ctx.read_cpus):
-                out.trace, out.findings, out.rule_runs, out.rule_ids = _through_temp_store(p, out, rules, ctx)
-            return out
         with read_cpus(ctx.read_cpus):
+            if ctx.stream_min_bytes is not None and out.size_bytes >= ctx.stream_min_bytes and streams(p):
+                out.trace, out.findings, out.rule_runs, out.rule_ids = _through_temp_store(p, out, rules, ctx)
+                return out
             trace = read_file(p)
         if rules is not None:
             out.findings, out.rule_runs, out.rule_ids = _evaluate(trace, out, rules, ctx.duckdb_threads)
