@@ -70,6 +70,69 @@ def test_failed_write_leaves_no_trace_and_keeps_earlier_runs(store, monkeypatch)
     assert store.sql("SELECT DISTINCT run_id FROM kernels").fetchall() == [("a" * 16,)]
 
 
+class _Recording:
+    """A connection that records the SQL it is given (and does it)."""
+
+    def __init__(self, con):
+        self.con, self.sql = con, []
+
+    def execute(self, query, *args):
+        self.sql.append(query)
+        return self.con.execute(query, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.con, name)
+
+
+def _results(store, run_id):
+    from traceanalyzer.store import RuleResults
+
+    run_rules(store, [run_id], Settings(select=["T001", "T002"]))
+    findings = store.arrow("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = ?", [run_id])
+    rule_runs = store.arrow("SELECT * EXCLUDE (run_id) FROM rule_runs WHERE run_id = ?", [run_id])
+    assert findings.num_rows > 0 and rule_runs.num_rows == 2
+    return RuleResults(["T001", "T002"], findings, rule_runs)
+
+
+def _finding_rows(store, run_id):
+    return store.sql("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = ? ORDER BY ALL", [run_id]).fetchall()
+
+
+def test_a_run_and_its_findings_are_written_together(store, monkeypatch):
+    """write_run with findings (a scan's worker evaluated the rules) writes the run, its rows
+    and its findings in one transaction: all of them or, when any part fails, none. A new
+    run's write deletes nothing (it has no rows); a replaced run loses its old findings."""
+    import traceanalyzer.store as st
+
+    a = store.write_run(_trace(), Path("/x/a"), "a" * 64, 1).run_id
+    results = _results(store, a)
+    recording = _Recording(store.con)
+    monkeypatch.setattr(store, "con", recording)
+    b = store.write_run(_trace(), Path("/x/b"), "b" * 64, 1, findings=results)
+    assert not [q for q in recording.sql if q.lstrip().upper().startswith(("DELETE", "DROP"))]
+    assert _finding_rows(store, b.run_id) == _finding_rows(store, a)
+    assert store.sql("SELECT rule_id, status FROM rule_runs WHERE run_id = ? ORDER BY 1", [b.run_id]).fetchall() \
+        == store.sql("SELECT rule_id, status FROM rule_runs WHERE run_id = ? ORDER BY 1", [a]).fetchall()
+
+    # replaced: the run's earlier rows and findings go, even those of rules not given now
+    run_rules(store, [b.run_id], Settings(select=["T003"]))
+    recording.sql.clear()
+    again = store.write_run(_trace(5), Path("/x/b"), "b" * 64, 1, findings=results)
+    assert again.replaced and any(q.lstrip().upper().startswith("DELETE") for q in recording.sql)
+    assert store.sql("SELECT DISTINCT rule_id FROM rule_runs WHERE run_id = ? ORDER BY 1", [b.run_id]).fetchall() \
+        == [("T001",), ("T002",)]
+    assert store.sql("SELECT count(*) FROM kernels WHERE run_id = ?", [b.run_id]).fetchone()[0] == 5
+
+    # a failure while writing the findings leaves neither the run nor its rows
+    real_insert = st._insert
+    monkeypatch.setattr(st, "_insert", lambda con, name, tbl: (_ for _ in ()).throw(RuntimeError("disk full"))
+                        if name == "rule_runs" else real_insert(con, name, tbl))
+    with pytest.raises(RuntimeError, match="disk full"):
+        store.write_run(_trace(), Path("/x/c"), "c" * 64, 1, findings=results)
+    for table in ("runs", "kernels", "copies", "findings", "rule_runs"):
+        assert store.sql(f"SELECT count(*) FROM {table} WHERE run_id = ?", ["c" * 16]).fetchone()[0] == 0, table
+
+
 def test_reader_columns_must_be_in_the_schema(store):
     bad = ParsedTrace(format="nsys-sqlite", tables={"kernels": pa.table({"kernel_id": [0], "bogus": [1]})})
     with pytest.raises(ValueError, match="bogus"):

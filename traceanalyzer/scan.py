@@ -47,7 +47,7 @@ from . import memory, schema
 from .ingest import ParsedTrace, TraceError, find_traces, read_file, streams
 from .ingest.base import read_cpus, usable_cpus
 from .rules.engine import Settings, run_rules
-from .store import DEFAULT_HASH, Store, file_hash, run_id_for
+from .store import DEFAULT_HASH, RuleResults, Store, file_hash, run_id_for
 
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
@@ -567,9 +567,8 @@ def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> Fil
         _duplicate(res, written[o.content_hash])
         return res
     try:
-        stored = store.write_run(o.trace, Path(o.path), o.content_hash, o.size_bytes)
-        if o.rule_ids:
-            store.write_findings(run_id, o.rule_ids, o.findings, o.rule_runs)
+        results = RuleResults(o.rule_ids, o.findings, o.rule_runs) if o.rule_ids else None
+        stored = store.write_run(o.trace, Path(o.path), o.content_hash, o.size_bytes, findings=results)
     except Exception as e:  # e.g. a reader's table that does not fit the schema
         res.error, res.internal, res.detail = _one_line(e), True, traceback.format_exc()
         return res

@@ -209,11 +209,12 @@ class Store:
 
     # -- writing ---------------------------------------------------------------------
     def write_run(self, trace: ParsedTrace, source: Path, content_hash: str,
-                  file_size_bytes: int) -> IngestResult:
-        """Store one parsed trace in a single transaction, replacing any run with the same id."""
+                  file_size_bytes: int, *, findings: RuleResults | None = None) -> IngestResult:
+        """Store one parsed trace in a single transaction, replacing any run with the same id;
+        with `findings` (rules already evaluated on it, as by a scan's worker), those too."""
         writer = self.run_writer(lambda: run_id_for(content_hash))
         try:
-            return writer.finish(trace, source, content_hash, file_size_bytes)
+            return writer.finish(trace, source, content_hash, file_size_bytes, findings=findings)
         except BaseException:
             writer.abort()
             raise
@@ -229,18 +230,10 @@ class Store:
         """Replace the findings of `rule_ids` on `run_id` in one transaction."""
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
-        findings = _conform("findings", findings.drop_columns(["run_id"]) if "run_id" in findings.column_names
-                            else findings, run_id)
-        rule_runs = _conform("rule_runs", rule_runs, run_id)
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
-            for name in ("findings", "rule_runs"):
-                con.execute(f"DELETE FROM {name} WHERE run_id = ? AND list_contains(?, rule_id)",
-                            [run_id, rule_ids])
-            if findings.num_rows:
-                _insert(con, "findings", findings)
-            _insert(con, "rule_runs", rule_runs)
+            _replace_findings(con, run_id, RuleResults(rule_ids, findings, rule_runs))
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -299,14 +292,20 @@ class Store:
         `views.scoped_to_run`): a writable store in a file."""
         return not self.read_only and str(self.path) != ":memory:"
 
-    def cursor(self) -> "Store":
+    def cursor(self, *, set_up: bool = True) -> "Store":
         """This store on a new cursor of the same database, for another thread (a DuckDB
-        connection is used by one thread at a time), with the views installed. Close it
+        connection is used by one thread at a time), with the views installed (unless
+        `set_up` is False: then call `set_up` before using it, on any one thread). Close it
         when done; the database stays open."""
         clone = copy.copy(self)
         clone.con = self.con.cursor()
-        _set_up(clone.con)
+        if set_up:
+            clone.set_up()
         return clone
+
+    def set_up(self) -> None:
+        """Install the views and settings on this store's connection (see `cursor`)."""
+        _set_up(self.con)
 
     def close(self) -> None:
         self.con.close()
@@ -342,8 +341,13 @@ class RunWriter:
         prefetch.rules_engine()  # while DuckDB writes (see prefetch.py)
         self.con.execute("BEGIN TRANSACTION")
         self.run_id, self._open = run_id, True
-        self.replaced = self.con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0] > 0
-        _delete_rows(self.con, run_id)
+        # fetchall: DuckDB 2 refuses a register() on a connection with a half-read result
+        self.replaced = self.con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0] > 0
+        # A run's rows are written in the transaction that writes its `runs` row, so a run
+        # id without one has no rows to delete. (Each DELETE scans its table's run_id column:
+        # 14 of them per new run, growing with the store, were most of a scan writer's work.)
+        if self.replaced:
+            _delete_rows(self.con, run_id)
 
     def add(self, name: str, table: pa.Table, *, checked: bool = False) -> None:
         """Append `table`'s rows to `name` (checked here unless `checked` says read_file did)."""
@@ -367,8 +371,9 @@ class RunWriter:
         self._rows.pop(name, None)
         self._spans.pop(name, None)
 
-    def finish(self, trace: ParsedTrace, source: Path, content_hash: str, file_size_bytes: int) -> IngestResult:
-        """Write `trace.tables` (already checked) and the run's row, and commit."""
+    def finish(self, trace: ParsedTrace, source: Path, content_hash: str, file_size_bytes: int,
+               *, findings: RuleResults | None = None) -> IngestResult:
+        """Write `trace.tables` (already checked), the run's row and any `findings`, and commit."""
         self._begin()
         trace.warnings.extend(self._checks.warnings())
         for name, tbl in trace.tables.items():
@@ -377,6 +382,9 @@ class RunWriter:
         for span in self._spans.values():
             start, end = _span_union((start, end), span)
         _insert(self.con, "runs", _run_row(trace, self.run_id, source, content_hash, file_size_bytes, start, end))
+        if findings is not None:
+            # the run's rows were all deleted by _begin, or there were none
+            _replace_findings(self.con, self.run_id, findings, run_is_new=True)
         self.con.execute("COMMIT")
         self._open = False
         counts = {name: self._rows.get(name, 0) for name in schema.DATA_TABLES}
@@ -410,6 +418,32 @@ def _delete_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     for t in schema.TABLES:
         con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
     views.drop_kept(con, run_id)
+
+
+@dataclass
+class RuleResults:
+    """What some rules found on one run: `findings` and `rule_runs` rows without run_id."""
+
+    rule_ids: list[str]  # the rules evaluated: their earlier findings and outcomes are replaced
+    findings: pa.Table
+    rule_runs: pa.Table
+
+
+def _replace_findings(con: duckdb.DuckDBPyConnection, run_id: str, results: RuleResults, *,
+                      run_is_new: bool = False) -> None:
+    """Replace the findings and outcomes of `results.rule_ids` on `run_id` (in the caller's
+    transaction). `run_is_new`: the run has no rows yet (nothing to delete)."""
+    findings = results.findings
+    if "run_id" in findings.column_names:
+        findings = findings.drop_columns(["run_id"])
+    findings = _conform("findings", findings, run_id)
+    rule_runs = _conform("rule_runs", results.rule_runs, run_id)
+    for name in ("findings", "rule_runs") if not run_is_new else ():
+        con.execute(f"DELETE FROM {name} WHERE run_id = ? AND list_contains(?, rule_id)",
+                    [run_id, results.rule_ids])
+    if findings.num_rows:
+        _insert(con, "findings", findings)
+    _insert(con, "rule_runs", rule_runs)
 
 
 _RUN_ID_KEY = b"traceanalyzer.run_id"
