@@ -52,13 +52,18 @@ WITH ev AS (
     FROM before_peak b JOIN (SELECT device_id, min(allocated) AS low FROM before_peak GROUP BY device_id) m
       ON m.device_id = b.device_id AND b.allocated = m.low
     GROUP BY b.device_id
-), addressed AS (
-    SELECT l.*, lead(l.seq) OVER (PARTITION BY l.device_id, l.address ORDER BY l.seq) AS next_same_address_seq
-    FROM level l JOIN per_device d USING (device_id) WHERE d.has_addresses
-), held_by_address AS (  -- the allocations still live at the peak (not freed, nor reused, by then)
-    SELECT a.device_id, a.event_id, a.ts_ns, a.bytes, a.address, a.pid, a.tid
-    FROM addressed a JOIN peak_alloc p USING (device_id)
-    WHERE a.bytes > 0 AND a.seq <= p.seq AND (a.next_same_address_seq IS NULL OR a.next_same_address_seq > p.seq)
+), held_by_address AS (
+    -- The allocations still live at the peak (not freed, nor reused, by then): those that are
+    -- the last event at their address up to the peak. (A group-by, not a window sorting every
+    -- event by address.)
+    SELECT l.device_id, l.event_id, l.ts_ns, l.bytes, l.address, l.pid, l.tid
+    FROM level l JOIN (
+        SELECT l.device_id, max(l.seq) AS seq
+        FROM level l JOIN per_device d USING (device_id) JOIN peak_alloc p USING (device_id)
+        WHERE d.has_addresses AND l.seq <= p.seq
+        GROUP BY l.device_id, l.address
+    ) last_at_address USING (device_id, seq)
+    WHERE l.bytes > 0
 ), address_mode AS (
     -- Addresses are only trusted when what they say is live fits under the peak (frees must
     -- name the addresses their allocations had); else fall back to the climb below.

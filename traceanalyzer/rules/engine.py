@@ -165,9 +165,40 @@ PARALLEL_MAX_GPU_OPS = 1_000_000
 DROP_BLOCKS_WHEN_BUILT = True
 
 
-def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, threads: int) -> list:
-    """`check(store, rule)` for every rule, in order; on `threads` cursors when the run's
-    cached views are readable from other cursors (else on this one)."""
+class _Cursors:
+    """Cursors for a run's rule threads, their views installed on a thread of their own
+    while this one builds the run's cache (~10 ms a cursor, DuckDB catalog work that does
+    not run two at a time; the cache build leaves room for it)."""
+
+    def __init__(self, store: Store, n: int):
+        self.stores = [store.cursor(set_up=False) for _ in range(n)]
+        self._thread = threading.Thread(target=self._set_up, name="rules-cursors")
+        self._error: BaseException | None = None
+        self._thread.start()
+
+    def _set_up(self) -> None:
+        try:
+            for st in self.stores:
+                st.set_up()
+        except BaseException as e:  # raised where the cursors are used
+            self._error = e
+
+    def ready(self) -> list[Store]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.stores
+
+    def close(self) -> None:
+        self._thread.join()
+        for st in self.stores:
+            st.close()
+
+
+def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, threads: int,
+               cursors: _Cursors | None = None) -> list:
+    """`check(store, rule)` for every rule, in order; on `threads` cursors (`cursors`, if
+    given) when the run's cached views are readable from other cursors (else on this one)."""
     if threads < 2 or not cache.shared or len(rules) < 2 or cache.rows(store.con, "stream_ops") > PARALLEL_MAX_GPU_OPS:
         results = []
         for r in rules:
@@ -190,7 +221,7 @@ def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, th
         finally:
             st.close()
 
-    clones = [store.cursor() for _ in range(threads)]
+    clones = cursors.ready() if cursors is not None else [store.cursor() for _ in range(threads)]
     for st in clones:
         views.use_run_cache(st.con, cache)
     with ThreadPoolExecutor(threads, thread_name_prefix="rules") as pool:
@@ -239,8 +270,13 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             return oc, df
 
         if per_run:  # run by run, so the views the rules share are computed once per run (views.scoped_to_run)
-            with views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
-                results = _map_rules(store, cache, rules, check, threads)
+            cursors = _Cursors(store, threads) if threads > 1 and len(rules) > 1 else None
+            try:
+                with views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
+                    results = _map_rules(store, cache, rules, check, threads, cursors)
+            finally:
+                if cursors is not None:
+                    cursors.close()  # (closing a cursor twice is harmless: _map_rules's workers close theirs)
         else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
             results = [check(store, rule) for rule in rules]
         for rule, (oc, df) in zip(rules, results):
