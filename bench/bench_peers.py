@@ -900,6 +900,17 @@ file work (the Kineto read's helper process handed its half over 0.3-0.55 s late
 Ratios between two tools of the same round are what to read. The runs at 17:34-18:56 met a
 busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against 24.6 s, HTA
 34.5-37.0 s against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
+* Kineto, 10x faster than HTA (twelfth session, 2026-12-01, a fresh and quieter host): 8.8x at 02:29 (2.89 s
+  against 25.5 s) and 8.9x at 00:06 (2.83 s against 25.2 s), with the typed decode 1.7x and 2.0x. The three
+  rounds at 02:29 were 2.26, 2.89 and 3.06 s: the first round (10.6x its HTA run) came before any HTA
+  or decode process, the later ones after those multi-GB processes. Ours run alone here: 2.32-2.46 s
+  as bare children (`--child ours`), 2.43-2.69 s through `measure()` with or without the memory
+  sampler. Not found why the rounds after the peers are slower; that is the next thing to look at.
+  Changed in that session: the rule threads' cursors are set up while the run's cache is built
+  (~20 ms), M001 finds what is live at the peak without a window sort (~20 ms at 8x); the rules
+  pass 0.52 -> 0.47-0.49 s. Measured: DuckDB's optimizer and binder are about half of each
+  rule's time at 8x (T006 37 ms, 10 of it execution), and dictionary-encoded strings, no
+  compression, one DuckDB thread or no insertion order made the 0.2 s insert + 0.12 s commit no faster.
 * Kineto, 10x faster than HTA: 8.2x at 21:14 (3.77 s against 31.1 s; ingest 2.69 s, rules 0.80 s;
   the eleventh session's start, no Kineto code changed since), 8.1x at 20:19 (3.60 s against 29.1 s; ingest 2.52 s, rules 0.87 s)
   with the split read's helper no longer importing pandas: pyarrow imported it on the helper's
