@@ -872,7 +872,9 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   cores with the first rule instead: no faster), S002's chain members by an ASOF join (slower
   than the hash join on positions), `pair_key` in T001 (2%, within the noise), and decoding each
   Kineto chunk in place instead of copying it between brackets (no faster).
-* `scan --jobs 2` against `--jobs 1` on 200 small runs: 2.13x at 22:32 (89.1 s -> 41.9 s), with every change below;
+* `scan --jobs 2` against `--jobs 1` on 200 small runs: 2.08x on 2026-12-01 at 02:34 (78.7 s -> 37.9 s, on
+  the twelfth session's quieter host, after a run and its findings became one transaction and a new
+  run's write stopped deleting its id from every table); 2.13x at 22:32 (89.1 s -> 41.9 s), with every change below;
   2.09x at 22:12 (100.9 s -> 48.2 s) before the scratch store was replaced (bench/bench_scan_jobs.py,
   quoted in the targets table). The eleventh session found the scan's writer (this process) using
   19.9 s of CPU at `--jobs 2` (200 runs, 56 s), a third process on two cores: the last pass, of
