@@ -438,9 +438,10 @@ def _replace_findings(con: duckdb.DuckDBPyConnection, run_id: str, results: Rule
         findings = findings.drop_columns(["run_id"])
     findings = _conform("findings", findings, run_id)
     rule_runs = _conform("rule_runs", results.rule_runs, run_id)
-    for name in ("findings", "rule_runs") if not run_is_new else ():
-        con.execute(f"DELETE FROM {name} WHERE run_id = ? AND list_contains(?, rule_id)",
-                    [run_id, results.rule_ids])
+    if not run_is_new:
+        for name in ("findings", "rule_runs"):
+            con.execute(f"DELETE FROM {name} WHERE run_id = ? AND list_contains(?, rule_id)",
+                        [run_id, results.rule_ids])
     if findings.num_rows:
         _insert(con, "findings", findings)
     _insert(con, "rule_runs", rule_runs)

@@ -190,16 +190,17 @@ class _Cursors:
         return self.stores
 
     def close(self) -> None:
+        """Close the cursors (once; later calls do nothing)."""
         self._thread.join()
-        for st in self.stores:
+        stores, self.stores = self.stores, []
+        for st in stores:
             st.close()
 
 
-def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, threads: int,
-               cursors: _Cursors | None = None) -> list:
-    """`check(store, rule)` for every rule, in order; on `threads` cursors (`cursors`, if
-    given) when the run's cached views are readable from other cursors (else on this one)."""
-    if threads < 2 or not cache.shared or len(rules) < 2 or cache.rows(store.con, "stream_ops") > PARALLEL_MAX_GPU_OPS:
+def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cursors: _Cursors | None) -> list:
+    """`check(store, rule)` for every rule, in order; on the `cursors`, a thread each, when
+    there are some and the run's cached views are readable from them (else on this one)."""
+    if cursors is None or not cache.shared or cache.rows(store.con, "stream_ops") > PARALLEL_MAX_GPU_OPS:
         results = []
         for r in rules:
             if cache.built and DROP_BLOCKS_WHEN_BUILT:
@@ -211,22 +212,22 @@ def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, th
     lock = threading.Lock()
 
     def worker(st: Store) -> None:
-        try:
-            while True:
-                with lock:
-                    i = next(todo, None)
-                if i is None:
-                    return
-                results[i] = check(st, rules[i])
-        finally:
-            st.close()
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            results[i] = check(st, rules[i])
 
-    clones = cursors.ready() if cursors is not None else [store.cursor() for _ in range(threads)]
-    for st in clones:
-        views.use_run_cache(st.con, cache)
-    with ThreadPoolExecutor(threads, thread_name_prefix="rules") as pool:
-        for f in [pool.submit(worker, st) for st in clones]:
-            f.result()
+    try:
+        clones = cursors.ready()
+        for st in clones:
+            views.use_run_cache(st.con, cache)
+        with ThreadPoolExecutor(len(clones), thread_name_prefix="rules") as pool:
+            for f in [pool.submit(worker, st) for st in clones]:
+                f.result()
+    finally:
+        cursors.close()  # before the cache they read is dropped
     return results
 
 
@@ -273,10 +274,10 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             cursors = _Cursors(store, threads) if threads > 1 and len(rules) > 1 else None
             try:
                 with views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
-                    results = _map_rules(store, cache, rules, check, threads, cursors)
+                    results = _map_rules(store, cache, rules, check, cursors)
             finally:
                 if cursors is not None:
-                    cursors.close()  # (closing a cursor twice is harmless: _map_rules's workers close theirs)
+                    cursors.close()  # unused (a run read on this thread), or an error
         else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
             results = [check(store, rule) for rule in rules]
         for rule, (oc, df) in zip(rules, results):
