@@ -114,17 +114,53 @@ def test_a_bad_event_in_the_helpers_part_gives_the_one_pass_error(tmp_path, monk
 
 
 @two_cpus
-@pytest.mark.parametrize("how", ["crash", "garbage", "killed"])
+@pytest.mark.parametrize("how", ["crash", "garbage", "killed", "not started"])
 def test_a_failed_helper_falls_back_to_one_pass(tmp_path, monkeypatch, how):
     raw = json.dumps(_awkward_doc()).encode()
     path = tmp_path / "t.json"
     path.write_bytes(raw)
     code = {"crash": "import os; os._exit(3)", "garbage": "import sys; sys.stdout.write('x' * 100)",
-            "killed": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"}[how]
-    monkeypatch.setattr(kineto_split, "_command", lambda p, s: [sys.executable, "-c", code])
+            "killed": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "not started": ""}[how]
+    command = [str(tmp_path / "no-such-python")] if how == "not started" else [sys.executable, "-c", code]
+    monkeypatch.setattr(kineto_split, "_command", lambda p, s: command)
     offset = [o for o in _candidate_offsets(raw) if raw[o:o + 7] == b'{"ph": '][100]
+    open_files = set(os.listdir("/proc/self/fd"))
     trace, merges = _split_read(path, monkeypatch, offset)
     assert merges == 0 and _snapshot(trace) == _snapshot(_one_pass(path))
+    assert set(os.listdir("/proc/self/fd")) <= open_files  # the helper's temporary file is closed
+
+
+@two_cpus
+def test_a_kineto_read_leaves_pandas_to_after_the_read(tmp_path):
+    """pyarrow imports pandas at a process's first `pa.array`, which would put ~0.2 s on the
+    main part's critical path: no chunk is collected with pandas imported, and after the
+    read pandas is imported on a thread and pyarrow's pandas conversions work (a categorical
+    Series to a dictionary array, not strings). In a fresh process: pytest's has pandas."""
+    import subprocess
+
+    path = tmp_path / "t.json"
+    path.write_bytes(json.dumps(_awkward_doc()).encode())
+    script = """if True:
+        import sys, threading
+        from traceanalyzer.ingest import kineto
+        from traceanalyzer.ingest.kineto_collect import Collector
+        seen, merged, add, merge = [], [], Collector.add, Collector.merge
+        Collector.add = lambda self, events: (add(self, events), seen.append("pandas" in sys.modules))[0]
+        Collector.merge = lambda self, later: (merged.append(later.n_events), merge(self, later))[1]
+        trace = kineto.read(sys.argv[1], split_min_bytes=0)
+        assert seen and not any(seen), seen
+        for t in threading.enumerate():
+            if t.name == "traceanalyzer-pandas":
+                t.join()
+        assert "pandas" in sys.modules
+        import pandas as pd, pyarrow as pa
+        assert isinstance(pa.array(pd.Series(pd.Categorical(["a", "b"]))), pa.DictionaryArray)
+        print(len(merged))
+    """
+    env = {**os.environ, "PYTHONPATH": str(Path(kineto_split.__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout) == 1  # a split read: the helper's part was merged
 
 
 def test_split_point_only_for_big_plain_files(tmp_path):

@@ -9,14 +9,20 @@ It is safe because Python's import system is: a thread that needs a module anoth
 is importing waits for it, so nothing is imported twice or seen half-made. A failure here
 is ignored; the same import fails again where the module is used, with its real error.
 The thread is not a daemon, so the interpreter never shuts down in the middle of it.
+
+`pandas_deferred` keeps pyarrow from importing pandas in the middle of a Kineto read, where
+the import would sit on the read's critical path; see there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from typing import Iterator
 
 _started = False
+_pandas_started = False
 _lock = threading.Lock()
 
 
@@ -32,10 +38,80 @@ def rules_engine() -> None:
 
 def _import_rules() -> None:
     try:
-        if "pandas" not in sys.modules:
-            import pandas  # noqa: F401
+        _import_pandas()
         from .rules import all_rules
 
         all_rules()
     except Exception:  # reported where the modules are used
+        pass
+
+
+def _import_pandas() -> None:
+    if "pandas" not in sys.modules:
+        import pandas  # noqa: F401
+    _rearm_pyarrow()
+
+
+def _rearm_pyarrow() -> None:
+    """Make pyarrow look for pandas again. It looks once, at its first conversion; if pandas
+    was refused then (`pandas_deferred`), pyarrow takes pandas objects for plain sequences
+    (a categorical Series becomes strings, not a dictionary array) until one of its pandas
+    conversions imports pandas itself. This is such a conversion, on an empty table."""
+    if "pyarrow" in sys.modules:
+        import pyarrow as pa
+
+        pa.table({"_": pa.array([], pa.int8())}).to_pandas()
+
+
+class _RefusePandas:
+    """A meta path finder that refuses pandas to one thread (a None in sys.modules would
+    refuse it to every thread, and pyarrow's compiled import ignores it anyway)."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    def find_spec(self, name, path=None, target=None):
+        if (name == "pandas" or name.startswith("pandas.")) and threading.get_ident() == self.thread:
+            raise ImportError("pandas is imported after the read (traceanalyzer.prefetch)")
+        return None
+
+
+@contextlib.contextmanager
+def pandas_deferred() -> Iterator[None]:
+    """Within the block, pandas is not imported by this thread; at its end another thread
+    imports it.
+
+    pyarrow imports pandas, when it can, at a process's first `pa.array` (to check for
+    pandas types): ~0.2 s. In a Kineto read that is the first chunk's collect, in the middle
+    of the read, and in a split read (`kineto_split`) on the main part's critical path. No
+    reader needs pandas, and the next step, storing the run, is DuckDB's work without the
+    GIL, so the import is ~free there. If this thread needs pandas after all within the
+    block, that import fails: the readers are tested with pandas refused for good (the
+    split read's helper refuses it).
+    """
+    global _pandas_started
+    with _lock:
+        if "pandas" in sys.modules or _started or _pandas_started:
+            finder = None
+        else:
+            finder = _RefusePandas()
+            sys.meta_path.insert(0, finder)
+    if finder is None:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with _lock:
+            sys.meta_path.remove(finder)
+            start = not _pandas_started
+            _pandas_started = True
+        if start:
+            threading.Thread(target=_quietly, args=(_import_pandas,), name="traceanalyzer-pandas").start()
+
+
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except Exception:  # reported where pandas is used
         pass

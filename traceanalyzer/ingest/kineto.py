@@ -53,7 +53,7 @@ from typing import Any
 import msgspec
 from msgspec import Raw
 
-from .. import limits
+from .. import limits, prefetch
 from .base import ParsedTrace, TraceError, as_path
 from .detect import GZIP_MAGIC, KINETO
 from .kineto_devices import devices_table
@@ -109,8 +109,9 @@ def read(path: str | Path, *, split_min_bytes: int = kineto_split.MIN_SPLIT_BYTE
 
 def _read_streamed(stream: EventStream) -> tuple[dict[str, Raw], Collector]:
     collector = Collector()
-    for events in stream:
-        collector.add(events)
+    with prefetch.pandas_deferred():  # not on the read's critical path (see there)
+        for events in stream:
+            collector.add(events)
     return stream.top, collector
 
 
