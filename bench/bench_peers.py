@@ -902,6 +902,24 @@ file work (the Kineto read's helper process handed its half over 0.3-0.55 s late
 Ratios between two tools of the same round are what to read. The runs at 17:34-18:56 met a
 busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against 24.6 s, HTA
 34.5-37.0 s against 27.3 s, the typed decode 1.76-1.82 s against 1.55 s.
+* Kineto, 10x faster than HTA: **met** in the thirteenth session (2026-12-01), 10.2x at 03:13
+  (2.53 s against 25.8 s; rounds 2.45, 2.53, 2.72 s against HTA's 25.4-26.3 s) and 10.3x at 03:24
+  (2.64 s against 27.2 s; rounds 2.49-2.83 s), the typed decode 1.7x and 1.8x. A thin margin: a
+  busier host has slowed ours more than HTA before. Two changes to the split read: (1) the helper
+  hands its part over in an unnamed temporary file, not a pipe. Through the pipe (64 KiB and a
+  process switch at a time) the 35 MB of the 8x trace took 0.18-0.2 s to read, all of it after
+  this process had read its own part: the helper's result came 0.22-0.27 s after that part
+  whatever the split point (0.54 to 0.68 tried), so it was the transfer, not the helper's speed.
+  From the file: 0.03 s (the result 0.08-0.11 s, the helper's exit included). (2) pyarrow's
+  pandas import (at the first `pa.array`, ~0.15-0.2 s) is kept out of the read
+  (`prefetch.pandas_deferred`: refused to the reading thread only, imported on a thread once this
+  process's part is read, and pyarrow's pandas check re-armed by converting an empty table): with
+  the file, 10 alternated runs 2.445 -> 2.394 s median (the eleventh session tried it with the
+  pipe: ~0.1 s net, nothing clear in alternated runs). Against the twelfth session's code, 8
+  alternated runs each: 2.69 -> 2.59 s (pandas alone), 3.30 -> 3.01 s (both; a busier moment).
+  The twelfth session's open question, why its rounds after the peers were slower: ours measured
+  right after a 15 s sleep, a 1.8 GB process, a CPU-bound one or one touching 1.8 GB, three rounds
+  of each: 2.55-3.55 s with no pattern. The host's noise, not the peers.
 * Kineto, 10x faster than HTA (twelfth session, 2026-12-01, a fresh and quieter host): 8.8x at 02:29 (2.89 s
   against 25.5 s) and 8.9x at 00:06 (2.83 s against 25.2 s), with the typed decode 1.7x and 2.0x. The three
   rounds at 02:29 were 2.26, 2.89 and 3.06 s: the first round (10.6x its HTA run) came before any HTA
@@ -961,7 +979,8 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   the helper's columns came 0.1 s later), the tables 0.13 s, storing 0.46 s (inserts 0.27 s,
   commit 0.13 s), the rules 0.61 s (cache 0.15-0.19 s, then two threads ~1.75 cores busy):
   3.5 s in that run, 2.65-2.76 s minutes earlier with the same code, on the same host.
-* Within 2x of the bare typed decode: 2.5x at 21:14, 2.3x at 20:19, 2.1x at 19:39 and 2.5x at 19:16 (missed), 2.4x at 18:14 and
+* Within 2x of the bare typed decode: met, 1.7x at 03:13 and 1.8x at 03:24 (thirteenth session), 1.7x at 02:29 and 2.0x at 00:06
+  (twelfth); 2.5x at 21:14, 2.3x at 20:19, 2.1x at 19:39 and 2.5x at 19:16 (missed), 2.4x at 18:14 and
   at 17:58, 1.9x at 16:26 (met),
   2.3x at 13:40, 1.9x at 11:16, 2.2x at 10:53 and 2.5x that morning (the decode is one process, and does no start-up or writing, so load
   slows it less than ours).
@@ -999,10 +1018,14 @@ busier host than those at 16:00-16:26: nsys-ai's cache build 28.2-31.9 s against
   what the largest table grows (strings dictionary-encoded, as the readers hold them). nsys:
   +715 MB for +766 MB of kernels table at 18:33 (0.9x, as at 17:34 and 16:00; 1.9x at 15:38 and 2.04x at 13:23, when the
   first rules pass made the peak; 3.4x this morning when the reader held every table).
-  Kineto: +181 MB for +12 MB at 21:14, +158 MB at 20:19 (the helper without pandas), +202 MB at 19:39, +195 MB at 18:14 (the tables are small next to the reading: the 8x file is read
-  by two processes, each with its own interpreter, imports and decode buffers, where the 1x file
-  (under 64 MB) is read by one; and the collected columns hold strings per chunk, 82 MB at 8x for
-  34 MB of tables).
+  Kineto: +123 MB for +12 MB at 03:24 and +145 MB at 03:13 (thirteenth session), +181 MB at 21:14, +158 MB at 20:19 (the helper without pandas), +202 MB at 19:39, +195 MB at 18:14.
+  Where the peak is, sampled every 20 ms in the thirteenth session: at 8x this process alone
+  while it stores the run (464 MB; while reading it held ~250 MB and the helper ~175 MB), at 4x
+  the read (240 + 154 MB), at 1x the store (309 MB, one process). So the growth from 1x to 8x is
+  the run's columns and tables (the collected columns hold strings per chunk, 82 MB at 8x for 34
+  MB of tables) and DuckDB's copy of them during the insert, not the helper's interpreter as the
+  earlier notes had it; at 2x-4x the helper makes the peak. Bounding it by the largest table
+  would need a Kineto reader that stores tables in parts as it reads, as the nsys one does.
 """
 
 
