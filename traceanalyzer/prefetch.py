@@ -82,12 +82,14 @@ def pandas_deferred() -> Iterator[None]:
     imports it.
 
     pyarrow imports pandas, when it can, at a process's first `pa.array` (to check for
-    pandas types): ~0.2 s. In a Kineto read that is the first chunk's collect, in the middle
-    of the read, and in a split read (`kineto_split`) on the main part's critical path. No
-    reader needs pandas, and the next step, storing the run, is DuckDB's work without the
-    GIL, so the import is ~free there. If this thread needs pandas after all within the
-    block, that import fails: the readers are tested with pandas refused for good (the
-    split read's helper refuses it).
+    pandas types): ~0.2 s. In a Kineto read that is the first chunk's collect, and in a
+    split read (`kineto_split`) it lengthens this process's part, which the helper's part
+    is sized against. No reader needs pandas. After the block the import shares the cores
+    with the wait for the helper, the tables' build and the insert (DuckDB's work, without
+    the GIL): 0.05 s less per 400 MB trace, median of 10 alternated ingests with rules
+    (docs/performance.md). If this thread needs pandas after all within the block, that
+    import fails: the readers are tested with pandas refused for good (the split read's
+    helper refuses it).
     """
     global _pandas_started
     with _lock:

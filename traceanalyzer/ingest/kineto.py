@@ -109,7 +109,7 @@ def read(path: str | Path, *, split_min_bytes: int = kineto_split.MIN_SPLIT_BYTE
 
 def _read_streamed(stream: EventStream) -> tuple[dict[str, Raw], Collector]:
     collector = Collector()
-    with prefetch.pandas_deferred():  # not on the read's critical path (see there)
+    with prefetch.pandas_deferred():  # pandas's import (pyarrow's) after the read, not in it
         for events in stream:
             collector.add(events)
     return stream.top, collector
