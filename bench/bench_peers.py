@@ -872,7 +872,8 @@ leaner. Both live in their own virtual environments under `bench/data/venvs`, ma
   cores with the first rule instead: no faster), S002's chain members by an ASOF join (slower
   than the hash join on positions), `pair_key` in T001 (2%, within the noise), and decoding each
   Kineto chunk in place instead of copying it between brackets (no faster).
-* `scan --jobs 2` against `--jobs 1` on 200 small runs: 2.08x on 2026-12-01 at 02:34 (78.7 s -> 37.9 s, on
+* `scan --jobs 2` against `--jobs 1` on 200 small runs: 2.11x on 2026-12-01 at 03:39 (80.3 s -> 38.1 s, the
+  thirteenth session's code, from 33 source traces); 2.08x at 02:34 (78.7 s -> 37.9 s, on
   the twelfth session's quieter host, after a run and its findings became one transaction and a new
   run's write stopped deleting its id from every table); 2.13x at 22:32 (89.1 s -> 41.9 s), with every change below;
   2.09x at 22:12 (100.9 s -> 48.2 s) before the scratch store was replaced (bench/bench_scan_jobs.py,
