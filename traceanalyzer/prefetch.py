@@ -89,7 +89,9 @@ def pandas_deferred() -> Iterator[None]:
     the GIL): 0.05 s less per 400 MB trace, median of 10 alternated ingests with rules
     (docs/performance.md). If this thread needs pandas after all within the block, that
     import fails: the readers are tested with pandas refused for good (the split read's
-    helper refuses it).
+    helper refuses it). Other threads may import pandas meanwhile, but if pyarrow's one
+    check fell in the block, their `pa.array` of a pandas object is a plain sequence's
+    conversion until the import after the block re-arms it (`_rearm_pyarrow`).
     """
     global _pandas_started
     with _lock:
