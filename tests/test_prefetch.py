@@ -29,7 +29,7 @@ def test_pandas_is_refused_only_to_the_blocks_thread_and_imported_after_it():
         for t in threading.enumerate():
             if t.name == "traceanalyzer-pandas":
                 t.join()
-        print(refused, "pd" in other, any(isinstance(f, prefetch._RefusePandas) for f in sys.meta_path))
+        print(refused, "pd" in other, any(isinstance(f, prefetch.RefusePandas) for f in sys.meta_path))
     """
     env = {**os.environ, "PYTHONPATH": str(Path(traceanalyzer.__file__).resolve().parents[1])}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)

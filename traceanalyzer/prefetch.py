@@ -63,16 +63,18 @@ def _rearm_pyarrow() -> None:
         pa.table({"_": pa.array([], pa.int8())}).to_pandas()
 
 
-class _RefusePandas:
-    """A meta path finder that refuses pandas to one thread (a None in sys.modules would
-    refuse it to every thread, and pyarrow's compiled import ignores it anyway)."""
+class RefusePandas:
+    """A meta path finder that refuses pandas to the thread that made it (a None in
+    sys.modules would refuse it to every thread, and pyarrow's compiled import ignores it
+    anyway). `pandas_deferred` puts one in for a block; the split read's helper process,
+    which has no use for pandas, for good."""
 
     def __init__(self) -> None:
         self.thread = threading.get_ident()
 
     def find_spec(self, name, path=None, target=None):
         if (name == "pandas" or name.startswith("pandas.")) and threading.get_ident() == self.thread:
-            raise ImportError("pandas is imported after the read (traceanalyzer.prefetch)")
+            raise ImportError("pandas is not imported here (traceanalyzer.prefetch.RefusePandas)")
         return None
 
 
@@ -98,7 +100,7 @@ def pandas_deferred() -> Iterator[None]:
         if "pandas" in sys.modules or _started or _pandas_started:
             finder = None
         else:
-            finder = _RefusePandas()
+            finder = RefusePandas()
             sys.meta_path.insert(0, finder)
     if finder is None:
         yield

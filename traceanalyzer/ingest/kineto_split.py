@@ -34,7 +34,7 @@ from pathlib import Path
 
 from msgspec import Raw
 
-from .. import limits
+from .. import limits, prefetch
 from .base import TraceError, read_cpu_limit, usable_cpus
 from .detect import GZIP_MAGIC
 from . import kineto_wire
@@ -48,7 +48,8 @@ PROCESSES_ENV = "TRACEANALYZER_READ_PROCESSES"
 # benchmark trace, 0.5 to 0.6 measured: 0.55 first looked best; 0.58 against 0.55 in 18
 # alternated reads since, median 1.38-1.41 s against 1.42-1.59 s (at 0.55 the helper's half
 # still came in ~0.15 s after this process had read its own). With the helper 0.3 s quicker
-# to start (no pandas, `_NoPandas`), 0.52 was no better than 0.58 in 12 alternated ingests.
+# to start (no pandas, `prefetch.RefusePandas`), 0.52 was no better than 0.58 in 12 alternated
+# ingests; with its part handed over in a file, 0.54 to 0.68 were within the noise.
 HELPER_STARTS_AT = 0.58
 # An event boundary is looked for in this much text after that point.
 SEARCH_BYTES = 4 << 20
@@ -165,19 +166,9 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-class _NoPandas:
-    """A meta path finder that refuses pandas. pyarrow imports pandas, when it can, on its
-    first `pa.array` (to check for pandas types): 0.3 s of the helper's start, for a library
-    it has no use for. (A None in sys.modules does not stop pyarrow's compiled import.)"""
-
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name == "pandas" or name.startswith("pandas."):
-            raise ImportError("pandas is not used by the split read's helper")
-        return None
-
-
 if __name__ == "__main__":
-    sys.meta_path.insert(0, _NoPandas())
+    # pyarrow would import pandas on its first `pa.array` (to check for pandas types): 0.3 s
+    # of the helper's start, for a library it has no use for.
+    sys.meta_path.insert(0, prefetch.RefusePandas())
     code = _main(sys.argv[1:])
     os._exit(code)  # the reader waits for the exit status: skip freeing what is about to vanish
