@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
+SHARED = ROOT.parent / "shared"
+SHARED_TRACES = SHARED / "traces"
 FIXTURES = ROOT / "fixtures"
 
 
+def missing(what: Path | str) -> NoReturn:
+    """Material a test needs is absent: a failure under CI (CI=1, CI=true), a skip elsewhere."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing and CI is set: the tests that need it cannot run")
+    pytest.skip(f"{what} not present")
+
+
 def shared_traces() -> Path:
-    """The real traces in ../shared/traces. Missing is a failure in CI, a skip elsewhere."""
+    """The real traces in ../shared/traces."""
     if not (SHARED_TRACES / "MANIFEST.tsv").exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{SHARED_TRACES} is missing and CI is set: the real-trace tests cannot run")
-        pytest.skip(f"{SHARED_TRACES} not present")
+        missing(SHARED_TRACES)
     return SHARED_TRACES
+
+
+def shared_file(rel: str) -> Path:
+    """A file under ../shared (schemas, docs)."""
+    path = SHARED / rel
+    if not path.exists():
+        missing(path)
+    return path
 
 
 def copy_fixtures(folder: Path, rel_paths: list[str]) -> Path:

@@ -23,7 +23,7 @@ from traceanalyzer.ingest.base import TraceError, count
 from traceanalyzer.ingest.kineto import read
 
 KINETO_FIXTURES = FIXTURES / "kineto"
-TORCH_FILES = sorted(p.name for p in (SHARED_TRACES / "torch").glob("*")) if (SHARED_TRACES / "torch").is_dir() else []
+TORCH_FILES = sorted(p.name for p in (SHARED_TRACES / "torch").glob("*")) or ["(no shared traces)"]
 # Traces with no GPU kernel activity at all (MTIA, CPU-only, CUPTI counter mode).
 NO_KERNEL_FILES = [
     "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz",

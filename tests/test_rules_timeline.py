@@ -14,7 +14,6 @@ import sqlite3
 import sys
 from collections import defaultdict
 
-import orjson
 import pytest
 
 from traceanalyzer.rules.engine import Settings, run_rules
@@ -94,7 +93,7 @@ def _nsys_calls(con) -> list[tuple[str, int, int, int]]:
 def _kineto(rel_path: str) -> tuple[dict, list[dict]]:
     path = shared_traces() / rel_path
     raw = path.read_bytes()
-    data = orjson.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    data = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
     base = data.get("baseTimeNanoseconds", 0)
     events = []
     for e in data["traceEvents"]:

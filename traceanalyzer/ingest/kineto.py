@@ -29,8 +29,8 @@ decode, which keeps every error message and result exact). Args stay `msgspec.Ra
 slices of the chunk and are decoded per category, in one batch per chunk, into Structs of
 just the fields that category needs, so the events nobody reads (flows, python_function,
 metadata) never have their args parsed at all. Typing every event's args in the first
-pass reads the bench file ~15% slower (measured 2026-11-30: building args for the events no
-table reads costs more than the second decode saves), and puts all categories under one
+pass reads the bench file ~15% slower (building args for the events no table reads costs
+more than the second decode saves), and puts all categories under one
 Struct: one odd value type anywhere (ROCm writes `"stream": "0x0"` on runtime calls) would
 fail the whole chunk, where per-category batches only lose the offending events. A plain file of 64 MB or more
 is read by two processes when two CPUs are free (`kineto_split`: a helper reads from an

@@ -12,7 +12,7 @@ far. One inside a string or a nested object can only make the chunk it ends unba
 and so undecodable: an earlier cut is tried, then more text is read. Anything else
 unusual (invalid JSON, a wrong value type, nesting near the depth limit, a duplicate
 `traceEvents` key, a corrupt or truncated gzip, no usable cut in `MAX_PENDING_BYTES`)
-raises `Unstreamable`, and the reader decodes the whole file the old way, which gives the
+raises `Unstreamable`, and the reader decodes the whole file in one piece, which gives the
 exact error (or, for a file that only looked odd, the exact result). So streaming never
 decides what a file means, only how much of it is in memory at once. (A gzip over the
 inflation limits fails here directly, with the error and at the byte `limits.gunzip`

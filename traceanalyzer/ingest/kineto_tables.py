@@ -4,7 +4,7 @@
 come after the events): out-of-range times and unusable args are dropped and counted,
 times become ns, GPU activities are linked to their launching API call through
 `CorrelationIndex` (sorted arrays + searchsorted), and names are parsed once per
-distinct name. Rows keep the order the old one-pass reader gave them: by category in
+distinct name. Rows are in the order a whole-file decode gives them: by category in
 order of first appearance (no category last), then file order.
 """
 
