@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from traceanalyzer.cli import app
 
-from .conftest import FIXTURES, SHARED_TRACES
+from .conftest import FIXTURES, shared_file
 
 runner = CliRunner()
 PLANTED = FIXTURES / "nsys" / "planted.sqlite"
@@ -31,7 +31,7 @@ def test_ingest_reports_each_file_and_goes_on_after_a_bad_one(tmp_path, db):
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b,c\n1,2,3\n")
     r = run("ingest", "--store", db, PLANTED, bad, STALLS)
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert f"error: {bad}:" in r.stderr and "\n" not in r.stderr.split(f"error: {bad}:")[1].strip().split("\n")[0] + "x"[:0]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
     assert len(lines) == 2 and "nsys-sqlite" in lines[0] and "ncu-csv" in lines[1]
@@ -52,7 +52,7 @@ def test_ingest_folder_recurses_and_reingest_replaces(db):
 
 def test_missing_file_is_an_error_line(tmp_path, db):
     r = run("ingest", "--store", db, tmp_path / "nope.sqlite")
-    assert r.exit_code == 1 and "no such file" in r.stderr
+    assert r.exit_code == 2 and "no such file" in r.stderr
 
 
 def test_summary_and_query(db):
@@ -123,9 +123,7 @@ def test_baseline_fails_only_on_new_findings(tmp_path, db):
 
 def _sarif_validator():
     jsonschema = pytest.importorskip("jsonschema")
-    schema_path = SHARED_TRACES.parent / "schemas" / "sarif-schema-2.1.0.json"
-    if not schema_path.exists():
-        pytest.skip("shared/schemas missing")
+    schema_path = shared_file("schemas/sarif-schema-2.1.0.json")
     schema = json.loads(schema_path.read_text())
     return jsonschema.Draft4Validator(schema)
 
@@ -145,9 +143,7 @@ def test_sarif_validates_against_the_official_schema(tmp_path, db):
 
 def test_junit_validates_against_ant_schema(tmp_path, db):
     xmlschema = pytest.importorskip("xmlschema")
-    xsd = SHARED_TRACES.parent / "schemas" / "junit.xsd"
-    if not xsd.exists():
-        pytest.skip("shared/schemas missing")
+    xsd = shared_file("schemas/junit.xsd")
     out = tmp_path / "f.xml"
     # A kernel name with XML-hostile characters must still give a valid document.
     weird = tmp_path / "weird.sqlite"

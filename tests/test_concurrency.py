@@ -8,6 +8,7 @@ single-process ingest of the same file) and that the runs stored before are unto
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -81,8 +82,10 @@ def test_a_locked_store_fails_with_a_clear_message_and_a_retry_works(tmp_path, r
                            timeout=60)
         waited = time.monotonic() - t0
         assert r.returncode == 2 and "Traceback" not in r.stderr
-        lines = r.stderr.strip().splitlines()
+        notes = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("note:")]
+        lines = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("note:")]
         assert len(lines) == 1 and "store is locked by another traceanalyzer process" in lines[0]
+        assert len(notes) == 1 and "waiting for the store (another process is writing it)" in notes[0]
         assert "waited 1.5 s" in lines[0] and "retry" in lines[0] and "TRACEANALYZER_LOCK_TIMEOUT_S" in lines[0]
         assert waited >= 1.5
         with pytest.raises(StoreError, match="locked"):
@@ -230,3 +233,177 @@ def test_killed_store_copy_still_opens(tmp_path, reference):
     with Store(copy / "s.duckdb") as s:
         assert s.run_ids() == [run_id_for(file_hash(SMALL[1]))]
         assert counts(s, s.run_ids()[0]) == reference[SMALL[1]]
+
+
+# -- reading while a scan writes ------------------------------------------------------------
+
+# A `traceanalyzer scan --jobs 1` whose writer lingers in each run's transaction (after the
+# run's rows, before its findings and COMMIT), and at the third run waits there until a
+# reader is waiting for the store (its `.waiting` file), then 1.5 s more: that reader waits
+# at least that long, so its note is due, and it can only get in after the commit.
+SLOW_SCAN_CHILD = r"""
+import os, sys, time
+from traceanalyzer import store as S
+from traceanalyzer.cli import main
+db = sys.argv[1]
+real, n = S._replace_findings, [0]
+def slow(con, run_id, results, run_is_new=False):
+    if run_is_new:  # the scan's writer (a scratch store's rules write findings without it)
+        n[0] += 1
+        time.sleep(0.3)
+        if n[0] == 3:
+            print("IN-TXN", flush=True)
+            for _ in range(1200):
+                if os.path.exists(db + S.WAITING_SUFFIX):
+                    break
+                time.sleep(0.05)
+            time.sleep(1.5)
+    real(con, run_id, results, run_is_new=run_is_new)
+S._replace_findings = slow
+sys.argv = ["traceanalyzer", "scan", *sys.argv[2:], "--store", db, "--jobs", "1", "--fail-on", "never"]
+main()
+"""
+
+# A reader that opens the store (waiting for it), prints what it sees, and holds it until the
+# scan's writer waits for it (the writer says so in the `.waiting` file too), then 1.5 s more.
+HOLDING_READER = r"""
+import json, os, sys, time
+from traceanalyzer import store as S
+db, sql = sys.argv[1:3]
+with S.Store(db, read_only=True) as st:
+    print(json.dumps(st.sql(sql).fetchall()), flush=True)
+    for _ in range(1200):
+        if os.path.exists(db + S.WAITING_SUFFIX):
+            break
+        time.sleep(0.05)
+    time.sleep(1.5)
+"""
+
+KINETO_SOURCES = [FIXTURES / "kineto" / n for n in ("planted.json", "legacy_2021.json", "timeline_rank0.json",
+                                                    "structure_clean.json")]
+
+
+def _distinct_kineto(folder: Path, n: int) -> list[Path]:
+    """`n` Kineto traces with distinct bytes (an extra top-level key), so none is a duplicate."""
+    folder.mkdir()
+    out = []
+    for i in range(n):
+        src = KINETO_SOURCES[i % len(KINETO_SOURCES)]
+        doc = json.loads(src.read_text())
+        doc["traceanalyzerTestCopy"] = i
+        dst = folder / f"t{i:02d}_{src.name}"
+        dst.write_text(json.dumps(doc))
+        out.append(dst)
+    return out
+
+
+def _per_run_sql() -> str:
+    """Per run: its kernels, and its per-run rules' outcomes and findings (cross-run rules
+    only write theirs when the scan ends)."""
+    from traceanalyzer.rules import all_rules
+
+    ids = ", ".join(f"'{r.id}'" for r in all_rules() if r.scope == "run")
+    return f"""
+        SELECT r.run_id,
+               (SELECT count(*) FROM kernels k WHERE k.run_id = r.run_id) AS kernels,
+               (SELECT count(*) FROM rule_runs o WHERE o.run_id = r.run_id AND o.rule_id IN ({ids})) AS outcomes,
+               (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.rule_id IN ({ids})) AS findings
+        FROM runs r ORDER BY r.run_id"""
+
+
+def _reader_env() -> dict:
+    env = _env()
+    env.pop("TRACEANALYZER_LOCK_TIMEOUT_S", None)  # a reader's own default: no limit
+    return env
+
+
+def test_readers_get_in_while_a_scan_writes_and_never_see_half_a_run(tmp_path):
+    files = _distinct_kineto(tmp_path / "traces", 10)
+    db = tmp_path / "s.duckdb"
+    sql = _per_run_sql()
+    # The writer's lock timeout is short: its waits for readers must not be bound by it.
+    scan = subprocess.Popen([sys.executable, "-c", SLOW_SCAN_CHILD, str(db), str(tmp_path / "traces")],
+                            cwd=ROOT, env=_env(TRACEANALYZER_LOCK_TIMEOUT_S=0.5), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen: list[list] = []  # what each reader saw: [run_id, kernels, outcomes, findings] rows
+    try:
+        assert scan.stdout.readline().strip() == "IN-TXN"
+        # The first reader comes while run 3 is in its transaction: it waits, gets in between
+        # run 3 and run 4, and holds the store while the writer wants it back.
+        r = subprocess.run([sys.executable, "-c", HOLDING_READER, str(db), sql], cwd=ROOT, env=_reader_env(),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "waiting for the store (another process is writing it)" in r.stderr
+        first = json.loads(r.stdout)
+        assert 3 <= len(first) < len(files)  # 3 unless it took the reader over HANDOVER_S to get in
+        seen.append(first)
+        # Then readers in turn, the real commands, until the scan ends (a bounded number).
+        # (`report` opens the store for writing, in case it has to check a run: the scan
+        # lets it in all the same, and waits for it.)
+        commands = [["query", sql, "--json"], ["runs"], ["summary"], ["report", first[0][0], "--markdown"]]
+        reads = 0
+        for i in range(8):
+            if scan.poll() is not None:
+                break
+            reads += 1
+            cmd = commands[i % len(commands)]
+            r = subprocess.run([sys.executable, "-m", "traceanalyzer.cli", *cmd, "--store", str(db)], cwd=ROOT,
+                               env=_reader_env(), capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, (cmd, r.stderr)
+            assert "locked" not in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
+            if cmd[0] == "query":
+                seen.append([list(row.values()) for row in json.loads(r.stdout)])
+        out, err = scan.communicate(timeout=300)
+    finally:
+        if scan.poll() is None:
+            scan.kill()
+            scan.wait()
+    assert scan.returncode == 0 and "Traceback" not in err and "locked" not in err, err
+    assert "waiting for the store (another process is reading it)" in err  # the writer waited, and went on
+    assert not db.with_name(db.name + ".waiting").exists()
+    print(f"\nreaders during the scan: the first, then {reads} commands")
+    with Store(db, read_only=True) as s:
+        final = {row[0]: list(row) for row in s.sql(sql).fetchall()}
+    assert len(final) == len(files)
+    assert all(row[1] > 0 and row[2] > 0 for row in final.values())
+    for rows in seen:  # every run a reader saw was whole: as it is once the scan is done
+        for row in rows:
+            assert list(row) == final[row[0]], (row, final[row[0]])
+
+
+def test_a_writer_waits_for_readers_beyond_its_lock_timeout(tmp_path):
+    db = tmp_path / "s.duckdb"
+    Store(db).close()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDING_READER, str(db), "SELECT count(*) FROM runs"],
+                              cwd=ROOT, env=_reader_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "[[0]]"
+        # The reader holds the store until this writer waits for it, then 1.5 s more.
+        with Store(db, lock_timeout_s=0.2) as s:
+            assert s.run_ids() == []
+        assert holder.wait(timeout=60) == 0
+        assert not db.with_name(db.name + ".waiting").exists()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def test_a_released_store_opens_again_as_it_was(tmp_path, monkeypatch):
+    import traceanalyzer.store as S
+
+    db = tmp_path / "s.duckdb"
+    with Store(db) as s:
+        run_id = s.ingest(SMALL[7]).run_id
+        s.set("threads", 1)
+        s.release()
+        s.release()  # twice: nothing more to do
+        assert s.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
+        assert s.sql("SELECT count(*) FROM kernel_launches WHERE run_id = ?", [run_id]).fetchall()[0][0] > 0
+        assert not s.let_in_waiting()  # nobody waits: the store stays open
+        con = s.con
+        monkeypatch.setattr(S, "HANDOVER_S", 0.1)
+        waiting = db.with_name(db.name + S.WAITING_SUFFIX)
+        waiting.touch()  # one that waited and was killed: let go once, and the sign is cleared
+        assert s.let_in_waiting() and not waiting.exists()
+        assert s.con is not con and s.run_ids() == [run_id]

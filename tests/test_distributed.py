@@ -40,7 +40,7 @@ def cluster():
 @pytest.fixture
 def traces(tmp_path) -> Path:
     folder = copy_fixtures(tmp_path / "in", SOURCES)
-    (folder / "broken.csv").write_text("this,is\nnot,ncu\n")
+    (folder / "broken.csv").write_text('"ID","Process ID","Process Name","Kernel Name"\n')  # no rows
     return folder
 
 
@@ -88,7 +88,7 @@ def test_cli_scan_on_a_cluster_and_rescan_skips(cluster, traces, tmp_path):
     db = tmp_path / "s.duckdb"
     args = ["scan", "--store", db, "--scheduler", cluster.scheduler_address, "--select", "T001", traces]
     r = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"}, catch_exceptions=False)
-    assert r.exit_code == 1  # the broken file
+    assert r.exit_code == 2  # the broken file
     assert f"error: {traces / 'broken.csv'}: " in r.stderr
     assert f"{len(SOURCES)} stored" in r.stdout
     r = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"}, catch_exceptions=False)

@@ -111,24 +111,31 @@ def test_cli_batch_one_error_line_per_bad_file_and_the_rest_stored(sample_cases,
         (batch / c.name).write_bytes(c.data)
     good = [traces / "nsys" / "DLProf__nsys_profile.sqlite", traces / "ncu" / "nsightful__copy_blocked.csv",
             traces / "torch" / "hta__trace_compare__base__base.json.gz"]
-    r = subprocess.run([sys.executable, "-m", "traceanalyzer.cli", "ingest", str(batch), *map(str, good),
+    r = subprocess.run([sys.executable, "-m", "traceanalyzer.cli", "ingest", "--verbose", str(batch), *map(str, good),
                         "--store", str(tmp_path / "s.duckdb")], capture_output=True, text=True, cwd=ROOT,
                        timeout=300, env={**os.environ, "COLUMNS": "200"})
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
-    failed = int(re.search(r"(\d+) file\(s\) failed", r.stderr).group(1))
+    failed = int(re.search(r"(\d+) input\(s\) could not be read", r.stderr).group(1))
     assert len(errors) == failed
     refused = Counter(re.match(r"error: (.+?): ", ln).group(1) for ln in errors)
     assert all(n == 1 for n in refused.values()), refused
     assert all(Path(p).parent == batch for p in refused)  # the good files all went in
+    # A bad file the folder walk found is an error, or passed over (one "skipped:" line) when
+    # it is plainly something else: JSON without traceEvents, text that is no ncu CSV.
+    passed_over = [re.match(r"skipped: (.+?): ", ln).group(1) for ln in r.stderr.splitlines()
+                   if ln.startswith("skipped: ")]
+    assert not set(passed_over) & set(refused) and len(set(passed_over)) == len(passed_over)
     for c in picked:
         if c.expect == "error":
-            assert str(batch / c.name) in refused, c.name
+            assert str(batch / c.name) in refused or str(batch / c.name) in passed_over, c.name
+        elif c.expect == "ok":
+            assert str(batch / c.name) not in passed_over, c.name
     with Store(tmp_path / "s.duckdb", read_only=True) as s:
         stored = {row[0] for row in s.sql("SELECT file_name FROM runs").fetchall()}
     assert {g.name for g in good} <= stored
-    assert len(stored) + len(refused) >= len(picked)  # identical cases share one run
+    assert len(stored) + len(refused) + len(passed_over) >= len(picked)  # identical cases share one run
     for c in picked:
         if c.expect == "ok":
             assert c.name in stored, c.name
@@ -283,8 +290,8 @@ def test_devices_pipes_and_symlink_loops_end_cleanly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "traceanalyzer.cli", "ingest", str(folder), str(folder / "zero.json"),
                         str(folder / "fifo.json"), "/dev/zero", "--store", str(tmp_path / "s.duckdb")],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.count("not a regular file") == 3 and "3 file(s) failed" in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("not a regular file") == 3 and "3 input(s) could not be read" in r.stderr
     assert r.stdout.count("clean.sqlite") == 1
 
 
@@ -295,7 +302,7 @@ def test_error_lines_quote_file_text_inert_and_short(tmp_path):
     log.write_text("==PROF== Connected to process 1\n==ERROR== \x1b[2J\x1b[31mgotcha\u202e " + "x" * 5000 + "\n")
     r = _cli("ingest", log, "--store", tmp_path / "s.duckdb")
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert r.returncode == 1 and len(lines) == 1 and len(r.stderr.splitlines()) == 2
+    assert r.returncode == 2 and len(lines) == 1 and len(r.stderr.splitlines()) == 2
     assert "\x1b" not in r.stderr and "\u202e" not in r.stderr
     assert "evil\\nname.log" in lines[0] and "\\x1b[2J" in lines[0] and "\\u202e" in lines[0]
     assert len(lines[0]) < 600

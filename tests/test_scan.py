@@ -93,10 +93,10 @@ def table_rows(db: Path, table: str) -> list[tuple]:
 
 def test_scan_stores_every_trace_and_a_bad_file_is_one_error_line(traces, tmp_path):
     bad = traces / "broken.json"
-    bad.write_text("{not json")
+    bad.write_text('{"traceEvents": [{"ph": "X", ')  # a truncated trace
     db = tmp_path / "s.duckdb"
     r = run("scan", "--store", db, "--jobs", "2", *FAST_OPTS, traces)
-    assert r.exit_code == 1, r.stdout + r.stderr
+    assert r.exit_code == 2, r.stdout + r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {bad}: ")
     assert "Traceback" not in r.stderr
@@ -340,7 +340,7 @@ def test_a_worker_replaces_its_scratch_store_before_dead_rows_pile_up(traces, mo
 def test_glob_and_missing_path(traces, tmp_path):
     db = tmp_path / "s.duckdb"
     r = run("scan", "--store", db, "--jobs", "1", *FAST_OPTS, f"{traces}/*/*.sqlite", tmp_path / "nope.sqlite")
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert f"error: {tmp_path / 'nope.sqlite'}: no such file" in r.stderr
     with duckdb.connect(str(db), read_only=True) as con:
         names = sorted(r[0] for r in con.execute("SELECT file_name FROM runs").fetchall())
@@ -353,7 +353,7 @@ def test_glob_and_missing_path(traces, tmp_path):
 
 def test_export_is_a_hive_partitioned_dataset_engines_read_as_it_is(traces, tmp_path):
     db, out = tmp_path / "s.duckdb", tmp_path / "dataset"
-    assert run("scan", "--store", db, "--jobs", "1", *FAST_OPTS, traces).exit_code == 0
+    assert run("scan", "--store", db, "--jobs", "1", *FAST_OPTS, "--fail-on", "never", traces).exit_code == 0
     r = run("export", "--store", db, "--parquet", out)
     assert r.exit_code == 0, r.stderr
     with duckdb.connect(str(db), read_only=True) as con:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .config import ConfigError, find_config, load_config, parse_threshold_option
-from .report.model import CheckResult, load_result
+from .ingest import TraceError, find_traces, one_line
+from .report.model import Baseline, CheckResult, InputError, load_result
 from .rules import get_rule
 from .rules.base import SEVERITIES
 from .rules.engine import Settings, run_rules
-from .store import Store
+from .store import IngestResult, Store, StoreError
 
 
 class UsageError(Exception):
@@ -28,6 +31,57 @@ class CheckOptions:
     thresholds: list[str] = field(default_factory=list)  # RULE.NAME=VALUE
     config: Path | None = None
     baseline: Path | None = None
+    max_growth_pct: float | None = None  # with a baseline: fail a finding grown by more
+
+
+@dataclass
+class Ingested:
+    """What `ingest_paths` did: the runs read or found stored, the inputs that could not be
+    read, and the files a folder walk passed over because they are no traces."""
+
+    results: list[IngestResult] = field(default_factory=list)
+    errors: list[InputError] = field(default_factory=list)
+    not_traces: list[tuple[Path, str]] = field(default_factory=list)  # (file, what it is instead)
+
+
+def ingest_paths(store: Store, paths: list[str], *, skip_existing: bool = False,
+                 on_result: Callable[[IngestResult], None] | None = None,
+                 on_error: Callable[[InputError], None] | None = None) -> Ingested:
+    """Ingest every trace under `paths`, one transaction a file; a file that fails is an
+    InputError and the rest go on. `on_result` / `on_error` see each file as it is done."""
+    done = Ingested()
+    files = list(find_traces(paths, not_traces=done.not_traces))
+    if not files:
+        none = InputError(" ".join(map(str, paths)), "no trace files here")
+        done.errors.append(none)
+        if on_error:
+            on_error(none)
+    for f in files:
+        store.let_in_waiting()  # a reader of this store gets in between two files
+        try:
+            if not f.exists():
+                raise TraceError("no such file")
+            r = store.ingest(f, skip_existing=skip_existing)
+        except (TraceError, StoreError, OSError) as e:
+            error = InputError(str(f), _message(e))
+        except Exception as e:  # a reader bug must not stop the batch
+            error = InputError(str(f), _message(e), internal=True, detail=traceback.format_exc())
+        else:
+            done.results.append(r)
+            if on_result:
+                on_result(r)
+            continue
+        done.errors.append(error)
+        if on_error:
+            on_error(error)
+    return done
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and not isinstance(e, TraceError) and e.strerror:
+        return one_line(e.strerror)
+    text = str(e).strip()
+    return one_line(text.splitlines()[0] if text else type(e).__name__)
 
 
 def settings_from(opts: CheckOptions) -> tuple[Settings, str]:
@@ -48,6 +102,11 @@ def settings_from(opts: CheckOptions) -> tuple[Settings, str]:
     fail_on = opts.fail_on or cfg.fail_on or "error"
     if fail_on not in (*SEVERITIES, "never"):
         raise UsageError(f"--fail-on must be one of {', '.join(SEVERITIES)} or never, not {fail_on!r}")
+    if opts.max_growth_pct is not None:
+        if not (math.isfinite(opts.max_growth_pct) and opts.max_growth_pct >= 0):
+            raise UsageError(f"--max-growth must be a percentage of 0 or more, not {opts.max_growth_pct!r}")
+        if opts.baseline is None:
+            raise UsageError("--max-growth compares findings with a baseline: give --baseline too")
     try:  # validate rule names and threshold names/values before doing any work
         for rule in settings.rules():
             settings.params_for(rule)
@@ -56,23 +115,25 @@ def settings_from(opts: CheckOptions) -> tuple[Settings, str]:
     return settings, fail_on
 
 
-def read_baseline(path: Path) -> set[str]:
+def read_baseline(path: Path, max_growth_pct: float | None = None) -> Baseline:
+    """The findings of an earlier JSON report, by fingerprint (see `Baseline`)."""
     try:
         doc = json.loads(path.read_text())
-        return {f["fingerprint"] for f in doc["findings"]}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        return Baseline.from_findings(doc["findings"], max_growth_pct)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"{path}: not a traceanalyzer JSON report usable as a baseline ({e})") from None
 
 
-def run_check(store: Store, opts: CheckOptions, ingest: Callable) -> CheckResult:
+def run_check(store: Store, opts: CheckOptions,
+              ingest: Callable[[Store, list[str]], Ingested] = ingest_paths) -> CheckResult:
+    """Ingest what is not stored yet, run the rules on every run found, gather the result."""
     settings, fail_on = settings_from(opts)
-    known = read_baseline(opts.baseline) if opts.baseline else None
-    results, failed = ingest(store, opts.paths)
-    run_ids = list(dict.fromkeys(r.run_id for r in results))
+    baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
+    done = ingest(store, opts.paths)
+    run_ids = list(dict.fromkeys(r.run_id for r in done.results))
     run_rules(store, run_ids, settings)
     result = load_result(store, run_ids, fail_on)
-    if failed:
-        result.errors.append(f"{failed} input file(s) could not be read (see the error lines above)")
-    if known is not None:
-        result.new_fingerprints = {f["fingerprint"] for f in result.findings} - known
+    result.errors += done.errors
+    result.not_traces += done.not_traces
+    result.baseline = baseline
     return result

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -16,11 +15,12 @@ from rich.text import Text
 
 
 from . import fmt, summary
-from .ingest import TraceError, find_traces, one_line
+from .ingest import one_line
+from .report.model import InputError
 from .store import Store, StoreError, default_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Offline analyzer of GPU profiling traces (nsys SQLite, ncu CSV, Kineto JSON).")
+                  context_settings={"help_option_names": ["-h", "--help"]})
 # Piped output (CI logs, files) has no terminal width; rich would wrap tables at 80 columns.
 PIPED_WIDTH = 160
 
@@ -32,10 +32,33 @@ def _width(stream) -> int | None:
 out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        out.print(f"traceanalyzer {__version__}", markup=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Offline analyzer of GPU profiling traces (Nsight Systems SQLite exports, Nsight Compute
+    CSV exports, PyTorch/Kineto JSON).
+
+    Exit codes, for every command: 0 done (the gate passed); 1 the gate failed (findings at
+    --fail-on, a diff beyond --gate, a baselined finding grown beyond --max-growth); 2 a usage
+    error, or an input that could not be read (everything readable is still processed).
+    """
+
+
 StoreOpt = Annotated[Optional[Path], typer.Option(
-    "--store", envvar="TRACEANALYZER_STORE", show_envvar=True,
-    help="DuckDB store file \\[default: ./traceanalyzer.duckdb].")]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
+    "--store", envvar="TRACEANALYZER_STORE", show_envvar=True, metavar="PATH",
+    help="The DuckDB store file to use \\[default: ./traceanalyzer.duckdb].")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an internal error.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="List the files a folder walk passed over "
+                                                                  "because they are no traces.")]
 
 
 def _open(store: Path | None, read_only: bool = False) -> Store:
@@ -46,56 +69,61 @@ def _open(store: Path | None, read_only: bool = False) -> Store:
         raise typer.Exit(2)
 
 
-def _error_line(path: Path, e: BaseException) -> str:
-    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+def error_line(e: InputError, debug: bool = False) -> str:
+    """The one stderr line for an input that could not be read."""
     # Names and messages come from files: one line, no terminal escapes, whatever they hold.
-    return f"error: {one_line(str(path), 4096, exact=True)}: {one_line(msg)}"
+    line = f"error: {one_line(e.path, 4096, exact=True)}: {one_line(e.message)}"
+    return line + (" (internal error; rerun with --debug)" if e.internal and not debug else "")
+
+
+def print_input_error(e: InputError, debug: bool) -> None:
+    err.print(error_line(e, debug), markup=False)
+    if debug and e.detail:
+        err.print(e.detail, markup=False)
+
+
+def note_not_traces(not_traces: list, verbose: bool) -> None:
+    """One note line for the files a folder walk passed over; each of them with --verbose."""
+    if not not_traces:
+        return
+    if verbose:
+        for path, why in not_traces:
+            err.print(f"skipped: {one_line(str(path), 4096, exact=True)}: {one_line(why)}", markup=False)
+    else:
+        err.print(f"note: passed over {len(not_traces)} file(s) that are no traces (--verbose lists them)",
+                  markup=False)
 
 
 def ingest_files(st: Store, paths: List[str], debug: bool, skip_existing: bool = False,
-                 progress: Console = out) -> tuple[list, int]:
-    """Ingest every trace under `paths`, printing one line per file to `progress`.
-    Returns (results, failures)."""
-    results, failed = [], 0
-    files = list(find_traces(paths))
-    if not files:
-        err.print(f"error: no trace files under {' '.join(map(str, paths))}", markup=False)
-        return results, 1
-    for f in files:
-        try:
-            if not f.exists():
-                raise TraceError("no such file")
-            r = st.ingest(f, skip_existing=skip_existing)
-        except (TraceError, StoreError, OSError) as e:
-            failed += 1
-            err.print(_error_line(f, e), markup=False)
-            continue
-        except Exception as e:  # a reader bug must not stop the batch
-            failed += 1
-            err.print(_error_line(f, e) + " (internal error; rerun with --debug)", markup=False)
-            if debug:
-                traceback.print_exc()
-            continue
-        results.append(r)
+                 progress: Console = out, verbose: bool = False):
+    """`check.ingest_paths` with a line per file: stored ones to `progress`, errors to stderr."""
+    from .check import ingest_paths
+
+    def on_result(r) -> None:
         c = r.counts
         state = "skipped (already stored)" if r.skipped else ("replaced" if r.replaced else "ok")
         detail = "" if r.skipped else (f"kernels={c.get('kernels', 0)} copies={c.get('copies', 0)} "
                                        f"api_calls={c.get('api_calls', 0)} span={fmt.ns(r.span_ns)}")
-        progress.print(f"{state:<8} {r.format:<12} {r.run_id}  {f}  {detail}".rstrip(), markup=False)
+        progress.print(f"{state:<8} {r.format:<12} {r.run_id}  {r.path}  {detail}".rstrip(), markup=False)
         for w in r.warnings:
-            err.print(f"warning: {f}: {w}", markup=False)
-    return results, failed
+            err.print(f"warning: {r.path}: {w}", markup=False)
+
+    done = ingest_paths(st, paths, skip_existing=skip_existing, on_result=on_result,
+                        on_error=lambda e: print_input_error(e, debug))
+    note_not_traces(done.not_traces, verbose)
+    return done
 
 
 @app.command()
-def ingest(paths: Annotated[List[str], typer.Argument(help="Trace files or folders (recursive).")],
-           store: StoreOpt = None, debug: DebugOpt = False):
-    """Read trace files into the store (one transaction per file; bad files are reported, the rest go on)."""
+def ingest(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, or folders to search (recursively).")],
+           store: StoreOpt = None, verbose: VerboseOpt = False, debug: DebugOpt = False):
+    """Read trace files into the store, one transaction per file. A file that cannot be read
+    is an error line, and the rest go on. Exit 0, or 2 when a file could not be read."""
     with _open(store) as st:
-        _, failed = ingest_files(st, paths, debug)
-    if failed:
-        err.print(f"{failed} file(s) failed", markup=False)
-        raise typer.Exit(1)
+        done = ingest_files(st, paths, debug, verbose=verbose)
+    if done.errors:
+        err.print(f"{len(done.errors)} input(s) could not be read", markup=False)
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -116,9 +144,9 @@ def runs(store: StoreOpt = None):
 
 
 @app.command("summary")
-def summary_cmd(run: Annotated[Optional[List[str]], typer.Argument(help="Run ids (or prefixes, or file names); default all.")] = None,
+def summary_cmd(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...", help="The runs to show (ids, id prefixes or file names) \\[default: every run].")] = None,
                 store: StoreOpt = None,
-                top: Annotated[int, typer.Option(help="How many kernels to list.")] = 15):
+                top: Annotated[int, typer.Option("--top", metavar="N", help="How many kernels to list.")] = 15):
     """Per run: top kernels, copies by direction and memory kind, GPU busy share per device."""
     with _open(store, read_only=True) as st:
         try:
@@ -172,10 +200,10 @@ def _clip(s: str, n: int = 80) -> str:
 
 
 @app.command()
-def query(sql: Annotated[str, typer.Argument(help="SQL over the store's tables and views.")],
+def query(sql: Annotated[str, typer.Argument(metavar="SQL", help="A query over the store's tables and views (see docs/schema.md).")],
           store: StoreOpt = None,
-          csv: Annotated[bool, typer.Option("--csv", help="Write CSV.")] = False,
-          as_json: Annotated[bool, typer.Option("--json", help="Write JSON (one array of objects).")] = False):
+          csv: Annotated[bool, typer.Option("--csv", help="Write the result as CSV.")] = False,
+          as_json: Annotated[bool, typer.Option("--json", help="Write the result as JSON (one array of objects).")] = False):
     """Run SQL against the store and print the result."""
     with _open(store, read_only=True) as st:
         try:
@@ -195,7 +223,7 @@ def query(sql: Annotated[str, typer.Argument(help="SQL over the store's tables a
 
 
 @app.command("rules")
-def rules_cmd(rule: Annotated[Optional[str], typer.Argument(help="A rule id or name to explain.")] = None):
+def rules_cmd(rule: Annotated[Optional[str], typer.Argument(metavar="RULE", help="A rule id or name to explain.")] = None):
     """List the rules, or explain one (what, why, how it is computed, thresholds, how to fix)."""
     from .rules import all_rules, get_rule
     from .rules.docs import rule_markdown
@@ -215,59 +243,101 @@ def rules_cmd(rule: Annotated[Optional[str], typer.Argument(help="A rule id or n
     out.print(t)
 
 
-FailOn = typer.Option("--fail-on", help="Lowest severity that fails the check: info, warning, error or never "
-                                      "\\[default: error, or fail-on from the config file].")
+# Options `check` and `scan` share: the rules, the gate and the artifact.
+FailOpt = Annotated[Optional[str], typer.Option(
+    "--fail-on", metavar="SEVERITY",
+    help="The lowest severity that fails the gate: info, warning, error or never "
+         "\\[default: error, or fail-on from the config file].")]
+SelectOpt = Annotated[Optional[List[str]], typer.Option(
+    "--select", metavar="RULES", help="Run only these rules (ids or names; repeat or comma-separate).")]
+IgnoreOpt = Annotated[Optional[List[str]], typer.Option(
+    "--ignore", metavar="RULES", help="Skip these rules (ids or names; repeat or comma-separate).")]
+ThresholdOpt = Annotated[Optional[List[str]], typer.Option(
+    "--threshold", metavar="RULE.NAME=VALUE", help="Set a rule's threshold, e.g. T001.min_gap_ns=10000 (repeat).")]
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", metavar="FILE", help="The pyproject.toml or traceanalyzer.toml to read "
+                                     "\\[default: looked up from the current folder upwards].")]
+FormatOpt = Annotated[str, typer.Option(
+    "--format", metavar="FORMAT", help="The report's format: text, json, sarif or junit.")]
+OutputOpt = Annotated[Optional[Path], typer.Option(
+    "--output", "-o", metavar="FILE", help="Write the report to this file instead of standard output.")]
+BaselineOpt = Annotated[Optional[Path], typer.Option(
+    "--baseline", metavar="FILE", help="A JSON report of an earlier check: only findings not in it fail the gate.")]
+MaxGrowthOpt = Annotated[Optional[float], typer.Option(
+    "--max-growth", metavar="PCT", help="With --baseline: a finding in it also fails the gate when its estimated "
+                                        "loss (or value, when it has no loss) grew by more than PCT percent.")]
+WriteBaselineOpt = Annotated[Optional[Path], typer.Option(
+    "--write-baseline", metavar="FILE", help="Save this check's findings as a baseline file (a JSON report).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="In the text report, hide info findings.")]
 
 
-@app.command()
-def check(paths: Annotated[List[str], typer.Argument(help="Trace files or folders; they are ingested if not stored yet.")],
-          store: StoreOpt = None,
-          fail_on: Annotated[Optional[str], FailOn] = None,
-          select: Annotated[Optional[List[str]], typer.Option("--select", help="Only these rules (ids or names; repeat or comma-separate).")] = None,
-          ignore: Annotated[Optional[List[str]], typer.Option("--ignore", help="Skip these rules.")] = None,
-          threshold: Annotated[Optional[List[str]], typer.Option("--threshold", help="RULE.NAME=VALUE, e.g. T001.min_gap_ns=10000.")] = None,
-          config: Annotated[Optional[Path], typer.Option("--config", help="pyproject.toml or traceanalyzer.toml to read \\[default: looked up from here upwards].")] = None,
-          format: Annotated[str, typer.Option("--format", help="text, json, sarif or junit.")] = "text",
-          output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report here instead of stdout.")] = None,
-          baseline: Annotated[Optional[Path], typer.Option("--baseline", help="A JSON report from an earlier check: only findings not in it can fail.")] = None,
-          write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", help="Save this check's findings as a baseline file (JSON report).")] = None,
-          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Text format: hide info findings.")] = False,
-          debug: DebugOpt = False):
-    """Ingest, run the rules, print findings; exit 0 clean, 1 a finding reaches --fail-on, 2 usage or input errors."""
-    from .check import CheckOptions, UsageError, run_check
+def check_options(paths: List[str], fail_on, select, ignore, threshold, config, baseline, max_growth,
+                  format: str):
+    """The options of `check` and `scan` as the library's CheckOptions (usage errors exit 2)."""
+    from .check import CheckOptions
+    from .report import FORMATS
 
-    opts = CheckOptions(paths=paths, fail_on=fail_on, select=_split(select), ignore=_split(ignore),
-                        thresholds=threshold or [], config=config, baseline=baseline)
-    try:
-        if format not in ("text", "json", "sarif", "junit"):
-            raise UsageError(f"--format must be text, json, sarif or junit, not {format!r}")
-        with _open(store) as st:
-            # Progress lines go to stderr so stdout holds only the report.
-            result = run_check(st, opts, ingest=lambda s, p: ingest_files(s, p, debug, skip_existing=True,
-                                                                         progress=err))
-    except UsageError as e:
-        err.print(f"error: {e}", markup=False)
+    if format not in FORMATS:
+        err.print(f"error: --format must be one of {', '.join(FORMATS)}, not {format!r}", markup=False)
         raise typer.Exit(2)
+    return CheckOptions(paths=paths, fail_on=fail_on, select=_split(select), ignore=_split(ignore),
+                        thresholds=threshold or [], config=config, baseline=baseline, max_growth_pct=max_growth)
+
+
+def emit(result, format: str, output: Optional[Path], write_baseline: Optional[Path], quiet: bool,
+         text_body=None, failed_internally: bool = False) -> None:
+    """Write the report of a check or scan in `format` to `output` (or stdout), the baseline
+    file if asked for, then exit with the result's code (2 at least when `failed_internally`).
+    `text_body(console)` prints what the text format shows before the verdict (default: the
+    findings)."""
+    from .report import render
+    from .report.text import print_result
+
     if write_baseline:
-        from .report import render
         write_baseline.write_text(render(result, "json"))
     if format == "text":
-        from .report.text import print_result
+        def body(console: Console) -> None:
+            if text_body is None:
+                print_result(result, console, show_info=not quiet)
+            else:
+                text_body(console)
+                print_result(result, console, show_info=not quiet, findings=False)
         if output:
             with open(output, "w") as fh:
-                print_result(result, Console(file=fh, width=120, no_color=True, highlight=False), show_info=not quiet)
+                body(Console(file=fh, width=120, no_color=True, highlight=False))
         else:
-            print_result(result, out, show_info=not quiet)
+            body(out)
     else:
-        from .report import render
         text = render(result, format)
         if output:
             output.write_text(text)
         else:
             sys.stdout.write(text)
-    if result.errors:
+    raise typer.Exit(max(result.exit_code(), 2 if failed_internally else 0))
+
+
+@app.command()
+def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files or folders; what is not stored yet is ingested.")],
+          store: StoreOpt = None, fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
+          threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
+          output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
+          write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+          debug: DebugOpt = False):
+    """Ingest what is not stored yet, run the rules, and report the findings by run and
+    severity. Exit 0 when the gate passes, 1 when a finding fails it (--fail-on, --baseline,
+    --max-growth), 2 on a usage error or an input that could not be read."""
+    from .check import UsageError, run_check
+
+    opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
+    try:
+        with _open(store) as st:
+            # Progress lines go to stderr so that stdout holds only the report.
+            result = run_check(st, opts, ingest=lambda s, p: ingest_files(s, p, debug, skip_existing=True,
+                                                                         progress=err, verbose=verbose))
+    except UsageError as e:
+        err.print(f"error: {e}", markup=False)
         raise typer.Exit(2)
-    raise typer.Exit(1 if result.failing() else 0)
+    emit(result, format, output, write_baseline, quiet)
 
 
 def _split(values: Optional[List[str]]) -> list[str]:

@@ -290,8 +290,8 @@ def _num(v) -> float | None:
 
 
 def _finding_key(f: dict) -> tuple:
-    """Fingerprints include the file name, which differs between BASE and TEST; a finding is
-    "the same" when rule, place and subject are."""
+    """A finding is "the same" in BASE and TEST when rule, place and subject are: the
+    fingerprint without the run's rank, since two runs compared may be other ranks of a job."""
     return tuple(None if f[k] is None or (isinstance(f[k], float) and math.isnan(f[k])) else f[k]
                  for k in ("rule_id", "device_id", "stream_id", "item_kind", "item_name"))
 

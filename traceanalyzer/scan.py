@@ -10,7 +10,9 @@ How the work is split, and why:
   they must run in the workers for `--jobs` to pay.
 * The main process is the only writer (DuckDB allows one per file): it stores each run and
   its findings as results arrive, so an interrupted scan keeps everything finished so far and
-  a rerun does only what is left.
+  a rerun does only what is left. Between two runs it lets go of the store when another
+  process waits for it (`Store.let_in_waiting`), so `runs`, `query`, ... can read the store
+  mid-scan: they see the runs committed so far, each with its per-run findings.
 * Cross-run rules (scope "runs") need every run at once; they run in the main process after
   the files are stored, on the store itself.
 * A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): read as `Store.ingest` reads
@@ -389,6 +391,7 @@ class ScanReport:
     run_ids: list[str] = field(default_factory=list)  # every run the scan covers, first-seen order
     elapsed_s: float = 0.0
     cross_rule_error: str | None = None
+    not_traces: list = field(default_factory=list)  # (path, what it is): files the folder walk passed over
 
     def count(self, state: str) -> int:
         return sum(1 for f in self.files if f.state == state)
@@ -432,7 +435,8 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     t0 = time.perf_counter()
     settings = settings if settings is not None else Settings()
     # Resolved like `Store.ingest` does, so `source_path` and run lookups by path agree.
-    files = list(dict.fromkeys(str(Path(f).resolve()) for f in find_traces(paths)))
+    not_traces: list = []
+    files = list(dict.fromkeys(str(Path(f).resolve()) for f in find_traces(paths, not_traces)))
     if not files:
         raise ScanError(f"no trace files under {' '.join(map(str, paths))}")
     if on_start:
@@ -454,7 +458,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
         outcomes = dask_outcomes(scheduler, files, ctx)
     else:
         outcomes = local_outcomes(to_workers, plan.workers, ctx)
-    report = ScanReport()
+    report = ScanReport(not_traces=not_traces)
     written: dict[str, str] = {}  # content hash -> path stored by this scan
 
     def handled(result: FileResult) -> None:
@@ -463,6 +467,9 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
             report.run_ids.append(result.run_id)
         if on_file:
             on_file(result)
+        # Between two runs (a run and its findings are committed together; a big file's
+        # rules, run on the store, are done too): a reader waiting for the store gets it now.
+        store.let_in_waiting()
 
     # The writer's own work (storing, big files' reads and rules, cross-run rules) keeps to
     # the cores asked for too.
@@ -491,16 +498,17 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
 
 @contextlib.contextmanager
 def _store_threads(store: Store, threads: int | None) -> Iterator[None]:
-    """Within the block the store's connection uses `threads` DuckDB threads (None: unchanged)."""
+    """Within the block the store's connection uses `threads` DuckDB threads (None: unchanged),
+    also once opened again (`Store.set`)."""
     if not threads:
         yield
         return
     before = store.sql("SELECT current_setting('threads')").fetchall()[0][0]
-    store.sql(f"SET threads = {int(threads)}")
+    store.set("threads", int(threads))
     try:
         yield
     finally:
-        store.sql(f"SET threads = {int(before)}")
+        store.set("threads", int(before))
 
 
 def _size(path: str) -> int:

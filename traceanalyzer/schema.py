@@ -45,7 +45,7 @@ RUNS = _t(
     ("source_path", "VARCHAR", "Absolute path of the file when it was ingested."),
     ("file_name", "VARCHAR", "Base name of the source file."),
     ("format", "VARCHAR", "`nsys-sqlite`, `ncu-csv` or `kineto-json`."),
-    ("content_hash", "VARCHAR", "XXH3-128 of the file's bytes (32 hex digits); SHA-256 (64) in stores begun before 2026-11-30, which keep it."),
+    ("content_hash", "VARCHAR", "XXH3-128 of the file's bytes (32 hex digits); SHA-256 (64) in a store keyed with SHA-256, which keeps using it."),
     ("file_size_bytes", "BIGINT", "Size of the source file."),
     ("producer", "VARCHAR", "Tool that wrote the file (`nsys`, `ncu`, `kineto`), as far as it can be told."),
     ("producer_version", "VARCHAR", "Tool version when the file says it (nsys product version, ncu dialect, Kineto schemaVersion)."),
@@ -164,7 +164,7 @@ MEMSETS = _t(
 
 API_CALLS = _t(
     "api_calls",
-    "Host-side CUDA runtime and driver API calls (and their ROCm/MTIA equivalents).",
+    "Host-side CUDA runtime and driver API calls (and their ROCm equivalents).",
     RUN,
     ("call_id", "BIGINT", "Row id within the run."),
     ("api", "VARCHAR", "`runtime` or `driver`."),
@@ -292,7 +292,7 @@ FINDINGS = _t(
     ("message", "VARCHAR", "One line: what is wrong, where, how much."),
     ("hint", "VARCHAR", "A concrete thing to try."),
     ("evidence", "JSON", "Details: counts, worst examples with time ranges, causes."),
-    ("fingerprint", "VARCHAR", "Stable identity for baselines: rule, file name and location, not measured values."),
+    ("fingerprint", "VARCHAR", "Identity for baselines: the rule and what the finding is about (the run's rank, device, stream, item kind and name), never the file name, run id or a measured value (`rules.engine.fingerprint`)."),
 )
 
 RULE_RUNS = _t(

@@ -7,17 +7,26 @@ while it reads, so a big run is never whole in memory; the transaction is begun 
 first part (the run id waits for the file's hash) and committed, or rolled back, at the
 end. Tables are inserted as the reader hands them over: dictionary-encoded strings
 are not expanded first, and run_id and absent columns are constants of the INSERT, not
-per-row arrays. DuckDB allows one writer per file; a second process waits for the lock
-(up to `lock_timeout_s`) and then fails with a message that says so.
+per-row arrays.
+
+DuckDB lets one process at a time open the file for writing, and none read it meanwhile. A
+process that finds it locked waits: a writer waits for another writer up to `lock_timeout_s`
+and then fails with a message that says so, and for readers as long as they hold it; a
+reader waits as long as it takes (unless TRACEANALYZER_LOCK_TIMEOUT_S is set). While it
+waits, it says so in a file next to the store (`WAITING_SUFFIX`), and a writer that can let
+go between two transactions (a scan's, between two runs: `Store.let_in_waiting`) closes the
+store for it, then opens it again when the other is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import hashlib
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +45,17 @@ DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
 LOCK_TIMEOUT_ENV = "TRACEANALYZER_LOCK_TIMEOUT_S"
 MEMORY_LIMIT_ENV = "TRACEANALYZER_MEMORY_LIMIT"
-DEFAULT_LOCK_TIMEOUT_S = 30.0
+DEFAULT_LOCK_TIMEOUT_S = 30.0  # a writer's wait for another writer
+
+# A process waiting for a locked store touches `<store>.waiting` at each try and removes it
+# once it is in; a scan's writer looks for that file between two runs (a stat) and lets go of
+# the store only then. Letting go after every run would cost a reopen each (~33 ms of
+# connect, settings and views on a store of 200 runs, against the 0.2-0.3 s a small file
+# takes a scan on 2 cores).
+WAITING_SUFFIX = ".waiting"
+RETRY_MAX_S = 0.2  # the longest pause between two tries to open a locked store
+NOTE_AFTER_S = 1.0  # a wait this long gets a note on stderr
+HANDOVER_S = 3.0  # how long a writer that let go waits for the waiting process to get in
 
 _ARROW_TYPES = {
     "VARCHAR": pa.string(),
@@ -56,11 +75,14 @@ class StoreError(Exception):
     """A store that cannot be opened or written (locked, not a DuckDB file, ...)."""
 
 
-def lock_timeout_from_env() -> float:
-    """How long to wait for another process's lock: TRACEANALYZER_LOCK_TIMEOUT_S, else 30 s."""
+def lock_timeout_from_env(default: float | None = DEFAULT_LOCK_TIMEOUT_S) -> float | None:
+    """How long to wait for another process's lock: TRACEANALYZER_LOCK_TIMEOUT_S, else
+    `default` (None: as long as it takes)."""
     text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not text:
+        return default
     try:
-        value = float(text) if text else DEFAULT_LOCK_TIMEOUT_S
+        value = float(text)
     except ValueError:
         raise StoreError(f"{LOCK_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
     if not value >= 0:  # also NaN
@@ -75,8 +97,8 @@ def default_path() -> Path:
 # The content hash (a run's identity): XXH3-128, ~4x cheaper than SHA-256 here (0.08 s
 # against 0.31 s for a 400 MB file, hashed on a thread while the file is read by two
 # processes on two cores, so it came straight off the ingest time). It is an identity, not
-# a defence: a run id is the first 64 bits of either. Stores begun with SHA-256 (before
-# 2026-11-30) keep using it, so their runs are still recognized (`Store.hash_name`).
+# a defence: a run id is the first 64 bits of either. A store keyed with SHA-256 keeps
+# using it, so its runs are still recognized (`Store.hash_name`).
 HASHES = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 DEFAULT_HASH = "xxh3_128"
 _LEGACY_HASH_LENGTH = 64  # hex digits of a SHA-256 (XXH3-128 has 32)
@@ -111,48 +133,127 @@ class Store:
 
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
                  lock_timeout_s: float | None = None):
+        """`lock_timeout_s`: how long to wait for another writer's lock (default:
+        TRACEANALYZER_LOCK_TIMEOUT_S, else 30 s for a writer and no limit for a reader)."""
         self.path = Path(path) if path is not None else default_path()
-        lock_timeout_s = lock_timeout_from_env() if lock_timeout_s is None else lock_timeout_s
+        if lock_timeout_s is None:
+            lock_timeout_s = lock_timeout_from_env(None if read_only else DEFAULT_LOCK_TIMEOUT_S)
         self.read_only = read_only
-        self.con = self._connect(lock_timeout_s)
-        self._limit_memory()
-        if not read_only:
-            for t in schema.TABLES:
-                self.con.execute(schema.ddl(t))
-        _set_up(self.con)
+        self._settings: dict[str, str | int] = {}  # SET by `set`, again at each reopen
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._con = self._open(lock_timeout_s, create=not read_only)
 
-    def _connect(self, lock_timeout_s: float) -> duckdb.DuckDBPyConnection:
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection; opened again here after `release`."""
+        if self._con is None:
+            self._con = self._open(None)
+        return self._con
+
+    @con.setter
+    def con(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._con = con
+
+    def _open(self, lock_timeout_s: float | None, *, create: bool = False) -> duckdb.DuckDBPyConnection:
+        """Connect, and give the connection what every connection of this store has: the
+        memory limit, the schema (`create`), the views, and what `set` set."""
+        con = self._connect(lock_timeout_s)
+        try:
+            _limit_memory(con)
+            if create:
+                for t in schema.TABLES:
+                    con.execute(schema.ddl(t))
+            _set_up(con)
+            for name, value in self._settings.items():
+                con.execute(f"SET {name} = {_sql_literal(value)}")
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def _connect(self, lock_timeout_s: float | None) -> duckdb.DuckDBPyConnection:
+        """Open the file, waiting while another process holds it: up to `lock_timeout_s` (None:
+        no limit) for a writer, and with no limit when only readers hold it (DuckDB says so
+        to a writer; readers hold the file for one command)."""
         if self.read_only and not self.path.exists():
             raise StoreError(f"{self.path}: no such store (run `traceanalyzer ingest` first)")
-        deadline = time.monotonic() + lock_timeout_s
-        delay = 0.05
+        start = time.monotonic()
+        delay, asked, noted = 0.02, False, False
         while True:
             try:
-                return duckdb.connect(str(self.path), read_only=self.read_only)
+                con = duckdb.connect(str(self.path), read_only=self.read_only)
             except duckdb.IOException as e:
                 msg = str(e)
                 if "lock" not in msg.lower():
                     raise StoreError(f"{self.path}: cannot open store: {msg.splitlines()[0]}") from None
-                if time.monotonic() >= deadline:
+                readers = not self.read_only and "read-only mode" in msg
+                waited = time.monotonic() - start
+                if lock_timeout_s is not None and waited >= lock_timeout_s and not readers:
+                    if asked:
+                        self._withdraw()
                     raise StoreError(
                         f"{self.path}: store is locked by another traceanalyzer process; "
                         f"waited {lock_timeout_s:g} s (retry, or set {LOCK_TIMEOUT_ENV} to wait longer)") from None
+                asked = self._ask_for_store() or asked
+                if not noted and waited >= NOTE_AFTER_S:
+                    doing = "reading" if readers else "writing"
+                    print(f"note: {self.path}: waiting for the store (another process is {doing} it)",
+                          file=sys.stderr, flush=True)
+                    noted = True
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, RETRY_MAX_S)
             except duckdb.Error as e:
                 raise StoreError(f"{self.path}: cannot open store: {str(e).splitlines()[0]}") from None
+            else:
+                if asked:
+                    self._withdraw()
+                return con
 
-    def _limit_memory(self) -> None:
-        """TRACEANALYZER_MEMORY_LIMIT (DuckDB's syntax: `2GB`, `512MiB`, `40%`) caps what DuckDB
-        holds for sorts, joins and cached blocks; past it, work spills to a temp folder next to
-        the store instead of growing. Unset: DuckDB's own default (80% of RAM)."""
-        text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    def _waiting_file(self) -> Path:
+        return self.path.with_name(self.path.name + WAITING_SUFFIX)
+
+    def _ask_for_store(self) -> bool:
+        """Say that this process waits for the store (see `WAITING_SUFFIX`); False when the
+        folder cannot be written (then it waits until the holder is done)."""
         try:
-            self.con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'" if text else "RESET memory_limit")
-        except duckdb.Error as e:
-            self.con.close()
-            raise StoreError(f"{MEMORY_LIMIT_ENV}={text!r} is not a memory size DuckDB accepts "
-                             f"({str(e).splitlines()[0]})") from None
+            self._waiting_file().touch()
+            return True
+        except OSError:
+            return False
+
+    def _withdraw(self) -> None:
+        with contextlib.suppress(OSError):
+            self._waiting_file().unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """Close the connection, so that other processes can open the file; the next use of
+        the store opens it again (waiting as long as another process holds it), with the same
+        settings. Only between transactions, with no cursor open (see `cursor`)."""
+        if self._con is not None:
+            con, self._con = self._con, None
+            con.close()
+
+    def let_in_waiting(self) -> bool:
+        """If another process waits for this store, `release` it and give that process a
+        moment (HANDOVER_S at most) to get in. One stat when nobody waits: a scan's writer
+        calls it between two runs. True when it let go."""
+        if self._con is None or str(self.path) == ":memory:":
+            return False
+        waiting = self._waiting_file()
+        if not waiting.exists():
+            return False
+        self.release()
+        deadline = time.monotonic() + HANDOVER_S
+        while waiting.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._withdraw()  # left by a process that stopped waiting (killed) without getting in
+        return True
+
+    def set(self, name: str, value: str | int) -> None:
+        """SET a DuckDB setting (`threads`, ...) on this store's connection, now and each time
+        it is opened again (see `release`)."""
+        self._settings[name] = value
+        self.con.execute(f"SET {name} = {_sql_literal(value)}")
 
     def drop_cached_blocks(self, keep: str = "256MB") -> None:
         """Let DuckDB drop the blocks of the store it keeps in memory after reading or writing
@@ -164,7 +265,7 @@ class Store:
         except duckdb.Error:  # nothing to drop, or not now: not worth failing for
             pass
         finally:
-            self._limit_memory()
+            _limit_memory(self.con)
 
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):
@@ -308,7 +409,8 @@ class Store:
         _set_up(self.con)
 
     def close(self) -> None:
-        self.con.close()
+        if self._con is not None:  # else released, and not opened again since
+            self._con.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -404,6 +506,22 @@ def _span_union(a: tuple[int | None, int | None], b: tuple[int | None, int | Non
     if b[0] is None:
         return a
     return min(a[0], b[0]), max(a[1], b[1])
+
+
+def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
+    """TRACEANALYZER_MEMORY_LIMIT (DuckDB's syntax: `2GB`, `512MiB`, `40%`) caps what DuckDB
+    holds for sorts, joins and cached blocks; past it, work spills to a temp folder next to
+    the store instead of growing. Unset: DuckDB's own default (80% of RAM)."""
+    text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    try:
+        con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'" if text else "RESET memory_limit")
+    except duckdb.Error as e:
+        raise StoreError(f"{MEMORY_LIMIT_ENV}={text!r} is not a memory size DuckDB accepts "
+                         f"({str(e).splitlines()[0]})") from None
+
+
+def _sql_literal(value: str | int) -> str:
+    return str(int(value)) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
 
 
 def _set_up(con: duckdb.DuckDBPyConnection) -> None:

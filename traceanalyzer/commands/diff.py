@@ -15,14 +15,14 @@ def register(app: typer.Typer) -> None:
     from ..cli import StoreOpt
 
     @app.command()
-    def diff(base: Annotated[str, typer.Argument(help="The run before: a trace file (ingested and checked if needed), or a stored run id, id prefix or file name.")],
-             test: Annotated[str, typer.Argument(help="The run after, same forms.")],
+    def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run before: a trace file (ingested and checked if needed), or a stored run id, id prefix or file name.")],
+             test: Annotated[str, typer.Argument(metavar="TEST", help="The run after, in the same forms.")],
              store: StoreOpt = None,
-             gate: Annotated[Optional[float], typer.Option("--gate", min=0, help="Exit 1 when end-to-end time or peak memory grows by more than this percentage.")] = None,
-             by: Annotated[str, typer.Option("--by", help="Match kernels by full `name` (white space ignored) or `short` base name (template instances pooled).")] = "name",
-             step: Annotated[Optional[str], typer.Option("--step", help="Range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time \\[default: ProfilerStep#N when both runs have it, else the span].")] = None,
-             noise: Annotated[float, typer.Option("--noise", min=0, help="Changes below this percentage count as unchanged in the verdict.")] = 1.0,
-             top: Annotated[int, typer.Option("--top", min=1, help="Rows per table.")] = 15,
+             gate: Annotated[Optional[float], typer.Option("--gate", min=0, metavar="PCT", help="Exit 1 when end-to-end time or peak memory grows by more than PCT percent.")] = None,
+             by: Annotated[str, typer.Option("--by", metavar="name|short", help="Match kernels by full `name` (white space ignored) or `short` base name (template instances pooled).")] = "name",
+             step: Annotated[Optional[str], typer.Option("--step", metavar="RANGE", help="The range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time \\[default: ProfilerStep#N when both runs have it, else the span].")] = None,
+             noise: Annotated[float, typer.Option("--noise", min=0, metavar="PCT", help="Changes below PCT percent count as unchanged in the verdict.")] = 1.0,
+             top: Annotated[int, typer.Option("--top", min=1, metavar="N", help="How many rows each table shows.")] = 15,
              as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON.")] = False):
         """Compare two runs: time per kernel (matched by name, with count changes), end-to-end
         time (span, steps, NVTX ranges), peak memory, new and fixed findings, and a verdict.

@@ -11,8 +11,8 @@ def register(app: typer.Typer) -> None:
     from ..cli import StoreOpt
 
     @app.command()
-    def export(parquet: Annotated[Path, typer.Option("--parquet", help="Folder to write the dataset to (created; replaced when it holds an earlier export).")],
-               run: Annotated[Optional[List[str]], typer.Option("--run", help="Only these runs (ids, id prefixes or file names; repeat).")] = None,
+    def export(parquet: Annotated[Path, typer.Option("--parquet", metavar="DIR", help="The folder to write the dataset to (created; replaced when it holds an earlier export).")],
+               run: Annotated[Optional[List[str]], typer.Option("--run", metavar="RUN", help="Export only these runs (ids, id prefixes or file names; repeat).")] = None,
                store: StoreOpt = None):
         """Write the store as a Parquet dataset: one folder per table, partitioned by run_id
         (Hive layout), readable as it is by DuckDB, Spark, Trino and pyarrow."""

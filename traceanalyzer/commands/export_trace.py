@@ -14,8 +14,8 @@ def register(app: typer.Typer) -> None:
     from ..cli import DebugOpt, StoreOpt, _open, err
 
     @app.command("export-trace")
-    def export_trace(run: Annotated[str, typer.Argument(help="A stored run (id, id prefix or file name), or a trace file (ingested and checked when not stored yet).")],
-                     output: Annotated[Path, typer.Option("--output", "-o", help="The JSON trace to write (gzip-compressed when it ends in .gz).")],
+    def export_trace(run: Annotated[str, typer.Argument(metavar="RUN", help="A stored run (id, id prefix or file name), or a trace file (ingested and checked when not stored yet).")],
+                     output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="The JSON trace to write (gzip-compressed when it ends in .gz).")],
                      host: Annotated[bool, typer.Option("--host/--gpu-only", help="Include host API calls, operators, NVTX ranges and launch arrows.")] = True,
                      store: StoreOpt = None, debug: DebugOpt = False):
         """Write a run as a Chrome trace (open it in ui.perfetto.dev or chrome://tracing); each finding is a marker on its track."""

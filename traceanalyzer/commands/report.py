@@ -13,25 +13,26 @@ import typer
 DEFAULT_HTML = Path("report.html")
 
 
-def resolve_inputs(st, refs: list[str], debug: bool) -> tuple[list[str], list[str]]:
+def resolve_inputs(st, refs: list[str], debug: bool) -> tuple[list[str], list]:
     """Run ids for `refs`: files and folders are ingested when not stored yet, anything
-    else must name a stored run (id, id prefix or file name). Returns (run ids, errors)."""
-    from ..cli import err, ingest_files
+    else must name a stored run (id, id prefix or file name). Returns (run ids, InputErrors)."""
+    from ..cli import err, ingest_files, print_input_error
+    from ..report.model import InputError
     from ..store import StoreError
 
     run_ids, errors = [], []
     for ref in refs:
         if Path(ref).exists():
-            results, failed = ingest_files(st, [ref], debug, skip_existing=True, progress=err)
-            run_ids += [r.run_id for r in results]
-            if failed:
-                errors.append(f"{failed} input file(s) under {ref} could not be read (see the error lines above)")
+            done = ingest_files(st, [ref], debug, skip_existing=True, progress=err)
+            run_ids += [r.run_id for r in done.results]
+            errors += done.errors
             continue
         try:
             run_ids.append(st.resolve_run(ref))
         except StoreError as e:
-            err.print(f"error: {ref}: no such file, and {e}", markup=False)
-            errors.append(f"{ref}: no such file or stored run")
+            error = InputError(ref, f"no such file, and {e}")
+            print_input_error(error, debug)
+            errors.append(error)
     return list(dict.fromkeys(run_ids)), errors
 
 
@@ -59,11 +60,11 @@ def register(app: typer.Typer) -> None:
     from ..report.html_timeline import MAX_OPS_DEFAULT
 
     @app.command("report")
-    def report(paths: Annotated[List[str], typer.Argument(help="Trace files or folders (ingested and checked when not stored yet), or stored run ids / file names.")],
-               output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write [default: report.html; Markdown: stdout].")] = None,
+    def report(paths: Annotated[List[str], typer.Argument(metavar="PATH_OR_RUN...", help="Trace files or folders (ingested and checked when not stored yet), or stored runs (ids, id prefixes or file names).")],
+               output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="The file to write \\[default: report.html; with --markdown, standard output].")] = None,
                markdown: Annotated[bool, typer.Option("--markdown", help="Write a Markdown summary (CI job summaries, pull-request comments) instead of HTML.")] = False,
-               title: Annotated[Optional[str], typer.Option("--title", help="Title of the report.")] = None,
-               max_ops: Annotated[int, typer.Option("--max-timeline-ops", min=1000, help="Most GPU operations per run drawn one by one in the timeline; past that the longest are, and the rest shade the tracks.")] = MAX_OPS_DEFAULT,
+               title: Annotated[Optional[str], typer.Option("--title", metavar="TITLE", help="The report's title.")] = None,
+               max_ops: Annotated[int, typer.Option("--max-timeline-ops", min=1000, metavar="N", help="The most GPU operations per run drawn one by one in the timeline; past that, the longest are drawn and the rest shade the tracks.")] = MAX_OPS_DEFAULT,
                store: StoreOpt = None, debug: DebugOpt = False):
         """Report runs as one self-contained HTML file (summary, findings, timeline, plots) or as Markdown."""
         from ..report.model import load_result

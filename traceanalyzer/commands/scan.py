@@ -1,6 +1,7 @@
 """`traceanalyzer scan`: every trace under some paths, parsed in parallel, checked, summarized."""
 
 # No `from __future__ import annotations`: typer reads the option types defined in register().
+import time
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -13,31 +14,36 @@ from rich.table import Column, Table
 
 
 def register(app: typer.Typer) -> None:
-    from ..cli import DebugOpt, StoreOpt
+    from ..cli import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, OutputOpt,
+                       QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt)
 
     @app.command()
-    def scan(paths: Annotated[List[str], typer.Argument(help="Trace files, folders (recursive) or globs.")],
+    def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
              store: StoreOpt = None,
-             jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="CPUs to use: N worker processes of one thread each (fewer, with more threads each, when there are fewer files); 1 is serial, in this process \\[default: every CPU].")] = None,
-             scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Dask scheduler address (tcp://host:8786) or scheduler JSON file: parse and check on that cluster's workers (needs traceanalyzer\\[dask]).")] = None,
-             select: Annotated[Optional[List[str]], typer.Option("--select", help="Only these rules (ids or names).")] = None,
-             ignore: Annotated[Optional[List[str]], typer.Option("--ignore", help="Skip these rules.")] = None,
-             threshold: Annotated[Optional[List[str]], typer.Option("--threshold", help="RULE.NAME=VALUE.")] = None,
-             config: Annotated[Optional[Path], typer.Option("--config", help="pyproject.toml or traceanalyzer.toml to read.")] = None,
+             jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, metavar="N", help="The CPUs to use: N worker processes of one thread each (fewer, with more threads each, when there are fewer files); 1 is serial, in this process \\[default: every CPU].")] = None,
+             scheduler: Annotated[Optional[str], typer.Option("--scheduler", metavar="ADDRESS", help="A Dask scheduler address (tcp://host:8786) or scheduler JSON file: parse and check on that cluster's workers (needs traceanalyzer\\[dask]).")] = None,
+             fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
+             threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
+             output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
+             write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
              debug: DebugOpt = False):
-        """Find every trace under PATHS, parse and check them in parallel, store them, print one line per run.
+        """Find every trace under PATHS, parse and check them in parallel, store them, and
+        report one line per run; with --format, the same report as `check`.
 
         Files already stored with the same content (and checked with the same rules) are
         skipped, so an interrupted scan run again does only what is left. A file that cannot
-        be read is an error line; the scan goes on. Exit 0, or 1 when some file failed.
+        be read is an error line, and the scan goes on. Exit codes as `check`: 0 when the gate
+        passes, 1 when a finding fails it, 2 on a usage error or a file that could not be read.
         """
-        from ..check import CheckOptions, UsageError, settings_from
-        from ..cli import _open, _split, err, out
+        from ..check import UsageError, read_baseline, settings_from
+        from ..cli import _open, check_options, emit, err, note_not_traces
+        from ..report.model import InputError, load_result
         from ..scan import ScanError, scan as run_scan
 
+        opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
         try:
-            settings, _ = settings_from(CheckOptions(paths=paths, select=_split(select), ignore=_split(ignore),
-                                                     thresholds=threshold or [], config=config))
+            settings, fail_on = settings_from(opts)
+            known = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
         except UsageError as e:
             err.print(f"error: {e}", markup=False)
             raise typer.Exit(2)
@@ -45,17 +51,22 @@ def register(app: typer.Typer) -> None:
             err.print("note: --jobs is ignored with --scheduler (the cluster's workers do the work)", markup=False)
         with _open(store) as st, _progress(err) as progress:
             task = None
+            lines = PlainProgress(err) if not err.is_terminal else None
 
             def on_start(files, total_bytes):
                 nonlocal task
                 task = progress.add_task("scanning", total=total_bytes or None, files=f"0/{len(files)}",
                                          n_files=len(files), n_done=0)
+                if lines:
+                    lines.start(len(files), total_bytes)
 
             def on_file(r):
                 t = progress.tasks[task]
                 done = t.fields["n_done"] + 1
                 progress.update(task, advance=r.size_bytes, n_done=done, files=f"{done}/{t.fields['n_files']}")
                 _print_file_line(progress.console, r, debug)
+                if lines:
+                    lines.file_done(r.size_bytes)
 
             try:
                 report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
@@ -70,10 +81,57 @@ def register(app: typer.Typer) -> None:
                           markup=False)
                 raise typer.Exit(130)
             progress.stop()
-            _print_table(out, st, report)
-        if report.cross_rule_error:
-            err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
-        raise typer.Exit(1 if report.failed or report.cross_rule_error else 0)
+            if lines:
+                lines.finish()
+            note_not_traces(report.not_traces, verbose)
+            if report.cross_rule_error:
+                err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
+            result = load_result(st, report.run_ids, fail_on)
+            result.baseline = known
+            result.not_traces = list(report.not_traces)
+            result.errors = [InputError(f.path, f.error or "failed", internal=f.internal, detail=f.detail)
+                             for f in report.failed]
+            table = _table(st, report)
+        emit(result, format, output, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
+             failed_internally=report.cross_rule_error is not None)
+
+
+class PlainProgress:
+    """Progress for a log nobody watches live (CI, SLURM): when stderr is no terminal, a
+    plain line every tenth of the files, and at least every `every_s` seconds."""
+
+    def __init__(self, console: Console, every_s: float = 15.0):
+        self.console, self.every_s = console, every_s
+
+    def start(self, n_files: int, total_bytes: int) -> None:
+        self.n, self.total, self.done, self.bytes = n_files, total_bytes, 0, 0
+        self.t0 = self.last = time.monotonic()
+        self.step = max(1, -(-n_files // 10))
+
+    def file_done(self, size_bytes: int) -> None:
+        self.done += 1
+        self.bytes += size_bytes
+        now = time.monotonic()
+        if self.done % self.step == 0 or now - self.last >= self.every_s or self.done == self.n:
+            self._line(now)
+
+    def finish(self) -> None:
+        if self.done < self.n:
+            self._line(time.monotonic())
+
+    def _line(self, now: float) -> None:
+        self.last = now
+        elapsed = now - self.t0
+        share = self.bytes / self.total if self.total else self.done / max(self.n, 1)
+        # An ETA from the first seconds is noise (the first files are small or skipped).
+        eta = f", ETA {_clock(elapsed / share - elapsed)}" if 0 < share < 1 and elapsed >= 5 else ""
+        self.console.print(f"scan: {self.done}/{self.n} files, {self.bytes / 1e6:,.1f} of {self.total / 1e6:,.1f} MB, "
+                           f"{_clock(elapsed)} elapsed{eta}", markup=False)
+
+
+def _clock(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def _progress(console: Console) -> Progress:
@@ -92,11 +150,16 @@ def _print_file_line(console: Console, r, debug: bool) -> None:
         console.print(f"warning: {r.path}: {w}", markup=False)
 
 
-def _print_table(console: Console, st, report) -> None:
-    from .. import fmt
+def _table(st, report):
+    """What the per-run table shows, read while the store is open: (rows, report)."""
     from ..scan import run_table
 
-    df = run_table(st, report.run_ids)
+    return run_table(st, report.run_ids), report
+
+
+def _print_table(console: Console, df, report) -> None:
+    from .. import fmt
+
     t = Table(Column("run", no_wrap=True), Column("file", overflow="fold", min_width=16), Column("format"),
               *(Column(h, justify="right", no_wrap=True) for h in ("kernels", "span", "error", "warn", "info")),
               title="Scanned runs", show_footer=True, box=box.SIMPLE_HEAD, collapse_padding=True)

@@ -11,7 +11,7 @@ import pyarrow as pa
 from .. import limits
 from ..fmt import printable
 from .base import ParsedTrace, TableSink, TraceError
-from .detect import KINETO, NCU, NSYS, detect
+from .detect import KINETO, NCU, NSYS, detect, not_a_trace
 
 _READER_MODULES = {NSYS: "nsys", NCU: "ncu", KINETO: "kineto"}
 # Readers that can hand their big tables to a TableSink as they build them.
@@ -26,6 +26,7 @@ _EXPORT_HINTS = {
     ".ncu-rep": "an Nsight Compute report: export it with `ncu -i FILE --csv --page details` (or `--page raw`)",
 }
 
+_REPORTS_WITH_EXPORTS = (".nsys-rep", ".qdrep")
 
 # Error text quotes files (SQLite schema text, JSON paths): keep it one short, inert line.
 MAX_MESSAGE_CHARS = 300
@@ -101,17 +102,32 @@ def _with_device_limits(trace: ParsedTrace) -> ParsedTrace:
     return trace
 
 
-def find_traces(paths: Iterable[str | Path]) -> Iterator[Path]:
-    """Expand files and folders (recursively, sorted) into candidate trace files.
+def find_traces(paths: Iterable[str | Path], not_traces: list | None = None) -> Iterator[Path]:
+    """Expand files, folders (recursively, sorted) and globs into trace files.
 
-    Yields a path as given when it does not exist, so the caller reports it.
+    A file named as given is yielded even when it does not exist or is no trace, so that the
+    caller reports it. A file found in a folder that is plainly no trace (`detect.not_a_trace`:
+    a `config.json`, another tool's CSV) is passed over, and listed as (path, what it is) in
+    `not_traces` when given. So is an Nsight Systems report with its SQLite export beside it.
     """
     for p in map(Path, paths):
         if p.is_dir():
             for f in sorted(p.rglob("*")):
-                if f.is_file() and not f.name.startswith(".") and (
-                        f.suffix.lower() in TRACE_SUFFIXES or f.suffix.lower() in _EXPORT_HINTS):
+                if not f.is_file() or f.name.startswith("."):
+                    continue
+                suffix = f.suffix.lower()
+                if suffix in _REPORTS_WITH_EXPORTS and f.with_suffix(".sqlite").is_file():
+                    why = f"an Nsight Systems report; its export {f.with_suffix('.sqlite').name} is read"
+                elif suffix in TRACE_SUFFIXES:
+                    why = not_a_trace(f)
+                elif suffix in _EXPORT_HINTS:
+                    why = None  # a report we cannot read: the reader's error says how to export it
+                else:
+                    continue
+                if why is None:
                     yield f
+                elif not_traces is not None:
+                    not_traces.append((f, why))
         elif any(ch in str(p) for ch in "*?[") and not p.exists():
             yield from sorted(Path().glob(str(p))) if not p.is_absolute() else sorted(
                 Path(p.anchor).glob(str(p.relative_to(p.anchor))))

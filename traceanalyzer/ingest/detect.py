@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import zlib
 from pathlib import Path
 
@@ -51,4 +52,65 @@ def detect(path: Path) -> str:
     raise TraceError("unrecognized text file (not an nsys SQLite export, ncu CSV or Kineto JSON)")
 
 
-__all__ = ["detect", "NSYS", "NCU", "KINETO", "gzip"]
+# How far into a JSON file a folder walk looks for `traceEvents` (Kineto writes it after the
+# run's metadata, which is a few kB; every real trace in the corpus has it in the first 64 kB).
+JSON_SNIFF_BYTES = 1 << 20
+
+
+def not_a_trace(path: Path) -> str | None:
+    """What `path` is instead of a trace, when a folder walk should pass over it (a JSON
+    without `traceEvents`, a CSV that is no ncu export, an SQLite file that is no nsys
+    export); None when it may be one, so that reading it reports what is wrong with it."""
+    try:
+        fmt = detect(path)
+    except TraceError as e:  # other text, or a gzip of it, is something else; damaged bytes may be a trace
+        text = str(e)
+        return text if text.startswith(("unrecognized text file", "gzip file that does not hold")) else None
+    except OSError:
+        return None
+    if fmt == KINETO:
+        return None if _holds_trace_events(path) else "JSON without traceEvents"
+    if fmt == NSYS:
+        return None if _has_nsys_tables(path) else "SQLite file with no Nsight Systems tables"
+    return None
+
+
+def _holds_trace_events(path: Path) -> bool:
+    """Whether a JSON file may be a Chrome trace: `traceEvents` near its start, or (the array
+    form) a list of events. A small file that is no valid JSON may be a trace cut short: yes."""
+    for n in (64 * 1024, JSON_SNIFF_BYTES):
+        raw = _head(path, n)
+        whole = len(raw) < n
+        if raw.startswith(GZIP_MAGIC):
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            try:
+                raw = d.decompress(raw, 16 * n if whole else n)
+            except zlib.error:
+                return True  # damaged: the reader says what is wrong
+            whole = whole and d.eof
+        if b'"traceEvents"' in raw or (raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"[" and b'"ph"' in raw):
+            return True
+        if whole:
+            try:
+                json.loads(raw)
+            except ValueError:
+                return True
+            return False
+    return False
+
+
+def _has_nsys_tables(path: Path) -> bool:
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return True  # a damaged export: the reader says what is wrong
+    return "StringIds" in names or any(n.startswith(("CUPTI_", "NVTX_", "TARGET_INFO_")) for n in names)
+
+
+__all__ = ["detect", "not_a_trace", "NSYS", "NCU", "KINETO", "gzip"]

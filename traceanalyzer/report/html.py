@@ -73,6 +73,7 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
         "run": run,
         "findings": findings,
         "outcomes": [o for o in result.outcomes if o["run_id"] == rid],
+        "not_run": result.not_run(rid),
         "devices": store.sql("SELECT device_id, name FROM devices WHERE run_id = ? ORDER BY device_id", [rid]).fetchall(),
         "busy": summary.busy(store, rid).to_dict("records"),
         "top_kernels": kernels_all.head(TOP_KERNELS).to_dict("records"),
@@ -101,7 +102,7 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
     body = [f'<header class="top"><h1>{esc(title)}</h1><p class="meta">{_counts_line(result)} · '
             f'generated {esc(_dt.datetime.now().strftime("%Y-%m-%d %H:%M"))} by traceanalyzer {esc(__version__)}</p></header>']
     for e in result.errors:
-        body.append(f'<p class="input-error">input error: {esc(e)}</p>')
+        body.append(f'<p class="input-error">input error: {esc(e.path)}: {esc(e.message)}</p>')
     if multi:
         body.append(_index(pages, result))
     if not pages:
@@ -267,6 +268,9 @@ def _findings(p: dict, rules: dict) -> str:
         out.append('<details class="outcomes"><summary>' + f'{len(skipped)} rule(s) did not run on this trace</summary><ul>'
                    + "".join(f'<li><b>{esc(o["rule_id"])}</b> {"not applicable" if o["status"] == "no-data" else "error"}: '
                              f'{esc(o["note"])}</li>' for o in skipped) + "</ul></details>")
+    if p["not_run"]:
+        out.append(f'<p class="outcomes">{len(p["not_run"])} rule(s) not run on this trace (not selected when '
+                   f'it was checked): {esc(", ".join(p["not_run"]))}</p>')
     return "\n".join(out)
 
 

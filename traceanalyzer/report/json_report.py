@@ -1,8 +1,9 @@
-"""Machine-readable findings: one JSON document."""
+"""Machine-readable findings: one JSON document (also the baseline file's format)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 from .. import __version__
 from .model import CheckResult
@@ -12,12 +13,25 @@ def render(result: CheckResult, **_) -> str:
     doc = {
         "tool": {"name": "traceanalyzer", "version": __version__},
         "fail_on": result.fail_on,
-        "failed": bool(result.failing()),
+        "failed": result.failed(),
         "counts": result.counts(),
         "runs": [{**r, "counts": result.counts(r["run_id"]),
-                  "rules": [o for o in result.outcomes if o["run_id"] == r["run_id"]]}
+                  "rules": [o for o in result.outcomes if o["run_id"] == r["run_id"]],
+                  "rules_not_run": result.not_run(r["run_id"])}
                  for r in result.runs],
-        "findings": [{**f, "new": result.is_new(f)} for f in result.findings],
-        "errors": result.errors,
+        "findings": [_finding(result, f) for f in result.findings],
+        "errors": [e.as_dict() for e in result.errors],
+        "not_traces": [{"path": str(p), "what": why} for p, why in result.not_traces],
     }
+    if result.baseline is not None:
+        doc["baseline"] = {"max_growth_pct": result.baseline.max_growth_pct}
     return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+def _finding(result: CheckResult, f: dict) -> dict:
+    out = {**f, "new": result.is_new(f)}
+    if result.baseline is not None and not out["new"]:
+        g = result.growth(f)
+        out["growth_pct"] = None if g is None or math.isinf(g) else round(g, 3)
+        out["grown"] = result.grown(f)
+    return out

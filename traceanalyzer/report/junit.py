@@ -23,6 +23,22 @@ def _x(s) -> str:
     return _BAD_XML.sub("?", "" if s is None else str(s))
 
 
+def _input_errors(root: ET.Element, result: CheckResult, host: str) -> None:
+    """A suite of the inputs that could not be read: one failed case per file, named after it."""
+    suite = ET.SubElement(root, "testsuite", {
+        "name": "traceanalyzer.inputs", "package": "traceanalyzer", "id": str(len(result.runs)),
+        "timestamp": "1970-01-01T00:00:00", "hostname": host, "tests": str(len(result.errors)),
+        "failures": str(len(result.errors)), "errors": "0", "skipped": "0", "time": "0"})
+    ET.SubElement(suite, "properties")
+    for e in result.errors:
+        case = ET.SubElement(suite, "testcase", {"name": _x(e.path), "classname": "traceanalyzer.inputs",
+                                                 "time": "0"})
+        ET.SubElement(case, "failure", {"message": _x(f"could not be read: {e.message}"),
+                                        "type": "InputError"}).text = _x(f"{e.path}: {e.message}")
+    ET.SubElement(suite, "system-out").text = ""
+    ET.SubElement(suite, "system-err").text = ""
+
+
 def render(result: CheckResult, **_) -> str:
     rules = {r.id: r for r in all_rules()}
     root = ET.Element("testsuites")
@@ -68,5 +84,7 @@ def render(result: CheckResult, **_) -> str:
         suite.set("skipped", str(n_skip))
         ET.SubElement(suite, "system-out").text = _x("\n".join(below_bar))
         ET.SubElement(suite, "system-err").text = ""
+    if result.errors:
+        _input_errors(root, result, host)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

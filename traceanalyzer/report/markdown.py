@@ -41,7 +41,7 @@ def _finding_row(f: dict) -> str:
             f"| {md(loss)} | {md(f.get('hint'), 200) or '-'} |")
 
 
-def _run_section(store: Store, run: dict, findings: list[dict], outcomes: list[dict]) -> str:
+def _run_section(store: Store, run: dict, findings: list[dict], outcomes: list[dict], not_run: list[str]) -> str:
     rid = run["run_id"]
     busy = summary.busy(store, rid)
     kernels = summary.top_kernels(store, rid, 3)
@@ -71,6 +71,8 @@ def _run_section(store: Store, run: dict, findings: list[dict], outcomes: list[d
     skipped = [o for o in outcomes if o["status"] == "error"]
     if skipped:
         parts += ["", "Rule errors: " + "; ".join(f"{md(o['rule_id'])}: {md(o['note'], 120)}" for o in skipped)]
+    if not_run:
+        parts += ["", f"Not run (not selected when it was checked): {md(', '.join(not_run))}"]
     return "\n".join(parts) + "\n"
 
 
@@ -80,7 +82,7 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
     out = [f"## {md(title or 'traceanalyzer report')}", "",
            f"{len(result.runs)} run(s): **{total['error']} error**, **{total['warning']} warning**, {total['info']} info.", ""]
     for e in result.errors:
-        out.append(f"> input error: {md(e, 300)}")
+        out.append(f"> input error: {md(e.path, 200)}: {md(e.message, 300)}")
     if result.errors:
         out.append("")
     by_run = {r["run_id"]: [f for f in result.findings if f["run_id"] == r["run_id"]] for r in result.runs}
@@ -96,7 +98,7 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
     note = "\n_Output shortened to fit: {n} run(s) not detailed; see the HTML report._\n"
     for i, r in enumerate(result.runs):
         outcomes = [o for o in result.outcomes if o["run_id"] == r["run_id"]]
-        section = _run_section(store, r, by_run[r["run_id"]], outcomes) + "\n"
+        section = _run_section(store, r, by_run[r["run_id"]], outcomes, result.not_run(r["run_id"])) + "\n"
         if len(text) + len(section) + len(note) + 10 > max_chars:
             text += note.format(n=len(result.runs) - i)
             break

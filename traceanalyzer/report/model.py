@@ -1,16 +1,64 @@
-"""What a report shows: the runs checked, each rule's outcome, and the findings."""
+"""What a report shows: the runs checked, each rule's outcome, the findings, and the inputs
+that could not be read."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..rules.base import SEVERITIES
+from ..rules.engine import fingerprint
 from ..store import Store
 
 
 def severity_rank(sev: str) -> int:
     return SEVERITIES.index(sev)
+
+
+@dataclass(frozen=True)
+class InputError:
+    """An input that could not be read: a file (or a run reference) and why, in one line."""
+
+    path: str
+    message: str
+    internal: bool = False  # a bug in traceanalyzer, not a bad file
+    detail: str | None = None  # the traceback of such a bug
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "message": self.message}
+
+
+def measure(findings: list[dict]) -> float | None:
+    """How big a group of findings sharing a fingerprint is: their summed estimated loss, or
+    the largest value when none has a loss (None when neither is known)."""
+    losses = [f["est_loss_ns"] for f in findings if f.get("est_loss_ns") is not None]
+    if losses:
+        return float(sum(losses))
+    values = [f["value"] for f in findings if f.get("value") is not None]
+    return float(max(values)) if values else None
+
+
+@dataclass
+class Baseline:
+    """The findings of an earlier report, by fingerprint, with their measure (see `measure`):
+    a finding in it does not fail a check unless, with `max_growth_pct`, it grew by more."""
+
+    measures: dict[str, float | None]
+    max_growth_pct: float | None = None
+
+    @classmethod
+    def from_findings(cls, findings: list[dict], max_growth_pct: float | None = None) -> Baseline:
+        return cls({fp: measure(group) for fp, group in _by_fingerprint(findings).items()}, max_growth_pct)
+
+
+def growth_pct(before: float | None, now: float | None) -> float | None:
+    """Percent growth from `before` to `now`; None when either is unknown; inf from nothing."""
+    if before is None or now is None:
+        return None
+    if before <= 0:
+        return 0.0 if now <= 0 else float("inf")
+    return (now - before) / before * 100.0
 
 
 @dataclass
@@ -19,18 +67,52 @@ class CheckResult:
     outcomes: list[dict]  # rule_runs rows
     findings: list[dict]  # findings rows, evidence decoded, plus file_name / source_path
     fail_on: str = "error"
-    new_fingerprints: set[str] | None = None  # with a baseline: the findings not in it
-    errors: list[str] = field(default_factory=list)  # input errors (files that failed to ingest)
+    baseline: Baseline | None = None
+    errors: list[InputError] = field(default_factory=list)  # inputs that could not be read
+    not_traces: list[tuple[Path, str]] = field(default_factory=list)  # files a folder walk passed over
+    _groups_cache: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def is_new(self, f: dict) -> bool:
-        return self.new_fingerprints is None or f["fingerprint"] in self.new_fingerprints
+        return self.baseline is None or f["fingerprint"] not in self.baseline.measures
+
+    def growth(self, f: dict) -> float | None:
+        """With a baseline: how much the findings sharing `f`'s fingerprint grew (percent)."""
+        if self.baseline is None or self.is_new(f):
+            return None
+        now = measure(self._groups().get(f["fingerprint"], [f]))
+        return growth_pct(self.baseline.measures[f["fingerprint"]], now)
+
+    def grown(self, f: dict) -> bool:
+        """A baselined finding grown beyond --max-growth."""
+        limit = self.baseline.max_growth_pct if self.baseline is not None else None
+        g = self.growth(f) if limit is not None else None
+        return g is not None and g > limit
+
+    def counts_against(self, f: dict) -> bool:
+        """Whether `f` may fail the check: no baseline, not in it, or grown beyond --max-growth."""
+        return self.is_new(f) or self.grown(f)
 
     def failing(self) -> list[dict]:
-        """Findings at or above --fail-on that count (new ones, with a baseline)."""
+        """Findings at or above --fail-on that count (see `counts_against`)."""
         if self.fail_on == "never":
             return []
         limit = severity_rank(self.fail_on)
-        return [f for f in self.findings if severity_rank(f["severity"]) >= limit and self.is_new(f)]
+        return [f for f in self.findings if severity_rank(f["severity"]) >= limit and self.counts_against(f)]
+
+    def failed(self) -> bool:
+        """The gate: an input could not be read, or a finding fails the check."""
+        return bool(self.errors) or bool(self.failing())
+
+    def exit_code(self) -> int:
+        """0 clean, 1 a finding fails the gate, 2 an input could not be read (see the README)."""
+        return 2 if self.errors else 1 if self.failing() else 0
+
+    def not_run(self, run_id: str) -> list[str]:
+        """The rules with no outcome on `run_id` (not selected when it was checked)."""
+        from ..rules import all_rules
+
+        ran = {o["rule_id"] for o in self.outcomes if o["run_id"] == run_id}
+        return [r.id for r in all_rules() if r.id not in ran]
 
     def counts(self, run_id: str | None = None) -> dict[str, int]:
         out = {s: 0 for s in SEVERITIES}
@@ -39,19 +121,35 @@ class CheckResult:
                 out[f["severity"]] += 1
         return out
 
+    def _groups(self) -> dict[str, list[dict]]:
+        if self._groups_cache is None:
+            self._groups_cache = _by_fingerprint(self.findings)
+        return self._groups_cache
+
+
+def _by_fingerprint(findings: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for f in findings:
+        groups.setdefault(f["fingerprint"], []).append(f)
+    return groups
+
 
 def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> CheckResult:
     ids = list(run_ids)
     runs = _rows(store, "SELECT * FROM runs WHERE list_contains(?, run_id) ORDER BY file_name, run_id", ids)
     outcomes = _rows(store, "SELECT * FROM rule_runs WHERE list_contains(?, run_id) ORDER BY run_id, rule_id", ids)
     findings = _rows(store, """
-        SELECT f.*, r.file_name, r.source_path FROM findings f JOIN runs r USING (run_id)
+        SELECT f.*, r.file_name, r.source_path, r.rank FROM findings f JOIN runs r USING (run_id)
         WHERE list_contains(?, f.run_id)
         ORDER BY r.file_name, f.run_id,
                  CASE f.severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
                  f.est_loss_ns DESC NULLS LAST, f.rule_id, f.fingerprint""", ids)
     for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
+        # Computed from the row, as the rules engine does: a store written by an older release
+        # holds fingerprints of another definition.
+        r["fingerprint"] = fingerprint(r["rule_id"], r.pop("rank"), r["device_id"], r["stream_id"],
+                                       r["item_kind"], r["item_name"])
     return CheckResult(runs, outcomes, findings, fail_on)
 
 

@@ -26,6 +26,13 @@ def _uri(source_path: str, base: Path) -> str:
         return p.resolve().as_uri()
 
 
+def _notification(e, base: Path) -> dict:
+    """An input that could not be read: its file and the reason."""
+    return {"level": "error", "message": {"text": f"{e.path}: {e.message}"},
+            "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(e.path, base)}}}],
+            "descriptor": {"id": "input-error"}}
+
+
 def _descriptor(rule) -> dict:
     return {
         "id": rule.id,
@@ -56,6 +63,8 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
                                    "start_ns", "end_ns", "value", "value_unit", "threshold", "est_loss_ns")
                  if f.get(k) is not None}
         props["new"] = result.is_new(f)
+        if result.grown(f):
+            props["grown_beyond_max_growth"] = True
         if f.get("evidence") is not None:
             props["evidence"] = f["evidence"]
         text = f["message"] + (f" Hint: {f['hint']}" if f.get("hint") else "")
@@ -69,7 +78,7 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
                 "logicalLocations": [{"name": f.get("item_name") or where, "fullyQualifiedName": where,
                                       "kind": "object"}],
             }],
-            "partialFingerprints": {"traceanalyzerFinding/v1": f["fingerprint"]},
+            "partialFingerprints": {"traceanalyzerFinding/v2": f["fingerprint"]},
             "properties": props,
         })
     doc = {
@@ -81,8 +90,7 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
                                 "rules": [_descriptor(r) for r in rules]}},
             "artifacts": [{"location": {"uri": _uri(r["source_path"], base)}} for r in result.runs],
             "invocations": [{"executionSuccessful": not result.errors,
-                             "toolExecutionNotifications": [
-                                 {"level": "error", "message": {"text": e}} for e in result.errors]}],
+                             "toolExecutionNotifications": [_notification(e, base) for e in result.errors]}],
             "results": results,
         }],
     }

@@ -1,4 +1,4 @@
-"""Terminal output of a check: findings grouped by run and severity."""
+"""Terminal output of a check: findings grouped by run and severity, then the verdict."""
 
 from __future__ import annotations
 
@@ -23,8 +23,19 @@ def _when(f: dict, run: dict) -> str:
     return f" at {fmt.ns(f['start_ns'] - t0)}–{fmt.ns(f['end_ns'] - t0)} into the run"
 
 
-def print_result(result: CheckResult, console: Console, show_info: bool = True) -> None:
-    for run in result.runs:
+def _baseline_note(result: CheckResult, f: dict) -> str:
+    if result.is_new(f):
+        return ""
+    g = result.growth(f)
+    grew = "" if g is None or g <= 0 else f", grew {'from nothing' if g == float('inf') else f'+{g:.0f}%'}"
+    over = " beyond --max-growth" if result.grown(f) else ""
+    return f" [dim](in baseline{escape(grew)}{over})[/]"
+
+
+def print_result(result: CheckResult, console: Console, show_info: bool = True, findings: bool = True) -> None:
+    """The findings of each run (unless `findings` is False: a scan prints its table instead),
+    the input errors, and the verdict."""
+    for run in result.runs if findings else ():
         rid = run["run_id"]
         counts = result.counts(rid)
         console.rule(f"[bold]{escape(run['file_name'])}[/]  {rid}  ({run['format']})  "
@@ -32,10 +43,9 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True) 
         for f in (x for x in result.findings if x["run_id"] == rid):
             if f["severity"] == "info" and not show_info:
                 continue
-            new = "" if result.is_new(f) else " [dim](in baseline)[/]"
             loss = f" · est. loss {fmt.ns(f['est_loss_ns'])}" if f.get("est_loss_ns") else ""
             console.print(f"[{_STYLE[f['severity']]}]{f['severity']:<7}[/] [bold]{f['rule_id']}[/] "
-                          f"{escape(f['message'])}{loss}{new}")
+                          f"{escape(f['message'])}{loss}{_baseline_note(result, f)}")
             where = _when(f, run)
             if where:
                 console.print(f"        [dim]{escape(where.strip())}[/]")
@@ -45,13 +55,23 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True) 
         for o in missing:
             label = "not applicable" if o["status"] == "no-data" else "rule error"
             console.print(f"[dim]{o['rule_id']} {label}: {escape(o['note'] or '')}[/]")
+        not_run = result.not_run(rid)
+        if not_run:
+            console.print(f"[dim]not run (not selected): {', '.join(not_run)}[/]")
+    for e in result.errors:
+        console.print(f"[red]input error:[/] {escape(e.path)}: {escape(e.message)}")
     total = result.counts()
     failing = result.failing()
-    verdict = (f"[bold red]FAIL[/]: {len(failing)} finding(s) at or above '{result.fail_on}'" if failing
+    problems = []
+    if result.errors:
+        problems.append(f"{len(result.errors)} input(s) could not be read")
+    if failing:
+        problems.append(f"{len(failing)} finding(s) at or above '{result.fail_on}'")
+    verdict = (f"[bold red]FAIL[/]: {'; '.join(problems)}" if problems
                else f"[bold green]OK[/]: nothing at or above '{result.fail_on}'")
-    if result.new_fingerprints is not None:
-        verdict += " (findings in the baseline do not count)"
+    if result.baseline is not None:
+        grown = "" if result.baseline.max_growth_pct is None else \
+            f" unless grown by more than {result.baseline.max_growth_pct:g}%"
+        verdict += f" (findings in the baseline do not count{grown})"
     console.print(f"\n{len(result.runs)} run(s) checked: {total['error']} error, {total['warning']} warning, "
                   f"{total['info']} info. {verdict}")
-    for e in result.errors:
-        console.print(f"[red]input error:[/] {escape(e)}")

@@ -93,11 +93,9 @@ def _normalize(df: pd.DataFrame, rule: Rule, run_id: str, store: Store) -> pd.Da
     if bad:
         raise ValueError(f"{rule.id} returned unknown severities {sorted(bad)}")
     df["evidence"] = df["evidence"].map(_as_json)
-    file_name = store.sql("SELECT file_name FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
-    df["fingerprint"] = [
-        _fingerprint(rule.id, file_name, r.device_id, r.stream_id, r.item_kind, r.item_name)
-        for r in df.itertuples()
-    ]
+    rank = store.sql("SELECT rank FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+    df["fingerprint"] = [fingerprint(rule.id, rank, r.device_id, r.stream_id, r.item_kind, r.item_name)
+                         for r in df.itertuples()]
     return df
 
 
@@ -115,9 +113,27 @@ def _json_default(o):
     return str(o)
 
 
-def _fingerprint(*parts) -> str:
-    clean = ["" if p is None or (isinstance(p, float) and p != p) else str(p) for p in parts]
+def fingerprint(rule_id: str, rank, device_id, stream_id, item_kind, item_name) -> str:
+    """A finding's identity for baselines: the rule and what the finding is about (the run's
+    rank, device, stream, kernel full name, operator, range or copy kind), never the file
+    name, run id or anything measured, so the same finding in a renamed or re-recorded trace
+    matches in any store. Several findings of a run can share one (a kernel launched with
+    several grid sizes); a baseline sums them."""
+    parts = (rule_id, _as_int(rank), _as_int(device_id), _as_int(stream_id), item_kind, item_name)
+    clean = ["" if _missing(p) else str(p) for p in parts]
     return hashlib.sha1("\x1f".join(clean).encode()).hexdigest()[:16]
+
+
+def _missing(v) -> bool:
+    try:
+        return v is None or bool(v != v)  # None, NaN
+    except TypeError:  # pandas.NA
+        return True
+
+
+def _as_int(v):
+    """Ids as integers whatever column type carried them (pandas makes 3.0 of a nullable 3)."""
+    return int(v) if isinstance(v, float) and v == v and v.is_integer() else v
 
 
 def applies(store: Store, rule: Rule, run_id: str, fmt: str) -> bool:
