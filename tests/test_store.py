@@ -477,3 +477,99 @@ def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
         [(o.rule_id, o.status, o.findings) for o in two]
     assert sum(o.findings for o in one) > 0
     assert not store.sql("SELECT database_name FROM duckdb_databases() WHERE database_name LIKE '_ta_run_cache%'").fetchall()
+
+
+# -- stores survive upgrades -----------------------------------------------------------------
+
+# Made by the release before schema versions were recorded (schema 1): `traceanalyzer scan`
+# of fixtures nsys/planted.sqlite, kineto/planted.json and ncu/details_stalls.csv, gzipped.
+SCHEMA1_STORE = FIXTURES / "stores" / "schema1.duckdb.gz"
+
+
+def _schema1_store(tmp_path) -> Path:
+    import gzip
+
+    path = tmp_path / "old.duckdb"
+    path.write_bytes(gzip.decompress(SCHEMA1_STORE.read_bytes()))
+    return path
+
+
+def _counts(path: Path) -> tuple:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return tuple(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                     for t in ("runs", "kernels", "findings", "rule_runs"))
+
+
+def test_a_store_of_the_previous_release_upgrades_and_keeps_its_runs(tmp_path, capfd):
+    from traceanalyzer import migrations
+    from traceanalyzer.rules.engine import fingerprint
+
+    path = _schema1_store(tmp_path)
+    before = _counts(path)
+    assert before[0] == 3 and before[2] > 10
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert migrations.version(con) == 1
+        old_prints = {r[0] for r in con.execute("SELECT fingerprint FROM findings").fetchall()}
+    with Store(path) as st:
+        assert "store upgraded (schema 2: " in capfd.readouterr().err
+        assert migrations.version(st.con) == migrations.SCHEMA_VERSION
+        rows = st.sql("""SELECT f.rule_id, r.rank, f.device_id, f.stream_id, f.item_kind, f.item_name, f.fingerprint
+                         FROM findings f JOIN runs r USING (run_id)""").fetchall()
+        # The migration's SQL computes what the rules engine computes for new findings.
+        assert all(fingerprint(*r[:6]) == r[6] for r in rows) and not {r[6] for r in rows} & old_prints
+        st.ingest(FIXTURES / "nsys" / "clean.sqlite")  # and the upgraded store takes new runs
+        run_rules(st, st.run_ids(), Settings(select=["T001"]))
+    after = _counts(path)
+    assert after[0] == 4 and after[2] >= before[2]
+    with Store(path) as st:  # up to date: opened again without a step
+        assert "upgraded" not in capfd.readouterr().err
+
+
+def test_reading_a_store_of_the_previous_release_upgrades_it_first(tmp_path):
+    from traceanalyzer import migrations
+
+    path = _schema1_store(tmp_path)
+    with Store(path, read_only=True) as st:
+        assert st.sql("SELECT count(*) FROM runs").fetchone()[0] == 3
+        assert migrations.version(st.con) == migrations.SCHEMA_VERSION
+
+
+def test_a_store_of_a_newer_release_is_refused_untouched(tmp_path):
+    path = tmp_path / "new.duckdb"
+    with Store(path) as st:
+        st.sql("UPDATE store_info SET value = '99' WHERE key = 'schema_version'")
+    size = path.stat().st_size
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="schema version 99, made by a newer traceanalyzer"):
+            Store(path, read_only=read_only)
+    assert path.stat().st_size == size
+
+
+def test_a_column_the_store_lacks_is_added_and_its_runs_kept(tmp_path, capfd):
+    path = tmp_path / "s.duckdb"
+    with Store(path) as st:
+        st.ingest(FIXTURES / "nsys" / "planted.sqlite")
+        st.sql("ALTER TABLE kernels DROP COLUMN short_name")  # as a store made before that column
+    with Store(path) as st:
+        assert "added column kernels.short_name" in capfd.readouterr().err
+        assert st.sql("SELECT count(*), count(short_name) FROM kernels").fetchone() == (9, 0)
+        st.ingest(FIXTURES / "nsys" / "clean.sqlite")
+        assert st.sql("SELECT count(*) FROM runs").fetchone()[0] == 2
+
+
+def test_a_store_that_cannot_take_a_table_says_so_not_that_the_transaction_aborted(tmp_path):
+    with Store(tmp_path / "s.duckdb") as st:
+        st.sql("ALTER TABLE kernels DROP COLUMN short_name")
+        for f in (FIXTURES / "nsys" / "planted.sqlite", FIXTURES / "kineto" / "planted.json"):
+            with pytest.raises(StoreError, match=r"could not store table kernels: .*short_name") as e:
+                st.ingest(f)
+            assert "aborted" not in str(e.value)
+        assert st.sql("SELECT count(*) FROM runs").fetchone()[0] == 0
+
+
+def test_migrations_are_numbered_up_to_the_schema_version():
+    from traceanalyzer import migrations
+
+    versions = [m.version for m in migrations.MIGRATIONS]
+    assert versions == sorted(set(versions)) and versions[0] == 2
+    assert versions[-1] == migrations.SCHEMA_VERSION == schema.SCHEMA_VERSION

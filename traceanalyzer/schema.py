@@ -14,6 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# Raised with each change a store needs a step for (`migrations.MIGRATIONS`); a new table or
+# column needs none.
+SCHEMA_VERSION = 2
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -317,6 +322,25 @@ DATA_TABLES: tuple[str, ...] = tuple(
     t.name for t in TABLES if t.name not in ("runs", "findings", "rule_runs"))
 
 
+def arrow_type(sql_type: str):
+    """The Arrow type a reader gives a column of DuckDB type `sql_type` (the one map of the two)."""
+    import pyarrow as pa  # here: the schema's declarations are read where pyarrow is not needed
+
+    return {
+        "VARCHAR": pa.string(), "JSON": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(),
+        "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR[]": pa.list_(pa.string()),
+        "TIMESTAMP": pa.timestamp("us"),
+    }[sql_type]
+
+
+def arrow_schema(table: str, columns=None):
+    """The Arrow schema of a table's columns: `columns` (names), or all of them."""
+    import pyarrow as pa
+
+    types = {c.name: c.type for c in BY_NAME[table].columns}
+    return pa.schema([(c, arrow_type(types[c])) for c in (columns or types)])
+
+
 def ddl(table: Table) -> str:
     cols = ",\n  ".join(f"{c.name} {c.type}" for c in table.columns)
     return f"CREATE TABLE IF NOT EXISTS {table.name} (\n  {cols}\n)"
@@ -331,6 +355,12 @@ def markdown() -> str:
         "a test fails when this file and the code disagree.",
         "",
         __doc__.strip().split("\n\n")[-1].replace("\n", " ").strip(),
+        "",
+        f"This is schema version {SCHEMA_VERSION}. A store records its version in the table "
+        "`store_info` (`key` `schema_version`, `value`); a store made by an earlier release is "
+        "brought up to date when it is opened, its runs kept: missing tables and columns are added "
+        "(NULL in the runs stored before), and numbered steps rewrite what changed meaning "
+        "(`traceanalyzer/migrations.py`). A store of a newer version is refused.",
         "",
     ]
     for t in TABLES:

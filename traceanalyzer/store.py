@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from . import limits, memory, prefetch, schema, views
+from . import limits, memory, migrations, prefetch, schema, views
 from .ingest.base import ParsedTrace
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
@@ -57,16 +57,6 @@ RETRY_MAX_S = 0.2  # the longest pause between two tries to open a locked store
 NOTE_AFTER_S = 1.0  # a wait this long gets a note on stderr
 HANDOVER_S = 3.0  # how long a writer that let go waits for the waiting process to get in
 
-_ARROW_TYPES = {
-    "VARCHAR": pa.string(),
-    "JSON": pa.string(),
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "BOOLEAN": pa.bool_(),
-    "VARCHAR[]": pa.list_(pa.string()),
-    "TIMESTAMP": pa.timestamp("us"),
-}
 # Columns that hold a point in time on the run's clock (used to compute the run's span).
 _TIME_COLUMNS = ("start_ns", "end_ns", "ts_ns")
 
@@ -158,11 +148,14 @@ class Store:
         """Connect, and give the connection what every connection of this store has: the
         memory limit, the schema (`create`), the views, and what `set` set."""
         con = self._connect(lock_timeout_s)
+        if self._outdated_for_reading(con):
+            con.close()
+            self._upgrade_for_reading(lock_timeout_s)
+            con = self._connect(lock_timeout_s)
         try:
             _limit_memory(con)
             if create:
-                for t in schema.TABLES:
-                    con.execute(schema.ddl(t))
+                self._upgrade(con)
             _set_up(con)
             for name, value in self._settings.items():
                 con.execute(f"SET {name} = {_sql_literal(value)}")
@@ -170,6 +163,30 @@ class Store:
             con.close()
             raise
         return con
+
+    def _upgrade(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Create the store's tables, or bring a store of an earlier release up to date (see
+        migrations.py), saying so on stderr when it changed anything."""
+        try:
+            done = migrations.upgrade(con)
+        except migrations.MigrationError as e:
+            raise StoreError(f"{self.path}: {e}") from None
+        if done and str(self.path) != ":memory:":
+            print(f"note: {self.path}: store upgraded ({'; '.join(done)})", file=sys.stderr, flush=True)
+
+    def _outdated_for_reading(self, con: duckdb.DuckDBPyConnection) -> bool:
+        try:
+            return self.read_only and migrations.outdated(con)
+        except migrations.MigrationError as e:
+            raise StoreError(f"{self.path}: {e}") from None
+
+    def _upgrade_for_reading(self, lock_timeout_s: float | None) -> None:
+        """Bring a store an earlier release made up to date before reading it (the views read
+        the current schema): opened for writing once."""
+        if not os.access(self.path, os.W_OK):
+            raise StoreError(f"{self.path}: made by an earlier traceanalyzer, and this one cannot upgrade it "
+                             "(no write access): copy it somewhere writable, or open it once with write access")
+        Store(self.path, lock_timeout_s=lock_timeout_s).close()
 
     def _connect(self, lock_timeout_s: float | None) -> duckdb.DuckDBPyConnection:
         """Open the file, waiting while another process holds it: up to `lock_timeout_s` (None:
@@ -463,7 +480,10 @@ class RunWriter:
         self._spans[name] = _span_union(was, (lo, hi))
         self.nbytes += table.nbytes
         if table.num_rows:
-            _insert(self.con, name, table)
+            try:
+                _insert(self.con, name, table)
+            except duckdb.Error as e:  # the store's fault, not the trace's: a reader must not blame the file
+                raise StoreError(f"could not store table {name}: {one_line_error(e)}") from None
 
     def discard(self, name: str) -> None:
         if self.run_id is None:
@@ -498,6 +518,11 @@ class RunWriter:
         if self._open:
             self._open = False
             self.con.execute("ROLLBACK")
+
+
+def one_line_error(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
 
 
 def _span_union(a: tuple[int | None, int | None], b: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
@@ -585,7 +610,7 @@ def _conform(name: str, tbl: pa.Table, run_id: str) -> pa.Table:
     for col in table.columns:
         if col.name == "run_id" or col.name not in tbl.column_names:
             continue
-        typ = _ARROW_TYPES[col.type]
+        typ = schema.arrow_type(col.type)
         data = tbl.column(col.name)
         if data.type != typ and not (pa.types.is_string(typ) and _is_string_dictionary(data.type)):
             data = data.cast(typ)
@@ -635,7 +660,7 @@ def utcnow() -> _dt.datetime:
 
 
 def arrow_schema(table: str) -> pa.Schema:
-    return pa.schema([(c.name, _ARROW_TYPES[c.type]) for c in schema.BY_NAME[table].columns])
+    return schema.arrow_schema(table)
 
 
 def _insert(con: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> None:
@@ -654,8 +679,13 @@ def _insert(con: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> None:
     del tbl
     try:
         con.execute(f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(select)} FROM _ta_incoming", params)
-    finally:
-        con.unregister("_ta_incoming")
+    except BaseException:
+        # The transaction is aborted now: anything more run on it fails with "Current
+        # transaction is aborted", which would hide this error.
+        with contextlib.suppress(duckdb.Error):
+            con.unregister("_ta_incoming")
+        raise
+    con.unregister("_ta_incoming")
 
 
 def _handed_over(tbl: pa.Table) -> Iterable[pa.RecordBatch]:

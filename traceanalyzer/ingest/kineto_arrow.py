@@ -10,16 +10,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..schema import BY_NAME
+from ..schema import BY_NAME, arrow_type as arrow_type_of
 from .base import TraceError
 
-_ARROW_TYPES = {
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "VARCHAR": pa.string(),
-    "BOOLEAN": pa.bool_(),
-}
 NS_PER_US = 1000
 
 
@@ -29,7 +22,7 @@ def make_table(name: str, columns: dict[str, Any]) -> pa.Table:
     spec = {c.name: c.type for c in BY_NAME[name].columns}
     arrays = {}
     for col, values in columns.items():
-        arrow_type = _ARROW_TYPES[spec[col]]
+        arrow_type = arrow_type_of(spec[col])
         try:
             if isinstance(values, (pa.Array, pa.ChunkedArray)):
                 arrays[col] = values.cast(arrow_type)

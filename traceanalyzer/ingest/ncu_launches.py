@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..gpu import fill_device
-from ..schema import DEVICES
+from ..schema import DEVICES, arrow_schema
 from .ncu_units import parse_dims, parse_ints
 
 # kernels column -> the metric id that holds it (values already in base units).
@@ -60,8 +60,7 @@ DEVICE_FALLBACKS = {"sm_count": "launch__sm_count"}
 CLOCK_RATE_HZ_PER_UNIT = 1000  # device__attribute_clock_rate is kHz
 DISPLAY_NAME = "device__attribute_display_name"
 DEVICE_COLUMNS = [c for c in DEVICES.column_names if c != "run_id"]
-_ARROW = {"INTEGER": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "VARCHAR": pa.string()}
-_DEVICE_SCHEMA = pa.schema([(c.name, _ARROW[c.type]) for c in DEVICES.columns if c.name != "run_id"])
+_DEVICE_SCHEMA = arrow_schema("devices", DEVICE_COLUMNS)
 
 
 # Real kernel names are under 6 000 characters; longer ones are not parsed.

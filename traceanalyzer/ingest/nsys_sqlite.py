@@ -522,14 +522,10 @@ def _valid_utf8(col: pa.ChunkedArray, repaired: set[str], name: str) -> pa.Chunk
             [pa.array([None if v is None else v.decode("utf-8", "replace") for v in values], pa.string())])
 
 
-_ARROW_TYPES = {"VARCHAR": pa.string(), "JSON": pa.string(), "BIGINT": pa.int64(),
-                "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_()}
-
-
 def arrow_schema(table: str, columns: Sequence[str] | None = None) -> pa.Schema:
     """The Arrow types of a store table's columns (all but run_id, or `columns`)."""
-    cols = {c.name: c.type for c in store_schema.BY_NAME[table].columns if c.name != "run_id"}
-    return pa.schema([(c, _ARROW_TYPES[cols[c]]) for c in (columns or cols)])
+    return store_schema.arrow_schema(table, columns or [c for c in store_schema.BY_NAME[table].column_names
+                                                        if c != "run_id"])
 
 
 def quote(identifier: str) -> str:

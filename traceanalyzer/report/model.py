@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..rules.base import SEVERITIES
-from ..rules.engine import fingerprint
 from ..store import Store
 
 
@@ -139,17 +138,13 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
     runs = _rows(store, "SELECT * FROM runs WHERE list_contains(?, run_id) ORDER BY file_name, run_id", ids)
     outcomes = _rows(store, "SELECT * FROM rule_runs WHERE list_contains(?, run_id) ORDER BY run_id, rule_id", ids)
     findings = _rows(store, """
-        SELECT f.*, r.file_name, r.source_path, r.rank FROM findings f JOIN runs r USING (run_id)
+        SELECT f.*, r.file_name, r.source_path FROM findings f JOIN runs r USING (run_id)
         WHERE list_contains(?, f.run_id)
         ORDER BY r.file_name, f.run_id,
                  CASE f.severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
                  f.est_loss_ns DESC NULLS LAST, f.rule_id, f.fingerprint""", ids)
     for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
-        # Computed from the row, as the rules engine does: a store written by an older release
-        # holds fingerprints of another definition.
-        r["fingerprint"] = fingerprint(r["rule_id"], r.pop("rank"), r["device_id"], r["stream_id"],
-                                       r["item_kind"], r["item_name"])
     return CheckResult(runs, outcomes, findings, fail_on)
 
 
