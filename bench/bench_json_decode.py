@@ -67,7 +67,7 @@ def _decode(method: str, path: Path) -> int:
     if method == "msgspec-typed-streamed":
         # What the reader does now: the same typed decode, a chunk of the file at a time
         # (kineto_stream), each chunk dropped once decoded.
-        from traceanalyzer import limits
+        from traceanalyzer import input_limits as limits
         from traceanalyzer.ingest.kineto_stream import EventStream
 
         with limits.json_depth():

@@ -751,7 +751,7 @@ checkouts).
   is streamed into the store: `Store.ingest` hands the reader a `RunWriter` that inserts each
   table part by part inside the run's one transaction, kernels and copies read from the file
   as an ADBC stream in parts of 512 k rows (a table out of start order is read whole). Freed
-  memory is handed back between steps (`traceanalyzer/memory.py`): Arrow's pool and glibc's
+  memory is handed back between steps (`traceanalyzer/os_memory.py`): Arrow's pool and glibc's
   malloc keep it otherwise, and DuckDB's allocator cannot reuse it.
 * Kineto ingest: `traceEvents` is decoded in ~4 MB chunks (`kineto_stream.py`; an odd file is
   decoded whole), typed with msgspec with args kept raw and decoded per category

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fixtures import gen_hostile as G  # noqa: E402
-from traceanalyzer import limits, schema  # noqa: E402
+from traceanalyzer import input_limits as limits, schema  # noqa: E402
 from traceanalyzer.store import Store, file_hash, run_id_for  # noqa: E402
 
 DOC = ROOT / "docs" / "reliability.md"

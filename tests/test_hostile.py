@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traceanalyzer import limits
+from traceanalyzer import input_limits as limits
 from traceanalyzer.ingest import TraceError, read_file
 from traceanalyzer.store import Store
 

@@ -45,7 +45,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import memory, schema
+from . import os_memory, schema
 from .ingest import ParsedTrace, TraceError, find_traces, read_file, streams
 from .ingest.base import read_cpus, usable_cpus
 from .rules.engine import Settings, run_rules
@@ -228,7 +228,7 @@ def _through_temp_store(path: Path, out: FileOutcome, rules: Settings | None, ct
             run_id = st.ingest(path, content_hash=out.content_hash).run_id
             checked = _checked(st, run_id, rules) if rules is not None else (None, None, [])
             trace = _stored_trace(st, run_id)
-    memory.give_back()  # the store's and the plain strings' memory, before the rows are sent
+    os_memory.give_back()  # the store's and the plain strings' memory, before the rows are sent
     return (trace, *checked)
 
 
@@ -480,7 +480,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
                 result = _store_outcome(store, o, written)
                 if o.trace is not None:  # stored: free its tables before the next file's work
                     freed, o.trace = o.trace.nbytes, None
-                    memory.give_back(freed)
+                    os_memory.give_back(freed)
                 handled(result)
                 if by_writer:
                     handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from . import limits, memory, migrations, prefetch, schema, views
+from . import input_limits, os_memory, migrations, prefetch, schema, views
 from .ingest.base import ParsedTrace
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
@@ -400,8 +400,8 @@ class Store:
                     hashing.result()  # a file that cannot be hashed fails as it always did
                 raise
         freed = trace.nbytes + writer.nbytes
-        del trace  # before the rules, which need memory of their own (see memory.py)
-        memory.give_back(freed)
+        del trace  # before the rules, which need memory of their own (see os_memory.py)
+        os_memory.give_back(freed)
         return result
 
     @property
@@ -440,7 +440,7 @@ class RunWriter:
     """Writes one run's tables into the store as a reader hands them over (a TableSink, so
     a big table need not wait in memory for the others), in one transaction: begun at
     the first table, committed by `finish`, rolled back by `abort`. A run with the same
-    id is replaced. Tables are checked (`limits.TableChecks`) part by part."""
+    id is replaced. Tables are checked (`input_limits.TableChecks`) part by part."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: Callable[[], str]):
         self.con = con
@@ -448,7 +448,7 @@ class RunWriter:
         self.run_id: str | None = None  # set, and the transaction begun, by the first table
         self.replaced = False
         self.nbytes = 0  # Arrow bytes written (freed by the reader once written)
-        self._checks = limits.TableChecks()
+        self._checks = input_limits.TableChecks()
         self._rows: dict[str, int] = {}
         self._spans: dict[str, tuple[int | None, int | None]] = {}
         self._open = False

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from .. import limits
+from .. import input_limits
 from ..fmt import printable
 from .base import ParsedTrace, TableSink, TraceError
 from .detect import KINETO, NCU, NSYS, detect, not_a_trace
@@ -44,7 +44,7 @@ def read_file(path: Path, sink: TableSink | None = None) -> ParsedTrace:
     """Detect the format of `path` from its content and run the matching reader.
 
     With a `sink`, a reader that can stream (nsys) hands it its big tables as they are
-    built, unchecked: the sink runs `limits.TableChecks` on them. The result's `tables`
+    built, unchecked: the sink runs `input_limits.TableChecks` on them. The result's `tables`
     hold the rest, checked. Raises TraceError (one line, without the file name) for
     anything unreadable.
     """
@@ -69,7 +69,7 @@ def _read_file(path: Path, sink: TableSink | None) -> ParsedTrace:
         raise TraceError(hint)
     fmt = detect(path)
     if fmt in (KINETO, NCU):  # text formats are parsed in memory
-        limits.check_text_size(path.stat().st_size)
+        input_limits.check_text_size(path.stat().st_size)
     reader = importlib.import_module(f"{__name__}.{_READER_MODULES[fmt]}")
     try:
         trace = _with_device_limits(reader.read(path, sink=sink) if sink is not None and fmt in _STREAMING
@@ -83,7 +83,7 @@ def _read_file(path: Path, sink: TableSink | None) -> ParsedTrace:
     except MemoryError:
         raise TraceError(f"{fmt}: ran out of memory while reading") from None
     # Whatever the reader: no table past the limits, no time that would overflow later.
-    limits.check_tables(trace.tables, trace.warnings)
+    input_limits.check_tables(trace.tables, trace.warnings)
     return trace
 
 

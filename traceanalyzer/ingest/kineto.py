@@ -53,7 +53,7 @@ from typing import Any
 import msgspec
 from msgspec import Raw
 
-from .. import limits, prefetch
+from .. import input_limits, prefetch
 from .base import ParsedTrace, TraceError, as_path
 from .detect import GZIP_MAGIC, KINETO
 from .kineto_devices import devices_table
@@ -86,7 +86,7 @@ def read(path: str | Path, *, split_min_bytes: int = kineto_split.MIN_SPLIT_BYTE
     an odd file is decoded whole, which gives the exact error or result."""
     path = as_path(path)
     try:
-        with limits.json_depth():  # msgspec counts nesting against the recursion limit
+        with input_limits.json_depth():  # msgspec counts nesting against the recursion limit
             split = kineto_split.split_point(path, split_min_bytes) if kineto_split.allowed() else None
             readers = [lambda: _read_split(path, split)] if split is not None else []
             # A split that fails is read again in one pass: the reference result (or error).
@@ -104,7 +104,7 @@ def read(path: str | Path, *, split_min_bytes: int = kineto_split.MIN_SPLIT_BYTE
             events.clear()
             return _parse(top, collector)
     except RecursionError:
-        raise limits.depth_error() from None
+        raise input_limits.depth_error() from None
 
 
 def _read_streamed(stream: EventStream) -> tuple[dict[str, Raw], Collector]:
@@ -139,7 +139,7 @@ def _read(path: Path) -> bytes:
 
 def _unpack(raw: bytes) -> bytes:
     if raw[:2] == GZIP_MAGIC:  # bounded: a small file may inflate a thousandfold
-        raw = limits.gunzip(raw)
+        raw = input_limits.gunzip(raw)
     return raw.removeprefix(b"\xef\xbb\xbf")
 
 
@@ -176,7 +176,7 @@ def _metadata(top: dict[str, Raw]) -> tuple[dict[str, Any], list[str]]:
             omitted.append(key)
             continue
         try:  # the store writes metadata as JSON: keep deep values out like big ones
-            with limits.json_depth(MAX_METADATA_DEPTH):
+            with input_limits.json_depth(MAX_METADATA_DEPTH):
                 meta[key] = msgspec.json.decode(raw)
         except RecursionError:
             omitted.append(key)
@@ -222,7 +222,7 @@ def _parse(top: dict[str, Raw], c: Collector) -> ParsedTrace:
     # Keys the run facts come from are decoded whatever their size (pg_config can be long).
     needed = {k: msgspec.json.decode(top[k]) if k in omitted else meta.get(k) for k in _RUN_FACT_KEYS}
     base_ns = _typed(needed, "baseTimeNanoseconds", int, "an integer (ns)")
-    if base_ns is not None and abs(base_ns) > limits.MAX_ABS_TIME_NS:
+    if base_ns is not None and abs(base_ns) > input_limits.MAX_ABS_TIME_NS:
         raise TraceError("`baseTimeNanoseconds` lies beyond ±2^62 ns (a corrupt time base)")
     dist = needed["distributedInfo"] if isinstance(needed["distributedInfo"], dict) else {}
     counts = c.counts

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from msgspec import Raw
 
-from .. import limits, prefetch
+from .. import input_limits, prefetch
 from .base import TraceError, read_cpu_limit, usable_cpus
 from .detect import GZIP_MAGIC
 from . import kineto_wire
@@ -148,7 +148,7 @@ class Helper:
 def read_part(path: Path, offset: int, bare_array: bool) -> tuple[Collector, dict[str, Raw]]:
     """The helper's work: the events from `offset` to the end of the array."""
     collector, stream = Collector(), EventStream(path, start=offset, bare_array=bare_array)
-    with limits.json_depth():
+    with input_limits.json_depth():
         for events in stream:
             collector.add(events)
     return collector, stream.top

@@ -15,7 +15,7 @@ unusual (invalid JSON, a wrong value type, nesting near the depth limit, a dupli
 raises `Unstreamable`, and the reader decodes the whole file in one piece, which gives the
 exact error (or, for a file that only looked odd, the exact result). So streaming never
 decides what a file means, only how much of it is in memory at once. (A gzip over the
-inflation limits fails here directly, with the error and at the byte `limits.gunzip`
+inflation limits fails here directly, with the error and at the byte `input_limits.gunzip`
 would.)
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import msgspec
 from msgspec import Raw
 
-from .. import limits
+from .. import input_limits
 from .detect import GZIP_MAGIC
 from .kineto_events import Event
 
@@ -63,7 +63,7 @@ class Unstreamable(Exception):
 
 
 def _decode(decoder: msgspec.json.Decoder, data: bytes):
-    with limits.json_depth(limits.get("MAX_JSON_DEPTH") - _DEPTH_MARGIN):
+    with input_limits.json_depth(input_limits.get("MAX_JSON_DEPTH") - _DEPTH_MARGIN):
         return decoder.decode(data)
 
 
@@ -112,10 +112,10 @@ class EventStream:
         return f.read(READ_BYTES)
 
     def _inflate(self, f, data: bytes) -> Iterator[bytes]:
-        """Like `limits.gunzip` (all members, zero padding, the same limits), a block at a
-        time; any problem is left for `limits.gunzip` to report."""
+        """Like `input_limits.gunzip` (all members, zero padding, the same limits), a block at a
+        time; any problem is left for `input_limits.gunzip` to report."""
         try:
-            guard = limits.InflateGuard(os.fstat(f.fileno()).st_size)
+            guard = input_limits.InflateGuard(os.fstat(f.fileno()).st_size)
             while True:
                 d = zlib.decompressobj(16 + zlib.MAX_WBITS)
                 while not d.eof:

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from .. import limits
+from .. import input_limits
 from .base import ParsedTrace, TraceError, as_path
 from .ncu_labels import METRIC_ID, metric_ids
 from .ncu_launches import build_devices, build_kernels
@@ -187,7 +187,7 @@ def _parse(text: str, start: int, header: list[str], metadata: dict, warnings: l
     """
     width = _dominant_width(text, start, header)
     # A row must fit one block: room for the longest string the limits allow, twice over.
-    block_bytes = min(max(_BLOCK_BYTES, 2 * limits.get("MAX_STRING_BYTES")), (1 << 31) - 1)
+    block_bytes = min(max(_BLOCK_BYTES, 2 * input_limits.get("MAX_STRING_BYTES")), (1 << 31) - 1)
     names = [f"c{i}" for i in range(width)]
     odd: list[str] = []
 
@@ -204,7 +204,7 @@ def _parse(text: str, start: int, header: list[str], metadata: dict, warnings: l
                                                  strings_can_be_null=False, quoted_strings_can_be_null=False))
     except pa.ArrowInvalid as e:
         if "straddl" in str(e):  # one row longer than a whole block
-            raise limits.over("MAX_STRING_BYTES", f"a CSV row longer than {block_bytes:,} bytes") from None
+            raise input_limits.over("MAX_STRING_BYTES", f"a CSV row longer than {block_bytes:,} bytes") from None
         raise TraceError(f"malformed ncu CSV: {str(e).splitlines()[0]}") from None
     rows = [next(csv.reader([t]), []) for t in odd]
     logs = [r[0] for r in rows if len(r) == 1 and r[0].startswith(LOG_PREFIXES)]

@@ -51,8 +51,8 @@ import pyarrow.compute as pc
 
 from . import nsys_arrow as arrow
 from . import nsys_enums
-from .. import limits, memory
-from ..limits import MAX_ABS_TIME_NS
+from .. import input_limits, os_memory
+from ..input_limits import MAX_ABS_TIME_NS
 from .base import CollectedTables, ParsedTrace, TableSink, TraceError, as_path
 from .nsys_devices import read_devices
 from .nsys_sqlite import Col, NsysFile, StreamFailed, arrow_schema, one_line, quote
@@ -419,10 +419,10 @@ class _Reader:
         finally:
             for v in views:
                 self.duck.unregister(v)
-        if longest > limits.get("MAX_STRING_BYTES"):
-            raise limits.over("MAX_STRING_BYTES", f"a name of {longest:,} bytes")
-        if total > limits.get("MAX_TEXT_BYTES"):
-            raise limits.over("MAX_TEXT_BYTES", f"names repeated on every row would take {total:,} bytes of strings")
+        if longest > input_limits.get("MAX_STRING_BYTES"):
+            raise input_limits.over("MAX_STRING_BYTES", f"a name of {longest:,} bytes")
+        if total > input_limits.get("MAX_TEXT_BYTES"):
+            raise input_limits.over("MAX_TEXT_BYTES", f"names repeated on every row would take {total:,} bytes of strings")
 
     def _lookup(self, ids: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, pa.Array]:
         """StringIds ids per row -> (index per row into the distinct ids, each distinct id's
@@ -436,7 +436,7 @@ class _Reader:
     def _store(self, name: str, table: pa.Table) -> None:
         """Keep an output table, each column in its schema type where the values allow
         (dictionary-encoded strings stay so; a value past the type is left for
-        limits.check_tables to NULL, with a warning)."""
+        input_limits.check_tables to NULL, with a warning)."""
         schema = arrow_schema(name, table.column_names)
         columns = []
         for col, field in zip(table.columns, schema):
@@ -455,10 +455,10 @@ class _Reader:
 
     def _given_back(self) -> None:
         """With a sink, hand freed memory back to the OS (Arrow's pool and malloc keep it
-        otherwise; see memory.py): what one step freed is then there for the next, and for
+        otherwise; see os_memory.py): what one step freed is then there for the next, and for
         the store. Some 10 ms a time, once per part."""
         if self.sink is not None:
-            memory.give_back()
+            os_memory.give_back()
 
     # -- tables --------------------------------------------------------------------
     def _api_calls(self) -> None:

@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import limits
+from .. import input_limits
 from .. import schema as store_schema
 from .base import TraceError, read_cpu_limit, usable_cpus
 
@@ -192,14 +192,14 @@ class NsysFile:
         makes a few KB "hold" 10^11 rows (and a full read never end). Counting through a
         LIMIT stops after the cap whatever the tree claims."""
         if table not in self._row_counts:
-            physical = self.size // limits.SQLITE_MIN_ROW_BYTES + 16
-            cap = min(limits.get("MAX_ROWS"), physical)
+            physical = self.size // input_limits.SQLITE_MIN_ROW_BYTES + 16
+            cap = min(input_limits.get("MAX_ROWS"), physical)
             n = self.rows(f"SELECT count(*) FROM (SELECT 1 FROM {quote(table)} LIMIT {cap + 1})")[0][0]
             if n > physical:
                 raise TraceError(f"table {table} holds more rows than a file of {self.size:,} bytes can "
                                  "(corrupt b-tree that reuses its pages)")
             if n > cap:
-                raise limits.over("MAX_ROWS", f"table {table}: more than {cap:,} rows")
+                raise input_limits.over("MAX_ROWS", f"table {table}: more than {cap:,} rows")
             self._row_counts[table] = n
         return self._row_counts[table]
 

@@ -1,4 +1,4 @@
-"""Memory handed back between a run's steps (traceanalyzer/memory.py)."""
+"""Memory handed back between a run's steps (traceanalyzer/os_memory.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from traceanalyzer import memory
+from traceanalyzer import os_memory
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmRSS from /proc")
 
@@ -30,9 +30,9 @@ def _given_back(allocate) -> tuple[int, int]:
     keep = pieces[::50]
     del pieces
     held = _rss_bytes()
-    memory.give_back(1)  # too little freed to be worth it: nothing happens
+    os_memory.give_back(1)  # too little freed to be worth it: nothing happens
     small = held - _rss_bytes()
-    memory.give_back(240 << 20)
+    os_memory.give_back(240 << 20)
     assert keep
     return small, held - _rss_bytes()
 
@@ -45,7 +45,7 @@ def test_freed_arrow_buffers_go_back_to_the_os():
 
 
 def test_freed_malloc_heap_goes_back_to_the_os():
-    if memory._malloc_trim() is None:
+    if os_memory._malloc_trim() is None:
         pytest.skip("malloc_trim is glibc's")
     small, big = _given_back(lambda: [bytes(4000) for _ in range(60_000)])
     assert small < 50 << 20 and big > 150 << 20
