@@ -107,8 +107,8 @@ def settings_from(opts: CheckOptions) -> tuple[Settings, str]:
             raise UsageError(f"--max-growth must be a percentage of 0 or more, not {opts.max_growth_pct!r}")
         if opts.baseline is None:
             raise UsageError("--max-growth compares findings with a baseline: give --baseline too")
-    try:  # validate rule names and threshold names/values before doing any work
-        for rule in settings.rules():
+    try:  # validate rule names and threshold names/values (of unselected rules too) before any work
+        for rule in {**{r.id: r for r in settings.rules()}, **{i: get_rule(i) for i in thresholds}}.values():
             settings.params_for(rule)
     except ValueError as e:
         raise UsageError(str(e)) from None

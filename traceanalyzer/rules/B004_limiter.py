@@ -186,7 +186,7 @@ RULE = Rule(
         Threshold("max_achieved_gap_pct", 10, "Achieved more than this many points under theoretical is the limit (NVIDIA AchievedOccupancy: 10)."),
         Threshold("min_issue_active_ratio", 0.6, "Issue rate under this per scheduler cycle means stalls (NVIDIA IssueSlotUtilization: 0.6)."),
         Threshold("min_time_share", 0.05, "Kernels under this share of profiled time are not judged."),
-        Threshold("max_kernels_count", 10, "At most this many of the longest kernels are judged."),
+        Threshold("max_kernels_count", 10, "At most this many of the longest kernels are judged.", low=1),
         Threshold("warning_time_share", 0.1, "Latency/occupancy-limited kernels at or over this share of time are warnings."),
     ),
     evaluate=evaluate,

@@ -104,7 +104,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         m = _measure(g, op, p["assumed_access_bytes"])
         parts.append(m[m["excess_share"].notna() & ~m.index.isin(src.index[src["excess_share"].notna()])])
     found = pd.concat(parts)
-    found = found[found["excess_share"] >= p["min_excess_share"]]
+    # No excess is no finding, at a threshold of 0 too.
+    found = found[(found["excess_share"] > 0) & (found["excess_share"] >= p["min_excess_share"])]
     rows = []
     for idx, f in found.iterrows():
         r = g.loc[idx]
@@ -186,7 +187,8 @@ RULE = Rule(
     applies_sql=_APPLIES,
     thresholds=(
         Threshold("min_excess_share", 0.1, "Share of fetched sectors wasted that is reported (NVIDIA reports any excess)."),
-        Threshold("assumed_access_bytes", 4, "Bytes per thread per access assumed when the file lacks data-byte counters."),
+        Threshold("assumed_access_bytes", 4, "Bytes per thread per access assumed when the file lacks data-byte counters (16: the widest access).",
+                  low=1, high=16),
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
     ),
     evaluate=evaluate,

@@ -42,7 +42,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             requests = requests + col(g, m["extra_requests"]).fillna(0)  # ldmatrix reads shared memory too
         share = conflicts / wavefronts.where(wavefronts > 0)  # NVIDIA SharedMemoryConflicts
         ways = wavefronts / requests.where(requests > 0)
-        hit = share >= p["min_conflict_share"]
+        hit = (share > 0) & (share >= p["min_conflict_share"])  # no conflicts, no finding (threshold 0 too)
         for idx in g.index[hit.fillna(False)]:
             r = g.loc[idx]
             s, w, l1 = float(share[idx]), ways[idx], r[L1TEX_SOL]

@@ -132,7 +132,8 @@ RULE = Rule(
              "or request counts",
     applies_sql=has_metrics(_DATA, _INST),
     thresholds=(
-        Threshold("min_access_bytes", 8, "Average bytes per thread per instruction under this are reported (8: 32-bit or smaller)."),
+        Threshold("min_access_bytes", 8, "Average bytes per thread per instruction under this are reported (8: 32-bit or smaller; 16 is the widest access).",
+                  high=16),
         Threshold("min_inst_share", 0.02, "Skip when global load (store) instructions are under this share of all instructions."),
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
     ),

@@ -169,6 +169,7 @@ SELECT device_id, NULL, 'memory', pr_id, 'reserved but unallocated memory', pr_s
        evidence
 FROM described
 WHERE unused_share >= $min_fragmentation_share AND peak_reserved - peak_allocated >= $min_fragmentation_bytes
+  AND peak_reserved > peak_allocated  -- some of it never allocated, whatever the thresholds (0 too)
 ORDER BY device_id, item_name
 """
 

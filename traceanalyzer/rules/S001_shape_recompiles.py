@@ -211,8 +211,8 @@ RULE = Rule(
                 "OR name LIKE 'Torch-Compiled Region:%')) OR EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id "
                 "AND launch_call_id IS NOT NULL AND grid_x IS NOT NULL)",
     thresholds=(
-        Threshold("min_distinct_shapes_count", 3, "An operator or kernel needs at least this many distinct shapes."),
-        Threshold("min_slow_shapes_count", 2, "... and at least this many shapes whose first call was slow."),
+        Threshold("min_distinct_shapes_count", 3, "An operator or kernel needs at least this many distinct shapes.", low=1),
+        Threshold("min_slow_shapes_count", 2, "... and at least this many shapes whose first call was slow.", low=1),
         Threshold("min_slow_shapes_share", 0.5, "... and slow first calls in this share of its shapes seen more than once."),
         Threshold("min_first_call_slowdown_ratio", 5.0, "A first call is slow at this many times the median of later calls with its shape."),
         Threshold("min_first_call_excess_ns", 50000, "... and at least this much longer than that median (50 us)."),

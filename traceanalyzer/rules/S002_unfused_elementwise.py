@@ -155,6 +155,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     SELECT g.*, g.saving_ns / nullif(b.active_span_ns, 0) AS share
     FROM grouped g LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = g.device_id
     WHERE g.saving_ns / nullif(b.active_span_ns, 0) >= $min_saving_share
+      AND g.saving_ns > 0  -- nothing to save, nothing to report (at a threshold of 0 too)
 ), shown AS (  -- the chains their findings show: the one that names each, and the worst ones
     SELECT device_id, named_by.stream_id, named_by.chain, named_by.last_seq FROM reported
     UNION
@@ -193,13 +194,14 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
                GROUP BY external_id) lo ON lo.external_id = k.external_id
     GROUP BY m.device_id, m.n, m.sig_a, m.sig_b
 ), judged AS (
-    SELECT r.* EXCLUDE (worst), w.worst, n.names, n.short_names, n.labels,
+    SELECT r.* EXCLUDE (worst), coalesce(w.worst, '[]') AS worst, n.names, n.short_names, n.labels,
            -- long chains are named by their ends
            CASE WHEN len(n.labels) <= 6 THEN array_to_string(n.labels, ' -> ')
                 ELSE array_to_string(n.labels[1:3], ' -> ') || ' -> ... -> ' || array_to_string(n.labels[-2:], ' -> ')
            END AS chain_name,
            len(list_distinct(n.labels)) = 1 AS one_op  -- the same op on many tensors: horizontal fusion
-    FROM reported r JOIN named n USING (device_id, n, sig_a, sig_b) JOIN worst_shown w USING (device_id, n, sig_a, sig_b)
+    FROM reported r JOIN named n USING (device_id, n, sig_a, sig_b)
+    LEFT JOIN worst_shown w USING (device_id, n, sig_a, sig_b)  -- no chains listed with max_examples = 0
 )
 SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, worst_chain.id AS item_id,
        chain_name AS item_name, worst_chain.start_ns AS start_ns, worst_chain.end_ns AS end_ns,
@@ -263,7 +265,7 @@ RULE = Rule(
     thresholds=(
         Threshold("max_kernel_ns", 50000, "Element-wise kernels longer than this (50 us) are not chained."),
         Threshold("max_gap_ns", 100000, "A gap longer than this between two kernels ends a chain."),
-        Threshold("min_chain_count", 3, "Chains need at least this many kernels."),
+        Threshold("min_chain_count", 3, "Chains need at least this many kernels (a chain is two or more).", low=2),
         Threshold("min_saving_share", 0.01, "Report chains whose estimated saving is at least this share of the device's active span."),
         Threshold("warning_share", 0.05, "Saving share that makes a warning (below: info)."),
         Threshold("max_examples", 5, "How many chains the evidence lists."),

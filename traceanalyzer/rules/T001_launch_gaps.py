@@ -136,8 +136,9 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
            list_sort(list_filter(p.per_cause, lambda x: x.n > 0), 'DESC')[1]['cause'] AS main_cause,
            to_json(map_from_entries(list_transform(list_filter(p.per_cause, lambda x: x.n > 0),
                                                    lambda x: (x.cause, x.n)))) AS causes,
-           w.worst
-    FROM per_stream_all p JOIN spans s USING (device_id, stream_id) JOIN worst_gaps w USING (device_id, stream_id)
+           coalesce(w.worst, '[]') AS worst
+    FROM per_stream_all p JOIN spans s USING (device_id, stream_id)
+    LEFT JOIN worst_gaps w USING (device_id, stream_id)  -- no gaps listed with max_examples = 0
 ), per_device AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,

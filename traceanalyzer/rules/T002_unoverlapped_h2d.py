@@ -149,7 +149,7 @@ RULE = Rule(
         Threshold("error_share", 0.25, "Share that makes an error."),
         Threshold("small_copy_bytes", 65536, "Copies under this size count as small."),
         Threshold("max_batch_gap_ns", 100000, "Small copies at most this far apart belong to one batch."),
-        Threshold("min_batch_count", 10, "Batches of at least this many small copies are reported."),
+        Threshold("min_batch_count", 10, "Batches of at least this many small copies are reported (a batch is two or more).", low=2),
         Threshold("max_examples", 5, "How many of the most exposed copies the evidence lists."),
     ),
     sql=SQL,

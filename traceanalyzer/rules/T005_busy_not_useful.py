@@ -92,7 +92,8 @@ def _timeline(store, run_id: str, p: dict) -> list[dict]:
                  "tiny_kernels": int(d.tiny_kernels), "estimate_coverage": coverage}
         busy = f"device {int(d.device_id)} is busy {pct(d.busy_share)} of its active span"
         judged = False
-        if coverage >= p["min_estimate_coverage_share"]:
+        # Without any estimate there is nothing to judge by, whatever coverage is asked for.
+        if covered_ns > 0 and coverage >= p["min_estimate_coverage_share"]:
             judged = True
             occ = float((known["estimate"] * known["total_ns"]).sum() / covered_ns)
             if occ < p["max_occupancy_share"]:
@@ -115,7 +116,7 @@ def _timeline(store, run_id: str, p: dict) -> list[dict]:
                                                      "estimated_occupancy": r.estimate,
                                                      "grid_blocks": _num(r.grid_blocks), "sm_count": _num(r.sm_count)}
                                                     for r in worst.itertuples()]}})
-        if tiny_share >= p["min_tiny_share"]:
+        if d.tiny_kernels > 0 and tiny_share >= p["min_tiny_share"]:
             judged = True
             rows.append({**base, "item_name": "busy with tiny kernels", "value": tiny_share, "value_unit": "share",
                          "threshold": p["min_tiny_share"],
@@ -125,7 +126,7 @@ def _timeline(store, run_id: str, p: dict) -> list[dict]:
                          "hint": "Fuse the small kernels (torch.compile, fused optimizers, CUTLASS epilogues), batch "
                                  "the work into fewer larger launches, or capture the sequence in a CUDA graph.",
                          "evidence": facts})
-        if not judged and coverage < p["min_estimate_coverage_share"]:
+        if not judged:
             rows.append({**base, "item_name": "busy, efficiency unknown", "value": d.busy_share,
                          "value_unit": "share", "threshold": p["min_busy_share"], "severity": "info",
                          "message": f"{busy}; this trace cannot tell how much of that is useful: it has no throughput "
@@ -150,11 +151,12 @@ def _ncu(store, run_id: str, p: dict) -> list[dict]:
             continue
         low = part[part["sol_pct"] < p["max_sol_pct"]]
         part = part.assign(idle=part["weight"] * (100 - part["sol_pct"]))
-        worst = part.sort_values(["idle", "kernel_id"], ascending=[False, True]).head(p["max_examples"])
+        ranked = part.sort_values(["idle", "kernel_id"], ascending=[False, True])
+        worst = ranked.head(p["max_examples"])
         dev = None if device == -1 else int(device)
         timed = bool(part["duration_ns"].notna().all())
         rows.append({
-            "device_id": dev, "item_kind": "kernel", "item_id": int(worst.iloc[0]["kernel_id"]),
+            "device_id": dev, "item_kind": "kernel", "item_id": int(ranked.iloc[0]["kernel_id"]),
             "item_name": "profiled kernels below peak", "value": sol, "value_unit": "pct",
             "threshold": p["max_sol_pct"],
             "message": f"profiled kernels{'' if dev is None else f' on device {dev}'} reach {sol:.1f}% of peak "

@@ -204,10 +204,10 @@ RULE = Rule(
     applies_sql="SELECT EXISTS (SELECT 1 FROM copies WHERE run_id = $run_id AND start_ns IS NOT NULL)",
     thresholds=(
         Threshold("small_copy_bytes", 65536, "Copies under this size count as small (as in T002)."),
-        Threshold("min_small_count", 20, "Small copies per device and direction that are reported."),
+        Threshold("min_small_count", 20, "Small copies per device and direction that are reported.", low=1),
         Threshold("max_batch_gap_ns", 100000, "As T002: small host-to-device copies this close on a stream form a batch (left to T002)."),
-        Threshold("min_batch_count", 10, "As T002: batches of at least this many small host-to-device copies are left to T002."),
-        Threshold("min_pageable_count", 1, "Pageable device-to-host copies per device that are reported."),
+        Threshold("min_batch_count", 10, "As T002: batches of at least this many small host-to-device copies are left to T002.", low=2),
+        Threshold("min_pageable_count", 1, "Pageable device-to-host copies per device that are reported.", low=1),
         Threshold("max_sync_delay_ns", 100000, "A sync call starting this soon after a device-to-host copy call waits for it (100 us)."),
         Threshold("min_loss_ns", 20000, "Waited-on copies are reported when their estimated loss exceeds this (20 us)..."),
         Threshold("min_share", 0.01, "...and this share of the device's active span."),

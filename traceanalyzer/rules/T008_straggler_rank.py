@@ -126,7 +126,8 @@ def evaluate(store, run_ids: list[str], p: dict) -> pd.DataFrame:
             signal = "most compute time"
         step_median = float(ranks["step_ns"].median()) if ranks["step_ns"].notna().any() else None
         share = lag / step_median if step_median else None
-        if share is None or lag < p["min_lag_ns"] or share < p["min_lag_share"]:
+        # No lag, no straggler: balanced ranks stay quiet at thresholds of 0 too.
+        if share is None or not lag > 0 or lag < p["min_lag_ns"] or share < p["min_lag_share"]:
             continue
         compute_excess = float(straggler["compute_ns"] - ranks["compute_ns"].median())
         unit = "per step" if straggler["stepped"] else "over the run"

@@ -11,6 +11,7 @@ rest (run, rule id, default severity) and stores them in the `findings` table.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -34,19 +35,106 @@ def pair_key(first: str, then: str, *, then_descending: bool = False) -> str:
     return f"({first}::HUGEINT * 18446744073709551616 + ({low}))"
 
 
+# Durations, sizes and counts stay below this, so a threshold added to a 64-bit nanosecond
+# timestamp in a rule's SQL cannot overflow (10^18 ns is 31 years).
+LARGEST = 10**18
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What a threshold's name ends in, and the values it allows (inclusive bounds; never NaN
+    or infinite: `high` = inf means no upper bound)."""
+
+    suffix: str
+    low: float
+    high: float
+    symbol: str = ""  # written after values: "5000 ns", "0 to 100 %"
+    integer: bool = False
+    display: bool = False  # shapes only the evidence (how much it lists), never what is found
+
+
+UNITS = {u.suffix: u for u in (
+    Unit("ns", 0, LARGEST, "ns"),
+    Unit("bytes", 0, LARGEST, "bytes"),
+    Unit("share", 0, 1),
+    Unit("pct", 0, 100, "%"),
+    Unit("ratio", 0, math.inf),
+    Unit("waves", 0, math.inf, "waves"),
+    Unit("count", 0, LARGEST, integer=True),
+    # How many examples the evidence lists: the list is bounded so the evidence stays readable.
+    Unit("examples", 0, 1000, integer=True, display=True),
+)}
+
+
+def _num(x: float) -> str:
+    return "1e18" if x == LARGEST else f"{x:g}"
+
+
 @dataclass(frozen=True)
 class Threshold:
-    name: str  # with its unit: min_gap_ns, min_share, max_waves
+    """A number that tunes a rule: its name ends in its unit (`min_gap_ns`, `min_share`,
+    `max_examples`), which gives the values it allows; `low`/`high` narrow them where the
+    unit's range includes values that make no sense for this threshold."""
+
+    name: str
     default: float | int
     doc: str
+    low: Optional[float] = None
+    high: Optional[float] = None
 
-    def coerce(self, raw: Any) -> float | int:
-        if isinstance(self.default, bool):
-            raise TypeError("boolean thresholds are not supported")
+    def __post_init__(self):
+        if not isinstance(self.default, (int, float)) or isinstance(self.default, bool):
+            raise TypeError(f"threshold {self.name}: the default must be a number")
+        if self.name.rsplit("_", 1)[-1] not in UNITS:
+            raise ValueError(f"threshold {self.name}: the name must end in a unit ({', '.join('_' + u for u in UNITS)})")
+        if not self.unit.low <= self.lowest <= self.highest <= self.unit.high:
+            raise ValueError(f"threshold {self.name}: low/high may only narrow the unit's range")
+        if not self.lowest <= self.default <= self.highest:
+            raise ValueError(f"threshold {self.name}: default {self.default} is outside {self.range_text()}")
+
+    @property
+    def unit(self) -> Unit:
+        return UNITS[self.name.rsplit("_", 1)[-1]]
+
+    @property
+    def lowest(self) -> float:
+        return self.unit.low if self.low is None else self.low
+
+    @property
+    def highest(self) -> float:
+        return self.unit.high if self.high is None else self.high
+
+    @property
+    def display(self) -> bool:
+        """Whether it only shapes the evidence: any allowed value gives the same findings."""
+        return self.unit.display
+
+    def range_text(self, in_a_sentence: bool = False) -> str:
+        """The allowed values in words: "0 to 1", "0 to 1e18 ns", "whole number, 1 to 1e18", ">= 0";
+        `in_a_sentence`: as said after "must be" ("from 0 to 1", "a whole number from 1 to 1e18")."""
+        u = self.unit
+        if math.isfinite(self.highest):
+            span = f"{'from ' if in_a_sentence else ''}{_num(self.lowest)} to {_num(self.highest)}"
+        else:
+            span = f">= {_num(self.lowest)}"
+        if u.integer:
+            span = f"a whole number {span}" if in_a_sentence else f"whole number, {span}"
+        return f"{span} {u.symbol}".rstrip()
+
+    def coerce(self, raw: Any, owner: str = "") -> float | int:
+        """`raw` (a number, or text from the command line) as this threshold's value; a
+        ValueError naming `owner`.name, the value and the allowed range when it is not one."""
+        label = f"{owner}.{self.name}" if owner else self.name
         try:
             v = float(raw)
+            shown = raw.strip() if isinstance(raw, str) else repr(raw)  # text that reads as a number, unquoted
         except (TypeError, ValueError):
-            raise ValueError(f"threshold {self.name} needs a number, got {raw!r}") from None
+            v, shown = math.nan, repr(raw)
+        what = f"{label} must be {self.range_text(in_a_sentence=True)}, not {shown}"
+        if isinstance(raw, bool):
+            raise ValueError(what)
+        if not (math.isfinite(v) and self.lowest <= v <= self.highest) or (self.unit.integer and not v.is_integer()):
+            raise ValueError(what)
         return int(v) if isinstance(self.default, int) and v.is_integer() else v
 
 
@@ -90,7 +178,7 @@ class Rule:
             if t is None:
                 known = ", ".join(values) or "none"
                 raise ValueError(f"{self.id} has no threshold {k!r} (known: {known})")
-            values[k] = t.coerce(v)
+            values[k] = t.coerce(v, self.id)
         return values
 
 

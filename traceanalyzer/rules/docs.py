@@ -26,8 +26,10 @@ def rule_markdown(rule: Rule) -> str:
         "## Thresholds", "",
     ]
     if rule.thresholds:
-        lines += ["| name | default | meaning |", "|---|---|---|"]
-        lines += [f"| `{t.name}` | {t.default} | {t.doc} |" for t in rule.thresholds]
+        lines += ["| name | default | allowed | meaning |", "|---|---|---|---|"]
+        lines += [f"| `{t.name}` | {t.default} | {t.range_text()} | {t.doc}"
+                  f"{' Evidence only: any value gives the same findings.' if t.display else ''} |"
+                  for t in rule.thresholds]
         lines += ["", "Set them with `--threshold " f"{rule.id}.{rule.thresholds[0].name}=VALUE` or in "
                   "`[tool.traceanalyzer.thresholds." f"{rule.id}]` of `pyproject.toml` / "
                   "`[thresholds." f"{rule.id}]` of `traceanalyzer.toml`."]
