@@ -1,0 +1,35 @@
+"""Imports go one way (file -> reader -> store -> analyses -> rules -> reports -> commands):
+the layers contract in pyproject.toml, checked by import-linter, covers every module."""
+
+from __future__ import annotations
+
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .conftest import ROOT
+
+PACKAGE = ROOT / "traceanalyzer"
+
+
+def _contract() -> dict:
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = cfg["contracts"]
+    return contract
+
+
+def test_every_module_of_the_package_is_in_a_layer():
+    layers = {m.strip() for layer in _contract()["layers"] for m in layer.split(":")}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert modules == layers, f"not in a layer: {sorted(modules - layers)}; no such module: {sorted(layers - modules)}"
+
+
+def test_no_module_imports_from_a_layer_above_it(capsys):
+    from importlinter.cli import lint_imports
+
+    code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    assert code == 0, capsys.readouterr().out
