@@ -33,3 +33,10 @@ def test_no_module_imports_from_a_layer_above_it(capsys):
 
     code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
     assert code == 0, capsys.readouterr().out
+
+
+def test_the_architecture_page_places_every_layer_module():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    for layer in _contract()["layers"]:
+        for m in (x.strip() for x in layer.split(":")):
+            assert f"`{m}.py`" in page or f"`{m}/`" in page, f"docs/architecture.md does not place {m}"
