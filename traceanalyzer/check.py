@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .config import ConfigError, find_config, load_config, parse_threshold_option
-from .ingest import TraceError, find_traces, one_line
+from .ingest import TraceError, find_traces
 from .report.model import Baseline, CheckResult, InputError, load_result
 from .rules import get_rule
 from .rules.base import SEVERITIES
 from .rules.engine import Settings, run_rules
-from .store import IngestResult, Store, StoreError
+from .store import IngestResult, Store
 
 
 class UsageError(Exception):
@@ -62,10 +61,8 @@ def ingest_paths(store: Store, paths: list[str], *, skip_existing: bool = False,
             if not f.exists():
                 raise TraceError("no such file")
             r = store.ingest(f, skip_existing=skip_existing)
-        except (TraceError, StoreError, OSError) as e:
-            error = InputError(str(f), _message(e))
-        except Exception as e:  # a reader bug must not stop the batch
-            error = InputError(str(f), _message(e), internal=True, detail=traceback.format_exc())
+        except Exception as e:  # a reader bug must not stop the batch either
+            error = InputError.of(f, e)
         else:
             done.results.append(r)
             if on_result:
@@ -75,13 +72,6 @@ def ingest_paths(store: Store, paths: list[str], *, skip_existing: bool = False,
         if on_error:
             on_error(error)
     return done
-
-
-def _message(e: BaseException) -> str:
-    if isinstance(e, OSError) and not isinstance(e, TraceError) and e.strerror:
-        return one_line(e.strerror)
-    text = str(e).strip()
-    return one_line(text.splitlines()[0] if text else type(e).__name__)
 
 
 def settings_from(opts: CheckOptions) -> tuple[Settings, str]:

@@ -46,8 +46,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import os_memory, schema
-from .ingest import ParsedTrace, TraceError, find_traces, read_file, streams
+from .ingest import ParsedTrace, find_traces, read_file, streams
 from .ingest.base import read_cpus, usable_cpus
+from .report.model import InputError
 from .rules.engine import Settings, run_rules
 from .store import DEFAULT_HASH, RuleResults, Store, file_hash, run_id_for
 
@@ -267,16 +268,10 @@ def _dictionary_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _failure(e: Exception) -> tuple[str, bool, str | None]:
-    """What one file's failed work reports: (one-line error, whether it is a bug in
-    traceanalyzer rather than a bad file, the traceback of such a bug). Call it in the except
-    block, where the traceback is."""
-    if isinstance(e, TraceError):
-        return _one_line(e), False, None
-    if isinstance(e, FileNotFoundError):
-        return "no such file", False, None
-    if isinstance(e, OSError):
-        return e.strerror or _one_line(e), False, None
-    return _one_line(e), True, traceback.format_exc()  # a reader or rule bug: report it, keep scanning
+    """What one file's failed work reports (see `InputError.of`): (one-line error, whether it
+    is a bug in traceanalyzer rather than a bad file, the traceback of such a bug)."""
+    error = InputError.of("", e)
+    return error.message, error.internal, error.detail
 
 
 def _one_line(e: BaseException) -> str:

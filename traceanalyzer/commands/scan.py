@@ -2,7 +2,6 @@
 
 # No `from __future__ import annotations`: typer reads the option types defined in register().
 import time
-from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer

@@ -27,6 +27,25 @@ class InputError:
     def as_dict(self) -> dict:
         return {"path": self.path, "message": self.message}
 
+    @classmethod
+    def of(cls, path, e: BaseException) -> InputError:
+        """Why `path` could not be read, from the exception reading it raised; call it in the
+        except block, where the traceback of a bug in traceanalyzer is."""
+        import traceback
+
+        from ..ingest import TraceError
+        from ..store import StoreError
+
+        if isinstance(e, FileNotFoundError):
+            return cls(str(path), "no such file")
+        if isinstance(e, OSError) and e.strerror:
+            return cls(str(path), e.strerror)
+        lines = str(e).strip().splitlines()
+        text = " ".join(lines[0].split()) if lines else type(e).__name__
+        if isinstance(e, (TraceError, StoreError, OSError)):
+            return cls(str(path), text)
+        return cls(str(path), text, internal=True, detail=traceback.format_exc())  # a reader or rule bug
+
 
 def measure(findings: list[dict]) -> float | None:
     """How big a group of findings sharing a fingerprint is: their summed estimated loss, or
