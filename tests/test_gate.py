@@ -287,3 +287,16 @@ def test_report_says_which_rules_did_not_run(tmp_path):
     assert re.search(r"19 rule\(s\) not run on this trace \(not selected when it was checked\): S001, S002, T002, ", html)
     text = run("check", "--store", store, "--select", "T001", "--fail-on", "never", PLANTED).stdout
     assert "not run (not selected): " in text
+
+
+def test_the_formats_are_one_registry_that_help_and_validation_read(tmp_path):
+    from traceanalyzer.report import FORMATS
+
+    for command in ("check", "scan"):
+        help_text = " ".join(run(command, "--help").stdout.split())
+        names = list(FORMATS)
+        assert f"The report's format: {', '.join(names[:-1])} or {names[-1]}." in help_text, help_text
+    for name in FORMATS:
+        out = tmp_path / f"out.{name}"
+        r = run("check", "--store", tmp_path / "s.duckdb", "--fail-on", "never", "--format", name, "-o", out, CLEAN)
+        assert r.exit_code == 0 and out.stat().st_size > 0, (name, r.stdout + r.stderr)

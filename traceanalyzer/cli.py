@@ -16,6 +16,7 @@ from rich.text import Text
 
 from . import fmt, summary
 from .ingest import one_line
+from .report import FORMATS
 from .report.model import InputError
 from .store import Store, StoreError, default_path
 
@@ -258,7 +259,7 @@ ConfigOpt = Annotated[Optional[Path], typer.Option(
     "--config", metavar="FILE", help="The pyproject.toml or traceanalyzer.toml to read "
                                      "\\[default: looked up from the current folder upwards].")]
 FormatOpt = Annotated[str, typer.Option(
-    "--format", metavar="FORMAT", help="The report's format: text, json, sarif or junit.")]
+    "--format", metavar="FORMAT", help=f"The report's format: {', '.join(list(FORMATS)[:-1])} or {list(FORMATS)[-1]}.")]
 OutputOpt = Annotated[Optional[Path], typer.Option(
     "--output", "-o", metavar="FILE", help="Write the report to this file instead of standard output.")]
 BaselineOpt = Annotated[Optional[Path], typer.Option(
@@ -275,7 +276,6 @@ def check_options(paths: List[str], fail_on, select, ignore, threshold, config, 
                   format: str):
     """The options of `check` and `scan` as the library's CheckOptions (usage errors exit 2)."""
     from .check import CheckOptions
-    from .report import FORMATS
 
     if format not in FORMATS:
         err.print(f"error: --format must be one of {', '.join(FORMATS)}, not {format!r}", markup=False)

@@ -1,20 +1,21 @@
-"""Reports present findings; they compute nothing the rules did not."""
+"""Reports present findings; they compute nothing the rules did not.
+
+`FORMATS` is the one list of the formats `check` and `scan` write: the CLI's `--format`
+help and validation read it, and `render` finds each format's module in it."""
+
+from importlib import import_module
 
 from .model import CheckResult, load_result
 
-FORMATS = ("text", "json", "sarif", "junit")
+# name -> the module of this package that renders it (text is printed: `text.print_result`)
+FORMATS = {"text": "text", "json": "json_report", "sarif": "sarif", "junit": "junit"}
 
 
 def render(result: "CheckResult", fmt: str, **kw) -> str:
-    if fmt == "json":
-        from .json_report import render as r
-    elif fmt == "sarif":
-        from .sarif import render as r
-    elif fmt == "junit":
-        from .junit import render as r
-    else:
-        raise ValueError(f"unknown format {fmt!r}")
-    return r(result, **kw)
+    if fmt not in FORMATS or fmt == "text":
+        raise ValueError(f"unknown format {fmt!r}" if fmt not in FORMATS else "the text format is printed: "
+                         "report.text.print_result")
+    return import_module(f"{__name__}.{FORMATS[fmt]}").render(result, **kw)
 
 
 __all__ = ["CheckResult", "load_result", "render", "FORMATS"]
