@@ -24,6 +24,15 @@ from .conftest import FIXTURES, ROOT
 
 THRESHOLDS = [pytest.param(r, t, id=f"{r.id}.{t.name}") for r in all_rules() for t in r.thresholds]
 TRACES = sorted(f"{d}/{p.name}" for d in ("nsys", "kineto", "ncu") for p in (FIXTURES / d).iterdir() if p.is_file())
+# Every rule at its edges on these (every per-run rule applies to one of them at least: see
+# test_the_edge_traces_cover_every_rule), old and new layouts of each format; all of TRACES
+# take ~3 s a fixture, a minute and a half of the suite for little more.
+EDGE_TRACES = ["nsys/planted.sqlite", "nsys/old_2_9_1.sqlite", "nsys/timeline_sync.sqlite",
+               "nsys/structure_chains.sqlite", "nsys/structure_memory.sqlite", "kineto/planted.json",
+               "kineto/legacy_2021.json", "kineto/structure_recompiles.json", "kineto/bottleneck_gemm.json",
+               "kineto/timeline_item.json", "kineto/timeline_rank0.json", "ncu/details_full.csv",
+               "ncu/bottleneck_memory.csv", "ncu/bottleneck_roofline_raw.csv",
+               "ncu/bottleneck_source.csv", "ncu/details_stalls.csv", "ncu/raw_waves.csv"]
 # Stands in for the top of a range with no upper bound (ratios, waves): rules must cope with it.
 HUGE = 1e300
 
@@ -94,7 +103,15 @@ def _found(df) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True) for r in rows)
 
 
-@pytest.mark.parametrize("trace", TRACES)
+def test_the_edge_traces_cover_every_rule(fixtures_store):
+    store, runs = fixtures_store
+    assert set(EDGE_TRACES) <= set(TRACES)
+    covered = {r.id for t in EDGE_TRACES for r in all_rules()
+               if r.scope == "run" and applies(store, r, runs[t][0], runs[t][1])}
+    assert covered == {r.id for r in all_rules() if r.scope == "run"}
+
+
+@pytest.mark.parametrize("trace", EDGE_TRACES)
 def test_rules_run_at_their_edges_and_display_changes_no_finding(trace, fixtures_store):
     """On each fixture, every rule that applies runs with its detection thresholds all at their
     lowest (finding the most) and its display ones at their highest (listing the most), and the
