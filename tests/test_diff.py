@@ -181,6 +181,19 @@ def test_nsys_planted_vs_clean_with_an_nvtx_step(db):
     assert r.exit_code == 2 and "no range of that name" in r.stderr
 
 
+def test_nvtx_steps_are_the_step_time_without_step(db):
+    """Without --step, diff's steps are the `steps` view's: here the NVTX ranges named `step`."""
+    code, doc = diff_json(db, NSYS_PLANTED, NSYS_CLEAN)
+
+    def nvtx_step_ns(path):
+        with sqlite3.connect(path) as con:
+            return con.execute("""SELECT avg(n."end" - n.start) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+                                  WHERE coalesce(n.text, s.value) = 'step' AND n."end" IS NOT NULL""").fetchone()[0]
+
+    assert doc["end_to_end"]["name"] == "mean step (host)"
+    assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (nvtx_step_ns(NSYS_PLANTED), nvtx_step_ns(NSYS_CLEAN))
+
+
 def test_across_formats_memory_from_nsys_allocation_events(db):
     """nsys has no allocator totals: the peak is the running sum of signed allocation sizes."""
     with sqlite3.connect(NSYS_GRAPH_MEMORY) as con:

@@ -250,6 +250,19 @@ def test_roofline_without_flop_counts_uses_speed_of_light_shares(fixture_store, 
         assert (p["x"], p["y"]) == (pytest.approx(c / m), pytest.approx(c))
 
 
+def test_roofline_without_b003_places_kernels_where_b003_does(fixture_store):
+    """Both charts come from B003's roofline analysis: the kernels B003 reported sit at the same
+    place when the report draws them without its findings."""
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "details_full.csv")
+    [by_rule] = html_metrics.roofline(st, rid, load_result(st, [rid]).findings)
+    [by_analysis] = html_metrics.roofline(st, rid, [])
+    placed = {p["kernel"]: (p["x"], p["y"], p["launches"]) for p in by_analysis["points"]}
+    assert by_rule["points"] and by_analysis["kernels_total"] >= by_rule["kernels_total"]
+    for p in by_rule["points"]:
+        assert placed[p["kernel"]] == (p["x"], p["y"], p["launches"]), p["kernel"]
+
+
 def test_stall_bars_cover_every_kernel_with_stall_metrics(fixture_store):
     st, _ = fixture_store
     rid = run_id_of(fixture_store, "details_stalls.csv")

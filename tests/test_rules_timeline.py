@@ -16,6 +16,7 @@ from collections import defaultdict
 
 import pytest
 
+from traceanalyzer.rules import get_rule
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 
@@ -308,6 +309,26 @@ def test_t006_nsys_power_iteration_reads_back_every_iteration(check):
     assert by["pageable DtoH copies"]["value"] == 89
     assert by["pageable DtoH copies"]["evidence"]["bytes"] == sum(r[3] for r in pageable)
     assert by["small DtoH copies"]["value"] == sum(r[3] < 65536 for r in d2h)
+
+
+def test_t006_reads_t002s_small_copy_and_batch_thresholds(check):
+    """One setting for both rules: T002 owns small_copy_bytes and the batch thresholds, T006 reads them."""
+    t002, t006 = get_rule("T002"), get_rule("T006")
+    settings = Settings(thresholds={"T002": {"small_copy_bytes": "4096", "min_batch_count": 3}})
+    for rule in (t002, t006):
+        p = settings.params_for(rule)
+        assert (p["small_copy_bytes"], p["min_batch_count"], p["max_batch_gap_ns"]) == (4096, 3, 100000)
+    assert Settings().params_for(t006)["small_copy_bytes"] == 65536
+    with pytest.raises(ValueError, match=r"T006 reads T002's threshold 'small_copy_bytes': set T002\.small_copy_bytes"):
+        Settings(thresholds={"T006": {"small_copy_bytes": 1}}).params_for(t006)
+    # through the engine: with T002's small_copy_bytes at 0 no copy is small for T006 either
+    path = "nsys/nsightful__power_iteration__baseline.sqlite"
+    r = check.store.ingest(shared_traces() / path)
+    run_rules(check.store, [r.run_id], Settings(select=["T006"], thresholds={"T002": {"small_copy_bytes": 0}}))
+    items = {i for (i,) in check.store.sql("SELECT item_name FROM findings WHERE run_id = ? AND rule_id = 'T006'",
+                                           [r.run_id]).fetchall()}
+    assert "pageable DtoH copies" in items and not any(i.startswith("small ") for i in items)
+    assert "small DtoH copies" in {f["item_name"] for f in check(path, "T006")[0]}  # with the defaults
 
 
 def test_t006_quiet_on_large_pinned_copies(check):

@@ -4,10 +4,11 @@ The three checks after any optimization:
 
 * time per kernel, matched by name across the runs (with count changes, and kernels that
   appear or disappear);
-* end-to-end time: the run's span, per-step time (Kineto `ProfilerStep#N`, all steps pooled as
-  `ProfilerStep#*`) and every named NVTX / user-annotation range;
-* peak device memory, from the allocator events (the allocator's own totals when every event
-  has them, else the running sum of signed allocation sizes, as rule M001 does);
+* end-to-end time: the run's span, per-step time (the `steps` view: Kineto `ProfilerStep#N`,
+  else NVTX or user ranges named like a step) and every named NVTX / user-annotation range
+  (`ProfilerStep#N` pooled as `ProfilerStep#*`);
+* peak device memory, the highest level of the `memory_levels` view per CUDA device (as rule
+  M001 reports it);
 
 plus the findings that are new in TEST or fixed since BASE, and a verdict.
 
@@ -28,7 +29,6 @@ import pandas as pd
 from . import views
 from .store import Store
 
-STEP_PATTERN = r"^ProfilerStep#\d+$"
 STEP_KEY = "ProfilerStep#*"
 DEFAULT_NOISE_PCT = 1.0  # changes smaller than this are "unchanged" in the verdict
 KERNEL_TIME = "kernel time (sum)"
@@ -160,42 +160,37 @@ def _kernel_key(by: str) -> str:
 
 
 KERNELS_SQL = """
-WITH metric AS (  -- ncu has no timeline: a launch's time is its gpu__time_duration.sum
-    SELECT kernel_id, max(value) AS dur_ns FROM kernel_metrics
-    WHERE run_id = $run_id AND metric_id = 'gpu__time_duration.sum' GROUP BY kernel_id
-)
 SELECT {key} AS key, min(coalesce(k.short_name, k.name)) AS short_name, min(k.name) AS name, count(*) AS count,
-       sum(CASE WHEN k.end_ns >= k.start_ns THEN k.end_ns - k.start_ns ELSE m.dur_ns END) AS total_ns
-FROM kernels k LEFT JOIN metric m USING (kernel_id)
+       sum(k.duration_ns) AS total_ns
+FROM kernel_durations k
 WHERE k.run_id = $run_id
 GROUP BY key
 """
 
 RANGES_SQL = f"""
 SELECT CASE WHEN kind = 'gpu_user_annotation' THEN 'gpu' ELSE 'host' END AS side,
-       regexp_replace(name, '{STEP_PATTERN}', '{STEP_KEY}') AS range,
+       regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}') AS range,
        count(*) AS count, sum(end_ns - start_ns) AS total_ns
 FROM ranges
 WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND name IS NOT NULL AND end_ns >= start_ns
 GROUP BY ALL
 """
 
-# Same definition as rule M001: allocator totals when every event has them, else the running
-# sum of signed sizes lifted by what frees show was allocated before the trace began.
+# Peak memory per CUDA device: the highest level of the `memory_levels` view, as rule M001 reports it.
 MEMORY_SQL = """
-WITH ev AS (
-    SELECT device_id, ts_ns, event_id, bytes, total_allocated_bytes FROM memory_events
-    WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0 AND ts_ns IS NOT NULL AND bytes IS NOT NULL
-), running AS (
-    SELECT *, sum(bytes) OVER (PARTITION BY device_id ORDER BY ts_ns, event_id ROWS UNBOUNDED PRECEDING) AS cum
-    FROM ev
-)
-SELECT device_id, count(*) AS events,
-       CASE WHEN count(total_allocated_bytes) = count(*) THEN max(total_allocated_bytes)
-            ELSE max(cum) + greatest(0, -min(cum)) END AS peak_bytes,
-       CASE WHEN count(total_allocated_bytes) = count(*) THEN 'allocator totals'
-            ELSE 'running sum of signed sizes' END AS source
-FROM running GROUP BY device_id ORDER BY device_id
+SELECT device_id, count(*) AS events, max(allocated_bytes) AS peak_bytes,
+       CASE WHEN any_value(has_totals) THEN 'allocator totals' ELSE 'running sum of signed sizes' END AS source
+FROM memory_levels WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0
+GROUP BY device_id ORDER BY device_id
+"""
+
+
+# The run's iterations: the `steps` view (Kineto ProfilerStep#N, else step-like NVTX ranges),
+# each range name with ProfilerStep#N pooled as in the ranges table.
+STEPS_SQL = f"""
+SELECT regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}') AS step, count(*) AS count,
+       sum(end_ns - start_ns) AS total_ns
+FROM steps WHERE run_id = $run_id GROUP BY ALL
 """
 
 
@@ -217,6 +212,7 @@ def _side(store: Store, run_id: str, by: str) -> dict:
         "kernels": store.df(KERNELS_SQL.format(key=_kernel_key(by)), {"run_id": run_id}),
         "ranges": store.df(RANGES_SQL, {"run_id": run_id}),
         "memory": store.df(MEMORY_SQL, {"run_id": run_id}),
+        "steps": store.df(STEPS_SQL, {"run_id": run_id}),
         "busy_ns": _busy_ns(store, run_id),
     }
 
@@ -272,17 +268,23 @@ def _memory_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
     return b.merge(t, on="device_id", how="outer").sort_values("device_id").reset_index(drop=True)
 
 
-def _step_metric(ranges: pd.DataFrame, step: str | None) -> Metric | None:
-    """Mean time of one step, on the host side (where the step loop runs) when both have it."""
-    key = STEP_KEY if step is None else step
+def _step_metric(ranges: pd.DataFrame, steps: tuple[pd.DataFrame, pd.DataFrame], step: str | None) -> Metric | None:
+    """Mean time of one step: of the named range `step`, on the host side (where the step loop
+    runs) when both have it; by default of the runs' `steps` when both have some."""
+    if step is None:
+        base, test = steps
+        if base.empty or test.empty:
+            return None
+        names = set(base["step"]) | set(test["step"])
+        label = names.pop() if len(names) == 1 else "step"
+        return Metric(f"mean {label} (host)", "ns", float(base["total_ns"].sum() / base["count"].sum()),
+                      float(test["total_ns"].sum() / test["count"].sum()))
     for side in ("host", "gpu"):
-        row = ranges[(ranges["side"] == side) & (ranges["range"] == key)]
+        row = ranges[(ranges["side"] == side) & (ranges["range"] == step)]
         if not row.empty and row["base_count"].notna().all() and row["test_count"].notna().all():
             r = row.iloc[0]
-            return Metric(f"mean {key} ({side})", "ns", float(r.base_mean_ns), float(r.test_mean_ns))
-    if step is not None:
-        raise DiffError(f"--step {step!r}: no range of that name in both runs")
-    return None
+            return Metric(f"mean {step} ({side})", "ns", float(r.base_mean_ns), float(r.test_mean_ns))
+    raise DiffError(f"--step {step!r}: no range of that name in both runs")
 
 
 def _num(v) -> float | None:
@@ -338,7 +340,7 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
                           _num(b["kernels"]["total_ns"].sum(min_count=1)), _num(t["kernels"]["total_ns"].sum(min_count=1)))
     span = Metric("span", "ns", _num(base["span_ns"]), _num(test["span_ns"]))
     busy = Metric("GPU busy (union of GPU work)", "ns", _num(b["busy_ns"]), _num(t["busy_ns"]))
-    steps = _step_metric(ranges, step)
+    steps = _step_metric(ranges, (b["steps"], t["steps"]), step)
     peak = Metric("peak allocated, max over devices", "bytes",
                   _num(b["memory"]["peak_bytes"].max()) if not b["memory"].empty else None,
                   _num(t["memory"]["peak_bytes"].max()) if not t["memory"].empty else None)

@@ -10,23 +10,11 @@ import pandas as pd
 from . import views
 from .store import Store
 
+# Kernel time from `kernel_durations`: the timeline's, or for ncu (no timeline) the measured one.
 TOP_KERNELS_SQL = """
 WITH k AS (
-    SELECT coalesce(short_name, name) AS kernel, name, end_ns - start_ns AS dur_ns
-    FROM kernels WHERE run_id = ? AND start_ns IS NOT NULL AND end_ns >= start_ns
-)
-SELECT kernel, count(*) AS count, sum(dur_ns) AS total_ns, avg(dur_ns) AS mean_ns,
-       median(dur_ns) AS median_ns, min(dur_ns) AS min_ns, max(dur_ns) AS max_ns,
-       sum(dur_ns) / nullif((SELECT sum(dur_ns) FROM k), 0) AS share
-FROM k GROUP BY kernel ORDER BY total_ns DESC, kernel LIMIT ?
-"""
-
-# ncu runs have no timeline: their per-launch duration is the metric gpu__time_duration.sum.
-NCU_KERNELS_SQL = """
-WITH k AS (
-    SELECT coalesce(k.short_name, k.name) AS kernel, m.value AS dur_ns
-    FROM kernels k JOIN kernel_metrics m USING (run_id, kernel_id)
-    WHERE k.run_id = ? AND m.metric_id = 'gpu__time_duration.sum' AND m.value IS NOT NULL
+    SELECT coalesce(short_name, name) AS kernel, duration_ns AS dur_ns
+    FROM kernel_durations WHERE run_id = ? AND duration_ns IS NOT NULL
 )
 SELECT kernel, count(*) AS count, sum(dur_ns) AS total_ns, avg(dur_ns) AS mean_ns,
        median(dur_ns) AS median_ns, min(dur_ns) AS min_ns, max(dur_ns) AS max_ns,
@@ -58,10 +46,7 @@ def run_info(store: Store, run_id: str) -> dict:
 
 
 def top_kernels(store: Store, run_id: str, limit: int = 15) -> pd.DataFrame:
-    df = store.df(TOP_KERNELS_SQL, [run_id, limit])
-    if df.empty:
-        df = store.df(NCU_KERNELS_SQL, [run_id, limit])
-    return df
+    return store.df(TOP_KERNELS_SQL, [run_id, limit])
 
 
 def copies(store: Store, run_id: str) -> pd.DataFrame:

@@ -175,6 +175,61 @@ def covered_ns(probes: str, keys: tuple[str, ...], stretches: str) -> str:
         """
 
 
+# A Kineto profiler step's range name.
+PROFILER_STEP = r"^ProfilerStep#\d+$"
+# Nsight Compute's duration of a launch (its runs have no timeline).
+NCU_DURATION = "gpu__time_duration.sum"
+
+def _stall_profiles() -> str:
+    """The stall_profiles view's query (rule I001's analysis)."""
+    reason = (r"'^smsp__(?:pcsamp_warps_issue_stalled_|warp_issue_stalled_|average_warps_issue_stalled_|"
+              r"average_warp_latency_issue_stalled_)([a-z_]+?)(?:_per_warp_active\.pct|_per_issue_active\.ratio|"
+              r"_not_issued|\.ratio|\.pct)?$'")
+    return f"""
+        WITH fam AS (
+            SELECT run_id, kernel_id, metric_id, value, regexp_extract(metric_id, {reason}, 1) AS reason,
+                   CASE WHEN metric_id LIKE 'smsp__average_warps_issue_stalled_%_per_issue_active.ratio' THEN 1
+                        WHEN metric_id LIKE 'smsp__warp_issue_stalled_%_per_warp_active.pct' THEN 2
+                        WHEN metric_id LIKE 'smsp__average_warp_latency_issue_stalled_%' THEN 3
+                        WHEN metric_id LIKE 'smsp__pcsamp_warps_issue_stalled_%' AND metric_id NOT LIKE '%_not_issued' THEN 4
+                   END AS family
+            FROM kernel_metrics
+            WHERE metric_id LIKE 'smsp__%stalled%' AND value IS NOT NULL AND value >= 0
+        ), best AS (
+            SELECT run_id, kernel_id, min(family) AS family FROM fam
+            WHERE family IS NOT NULL AND reason <> '' GROUP BY run_id, kernel_id
+        ), profile AS (
+            SELECT f.run_id, f.kernel_id, f.reason, f.family, f.value,
+                   f.value / nullif(sum(f.value) OVER (PARTITION BY f.run_id, f.kernel_id), 0) AS share
+            FROM fam f JOIN best b USING (run_id, kernel_id, family)
+            WHERE f.reason NOT IN ('selected')
+        ), launches AS (
+            SELECT k.run_id, k.kernel_id, coalesce(k.name, '?') AS name, coalesce(k.short_name, k.name, '?') AS short_name,
+                   k.device_id, i.issue_active, k.duration_ns
+            FROM kernel_durations k SEMI JOIN best b USING (run_id, kernel_id)
+            LEFT JOIN (SELECT run_id, kernel_id, max(value) AS issue_active FROM kernel_metrics
+                       WHERE metric_id = 'smsp__issue_active.avg.per_cycle_active' GROUP BY run_id, kernel_id) i
+              USING (run_id, kernel_id)
+        ), by_name AS (  -- the average profile over the launches of one kernel
+            SELECT l.run_id, l.name, any_value(l.short_name) AS short_name, min(l.kernel_id) AS first_id,
+                   any_value(l.device_id) AS device_id, count(DISTINCT l.kernel_id) AS launches,
+                   p.reason, avg(p.share) AS share, avg(l.issue_active) AS issue_active,
+                   sum(l.duration_ns) / count(*) * count(DISTINCT l.kernel_id) AS duration_ns,
+                   any_value(p.family) AS family
+            FROM profile p JOIN launches l USING (run_id, kernel_id)
+            GROUP BY l.run_id, l.name, p.reason
+        ), ranked AS (
+            SELECT *, row_number() OVER (PARTITION BY run_id, name ORDER BY share DESC, reason) AS rk,
+                   to_json(map_from_entries(list((reason, round(share, 4)) ORDER BY share DESC)
+                                            OVER (PARTITION BY run_id, name))) AS profile
+            FROM by_name
+        )
+        SELECT run_id, name, short_name, device_id, first_id, launches, reason, share, issue_active, duration_ns,
+               family, profile, CAST(duration_ns * (1 - coalesce(issue_active, 0)) * share AS BIGINT) AS est_loss_ns
+        FROM ranked WHERE rk = 1
+        """
+
+
 VIEWS: dict[str, tuple[str, str]] = {
     "gpu_activity": (
         "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
@@ -261,16 +316,72 @@ VIEWS: dict[str, tuple[str, str]] = {
         _stream_ops(),
     ),
     "steps": (
-        "Per run, the iteration ranges: Kineto `ProfilerStep#N` when the run has them, else NVTX "
-        "or user annotations named like a step or iteration (`step`, `iter`, `iteration` as a word).",
-        """
+        "Per run, the iteration ranges on the host: Kineto `ProfilerStep#N` when the run has them, else "
+        "NVTX or user annotations named like a step or iteration (`step`, `iter`, `iteration` as a word). "
+        "The GPU-side copies Kineto also writes (`gpu_user_annotation`) are not steps of their own.",
+        f"""
         SELECT run_id, range_id, name, start_ns, end_ns FROM ranges r
         WHERE kind IN ('user_annotation', 'nvtx') AND end_ns > start_ns
-          AND (name LIKE 'ProfilerStep#%'
+          AND (regexp_matches(name, '{PROFILER_STEP}')
                OR (regexp_matches(name, '(?i)(^|[^a-z])(step|iteration|iter)([^a-z]|$)')
                    AND NOT EXISTS (SELECT 1 FROM ranges p WHERE p.run_id = r.run_id
-                                   AND p.name LIKE 'ProfilerStep#%')))
+                                   AND regexp_matches(p.name, '{PROFILER_STEP}'))))
         """,
+    ),
+    "kernel_durations": (
+        "Every kernel (all the columns of `kernels`) with `duration_ns`, its time on the GPU: end minus "
+        "start on a timeline (nsys, Kineto); for Nsight Compute, which has no timeline, the launch's "
+        f"`{NCU_DURATION}` metric. NULL when neither is known.",
+        f"""
+        SELECT k.*, CASE WHEN k.end_ns >= k.start_ns THEN k.end_ns - k.start_ns ELSE m.duration_ns END AS duration_ns
+        FROM kernels k LEFT JOIN (SELECT run_id, kernel_id, max(value) AS duration_ns FROM kernel_metrics
+                                  WHERE metric_id = '{NCU_DURATION}' GROUP BY run_id, kernel_id) m
+          ON m.run_id = k.run_id AND m.kernel_id = k.kernel_id
+        """,
+    ),
+    "memory_levels": (
+        "Per run and device (`device_type`, `device_id`), every allocator event with a time and a size, in "
+        "time order (`seq`; `next_ts_ns` is the next event's time), with the memory allocated after it, "
+        "`allocated_bytes`: the allocator's own total when every event of the device has one "
+        "(`has_totals`), else the running sum of signed sizes lifted by `before_trace_bytes`, what frees "
+        "show was allocated before the trace began (so it never goes below 0). `reserved_bytes`: the "
+        "allocator's reserved total, when every event of the device has it. Peak memory is the highest "
+        "`allocated_bytes` of a device (rule M001, the report's memory plot, `diff`).",
+        """
+        WITH running AS (
+            SELECT run_id, device_type, device_id, event_id, ts_ns, bytes, address, pid, tid,
+                   total_allocated_bytes, total_reserved_bytes,
+                   row_number() OVER w AS seq, lead(ts_ns) OVER w AS next_ts_ns,
+                   sum(bytes) OVER (w ROWS UNBOUNDED PRECEDING) AS cum_bytes
+            FROM memory_events WHERE ts_ns IS NOT NULL AND bytes IS NOT NULL
+            WINDOW w AS (PARTITION BY run_id, device_type, device_id ORDER BY ts_ns, event_id)
+        ), per_device AS (
+            SELECT run_id, device_type, device_id,
+                   count(total_allocated_bytes) = count(*) AS has_totals,
+                   count(total_reserved_bytes) = count(*) AS has_reserved,
+                   -- the running sum starts at 0 with the trace; frees of older blocks drive it
+                   -- below 0, which bounds what was there before
+                   greatest(0, -min(cum_bytes)) AS sum_baseline,
+                   arg_min(total_allocated_bytes - bytes, seq) AS totals_baseline
+            FROM running GROUP BY run_id, device_type, device_id
+        )
+        SELECT r.* EXCLUDE (cum_bytes), d.has_totals,
+               CASE WHEN d.has_totals THEN r.total_allocated_bytes ELSE r.cum_bytes + d.sum_baseline END AS allocated_bytes,
+               CASE WHEN d.has_reserved THEN r.total_reserved_bytes END AS reserved_bytes,
+               CASE WHEN d.has_totals THEN d.totals_baseline ELSE d.sum_baseline END AS before_trace_bytes
+        FROM running r JOIN per_device d USING (run_id, device_type, device_id)
+        """,
+    ),
+    "stall_profiles": (
+        "Per run and kernel (by name), the warp-stall profile from Nsight Compute's stall metrics: per "
+        "launch the metrics of the most direct family it has (`family` 1-4: "
+        "`smsp__average_warps_issue_stalled_*_per_issue_active.ratio`, "
+        "`smsp__warp_issue_stalled_*_per_warp_active.pct`, `smsp__average_warp_latency_issue_stalled_*`, "
+        "`smsp__pcsamp_warps_issue_stalled_*`) as shares summing to 1 (`selected`, the issuing state, left "
+        "out), averaged over the kernel's launches (`profile`, JSON reason -> share); the top `reason` and "
+        "its `share`; `issue_active` (issue slots busy per cycle), `duration_ns` (of all launches), and "
+        "`est_loss_ns` = duration x (1 - issue active) x share. Rule I001 reports the dominant ones.",
+        _stall_profiles(),
     ),
 }
 

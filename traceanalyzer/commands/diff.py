@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
              store: StoreOpt = None,
              gate: Annotated[Optional[float], typer.Option("--gate", min=0, metavar="PCT", help="Exit 1 when end-to-end time or peak memory grows by more than PCT percent.")] = None,
              by: Annotated[str, typer.Option("--by", metavar="name|short", help="Match kernels by full `name` (white space ignored) or `short` base name (template instances pooled).")] = "name",
-             step: Annotated[Optional[str], typer.Option("--step", metavar="RANGE", help="The range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time \\[default: ProfilerStep#N when both runs have it, else the span].")] = None,
+             step: Annotated[Optional[str], typer.Option("--step", metavar="RANGE", help="The range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time \\[default: the steps both runs have (ProfilerStep#N, else NVTX ranges named like steps: the `steps` view), else the span].")] = None,
              noise: Annotated[float, typer.Option("--noise", min=0, metavar="PCT", help="Changes below PCT percent count as unchanged in the verdict.")] = 1.0,
              top: Annotated[int, typer.Option("--top", min=1, metavar="N", help="How many rows each table shows.")] = 15,
              as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON.")] = False):

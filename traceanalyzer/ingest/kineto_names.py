@@ -1,64 +1,67 @@
-"""What Kineto encodes in names: kernel base names, memcpy/memset kinds, sync kinds."""
+"""What names encode: kernel base names (Kineto's and Nsight Compute's), Kineto's memcpy/memset
+kinds and sync kinds."""
 
 from __future__ import annotations
 
 import re
 
-_PAIRS = {")": "(", ">": "<", "]": "[", "}": "{"}
-# Real kernel names are under 6 000 characters; past this one is not parsed (a hostile
+# Real kernel names are under 6 000 characters; longer ones are not parsed (a hostile
 # multi-MB name would take seconds per character scan).
 MAX_PARSED_NAME_CHARS = 64 * 1024
-_OPENERS = set(_PAIRS.values())
-
-
-def _strip_suffix_group(s: str, close: str) -> str:
-    """Drop a trailing balanced `(...)` or `<...>` group (nesting of any bracket kind)."""
-    if not s.endswith(close):
-        return s
-    depth = 0
-    for i in range(len(s) - 1, -1, -1):
-        ch = s[i]
-        if ch in _PAIRS:
-            depth += 1
-        elif ch in _OPENERS:
-            depth -= 1
-            if depth == 0:
-                return s[:i].rstrip()
-    return s  # unbalanced: leave it alone
-
-
-def _split_top_level(s: str, sep: str) -> list[str]:
-    """Split on `sep` only outside brackets (`(anonymous namespace)` holds a space)."""
-    parts, depth, start, i = [], 0, 0, 0
-    while i < len(s):
-        ch = s[i]
-        if ch in _OPENERS:
-            depth += 1
-        elif ch in _PAIRS:
-            depth -= 1
-        elif depth == 0 and s.startswith(sep, i):
-            parts.append(s[start:i])
-            i += len(sep)
-            start = i
-            continue
-        i += 1
-    parts.append(s[start:])
-    return parts
+_CLOSERS = {")": "(", ">": "<", "]": "[", "}": "{"}
+_OPENERS = set(_CLOSERS.values())
 
 
 def kernel_short_name(name: str) -> str:
-    """`void at::native::vectorized_elementwise_kernel<4, F>(int, F)` ->
-    `vectorized_elementwise_kernel`: no return type, namespace, template or params."""
-    if len(name) > MAX_PARSED_NAME_CHARS:  # the scan is per character: junk is kept whole
+    """A kernel's base function name: no return type, namespaces, template arguments or parameters.
+    The one short name of every reader whose format has none of its own (Kineto, Nsight Compute).
+
+    ``void ns::flash_fwd_kernel<T<1>, 0>(Params)`` -> ``flash_fwd_kernel``;
+    Numba's ``copy_blocked[v1,...](Array<...>)`` -> ``copy_blocked``;
+    ``std::enable_if<...>::type vllm::rms_norm<float>(...)`` -> ``rms_norm``.
+    Only trailing groups are cut, so a name that is no C++ name (``<b>x</b>``) keeps its text.
+    """
+    if len(name) > MAX_PARSED_NAME_CHARS:  # per-character scans: a hostile multi-MB name is kept whole
         return name
     s = name.strip()
-    if s.endswith(" const"):
-        s = s[: -len(" const")]
-    s = _strip_suffix_group(s, ")")
-    s = _strip_suffix_group(s, ">")
-    s = [p for p in _split_top_level(s, " ") if p][-1] if s else s
-    s = _split_top_level(s, "::")[-1] if s else s
-    return s or name
+    for suffix in (" const", " volatile"):
+        if s.endswith(suffix):
+            s = s[: -len(suffix)].rstrip()
+    if s.endswith(")"):  # the parameter list
+        s = _strip_trailing_group(s)
+    while s.endswith((">", "]")):  # template arguments, Numba's [signature]
+        stripped = _strip_trailing_group(s)
+        if stripped == s:
+            break
+        s = stripped
+    return _last_word(s).rsplit("::", 1)[-1] or name
+
+
+def _strip_trailing_group(s: str) -> str:
+    """`s` without its trailing balanced (...), <...> or [...] group (any brackets nested in it);
+    unchanged when unbalanced."""
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):
+        if s[i] in _CLOSERS:
+            depth += 1
+        elif s[i] in _OPENERS:
+            depth -= 1
+            if depth == 0:
+                return s[:i].rstrip() if i > 0 else s
+    return s
+
+
+def _last_word(s: str) -> str:
+    """The last space-separated word outside brackets (the return type comes first)."""
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):
+        if s[i] in _CLOSERS:
+            depth += 1
+        elif s[i] in _OPENERS:
+            depth -= 1
+        elif s[i] == " " and depth == 0:
+            return s[i + 1:]
+    return s
 
 
 # `Memcpy HtoD (Pageable -> Device)`; kind and memory tokens from CUPTI's strings (§4.4).

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from ..gpu import fill_device
 from ..schema import DEVICES, arrow_schema
+from .kineto_names import kernel_short_name as short_name
 from .ncu_units import parse_dims, parse_ints
 
 # kernels column -> the metric id that holds it (values already in base units).
@@ -61,52 +62,6 @@ CLOCK_RATE_HZ_PER_UNIT = 1000  # device__attribute_clock_rate is kHz
 DISPLAY_NAME = "device__attribute_display_name"
 DEVICE_COLUMNS = [c for c in DEVICES.column_names if c != "run_id"]
 _DEVICE_SCHEMA = arrow_schema("devices", DEVICE_COLUMNS)
-
-
-# Real kernel names are under 6 000 characters; longer ones are not parsed.
-MAX_PARSED_NAME_CHARS = 64 * 1024
-
-
-def short_name(name: str) -> str:
-    """Base function name: no return type, namespaces, template arguments or parameters.
-
-    ``void ns::flash_fwd_kernel<T<1>, 0>(Params)`` -> ``flash_fwd_kernel``;
-    Numba's ``copy_blocked[v1,...](Array<...>)`` -> ``copy_blocked``.
-    """
-    if len(name) > MAX_PARSED_NAME_CHARS:  # per-character scans: a hostile multi-MB name is kept whole
-        return name
-    s = name.strip()
-    for suffix in (" const", " volatile"):
-        if s.endswith(suffix):
-            s = s[: -len(suffix)]
-    if s.endswith(")"):  # drop the parameter list: the last balanced (...) group
-        depth = 0
-        for i in range(len(s) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(s[i], 0)
-            if depth == 0:
-                s = s[:i] if i > 0 else s
-                break
-    out, depth = [], 0
-    for ch in s:  # keep only what is outside <...> and [...]
-        if ch in "<[":
-            depth += 1
-        elif ch in ">]":
-            depth = max(depth - 1, 0)
-        elif depth == 0:
-            out.append(ch)
-    s = "".join(out).strip()
-    words, paren, current = [], 0, []
-    for ch in s:  # last top-level word (the return type comes first)
-        paren += {"(": 1, ")": -1}.get(ch, 0)
-        if ch == " " and paren == 0:
-            words.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    words.append("".join(current))
-    base = next((w for w in reversed(words) if w), "")
-    base = base.rsplit("::", 1)[-1]
-    return base or name
 
 
 def _short_names(names: pa.Array) -> pa.Array:

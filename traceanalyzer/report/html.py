@@ -407,7 +407,8 @@ def _roofline_note(rf: dict) -> str:
     if rf["source"] == "B003":
         note = "Kernels as rule B003 placed them (the kernels over its time-share cut-off), colored by the bound it found. "
     else:
-        note = "Placed from Nsight Compute metrics (rule B003 did not evaluate this run). "
+        note = ("Every kernel as B003's roofline analysis places it from the Nsight Compute metrics (the rule did "
+                "not evaluate this run). ")
     if rf["mode"] == "absolute":
         if rf.get("estimate"):
             note += "FLOPs and bytes are estimates from operator input shapes (see each finding's assumptions). "

@@ -114,14 +114,20 @@ def roofline_shares(g: pd.DataFrame) -> pd.DataFrame:
 
 # -- the ncu part of the rule -------------------------------------------------------------
 
-def _ncu_findings(store, run_id: str, p: dict) -> list[dict]:
+def kernel_roofline(store, run_id: str) -> pd.DataFrame:
+    """The roofline analysis of an Nsight Compute run: one row per kernel (launches folded) that has
+    Speed-of-Light shares or FLOPs and DRAM bytes, with its `time_share` of profiled time, FLOPs
+    and peaks per precision family, `roof_family`, `flops` (of that family), `dram_bytes`,
+    `intensity`, `ridge`, and the `source` of its `compute_pct` / `memory_pct` (% of peak):
+    "sol" (ncu's Speed of Light) or "roofline" (the counters against the peaks). Rule B003
+    classifies the hot ones; the HTML report draws them where B003 did not run."""
     import pandas as pd
 
     ids = (SM_SOL, MEM_SOL, "launch__waves_per_multiprocessor", *ROOFLINE_IDS,
            *(m for ms in MEMORY_UNITS.values() for m in ms))
     df = ncu_launches(store, run_id, ids, ROOFLINE_PATTERN)
     if df.empty:
-        return []
+        return df
     peaks = device_peaks(store, run_id)
     rf = roofline_inputs(df, peaks)
     df = pd.concat([df, rf], axis=1)
@@ -136,12 +142,20 @@ def _ncu_findings(store, run_id: str, p: dict) -> list[dict]:
     g = roofline_shares(g)
     has_sol = g[SM_SOL].notna() & g[MEM_SOL].notna()
     has_roof = g["roof_compute_pct"].notna() & g["roof_memory_pct"].notna()
-    g = keep_hot(g[has_sol | has_roof], p["min_time_share"])
-    if g.empty:
-        return []
-    g["source"] = np.where(g[SM_SOL].notna() & g[MEM_SOL].notna(), "sol", "roofline")
+    g = g[has_sol | has_roof].copy()
+    g["source"] = np.where(has_sol[has_sol | has_roof], "sol", "roofline")
     g["compute_pct"] = np.where(g["source"] == "sol", g[SM_SOL], g["roof_compute_pct"])
     g["memory_pct"] = np.where(g["source"] == "sol", g[MEM_SOL], g["roof_memory_pct"])
+    return g
+
+
+def _ncu_findings(store, run_id: str, p: dict) -> list[dict]:
+    g = kernel_roofline(store, run_id)
+    if g.empty:
+        return []
+    g = keep_hot(g, p["min_time_share"])
+    if g.empty:
+        return []
     g["bound"] = classify(g["compute_pct"], g["memory_pct"], p)
     return [_finding(r, p, estimate=False) for r in g.to_dict("records")]
 

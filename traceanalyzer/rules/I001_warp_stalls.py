@@ -41,52 +41,14 @@ def _values_sql() -> str:
     return ",\n        ".join(f"('{r}', '{esc(m)}', '{esc(h)}')" for r, m, h in REASONS)
 
 
-# Stall metrics come in several families; a kernel is read from the most direct one it has.
+# The profiles are the stall_profiles view's; the rule reports the dominant reasons.
 SQL = r"""
-WITH fam AS (
-    SELECT kernel_id, metric_id, value,
-           regexp_extract(metric_id, '^smsp__(?:pcsamp_warps_issue_stalled_|warp_issue_stalled_|average_warps_issue_stalled_|average_warp_latency_issue_stalled_)([a-z_]+?)(?:_per_warp_active\.pct|_per_issue_active\.ratio|_not_issued|\.ratio|\.pct)?$', 1) AS reason,
-           CASE WHEN metric_id LIKE 'smsp__average_warps_issue_stalled_%_per_issue_active.ratio' THEN 1
-                WHEN metric_id LIKE 'smsp__warp_issue_stalled_%_per_warp_active.pct' THEN 2
-                WHEN metric_id LIKE 'smsp__average_warp_latency_issue_stalled_%' THEN 3
-                WHEN metric_id LIKE 'smsp__pcsamp_warps_issue_stalled_%' AND metric_id NOT LIKE '%_not_issued' THEN 4
-           END AS family
-    FROM kernel_metrics
-    WHERE run_id = $run_id AND metric_id LIKE 'smsp__%stalled%' AND value IS NOT NULL AND value >= 0
-), best AS (
-    SELECT kernel_id, min(family) AS family FROM fam WHERE family IS NOT NULL AND reason <> '' GROUP BY kernel_id
-), profile AS (
-    SELECT f.kernel_id, f.reason, f.family, f.value,
-           f.value / nullif(sum(f.value) OVER (PARTITION BY f.kernel_id), 0) AS share
-    FROM fam f JOIN best b USING (kernel_id, family)
-    WHERE f.reason NOT IN ('selected')
-), launches AS (
-    SELECT k.kernel_id, coalesce(k.name, '?') AS name, coalesce(k.short_name, k.name, '?') AS short_name,
-           k.device_id,
-           (SELECT value FROM kernel_metrics m WHERE m.run_id = $run_id AND m.kernel_id = k.kernel_id
-              AND m.metric_id = 'smsp__issue_active.avg.per_cycle_active' LIMIT 1) AS issue_active,
-           (SELECT value FROM kernel_metrics m WHERE m.run_id = $run_id AND m.kernel_id = k.kernel_id
-              AND m.metric_id = 'gpu__time_duration.sum' LIMIT 1) AS duration_ns
-    FROM kernels k WHERE k.run_id = $run_id AND k.kernel_id IN (SELECT kernel_id FROM best)
-), by_name AS (  -- average profile over the launches of one kernel
-    SELECT l.name, any_value(l.short_name) AS short_name, min(l.kernel_id) AS first_id,
-           any_value(l.device_id) AS device_id, count(DISTINCT l.kernel_id) AS launches,
-           p.reason, avg(p.share) AS share, avg(l.issue_active) AS issue_active,
-           sum(l.duration_ns) / count(*) * count(DISTINCT l.kernel_id) AS duration_ns,
-           any_value(p.family) AS family
-    FROM profile p JOIN launches l USING (kernel_id)
-    GROUP BY l.name, p.reason
-), ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY name ORDER BY share DESC, reason) AS rk,
-           to_json(map_from_entries(list((reason, round(share, 4)) ORDER BY share DESC) OVER (PARTITION BY name))) AS prof
-    FROM by_name
-), reasons(reason, meaning, hint) AS (VALUES
+WITH reasons(reason, meaning, hint) AS (VALUES
         __REASONS__
 )
 SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, first_id AS item_id, name AS item_name,
        NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns,
-       share AS value, 'share' AS value_unit, $min_dominant_share AS threshold,
-       CAST(duration_ns * (1 - coalesce(issue_active, 0)) * share AS BIGINT) AS est_loss_ns,
+       share AS value, 'share' AS value_unit, $min_dominant_share AS threshold, est_loss_ns,
        CASE WHEN r.reason = 'not_selected' THEN 'info' ELSE NULL END AS severity,
        printf('%s: %s of stall cycles are %s (%s)%s', short_name, fmt_pct(share), replace(r.reason, '_', ' '),
               coalesce(x.meaning, 'see Nsight Compute'),
@@ -94,9 +56,9 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, first_id AS 
        coalesce(x.hint, 'Look at the stall reasons in the Nsight Compute source view.') AS hint,
        '{"reason": "' || r.reason || '", "launches": ' || launches || ', "issue_active": '
          || coalesce(CAST(issue_active AS VARCHAR), 'null') || ', "metric_family": ' || family
-         || ', "profile": ' || prof || '}' AS evidence
-FROM ranked r LEFT JOIN reasons x USING (reason)
-WHERE rk = 1 AND share >= $min_dominant_share
+         || ', "profile": ' || profile || '}' AS evidence
+FROM stall_profiles r LEFT JOIN reasons x USING (reason)
+WHERE r.run_id = $run_id AND share >= $min_dominant_share
   AND (issue_active IS NULL OR issue_active < $max_issue_active_ratio)
 ORDER BY est_loss_ns DESC NULLS LAST, name
 """.replace("__REASONS__", _values_sql())
@@ -112,7 +74,7 @@ RULE = Rule(
     why="When warps cannot issue, the stall reason says what they wait for; a single dominant "
         "reason points at one fix (memory access pattern, synchronization, instruction mix) "
         "instead of guesswork.",
-    how="Per profiled launch, the stall metrics of the most direct family present "
+    how="The `stall_profiles` analysis: per profiled launch, the stall metrics of the most direct family present "
         "(`smsp__average_warps_issue_stalled_*_per_issue_active.ratio`, else "
         "`smsp__warp_issue_stalled_*_per_warp_active.pct`, else "
         "`smsp__average_warp_latency_issue_stalled_*`, else `smsp__pcsamp_warps_issue_stalled_*`) "

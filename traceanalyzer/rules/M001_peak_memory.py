@@ -18,29 +18,15 @@ def _first_at_top(level: str) -> str:
 
 
 SQL = rf"""
-WITH ev AS (
-    SELECT event_id, ts_ns, device_id, address, bytes, total_allocated_bytes, total_reserved_bytes, pid, tid
-    FROM memory_events
-    WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0 AND ts_ns IS NOT NULL AND bytes IS NOT NULL
-), running AS (
-    SELECT *, row_number() OVER w AS seq, lead(ts_ns) OVER w AS next_ts,
-           sum(bytes) OVER (w ROWS UNBOUNDED PRECEDING) AS cum_bytes
-    FROM ev WINDOW w AS (PARTITION BY device_id ORDER BY ts_ns, event_id)
+WITH level AS (  -- allocated (and reserved) memory after each event, the `memory_levels` view
+    SELECT event_id, ts_ns, device_id, address, bytes, pid, tid, seq, next_ts_ns AS next_ts, has_totals,
+           before_trace_bytes, allocated_bytes AS allocated, reserved_bytes AS reserved
+    FROM memory_levels WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0
 ), per_device AS (
-    SELECT device_id, count(*) AS events,
-           count(total_allocated_bytes) = count(*) AS has_totals,
-           count(total_reserved_bytes) = count(*) AS has_reserved,
-           count(address) = count(*) AS has_addresses,
-           -- Without allocator totals the running sum of signed sizes starts at 0 when the trace
-           -- starts; frees of older blocks drive it below 0, which bounds what was there before.
-           greatest(0, -min(cum_bytes)) AS sum_baseline,
-           arg_min(total_allocated_bytes - bytes, seq) AS totals_baseline,
+    SELECT device_id, count(*) AS events, any_value(has_totals) AS has_totals,
+           count(address) = count(*) AS has_addresses, any_value(before_trace_bytes) AS before_trace_bytes,
            min(ts_ns) AS first_ns, max(ts_ns) AS last_ns
-    FROM running GROUP BY device_id
-), level AS (
-    SELECT r.*, CASE WHEN d.has_totals THEN r.total_allocated_bytes ELSE r.cum_bytes + d.sum_baseline END AS allocated,
-           CASE WHEN d.has_reserved THEN r.total_reserved_bytes END AS reserved
-    FROM running r JOIN per_device d USING (device_id)
+    FROM level GROUP BY device_id
 ), peak_alloc AS (
     {_first_at_top("allocated")}
 ), peak_res AS (
@@ -101,7 +87,7 @@ WITH ev AS (
     FROM held_ops GROUP BY device_id
 ), summary AS (
     SELECT d.device_id, d.events, d.has_totals, m.by_address,
-           CASE WHEN d.has_totals THEN d.totals_baseline ELSE d.sum_baseline END AS before_trace_bytes,
+           d.before_trace_bytes,
            pa.event_id AS pa_id, pa.allocated AS peak_allocated, pa.ts_ns AS pa_start, coalesce(pa.next_ts, pa.ts_ns) AS pa_end,
            pr.event_id AS pr_id, pr.reserved AS peak_reserved, pr.allocated AS allocated_at_reserved_peak,
            pr.ts_ns AS pr_start, coalesce(pr.next_ts, pr.ts_ns) AS pr_end,

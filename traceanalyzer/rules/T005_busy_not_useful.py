@@ -35,13 +35,12 @@ SOL_METRICS = ("sm__throughput.avg.pct_of_peak_sustained_elapsed",
 
 # Nsight Compute runs: each launch's duration and speed-of-light throughputs.
 NCU_SQL = """
-SELECT k.kernel_id, k.device_id, coalesce(k.short_name, k.name) AS name,
-       max(m.value) FILTER (WHERE m.metric_id = 'gpu__time_duration.sum') AS duration_ns,
+SELECT k.kernel_id, k.device_id, coalesce(k.short_name, k.name) AS name, k.duration_ns,
        max(m.value) FILTER (WHERE m.metric_id = 'sm__throughput.avg.pct_of_peak_sustained_elapsed') AS sm_pct,
        coalesce(max(m.value) FILTER (WHERE m.metric_id = 'gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed'),
                 max(m.value) FILTER (WHERE m.metric_id IN ('gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed',
                                                            'dram__throughput.avg.pct_of_peak_sustained_elapsed'))) AS mem_pct
-FROM kernels k JOIN kernel_metrics m ON m.run_id = $run_id AND m.kernel_id = k.kernel_id
+FROM kernel_durations k JOIN kernel_metrics m ON m.run_id = $run_id AND m.kernel_id = k.kernel_id
 WHERE k.run_id = $run_id
 GROUP BY ALL
 HAVING sm_pct IS NOT NULL OR mem_pct IS NOT NULL

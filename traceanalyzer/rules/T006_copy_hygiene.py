@@ -185,8 +185,9 @@ RULE = Rule(
         "call blocks. A device-to-host copy the host waits for drains the GPU's queue, so every such "
         "read per step leaves the GPU idle until the host launches again.",
     how="Small copies: copies under `small_copy_bytes` (not unified memory), per device and direction, "
-        "leaving out host-to-device copies in the back-to-back batches T002 reports (same batch "
-        "settings); reported at `min_small_count`; estimated loss = their time minus their bytes at "
+        "leaving out host-to-device copies in the back-to-back batches T002 reports (T002's "
+        "`small_copy_bytes`, `max_batch_gap_ns` and `min_batch_count` set both rules); reported at "
+        "`min_small_count`; estimated loss = their time minus their bytes at "
         "the run's best large-copy rate in that direction. Pageable: device-to-host copies whose "
         "destination is pageable, reported at `min_pageable_count`; estimated loss = their time "
         "beyond the run's best pinned device-to-host rate (NULL when the run has no large pinned "
@@ -203,10 +204,7 @@ RULE = Rule(
     requires="timed copies (device-to-host copies for the waiting check, with their API calls)",
     applies_sql="SELECT EXISTS (SELECT 1 FROM copies WHERE run_id = $run_id AND start_ns IS NOT NULL)",
     thresholds=(
-        Threshold("small_copy_bytes", 65536, "Copies under this size count as small (as in T002)."),
         Threshold("min_small_count", 20, "Small copies per device and direction that are reported.", low=1),
-        Threshold("max_batch_gap_ns", 100000, "As T002: small host-to-device copies this close on a stream form a batch (left to T002)."),
-        Threshold("min_batch_count", 10, "As T002: batches of at least this many small host-to-device copies are left to T002.", low=2),
         Threshold("min_pageable_count", 1, "Pageable device-to-host copies per device that are reported.", low=1),
         Threshold("max_sync_delay_ns", 100000, "A sync call starting this soon after a device-to-host copy call waits for it (100 us)."),
         Threshold("min_loss_ns", 20000, "Waited-on copies are reported when their estimated loss exceeds this (20 us)..."),
@@ -214,6 +212,8 @@ RULE = Rule(
         Threshold("error_share", 0.25, "Share that makes the waited-on copies an error."),
         Threshold("max_examples", 5, "How many copies the evidence lists."),
     ),
+    # What counts as small, and T002's batches: one setting for both rules.
+    shared=("T002.small_copy_bytes", "T002.max_batch_gap_ns", "T002.min_batch_count"),
     sql=SQL,
     formats=("nsys-sqlite", "kineto-json"),
     references=(

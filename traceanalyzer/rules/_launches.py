@@ -23,7 +23,6 @@ _NCU = {
     "waves_per_multiprocessor": "launch__waves_per_multiprocessor",
     "theoretical_pct": "sm__maximum_warps_per_active_cycle_pct",
     "achieved_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "duration_ns": "gpu__time_duration.sum",
     "grid_size": "launch__grid_size",
     "block_size": "launch__block_size",
     "sm_count": "launch__sm_count",
@@ -40,12 +39,11 @@ WITH m AS (
     SELECT kernel_id,
            {_PIVOT}
     FROM kernel_metrics WHERE run_id = $run_id GROUP BY kernel_id
-), k AS (
+), k AS (  -- each kernel's time from kernel_durations (the timeline's, or ncu's measured one)
     SELECT k.*, m.* EXCLUDE (kernel_id),
-           coalesce(k.end_ns - k.start_ns, m.ncu_duration_ns) AS duration_ns,
            coalesce(k.grid_x * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1), m.ncu_grid_size) AS grid_blocks,
            coalesce(k.block_x * coalesce(k.block_y, 1) * coalesce(k.block_z, 1), m.ncu_block_size) AS threads_per_block
-    FROM kernels k LEFT JOIN m USING (kernel_id) WHERE k.run_id = $run_id
+    FROM kernel_durations k LEFT JOIN m USING (kernel_id) WHERE k.run_id = $run_id
 )
 SELECT device_id, name, any_value(coalesce(short_name, name)) AS short_name,
        grid_blocks, threads_per_block, registers_per_thread,
@@ -54,7 +52,7 @@ SELECT device_id, name, any_value(coalesce(short_name, name)) AS short_name,
        sum(duration_ns) AS total_ns, count(duration_ns) AS timed_launches,
        arg_min(start_ns, kernel_id) AS first_start_ns, arg_min(end_ns, kernel_id) AS first_end_ns,
        avg(est_achieved_occupancy_pct) AS kineto_achieved_pct,
-       {", ".join(f"avg(ncu_{k}) AS ncu_{k}" for k in _NCU if k != "duration_ns")}
+       {", ".join(f"avg(ncu_{k}) AS ncu_{k}" for k in _NCU)}
 FROM k
 GROUP BY device_id, name, grid_blocks, threads_per_block, registers_per_thread,
          static_shared_mem_bytes, dynamic_shared_mem_bytes

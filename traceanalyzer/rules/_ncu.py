@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays chea
 
 SM_SOL = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 MEM_SOL = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+# The column of a launch's duration in `ncu_launches`: the kernel_durations view's, which for
+# ncu is this metric.
 DURATION = "gpu__time_duration.sum"
 # The busiest memory unit behind the memory SOL (NVIDIA names it by the breakdown metric).
 MEMORY_UNITS = {
@@ -31,9 +33,9 @@ MEMORY_UNITS = {
 
 
 def ncu_launches(store, run_id: str, metric_ids=(), pattern: str | None = None) -> pd.DataFrame:
-    """One row per profiled launch: kernel_id, device_id, name, short_name and one float column per
-    metric id asked for (exact ids, or ids matching the regex `pattern`) that the run has. A row
-    without a metric_id is matched by its Metric Name: ids without "__" (Source Counters'
+    """One row per profiled launch: kernel_id, device_id, name, short_name, its duration (column
+    `DURATION`, from the kernel_durations view) and one float column per other metric id asked
+    for (exact ids, or ids matching the regex `pattern`) that the run has. A row without a metric_id is matched by its Metric Name: ids without "__" (Source Counters'
     `memory_l2_theoretical_sectors_global`) are not recognized as ids by the reader."""
     long = store.sql(
         """SELECT kernel_id, metric_id, max(value) AS value
@@ -43,12 +45,13 @@ def ncu_launches(store, run_id: str, metric_ids=(), pattern: str | None = None) 
            GROUP BY ALL""",
         {"run_id": run_id, "ids": list(metric_ids) or [""], "pattern": pattern or ""}).df()
     kernels = store.sql(
-        "SELECT kernel_id, device_id, coalesce(name, '?') AS name, coalesce(short_name, name, '?') AS short_name "
-        "FROM kernels WHERE run_id = $run_id", {"run_id": run_id}).df()
+        "SELECT kernel_id, device_id, coalesce(name, '?') AS name, coalesce(short_name, name, '?') AS short_name, "
+        f"duration_ns AS \"{DURATION}\" FROM kernel_durations WHERE run_id = $run_id", {"run_id": run_id}).df()
     if long.empty:
         return kernels.iloc[0:0]
     wide = long.pivot_table(index="kernel_id", columns="metric_id", values="value", aggfunc="max")
     wide.columns.name = None
+    wide = wide.drop(columns=[DURATION], errors="ignore")  # the kernels' own column holds it
     out = kernels.merge(wide.reset_index(), on="kernel_id", how="inner")
     out["device_id"] = out["device_id"].astype("float64")
     return out

@@ -160,6 +160,9 @@ class Rule:
     # "run": sql/evaluate see one run ($run_id). "runs": evaluate(store, run_ids, params) sees
     # every checked run that carries the data and returns findings with a run_id column.
     scope: str = "run"
+    # Thresholds of other rules this one's query reads too, as "RULE.name": one value, owned and
+    # set by that rule (`--threshold RULE.name`), bound here under its own name.
+    shared: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -171,12 +174,26 @@ class Rule:
         if self.scope not in ("run", "runs") or (self.scope == "runs" and (self.evaluate is None or self.sql)):
             raise ValueError(f"{self.id}: scope must be 'run', or 'runs' with evaluate and no sql")
 
-    def params(self, overrides: dict[str, Any] | None = None) -> dict[str, float | int]:
+    def params(self, overrides: dict[str, Any] | None = None,
+               others: dict[str, dict[str, Any]] | None = None) -> dict[str, float | int]:
+        """The thresholds' values: defaults, with `overrides` of this rule's own (or of a shared one,
+        as "RULE.name"); shared ones from their owner's overrides in `others` (rule id -> values)."""
+        from . import get_rule
+
         values = {t.name: t.default for t in self.thresholds}
+        owners = {ref.split(".")[1]: ref.split(".")[0] for ref in self.shared}
+        for name, owner in owners.items():
+            values[name] = get_rule(owner).params((others or {}).get(owner))[name]
         for k, v in (overrides or {}).items():
+            owner, _, name = k.rpartition(".")
+            if owner and owners.get(name) == owner:
+                values[name] = get_rule(owner).params({name: v})[name]
+                continue
             t = next((t for t in self.thresholds if t.name == k), None)
             if t is None:
-                known = ", ".join(values) or "none"
+                if k in owners:
+                    raise ValueError(f"{self.id} reads {owners[k]}'s threshold {k!r}: set {owners[k]}.{k}")
+                known = ", ".join(t.name for t in self.thresholds) or "none"
                 raise ValueError(f"{self.id} has no threshold {k!r} (known: {known})")
             values[k] = t.coerce(v, self.id)
         return values

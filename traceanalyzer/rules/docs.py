@@ -33,8 +33,11 @@ def rule_markdown(rule: Rule) -> str:
         lines += ["", "Set them with `--threshold " f"{rule.id}.{rule.thresholds[0].name}=VALUE` or in "
                   "`[tool.traceanalyzer.thresholds." f"{rule.id}]` of `pyproject.toml` / "
                   "`[thresholds." f"{rule.id}]` of `traceanalyzer.toml`."]
-    else:
+    elif not rule.shared:
         lines.append("None.")
+    if rule.shared:
+        lines += ["", "It also reads " + ", ".join(f"`{ref}`" for ref in rule.shared) + ": those rules' "
+                  "thresholds, one value for both, set there (`--threshold " f"{rule.shared[0]}=VALUE`)."]
     lines += ["", "## Data it needs", "", f"{rule.requires[0].upper()}{rule.requires[1:]}. "
               "A run without it is listed as `no-data` for this rule, not as clean.", "",
               "## How to fix", "", rule.fix, ""]

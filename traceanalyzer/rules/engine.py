@@ -48,7 +48,7 @@ class Settings:
         return [r for r in all_rules() if r.id in chosen]
 
     def params_for(self, rule: Rule) -> dict[str, Any]:
-        return rule.params(self.thresholds.get(rule.id))
+        return rule.params(self.thresholds.get(rule.id), self.thresholds)
 
 
 def bind(sql: str, values: dict[str, Any]) -> dict[str, Any]:
