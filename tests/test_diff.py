@@ -163,19 +163,21 @@ def test_new_and_fixed_findings_ignore_the_file_name(db, tmp_path):
     assert doc["verdict"] == "NO CHANGE"
 
 
+def _nvtx_step_ns(path):
+    """The mean time of the NVTX ranges named `step`, straight from the export."""
+    with sqlite3.connect(path) as con:
+        return con.execute("""SELECT avg(n."end" - n.start) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+                              WHERE coalesce(n.text, s.value) = 'step' AND n."end" IS NOT NULL""").fetchone()[0]
+
+
 def test_nsys_planted_vs_clean_with_an_nvtx_step(db):
     code, doc = diff_json(db, NSYS_PLANTED, NSYS_CLEAN, "--step", "step")
     assert by_key(doc) == expected_kernel_rows(nsys_kernels(NSYS_PLANTED), nsys_kernels(NSYS_CLEAN))
     metrics = {m["name"]: m for m in doc["metrics"]}
     assert (metrics["span"]["base"], metrics["span"]["test"]) == (nsys_span_ns(NSYS_PLANTED), nsys_span_ns(NSYS_CLEAN))
 
-    def nvtx_step_ns(path):
-        with sqlite3.connect(path) as con:
-            return con.execute("""SELECT avg(n."end" - n.start) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
-                                  WHERE coalesce(n.text, s.value) = 'step' AND n."end" IS NOT NULL""").fetchone()[0]
-
     assert doc["end_to_end"]["name"] == "mean step (host)"
-    assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (nvtx_step_ns(NSYS_PLANTED), nvtx_step_ns(NSYS_CLEAN))
+    assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (_nvtx_step_ns(NSYS_PLANTED), _nvtx_step_ns(NSYS_CLEAN))
     assert doc["verdict"] == "IMPROVED" and doc["findings"]["fixed"] and not doc["findings"]["new"]
     r = diff(db, NSYS_PLANTED, NSYS_CLEAN, "--step", "no such range")
     assert r.exit_code == 2 and "no range of that name" in r.stderr
@@ -185,13 +187,8 @@ def test_nvtx_steps_are_the_step_time_without_step(db):
     """Without --step, diff's steps are the `steps` view's: here the NVTX ranges named `step`."""
     code, doc = diff_json(db, NSYS_PLANTED, NSYS_CLEAN)
 
-    def nvtx_step_ns(path):
-        with sqlite3.connect(path) as con:
-            return con.execute("""SELECT avg(n."end" - n.start) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
-                                  WHERE coalesce(n.text, s.value) = 'step' AND n."end" IS NOT NULL""").fetchone()[0]
-
     assert doc["end_to_end"]["name"] == "mean step (host)"
-    assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (nvtx_step_ns(NSYS_PLANTED), nvtx_step_ns(NSYS_CLEAN))
+    assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (_nvtx_step_ns(NSYS_PLANTED), _nvtx_step_ns(NSYS_CLEAN))
 
 
 def test_across_formats_memory_from_nsys_allocation_events(db):
