@@ -267,7 +267,7 @@ def test_stall_bars_cover_every_kernel_with_stall_metrics(fixture_store):
     st, _ = fixture_store
     rid = run_id_of(fixture_store, "details_stalls.csv")
     findings = load_result(st, [rid]).findings
-    data = html_metrics.stalls(st, rid, "ncu-csv", findings)
+    data = html_metrics.stalls(st, rid, findings)
     with_stalls = {r["Kernel Name"] for r in _ncu_rows(NCU_STALLS) if "stall" in r["Metric Name"].lower()}
     assert {k["kernel"] for k in data["kernels"]} == with_stalls
     assert {k["kernel"] for k in data["kernels"] if k["flagged"]} == {f["item_name"] for f in findings if f["rule_id"] == "I001"}

@@ -88,8 +88,7 @@ def register(app: typer.Typer) -> None:
             result = load_result(st, report.run_ids, fail_on)
             result.baseline = known
             result.not_traces = list(report.not_traces)
-            result.errors = [InputError(f.path, f.error or "failed", internal=f.internal, detail=f.detail)
-                             for f in report.failed]
+            result.errors = [InputError(f.path, f.error or "failed", f.internal, f.detail) for f in report.failed]
             table = _table(st, report)
         emit(result, format, output, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
              failed_internally=report.cross_rule_error is not None)
@@ -140,11 +139,11 @@ def _progress(console: Console) -> Progress:
 
 
 def _print_file_line(console: Console, r, debug: bool) -> None:
-    if r.state == "failed":
-        note = " (internal error; rerun with --debug)" if r.internal and not debug else ""
-        console.print(f"error: {r.path}: {r.error}{note}", markup=False)
-        if debug and r.detail:
-            console.print(r.detail, markup=False)
+    from ..cli import print_input_error
+    from ..report.model import InputError
+
+    if r.state == "failed":  # the error line `check` prints (`console` is the CLI's stderr)
+        print_input_error(InputError(r.path, r.error or "failed", r.internal, r.detail), debug)
     for w in r.warnings:
         console.print(f"warning: {r.path}: {w}", markup=False)
 

@@ -86,7 +86,7 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
         "memory": mem,
         "timeline": html_timeline.timeline_data(store, rid, findings, run.get("start_ns"), max_ops=max_ops),
         "roofline": html_metrics.roofline(store, rid, findings),
-        "stalls": html_metrics.stalls(store, rid, run["format"], findings),
+        "stalls": html_metrics.stalls(store, rid, findings),
     }
 
 

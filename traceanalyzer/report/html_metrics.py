@@ -102,10 +102,9 @@ def _charts(kernels: list[tuple[str, dict]], source: str) -> list[dict]:
     return charts
 
 
-def stalls(store: Store, run_id: str, fmt: str, findings: list[dict]) -> dict | None:
+def stalls(store: Store, run_id: str, findings: list[dict]) -> dict | None:
     """Stall profiles of the kernels with stall metrics (the stall_profiles analysis, which rule
-    I001 reports from), flagged or not; the kernels I001 flagged are marked. `fmt` is unused:
-    only Nsight Compute runs have stall metrics."""
+    I001 reports from), flagged or not; the kernels I001 flagged are marked."""
     rows = store.sql("SELECT name, profile, launches, est_loss_ns, reason, share FROM stall_profiles "
                      "WHERE run_id = ? AND share IS NOT NULL", [run_id]).fetchall()
     if not rows:
