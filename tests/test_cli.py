@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import pkgutil
 import shutil
 
+import duckdb
 import pytest
 from typer.testing import CliRunner
 
+import traceanalyzer.cli
 from traceanalyzer.cli import app
 
 from .conftest import FIXTURES, shared_file
@@ -139,6 +143,13 @@ def test_sarif_validates_against_the_official_schema(tmp_path, db):
     results = doc["runs"][0]["results"]
     assert results and {x["ruleId"] for x in results} >= {"T001", "T002", "I001"}
     assert all(x["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for x in results)
+    # a rule's descriptor lists the thresholds it reads, those it shares with another rule too
+    descriptors = {d["id"]: d["properties"] for d in doc["runs"][0]["tool"]["driver"]["rules"]}
+    t006 = descriptors["T006"]
+    assert t006["sharedThresholds"] and all(ref.startswith("T002.") for ref in t006["sharedThresholds"])
+    for ref in t006["sharedThresholds"]:
+        name = ref.split(".")[1]
+        assert t006["thresholds"][name] == descriptors["T002"]["thresholds"][name]
 
 
 def test_junit_validates_against_ant_schema(tmp_path, db):
@@ -160,3 +171,35 @@ def test_text_report_to_file_has_no_color_codes(tmp_path, db):
     run("check", "--store", db, PLANTED, "-o", out)
     text = out.read_text()
     assert "\x1b[" not in text and "T002" in text and "hint:" in text
+
+
+def test_every_command_module_is_registered():
+    modules = {f"traceanalyzer.cli.{m.name}" for m in pkgutil.iter_modules(traceanalyzer.cli.__path__)
+               if not m.name.startswith("_") and m.name != "common"}
+    assert {c.callback.__module__ for c in app.registered_commands} == modules
+
+
+def _run_ids(db) -> list[str]:
+    return [r["run_id"] for r in json.loads(run("query", "--store", db, "--json", "SELECT run_id FROM runs").stdout)]
+
+
+def test_report_of_checked_runs_needs_no_write_access(db):
+    assert run("check", "--store", db, PLANTED, "--fail-on", "never").exit_code == 0
+    (rid,) = _run_ids(db)
+    os.chmod(db, 0o444)
+    # While this process holds the store read-only, DuckDB refuses it a writable connection:
+    # the report fails unless it opens the store read-only (chmod alone does not stop root).
+    with duckdb.connect(str(db), read_only=True):
+        r = run("report", "--store", db, "--markdown", rid)
+        assert r.exit_code == 0, r.stderr
+        assert "### planted.sqlite" in r.stdout
+        assert run("ingest", "--store", db, CLEAN).exit_code == 2  # the hold does stop a writer
+
+
+def test_report_of_a_run_never_checked_runs_its_rules(db):
+    assert run("ingest", "--store", db, PLANTED).exit_code == 0
+    (rid,) = _run_ids(db)
+    r = run("report", "--store", db, "--markdown", rid)
+    assert r.exit_code == 0, r.stderr
+    q = run("query", "--store", db, "--json", "SELECT count(*) AS n FROM rule_runs")
+    assert json.loads(q.stdout)[0]["n"] > 0

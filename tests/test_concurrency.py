@@ -338,8 +338,7 @@ def test_readers_get_in_while_a_scan_writes_and_never_see_half_a_run(tmp_path):
         assert 3 <= len(first) < len(files)  # 3 unless it took the reader over HANDOVER_S to get in
         seen.append(first)
         # Then readers in turn, the real commands, until the scan ends (a bounded number).
-        # (`report` opens the store for writing, in case it has to check a run: the scan
-        # lets it in all the same, and waits for it.)
+        # (`report` of a run the scan checked opens the store read-only.)
         commands = [["query", sql, "--json"], ["runs"], ["summary"], ["report", first[0][0], "--markdown"]]
         reads = 0
         for i in range(8):

@@ -12,20 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from traceanalyzer.ingest import kineto, kineto_split
-from traceanalyzer.ingest.base import TraceError, read_cpus
+from traceanalyzer.ingest import kineto, kineto_split, read_file
+from traceanalyzer.ingest.base import TraceError
 from traceanalyzer.ingest.kineto_collect import Collector
+from traceanalyzer.resources import READ_PROCESSES_ENV, Resources
 
 from .test_kineto import _awkward_doc, _snapshot
 
-two_cpus = pytest.mark.skipif(not kineto_split.allowed(), reason="a split read needs two usable CPUs")
+two_cpus = pytest.mark.skipif(not kineto_split.allowed(Resources.available()),
+                              reason="a split read needs two usable CPUs")
 
 CUT = re.compile(rb"\}\s*,\s*\{")
 
 
 def _one_pass(path: Path):
-    with read_cpus(1):
-        return kineto.read(path)
+    return kineto.read(path, resources=Resources(1))
 
 
 def _split_read(path: Path, monkeypatch, offset: int | None = None) -> tuple[object, int]:
@@ -43,8 +44,7 @@ def _split_read(path: Path, monkeypatch, offset: int | None = None) -> tuple[obj
         bare = path.read_bytes().lstrip()[:1] == b"["
         monkeypatch.setattr(kineto_split, "split_point", lambda p, m: kineto_split.Split(offset, bare))
     try:
-        with read_cpus(2):
-            return kineto.read(path, split_min_bytes=0), len(merges)
+        return kineto.read(path, resources=Resources(2), split_min_bytes=0), len(merges)
     finally:
         monkeypatch.undo()
 
@@ -180,14 +180,29 @@ def test_split_point_only_for_big_plain_files(tmp_path):
 
 def test_split_can_be_turned_off(monkeypatch):
     two = len(os.sched_getaffinity(0)) >= 2
-    monkeypatch.setenv(kineto_split.PROCESSES_ENV, "1")
-    assert not kineto_split.allowed()
-    with read_cpus(2):
-        assert kineto_split.allowed() == two
-    monkeypatch.delenv(kineto_split.PROCESSES_ENV)
-    with read_cpus(1):
-        assert not kineto_split.allowed()
-    assert kineto_split.allowed() == two
+    monkeypatch.setenv(READ_PROCESSES_ENV, "1")
+    assert not kineto_split.allowed(Resources.available())
+    assert kineto_split.allowed(Resources(2)) == two
+    monkeypatch.delenv(READ_PROCESSES_ENV)
+    assert not kineto_split.allowed(Resources(1))
+    assert not kineto_split.allowed(Resources(2, read_processes=1))
+    assert kineto_split.allowed(Resources.available()) == two
+
+
+@pytest.mark.parametrize("cpus, splits", [(1, False), (2, True)])
+def test_read_file_splits_only_when_its_resources_allow(tmp_path, monkeypatch, cpus, splits):
+    """`read_file` hands its resources to the Kineto reader: one CPU reads in one pass."""
+    seen = []  # files a split point was looked for in (only where a split is allowed)
+    original = kineto_split.split_point
+
+    def spy(path, min_bytes):
+        seen.append(path)
+        return original(path, 0)  # (the test file is far under MIN_SPLIT_BYTES)
+
+    monkeypatch.setattr(kineto_split, "split_point", spy)
+    (tmp_path / "t.json").write_bytes(json.dumps(_awkward_doc()).encode())
+    read_file(tmp_path / "t.json", resources=Resources(cpus))
+    assert bool(seen) == (splits and len(os.sched_getaffinity(0)) >= 2)
 
 
 def test_scan_workers_do_not_split(tmp_path):
@@ -196,18 +211,18 @@ def test_scan_workers_do_not_split(tmp_path):
     seen = []
     original = kineto_split.allowed
 
-    def spy():
-        seen.append(original())
+    def spy(*a):
+        seen.append(original(*a))
         return seen[-1]
 
     raw = json.dumps(_awkward_doc()).encode()
     (tmp_path / "t.json").write_bytes(raw)
     kineto_split.allowed, saved = spy, kineto_split.allowed
     try:
-        out = process_file(str(tmp_path / "t.json"), WorkContext(frozenset(), None, read_cpus=1))
+        out = process_file(str(tmp_path / "t.json"), WorkContext(frozenset(), None, resources=Resources(1)))
     finally:
         kineto_split.allowed = saved
-    assert out.error is None and seen == [False]
+    assert out.result.error is None and seen == [False]
 
 
 def test_the_helper_does_not_import_pandas(tmp_path):

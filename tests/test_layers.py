@@ -1,5 +1,6 @@
 """Imports go one way (file -> reader -> store -> analyses -> rules -> reports -> commands):
-the layers contract in pyproject.toml, checked by import-linter, covers every module."""
+the layers contract in pyproject.toml, checked by import-linter, covers every module; inside
+the command line, the command modules never import the package that registers them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ PACKAGE = ROOT / "traceanalyzer"
 
 def _contract() -> dict:
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = cfg["contracts"]
+    (contract,) = [c for c in cfg["contracts"] if c["type"] == "layers"]
     return contract
 
 

@@ -753,29 +753,30 @@ def test_parts_give_the_tables_of_one_read(traces_dir, name, monkeypatch, small_
 @pytest.mark.parametrize("name", ["planted.sqlite", "h100_2gpu", "odd"])
 def test_one_read_cpu_reads_in_the_calling_thread_with_the_same_tables(traces_dir, tmp_path, name, monkeypatch,
                                                                           small_parts):
-    """With one read CPU (`read_cpus(1)`: scan --jobs 1, or workers that share the cores) no
+    """With one read CPU (`Resources(1)`: scan --jobs 1, or workers that share the cores) no
     fetch or stream thread starts; the tables are those of a threaded read, a stream that
-    fails (odd: a text value where ADBC typed the column from the first row) included."""
+    fails (odd: a text value where ADBC typed the column from the first row) included.
+    `read_file` hands its resources to the reader."""
     from types import SimpleNamespace
 
-    from traceanalyzer.ingest import nsys_sqlite
-    from traceanalyzer.ingest.base import read_cpus
+    from traceanalyzer.ingest import nsys_sqlite, read_file
+    from traceanalyzer.resources import Resources
 
     if name == "odd":
         path = edited_planted(tmp_path, "odd.sqlite", f"UPDATE {KERNEL} SET gridY = 'n/a' WHERE rowid = 5")
     else:
         path = fixture(name) if name.endswith(".sqlite") else real(traces_dir, "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite")
-    with read_cpus(2):
-        threaded = nsys.read(path)
+    threaded = nsys.read(path, resources=Resources(2))
 
     def refuse(*a, **k):
         raise AssertionError("a thread was started with one read CPU")
 
     monkeypatch.setattr(nsys_sqlite, "ThreadPoolExecutor", refuse)
     monkeypatch.setattr(nsys_sqlite, "threading", SimpleNamespace(Thread=refuse, Event=refuse))
-    with read_cpus(1):
-        assert nsys_sqlite.fetch_threads() == 1
-        alone = nsys.read(path)
+    assert nsys_sqlite.fetch_threads(Resources(1)) == 1
+    alone = nsys.read(path, resources=Resources(1))
+    via_read_file = read_file(path, resources=Resources(1))  # (no thread either)
+    assert via_read_file.tables["kernels"].equals(alone.tables["kernels"])
     if name == "odd":  # the stream failed, and the table was read whole
         assert alone.metadata["adbc_fallbacks"] >= 1
     else:

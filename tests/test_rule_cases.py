@@ -16,6 +16,9 @@
 
 A cross-run rule (scope "runs") takes `traces = [...]` instead of `trace`; its findings get a
 `trace` field (the trace they are about) that `where` can test.
+
+A case runs its rule the way `check` does (`engine.run_rules`: the rule's data checked, the
+views scoped to the run's cache) and reads the findings back from the store.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from traceanalyzer.rules import get_rule
-from traceanalyzer.rules.engine import evaluate_across, evaluate_rule
+from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 
 from .conftest import FIXTURES, ROOT, shared_traces
@@ -38,29 +41,60 @@ from .conftest import FIXTURES, ROOT, shared_traces
 RULES_DIR = ROOT / "traceanalyzer" / "rules"
 
 
+# (rule id, case) of every case, in file order
+CASES: list[tuple[str, dict]] = [(path.name.split("_", 1)[0], case) for path in sorted(RULES_DIR.glob("*.cases.toml"))
+                                 for case in tomllib.loads(path.read_text())["case"]]
+
+
 def _cases():
-    out = []
-    for path in sorted(RULES_DIR.glob("*.cases.toml")):
-        rule_id = path.name.split("_", 1)[0]
-        for i, case in enumerate(tomllib.loads(path.read_text())["case"]):
-            out.append(pytest.param(rule_id, case, id=f"{rule_id}-{i}-{case.get('name', '')[:40]}"))
+    out, numbered = [], {}
+    for rule_id, case in CASES:
+        i = numbered[rule_id] = numbered.get(rule_id, -1) + 1
+        out.append(pytest.param(rule_id, case, id=f"{rule_id}-{i}-{case.get('name', '')[:40]}"))
     return out
 
 
-_STORES: dict[str, tuple[Store, str]] = {}
+def _params_key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def _passes(trace: str) -> list[dict[str, dict]]:
+    """Rules passes that cover every per-run case on `trace`, as {rule id: params}: a pass
+    takes one set of thresholds per rule, so a rule with cases of several gets several passes."""
+    passes: list[dict[str, dict]] = []
+    seen = set()
+    for rule_id, case in CASES:
+        params = case.get("params", {})
+        if case.get("trace") != trace or (rule_id, _params_key(params)) in seen:
+            continue
+        seen.add((rule_id, _params_key(params)))
+        room = next((p for p in passes if rule_id not in p), None)
+        if room is None:
+            passes.append(room := {})
+        room[rule_id] = params
+    return passes
 
 
 @pytest.fixture(scope="module")
-def ingested(tmp_path_factory):
-    def get(trace: str) -> tuple[Store, str]:
-        if trace not in _STORES:
+def checked(tmp_path_factory):
+    """`found(trace, rule_id, case)`: (errors, findings) of the rule on the trace with the case's
+    thresholds. The first case on a trace ingests it and runs all its passes (`_passes`)."""
+    stores: list[Store] = []
+    results: dict[tuple[str, str, str], tuple[list[str], list[dict]]] = {}
+
+    def found(trace: str, rule_id: str, case: dict) -> tuple[list[str], list[dict]]:
+        if not any(k[0] == trace for k in results):
             store = Store(tmp_path_factory.mktemp("cases") / "s.duckdb")
-            _STORES[trace] = (store, store.ingest(_trace_path(trace)).run_id)
-        return _STORES[trace]
-    yield get
-    for store, _ in _STORES.values():
+            stores.append(store)
+            run_ids = [store.ingest(_trace_path(trace)).run_id]
+            for thresholds in _passes(trace):
+                for rid, rows in _rules_pass(store, run_ids, thresholds).items():
+                    results[(trace, rid, _params_key(thresholds[rid]))] = rows
+        return results[(trace, rule_id, _params_key(case.get("params", {})))]
+
+    yield found
+    for store in stores:
         store.close()
-    _STORES.clear()
 
 
 def _field(row: dict, dotted: str):
@@ -120,23 +154,35 @@ def _trace_path(trace: str) -> Path:
     return shared_traces() / trace[len("shared:"):] if trace.startswith("shared:") else FIXTURES / trace
 
 
-def _findings(rule, case, ingested, tmp_path) -> list[dict]:
-    params = rule.params(case.get("params"))
+def _rules_pass(store: Store, run_ids: list[str],
+                thresholds: dict[str, dict]) -> dict[str, tuple[list[str], list[dict]]]:
+    """Rule id -> (errors, findings) of a rules pass over `run_ids` as `check` makes it
+    (`run_rules`: each rule's data checked, the views scoped to each run's cache) with these
+    rules and thresholds, the findings read back from the store."""
+    outcomes = run_rules(store, run_ids, Settings(select=list(thresholds), thresholds=thresholds))
+    rows = store.arrow("SELECT * FROM findings WHERE list_contains(?, run_id) ORDER BY ALL", [run_ids]).to_pylist()
+    return {rule_id: ([f"{o.run_id}: {o.note}" for o in outcomes if o.rule_id == rule_id and o.status == "error"],
+                      [r for r in rows if r["rule_id"] == rule_id])
+            for rule_id in thresholds}
+
+
+def _findings(rule, case, checked, tmp_path) -> list[dict]:
     if rule.scope == "runs":
         with Store(tmp_path / "runs.duckdb") as store:
             by_run = {store.ingest(_trace_path(t)).run_id: t for t in case["traces"]}
-            rows = evaluate_across(store, rule, list(by_run), params).to_dict("records")
+            errors, rows = _rules_pass(store, list(by_run), {rule.id: case.get("params", {})})[rule.id]
         for r in rows:
             r["trace"] = by_run[r["run_id"]]
-        return rows
-    store, run_id = ingested(case["trace"])
-    return evaluate_rule(store, rule, run_id, params).to_dict("records")
+    else:
+        errors, rows = checked(case["trace"], rule.id, case)
+    assert not errors, errors  # the pass only records a rule's error: here it fails the case
+    return rows
 
 
 @pytest.mark.parametrize("rule_id,case", _cases())
-def test_case(rule_id, case, ingested, tmp_path):
+def test_case(rule_id, case, checked, tmp_path):
     rule = get_rule(rule_id)
-    rows = _findings(rule, case, ingested, tmp_path)
+    rows = _findings(rule, case, checked, tmp_path)
     if "count" in case:
         hit = [r for r in rows if _matches(r, case.get("where", {}))]
         assert len(hit) == case["count"], [r["message"] for r in rows]

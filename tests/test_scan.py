@@ -21,12 +21,14 @@ import pyarrow.dataset as ds
 import pytest
 from typer.testing import CliRunner
 
+import traceanalyzer.check as check_mod
 import traceanalyzer.scan as scan_mod
-from traceanalyzer import schema
+from traceanalyzer import resources, schema
 from traceanalyzer.cli import app
 from traceanalyzer.ingest import find_traces, nsys_sqlite
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.scan import WORKER_DIED, JobPlan, WorkContext, local_outcomes, scan
+from traceanalyzer.resources import Resources
 from traceanalyzer.store import Store
 
 from .conftest import copy_fixtures
@@ -133,8 +135,10 @@ def test_scan_findings_equal_the_central_engine(traces, tmp_path):
 
 def test_rescan_skips_stored_content_and_redoes_runs_checked_with_other_thresholds(traces, tmp_path, monkeypatch):
     parsed = []
-    real_read = scan_mod.read_file
-    monkeypatch.setattr(scan_mod, "read_file", lambda p: parsed.append(p.name) or real_read(p))
+    import traceanalyzer.ingest as ingest_mod
+
+    real_read = ingest_mod.read_file
+    monkeypatch.setattr(ingest_mod, "read_file", lambda p, **kw: parsed.append(p.name) or real_read(p, **kw))
     with Store(tmp_path / "s.duckdb") as st:
         first = scan(st, [traces], jobs=1, settings=FAST)
         assert len(parsed) == len(SOURCES) and first.count("stored") == len(SOURCES)
@@ -167,8 +171,10 @@ def test_interrupted_scan_resumes_with_only_the_files_left(traces, tmp_path, mon
     assert kept == set(handled) and checked == 2  # both finished runs were stored with their findings
 
     parsed = []
-    real_read = scan_mod.read_file
-    monkeypatch.setattr(scan_mod, "read_file", lambda p: parsed.append(str(p)) or real_read(p))
+    import traceanalyzer.ingest as ingest_mod
+
+    real_read = ingest_mod.read_file
+    monkeypatch.setattr(ingest_mod, "read_file", lambda p, **kw: parsed.append(str(p)) or real_read(p, **kw))
     with Store(db) as st:
         rest = scan(st, [traces], jobs=1, settings=FAST)
     assert sorted(parsed) == sorted(all_files - kept)
@@ -191,10 +197,10 @@ def test_a_file_that_kills_its_worker_is_reported_and_the_rest_are_stored(traces
     files = [str(p.resolve()) for p in find_traces([traces])]
     ctx = WorkContext(frozenset(), None)
     outcomes = list(local_outcomes(files, 2, ctx, task=_crash_on_clean_sqlite))
-    assert sorted(o.path for o in outcomes) == sorted(files)
-    errors = {Path(o.path).name: o.error for o in outcomes if o.error}
+    assert sorted(o.result.path for o in outcomes) == sorted(files)
+    errors = {Path(o.result.path).name: o.result.error for o in outcomes if o.result.error}
     assert errors == {"clean.sqlite": WORKER_DIED}
-    assert all(o.trace is not None for o in outcomes if not o.error)
+    assert all(o.trace is not None for o in outcomes if not o.result.error)
 
 
 def test_same_content_under_two_names_is_stored_once(traces, tmp_path):
@@ -219,9 +225,16 @@ def test_big_streamed_files_are_read_by_the_writer_with_the_same_result(traces, 
     data = (nsys / "clean.sqlite").read_bytes()
     (nsys / "truncated.sqlite").write_bytes(data[:len(data) // 2])
     monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)
-    by_workers = []
-    real_read = scan_mod.read_file
-    monkeypatch.setattr(scan_mod, "read_file", lambda p: by_workers.append(p.name) or real_read(p))
+    by_workers = []  # the files read by a worker (jobs=1: in this process)
+    real_process = scan_mod.process_file
+
+    def worker(path, ctx):
+        out = real_process(path, ctx)
+        if out.result.state == "stored":
+            by_workers.append(Path(path).name)
+        return out
+
+    monkeypatch.setattr(scan_mod, "process_file", worker)
     db = tmp_path / "writer.duckdb"
     with Store(db) as st:
         report = scan(st, [traces], jobs=1, settings=FAST)
@@ -246,17 +259,21 @@ def test_a_big_streamed_file_in_a_worker_goes_through_a_store_file_with_the_same
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     through = []
-    real = scan_mod._through_temp_store
-    monkeypatch.setattr(scan_mod, "_through_temp_store", lambda p, *a: through.append(p.name) or real(p, *a))
+    real = scan_mod._worker_store
+    monkeypatch.setattr(scan_mod, "_worker_store", lambda ctx, big: through.append(big) or real(ctx, big))
     files = [str(p.resolve()) for p in find_traces([traces])]
     for name, min_bytes in (("whole", None), ("streamed", 1)):
+        through.clear()
         ctx = WorkContext(frozenset(), Settings(), stream_min_bytes=min_bytes)
         with Store(tmp_path / f"{name}.duckdb") as st:
             for f in files:
                 o = scan_mod.process_file(f, ctx)
-                assert o.error is None, o.error
+                assert o.result.error is None, o.result.error
                 assert scan_mod._store_outcome(st, o, {}).state == "stored"
-    assert sorted(through) == ["clean.sqlite", "planted.sqlite"]  # only the formats whose reader streams
+        if min_bytes is None:
+            assert not any(through)
+    # only the formats whose reader streams
+    assert sorted(Path(f).name for f, big in zip(files, through) if big) == ["clean.sqlite", "planted.sqlite"]
     assert list(scratch.iterdir()) == []
     for t in schema.TABLES:
         assert table_rows(tmp_path / "streamed.duckdb", t.name) == table_rows(tmp_path / "whole.duckdb", t.name), t.name
@@ -266,8 +283,12 @@ def test_a_big_streamed_file_in_a_worker_goes_through_a_store_file_with_the_same
 def test_jobs_are_cores_in_all(monkeypatch):
     """`--jobs N` spends N cores: one-thread workers for many files, fewer workers with more
     threads each for fewer files, and no pool at all for one worker."""
-    monkeypatch.setattr(scan_mod, "default_jobs", lambda: 4)
-    plan = lambda jobs, files: tuple(vars(JobPlan.for_scan(jobs, files)).values())  # noqa: E731
+    monkeypatch.setattr(resources, "usable_cpus", lambda: 4)
+
+    def plan(jobs, files):
+        p = JobPlan.for_scan(jobs, files)
+        return p.workers, p.per_worker.duckdb_threads, p.per_worker.read_cpus
+
     assert plan(1, 200) == (1, 1, 1)  # serial: one process, one thread, one read CPU
     assert plan(2, 200) == (2, 1, 1)
     assert plan(None, 200) == (4, 1, 1)
@@ -279,13 +300,13 @@ def test_jobs_are_cores_in_all(monkeypatch):
 
 def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_core(traces, tmp_path, monkeypatch):
     seen = []  # (process, DuckDB threads) of every rules pass
-    real_run_rules = scan_mod.run_rules
+    real_run_rules = check_mod.run_rules
 
     def recording(store, *a, **k):
         seen.append((os.getpid(), store.sql("SELECT current_setting('threads')").fetchall()[0][0]))
         return real_run_rules(store, *a, **k)
 
-    monkeypatch.setattr(scan_mod, "run_rules", recording)
+    monkeypatch.setattr(check_mod, "run_rules", recording)
     monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)  # the nsys files: the writer's own
     fetch_threads = []  # of every nsys file read (1: no fetch or stream thread)
     real_init = nsys_sqlite.NsysFile.__init__
@@ -296,18 +317,17 @@ def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_cor
 
     monkeypatch.setattr(nsys_sqlite.NsysFile, "__init__", init)
     with Store(tmp_path / "s.duckdb") as st:
-        before = st.sql("SELECT current_setting('threads')").fetchall()[0][0]
-        st.sql("SET threads = 3")
+        st.use(Resources(3))
         report = scan(st, [traces], jobs=1, settings=FAST)
         assert report.count("stored") == len(SOURCES) and not report.failed
         # workers' scratch stores and the writer's store alike; the store's own setting is back after
         assert seen == [(os.getpid(), 1)] * len(SOURCES)
         assert fetch_threads and set(fetch_threads) == {1}
         assert st.sql("SELECT current_setting('threads')").fetchall()[0][0] == 3
-        st.sql(f"SET threads = {before}")
+        assert st.resources == Resources(3)
 
     seen.clear()
-    monkeypatch.setattr(scan_mod, "default_jobs", lambda: 2)
+    monkeypatch.setattr(resources, "usable_cpus", lambda: 2)
     with Store(tmp_path / "one.duckdb") as st:
         scan(st, [traces / "kineto" / "planted.json"], settings=FAST)
     assert seen == [(os.getpid(), 2)]
@@ -319,7 +339,7 @@ def test_a_worker_replaces_its_scratch_store_before_dead_rows_pile_up(traces, mo
     from traceanalyzer.scan import process_file
 
     path = str(traces / "nsys" / "planted.sqlite")
-    ctx = WorkContext(frozenset(), FAST, duckdb_threads=1, read_cpus=1)
+    ctx = WorkContext(frozenset(), FAST, resources=Resources(1))
     monkeypatch.setattr(scan_mod._local, "store", None, raising=False)
     first = process_file(path, ctx)
     rows = sum(t.num_rows for t in first.trace.tables.values())
@@ -331,10 +351,10 @@ def test_a_worker_replaces_its_scratch_store_before_dead_rows_pile_up(traces, mo
         stores.append(scan_mod._local.store)
     assert stores[0] is not None and stores[1] is None and stores[2] is not None and stores[3] is None
     assert stores[0] is not stores[2] and stores[0].con is not stores[2].con
-    want = (first.findings.to_pylist(), first.rule_runs.drop_columns(["evaluated_at"]).to_pylist())
+    want = (first.findings.findings.to_pylist(), first.findings.rule_runs.drop_columns(["evaluated_at"]).to_pylist())
     for o in outs:
-        assert o.error is None
-        assert (o.findings.to_pylist(), o.rule_runs.drop_columns(["evaluated_at"]).to_pylist()) == want
+        assert o.result.error is None
+        assert (o.findings.findings.to_pylist(), o.findings.rule_runs.drop_columns(["evaluated_at"]).to_pylist()) == want
 
 
 def test_glob_and_missing_path(traces, tmp_path):
@@ -411,8 +431,10 @@ def test_a_store_begun_with_sha256_keeps_it_and_still_recognizes_its_runs(traces
         assert st.hash_name() == "sha256"
         assert st.ingest(first, skip_existing=True).skipped
         parsed = []
-        real_read = scan_mod.read_file
-        monkeypatch.setattr(scan_mod, "read_file", lambda p: parsed.append(p.name) or real_read(p))
+        import traceanalyzer.ingest as ingest_mod
+
+        real_read = ingest_mod.read_file
+        monkeypatch.setattr(ingest_mod, "read_file", lambda p, **kw: parsed.append(p.name) or real_read(p, **kw))
         report = scan(st, [traces], jobs=1, settings=FAST)
         assert report.count("skipped") == 1 and "clean.sqlite" not in parsed
         hashes = [h for (h,) in st.sql("SELECT content_hash FROM runs").fetchall()]

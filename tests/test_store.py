@@ -232,22 +232,36 @@ def test_memory_limit_comes_from_the_environment(tmp_path, monkeypatch):
         Store(tmp_path / "m.duckdb")
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["temp", "attached"])
-def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store, shared):
+@pytest.mark.parametrize("where", ["temp", "attached", "kept"])
+def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store, traces_dir, monkeypatch, where):
+    """Every RUN_CACHED view, scoped to a run (its cache for the block: TEMP tables, an attached
+    database, or kept in the store), has the columns and rows of the store-wide view filtered on
+    the run: one definition, whichever way it is computed. Afterwards the views are store-wide."""
     from traceanalyzer import views
 
-    for f in ("nsys/planted.sqlite", "kineto/planted.json"):
+    real = traces_dir / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"  # 2 GPUs, 4.3 k operations
+    for f in ("nsys/planted.sqlite", "kineto/planted.json", "nsys/timeline_sync.sqlite", "kineto/timeline_busy.json.gz"):
         store.ingest(FIXTURES / f)
+    if real.exists():
+        store.ingest(real)
+    if where == "kept":
+        monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
     names = views.RUN_CACHED
-    whole = {n: store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in names}
+
+    def rows(name):  # (column names, rows)
+        result = store.sql(f"SELECT * FROM {name} ORDER BY ALL")
+        return [d[0] for d in result.description], result.fetchall()
+
+    whole = {n: rows(n) for n in names}
+    assert all(r for _, r in whole.values())
     for run_id in store.run_ids():
-        with views.scoped_to_run(store.con, run_id, shared=shared) as cache:
-            assert cache.cached == list(names) and cache.shared == shared
+        with views.scoped_to_run(store.con, run_id, shared=where == "attached", keep=where == "kept") as cache:
+            assert cache.cached == list(names) and cache.shared == (where != "temp") and cache.kept == (where == "kept")
             for n in names:
-                scoped = store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall()
-                assert scoped and scoped == [r for r in whole[n] if r[0] == run_id], n
+                columns, all_runs = whole[n]
+                assert rows(n) == (columns, [r for r in all_runs if r[0] == run_id]), (n, run_id)
     for n in names:  # store-wide again, and no cache tables or views left behind
-        assert store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() == whole[n]
+        assert rows(n) == whole[n]
     run_objects = "SELECT {0}_name FROM duckdb_{0}s() WHERE {0}_name LIKE '\\_run\\_%' ESCAPE '\\'"
     assert not store.sql(run_objects.format("table")).fetchall()
     assert not store.sql(run_objects.format("view")).fetchall()
@@ -459,11 +473,12 @@ def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
     """A run's rules are spread over two cursors reading one shared cache (engine.rule_threads);
     the findings and outcomes are those of a one-thread pass, and no cache is left behind."""
     from traceanalyzer import views
+    from traceanalyzer.resources import Resources
     from traceanalyzer.rules import engine
 
     for f in ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite"):
         store.ingest(FIXTURES / f)
-    store.sql("SET threads = 2")
+    store.use(Resources(2))  # two rule threads whatever this machine has
 
     shared = []
     real_use = views.use_run_cache

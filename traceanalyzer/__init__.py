@@ -4,8 +4,8 @@ A small library first, a thin CLI on top::
 
     import traceanalyzer as ta
     with ta.open_store("runs.duckdb") as store:
-        store.ingest("report.sqlite")
-        df = store.df("SELECT name, count(*) FROM kernels GROUP BY name")
+        result = ta.check_file(store, "report.sqlite", ta.Settings())  # read, store, run the rules
+        df = store.df("SELECT rule_id, severity, message FROM findings WHERE run_id = ?", [result.run_id])
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .check import FileResult, check_file
     from .ingest.base import ParsedTrace, TraceError
+    from .resources import Resources
+    from .rules.engine import Settings
     from .store import IngestResult, Store, StoreError
 
 __version__ = "0.1.0"
@@ -22,7 +25,8 @@ __version__ = "0.1.0"
 # Imported on first use, so that a process needing one reader (the helper process of a
 # split Kineto read, see ingest/kineto_split.py) does not pay for DuckDB and pandas.
 _LAZY = {"ParsedTrace": ".ingest.base", "TraceError": ".ingest.base", "IngestResult": ".store",
-         "Store": ".store", "StoreError": ".store"}
+         "Store": ".store", "StoreError": ".store", "check_file": ".check", "FileResult": ".check",
+         "Resources": ".resources", "Settings": ".rules.engine"}
 
 
 def __getattr__(name: str):
@@ -38,4 +42,5 @@ def open_store(path=None, *, read_only: bool = False) -> Store:
     return Store(path, read_only=read_only)
 
 
-__all__ = ["open_store", "Store", "StoreError", "IngestResult", "ParsedTrace", "TraceError", "__version__"]
+__all__ = ["open_store", "check_file", "FileResult", "Settings", "Resources", "Store", "StoreError", "IngestResult",
+           "ParsedTrace", "TraceError", "__version__"]

@@ -1,9 +1,11 @@
-"""`traceanalyzer check`: ingest what is missing, run the rules, gather the result."""
+"""Checking files: the one way a file is read into a store and its rules are run
+(`check_file`), over many files (`check_paths`), and `traceanalyzer check` (`run_check`)."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -14,7 +16,7 @@ from .report.model import Baseline, CheckResult, InputError, load_result
 from .rules import get_rule
 from .rules.base import SEVERITIES
 from .rules.engine import Settings, run_rules
-from .store import IngestResult, Store
+from .store import Store, StoreError, file_hash, run_id_for
 
 
 class UsageError(Exception):
@@ -34,44 +36,220 @@ class CheckOptions:
 
 
 @dataclass
-class Ingested:
-    """What `ingest_paths` did: the runs read or found stored, the inputs that could not be
-    read, and the files a folder walk passed over because they are no traces."""
+class FileResult:
+    """What `check_file` did with one file (and a scan with each of its files).
 
-    results: list[IngestResult] = field(default_factory=list)
-    errors: list[InputError] = field(default_factory=list)
+    `state`: `stored` (read now), `updated` (read now, replacing the stored run of the same
+    content), `kept` (stored before and not read again; its rules ran), `skipped` (stored with
+    the current rules' findings: nothing to do), `duplicate` (the same bytes as a file done
+    before in this batch), or `failed` (`error`, one line; `internal` when it is a bug in
+    traceanalyzer rather than a bad file, with the traceback in `detail`)."""
+
+    path: str
+    state: str = "failed"
+    size_bytes: int = 0
+    content_hash: str | None = None
+    run_id: str | None = None
+    format: str | None = None
+    span_ns: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # rows stored, by table
+    warnings: list[str] = field(default_factory=list)
+    rule_ids: list[str] = field(default_factory=list)  # the per-run rules evaluated on the run
+    error: str | None = None
+    internal: bool = False
+    detail: str | None = None
+    work_s: float = 0.0
+
+    @property
+    def input_error(self) -> InputError | None:
+        if self.state != "failed":
+            return None
+        return InputError(self.path, self.error or "failed", internal=self.internal, detail=self.detail)
+
+
+def per_run_settings(settings: Settings) -> Settings | None:
+    """The per-run part of a rule selection; None when it selects nothing."""
+    ids = [r.id for r in settings.rules() if r.scope == "run"]
+    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
+
+
+def cross_run_settings(settings: Settings) -> Settings | None:
+    """The cross-run part (scope "runs": rules that need every run at once)."""
+    ids = [r.id for r in settings.rules() if r.scope == "runs"]
+    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
+
+
+def up_to_date_hashes(store: Store, settings: Settings | None) -> set[str]:
+    """Content hashes of stored runs that need no work: stored, and (with rules) holding an
+    outcome of every selected per-run rule with the same thresholds."""
+    rules = per_run_settings(settings) if settings is not None else None
+    if rules is None:
+        return {r[0] for r in store.sql("SELECT content_hash FROM runs").fetchall()}
+    expected = [f"{r.id}\x1f{json.dumps(rules.params_for(r), sort_keys=True)}" for r in rules.rules()]
+    rows = store.sql("""
+        SELECT r.content_hash FROM runs r JOIN rule_runs o USING (run_id)
+        WHERE list_contains($expected, o.rule_id || chr(31) || o.params::VARCHAR)
+        GROUP BY r.content_hash HAVING count(DISTINCT o.rule_id) = $n""",
+                     {"expected": expected, "n": len(expected)}).fetchall()
+    return {r[0] for r in rows}
+
+
+def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_stored: bool = False,
+               up_to_date: frozenset[str] = frozenset(), hash_name: str | None = None,
+               seen: dict[str, str] | None = None) -> FileResult:
+    """Check one file: read it into `store` and run the per-run rules of `rules` on its run
+    (None: store it only; cross-run rules run once every file is done, see `run_check`). Every way of checking a file goes through here: `check`,
+    `ingest`, `report` and `diff` on the user's store, a scan's writer on its store, and a
+    scan's worker on a store of its own whose rows it hands to the writer. The store's
+    `resources` say how many CPUs the read, the store and the rules may use. Never raises
+    for the file: a file that cannot be read is a `failed` result.
+
+    A file whose content the store holds is not read again (`kept`) unless `read_stored`;
+    one whose hash is in `up_to_date` (stored with the current rules' findings) is
+    `skipped`; one whose hash is in `seen` (content hash -> the path done first, filled
+    here) is a `duplicate`. `hash_name`: the content hash of the store the run is for
+    (default: `store`'s)."""
+    t0 = time.perf_counter()
+    res = FileResult(path=str(path))
+    rules = per_run_settings(rules) if rules is not None else None
+    try:
+        p = Path(path)
+        if not p.exists():
+            raise TraceError("no such file")
+        res.size_bytes = p.stat().st_size
+        need_hash = bool(up_to_date) or not read_stored or seen is not None
+        if need_hash and p.is_file():  # else Store.ingest says what it is
+            res.content_hash = file_hash(p, hash_name or store.hash_name())
+            res.run_id = run_id_for(res.content_hash)
+        if res.content_hash in up_to_date:
+            res.state = "skipped"
+        elif seen is not None and res.content_hash in seen:
+            res.state, res.warnings = "duplicate", [f"same content as {seen[res.content_hash]}"]
+        elif not read_stored and store.has_hash(res.content_hash):
+            res.state = "kept"
+        if res.state in ("skipped", "duplicate", "kept"):
+            res.format, res.span_ns = _stored_run(store, res.run_id)
+        if res.state in ("failed", "kept"):
+            if res.state == "failed":
+                stored = store.ingest(p, content_hash=res.content_hash)
+                res.state = "updated" if stored.replaced else "stored"
+                res.run_id, res.content_hash = stored.run_id, stored.content_hash
+                res.format, res.span_ns, res.counts = stored.format, stored.span_ns, dict(stored.counts)
+                res.warnings = list(stored.warnings)
+            if seen is not None:
+                seen.setdefault(res.content_hash, res.path)
+            if rules is not None:
+                run_rules(store, [res.run_id], rules)
+                res.rule_ids = [r.id for r in rules.rules()]
+    except Exception as e:  # a reader bug must not stop the batch either
+        error = InputError.of(res.path, e)
+        res.state, res.error, res.internal, res.detail = "failed", error.message, error.internal, error.detail
+    res.work_s = time.perf_counter() - t0
+    return res
+
+
+def _stored_run(store: Store, run_id: str | None) -> tuple[str | None, int | None]:
+    # fetchall: DuckDB 2 refuses new work on a connection with a half-read result
+    rows = store.sql("SELECT format, span_ns FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    return rows[0] if rows else (None, None)
+
+
+@dataclass
+class Checked:
+    """What `check_paths` or `runs_for` did: a result per file (or per ref that named
+    nothing: `failed`), and the files a folder walk passed over because they are no traces."""
+
+    files: list[FileResult] = field(default_factory=list)
     not_traces: list[tuple[Path, str]] = field(default_factory=list)  # (file, what it is instead)
 
+    @property
+    def run_ids(self) -> list[str]:
+        return list(dict.fromkeys(f.run_id for f in self.files if f.state != "failed" and f.run_id))
 
-def ingest_paths(store: Store, paths: list[str], *, skip_existing: bool = False,
-                 on_result: Callable[[IngestResult], None] | None = None,
-                 on_error: Callable[[InputError], None] | None = None) -> Ingested:
-    """Ingest every trace under `paths`, one transaction a file; a file that fails is an
-    InputError and the rest go on. `on_result` / `on_error` see each file as it is done."""
-    done = Ingested()
+    @property
+    def errors(self) -> list[InputError]:
+        return [f.input_error for f in self.files if f.state == "failed"]
+
+    def add(self, res: FileResult, on_file: Callable[[FileResult], None] | None) -> None:
+        self.files.append(res)
+        if on_file:
+            on_file(res)
+
+
+def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_stored: bool = False,
+                on_file: Callable[[FileResult], None] | None = None) -> Checked:
+    """`check_file` on every trace under `paths`, in order, one transaction a file: a file
+    that fails is a `failed` result and the rest go on. `on_file` sees each result as it
+    comes. Paths that hold no trace at all are one failed result."""
+    done = Checked()
     files = list(find_traces(paths, not_traces=done.not_traces))
     if not files:
-        none = InputError(" ".join(map(str, paths)), "no trace files here")
-        done.errors.append(none)
-        if on_error:
-            on_error(none)
+        done.add(FileResult(" ".join(map(str, paths)), error="no trace files here"), on_file)
+    seen: dict[str, str] = {}
     for f in files:
         store.let_in_waiting()  # a reader of this store gets in between two files
-        try:
-            if not f.exists():
-                raise TraceError("no such file")
-            r = store.ingest(f, skip_existing=skip_existing)
-        except Exception as e:  # a reader bug must not stop the batch either
-            error = InputError.of(f, e)
-        else:
-            done.results.append(r)
-            if on_result:
-                on_result(r)
-            continue
-        done.errors.append(error)
-        if on_error:
-            on_error(error)
+        done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen), on_file)
     return done
+
+
+def runs_for(store: Store, refs: list[str], settings: Settings, *, same_rules: bool = False,
+             on_file: Callable[[FileResult], None] | None = None) -> Checked:
+    """The runs `refs` name, each with findings (for a report or a diff, which read them): a
+    file or folder is checked as `check_paths` does, save that a stored run that was checked
+    is not checked again; anything else must name a stored run (id, id prefix or file name),
+    whose rules run when it was never checked. With `same_rules` (a diff, which compares the
+    findings of two runs), "checked" means with every per-run rule of `settings` and the same
+    thresholds; else with any (a report shows what its check found). A ref that names
+    nothing is a failed result. `on_file` sees the result of each file, and each ref that
+    named nothing."""
+    fresh = _checked_hashes(store, settings, same_rules)
+    done = Checked()
+    for ref in refs:
+        if Path(ref).exists():
+            files = list(find_traces([ref], not_traces=done.not_traces))
+            if not files:
+                done.add(FileResult(ref, error="no trace files here"), on_file)
+            for f in files:
+                done.add(check_file(store, f, settings, up_to_date=fresh), on_file)
+            continue
+        try:
+            run_id = store.resolve_run(ref)
+        except StoreError as e:
+            done.add(FileResult(ref, error=f"no such file, and {e}"), on_file)
+            continue
+        res = FileResult(ref, "skipped", run_id=run_id)
+        ((res.content_hash, res.format, res.span_ns),) = store.sql(
+            "SELECT content_hash, format, span_ns FROM runs WHERE run_id = ?", [run_id]).fetchall()
+        rules = per_run_settings(settings)
+        if res.content_hash not in fresh and rules is not None:
+            res.state = "kept"
+            run_rules(store, [run_id], rules)
+            res.rule_ids = [r.id for r in rules.rules()]
+        done.files.append(res)
+    return done
+
+
+def needs_writing(store: Store, refs: list[str], settings: Settings, *, same_rules: bool = False) -> bool:
+    """Whether `runs_for` would write to the store: some ref is a file or folder, or names a
+    stored run that was not checked (see `runs_for`)."""
+    if any(Path(ref).exists() for ref in refs):
+        return True
+    fresh = _checked_hashes(store, settings, same_rules)
+    for ref in refs:
+        try:
+            run_id = store.resolve_run(ref)
+        except StoreError:
+            continue  # an error either way, and no write
+        if store.sql("SELECT content_hash FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0] not in fresh:
+            return True
+    return False
+
+
+def _checked_hashes(store: Store, settings: Settings, same_rules: bool) -> frozenset[str]:
+    if same_rules:
+        return frozenset(up_to_date_hashes(store, settings))
+    return frozenset(h for (h,) in store.sql(
+        "SELECT content_hash FROM runs r WHERE EXISTS (SELECT 1 FROM rule_runs o WHERE o.run_id = r.run_id)").fetchall())
 
 
 def settings_from(opts: CheckOptions) -> tuple[Settings, str]:
@@ -115,13 +293,16 @@ def read_baseline(path: Path, max_growth_pct: float | None = None) -> Baseline:
 
 
 def run_check(store: Store, opts: CheckOptions,
-              ingest: Callable[[Store, list[str]], Ingested] = ingest_paths) -> CheckResult:
-    """Ingest what is not stored yet, run the rules on every run found, gather the result."""
+              on_file: Callable[[FileResult], None] | None = None) -> CheckResult:
+    """Check every file under `opts.paths` (`check_paths`: stored content is not read again,
+    its rules run again), then the cross-run rules on all their runs; gather the result."""
     settings, fail_on = settings_from(opts)
     baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
-    done = ingest(store, opts.paths)
-    run_ids = list(dict.fromkeys(r.run_id for r in done.results))
-    run_rules(store, run_ids, settings)
+    done = check_paths(store, opts.paths, settings, on_file=on_file)
+    run_ids = done.run_ids
+    cross = cross_run_settings(settings)
+    if cross is not None and run_ids:
+        run_rules(store, run_ids, cross)
     result = load_result(store, run_ids, fail_on)
     result.errors += done.errors
     result.not_traces += done.not_traces

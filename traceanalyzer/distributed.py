@@ -4,9 +4,8 @@ Dask (`dask.distributed`) is an optional dependency: `pip install 'traceanalyzer
 on this machine and on every worker.
 
 Each dask task is `scan.process_file` on one path, the same function the local process
-pool runs: hash, skip what the store already holds, parse, and evaluate the per-run rules
-on a scratch DuckDB inside the worker (a big nsys export is streamed into a store file of
-the worker's own instead, see `scan._through_temp_store`). Rules are evaluated there, not
+pool runs: `check.check_file` on a store of the worker's own (in memory; a store file for a
+big nsys export, which is streamed), then the run's rows read back. Rules are evaluated there, not
 centrally after gathering, because they cost more than parsing; the worker hands back the
 parsed tables and the findings, and this process (the store's only writer) stores both,
 exactly as a local scan does. Cross-run rules then run here on the store. So a cluster scan
@@ -76,8 +75,8 @@ def dask_outcomes(scheduler: str, files: list[str], ctx: WorkContext) -> Iterato
             try:
                 outcome = fut.result()
             except Exception as e:  # the worker died on it too often (KilledWorker), or was lost
-                outcome = FileOutcome(path=path, error=f"dask task failed: {type(e).__name__}: "
-                                                       f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+                outcome = FileOutcome.failed(path, f"dask task failed: {type(e).__name__}: "
+                                                   f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
             fut.release()
             top_up()
             yield outcome

@@ -3,10 +3,10 @@
 How the work is split, and why:
 
 * A worker (a process of a local pool, or a dask worker, see `distributed.py`) does all the
-  per-file work: it hashes the file, skips it when the store already holds that content with
-  findings for the current rules, parses it, and evaluates the per-run rules on a scratch
-  in-memory DuckDB holding only that run. It returns the parsed tables and the findings
-  (Arrow tables pickle cheaply). Rules, not parsing, dominate the cost of a small trace, so
+  per-file work, as `check` does it (`check.check_file`), on a scratch in-memory store of its
+  own: it hashes the file, skips it when the writer's store already holds that content with
+  findings for the current rules, reads it, and evaluates the per-run rules. It hands back
+  the run's rows and findings (`Store.read_run`, `read_findings`: Arrow tables pickle cheaply). Rules, not parsing, dominate the cost of a small trace, so
   they must run in the workers for `--jobs` to pay.
 * The main process is the only writer (DuckDB allows one per file): it stores each run and
   its findings as results arrive, so an interrupted scan keeps everything finished so far and
@@ -15,10 +15,12 @@ How the work is split, and why:
   mid-scan: they see the runs committed so far, each with its per-run findings.
 * Cross-run rules (scope "runs") need every run at once; they run in the main process after
   the files are stored, on the store itself.
-* A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): read as `Store.ingest` reads
-  it, streamed into the store, and checked there, between two workers' results. A dask
-  worker given one (the writer cannot see a cluster's files) does the same into a store file
-  of its own, then hands the rows over (`_through_temp_store`).
+* A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): the same `check_file`, on
+  the writer's store (streamed into it), between two workers' results. A dask worker given
+  one (the writer cannot see a cluster's files) checks it on a store file of its own
+  instead of in memory, then hands the rows over.
+* CPUs: `JobPlan` splits `--jobs` between the workers; each worker's store carries its share
+  (`Store.resources`), which the read, DuckDB and the rules engine keep to.
 
 Per-run rules give the same findings on a one-run scratch store as on the full store: they
 only see `$run_id`, and the run row (file name, used in fingerprints) is the same.
@@ -27,7 +29,6 @@ only see `$run_id`, and the run row (file name, used in fingerprints) is the sam
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import tempfile
@@ -37,20 +38,19 @@ import traceback
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from . import os_memory, schema
-from .ingest import ParsedTrace, find_traces, read_file, streams
-from .ingest.base import read_cpus, usable_cpus
+from . import os_memory
+from .check import FileResult, check_file, cross_run_settings, up_to_date_hashes
+from .ingest import ParsedTrace, find_traces, streams
 from .report.model import InputError
+from .resources import Resources
 from .rules.engine import Settings, run_rules
-from .store import DEFAULT_HASH, RuleResults, Store, file_hash, run_id_for
+from .store import DEFAULT_HASH, RuleResults, Store
 
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
@@ -63,32 +63,27 @@ IN_FLIGHT_PER_WORKER = 2
 WRITER_READS_MIN_BYTES = 256 << 20
 
 
-def default_jobs() -> int:
-    return usable_cpus()
-
-
 @dataclass(frozen=True)
 class JobPlan:
     """How `--jobs N` is spent: N cores in all, never more.
 
-    Many files: N worker processes of one DuckDB thread and one read CPU each. Fewer files
-    than N: one worker per file, each with its share of the cores. One worker: no pool, the work
-    is done in this process, on all N cores (a single-file scan with the default N reads and
-    checks its file with every CPU, as `traceanalyzer check` does). `--jobs 1` is serial: one
-    process, one thread, one read CPU (no split Kineto read, no nsys fetch threads), which is
-    what a batch job given one CPU needs.
+    Many files: N worker processes of one CPU each (one DuckDB thread, one read CPU, one rule
+    thread). Fewer files than N: one worker per file, each with its share of the cores. One
+    worker: no pool, the work is done in this process, on all N cores (a single-file scan
+    with the default N reads and checks its file with every CPU, as `traceanalyzer check`
+    does). `--jobs 1` is serial: one process, one thread, one read CPU (no split Kineto read,
+    no nsys fetch threads), which is what a batch job given one CPU needs.
     """
 
     workers: int  # worker processes (1: in this process, no pool)
-    threads: int  # DuckDB threads per run's rules (and the store's, while the scan runs)
-    read_cpus: int  # CPUs a worker may read one file with (`ingest.base.read_cpus`)
+    per_worker: Resources  # what each worker's store, reads and rules may use
 
     @classmethod
-    def for_scan(cls, jobs: int | None, n_files: int) -> JobPlan:
-        cores = jobs or default_jobs()
+    def for_scan(cls, jobs: int | None, n_files: int, base: Resources | None = None) -> JobPlan:
+        base = base or Resources.available()
+        cores = jobs or base.cpus
         workers = max(1, min(cores, n_files))
-        threads = max(1, cores // workers)
-        return cls(workers, threads, threads)
+        return cls(workers, replace(base, cpus=max(1, cores // workers)))
 
 
 # -- what a worker does ---------------------------------------------------------------
@@ -97,46 +92,28 @@ class JobPlan:
 class WorkContext:
     """What every worker needs besides the path: shipped once per worker, not per file."""
 
-    known_hashes: frozenset[str]  # content already stored with current findings: skip
+    up_to_date: frozenset[str]  # content already stored with current findings: skip
     settings: Settings | None  # None: store runs without evaluating rules
-    duckdb_threads: int | None = None  # for the scratch store (None: DuckDB's default)
-    # CPUs one file may be read with (None: the reader's default; see `ingest.base.read_cpus`).
-    # 1 where workers already share the cores.
-    read_cpus: int | None = None
-    hash_name: str = DEFAULT_HASH  # the store's content hash (`Store.hash_name`)
-    # A file at least this big whose reader streams (nsys) is streamed into a temporary store
-    # file in the worker (`_through_temp_store`) instead of being held whole (None: never).
-    # Only a dask worker meets such files: a local scan leaves them to the writer.
+    resources: Resources = field(default_factory=lambda: Resources(1))  # each worker's share
+    hash_name: str = DEFAULT_HASH  # the writer's store's content hash (`Store.hash_name`)
+    # A file at least this big whose reader streams (nsys) is checked on a store file of the
+    # worker's own instead of in memory (None: never). Only a dask worker meets such files:
+    # a local scan leaves them to the writer.
     stream_min_bytes: int | None = None
 
 
 @dataclass
 class FileOutcome:
-    """A worker's answer for one file. Exactly one of trace / skipped / error is set."""
+    """A worker's answer for one file: what `check_file` did on the worker's store, and for a
+    run read now, its rows and per-run findings for the writer."""
 
-    path: str  # absolute path as the worker saw it (the run's source_path)
-    size_bytes: int = 0
-    content_hash: str | None = None
-    trace: object | None = None  # ParsedTrace
-    findings: pa.Table | None = None  # per-run rules' findings (no run_id column)
-    rule_runs: pa.Table | None = None  # their outcomes (no run_id column)
-    rule_ids: list[str] = field(default_factory=list)  # the per-run rules evaluated
-    skipped: bool = False
-    error: str | None = None  # one line
-    internal: bool = False  # the error is a bug in traceanalyzer, not a bad file
-    detail: str | None = None  # traceback text of an internal error
-    work_s: float = 0.0
+    result: FileResult
+    trace: ParsedTrace | None = None
+    findings: RuleResults | None = None
 
-
-def per_run_settings(settings: Settings) -> Settings | None:
-    """The per-run part of the rule selection; None when it selects nothing."""
-    ids = [r.id for r in settings.rules() if r.scope == "run"]
-    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
-
-
-def cross_run_settings(settings: Settings) -> Settings | None:
-    ids = [r.id for r in settings.rules() if r.scope == "runs"]
-    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
+    @classmethod
+    def failed(cls, path: str, error: str) -> FileOutcome:
+        return cls(FileResult(path, error=error))
 
 
 _local = threading.local()  # one scratch store per worker thread (DuckDB connections are not shared)
@@ -148,15 +125,26 @@ _local = threading.local()  # one scratch store per worker thread (DuckDB connec
 SCRATCH_MAX_ROWS = 200_000
 
 
-def _scratch_store(threads: int | None) -> Store:
+@contextlib.contextmanager
+def _worker_store(ctx: WorkContext, big: bool) -> Iterator[Store]:
+    """The store a worker checks one file on: this thread's in-memory scratch store, or for a
+    big streamed file a store file of its own, for the file's time. Held in memory instead,
+    the 5 M-kernel export took 12.8 GB (reader, scratch copy and rules at once); streamed into
+    a file, the peak is the streamed read's, the rules' or the rows handed over (there: 1.8,
+    1.1, 2.7 GB)."""
+    if big:
+        with tempfile.TemporaryDirectory(prefix="traceanalyzer-scan-") as tmp:
+            with Store(Path(tmp) / "run.duckdb", resources=ctx.resources) as st:
+                yield st
+        os_memory.give_back()  # the store's memory, before the rows are sent
+        return
     st = getattr(_local, "store", None)
     if st is None:
-        st = _local.store = Store(":memory:")
-        _local.threads, _local.rows = None, 0
-    if threads and threads != _local.threads:  # set per scan: an in-process one may follow another
-        st.sql(f"SET threads = {int(threads)}")
-        _local.threads = threads
-    return st
+        st = _local.store = Store(":memory:", resources=ctx.resources)
+        _local.rows = 0
+    elif st.resources != ctx.resources:  # set per scan: an in-process one may follow another
+        st.use(ctx.resources)
+    yield st
 
 
 def _scratch_used(rows: int) -> None:
@@ -169,109 +157,35 @@ def _scratch_used(rows: int) -> None:
 
 
 def process_file(path: str, ctx: WorkContext) -> FileOutcome:
-    """Hash, skip-or-parse, and evaluate the per-run rules of one file. Never raises."""
-    t0 = time.perf_counter()
-    out = FileOutcome(path=path)
+    """`check_file` on a store of this worker's own, then the run's rows and findings read
+    back for the writer. Never raises."""
+    p = Path(path)
+    big = ctx.stream_min_bytes is not None and _size(path) >= ctx.stream_min_bytes and streams(p)
+    out = None
     try:
-        p = Path(path)
-        out.size_bytes = p.stat().st_size
-        out.content_hash = file_hash(p, ctx.hash_name)
-        if out.content_hash in ctx.known_hashes:
-            out.skipped = True
-            return out
-        rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
-        with read_cpus(ctx.read_cpus):
-            if ctx.stream_min_bytes is not None and out.size_bytes >= ctx.stream_min_bytes and streams(p):
-                out.trace, out.findings, out.rule_runs, out.rule_ids = _through_temp_store(p, out, rules, ctx)
-                return out
-            trace = read_file(p)
-        if rules is not None:
-            out.findings, out.rule_runs, out.rule_ids = _evaluate(trace, out, rules, ctx.duckdb_threads)
-        out.trace = trace
-    except Exception as e:
-        out.error, out.internal, out.detail = _failure(e)
-    finally:
-        out.work_s = time.perf_counter() - t0
+        with _worker_store(ctx, big) as st:
+            res = check_file(st, p, ctx.settings, read_stored=True, up_to_date=ctx.up_to_date,
+                             hash_name=ctx.hash_name)
+            out = FileOutcome(res)
+            if res.state in ("stored", "updated"):
+                t0 = time.perf_counter()
+                try:
+                    out.trace = st.read_run(res.run_id, [t for t, n in res.counts.items() if n])
+                    out.findings = st.read_findings(res.run_id, res.rule_ids) if res.rule_ids else None
+                finally:
+                    if not big:
+                        st.delete_run(res.run_id)
+                        _scratch_used(sum(res.counts.values()))
+                res.work_s += time.perf_counter() - t0
+    except Exception as e:  # the worker's own store failed (check_file itself never raises)
+        out = FileOutcome(FileResult(path))
+        _fail(out.result, e)
     return out
 
 
-def _evaluate(trace, out: FileOutcome, rules: Settings, threads: int | None):
-    """Store the run in the scratch store, run the rules there, hand back their rows."""
-    st = _scratch_store(threads)
-    run_id = run_id_for(out.content_hash)
-    try:
-        st.write_run(trace, Path(out.path), out.content_hash, out.size_bytes)
-        return _checked(st, run_id, rules)
-    finally:
-        st.delete_run(run_id)
-        _scratch_used(sum(t.num_rows for t in trace.tables.values()))
-
-
-def _checked(st: Store, run_id: str, rules: Settings):
-    """Run `rules` on `run_id` of `st`; their findings and outcomes (without the run_id
-    column, which the writer's store sets) and the rules' ids."""
-    run_rules(st, [run_id], rules)
-    findings = st.arrow("SELECT * EXCLUDE (run_id) FROM findings WHERE run_id = $r", {"r": run_id})
-    outcomes = st.arrow("SELECT * EXCLUDE (run_id) FROM rule_runs WHERE run_id = $r", {"r": run_id})
-    return findings, outcomes, [r.id for r in rules.rules()]
-
-
-def _through_temp_store(path: Path, out: FileOutcome, rules: Settings | None, ctx: WorkContext):
-    """A big streamed file, done in a worker as the writer does it (`_ingest_by_writer`):
-    streamed into a store file of its own, its rules run there, then its rows read back for
-    the writer. Held whole instead, the 5 M-kernel export took 12.8 GB (reader, scratch copy
-    and rules at once); this way the peak is the streamed read's, the rules' or the rows
-    handed over, strings dictionary-encoded as a reader holds them (there: 1.8, 1.1, 2.7 GB)."""
-    with tempfile.TemporaryDirectory(prefix="traceanalyzer-scan-") as tmp:
-        with Store(Path(tmp) / "run.duckdb") as st:  # the content hash is given: no hash to agree on
-            if ctx.duckdb_threads:
-                st.sql(f"SET threads = {int(ctx.duckdb_threads)}")
-            run_id = st.ingest(path, content_hash=out.content_hash).run_id
-            checked = _checked(st, run_id, rules) if rules is not None else (None, None, [])
-            trace = _stored_trace(st, run_id)
-    os_memory.give_back()  # the store's and the plain strings' memory, before the rows are sent
-    return (trace, *checked)
-
-
-def _stored_trace(store: Store, run_id: str) -> ParsedTrace:
-    """Run `run_id` of `store` as a reader's ParsedTrace: `Store.write_run` stores the same rows."""
-    (fmt, producer, version, schema_version, host, clock, rank, world_size, warnings, metadata), = store.sql(
-        "SELECT format, producer, producer_version, schema_version, host, clock, rank, world_size, warnings, "
-        "metadata FROM runs WHERE run_id = $r", {"r": run_id}).fetchall()
-    store.drop_cached_blocks()  # the rules' blocks: what is read now is another table each time
-    tables = {}
-    for name in schema.DATA_TABLES:
-        # A batch at a time, its strings encoded before the next one is read: the plain
-        # strings of a whole table are never held.
-        reader = store.con.sql(f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $r",
-                               params={"r": run_id}).to_arrow_reader(EXTRACT_BATCH_ROWS)
-        batches = [_dictionary_strings(b) for b in reader]
-        if any(b.num_rows for b in batches):
-            tables[name] = pa.Table.from_batches(batches)
-    return ParsedTrace(format=fmt, producer=producer, producer_version=version, schema_version=schema_version,
-                       host=host, clock=clock, rank=rank, world_size=world_size,
-                       metadata=json.loads(metadata) if metadata else {}, tables=tables,
-                       warnings=list(warnings or []))
-
-
-EXTRACT_BATCH_ROWS = 1 << 20
-
-
-def _dictionary_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """String columns dictionary-encoded (kernel names repeat millions of times): what is
-    sent to the writer is then about as big as the reader's own tables. The other columns
-    are copied too: a batch exported by DuckDB is freed only when none of its columns is
-    alive, and it holds the plain strings."""
-    columns = [pc.dictionary_encode(c) if pa.types.is_string(c.type) or pa.types.is_large_string(c.type)
-               else pa.concat_arrays([c]) for c in batch.columns]
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
-
-
-def _failure(e: Exception) -> tuple[str, bool, str | None]:
-    """What one file's failed work reports (see `InputError.of`): (one-line error, whether it
-    is a bug in traceanalyzer rather than a bad file, the traceback of such a bug)."""
-    error = InputError.of("", e)
-    return error.message, error.internal, error.detail
+def _fail(res: FileResult, e: Exception) -> None:
+    error = InputError.of(res.path, e)
+    res.state, res.error, res.internal, res.detail = "failed", error.message, error.internal, error.detail
 
 
 def _one_line(e: BaseException) -> str:
@@ -344,7 +258,7 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
                     except BrokenProcessPool:
                         broken = True
                         if alone:
-                            yield FileOutcome(path=f, error=WORKER_DIED)
+                            yield FileOutcome.failed(f, WORKER_DIED)
                         else:
                             suspects.append(f)
                         continue
@@ -353,7 +267,7 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
                     suspects.extend(f for f, alone in in_flight.values() if not alone)
                     for f, alone in in_flight.values():
                         if alone:  # a suspect whose future was not among `done` yet
-                            yield FileOutcome(path=f, error=WORKER_DIED)
+                            yield FileOutcome.failed(f, WORKER_DIED)
                     in_flight.clear()
                     break
             clean_exit = not (pending or suspects)
@@ -363,22 +277,6 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
 
 
 # -- the writer -------------------------------------------------------------------------
-
-@dataclass
-class FileResult:
-    """What happened to one file: stored, updated (replaced a stale run), skipped, duplicate, failed."""
-
-    path: str
-    state: str
-    size_bytes: int = 0
-    run_id: str | None = None
-    format: str | None = None
-    error: str | None = None
-    internal: bool = False
-    detail: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    work_s: float = 0.0
-
 
 @dataclass
 class ScanReport:
@@ -398,23 +296,6 @@ class ScanReport:
 
 class ScanError(Exception):
     """The scan cannot start (no files, no dask, cannot reach the scheduler)."""
-
-
-def up_to_date_hashes(store: Store, settings: Settings | None) -> set[str]:
-    """Content hashes of stored runs that need no work: stored, and (with rules) holding an
-    outcome of every selected per-run rule with the same thresholds."""
-    rules = per_run_settings(settings) if settings is not None else None
-    if rules is None:
-        return {r[0] for r in store.sql("SELECT content_hash FROM runs").fetchall()}
-    import json
-
-    expected = [f"{r.id}\x1f{json.dumps(rules.params_for(r), sort_keys=True)}" for r in rules.rules()]
-    rows = store.sql("""
-        SELECT r.content_hash FROM runs r JOIN rule_runs o USING (run_id)
-        WHERE list_contains($expected, o.rule_id || chr(31) || o.params::VARCHAR)
-        GROUP BY r.content_hash HAVING count(DISTINCT o.rule_id) = $n""",
-                     {"expected": expected, "n": len(expected)}).fetchall()
-    return {r[0] for r in rows}
 
 
 def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
@@ -444,8 +325,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     to_workers = [f for f in files if f not in writers]
     plan = JobPlan.for_scan(jobs, len(to_workers))
     ctx = WorkContext(frozenset(up_to_date_hashes(store, settings)), settings,
-                      duckdb_threads=1 if scheduler else plan.threads,
-                      read_cpus=1 if scheduler else plan.read_cpus, hash_name=store.hash_name(),
+                      resources=Resources(1) if scheduler else plan.per_worker, hash_name=store.hash_name(),
                       stream_min_bytes=WRITER_READS_MIN_BYTES)
     if scheduler:
         from .distributed import dask_outcomes
@@ -468,8 +348,12 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
 
     # The writer's own work (storing, big files' reads and rules, cross-run rules) keeps to
     # the cores asked for too.
-    asked = None if scheduler or not jobs else jobs
-    with _store_threads(store, asked), read_cpus(asked):
+    asked = Resources.available(jobs) if jobs and not scheduler else None
+    def by_writer_next() -> FileResult:
+        return check_file(store, by_writer.popleft(), settings, read_stored=True, up_to_date=ctx.up_to_date,
+                          seen=written)
+
+    with store.using(asked):
         with contextlib.closing(outcomes):
             for o in outcomes:
                 result = _store_outcome(store, o, written)
@@ -478,9 +362,9 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
                     os_memory.give_back(freed)
                 handled(result)
                 if by_writer:
-                    handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
+                    handled(by_writer_next())
         while by_writer:
-            handled(_ingest_by_writer(store, by_writer.popleft(), ctx, written))
+            handled(by_writer_next())
         cross = cross_run_settings(settings)
         if cross is not None and report.run_ids:
             try:
@@ -489,21 +373,6 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
                 report.cross_rule_error = _one_line(e)
     report.elapsed_s = time.perf_counter() - t0
     return report
-
-
-@contextlib.contextmanager
-def _store_threads(store: Store, threads: int | None) -> Iterator[None]:
-    """Within the block the store's connection uses `threads` DuckDB threads (None: unchanged),
-    also once opened again (`Store.set`)."""
-    if not threads:
-        yield
-        return
-    before = store.sql("SELECT current_setting('threads')").fetchall()[0][0]
-    store.set("threads", int(threads))
-    try:
-        yield
-    finally:
-        store.set("threads", int(before))
 
 
 def _size(path: str) -> int:
@@ -517,68 +386,31 @@ def _read_by_writer(path: str) -> bool:
     return _size(path) >= WRITER_READS_MIN_BYTES and streams(Path(path))
 
 
-def _ingest_by_writer(store: Store, path: str, ctx: WorkContext, written: dict[str, str]) -> FileResult:
-    """What a worker and `_store_outcome` do for one file, done here: hash, skip or store
-    (streamed, `Store.ingest`), then the per-run rules on the store. Never raises."""
-    t0 = time.perf_counter()
-    result = FileResult(path=path, state="failed", size_bytes=_size(path))
+def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> FileResult:
+    """Store what a worker read (the run and its findings, one transaction), or take its
+    answer as it is; the same bytes stored before by this scan make a duplicate."""
+    res = o.result
+    if res.state != "stored" and res.state != "updated":
+        if res.state == "skipped":
+            res.format = _stored_format(store, res.run_id)
+        return res
+    if res.content_hash in written:
+        res.state, res.warnings = "duplicate", [f"same content as {written[res.content_hash]}"]
+        return res
     try:
-        content_hash = file_hash(Path(path), ctx.hash_name)
-        if content_hash in ctx.known_hashes or content_hash in written:
-            run_id = run_id_for(content_hash)
-            result.run_id, result.format = run_id, _stored_format(store, run_id)
-            if content_hash in ctx.known_hashes:
-                result.state = "skipped"
-            else:
-                _duplicate(result, written[content_hash])
-        else:
-            stored = store.ingest(path, content_hash=content_hash)
-            written[content_hash] = path
-            result.state = "updated" if stored.replaced else "stored"
-            result.run_id, result.format, result.warnings = stored.run_id, stored.format, list(stored.warnings)
-            rules = per_run_settings(ctx.settings) if ctx.settings is not None else None
-            if rules is not None:
-                run_rules(store, [stored.run_id], rules)
-    except Exception as e:
-        result.state = "failed"
-        result.error, result.internal, result.detail = _failure(e)
-    result.work_s = time.perf_counter() - t0
-    return result
+        stored = store.write_run(o.trace, Path(res.path), res.content_hash, res.size_bytes, findings=o.findings)
+    except Exception as e:  # e.g. a reader's table that does not fit the schema
+        res.state, res.error, res.internal, res.detail = "failed", _one_line(e), True, traceback.format_exc()
+        return res
+    written[res.content_hash] = res.path
+    res.state = "updated" if stored.replaced else "stored"
+    return res
 
 
 def _stored_format(store: Store, run_id: str) -> str | None:
     # fetchall: DuckDB 2 refuses new work on a connection with a half-read result
     rows = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
     return rows[0][0] if rows else None
-
-
-def _duplicate(result: FileResult, first_path: str) -> None:
-    result.state, result.warnings = "duplicate", [f"same content as {first_path}"]
-
-
-def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> FileResult:
-    res = FileResult(path=o.path, state="failed", size_bytes=o.size_bytes, error=o.error,
-                     internal=o.internal, detail=o.detail, work_s=o.work_s)
-    if o.error is not None:
-        return res
-    run_id = run_id_for(o.content_hash)
-    if o.skipped:
-        res.state, res.run_id, res.format = "skipped", run_id, _stored_format(store, run_id)
-        return res
-    if o.content_hash in written:  # same bytes under another name, already stored by this scan
-        res.run_id, res.format = run_id, o.trace.format
-        _duplicate(res, written[o.content_hash])
-        return res
-    try:
-        results = RuleResults(o.rule_ids, o.findings, o.rule_runs) if o.rule_ids else None
-        stored = store.write_run(o.trace, Path(o.path), o.content_hash, o.size_bytes, findings=results)
-    except Exception as e:  # e.g. a reader's table that does not fit the schema
-        res.error, res.internal, res.detail = _one_line(e), True, traceback.format_exc()
-        return res
-    written[o.content_hash] = o.path
-    res.state = "updated" if stored.replaced else "stored"
-    res.run_id, res.format, res.warnings = run_id, o.trace.format, list(o.trace.warnings)
-    return res
 
 
 # -- the per-run table ------------------------------------------------------------------

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
 import pyarrow as pa
@@ -40,6 +40,7 @@ import xxhash
 
 from . import input_limits, os_memory, migrations, prefetch, schema, views
 from .ingest.base import ParsedTrace
+from .resources import Resources
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
@@ -116,20 +117,28 @@ class IngestResult:
     warnings: list[str] = field(default_factory=list)
     replaced: bool = False
     skipped: bool = False
+    content_hash: str | None = None
 
 
 class Store:
     """A DuckDB file holding any number of runs. Use as a context manager or call close()."""
 
+    # The run cache of the rules pass this store (or cursor) is in, set by the rules engine for
+    # the run's pass: its views are scoped to the run, and rules share results by its `memo`.
+    run_cache: views.RunCache | None = None
+
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
-                 lock_timeout_s: float | None = None):
+                 lock_timeout_s: float | None = None, resources: Resources | None = None):
         """`lock_timeout_s`: how long to wait for another writer's lock (default:
-        TRACEANALYZER_LOCK_TIMEOUT_S, else 30 s for a writer and no limit for a reader)."""
+        TRACEANALYZER_LOCK_TIMEOUT_S, else 30 s for a writer and no limit for a reader).
+        `resources`: the CPUs work on this store may use (default: all; see `use`)."""
         self.path = Path(path) if path is not None else default_path()
         if lock_timeout_s is None:
             lock_timeout_s = lock_timeout_from_env(None if read_only else DEFAULT_LOCK_TIMEOUT_S)
         self.read_only = read_only
-        self._settings: dict[str, str | int] = {}  # SET by `set`, again at each reopen
+        self.resources = resources or Resources.available()
+        # SET by `set`, again at each reopen; DuckDB's threads are the resources' from the start
+        self._settings: dict[str, str | int] = {"threads": self.resources.duckdb_threads}
         self._con: duckdb.DuckDBPyConnection | None = None
         self._con = self._open(lock_timeout_s, create=not read_only)
 
@@ -266,6 +275,25 @@ class Store:
         self._withdraw()  # left by a process that stopped waiting (killed) without getting in
         return True
 
+    def use(self, resources: Resources) -> None:
+        """From now on, work on this store (reading a file into it, its DuckDB queries, the
+        rules engine's threads) keeps to `resources`."""
+        self.resources = resources
+        self.set("threads", resources.duckdb_threads)
+
+    @contextlib.contextmanager
+    def using(self, resources: Resources | None) -> Iterator[None]:
+        """`use(resources)` within the block (None: unchanged), the resources before it after."""
+        if resources is None:
+            yield
+            return
+        before = self.resources
+        self.use(resources)
+        try:
+            yield
+        finally:
+            self.use(before)
+
     def set(self, name: str, value: str | int) -> None:
         """SET a DuckDB setting (`threads`, ...) on this store's connection, now and each time
         it is opened again (see `release`)."""
@@ -357,6 +385,39 @@ class Store:
             con.execute("ROLLBACK")
             raise
 
+    def read_run(self, run_id: str, tables: Iterable[str] = schema.DATA_TABLES) -> ParsedTrace:
+        """Run `run_id` as a reader's ParsedTrace: `write_run` of it stores the same rows (a
+        scan's worker hands a run over this way). `tables`: those that may hold rows of it
+        (each costs a query). String columns come dictionary-encoded, as a reader holds them
+        (kernel names repeat millions of times)."""
+        rows = self.sql("SELECT format, producer, producer_version, schema_version, host, clock, rank, world_size, "
+                        "warnings, metadata FROM runs WHERE run_id = $r", {"r": run_id}).fetchall()
+        if not rows:
+            raise StoreError(f"no run {run_id!r} in {self.path}")
+        (fmt, producer, version, schema_version, host, clock, rank, world_size, warnings, metadata), = rows
+        self.drop_cached_blocks()  # the rules' blocks: what is read now is another table each time
+        read = {}
+        for name in tables:
+            # A batch at a time, its strings encoded before the next one is read: the plain
+            # strings of a whole table are never held.
+            reader = self.con.sql(f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $r",
+                                  params={"r": run_id}).to_arrow_reader(_READ_BATCH_ROWS)
+            batches = [_dictionary_strings(b) for b in reader]
+            if any(b.num_rows for b in batches):
+                read[name] = pa.Table.from_batches(batches)
+        return ParsedTrace(format=fmt, producer=producer, producer_version=version, schema_version=schema_version,
+                           host=host, clock=clock, rank=rank, world_size=world_size,
+                           metadata=json.loads(metadata) if metadata else {}, tables=read,
+                           warnings=list(warnings or []))
+
+    def read_findings(self, run_id: str, rule_ids: list[str]) -> RuleResults:
+        """The findings and outcomes of `rule_ids` on `run_id` (without the run_id column), for
+        `write_run(..., findings=)` into another store."""
+        where = "WHERE run_id = $r AND list_contains($ids, rule_id)"
+        params = {"r": run_id, "ids": list(rule_ids)}
+        return RuleResults(list(rule_ids), self.arrow(f"SELECT * EXCLUDE (run_id) FROM findings {where}", params),
+                           self.arrow(f"SELECT * EXCLUDE (run_id) FROM rule_runs {where}", params))
+
     def delete_run(self, run_id: str) -> None:
         self.con.execute("BEGIN TRANSACTION")
         try:
@@ -383,7 +444,8 @@ class Store:
             content_hash = content_hash or file_hash(path, hash_name)
             if self.has_hash(content_hash):
                 row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
-                return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True)
+                return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True,
+                                    content_hash=content_hash)
         # Hashed on a worker thread while the file is parsed (hashing lets go of the GIL); a
         # reader that streams its tables waits for the hash at its first table (the run id).
         with ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
@@ -391,7 +453,7 @@ class Store:
             known = content_hash
             writer = self.run_writer(lambda: run_id_for(known or hashing.result()))
             try:
-                trace = read_file(path, sink=writer)
+                trace = read_file(path, sink=writer, resources=self.resources)
                 content_hash = content_hash or hashing.result()
                 result = writer.finish(trace, path.resolve(), content_hash, path.stat().st_size)
             except BaseException:
@@ -511,13 +573,25 @@ class RunWriter:
         self._open = False
         counts = {name: self._rows.get(name, 0) for name in schema.DATA_TABLES}
         span = None if start is None else end - start
-        return IngestResult(source, self.run_id, trace.format, counts, span, list(trace.warnings), self.replaced)
+        return IngestResult(source, self.run_id, trace.format, counts, span, list(trace.warnings), self.replaced,
+                            content_hash=content_hash)
 
     def abort(self) -> None:
         """Roll back whatever was written (nothing of the run stays, an earlier copy included)."""
         if self._open:
             self._open = False
             self.con.execute("ROLLBACK")
+
+
+_READ_BATCH_ROWS = 1 << 20
+
+
+def _dictionary_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """String columns dictionary-encoded. The other columns are copied too: a batch exported
+    by DuckDB is freed only when none of its columns is alive, and it holds the plain strings."""
+    columns = [pc.dictionary_encode(c) if pa.types.is_string(c.type) or pa.types.is_large_string(c.type)
+               else pa.concat_arrays([c]) for c in batch.columns]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def one_line_error(e: BaseException) -> str:

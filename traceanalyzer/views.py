@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import duckdb
 
@@ -110,6 +111,30 @@ def _stream_ops(per_run: bool = False, sliced: bool = False) -> str:
         -- kind last: kernel, copy and memset ids may coincide, and the order must be total
         WINDOW w AS (PARTITION BY {run}device_id, stream_id ORDER BY start_ns, end_ns, item_id, kind)
         {carried_out}
+        """
+
+
+def _busy_intervals(kernels_only: bool = False, successors: bool = False, per_run: bool = False) -> str:
+    """The device_busy_intervals view's query (with `kernels_only`, kernel_busy_intervals'):
+    `islands` of the GPU activity; with `per_run`, one run's ($1) rows without a run_id column.
+    `successors` as in `islands` (what device_idle_gaps reads)."""
+    conditions = [*(["run_id = $1"] if per_run else []), *(["kind = 'kernel'"] if kernels_only else [])]
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    run = "" if per_run else "run_id, "
+    return islands(f"SELECT {run}device_id, start_ns, end_ns FROM gpu_activity{where}",
+                   successors=successors, per_run=per_run)
+
+
+def _device_idle_gaps(islands_with_successors: str, per_run: bool = False) -> str:
+    """The device_idle_gaps view's query: a filter over the islands of `_busy_intervals` with
+    `successors` (the query, or a table holding its rows); with `per_run`, islands and result
+    without a run_id column. Each island but a device's last ends a gap, up to the next one's start."""
+    run = "" if per_run else "run_id, "
+    return f"""
+        SELECT {run}device_id, end_ns AS start_ns, next_start_ns AS end_ns, next_start_ns - end_ns AS gap_ns,
+               -- idle time before = time since the first start, minus busy time, up to this gap
+               end_ns - first_start_ns - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
+        FROM ({islands_with_successors}) WHERE next_start_ns IS NOT NULL
         """
 
 
@@ -256,12 +281,12 @@ VIEWS: dict[str, tuple[str, str]] = {
         "Per run and device, the union of all GPU activity as disjoint busy intervals "
         "(gaps-and-islands over `gpu_activity`), with `busy_before_ns`, the busy time before each "
         "(busy time in any window = a difference of two such running totals, read by ASOF joins).",
-        islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity"),
+        _busy_intervals(),
     ),
     "kernel_busy_intervals": (
         "Per run and device, the union of kernel execution only (what copies can hide behind), "
         "with `busy_before_ns` as in `device_busy_intervals`.",
-        islands("SELECT run_id, device_id, start_ns, end_ns FROM gpu_activity WHERE kind = 'kernel'"),
+        _busy_intervals(kernels_only=True),
     ),
     "device_busy": (
         "Per run and device: busy time (union of GPU activity), the device's active span "
@@ -278,16 +303,7 @@ VIEWS: dict[str, tuple[str, str]] = {
     "device_idle_gaps": (
         "Per run and device, the idle stretches between busy intervals (no work on any stream), "
         "with `idle_before_ns`, the idle time before each (from the device's first operation).",
-        """
-        SELECT run_id, device_id, end_ns AS start_ns, next_start AS end_ns, next_start - end_ns AS gap_ns,
-               -- idle time before = time since the first start, minus busy time, up to this gap
-               end_ns - first_start - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
-        FROM (SELECT run_id, device_id, start_ns, end_ns, busy_before_ns,
-                     lead(start_ns) OVER w AS next_start, first_value(start_ns) OVER w AS first_start
-              FROM device_busy_intervals
-              WINDOW w AS (PARTITION BY run_id, device_id ORDER BY start_ns))
-        WHERE next_start IS NOT NULL
-        """,  # the per-run cache computes the same without this window (_RUN_CACHE_SQL)
+        _device_idle_gaps(_busy_intervals(successors=True)),
     ),
     "run_idle_gaps": (
         "Per run, the stretches during which no GPU of the run had work: the gaps in the union of all "
@@ -432,19 +448,15 @@ RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kerne
 
 # How the cache computes each table: one run's rows ($1) without the run_id column, which the
 # view over the table takes from the one-row `<prefix>scope` (a run id on every row would cost
-# a string per row to sort and store). The islands pass also keeps each island's successor,
-# so the idle gaps are a filter over it rather than another sort. `{cache}` is the prefix of
-# the cached tables' names (see RunCache).
+# a string per row to sort and store). Each is made by the generator of the view's own query
+# (a view not listed here: its query filtered on the run), so a cached view and the store-wide
+# one cannot disagree (tests/test_store.py compares them). The islands table also keeps each
+# island's successor, so the idle gaps are the view's filter over it rather than another sort.
+# `{cache}` is the prefix of the cached tables' names (see RunCache).
 _RUN_CACHE_SQL = {
-    "device_busy_intervals": islands("SELECT device_id, start_ns, end_ns FROM gpu_activity WHERE run_id = $1",
-                                     successors=True, per_run=True),
-    "device_idle_gaps": """
-        SELECT device_id, end_ns AS start_ns, next_start_ns AS end_ns, next_start_ns - end_ns AS gap_ns,
-               end_ns - first_start_ns - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
-        FROM {cache}device_busy_intervals WHERE next_start_ns IS NOT NULL
-        """,
-    "kernel_busy_intervals": islands("SELECT device_id, start_ns, end_ns FROM gpu_activity "
-                                     "WHERE run_id = $1 AND kind = 'kernel'", per_run=True),
+    "device_busy_intervals": _busy_intervals(successors=True, per_run=True),
+    "device_idle_gaps": _device_idle_gaps("SELECT * FROM {cache}device_busy_intervals", per_run=True),
+    "kernel_busy_intervals": _busy_intervals(kernels_only=True, per_run=True),
     "run_idle_gaps": _run_idle_gaps(per_run=True),
     "stream_ops": _stream_ops(per_run=True, sliced=True),
     "kernel_launches": _kernel_launches(per_run=True, sliced=True),
@@ -476,18 +488,43 @@ CACHE_VERSION = hashlib.sha1(repr((RUN_CACHED, _RUN_CACHE_SQL, _RUN_CACHE_HIDDEN
                                    [VIEWS[n][1] for n in RUN_CACHED])).encode()).hexdigest()[:16]
 
 
+_T = TypeVar("_T")
+
+
 @dataclass
 class RunCache:
     """Where `scoped_to_run` keeps its tables (named `<prefix><view>`): `temp` (this
     connection's own), an in-memory database attached for the block, or the store file
     (`kept`); the last two are readable by every cursor of the same database
-    (`use_run_cache`), so rules can run on several threads."""
+    (`use_run_cache`), so rules can run on several threads. Also the block's `memo` of
+    other per-run results the rules share."""
 
     database: str
     cached: list[str] = field(default_factory=list)
     kept: bool = False
     prefix: str = ""
     built: bool = False  # kept tables this block has just written (DuckDB holds all of them then)
+    run_id: str = ""
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+    _locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def memo(self, key: Any, compute: Callable[[], _T]) -> _T:
+        """`compute()`'s result for `key`, computed once in this block (for its run) whichever
+        rule thread asks first; a thread asking meanwhile waits for it. A failed computation is
+        not kept: the next caller tries again. Dropped at the end of the block."""
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._memo:
+                self._memo[key] = compute()
+            return self._memo[key]
+
+    def forget(self) -> None:
+        """Drop the memo (at the end of the block)."""
+        with self._lock:
+            self._memo.clear()
+            self._locks.clear()
 
     @property
     def shared(self) -> bool:
@@ -514,7 +551,8 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     A cache kept in the store (`KEEP_MIN_GPU_OPS`) is used when its version is current;
     with `keep` (a writable store), a big run's cache is built into the store and kept.
     Otherwise it lives for the block: with `shared`, in an attached in-memory database
-    (TEMP tables where that fails: a read-only store)."""
+    (TEMP tables where that fails: a read-only store). The RunCache yielded also holds the
+    block's `memo` of other results the run's rules share."""
     current = _kept_version(con, run_id) == CACHE_VERSION
     built = not current and keep and _gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)
     if current or built:
@@ -522,7 +560,7 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
             cache.built = built
             yield cache
         return
-    cache = RunCache("temp")
+    cache = RunCache("temp", run_id=run_id)
     if shared:
         name = f"_ta_run_cache_{next(_cache_ids)}"
         try:
@@ -540,6 +578,7 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     try:
         yield cache
     finally:
+        cache.forget()
         _restore(con, cache)
         if db != "temp":
             con.execute(f"DETACH {db}")
@@ -561,11 +600,12 @@ def kept_views(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[bool]:
 @contextmanager
 def _on_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[RunCache]:
     """The views pointed at `run_id`'s kept tables for the block (their version checked by the caller)."""
-    cache = RunCache("main", list(RUN_CACHED), kept=True, prefix=_kept_prefix(run_id))
+    cache = RunCache("main", list(RUN_CACHED), kept=True, prefix=_kept_prefix(run_id), run_id=run_id)
     use_run_cache(con, cache)
     try:
         yield cache
     finally:
+        cache.forget()
         _restore_views(con, cache)
 
 
@@ -656,7 +696,7 @@ def _gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
 def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
     """Build `run_id`'s cache into the store in one transaction, replacing any older one.
     False (and nothing written) when that fails."""
-    cache = RunCache("main", kept=True, prefix=_kept_prefix(run_id))
+    cache = RunCache("main", kept=True, prefix=_kept_prefix(run_id), run_id=run_id)
     try:
         con.execute("BEGIN TRANSACTION")
         drop_kept(con, run_id)

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from .. import input_limits
 from ..fmt import printable
+from ..resources import Resources
 from .base import ParsedTrace, TableSink, TraceError
 from .detect import KINETO, NCU, NSYS, detect, not_a_trace
 
@@ -40,16 +41,17 @@ def one_line(text: str, max_chars: int = MAX_MESSAGE_CHARS, exact: bool = False)
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
-def read_file(path: Path, sink: TableSink | None = None) -> ParsedTrace:
+def read_file(path: Path, sink: TableSink | None = None, *, resources: Resources | None = None) -> ParsedTrace:
     """Detect the format of `path` from its content and run the matching reader.
 
     With a `sink`, a reader that can stream (nsys) hands it its big tables as they are
     built, unchecked: the sink runs `input_limits.TableChecks` on them. The result's `tables`
-    hold the rest, checked. Raises TraceError (one line, without the file name) for
+    hold the rest, checked. The reader uses the CPUs `resources` give it (default:
+    `Resources.available()`). Raises TraceError (one line, without the file name) for
     anything unreadable.
     """
     try:
-        return _read_file(path, sink)
+        return _read_file(path, sink, resources or Resources.available())
     except TraceError as e:
         raise TraceError(one_line(str(e))) from None
 
@@ -63,7 +65,7 @@ def streams(path: Path) -> bool:
         return False
 
 
-def _read_file(path: Path, sink: TableSink | None) -> ParsedTrace:
+def _read_file(path: Path, sink: TableSink | None, resources: Resources) -> ParsedTrace:
     hint = _EXPORT_HINTS.get(path.suffix.lower())
     if hint:
         raise TraceError(hint)
@@ -72,8 +74,8 @@ def _read_file(path: Path, sink: TableSink | None) -> ParsedTrace:
         input_limits.check_text_size(path.stat().st_size)
     reader = importlib.import_module(f"{__name__}.{_READER_MODULES[fmt]}")
     try:
-        trace = _with_device_limits(reader.read(path, sink=sink) if sink is not None and fmt in _STREAMING
-                                    else reader.read(path))
+        streamed = {"sink": sink} if sink is not None and fmt in _STREAMING else {}
+        trace = _with_device_limits(reader.read(path, resources=resources, **streamed))
     except TraceError:
         raise
     except RecursionError:

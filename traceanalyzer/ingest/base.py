@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -15,36 +12,6 @@ import pyarrow as pa
 class TraceError(Exception):
     """A file that cannot be read. The message is one line and names the problem;
     the caller adds the file name."""
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask: a batch job's cpuset, not the machine)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-# CPUs a reader may use for one file; None: its own default. `scan` sets it from `--jobs`
-# (scan.JobPlan), so that `--jobs 1` reads with one CPU and workers that share the cores
-# do not each read with all of them.
-_read_cpus: ContextVar[int | None] = ContextVar("read_cpus", default=None)
-
-
-@contextlib.contextmanager
-def read_cpus(n: int | None) -> Iterator[None]:
-    """Within the block, a reader uses at most `n` CPUs for one file (None: its default).
-    Kineto's split read needs two (a helper process); nsys fetches on up to `n` threads."""
-    token = _read_cpus.set(n)
-    try:
-        yield
-    finally:
-        _read_cpus.reset(token)
-
-
-def read_cpu_limit() -> int | None:
-    """The `read_cpus` in force (None: none set)."""
-    return _read_cpus.get()
 
 
 @dataclass

@@ -54,6 +54,7 @@ import msgspec
 from msgspec import Raw
 
 from .. import input_limits, prefetch
+from ..resources import Resources
 from .base import ParsedTrace, TraceError, as_path
 from .detect import GZIP_MAGIC, KINETO
 from .kineto_devices import devices_table
@@ -81,13 +82,17 @@ SHARED_MEMORY_NOTE = (
 )
 
 
-def read(path: str | Path, *, split_min_bytes: int = kineto_split.MIN_SPLIT_BYTES) -> ParsedTrace:
-    """Streamed (`kineto_stream`), in two processes for a big plain file (`kineto_split`);
-    an odd file is decoded whole, which gives the exact error or result."""
+def read(path: str | Path, *, resources: Resources | None = None,
+         split_min_bytes: int = kineto_split.MIN_SPLIT_BYTES) -> ParsedTrace:
+    """Streamed (`kineto_stream`), in two processes for a big plain file when `resources`
+    allow it (`kineto_split`; default: `Resources.available()`); an odd file is decoded
+    whole, which gives the exact error or result."""
     path = as_path(path)
+    resources = resources or Resources.available()
     try:
         with input_limits.json_depth():  # msgspec counts nesting against the recursion limit
-            split = kineto_split.split_point(path, split_min_bytes) if kineto_split.allowed() else None
+            split = (kineto_split.split_point(path, split_min_bytes) if kineto_split.allowed(resources)
+                     else None)
             readers = [lambda: _read_split(path, split)] if split is not None else []
             # A split that fails is read again in one pass: the reference result (or error).
             for reader in readers + [lambda: _read_streamed(EventStream(path))]:

@@ -18,9 +18,9 @@ of the helper (a bad event, a crash, a kill, no way to start it) has the same ou
 one-pass read is the reference, which also reports the exact error for a bad file.
 
 Only plain files of `MIN_SPLIT_BYTES` or more are split (a gzip stream cannot be entered
-in the middle), only when two CPUs are usable, and not in `scan` workers of one CPU each
-(`scan.JobPlan`), which keep every core busy already. `TRACEANALYZER_READ_PROCESSES=1`
-turns it off.
+in the middle), only when two CPUs are usable and the caller's `Resources.split_read` allows
+it: not in `scan` workers of one CPU each (`scan.JobPlan`), which keep every core busy
+already, and not with `TRACEANALYZER_READ_PROCESSES=1` (read in `Resources.available()`).
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from pathlib import Path
 from msgspec import Raw
 
 from .. import input_limits, prefetch
-from .base import TraceError, read_cpu_limit, usable_cpus
+from ..resources import Resources, usable_cpus
+from .base import TraceError
 from .detect import GZIP_MAGIC
 from . import kineto_wire
 from .kineto_collect import Collector
 from .kineto_stream import BOM, _CUT, EventStream, Unstreamable
 
 MIN_SPLIT_BYTES = 64 << 20
-PROCESSES_ENV = "TRACEANALYZER_READ_PROCESSES"
 # The helper reads from here on: a bit past the middle, because it starts later (a fresh
 # interpreter) and its columns have to be sent over to this process. On the 400 MB
 # benchmark trace, 0.5 to 0.6 measured: 0.55 first looked best; 0.58 against 0.55 in 18
@@ -55,16 +55,9 @@ HELPER_STARTS_AT = 0.58
 SEARCH_BYTES = 4 << 20
 HEAD_BYTES = 64 << 10
 
-def allowed() -> bool:
-    """Whether a split read may run now: two usable CPUs, and two allowed by `base.read_cpus`
-    (scan's `--jobs`) or, where that is not set, by TRACEANALYZER_READ_PROCESSES."""
-    n = read_cpu_limit()
-    if n is None:
-        try:
-            n = int(os.environ.get(PROCESSES_ENV, "2"))
-        except ValueError:
-            n = 1
-    return n >= 2 and usable_cpus() >= 2
+def allowed(resources: Resources) -> bool:
+    """Whether a split read may run: `resources.split_read`, and two usable CPUs."""
+    return resources.split_read and usable_cpus() >= 2
 
 
 @dataclass

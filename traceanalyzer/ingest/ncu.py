@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from .. import input_limits
+from ..resources import Resources
 from .base import ParsedTrace, TraceError, as_path
 from .ncu_labels import METRIC_ID, metric_ids
 from .ncu_launches import build_devices, build_kernels
@@ -56,7 +57,8 @@ _TEXT_REPORT = re.compile(r"^\s+Section: .+$\n(?:^\s+-+[ -]*$\n)?^\s+Metric Name
                           re.MULTILINE)
 
 
-def read(path: str | Path) -> ParsedTrace:
+def read(path: str | Path, *, resources: Resources | None = None) -> ParsedTrace:
+    """`resources` is accepted for the readers' one signature; a CSV is read on one CPU."""
     path = as_path(path)
     text = _load_text(path)
     start = _find_header(text)

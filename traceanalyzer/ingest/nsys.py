@@ -53,6 +53,7 @@ from . import nsys_arrow as arrow
 from . import nsys_enums
 from .. import input_limits, os_memory
 from ..input_limits import MAX_ABS_TIME_NS
+from ..resources import Resources
 from .base import CollectedTables, ParsedTrace, TableSink, TraceError, as_path
 from .nsys_devices import read_devices
 from .nsys_sqlite import Col, NsysFile, StreamFailed, arrow_schema, one_line, quote
@@ -125,11 +126,13 @@ SANE_GPU_TIMES = ("((start IS NULL OR start BETWEEN {m1} AND {m}) AND (\"end\" I
                   "AND (start IS NULL OR \"end\" IS NULL OR \"end\" >= start))").format(m=MAX_ABS_TIME_NS, m1=-MAX_ABS_TIME_NS)
 
 
-def read(path: str | Path, backend: str | None = None, sink: TableSink | None = None) -> ParsedTrace:
+def read(path: str | Path, backend: str | None = None, sink: TableSink | None = None, *,
+         resources: Resources | None = None) -> ParsedTrace:
     """Read an nsys SQLite export. `backend` forces "adbc" or "sqlite3" (default: ADBC if
     importable). With a `sink`, every table but `devices` goes there as it is built (and
-    is not in the result's `tables`)."""
-    f = NsysFile(as_path(path), backend)
+    is not in the result's `tables`). Fetches run on `nsys_sqlite.fetch_threads(resources)`
+    threads (default resources: `Resources.available()`)."""
+    f = NsysFile(as_path(path), backend, resources)
     try:
         return _Reader(f, sink).read()
     except sqlite3.Error as e:

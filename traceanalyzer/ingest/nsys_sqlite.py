@@ -10,9 +10,9 @@ connection (the driver releases the GIL): the reader fetches the next table whil
 works on the last one; fallbacks and checks still run in the calling thread. A big table
 may be fetched as two rowid halves at once (`split_rows`). `stream` reads a table in
 batches on a thread and connection of its own, a few batches ahead of its reader, for the
-tables the nsys reader builds part by part. With one read CPU (`base.read_cpus(1)`: scan's
-`--jobs 1`, or a worker of a scan that shares the cores) there are no such threads: every
-fetch and batch is read in the calling thread when it is asked for.
+tables the nsys reader builds part by part. With one read CPU (`Resources.read_cpus` of 1:
+scan's `--jobs 1`, or a worker of a scan that shares the cores) there are no such threads:
+every fetch and batch is read in the calling thread when it is asked for.
 
 ADBC infers a column's Arrow type from the first rows it sees and fails when a later
 value has another type, so string expressions are wrapped in `COALESCE(expr, '')`
@@ -36,7 +36,8 @@ import pyarrow.compute as pc
 
 from .. import input_limits
 from .. import schema as store_schema
-from .base import TraceError, read_cpu_limit, usable_cpus
+from ..resources import Resources, usable_cpus
+from .base import TraceError
 
 try:  # optional: faster bulk reads
     import adbc_driver_manager
@@ -53,11 +54,10 @@ BACKENDS = ("adbc", "sqlite3")
 MAX_FETCH_THREADS = 3
 
 
-def fetch_threads() -> int:
-    """Threads a file's fetches may run on now: the usable CPUs and `base.read_cpus`, at most
+def fetch_threads(resources: Resources) -> int:
+    """Threads a file's fetches may run on: `resources.read_cpus` and the usable CPUs, at most
     MAX_FETCH_THREADS. One means no fetch thread at all (see the module docstring)."""
-    limit = read_cpu_limit()
-    return max(1, min(MAX_FETCH_THREADS, usable_cpus(), limit if limit is not None else MAX_FETCH_THREADS))
+    return max(1, min(MAX_FETCH_THREADS, usable_cpus(), resources.read_cpus))
 
 _ADBC_ERRORS: tuple[type[BaseException], ...] = (OSError, pa.ArrowException)
 if adbc_sqlite is not None:
@@ -109,9 +109,10 @@ def _lenient_text(raw: bytes) -> str:
 
 
 class NsysFile:
-    """An open export: which tables and columns it has, and Arrow fetches over them."""
+    """An open export: which tables and columns it has, and Arrow fetches over them, on
+    `fetch_threads(resources)` threads (default resources: `Resources.available()`)."""
 
-    def __init__(self, path: Path, backend: str | None = None):
+    def __init__(self, path: Path, backend: str | None = None, resources: Resources | None = None):
         if backend not in (None, *BACKENDS):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         check_header(path)
@@ -145,7 +146,7 @@ class NsysFile:
             except _ADBC_ERRORS:
                 self.fallbacks += 1
         self.backend = "adbc" if self._adbc is not None else "sqlite3"
-        self.threads = fetch_threads()
+        self.threads = fetch_threads(resources or Resources.available())
         self._pool: ThreadPoolExecutor | None = None  # made by the first submit()
         self._idle: queue.SimpleQueue = queue.SimpleQueue()  # ADBC connections free for a fetch
         self._extra: list = []  # the pool's connections beyond self._adbc

@@ -34,6 +34,10 @@ def _notification(e, base: Path) -> dict:
 
 
 def _descriptor(rule) -> dict:
+    # Default thresholds, those it reads from another rule too (`Rule.shared`: set as RULE.name).
+    props = {"tags": ["performance", rule.phase], "thresholds": rule.params()}
+    if rule.shared:
+        props["sharedThresholds"] = list(rule.shared)
     return {
         "id": rule.id,
         "name": rule.name,
@@ -42,8 +46,7 @@ def _descriptor(rule) -> dict:
         "help": {"text": f"{rule.why}\n\nHow to fix: {rule.fix}",
                  "markdown": f"{rule.why}\n\n**How to fix:** {rule.fix}"},
         "defaultConfiguration": {"level": _LEVEL[rule.severity]},
-        "properties": {"tags": ["performance", rule.phase],
-                       "thresholds": {t.name: t.default for t in rule.thresholds}},
+        "properties": props,
     }
 
 

@@ -8,7 +8,6 @@ calculator's, and the rules prefer them: they are measured on the real device.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,28 +58,20 @@ GROUP BY device_id, name, grid_blocks, threads_per_block, registers_per_thread,
 """
 
 
-# Several rules (B001, B002, T005) read the same groups in one rules pass: keep the last few,
-# keyed by the run's content hash and ingest time, so a re-ingested run is never served stale.
-_CACHE: dict[tuple, pd.DataFrame] = {}
-_CACHE_RUNS = 4
-_CACHE_LOCK = threading.Lock()  # rules may run on two threads (engine.rule_threads): compute once
-
-
 def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     """One row per launch configuration, with device limits, occupancy and waves.
 
     Columns added: `time_share` (of the run's kernel time, NULL without durations),
     `blocks_per_sm`, `theoretical`, `achieved` (0..1), `limiter`, `waves`, and `source`
     (`ncu` when ncu measured the occupancy values, else `calculator`). Callers get a copy.
+
+    Several rules (B001, B002, T005) read the same groups: in the run's rules pass they are
+    computed once, kept in the pass's run cache (`Store.run_cache`); elsewhere, each call computes.
     """
-    stamp = store.sql("SELECT content_hash, ingested_at FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    key = (str(store.path), run_id, *(stamp[0] if stamp else ()))
-    with _CACHE_LOCK:
-        if key not in _CACHE:
-            while len(_CACHE) >= _CACHE_RUNS:
-                _CACHE.pop(next(iter(_CACHE)))
-            _CACHE[key] = _launch_groups(store, run_id)
-        return _CACHE[key].copy()
+    cache = store.run_cache
+    if cache is None or cache.run_id != run_id:
+        return _launch_groups(store, run_id)
+    return cache.memo("launch_groups", lambda: _launch_groups(store, run_id)).copy()
 
 
 def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:

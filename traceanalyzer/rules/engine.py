@@ -7,8 +7,9 @@ import json
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -155,16 +156,8 @@ def evaluate_across(store: Store, rule: Rule, run_ids: list[str], params: dict[s
 
 
 def rule_threads(store: Store) -> int:
-    """Threads a run's rules are spread over: two where DuckDB may use two or more.
-
-    A rules pass on a small run is mostly fixed costs (planning twenty queries, pandas),
-    during which one core idles; on a second thread, one rule's DuckDB work (which lets go
-    of the GIL) overlaps another's Python. Scan workers that share the cores set DuckDB to
-    one thread, and so run their rules on one."""
-    try:
-        return 2 if int(store.sql("SELECT current_setting('threads')").fetchone()[0]) >= 2 else 1
-    except Exception:
-        return 1
+    """Threads a run's rules are spread over: the store's resources decide (`Resources.rule_threads`)."""
+    return store.resources.rule_threads
 
 
 # Above this many GPU operations in a run, its rules run one at a time: they are DuckDB's
@@ -213,15 +206,28 @@ class _Cursors:
             st.close()
 
 
+@contextmanager
+def _in_pass(stores: list[Store], cache: views.RunCache) -> Iterator[None]:
+    """The `stores` in the run's pass for the block: rules reach its cache by `Store.run_cache`."""
+    for st in stores:
+        st.run_cache = cache
+    try:
+        yield
+    finally:
+        for st in stores:
+            st.run_cache = None
+
+
 def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cursors: _Cursors | None) -> list:
     """`check(store, rule)` for every rule, in order; on the `cursors`, a thread each, when
     there are some and the run's cached views are readable from them (else on this one)."""
     if cursors is None or not cache.shared or cache.rows(store.con, "stream_ops") > PARALLEL_MAX_GPU_OPS:
         results = []
-        for r in rules:
-            if cache.built and DROP_BLOCKS_WHEN_BUILT:
-                store.drop_cached_blocks()
-            results.append(check(store, r))
+        with _in_pass([store], cache):
+            for r in rules:
+                if cache.built and DROP_BLOCKS_WHEN_BUILT:
+                    store.drop_cached_blocks()
+                results.append(check(store, r))
         return results
     results: list = [None] * len(rules)
     todo = iter(range(len(rules)))  # next() on a shared iterator: each rule taken once
@@ -239,7 +245,7 @@ def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cu
         clones = cursors.ready()
         for st in clones:
             views.use_run_cache(st.con, cache)
-        with ThreadPoolExecutor(len(clones), thread_name_prefix="rules") as pool:
+        with _in_pass(clones, cache), ThreadPoolExecutor(len(clones), thread_name_prefix="rules") as pool:
             for f in [pool.submit(worker, st) for st in clones]:
                 f.result()
     finally:

@@ -1,0 +1,77 @@
+"""What the rules of one run share in a rules pass: the run cache's memo (views.RunCache.memo),
+which the rules reach through the store they are given (`Store.run_cache`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from traceanalyzer import views
+from traceanalyzer.resources import Resources
+from traceanalyzer.rules import _launches
+from traceanalyzer.rules.engine import Settings, run_rules
+from traceanalyzer.store import Store
+
+from .conftest import FIXTURES
+
+
+def test_memo_computes_once_while_threads_wait_and_keeps_no_failure():
+    cache = views.RunCache("temp", run_id="r")
+    calls = []
+    start = threading.Barrier(2)
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.2)  # the other thread asks meanwhile
+        return object()
+
+    got = []
+
+    def ask():
+        start.wait()
+        got.append(cache.memo("k", slow))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and got[0] is got[1]
+
+    def broken():
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        cache.memo("other", broken)
+    assert cache.memo("other", lambda: 7) == 7  # the failure was not kept
+    cache.forget()
+    assert cache.memo("k", lambda: 8) == 8
+
+
+def test_launch_groups_are_computed_once_per_run_in_a_pass_on_two_threads(tmp_path, monkeypatch):
+    """B001, B002 and T005 all read a run's launch groups: in a pass on two rule threads they are
+    computed once per run, from a memo dropped with the run's cache; outside a pass each call computes."""
+    computed: list[tuple[str, str, views.RunCache | None]] = []
+    real = _launches._launch_groups
+
+    def counting(store, run_id):
+        computed.append((run_id, threading.current_thread().name, store.run_cache))
+        time.sleep(0.1)  # long enough for the other rule thread to ask meanwhile
+        return real(store, run_id)
+
+    monkeypatch.setattr(_launches, "_launch_groups", counting)
+    with Store(tmp_path / "s.duckdb", resources=Resources(2)) as store:
+        run_ids = [store.ingest(FIXTURES / f).run_id for f in ("kineto/bottleneck_gemm.json", "ncu/raw_waves.csv")]
+        outcomes = run_rules(store, run_ids, Settings(select=["B001", "B002", "T005"]))
+        assert {o.status for o in outcomes} == {"ran"} and sum(o.findings for o in outcomes) > 0
+        assert [r for r, _, _ in computed] == run_ids
+        assert all(thread.startswith("rules") for _, thread, _ in computed)  # the two-thread path
+        for _, _, cache in computed:  # dropped at the end of the run's pass
+            assert cache is not None and cache.memo("launch_groups", lambda: "again") == "again"
+        assert store.run_cache is None
+
+        computed.clear()
+        first = _launches.launch_groups(store, run_ids[0])
+        assert first.equals(_launches.launch_groups(store, run_ids[0])) and len(computed) == 2

@@ -1,0 +1,5 @@
+"""`python -m traceanalyzer.cli`: the `traceanalyzer` command."""
+
+from . import main
+
+main()

@@ -1,0 +1,36 @@
+"""`traceanalyzer check PATH...`: ingest what is new, run the rules, report, gate."""
+
+from typing import Annotated, List
+
+import typer
+
+from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, OutputOpt,
+                     QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt, check_options,
+                     emit, err, file_line, note_not_traces, open_store)
+
+
+def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files or folders; what is not stored yet is ingested.")],
+          store: StoreOpt = None, fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
+          threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
+          output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
+          write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+          debug: DebugOpt = False):
+    """Ingest what is not stored yet, run the rules, and report the findings by run and
+    severity. Exit 0 when the gate passes, 1 when a finding fails it (--fail-on, --baseline,
+    --max-growth), 2 on a usage error or an input that could not be read."""
+    from ..check import UsageError, run_check
+
+    opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
+    try:
+        with open_store(store) as st:
+            # Progress lines go to stderr so that stdout holds only the report.
+            result = run_check(st, opts, on_file=lambda r: file_line(r, debug, progress=err))
+    except UsageError as e:
+        err.print(f"error: {e}", markup=False)
+        raise typer.Exit(2)
+    note_not_traces(result.not_traces, verbose)
+    emit(result, format, output, write_baseline, quiet)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(check)

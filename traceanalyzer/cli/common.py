@@ -1,0 +1,220 @@
+"""What the commands share: the consoles, the store, the options, the error lines, the
+progress lines, and writing a check's report. Imports no other module of the
+command line, so that every command module can import it."""
+
+# No `from __future__ import annotations`: typer reads the option types below when a command
+# module uses them in its signature.
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, List, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from .. import fmt
+from ..ingest import one_line
+from ..report import FORMATS
+from ..report.model import InputError
+from ..store import Store, StoreError, default_path
+
+if TYPE_CHECKING:  # the library is imported where used: `traceanalyzer --help` stays quick
+    from ..check import CheckOptions, FileResult
+
+# Piped output (CI logs, files) has no terminal width; rich would wrap tables at 80 columns.
+PIPED_WIDTH = 160
+
+
+def _width(stream) -> Optional[int]:
+    return None if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()) else PIPED_WIDTH
+
+
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+
+
+def cell(s) -> Text:
+    """A table cell holding trace text: shown as written (no rich markup), controls escaped."""
+    return Text(fmt.printable(s))
+
+
+# -- the store --------------------------------------------------------------------------
+
+StoreOpt = Annotated[Optional[Path], typer.Option(
+    "--store", envvar="TRACEANALYZER_STORE", show_envvar=True, metavar="PATH",
+    help="The DuckDB store file to use \\[default: ./traceanalyzer.duckdb].")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an internal error.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="List the files a folder walk passed over "
+                                                                  "because they are no traces.")]
+
+
+def open_store(store: Optional[Path], read_only: bool = False) -> Store:
+    """The store at `store` (default: ./traceanalyzer.duckdb); one that cannot be opened is
+    an error line and exit 2."""
+    try:
+        return Store(store or default_path(), read_only=read_only)
+    except StoreError as e:
+        err.print(f"error: {e}", markup=False)
+        raise typer.Exit(2)
+
+
+# -- inputs: error lines, ingest progress, runs named on the command line ----------------
+
+def error_line(e: InputError, debug: bool = False) -> str:
+    """The one stderr line for an input that could not be read."""
+    # Names and messages come from files: one line, no terminal escapes, whatever they hold.
+    line = f"error: {one_line(e.path, 4096, exact=True)}: {one_line(e.message)}"
+    return line + (" (internal error; rerun with --debug)" if e.internal and not debug else "")
+
+
+def print_input_error(e: InputError, debug: bool) -> None:
+    err.print(error_line(e, debug), markup=False)
+    if debug and e.detail:
+        err.print(e.detail, markup=False)
+
+
+def note_not_traces(not_traces: list, verbose: bool) -> None:
+    """One note line for the files a folder walk passed over; each of them with --verbose."""
+    if not not_traces:
+        return
+    if verbose:
+        for path, why in not_traces:
+            err.print(f"skipped: {one_line(str(path), 4096, exact=True)}: {one_line(why)}", markup=False)
+    else:
+        err.print(f"note: passed over {len(not_traces)} file(s) that are no traces (--verbose lists them)",
+                  markup=False)
+
+
+_STATE_WORDS = {"stored": "ok", "updated": "replaced", "kept": "skipped (already stored)",
+                "skipped": "skipped (already stored)", "duplicate": "skipped (duplicate)"}
+
+
+def file_line(r: "FileResult", debug: bool, progress: Console = out) -> None:
+    """The line for one file checked or ingested: to `progress`, or an error line to stderr."""
+    if r.state == "failed":
+        print_input_error(r.input_error, debug)
+        return
+    c = r.counts
+    detail = (f"kernels={c.get('kernels', 0)} copies={c.get('copies', 0)} "
+              f"api_calls={c.get('api_calls', 0)} span={fmt.ns(r.span_ns)}") if c else ""
+    progress.print(f"{_STATE_WORDS[r.state]:<8} {r.format or '?':<12} {r.run_id}  {r.path}  {detail}".rstrip(),
+                   markup=False)
+    for w in r.warnings:
+        err.print(f"warning: {r.path}: {w}", markup=False)
+
+
+def settings_or_exit(opts: "CheckOptions"):
+    """`check.settings_from(opts)`: (settings, fail_on), or a usage error line and exit 2."""
+    from ..check import UsageError, settings_from
+
+    try:
+        return settings_from(opts)
+    except UsageError as e:
+        err.print(f"error: {e}", markup=False)
+        raise typer.Exit(2)
+
+
+def open_for_runs(store: Optional[Path], refs: List[str], debug: bool):
+    """The store and `check.runs_for` of `refs` on it, with the rules `check` would run (the
+    config file's select, ignore and thresholds), a line per file checked and per ref that
+    names nothing (to stderr). The store is opened read-only when nothing is to be written
+    (every ref names a stored run with current findings): a report of those needs no write
+    access, and shares the store with other readers. Returns (store, Checked)."""
+    from ..check import CheckOptions, needs_writing, runs_for
+
+    settings, _ = settings_or_exit(CheckOptions(paths=[]))
+    st = None
+    if not any(Path(ref).exists() for ref in refs):
+        st = open_store(store, read_only=True)
+        try:
+            if needs_writing(st, refs, settings):
+                st.close()
+                st = None
+        except BaseException:
+            st.close()
+            raise
+    st = st or open_store(store)
+    try:
+        return st, runs_for(st, refs, settings, on_file=lambda r: file_line(r, debug, progress=err))
+    except BaseException:
+        st.close()
+        raise
+
+
+# -- the options `check` and `scan` share: the rules, the gate and the artifact -----------
+
+FailOpt = Annotated[Optional[str], typer.Option(
+    "--fail-on", metavar="SEVERITY",
+    help="The lowest severity that fails the gate: info, warning, error or never "
+         "\\[default: error, or fail-on from the config file].")]
+SelectOpt = Annotated[Optional[List[str]], typer.Option(
+    "--select", metavar="RULES", help="Run only these rules (ids or names; repeat or comma-separate).")]
+IgnoreOpt = Annotated[Optional[List[str]], typer.Option(
+    "--ignore", metavar="RULES", help="Skip these rules (ids or names; repeat or comma-separate).")]
+ThresholdOpt = Annotated[Optional[List[str]], typer.Option(
+    "--threshold", metavar="RULE.NAME=VALUE", help="Set a rule's threshold, e.g. T001.min_gap_ns=10000 (repeat).")]
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", metavar="FILE", help="The pyproject.toml or traceanalyzer.toml to read "
+                                     "\\[default: looked up from the current folder upwards].")]
+FormatOpt = Annotated[str, typer.Option(
+    "--format", metavar="FORMAT", help=f"The report's format: {', '.join(list(FORMATS)[:-1])} or {list(FORMATS)[-1]}.")]
+OutputOpt = Annotated[Optional[Path], typer.Option(
+    "--output", "-o", metavar="FILE", help="Write the report to this file instead of standard output.")]
+BaselineOpt = Annotated[Optional[Path], typer.Option(
+    "--baseline", metavar="FILE", help="A JSON report of an earlier check: only findings not in it fail the gate.")]
+MaxGrowthOpt = Annotated[Optional[float], typer.Option(
+    "--max-growth", metavar="PCT", help="With --baseline: a finding in it also fails the gate when its estimated "
+                                        "loss (or value, when it has no loss) grew by more than PCT percent.")]
+WriteBaselineOpt = Annotated[Optional[Path], typer.Option(
+    "--write-baseline", metavar="FILE", help="Save this check's findings as a baseline file (a JSON report).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="In the text report, hide info findings.")]
+
+
+def split_list(values: Optional[List[str]]) -> list[str]:
+    """The items of a repeatable, comma-separated option (`--select A,B --select C`)."""
+    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+
+
+def check_options(paths: List[str], fail_on, select, ignore, threshold, config, baseline, max_growth,
+                  format: str):
+    """The options of `check` and `scan` as the library's CheckOptions (usage errors exit 2)."""
+    from ..check import CheckOptions
+
+    if format not in FORMATS:
+        err.print(f"error: --format must be one of {', '.join(FORMATS)}, not {format!r}", markup=False)
+        raise typer.Exit(2)
+    return CheckOptions(paths=paths, fail_on=fail_on, select=split_list(select), ignore=split_list(ignore),
+                        thresholds=threshold or [], config=config, baseline=baseline, max_growth_pct=max_growth)
+
+
+def emit(result, format: str, output: Optional[Path], write_baseline: Optional[Path], quiet: bool,
+         text_body=None, failed_internally: bool = False) -> None:
+    """Write the report of a check or scan in `format` to `output` (or stdout), the baseline
+    file if asked for, then exit with the result's code (2 at least when `failed_internally`).
+    `text_body(console)` prints what the text format shows before the verdict (default: the
+    findings)."""
+    from ..report import render
+    from ..report.text import print_result
+
+    if write_baseline:
+        write_baseline.write_text(render(result, "json"))
+    if format == "text":
+        def body(console: Console) -> None:
+            if text_body is None:
+                print_result(result, console, show_info=not quiet)
+            else:
+                text_body(console)
+                print_result(result, console, show_info=not quiet, findings=False)
+        if output:
+            with open(output, "w") as fh:
+                body(Console(file=fh, width=120, no_color=True, highlight=False))
+        else:
+            body(out)
+    else:
+        text = render(result, format)
+        if output:
+            output.write_text(text)
+        else:
+            sys.stdout.write(text)
+    raise typer.Exit(max(result.exit_code(), 2 if failed_internally else 0))

@@ -1,0 +1,144 @@
+"""`traceanalyzer diff BASE TEST`: did the optimization pay? Kernels, end-to-end time, memory, findings."""
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Column, Table
+
+from .common import StoreOpt, err, open_store, out
+
+
+def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run before: a trace file (ingested and checked if needed), or a stored run id, id prefix or file name.")],
+         test: Annotated[str, typer.Argument(metavar="TEST", help="The run after, in the same forms.")],
+         store: StoreOpt = None,
+         gate: Annotated[Optional[float], typer.Option("--gate", min=0, metavar="PCT", help="Exit 1 when end-to-end time or peak memory grows by more than PCT percent.")] = None,
+         by: Annotated[str, typer.Option("--by", metavar="name|short", help="Match kernels by full `name` (white space ignored) or `short` base name (template instances pooled).")] = "name",
+         step: Annotated[Optional[str], typer.Option("--step", metavar="RANGE", help="The range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time \\[default: the steps both runs have (ProfilerStep#N, else NVTX ranges named like steps: the `steps` view), else the span].")] = None,
+         noise: Annotated[float, typer.Option("--noise", min=0, metavar="PCT", help="Changes below PCT percent count as unchanged in the verdict.")] = 1.0,
+         top: Annotated[int, typer.Option("--top", min=1, metavar="N", help="How many rows each table shows.")] = 15,
+         as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON.")] = False):
+    """Compare two runs: time per kernel (matched by name, with count changes), end-to-end
+    time (span, steps, NVTX ranges), peak memory, new and fixed findings, and a verdict.
+    Exit 0; 1 when --gate is exceeded; 2 on bad input."""
+    from ..diff import DiffError, diff_runs
+
+    with open_store(store) as st:
+        try:
+            base_id, test_id = _prepare(st, [base, test])
+            d = diff_runs(st, base_id, test_id, by=by, step=step)
+        except DiffError as e:
+            err.print(f"error: {e}", markup=False)
+            raise typer.Exit(2)
+    failures, notes = d.gate(gate) if gate is not None else ([], [])
+    if gate is not None and d.end_to_end is None:
+        err.print("error: --gate: no end-to-end time in both runs (no span, steps or kernel times)", markup=False)
+        raise typer.Exit(2)
+    if as_json:
+        doc = d.to_dict(noise)
+        if gate is not None:
+            doc["gate"] = {"pct": gate, "failures": failures, "notes": notes, "passed": not failures}
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    else:
+        _print(out, d, top, noise)
+        if gate is not None:
+            for n in notes:
+                out.print(f"note: {n}", markup=False)
+            out.print(f"gate {gate:g}%: " + ("FAIL: " + "; ".join(failures) if failures else "pass"), markup=False)
+    raise typer.Exit(1 if failures else 0)
+
+
+def _prepare(st, refs: list[str]) -> list[str]:
+    """Run ids for BASE and TEST (`check.runs_for`: files are checked when new; rules run
+    where their findings are missing or were made with other thresholds). Per-run rules
+    only: BASE and TEST are not ranks of one job, so cross-run rules do not apply."""
+    from ..check import CheckOptions, UsageError, runs_for, settings_from
+    from ..diff import DiffError
+
+    try:
+        settings, _ = settings_from(CheckOptions(paths=[]))
+    except UsageError as e:
+        raise DiffError(str(e)) from None
+    ids = []
+    for ref in refs:
+        done = runs_for(st, [ref], settings, same_rules=True)
+        if done.errors:
+            raise DiffError(f"{ref}: {done.errors[0].message}")
+        if len(done.run_ids) != 1:
+            raise DiffError(f"{ref}: holds {len(done.run_ids)} traces; compare one run with one run")
+        ids += done.run_ids
+    return ids
+
+
+def _fmt_pct(v) -> str:
+    from .. import fmt
+
+    return "-" if fmt._missing(v) else f"{v:+.1f}%"
+
+
+def _fmt_delta(v, show) -> str:
+    from .. import fmt
+
+    return "-" if fmt._missing(v) else ("+" if v > 0 else "") + show(v)
+
+
+def _print(console: Console, d, top: int, noise: float) -> None:
+    from .. import fmt
+
+    b, t = d.base, d.test
+    console.print(f"base {b['run_id']}  {b['file_name']}  ({b['format']})", markup=False)
+    console.print(f"test {t['run_id']}  {t['file_name']}  ({t['format']})", markup=False)
+
+    m = Table("end to end", "base", "test", "change", "", title="End-to-end time and memory")
+    for x in [*d.metrics, d.peak_memory]:
+        show = fmt.ns if x.unit == "ns" else fmt.nbytes
+        mark = " (verdict)" if x is d.end_to_end else ""
+        m.add_row(x.name + mark, show(x.base), show(x.test), _fmt_delta(x.delta, show), _fmt_pct(x.delta_pct))
+    console.print(m)
+
+    k = Table(Column("kernel", overflow="fold"), "count", "base", "test", "change", "",
+              title=f"Kernels by time change (top {min(top, len(d.kernels))} of {len(d.kernels)}, matched by {d.match_by})")
+    for r in d.kernels.head(top).itertuples():
+        name = r.short_name if d.match_by == "short" else r.name
+        count = f"{fmt.num(r.base_count)} -> {fmt.num(r.test_count)}" if r.status == "both" else r.status
+        k.add_row(_clip(name), count, fmt.ns(r.base_total_ns), fmt.ns(r.test_total_ns),
+                  _fmt_delta(r.delta_ns, fmt.ns), _fmt_pct(r.delta_pct))
+    console.print(k)
+
+    if not d.ranges.empty:
+        rg = Table(Column("range", overflow="fold"), "side", "count", "base mean", "test mean", "change",
+                   title=f"Steps and ranges (top {min(top, len(d.ranges))} of {len(d.ranges)})")
+        for r in d.ranges.head(top).itertuples():
+            rg.add_row(_clip(r.range), r.side, f"{fmt.num(r.base_count)} -> {fmt.num(r.test_count)}",
+                       fmt.ns(r.base_mean_ns), fmt.ns(r.test_mean_ns), _fmt_pct(r.mean_delta_pct))
+        console.print(rg)
+
+    if not d.memory.empty:
+        mt = Table("device", "base peak", "test peak", "from", title="Peak memory per device")
+        for r in d.memory.itertuples():
+            mt.add_row(str(r.device_id), fmt.nbytes(r.base_peak_bytes), fmt.nbytes(r.test_peak_bytes),
+                       fmt.text(r.test_source if fmt.text(r.test_source) != "-" else r.base_source))
+        console.print(mt)
+
+    for title, rows in (("New findings", d.new_findings), ("Fixed findings", d.fixed_findings)):
+        if rows:
+            console.print(f"{title} ({len(rows)}):", markup=False)
+            for f in rows[:top]:
+                console.print(f"  {f['severity']:<7} {f['rule_id']} {f['message']}", markup=False)
+            if len(rows) > top:
+                console.print(f"  ... and {len(rows) - top} more (--json lists all)", markup=False)
+    word, line = d.verdict(noise)
+    console.print(f"verdict: {line}", markup=False)
+
+
+def _clip(s, n: int = 90) -> str:
+    from .. import fmt
+
+    s = fmt.text(s, "?")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(diff)

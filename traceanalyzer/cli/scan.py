@@ -1,0 +1,175 @@
+"""`traceanalyzer scan`: every trace under some paths, parsed in parallel, checked, summarized."""
+
+import time
+from typing import Annotated, List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich import box
+from rich.table import Column, Table
+
+from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, OutputOpt,
+                     QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt, check_options,
+                     emit, err, note_not_traces, open_store, print_input_error)
+
+
+def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
+         store: StoreOpt = None,
+         jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, metavar="N", help="The CPUs to use: N worker processes of one thread each (fewer, with more threads each, when there are fewer files); 1 is serial, in this process \\[default: every CPU].")] = None,
+         scheduler: Annotated[Optional[str], typer.Option("--scheduler", metavar="ADDRESS", help="A Dask scheduler address (tcp://host:8786) or scheduler JSON file: parse and check on that cluster's workers (needs traceanalyzer\\[dask]).")] = None,
+         fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
+         threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
+         output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
+         write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+         debug: DebugOpt = False):
+    """Find every trace under PATHS, parse and check them in parallel, store them, and
+    report one line per run; with --format, the same report as `check`.
+
+    Files already stored with the same content (and checked with the same rules) are
+    skipped, so an interrupted scan run again does only what is left. A file that cannot
+    be read is an error line, and the scan goes on. Exit codes as `check`: 0 when the gate
+    passes, 1 when a finding fails it, 2 on a usage error or a file that could not be read.
+    """
+    from ..check import UsageError, read_baseline, settings_from
+    from ..report.model import InputError, load_result
+    from ..scan import ScanError, scan as run_scan
+
+    opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
+    try:
+        settings, fail_on = settings_from(opts)
+        known = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
+    except UsageError as e:
+        err.print(f"error: {e}", markup=False)
+        raise typer.Exit(2)
+    if scheduler and jobs:
+        err.print("note: --jobs is ignored with --scheduler (the cluster's workers do the work)", markup=False)
+    with open_store(store) as st, _progress(err) as progress:
+        task = None
+        lines = PlainProgress(err) if not err.is_terminal else None
+
+        def on_start(files, total_bytes):
+            nonlocal task
+            task = progress.add_task("scanning", total=total_bytes or None, files=f"0/{len(files)}",
+                                     n_files=len(files), n_done=0)
+            if lines:
+                lines.start(len(files), total_bytes)
+
+        def on_file(r):
+            t = progress.tasks[task]
+            done = t.fields["n_done"] + 1
+            progress.update(task, advance=r.size_bytes, n_done=done, files=f"{done}/{t.fields['n_files']}")
+            _print_file_line(progress.console, r, debug)
+            if lines:
+                lines.file_done(r.size_bytes)
+
+        try:
+            report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
+                              on_start=on_start, on_file=on_file)
+        except ScanError as e:
+            progress.stop()
+            err.print(f"error: {e}", markup=False)
+            raise typer.Exit(2)
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print("interrupted: the runs stored so far are kept; run the same scan again to finish",
+                      markup=False)
+            raise typer.Exit(130)
+        progress.stop()
+        if lines:
+            lines.finish()
+        note_not_traces(report.not_traces, verbose)
+        if report.cross_rule_error:
+            err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
+        result = load_result(st, report.run_ids, fail_on)
+        result.baseline = known
+        result.not_traces = list(report.not_traces)
+        result.errors = [InputError(f.path, f.error or "failed", f.internal, f.detail) for f in report.failed]
+        table = _table(st, report)
+    emit(result, format, output, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
+         failed_internally=report.cross_rule_error is not None)
+
+
+class PlainProgress:
+    """Progress for a log nobody watches live (CI, SLURM): when stderr is no terminal, a
+    plain line every tenth of the files, and at least every `every_s` seconds."""
+
+    def __init__(self, console: Console, every_s: float = 15.0):
+        self.console, self.every_s = console, every_s
+
+    def start(self, n_files: int, total_bytes: int) -> None:
+        self.n, self.total, self.done, self.bytes = n_files, total_bytes, 0, 0
+        self.t0 = self.last = time.monotonic()
+        self.step = max(1, -(-n_files // 10))
+
+    def file_done(self, size_bytes: int) -> None:
+        self.done += 1
+        self.bytes += size_bytes
+        now = time.monotonic()
+        if self.done % self.step == 0 or now - self.last >= self.every_s or self.done == self.n:
+            self._line(now)
+
+    def finish(self) -> None:
+        if self.done < self.n:
+            self._line(time.monotonic())
+
+    def _line(self, now: float) -> None:
+        self.last = now
+        elapsed = now - self.t0
+        share = self.bytes / self.total if self.total else self.done / max(self.n, 1)
+        # An ETA from the first seconds is noise (the first files are small or skipped).
+        eta = f", ETA {_clock(elapsed / share - elapsed)}" if 0 < share < 1 and elapsed >= 5 else ""
+        self.console.print(f"scan: {self.done}/{self.n} files, {self.bytes / 1e6:,.1f} of {self.total / 1e6:,.1f} MB, "
+                           f"{_clock(elapsed)} elapsed{eta}", markup=False)
+
+
+def _clock(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[files]} files"),
+                    DownloadColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    console=console, transient=True, disable=not console.is_terminal)
+
+
+def _print_file_line(console: Console, r, debug: bool) -> None:
+    from ..report.model import InputError
+
+    if r.state == "failed":  # the error line `check` prints (`console` is the CLI's stderr)
+        print_input_error(InputError(r.path, r.error or "failed", r.internal, r.detail), debug)
+    for w in r.warnings:
+        console.print(f"warning: {r.path}: {w}", markup=False)
+
+
+def _table(st, report):
+    """What the per-run table shows, read while the store is open: (rows, report)."""
+    from ..scan import run_table
+
+    return run_table(st, report.run_ids), report
+
+
+def _print_table(console: Console, df, report) -> None:
+    from .. import fmt
+
+    t = Table(Column("run", no_wrap=True), Column("file", overflow="fold", min_width=16), Column("format"),
+              *(Column(h, justify="right", no_wrap=True) for h in ("kernels", "span", "error", "warn", "info")),
+              title="Scanned runs", show_footer=True, box=box.SIMPLE_HEAD, collapse_padding=True)
+    for r in df.itertuples():
+        t.add_row(r.run_id, r.file_name, r.format, fmt.num(r.kernels), fmt.ns(r.span_ns),
+                  fmt.num(r.errors), fmt.num(r.warnings), fmt.num(r.infos))
+    t.columns[0].footer = f"{len(df)} runs"
+    t.columns[3].footer = fmt.num(int(df["kernels"].sum()))
+    for i, col in ((5, "errors"), (6, "warnings"), (7, "infos")):
+        t.columns[i].footer = fmt.num(int(df[col].sum()))
+    console.print(t)
+    stored, updated, skipped = report.count("stored"), report.count("updated"), report.count("skipped")
+    dupes, failed = report.count("duplicate"), len(report.failed)
+    console.print(f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
+                  f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(scan)
