@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from traceanalyzer import schema
 from traceanalyzer.cli import app
 from traceanalyzer.rules.engine import Settings
-from traceanalyzer.scan import ScanError, scan
+from traceanalyzer.batch.scan import ScanError, scan
 from traceanalyzer.store import Store
 
 from .conftest import copy_fixtures
@@ -70,9 +70,9 @@ def test_cluster_scan_gives_the_same_store_as_a_local_scan(cluster, traces, tmp_
 
 def test_big_nsys_exports_are_streamed_by_the_workers_with_the_same_store(cluster, traces, tmp_path, monkeypatch):
     """Big streamed files (here every nsys export: the bar set to 1 byte) are streamed into a
-    store file by the dask worker (`scan._through_temp_store`), as the writer streams them in a
+    store file by the dask worker (`scan._worker_store`), as the writer streams them in a
     local scan: the two stores are the same."""
-    import traceanalyzer.scan as scan_mod
+    import traceanalyzer.batch.scan as scan_mod
 
     monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)
     with Store(tmp_path / "dask.duckdb") as st:
@@ -96,7 +96,7 @@ def test_cli_scan_on_a_cluster_and_rescan_skips(cluster, traces, tmp_path):
 
 
 def test_an_unreachable_scheduler_is_a_clear_error(traces, tmp_path, monkeypatch):
-    import traceanalyzer.distributed as dist
+    import traceanalyzer.batch.distributed as dist
 
     monkeypatch.setattr(dist, "CONNECT_TIMEOUT_S", 2)
     with Store(tmp_path / "s.duckdb") as st, pytest.raises(ScanError, match="cannot reach the dask scheduler"):

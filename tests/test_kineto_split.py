@@ -206,7 +206,7 @@ def test_read_file_splits_only_when_its_resources_allow(tmp_path, monkeypatch, c
 
 
 def test_scan_workers_do_not_split(tmp_path):
-    from traceanalyzer.scan import WorkContext, process_file
+    from traceanalyzer.batch.scan import WorkContext, process_file
 
     seen = []
     original = kineto_split.allowed

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import shared_traces
-from traceanalyzer.gpu import CC_LIMITS, cc_limits, fill_device, normalize_name, product
-from traceanalyzer.occupancy import occupancy, occupancy_table, waves
+from traceanalyzer.devices.gpu import CC_LIMITS, cc_limits, fill_device, normalize_name, product
+from traceanalyzer.devices.occupancy import occupancy, occupancy_table, waves
 
 KiB = 1024
 

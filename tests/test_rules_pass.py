@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from traceanalyzer import views
+from traceanalyzer.store import views
 from traceanalyzer.resources import Resources
 from traceanalyzer.rules import _launches
 from traceanalyzer.rules.engine import Settings, run_rules

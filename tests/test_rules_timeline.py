@@ -457,7 +457,7 @@ def test_t008_real_two_rank_job(check, monkeypatch):
 
     # Alone, a cross-run rule builds no per-run cache (scan's last pass over hundreds of runs),
     # and finds what it finds beside every per-run rule.
-    from traceanalyzer import views
+    from traceanalyzer.store import views
 
     cached = []
     real_scope = views.scoped_to_run

@@ -21,13 +21,13 @@ import pyarrow.dataset as ds
 import pytest
 from typer.testing import CliRunner
 
-import traceanalyzer.check as check_mod
-import traceanalyzer.scan as scan_mod
+import traceanalyzer.batch.check as check_mod
+import traceanalyzer.batch.scan as scan_mod
 from traceanalyzer import resources, schema
 from traceanalyzer.cli import app
 from traceanalyzer.ingest import find_traces, nsys_sqlite
 from traceanalyzer.rules.engine import Settings, run_rules
-from traceanalyzer.scan import WORKER_DIED, JobPlan, WorkContext, local_outcomes, scan
+from traceanalyzer.batch.scan import WORKER_DIED, JobPlan, WorkContext, local_outcomes, scan
 from traceanalyzer.resources import Resources
 from traceanalyzer.store import Store
 
@@ -336,7 +336,7 @@ def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_cor
 def test_a_worker_replaces_its_scratch_store_before_dead_rows_pile_up(traces, monkeypatch):
     """An in-memory DuckDB table keeps its deleted rows: a worker's scratch store is replaced
     once it has held SCRATCH_MAX_ROWS rows, and which store checked a file changes nothing."""
-    from traceanalyzer.scan import process_file
+    from traceanalyzer.batch.scan import process_file
 
     path = str(traces / "nsys" / "planted.sqlite")
     ctx = WorkContext(frozenset(), FAST, resources=Resources(1))

@@ -237,7 +237,7 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
     """Every RUN_CACHED view, scoped to a run (its cache for the block: TEMP tables, an attached
     database, or kept in the store), has the columns and rows of the store-wide view filtered on
     the run: one definition, whichever way it is computed. Afterwards the views are store-wide."""
-    from traceanalyzer import views
+    from traceanalyzer.store import views
 
     real = traces_dir / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"  # 2 GPUs, 4.3 k operations
     for f in ("nsys/planted.sqlite", "kineto/planted.json", "nsys/timeline_sync.sqlite", "kineto/timeline_busy.json.gz"):
@@ -276,7 +276,7 @@ def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, mo
     streams idle for whole slices, operations sharing a start, operations ending after later
     ones of their stream (the latest end so far is carried), kernels without a start (they
     belong to the last slice of kernel_launches; gpu_activity leaves them out)."""
-    from traceanalyzer import views
+    from traceanalyzer.store import views
 
     real = traces_dir / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"  # 2 GPUs, 4.3 k operations
     paths = [FIXTURES / "nsys/planted.sqlite", FIXTURES / "kineto/planted.json", *([real] if real.exists() else [])]
@@ -302,7 +302,7 @@ def _stored_results(store):
 
 
 def _kept(store):
-    from traceanalyzer import views
+    from traceanalyzer.store import views
 
     tables = {t for (t,) in store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_ta\\_kept\\_%' "
                                       "ESCAPE '\\'").fetchall()}
@@ -313,7 +313,7 @@ def _kept(store):
 
 def _record_builds(monkeypatch) -> list[tuple[str, bool]]:
     """(run id, kept) of every per-run cache built from here on."""
-    from traceanalyzer import views
+    from traceanalyzer.store import views
 
     built: list[tuple[str, bool]] = []
     real_build = views._build
@@ -326,7 +326,7 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
     """A run at or above KEEP_MIN_GPU_OPS keeps its per-run cache in the store file; later rule
     passes (this process or another, read-only too) use it instead of building one, and find
     exactly what a pass on a cache built for the block finds."""
-    from traceanalyzer import views
+    from traceanalyzer.store import views
 
     built = _record_builds(monkeypatch)
     files = ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite")
@@ -365,7 +365,7 @@ def test_the_pass_that_builds_a_kept_cache_drops_cached_blocks_before_each_rule(
     """On the pass that has just built a run's kept cache, rules run one at a time with DuckDB's
     buffer pool cut down before each (engine.DROP_BLOCKS_WHEN_BUILT); later passes do not. The
     memory limit is what it was afterwards, and the findings are those of a pass that drops nothing."""
-    from traceanalyzer import views
+    from traceanalyzer.store import views
     from traceanalyzer.rules import engine
 
     drops = []
@@ -398,7 +398,8 @@ def test_the_pass_that_builds_a_kept_cache_drops_cached_blocks_before_each_rule(
 def test_summary_and_diff_read_a_kept_cache_and_build_none(tmp_path, monkeypatch):
     """summary.busy and diff's busy time read a run's current kept cache (here made to disagree
     with the run's rows, to see which is read), build nothing, and leave the views store-wide."""
-    from traceanalyzer import diff, summary, views
+    from traceanalyzer import diff, summary
+    from traceanalyzer.store import views
 
     built = _record_builds(monkeypatch)
     with Store(tmp_path / "s.duckdb") as st:
@@ -419,7 +420,7 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
     """Replacing or deleting a run drops its kept cache in the same transaction; a cache kept
     by another version of the cache's definition, or from an earlier ingest of the run, is not
     read, and is rebuilt where the store is writable."""
-    from traceanalyzer import views
+    from traceanalyzer.store import views
 
     monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
     path = tmp_path / "kept.duckdb"
@@ -472,7 +473,7 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
 def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
     """A run's rules are spread over two cursors reading one shared cache (engine.rule_threads);
     the findings and outcomes are those of a one-thread pass, and no cache is left behind."""
-    from traceanalyzer import views
+    from traceanalyzer.store import views
     from traceanalyzer.resources import Resources
     from traceanalyzer.rules import engine
 
@@ -516,7 +517,7 @@ def _counts(path: Path) -> tuple:
 
 
 def test_a_store_of_the_previous_release_upgrades_and_keeps_its_runs(tmp_path, capfd):
-    from traceanalyzer import migrations
+    from traceanalyzer.store import migrations
     from traceanalyzer.rules.engine import fingerprint
 
     path = _schema1_store(tmp_path)
@@ -541,7 +542,7 @@ def test_a_store_of_the_previous_release_upgrades_and_keeps_its_runs(tmp_path, c
 
 
 def test_reading_a_store_of_the_previous_release_upgrades_it_first(tmp_path):
-    from traceanalyzer import migrations
+    from traceanalyzer.store import migrations
 
     path = _schema1_store(tmp_path)
     with Store(path, read_only=True) as st:
@@ -583,7 +584,7 @@ def test_a_store_that_cannot_take_a_table_says_so_not_that_the_transaction_abort
 
 
 def test_migrations_are_numbered_up_to_the_schema_version():
-    from traceanalyzer import migrations
+    from traceanalyzer.store import migrations
 
     versions = [m.version for m in migrations.MIGRATIONS]
     assert versions == sorted(set(versions)) and versions[0] == 2

@@ -14,8 +14,8 @@ import tomllib
 
 import pytest
 
-from traceanalyzer import views
-from traceanalyzer.check import CheckOptions, UsageError, settings_from
+from traceanalyzer.store import views
+from traceanalyzer.batch.check import CheckOptions, UsageError, settings_from
 from traceanalyzer.rules import all_rules
 from traceanalyzer.rules.engine import applies, evaluate_across, evaluate_rule
 from traceanalyzer.store import Store

@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .check import FileResult, check_file
+    from .batch.check import FileResult, check_file
     from .ingest.base import ParsedTrace, TraceError
     from .resources import Resources
     from .rules.engine import Settings
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 # Imported on first use, so that a process needing one reader (the helper process of a
 # split Kineto read, see ingest/kineto_split.py) does not pay for DuckDB and pandas.
 _LAZY = {"ParsedTrace": ".ingest.base", "TraceError": ".ingest.base", "IngestResult": ".store",
-         "Store": ".store", "StoreError": ".store", "check_file": ".check", "FileResult": ".check",
+         "Store": ".store", "StoreError": ".store", "check_file": ".batch.check", "FileResult": ".batch.check",
          "Resources": ".resources", "Settings": ".rules.engine"}
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from . import views
+from .store import views
 from .store import Store
 
 STEP_KEY = "ProfilerStep#*"

@@ -360,7 +360,7 @@ def markdown() -> str:
         "`store_info` (`key` `schema_version`, `value`); a store made by an earlier release is "
         "brought up to date when it is opened, its runs kept: missing tables and columns are added "
         "(NULL in the runs stored before), and numbered steps rewrite what changed meaning "
-        "(`traceanalyzer/migrations.py`). A store of a newer version is refused.",
+        "(`traceanalyzer/store/migrations.py`). A store of a newer version is refused.",
         "",
     ]
     for t in TABLES:

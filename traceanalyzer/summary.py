@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import views
-from .store import Store
+from .store import Store, views
 
 # Kernel time from `kernel_durations`: the timeline's, or for ncu (no timeline) the measured one.
 TOP_KERNELS_SQL = """

@@ -20,7 +20,7 @@ from ..report.model import InputError
 from ..store import Store, StoreError, default_path
 
 if TYPE_CHECKING:  # the library is imported where used: `traceanalyzer --help` stays quick
-    from ..check import CheckOptions, FileResult
+    from ..batch.check import CheckOptions, FileResult
 
 # Piped output (CI logs, files) has no terminal width; rich would wrap tables at 80 columns.
 PIPED_WIDTH = 160
@@ -106,7 +106,7 @@ def file_line(r: "FileResult", debug: bool, progress: Console = out) -> None:
 
 def settings_or_exit(opts: "CheckOptions"):
     """`check.settings_from(opts)`: (settings, fail_on), or a usage error line and exit 2."""
-    from ..check import UsageError, settings_from
+    from ..batch.check import UsageError, settings_from
 
     try:
         return settings_from(opts)
@@ -121,7 +121,7 @@ def open_for_runs(store: Optional[Path], refs: List[str], debug: bool):
     names nothing (to stderr). The store is opened read-only when nothing is to be written
     (every ref names a stored run with current findings): a report of those needs no write
     access, and shares the store with other readers. Returns (store, Checked)."""
-    from ..check import CheckOptions, needs_writing, runs_for
+    from ..batch.check import CheckOptions, needs_writing, runs_for
 
     settings, _ = settings_or_exit(CheckOptions(paths=[]))
     st = None
@@ -179,7 +179,7 @@ def split_list(values: Optional[List[str]]) -> list[str]:
 def check_options(paths: List[str], fail_on, select, ignore, threshold, config, baseline, max_growth,
                   format: str):
     """The options of `check` and `scan` as the library's CheckOptions (usage errors exit 2)."""
-    from ..check import CheckOptions
+    from ..batch.check import CheckOptions
 
     if format not in FORMATS:
         err.print(f"error: --format must be one of {', '.join(FORMATS)}, not {format!r}", markup=False)

@@ -54,7 +54,7 @@ def _prepare(st, refs: list[str]) -> list[str]:
     """Run ids for BASE and TEST (`check.runs_for`: files are checked when new; rules run
     where their findings are missing or were made with other thresholds). Per-run rules
     only: BASE and TEST are not ranks of one job, so cross-run rules do not apply."""
-    from ..check import CheckOptions, UsageError, runs_for, settings_from
+    from ..batch.check import CheckOptions, UsageError, runs_for, settings_from
     from ..diff import DiffError
 
     try:

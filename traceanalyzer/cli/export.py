@@ -15,7 +15,7 @@ def export(parquet: Annotated[Path, typer.Option("--parquet", metavar="DIR", hel
            store: StoreOpt = None):
     """Write the store as a Parquet dataset: one folder per table, partitioned by run_id
     (Hive layout), readable as it is by DuckDB, Spark, Trino and pyarrow."""
-    from ..export import ExportError, export_parquet
+    from ..report.parquet import ExportError, export_parquet
 
     with open_store(store, read_only=True) as st:
         try:

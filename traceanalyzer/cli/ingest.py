@@ -11,7 +11,7 @@ def ingest(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="T
            store: StoreOpt = None, verbose: VerboseOpt = False, debug: DebugOpt = False):
     """Read trace files into the store, one transaction per file. A file that cannot be read
     is an error line, and the rest go on. Exit 0, or 2 when a file could not be read."""
-    from ..check import check_paths
+    from ..batch.check import check_paths
 
     with open_store(store) as st:
         done = check_paths(st, paths, None, read_stored=True, on_file=lambda r: file_line(r, debug))

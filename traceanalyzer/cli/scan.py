@@ -32,9 +32,9 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     be read is an error line, and the scan goes on. Exit codes as `check`: 0 when the gate
     passes, 1 when a finding fails it, 2 on a usage error or a file that could not be read.
     """
-    from ..check import UsageError, read_baseline, settings_from
+    from ..batch.check import UsageError, read_baseline, settings_from
     from ..report.model import InputError, load_result
-    from ..scan import ScanError, scan as run_scan
+    from ..batch.scan import ScanError, scan as run_scan
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
     try:
@@ -146,7 +146,7 @@ def _print_file_line(console: Console, r, debug: bool) -> None:
 
 def _table(st, report):
     """What the per-run table shows, read while the store is open: (rows, report)."""
-    from ..scan import run_table
+    from ..batch.scan import run_table
 
     return run_table(st, report.run_ids), report
 

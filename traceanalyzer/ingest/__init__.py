@@ -95,7 +95,7 @@ def _with_device_limits(trace: ParsedTrace) -> ParsedTrace:
     if devices is not None and devices.num_rows:
         import pyarrow as pa
 
-        from ..gpu import fill_device
+        from ..devices.gpu import fill_device
 
         rows = [fill_device(r) for r in devices.to_pylist()]
         names = list(dict.fromkeys(k for r in rows for k in r))

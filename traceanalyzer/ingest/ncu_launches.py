@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..gpu import fill_device
+from ..devices.gpu import fill_device
 from ..schema import DEVICES, arrow_schema
 from .kineto_names import kernel_short_name as short_name
 from .ncu_units import parse_dims, parse_ints

@@ -1,6 +1,6 @@
 """T001 launch gaps: idle time between consecutive GPU operations on a stream."""
 
-from ..views import covered_ns
+from ..store.views import covered_ns
 from .base import Rule, Threshold
 
 # One CTE chain: per-stream gaps, the host's activity in each gap (its likely cause),

@@ -1,6 +1,6 @@
 """T002 unoverlapped host-to-device copies: copy time no kernel hides."""
 
-from ..views import covered_ns
+from ..store.views import covered_ns
 from .base import Rule, Threshold
 
 # Only copies a kernel can overlap are probed, and only their devices' kernel intervals read

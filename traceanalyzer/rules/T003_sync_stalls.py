@@ -1,6 +1,6 @@
 """T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
 
-from ..views import next_busy_candidates
+from ..store.views import next_busy_candidates
 from .base import Rule, Threshold
 
 # Blocking host calls come from two places: API calls known to wait for the GPU (sync

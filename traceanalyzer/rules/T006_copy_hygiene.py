@@ -1,7 +1,7 @@
 """T006 copy hygiene: small copies that could be one, pageable device-to-host copies, and
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
-from ..views import next_busy_candidates
+from ..store.views import next_busy_candidates
 from .base import Rule, Threshold, pair_key
 
 SQL = r"""

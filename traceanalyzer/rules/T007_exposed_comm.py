@@ -1,6 +1,6 @@
 """T007 communication overlap: collective kernels that run with no compute beside them."""
 
-from ..views import covered_ns, islands
+from ..store.views import covered_ns, islands
 from .base import Rule, Threshold
 
 # Kernel names of collectives: NCCL/RCCL kernels and the usual custom all-reduce kernels.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..occupancy import occupancy_table
+from ..devices.occupancy import occupancy_table
 from ..store import Store
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)

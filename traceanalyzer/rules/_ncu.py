@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import gpu
+from ..devices import gpu
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pyarrow as pa
 
-from .. import prefetch, views
+from .. import prefetch
+from ..store import views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
 from .base import FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome

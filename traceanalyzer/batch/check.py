@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import ConfigError, find_config, load_config, parse_threshold_option
-from .ingest import TraceError, find_traces
-from .report.model import Baseline, CheckResult, InputError, load_result
-from .rules import get_rule
-from .rules.base import SEVERITIES
-from .rules.engine import Settings, run_rules
-from .store import Store, StoreError, file_hash, run_id_for
+from ..config import ConfigError, find_config, load_config, parse_threshold_option
+from ..ingest import TraceError, find_traces
+from ..report.model import Baseline, CheckResult, InputError, load_result
+from ..rules import get_rule
+from ..rules.base import SEVERITIES
+from ..rules.engine import Settings, run_rules
+from ..store import Store, StoreError, file_hash, run_id_for
 
 
 class UsageError(Exception):

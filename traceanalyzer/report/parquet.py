@@ -21,8 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
-from . import schema
-from .store import Store
+from .. import schema
+from ..store import Store
 
 MARKER = "_traceanalyzer.json"
 

@@ -38,9 +38,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from . import input_limits, os_memory, migrations, prefetch, schema, views
-from .ingest.base import ParsedTrace
-from .resources import Resources
+from .. import input_limits, os_memory, prefetch, schema
+from ..ingest.base import ParsedTrace
+from ..resources import Resources
+from . import migrations, views
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
@@ -432,7 +433,7 @@ class Store:
         """Detect, read and store one file (see `traceanalyzer.ingest.read_file`).
         `content_hash`: the file's hash (`file_hash` with the store's `hash_name`), when the
         caller has it already."""
-        from .ingest import TraceError, read_file
+        from ..ingest import TraceError, read_file
 
         path = Path(path)
         if path.exists() and not path.is_file():  # /dev/zero would hash for ever; a pipe reads once

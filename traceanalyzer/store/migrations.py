@@ -19,7 +19,7 @@ from typing import Callable
 
 import duckdb
 
-from . import schema
+from .. import schema
 
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 INFO_DDL = "CREATE TABLE IF NOT EXISTS store_info (key VARCHAR PRIMARY KEY, value VARCHAR)"

@@ -44,13 +44,13 @@ from typing import Callable, Iterable, Iterator
 
 import pandas as pd
 
-from . import os_memory
+from .. import os_memory
+from ..ingest import ParsedTrace, find_traces, streams
+from ..report.model import InputError
+from ..resources import Resources
+from ..rules.engine import Settings, run_rules
+from ..store import DEFAULT_HASH, RuleResults, Store
 from .check import FileResult, check_file, cross_run_settings, up_to_date_hashes
-from .ingest import ParsedTrace, find_traces, streams
-from .report.model import InputError
-from .resources import Resources
-from .rules.engine import Settings, run_rules
-from .store import DEFAULT_HASH, RuleResults, Store
 
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
@@ -212,7 +212,7 @@ def _mp_context():
     # forkserver starts clean once, imports the package once, then forks cheap workers.
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["traceanalyzer.scan"])
+        ctx.set_forkserver_preload(["traceanalyzer.batch.scan"])
         return ctx
     return mp.get_context("spawn")
 
