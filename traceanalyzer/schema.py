@@ -165,6 +165,9 @@ MEMSETS = _t(
     ("mem_kind", "VARCHAR", "Memory kind (same values as `copies.src_kind`)."),
     ("correlation_id", "BIGINT", "Correlation id of the API call."),
     ("pid", "BIGINT", "Process id."),
+    ("tid", "BIGINT", "Thread id of the API call, when found."),
+    ("api_name", "VARCHAR", "Name of the API call that issued the memset (`cudaMemsetAsync`), when found."),
+    ("launch_call_id", "BIGINT", "`api_calls.call_id` of that call, when found."),
 )
 
 API_CALLS = _t(

@@ -42,6 +42,7 @@ def summary(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...",
 
 
 def _print_summary(st, rid: str, top: int) -> None:
+    from ..report.budget import budget_line, budget_of, no_budget_line
     from ..summary import busy, copies, run_info, top_kernels
 
     info = run_info(st, rid)
@@ -49,6 +50,9 @@ def _print_summary(st, rid: str, top: int) -> None:
     out.print(fmt.printable(f"span {fmt.ns(info['span_ns'])}   producer {fmt.text(info['producer'])} "
                             f"{fmt.text(info['producer_version'], '')}   host {fmt.text(info['host'])}"),
               markup=False)
+    budget = budget_of(st, rid)  # first: where each device's time went
+    for line in [budget_line(d) for d in budget] or [no_budget_line(info)]:
+        out.print(fmt.printable(line), markup=False)
     gpus = busy(st, rid)
     if not gpus.empty:
         t = Table("device", "name", "busy", "active span", "busy share", "share of run", title="GPU busy")

@@ -289,7 +289,9 @@ class TableBuilder:
             "start_ns": t.start_ns, "end_ns": t.end_ns,
             "bytes": self._sizes(c["bytes"], rows),
             "mem_kind": _per_name(c["name"], parse_memset_name),
-            "correlation_id": c["correlation"], "pid": call["pid"],
+            "correlation_id": c["correlation"],
+            "pid": call["pid"], "tid": call["tid"], "api_name": call["name"],
+            "launch_call_id": call["call_id"],
         })
 
     def syncs(self) -> pa.Table | None:

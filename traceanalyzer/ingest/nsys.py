@@ -671,14 +671,18 @@ class _Reader:
         return data, arrow.order(data["start_ns"])
 
     def _memsets(self) -> None:
-        with self._registered(MEMSET):
-            self._emit("memsets", f"""
-                SELECT row_number() OVER (ORDER BY m.start_ns, m.src_row) - 1 AS memset_id,
-                       m.device_id, m.context_id, m.stream_id, m.start_ns, m.end_ns, m.bytes, m.value,
-                       {nsys_enums.sql_case('m.mem_kind', self.enums.mem_kind, "'unknown'")} AS mem_kind,
-                       m.correlation_id, {PID.format(g='m.global_pid')} AS pid
-                FROM {_src(MEMSET)} m
-                ORDER BY memset_id""")
+        m, order = self._sorted(MEMSET)
+        col = lambda c: arrow.take(m[c], order)  # noqa: E731
+        corr, gpid = col("correlation_id"), col("global_pid")
+        launch_call_id, tid, api_name = self._link(corr, gpid)
+        self._store("memsets", pa.table({
+            "memset_id": pa.array(np.arange(m.num_rows, dtype=np.int64)),
+            "device_id": col("device_id"), "context_id": col("context_id"), "stream_id": col("stream_id"),
+            "start_ns": col("start_ns"), "end_ns": col("end_ns"), "bytes": col("bytes"), "value": col("value"),
+            "mem_kind": arrow.enum(col("mem_kind"), self.enums.mem_kind, "unknown"),
+            "correlation_id": corr, "pid": pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), "tid": tid,
+            "api_name": api_name, "launch_call_id": launch_call_id}))
+        self.metadata["memsets_with_api_call"] = m.num_rows - launch_call_id.null_count
 
     def _syncs(self) -> None:
         s, order = self._sorted(SYNC)

@@ -26,6 +26,7 @@ from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
+from .budget import budget_line, no_budget_line
 from .html_charts import clip, esc
 from .model import CheckResult
 
@@ -176,12 +177,37 @@ def _run_section(p: dict, rules: dict, multi: bool) -> str:
     if run.get("warnings"):
         out.append('<details class="warnings"><summary>' + f'{len(run["warnings"])} reader warning(s)</summary><ul>'
                    + "".join(f"<li>{esc(w)}</li>" for w in run["warnings"]) + "</ul></details>")
+    out.append(_budget(run))
     out.append(_summary_cards(p))
     out.append(_timeline(p))
     out.append(_findings(p, rules))
     out.append(_plots(p))
     out.append("</section>")
     return "\n".join(out)
+
+
+def _budget(run: dict) -> str:
+    """Where each device's time went (report/budget.py): its line and a stacked bar (SVG: the
+    page's policy allows no inline style), parts in the order of the line."""
+    budget = run.get("budget") or []
+    if not budget:
+        return f'<p class="budget quiet">{esc(no_budget_line(run))}</p>'
+    rows = []
+    for d in budget:
+        span, x, rects = d["span_ns"] or 0, 0.0, []
+        for part in d["parts"]:
+            if not span or part["ns"] <= 0:
+                continue
+            w = 1000 * part["ns"] / span
+            label = part["cause"] or part["category"]
+            rects.append(f'<rect class="b-{esc(part["category"])}{" c-" + esc(part["cause"]) if part["cause"] else ""}" '
+                         f'x="{x:.2f}" y="0" width="{w:.2f}" height="16"><title>{esc(label)}: '
+                         f'{esc(fmt.ns(part["ns"]))} ({esc(fmt.pct(part["ns"] / span))})</title></rect>')
+            x += w
+        rows.append(f'<div class="budget"><div class="line">{esc(budget_line(d))}</div>'
+                    f'<svg viewBox="0 0 1000 16" preserveAspectRatio="none" role="img" '
+                    f'aria-label="{esc(budget_line(d))}">{"".join(rects)}</svg></div>')
+    return '<div class="budgets">' + "".join(rows) + "</div>"
 
 
 def _card(label: str, value: str, detail: str = "") -> str:

@@ -12,6 +12,7 @@ import re
 
 from .. import fmt, summary
 from ..store import Store
+from .budget import budget_line, no_budget_line
 from .model import CheckResult
 
 MAX_CHARS_DEFAULT = 60_000
@@ -43,15 +44,15 @@ def _finding_row(f: dict) -> str:
 
 def _run_section(store: Store, run: dict, findings: list[dict], outcomes: list[dict], not_run: list[str]) -> str:
     rid = run["run_id"]
-    busy = summary.busy(store, rid)
     kernels = summary.top_kernels(store, rid, 3)
     parts = [f"### {md(run['file_name'])}", ""]
     facts = [f"run `{rid}`", md(run["format"])]
     if run.get("span_ns") is not None:
         facts.append(f"span {md(fmt.ns(run['span_ns']))}")
-    for b in busy.itertuples():
-        facts.append(f"GPU {b.device_id} busy {md(fmt.pct(b.busy_share))}")
     parts.append(" · ".join(facts))
+    # Where each device's time went, first (see report/budget.py).
+    budget = run.get("budget") or []
+    parts += [""] + ([f"- {md(budget_line(d))}" for d in budget] or [f"- {md(no_budget_line(run))}"])
     if len(kernels):
         parts += ["", "Top kernels: " + "; ".join(f"{md(k.kernel, 80)} {md(fmt.ns(k.total_ns))} ({md(fmt.pct(k.share))})"
                                                 for k in kernels.itertuples())]

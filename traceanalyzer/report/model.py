@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..rules.base import SEVERITIES
 from ..store import Store
+from .budget import budget_of
 
 
 def severity_rank(sev: str) -> int:
@@ -164,6 +165,8 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
                  f.est_loss_ns DESC NULLS LAST, f.rule_id, f.fingerprint""", ids)
     for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
+    for r in runs:
+        r["budget"] = budget_of(store, r["run_id"])
     return CheckResult(runs, outcomes, findings, fail_on)
 
 

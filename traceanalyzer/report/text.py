@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.markup import escape as _markup_escape
 
 from .. import fmt
+from .budget import budget_line, no_budget_line
 from .model import CheckResult
 
 
@@ -40,6 +41,11 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
         counts = result.counts(rid)
         console.rule(f"[bold]{escape(run['file_name'])}[/]  {rid}  ({run['format']})  "
                      f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info")
+        # First, which kind of slow this is: where each device's time went.
+        for device in run.get("budget", []):
+            console.print(f"[bold]{escape(budget_line(device))}[/]")
+        if "budget" in run and not run["budget"]:
+            console.print(f"[dim]{escape(no_budget_line(run))}[/]")
         for f in (x for x in result.findings if x["run_id"] == rid):
             if f["severity"] == "info" and not show_info:
                 continue

@@ -84,12 +84,16 @@ _STREAM_OPS_CARRY = "_ta_stream_ops_carry"
 def _stream_ops(per_run: bool = False, sliced: bool = False) -> str:
     """The stream_ops view's query; with `per_run`, one run's ($1) rows without a run_id column.
 
+    Unified-memory page migrations are left out: the driver moves pages when they are touched,
+    they are not work a stream was given, so they neither make nor close a stream's gaps (they
+    stay in gpu_activity, and so in the device's busy time).
+
     With `sliced` (and `per_run`), one slice of it: the operations starting in the slice
     (`_in_slice`), each stream going on from its last operation in earlier slices, which
     _STREAM_OPS_CARRY holds. That row takes part in the window (it is the first operation's
     predecessor, and numbers the stream on) and is left out of the result."""
     run = "" if per_run else "run_id, "
-    where = "WHERE a.run_id = $1" if per_run else ""
+    where = "WHERE NOT a.unified_memory" + (" AND a.run_id = $1" if per_run else "")
     if sliced:
         where += f" AND {_in_slice('a.start_ns')}"
     ops = f"""SELECT a.*, n.name_key FROM gpu_activity a
@@ -255,25 +259,121 @@ def _stall_profiles() -> str:
         """
 
 
+# Kernel names of collectives: NCCL/RCCL kernels and the usual custom all-reduce kernels.
+COMM_PATTERN = (r"(?i)(nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?reduce|all_?gather|"
+                r"reduce_?scatter|all_?to_?all)")
+# The blocking host calls: they return only when the GPU work they wait for is done.
+BLOCKING_CALL = ("(name ILIKE '%synchronize%' OR ((name ILIKE '%memcpy%' OR name ILIKE '%memset%') "
+                 "AND name NOT ILIKE '%async%'))")
+# The time budget's categories, in the order of priority that resolves overlap between streams.
+BUDGET_CATEGORIES = ("compute", "communication", "copy", "memset")
+IDLE_CAUSES = ("sync", "host", "dependency", "unknown")
+
+
+def _time_budget(run: str | None = None) -> str:
+    """The time_budget view's query; with `run` (an SQL expression: the table macro
+    run_time_budget's parameter), that run's rows only, read from the tables by run (DuckDB
+    does not push a run filter on the view down through the sweep's window).
+
+    One sweep over the start and end of every GPU operation per device, in time order, with a
+    running count of the operations of each category in progress: each stretch between two
+    consecutive event times is the category of highest priority in progress (compute >
+    communication > copy > memset), or idle. So the parts partition the device's span (first
+    start to last end) exactly. An idle stretch takes its cause from the operation that ends
+    it (of those starting then, the one whose launch call started first) and that call's
+    thread."""
+    counts = ",\n               ".join(
+        f"sum(CASE WHEN rank = {i} THEN d ELSE 0 END) OVER w AS c{i}" for i in range(1, 5))
+    of_run = f"run_id = {run}" if run else "true"
+    category = " ".join(f"WHEN c{i} > 0 THEN '{c}'" for i, c in enumerate(BUDGET_CATEGORIES, 1))
+    return f"""
+        WITH comm_names AS MATERIALIZED (  -- the pattern matched once per distinct name
+            SELECT run_id, name FROM (SELECT DISTINCT run_id, name FROM kernels WHERE {of_run} AND name IS NOT NULL)
+            WHERE regexp_matches(name, '{COMM_PATTERN}')
+        ), ops AS (
+            SELECT a.run_id, a.device_id, a.start_ns, a.end_ns,
+                   CASE a.kind WHEN 'kernel' THEN CASE WHEN c.name IS NULL THEN 1 ELSE 2 END
+                               WHEN 'copy' THEN 3 ELSE 4 END AS rank
+            FROM gpu_activity a LEFT JOIN comm_names c ON a.kind = 'kernel' AND c.run_id = a.run_id AND c.name = a.name
+            WHERE {'a.run_id = ' + run if run else 'true'}
+        ), events AS (
+            SELECT run_id, device_id, start_ns AS t, rank, 1 AS d FROM ops
+            UNION ALL
+            SELECT run_id, device_id, end_ns, rank, -1 FROM ops
+        ), swept AS (  -- (the frame holds every event at the same time: each row sees all of them)
+            SELECT run_id, device_id, t, lead(t) OVER (PARTITION BY run_id, device_id ORDER BY t ROWS
+                                                      BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_t,
+               {counts}
+            FROM events
+            WINDOW w AS (PARTITION BY run_id, device_id ORDER BY t)
+        ), stretches AS (
+            SELECT run_id, device_id, t AS start_ns, next_t AS end_ns,
+                   CASE {category} ELSE 'idle' END AS category
+            FROM swept WHERE next_t > t
+        ), idle_next AS (  -- each idle stretch with the launch calls of the operations that end it
+            SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, c.start_ns AS call_start_ns, c.end_ns AS call_end_ns,
+                   c.pid, c.tid
+            FROM stretches i
+            JOIN (SELECT * FROM gpu_activity WHERE {of_run}) g
+              ON g.run_id = i.run_id AND g.device_id IS NOT DISTINCT FROM i.device_id AND g.start_ns = i.end_ns
+            LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = g.run_id AND c.call_id = g.launch_call_id
+            WHERE i.category = 'idle'
+        ), idle AS (  -- one row per idle stretch: the launch that came first
+            SELECT run_id, device_id, start_ns, end_ns,
+                   arg_min(call_start_ns, coalesce(call_start_ns, 9223372036854775807)) AS call_start_ns,
+                   arg_min(call_end_ns, coalesce(call_start_ns, 9223372036854775807)) AS call_end_ns,
+                   arg_min(pid, coalesce(call_start_ns, 9223372036854775807)) AS pid,
+                   arg_min(tid, coalesce(call_start_ns, 9223372036854775807)) AS tid
+            FROM idle_next GROUP BY ALL
+        ), blocking AS (  -- per thread, the latest end of its blocking calls so far
+            SELECT run_id, pid, tid, start_ns, max(end_ns) OVER (PARTITION BY run_id, pid, tid ORDER BY start_ns) AS reach_ns
+            FROM api_calls WHERE {of_run} AND {BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns
+        ), caused AS (
+            SELECT i.run_id, i.device_id, i.end_ns - i.start_ns AS ns,
+                   CASE WHEN b.reach_ns > i.start_ns THEN 'sync'
+                        WHEN i.call_start_ns IS NULL THEN 'unknown'
+                        -- the call had not returned (or begun) when the device went idle: not issued in time
+                        WHEN coalesce(i.call_end_ns, i.call_start_ns) > i.start_ns THEN 'host'
+                        ELSE 'dependency' END AS cause
+            FROM idle i ASOF LEFT JOIN blocking b
+              ON b.run_id = i.run_id AND b.pid = i.pid AND b.tid = i.tid AND b.start_ns <= i.start_ns
+        ), spans AS (
+            SELECT run_id, device_id, sum(end_ns - start_ns) AS span_ns FROM stretches GROUP BY ALL
+        ), busy AS (  -- every busy category of every device, 0 where it has none
+            SELECT s.run_id, s.device_id, c.category, NULL::VARCHAR AS cause,
+                   coalesce((SELECT sum(x.end_ns - x.start_ns) FROM stretches x WHERE x.run_id = s.run_id
+                             AND x.device_id IS NOT DISTINCT FROM s.device_id AND x.category = c.category), 0) AS ns
+            FROM spans s CROSS JOIN (SELECT unnest({list(BUDGET_CATEGORIES)}) AS category) c
+        )
+        SELECT p.run_id, p.device_id, p.category, p.cause, CAST(p.ns AS BIGINT) AS ns, CAST(s.span_ns AS BIGINT) AS span_ns
+        FROM (SELECT * FROM busy
+              UNION ALL
+              SELECT run_id, device_id, 'idle', cause, sum(ns) FROM caused GROUP BY ALL) p
+        JOIN spans s ON s.run_id = p.run_id AND s.device_id IS NOT DISTINCT FROM p.device_id
+        """
+
+
 VIEWS: dict[str, tuple[str, str]] = {
     "gpu_activity": (
         "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
-        "row id of its source table in `item_id`; kernels also carry `external_id` and `threads` "
-        "(grid x block threads).",
+        "row id of its source table in `item_id` and its API call in `launch_call_id`; kernels also "
+        "carry `external_id` and `threads` (grid x block threads), and `unified_memory` is true for "
+        "copies that are unified-memory page migrations (false for all else).",
         """
         SELECT run_id, device_id, stream_id, 'kernel' AS kind, kernel_id AS item_id,
                start_ns, end_ns, name, pid, correlation_id, launch_call_id, external_id,
                grid_x * coalesce(grid_y, 1) * coalesce(grid_z, 1)
-                 * block_x * coalesce(block_y, 1) * coalesce(block_z, 1) AS threads
+                 * block_x * coalesce(block_y, 1) * coalesce(block_z, 1) AS threads,
+               false AS unified_memory
         FROM kernels WHERE start_ns IS NOT NULL AND end_ns >= start_ns
         UNION ALL
         SELECT run_id, device_id, stream_id, 'copy', copy_id, start_ns, end_ns,
                'Memcpy ' || direction || CASE WHEN unified_memory THEN ' (unified)' ELSE '' END,
-               pid, correlation_id, launch_call_id, NULL, NULL
+               pid, correlation_id, launch_call_id, NULL, NULL, coalesce(unified_memory, false)
         FROM copies WHERE start_ns IS NOT NULL AND end_ns >= start_ns
         UNION ALL
         SELECT run_id, device_id, stream_id, 'memset', memset_id, start_ns, end_ns, 'Memset',
-               pid, correlation_id, NULL, NULL, NULL
+               pid, correlation_id, launch_call_id, NULL, NULL, false
         FROM memsets WHERE start_ns IS NOT NULL AND end_ns >= start_ns
         """,
     ),
@@ -325,8 +425,8 @@ VIEWS: dict[str, tuple[str, str]] = {
         _kernel_launches(),
     ),
     "stream_ops": (
-        "Every timed GPU operation in stream order (per run, device and stream, by start, end, id), "
-        "with its position `seq`, a kernel's `name_key`, `external_id` and `threads`, the latest end of "
+        "Every timed GPU operation a stream was given (unified-memory page migrations left out), in "
+        "stream order (per run, device and stream, by start, end, id), with its position `seq`, a kernel's `name_key`, `external_id` and `threads`, the latest end of "
         "the stream's earlier operations (`prev_max_end_ns`) and the previous operation's kind, id, "
         "start, end and name key.",
         _stream_ops(),
@@ -388,6 +488,18 @@ VIEWS: dict[str, tuple[str, str]] = {
         FROM running r JOIN per_device d USING (run_id, device_type, device_id)
         """,
     ),
+    "time_budget": (
+        "Per run and device, where the device's span (first GPU operation's start to last one's end) "
+        "went: every nanosecond counted once, as `compute` (kernels), `communication` (collective "
+        "kernels: NCCL, RCCL, all-reduce), `copy`, `memset` (overlap between streams resolved in that "
+        "order of priority) or `idle`; idle split by `cause`, from the operation that ends each idle "
+        "stretch and its launch call: `sync` (the launching thread was in a blocking call, a "
+        "synchronize or a synchronous copy, when the device went idle: nothing was queued), `host` "
+        "(the launch call had not returned when the device went idle: the work was not issued in "
+        "time), `dependency` (issued in time, the work waited on something else: another stream, an "
+        "event), `unknown` (no launch call linked), in that order of priority. `ns` per part; the parts of a device sum to `span_ns`.",
+        _time_budget(),
+    ),
     "stall_profiles": (
         "Per run and kernel (by name), the warp-stall profile from Nsight Compute's stall metrics: per "
         "launch the metrics of the most direct family it has (`family` 1-4: "
@@ -419,6 +531,12 @@ MACROS: dict[str, str] = {
     "heap_size": "(n) AS CAST(greatest(floor(n), 1) AS BIGINT)",
 }
 
+# Views of one run, computed from that run's rows only: `SELECT * FROM run_time_budget('<run id>')`
+# is `time_budget` filtered on the run (see `_time_budget`). Created after the views they read.
+TABLE_MACROS: dict[str, str] = {
+    "run_time_budget": f"(rid) AS TABLE {_time_budget('rid')}",
+}
+
 
 # DuckDB picks a nested-loop plan for an ASOF join, and a piecewise merge join for a range
 # join, when it *estimates* a side small; its estimates for the rules' CTEs are often ~10
@@ -435,6 +553,8 @@ def install(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE OR REPLACE TEMP MACRO {name}{body}")
     for name, (_, sql) in VIEWS.items():
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
+    for name, body in TABLE_MACROS.items():
+        con.execute(f"CREATE OR REPLACE TEMP MACRO {name}{body}")
 
 
 # The views the rules read that cost a sort of all GPU work each time, in dependency order

@@ -1,0 +1,221 @@
+"""The time budget (views `time_budget`, `run_time_budget`): every nanosecond of a device's span
+counted once, idle time by cause; planted to the nanosecond, and invariants on every real trace
+against an independent sweep in Python."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from traceanalyzer.cli import app
+from traceanalyzer.ingest.base import ParsedTrace
+from traceanalyzer.store import Store
+from traceanalyzer.store.views import BLOCKING_CALL, COMM_PATTERN, IDLE_CAUSES
+
+from .conftest import FIXTURES, shared_traces
+
+US = 1_000
+
+
+def _trace(kernels=(), copies=(), memsets=(), calls=()) -> ParsedTrace:
+    """kernels: (name, stream, start, end, call); copies/memsets: (stream, start, end, call);
+    calls: (name, tid, start, end). Times in us; call is an index into `calls` or None."""
+    tables = {}
+    if kernels:
+        tables["kernels"] = pa.table({
+            "kernel_id": list(range(len(kernels))), "device_id": [0] * len(kernels),
+            "name": [k[0] for k in kernels], "stream_id": [k[1] for k in kernels],
+            "start_ns": [k[2] * US for k in kernels], "end_ns": [k[3] * US for k in kernels],
+            "launch_call_id": [k[4] for k in kernels], "pid": [1] * len(kernels)})
+    if copies:
+        tables["copies"] = pa.table({
+            "copy_id": list(range(len(copies))), "device_id": [0] * len(copies), "direction": ["HtoD"] * len(copies),
+            "stream_id": [c[0] for c in copies], "start_ns": [c[1] * US for c in copies],
+            "end_ns": [c[2] * US for c in copies], "launch_call_id": [c[3] for c in copies]})
+    if memsets:
+        tables["memsets"] = pa.table({
+            "memset_id": list(range(len(memsets))), "device_id": [0] * len(memsets),
+            "stream_id": [m[0] for m in memsets], "start_ns": [m[1] * US for m in memsets],
+            "end_ns": [m[2] * US for m in memsets]})
+    if calls:
+        tables["api_calls"] = pa.table({
+            "call_id": list(range(len(calls))), "name": [c[0] for c in calls], "pid": [1] * len(calls),
+            "tid": [c[1] for c in calls], "start_ns": [c[2] * US for c in calls], "end_ns": [c[3] * US for c in calls]})
+    return ParsedTrace(format="nsys-sqlite", tables=tables)
+
+
+def _budget(store: Store, trace: ParsedTrace, name: str = "t") -> dict:
+    run_id = store.write_run(trace, Path(f"/planted/{name}"), (name * 64)[:64], 1).run_id
+    rows = store.sql("SELECT category, cause, ns, span_ns FROM run_time_budget(?)", [run_id]).fetchall()
+    assert sorted(rows) == sorted(store.sql("SELECT category, cause, ns, span_ns FROM time_budget WHERE run_id = ?",
+                                            [run_id]).fetchall())
+    return {(c if cause is None else f"idle:{cause}"): ns / US for c, cause, ns, _ in rows} | {"span": rows[0][3] / US}
+
+
+def test_overlap_between_streams_goes_to_the_part_of_highest_priority(store):
+    # 0-10 compute; 5-20 an all-reduce (5-10 under compute); 15-30 a copy (15-20 under the
+    # collective); 25-40 a memset (25-30 under the copy); 40-50 idle; 50-60 compute.
+    b = _budget(store, _trace(
+        kernels=[("gemm", 1, 0, 10, None), ("ncclDevKernel_AllReduce_Sum_f32", 2, 5, 20, None), ("gemm", 1, 50, 60, None)],
+        copies=[(3, 15, 30, None)], memsets=[(4, 25, 40, None)]))
+    assert b == {"compute": 20, "communication": 10, "copy": 10, "memset": 10, "idle:unknown": 10, "span": 60}
+
+
+@pytest.mark.parametrize("cause, calls, launched_by", [
+    # the launching thread is in cudaDeviceSynchronize when the device goes idle at 10
+    ("sync", [("cudaDeviceSynchronize", 7, 8, 12), ("cudaLaunchKernel", 7, 14, 15)], 1),
+    # a synchronous copy counts as blocking too
+    ("sync", [("cudaMemcpy", 7, 9, 11), ("cudaLaunchKernel", 7, 14, 15)], 1),
+    # the launch call starts after the device went idle
+    ("host", [("cudaLaunchKernel", 7, 12, 13)], 0),
+    # or had not returned when it did: the work was not issued in time
+    ("host", [("cudaLaunchKernel", 7, 8, 11)], 0),
+    # a blocking call on another thread does not make it a sync
+    ("host", [("cudaDeviceSynchronize", 8, 8, 12), ("cudaLaunchKernel", 7, 14, 15)], 1),
+    # launched before the device went idle: the work waited on something else
+    ("dependency", [("cudaLaunchKernel", 7, 5, 6)], 0),
+    # no launch call linked
+    ("unknown", [], None),
+])
+def test_idle_time_takes_its_cause_from_the_launch_that_ends_it(store, cause, calls, launched_by):
+    b = _budget(store, _trace(kernels=[("a", 1, 0, 10, None), ("b", 1, 20, 30, launched_by)], calls=calls))
+    assert b == {"compute": 20, "communication": 0, "copy": 0, "memset": 0, f"idle:{cause}": 10, "span": 30}
+
+
+def test_the_launch_that_came_first_names_the_cause(store):
+    # two kernels start at 20: one launched in time (dependency), one late (host): the first launch counts
+    b = _budget(store, _trace(kernels=[("a", 1, 0, 10, None), ("b", 1, 20, 30, 0), ("c", 2, 20, 25, 1)],
+                              calls=[("cudaLaunchKernel", 7, 12, 13), ("cudaLaunchKernel", 7, 4, 5)]))
+    assert b["idle:dependency"] == 10 and "idle:host" not in b
+
+
+def test_check_json_carries_the_budget_of_each_device(tmp_path):
+    r = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "s.duckdb"), "--format", "json",
+                                 "--fail-on", "never", str(FIXTURES / "nsys" / "planted.sqlite"),
+                                 str(FIXTURES / "ncu" / "details_stalls.csv")])
+    assert r.exit_code == 0, r.output
+    runs = {run["format"]: run for run in json.loads(r.stdout)["runs"]}
+    assert runs["ncu-csv"]["budget"] == []  # no timeline
+    [device] = runs["nsys-sqlite"]["budget"]
+    assert set(device) == {"device_id", "span_ns", "parts"} and device["device_id"] == 0
+    assert all(set(p) == {"category", "cause", "ns"} for p in device["parts"])
+    assert sum(p["ns"] for p in device["parts"]) == device["span_ns"] > 0
+    assert {p["category"] for p in device["parts"]} >= {"compute", "communication", "copy", "memset"}
+    assert all((p["cause"] is None) == (p["category"] != "idle") for p in device["parts"])
+    text = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "s.duckdb"), "--fail-on", "never",
+                                    str(FIXTURES / "nsys" / "planted.sqlite")]).stdout
+    assert re.search(r"GPU 0: \d+% compute, \d+% copies, \d+% idle: host \d+%", text)
+
+
+# -- every real trace -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """Every real nsys and PyTorch trace, stored once."""
+    traces = shared_traces()
+    store = Store(tmp_path_factory.mktemp("budget") / "real.duckdb")
+    for f in sorted((traces / "nsys").glob("*.sqlite")) + sorted((traces / "torch").glob("*.json*")):
+        store.ingest(f)
+    yield store
+    store.close()
+
+
+# The Python sweep is for runs this size or smaller (the few bigger ones cost seconds each).
+PYTHON_SWEEP_MAX_OPS = 25_000
+
+
+def _python_budget(store: Store, run_id: str) -> dict:
+    """The budget recomputed without the view's SQL: a sweep in Python over the operations."""
+    comm = re.compile(COMM_PATTERN.removeprefix("(?i)"), re.I)
+    ops = store.sql("""
+        SELECT device_id, 'kernel', name, start_ns, end_ns, launch_call_id FROM kernels WHERE run_id = $r
+          AND start_ns IS NOT NULL AND end_ns >= start_ns
+        UNION ALL SELECT device_id, 'copy', NULL, start_ns, end_ns, launch_call_id FROM copies WHERE run_id = $r
+          AND start_ns IS NOT NULL AND end_ns >= start_ns
+        UNION ALL SELECT device_id, 'memset', NULL, start_ns, end_ns, NULL FROM memsets WHERE run_id = $r
+          AND start_ns IS NOT NULL AND end_ns >= start_ns""", {"r": run_id}).fetchall()
+    calls = {c: (pid, tid, s, e) for c, pid, tid, s, e in store.sql(
+        "SELECT call_id, pid, tid, start_ns, end_ns FROM api_calls WHERE run_id = ?", [run_id]).fetchall()}
+    blocking: dict = {}  # per thread: its blocking calls' starts, and the latest end up to each
+    for pid, tid, s, e in sorted(store.sql(f"SELECT pid, tid, start_ns, end_ns FROM api_calls WHERE run_id = ? AND "
+                                           f"{BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns",
+                                           [run_id]).fetchall(), key=lambda c: c[2]):
+        starts, reach = blocking.setdefault((pid, tid), ([], []))
+        starts.append(s)
+        reach.append(max(e, reach[-1]) if reach else e)
+
+    def in_blocking_call(pid, tid, t) -> bool:
+        starts, reach = blocking.get((pid, tid), ([], []))
+        i = bisect.bisect_right(starts, t)
+        return i > 0 and reach[i - 1] > t
+
+    links: dict = {}  # (device, start) -> launch calls of the operations starting then
+    for d, s, call in store.sql("SELECT device_id, start_ns, launch_call_id FROM gpu_activity WHERE run_id = ?",
+                                [run_id]).fetchall():
+        links.setdefault((d, s), []).append(call)
+    rank = {"copy": 3, "memset": 4}
+    per_device: dict = {}
+    for d, kind, name, s, e, _ in ops:
+        r = rank.get(kind) or (2 if name and comm.search(name) else 1)
+        per_device.setdefault(d, []).append((s, 1, r))
+        per_device[d].append((e, -1, r))
+    out = {}
+    for d, events in per_device.items():
+        events.sort()
+        counts, parts, i = [0] * 5, {}, 0
+        while i < len(events):
+            t = events[i][0]
+            while i < len(events) and events[i][0] == t:
+                counts[events[i][2]] += events[i][1]
+                i += 1
+            if i == len(events):
+                break
+            nxt = events[i][0]
+            cat = next((c for r, c in enumerate(("compute", "communication", "copy", "memset"), 1) if counts[r] > 0), None)
+            if cat is None:  # idle from t to nxt: the cause from the first launch of what starts at nxt
+                starts = [calls[c] for c in links.get((d, nxt), []) if c is not None and c in calls]
+                first = min(starts, key=lambda x: x[2]) if starts else None
+                in_sync = first is not None and in_blocking_call(first[0], first[1], t)
+                cat = ("idle:sync" if in_sync else "idle:unknown" if first is None
+                       else "idle:host" if (first[3] if first[3] is not None else first[2]) > t
+                       else "idle:dependency")
+            parts[cat] = parts.get(cat, 0) + nxt - t
+        out[d] = parts
+    return out
+
+
+def test_on_every_real_trace_the_parts_partition_the_span_as_a_sweep_in_python_finds(real):
+    runs = real.sql("SELECT run_id, file_name FROM runs ORDER BY file_name").fetchall()
+    busy = {(r, d): (b, span) for r, d, b, span in real.sql(
+        "SELECT run_id, device_id, busy_ns, active_span_ns FROM device_busy").fetchall()}
+    kernel_busy = {(r, d): ns for r, d, ns in real.sql(
+        "SELECT run_id, device_id, sum(end_ns - start_ns) FROM kernel_busy_intervals GROUP BY ALL").fetchall()}
+    timed = swept = 0
+    for run_id, name in runs:
+        rows = real.sql("SELECT device_id, category, cause, ns, span_ns FROM run_time_budget(?)", [run_id]).fetchall()
+        got: dict = {}
+        for d, cat, cause, ns, span in rows:
+            assert cat in ("compute", "communication", "copy", "memset", "idle"), name
+            assert (cause is None) == (cat != "idle") and (cause is None or cause in IDLE_CAUSES), name
+            assert ns >= 0, name
+            got.setdefault(d, {"span": span})
+            if ns:
+                got[d][cat if cause is None else f"idle:{cause}"] = ns
+        for d, parts in got.items():
+            span = parts.pop("span")
+            assert sum(parts.values()) == span == busy[(run_id, d)][1], (name, d)
+            assert sum(v for k, v in parts.items() if not k.startswith("idle")) == busy[(run_id, d)][0], (name, d)
+            assert parts.get("compute", 0) + parts.get("communication", 0) == kernel_busy.get((run_id, d), 0), (name, d)
+        (ops,) = real.sql("SELECT count(*) FROM gpu_activity WHERE run_id = ?", [run_id]).fetchone()
+        if ops <= PYTHON_SWEEP_MAX_OPS:
+            assert got == {d: {k: v for k, v in p.items() if v} for d, p in _python_budget(real, run_id).items()}, name
+            swept += 1
+        timed += bool(got)
+    assert swept >= 40
+    assert timed >= 40  # the corpus's timed runs all have a budget

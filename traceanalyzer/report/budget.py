@@ -1,0 +1,56 @@
+"""The time budget of a run (the `time_budget` view) as reports hold and print it.
+
+Each device's span (first GPU operation's start to last one's end) in exclusive parts:
+compute, communication, copy, memset, and idle by cause. JSON keeps the shape other tools
+read: per device `{"device_id", "span_ns", "parts": [{"category", "cause", "ns"}]}`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+_WORDS = {"compute": "compute", "communication": "communication", "copy": "copies", "memset": "memsets"}
+_ORDER = ("compute", "communication", "copy", "memset")
+
+
+def budget_of(store: Store, run_id: str) -> list[dict]:
+    """The run's budget, one entry per device (none: the run has no timed GPU operation)."""
+    rows = store.sql("SELECT device_id, span_ns, category, cause, ns FROM run_time_budget(?) "
+                     "ORDER BY device_id NULLS LAST, category, cause", [run_id]).fetchall()
+    devices: dict = {}
+    for device_id, span_ns, category, cause, ns in rows:
+        d = devices.setdefault(device_id, {"device_id": device_id, "span_ns": span_ns, "parts": []})
+        d["parts"].append({"category": category, "cause": cause, "ns": ns})
+    for d in devices.values():  # busy parts in priority order, then idle by time
+        d["parts"].sort(key=lambda p: (p["category"] == "idle", _ORDER.index(p["category"]) if p["category"] in _ORDER
+                                       else 0, -p["ns"]))
+    return list(devices.values())
+
+
+def _pct(ns: int, span: int) -> str:
+    share = ns / span if span else 0.0
+    return "<1%" if 0 < share < 0.005 else f"{share:.0%}"
+
+
+def budget_line(device: dict) -> str:
+    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21%, sync 7%, dependency 4%, unknown 2%'."""
+    span = device["span_ns"] or 0
+    busy = [p for p in device["parts"] if p["category"] != "idle"]
+    idle = [p for p in device["parts"] if p["category"] == "idle" and p["ns"] > 0]
+    words = [f"{_pct(p['ns'], span)} {_WORDS.get(p['category'], p['category'])}"
+             for p in busy if p["ns"] > 0 or p["category"] == "compute"]
+    idle_ns = sum(p["ns"] for p in idle)
+    text = f"GPU {'?' if device['device_id'] is None else device['device_id']}: " + ", ".join(words)
+    if idle_ns:
+        text += f", {_pct(idle_ns, span)} idle: " + ", ".join(f"{p['cause']} {_pct(p['ns'], span)}" for p in idle)
+    return text
+
+
+def no_budget_line(run: dict) -> str:
+    """What a run without a budget says instead."""
+    if str(run.get("format") or "").startswith("ncu"):
+        return "no timeline: Nsight Compute profiles kernels one at a time, so there is no time budget"
+    return "no timed GPU operations: no time budget"
