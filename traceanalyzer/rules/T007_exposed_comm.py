@@ -1,11 +1,8 @@
 """T007 communication overlap: collective kernels that run with no compute beside them."""
 
-from ..store.views import covered_ns, islands
+# Kernel names of collectives (COMM_PATTERN): the ones the time budget counts as communication.
+from ..store.views import COMM_PATTERN, covered_ns, islands
 from .base import Rule, Threshold
-
-# Kernel names of collectives: NCCL/RCCL kernels and the usual custom all-reduce kernels.
-COMM_PATTERN = (r"(?i)(nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?reduce|all_?gather|"
-                r"reduce_?scatter|all_?to_?all)")
 
 SQL = r"""
 WITH run_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern below DISTINCT, onto every launch

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..fmt import ns, pct
 from .base import Rule, Threshold
-from .T007_exposed_comm import COMM_PATTERN
+from ..store.views import COMM_PATTERN
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
