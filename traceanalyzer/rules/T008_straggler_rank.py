@@ -6,8 +6,8 @@ import re
 from typing import TYPE_CHECKING
 
 from ..fmt import ns, pct
-from .base import Rule, Threshold
 from ..store.views import COMM_PATTERN
+from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
