@@ -3,20 +3,114 @@
 from ..store.views import covered_ns
 from .base import Rule, Threshold
 
-# One CTE chain: per-stream gaps, the host's activity in each gap (its likely cause),
-# how much of each gap the whole device was idle (the time really lost), then one
-# finding per stream plus one per device for idle time across all streams.
+# A gap's possible causes, in the order of priority that picks one when several fit (the
+# `how` text below says what each means). The same order breaks ties for the main cause.
+CAUSES = ("sync", "late_launch", "copy", "dependency", "unknown")
+
+HINTS = {
+    "sync": "A synchronizing call sits between launches: drop it, or move it out of the loop and use "
+            "events/stream ordering instead.",
+    "late_launch": "The host submits work too slowly (CPU-bound launch): fuse small kernels, capture the loop "
+                   "in a CUDA graph, or take Python/dispatcher work off the launch thread.",
+    "copy": "The stream waits on a copy: issue copies asynchronously from pinned memory on another stream and "
+            "prefetch ahead of use.",
+    "dependency": "Work was submitted in time but waited on another stream or event: check cross-stream "
+                  "dependencies (cudaStreamWaitEvent) and stream priorities.",
+    "unknown": "Look at the host timeline in the gaps listed in the evidence.",
+}
+
+
+def _cause(gap_start: str, sync_hit: str, call_start: str, call_end: str, copy_hit: str) -> str:
+    """A gap's cause, by CAUSES' priority, from the launch call of the operation that ends the
+    gap (`call_start`, `call_end`; NULL start: none linked). The work counts as issued once the
+    call has returned: a call still running when the stream went idle (a slow launch, a lazy
+    module load) is a late launch. Without a launch call, whether the host had issued the work
+    is unknown, so neither late launch nor copy can be told."""
+    return f"""CASE WHEN {sync_hit} THEN 'sync'
+                    WHEN {call_start} IS NULL THEN 'unknown'
+                    WHEN coalesce({call_end}, {call_start}) > {gap_start} THEN 'late_launch'
+                    WHEN {copy_hit} THEN 'copy'
+                    ELSE 'dependency' END"""
+
+
+def _per_cause(idle_ns: str) -> str:
+    """Per cause (CAUSES order), of the rows grouped: their device-idle time (`idle_ns`), gap
+    time and count, then the cause's priority and name. The fields' order makes a descending
+    sort put the main cause first: most device-idle time, then gap time, count, priority."""
+    fields = []
+    for i, cause in enumerate(CAUSES):
+        only = f"FILTER (WHERE cause = '{cause}')"
+        fields.append(f"{{'idle_ns': coalesce(sum({idle_ns}) {only}, 0), 'ns': coalesce(sum(gap_ns) {only}, 0), "
+                      f"'n': count(*) {only}, 'rank': {len(CAUSES) - i}, 'cause': '{cause}'}}")
+    return "[" + ",\n            ".join(fields) + "]"
+
+
+# Of the causes with gaps: the main one's struct (see _per_cause), and {cause: field} as JSON
+# (CAUSES order).
+MAIN_CAUSE = "list_sort(list_filter(per_cause, lambda x: x.n > 0), 'DESC')[1]"
+
+
+def _by_cause(field: str) -> str:
+    return (f"to_json(map_from_entries(list_transform(list_filter(per_cause, lambda x: x.n > 0), "
+            f"lambda x: (x.cause, x.{field}))))")
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+HINT = "CASE main_cause " + " ".join(f"WHEN {_quoted(c)} THEN {_quoted(h)}" for c, h in HINTS.items()) + " END"
+
+# One CTE chain: per-stream gaps and device-idle stretches, the host's activity in each (its
+# likely cause), how much of each gap the whole device was idle (the time really lost), then
+# one finding per stream plus one per device for idle time across all streams.
 SQL = r"""
 WITH gaps AS (
     -- Operations in stream order come computed once per run for T001 and S002 (views.stream_ops),
     -- read straight from the cache: sharing them as a CTE would copy every row again.
-    -- Names are looked up only for the gaps the evidence lists.
-    SELECT device_id, stream_id, pid, prev_max_end_ns AS gap_start, start_ns AS gap_end,
-           start_ns - prev_max_end_ns AS gap_ns, kind AS next_kind, item_id AS next_id,
-           prev_kind, prev_id, launch_call_id, seq,
-           pid IS NOT NULL AS has_pid, coalesce(pid, 0) AS pid_key
-    FROM stream_ops
-    WHERE run_id = $run_id AND prev_max_end_ns IS NOT NULL AND start_ns - prev_max_end_ns > $min_gap_ns
+    -- Names are looked up only for the gaps the evidence lists. With each gap, the launch call
+    -- of the operation that ends it.
+    SELECT o.device_id, o.stream_id, o.pid, o.prev_max_end_ns AS gap_start, o.start_ns AS gap_end,
+           o.start_ns - o.prev_max_end_ns AS gap_ns, o.kind AS next_kind, o.item_id AS next_id,
+           o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end,
+           o.pid IS NOT NULL AS has_pid, coalesce(o.pid, 0) AS pid_key
+    FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
+    WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NOT NULL AND o.start_ns - o.prev_max_end_ns > $min_gap_ns
+), stream_counts AS (  -- per device: its streams, and whether every operation has one
+    SELECT device_id, count(DISTINCT stream_id) AS n_streams, count(stream_id) = count(*) AS all_on_streams
+    FROM stream_ops WHERE run_id = $run_id AND device_id IS NOT NULL GROUP BY device_id
+), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
+    SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
+), multi_gaps AS (
+    SELECT * FROM gaps WHERE device_id IS NOT NULL AND device_id NOT IN (SELECT device_id FROM one_stream)
+), stretches AS (
+    -- Idle stretches of devices with several streams (with one, its stream's finding says it all),
+    -- each judged by the operation that ends it, as a stream gap is (device_gaps).
+    SELECT device_id, start_ns, end_ns, gap_ns FROM device_idle_gaps
+    WHERE run_id = $run_id AND gap_ns > $min_gap_ns
+      AND device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
+), stretch_ends AS (
+    -- The operations that can start where a stretch ends: one whose stream worked before ends a
+    -- gap of its stream at least as long as the stretch (so listed in gaps), else it is its
+    -- stream's first. So no join over all operations and launch calls again.
+    SELECT device_id, gap_end AS start_ns, next_kind AS kind, next_id AS item_id, pid, call_start, call_end
+    FROM gaps WHERE device_id IN (SELECT device_id FROM stretches)
+    UNION ALL
+    SELECT o.device_id, o.start_ns, o.kind, o.item_id, o.pid, a.start_ns, a.end_ns
+    FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
+    WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NULL AND o.device_id IN (SELECT device_id FROM stretches)
+), device_gaps AS (  -- of the operations ending a stretch, the one whose launch call started first
+    SELECT d.device_id, d.start_ns AS gap_start, d.end_ns AS gap_end, d.gap_ns,
+           arg_min({'pid': o.pid, 'call_start': o.call_start, 'call_end': o.call_end},
+                   (coalesce(o.call_start, 9223372036854775807), o.kind, o.item_id)) AS next_op
+    FROM stretches d LEFT JOIN stretch_ends o ON o.device_id = d.device_id AND o.start_ns = d.end_ns
+    GROUP BY d.device_id, d.start_ns, d.end_ns, d.gap_ns
+), probes AS (  -- every interval whose cause is read (on_device: a device-idle stretch, named by
+    -- its start, which is unique per device)
+    SELECT false AS on_device, device_id, stream_id, seq, has_pid, pid_key, gap_start, gap_end FROM gaps
+    UNION ALL
+    SELECT true, device_id, NULL, gap_start, next_op.pid IS NOT NULL, coalesce(next_op.pid, 0), gap_start, gap_end
+    FROM device_gaps
 ), sync_calls AS (
     SELECT pid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND (name ILIKE '%synchronize%' OR name ILIKE '%WaitEvent%') AND start_ns IS NOT NULL
@@ -30,31 +124,25 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     FROM sync_calls WHERE pid IS NOT NULL
     UNION ALL
     SELECT false, 0, start_ns, max(end_ns) OVER (ORDER BY start_ns) FROM sync_calls
-    WHERE EXISTS (SELECT 1 FROM gaps WHERE pid IS NULL)  -- (the ASOF join sorts all it is given)
+    WHERE EXISTS (SELECT 1 FROM probes WHERE NOT has_pid)  -- (the ASOF join sorts all it is given)
 ), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
     SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS to_end_ns
     FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
-), stream_counts AS (  -- per device: its streams, and whether every operation has one
-    SELECT device_id, count(DISTINCT stream_id) AS n_streams, count(stream_id) = count(*) AS all_on_streams
-    FROM stream_ops WHERE run_id = $run_id AND device_id IS NOT NULL GROUP BY device_id
-), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
-    SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
-), multi_gaps AS (
-    SELECT * FROM gaps WHERE device_id IS NOT NULL AND device_id NOT IN (SELECT device_id FROM one_stream)
 ), copy_reach AS (
     -- Every timed copy of the device: one on the gap's own stream cannot overlap the gap
     -- (it is one of the stream's operations, so it ends by the gap's start or starts at
-    -- or after its end), so "on another stream" needs no test here. Only devices with
-    -- several streams are probed (copy_hits).
+    -- or after its end), so "on another stream" needs no test here. Only stream gaps of
+    -- devices with several streams are probed (copy_hits): no timed copy runs while a whole
+    -- device is idle.
     SELECT device_id, start_ns, max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns) AS reach_ns
     FROM copies WHERE run_id = $run_id AND device_id IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns
       AND device_id IN (SELECT device_id FROM multi_gaps)
 ), gap_idle AS (  -- the part of each gap during which no stream of the device worked
     __GAP_IDLE__
-), sync_hits AS (  -- whether a sync call overlaps each gap (a gap is device, stream, seq);
+), sync_hits AS (  -- whether a sync call overlaps each probe (on_device, device, stream, seq);
     -- an ASOF join sorts its probes, so they get only the columns it needs
-    SELECT g.device_id, g.stream_id, g.seq, sr.reach_ns > g.gap_start AS sync_hit
-    FROM (SELECT device_id, stream_id, seq, has_pid, pid_key, gap_start, gap_end FROM gaps) g
+    SELECT g.on_device, g.device_id, g.stream_id, g.seq, sr.reach_ns > g.gap_start AS sync_hit
+    FROM probes g
     ASOF LEFT JOIN sync_reach sr ON sr.has_pid = g.has_pid AND sr.pid_key = g.pid_key AND sr.start_ns < g.gap_end
 ), copy_hits AS (  -- whether a copy overlaps each gap: only on devices with several streams (on
     -- a device with one, every copy is an operation of the gap's own stream)
@@ -68,44 +156,34 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
                              AND c.stream_id IS DISTINCT FROM g.stream_id
                              AND c.start_ns < g.gap_end AND c.end_ns > g.gap_start
 ), classified AS (
-    SELECT g.*,
-        CASE
-          WHEN sh.sync_hit THEN 'sync'
-          WHEN ch.copy_hit OR oc.seq IS NOT NULL THEN 'copy'
-          WHEN a.end_ns > g.gap_start THEN 'late_launch'
-          WHEN a.start_ns IS NULL THEN 'unknown'
-          ELSE 'dependency'
-        END AS cause,
+    SELECT g.*, __STREAM_CAUSE__ AS cause,
         CASE WHEN g.device_id IN (SELECT device_id FROM one_stream) THEN g.gap_ns ELSE coalesce(gi.covered_ns, 0) END
           AS idle_ns
     FROM gaps g
-    LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = g.launch_call_id
     LEFT JOIN gap_idle gi ON gi.device_id = g.device_id AND gi.stream_id IS NOT DISTINCT FROM g.stream_id
                           AND gi.seq = g.seq
-    LEFT JOIN sync_hits sh ON sh.device_id IS NOT DISTINCT FROM g.device_id
+    LEFT JOIN sync_hits sh ON NOT sh.on_device AND sh.device_id IS NOT DISTINCT FROM g.device_id
                           AND sh.stream_id IS NOT DISTINCT FROM g.stream_id AND sh.seq = g.seq
     LEFT JOIN copy_hits ch ON ch.device_id = g.device_id AND ch.stream_id IS NOT DISTINCT FROM g.stream_id
                           AND ch.seq = g.seq
     LEFT JOIN odd_copy_hits oc ON oc.device_id = g.device_id AND oc.stream_id IS NOT DISTINCT FROM g.stream_id
                               AND oc.seq = g.seq
+), device_classified AS (
+    SELECT d.device_id, d.gap_start, d.gap_end, d.gap_ns, __DEVICE_CAUSE__ AS cause
+    FROM device_gaps d
+    LEFT JOIN sync_hits sh ON sh.on_device AND sh.device_id = d.device_id AND sh.seq = d.gap_start
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
     FROM stream_ops WHERE run_id = $run_id GROUP BY ALL
 ), per_stream_all AS (  -- one pass over the classified gaps per stream (read once, not kept): totals,
-    -- gaps per cause, and the ones the evidence lists (the longest, the earliest among equals, from a
-    -- bounded heap rather than a sort of all gaps)
+    -- time and gaps per cause, and the ones the evidence lists (the longest, the earliest among
+    -- equals, from a bounded heap rather than a sort of all gaps)
     SELECT device_id, stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns, coalesce(sum(idle_ns), 0) AS lost_ns,
            -- the longest gap, the earliest among equals (as the evidence lists them)
            arg_max(gap_start, (gap_ns, -gap_start)) AS worst_start,
            arg_max(gap_end, (gap_ns, -gap_start)) AS worst_end,
-           -- gaps per cause, in the causes' name order (the CASE above makes exactly these); the
-           -- count first, so that a descending sort puts the main cause first (ties by name)
-           [{'n': count(*) FILTER (WHERE cause = 'copy'), 'cause': 'copy'},
-            {'n': count(*) FILTER (WHERE cause = 'dependency'), 'cause': 'dependency'},
-            {'n': count(*) FILTER (WHERE cause = 'late_launch'), 'cause': 'late_launch'},
-            {'n': count(*) FILTER (WHERE cause = 'sync'), 'cause': 'sync'},
-            {'n': count(*) FILTER (WHERE cause = 'unknown'), 'cause': 'unknown'}] AS per_cause,
+           __STREAM_PER_CAUSE__ AS per_cause,
            arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
                     'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
                     'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
@@ -132,24 +210,26 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     LEFT JOIN listed_names a ON a.kind = t.next_kind AND a.item_id = t.next_id
     GROUP BY t.device_id, t.stream_id
 ), per_stream AS (
-    SELECT p.* EXCLUDE (per_cause, top), s.span_ns,
-           list_sort(list_filter(p.per_cause, lambda x: x.n > 0), 'DESC')[1]['cause'] AS main_cause,
-           to_json(map_from_entries(list_transform(list_filter(p.per_cause, lambda x: x.n > 0),
-                                                   lambda x: (x.cause, x.n)))) AS causes,
+    SELECT p.* EXCLUDE (per_cause, top), s.span_ns, __MAIN_CAUSE__ AS main,
+           main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
+           __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
            coalesce(w.worst, '[]') AS worst
     FROM per_stream_all p JOIN spans s USING (device_id, stream_id)
     LEFT JOIN worst_gaps w USING (device_id, stream_id)  -- no gaps listed with max_examples = 0
-), per_device AS (
+), per_device_all AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,
-           arg_max(d.start_ns, (gap_ns, -d.start_ns)) AS worst_start,
-           arg_max(d.end_ns, (gap_ns, -d.start_ns)) AS worst_end,
-           to_json(arg_max({'start_ns': d.start_ns, 'end_ns': d.end_ns, 'gap_ns': gap_ns},
-                           (gap_ns, -d.start_ns), heap_size($max_examples))[1:$max_examples]) AS worst
-    FROM device_idle_gaps d JOIN device_busy b USING (run_id, device_id)
-    WHERE d.run_id = $run_id AND gap_ns > $min_gap_ns
-      AND d.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)  -- see the last line
+           arg_max(d.gap_start, (gap_ns, -d.gap_start)) AS worst_start,
+           arg_max(d.gap_end, (gap_ns, -d.gap_start)) AS worst_end,
+           __DEVICE_PER_CAUSE__ AS per_cause,
+           to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause},
+                           (gap_ns, -d.gap_start), heap_size($max_examples))[1:$max_examples]) AS worst
+    FROM device_classified d JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
     GROUP BY d.device_id
+), per_device AS (
+    SELECT * EXCLUDE (per_cause), __MAIN_CAUSE__ AS main, main['cause'] AS main_cause, main['ns'] AS main_ns,
+           __CAUSE_NS__ AS cause_ns, __CAUSE_COUNTS__ AS cause_counts
+    FROM per_device_all
 )
 SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
        'stream ' || stream_id AS item_name, worst_start AS start_ns, worst_end AS end_ns,
@@ -159,19 +239,15 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
        CASE WHEN lost_ns / span_ns >= $error_share THEN 'error'
             WHEN lost_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('stream %d on device %d: %d gap(s) over %s, total %s (median %s, %s of the stream''s span), '
-              || 'device idle in %s of it; mostly %s',
+              || 'device idle in %s of it; mostly %s (%s of that)',
               stream_id, device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
-              fmt_pct(total_ns / span_ns), fmt_ns(lost_ns), replace(main_cause, '_', ' ')) AS message,
-       CASE main_cause
-         WHEN 'sync' THEN 'A synchronizing call sits between launches: drop it, or move it out of the loop and use events/stream ordering instead.'
-         WHEN 'late_launch' THEN 'The host submits work too slowly (CPU-bound launch): fuse small kernels, capture the loop in a CUDA graph, or take Python/dispatcher work off the launch thread.'
-         WHEN 'copy' THEN 'The stream waits on a copy: issue copies asynchronously from pinned memory on another stream and prefetch ahead of use.'
-         WHEN 'dependency' THEN 'Work was submitted in time but waited on another stream or event: check cross-stream dependencies (cudaStreamWaitEvent) and stream priorities.'
-         ELSE 'Look at the host timeline in the gaps listed in the evidence.'
-       END AS hint,
-       '{"count": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
+              fmt_pct(total_ns / span_ns), fmt_ns(lost_ns), replace(main_cause, '_', ' '),
+              fmt_pct(main_idle_ns / lost_ns)) AS message,
+       __HINT__ AS hint,
+       '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "device_idle_ns": ' || lost_ns
-         || ', "causes": ' || causes || ', "worst": ' || worst || '}' AS evidence
+         || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns || ', "cause_idle_ns": ' || cause_idle_ns
+         || ', "cause_counts": ' || cause_counts || ', "worst": ' || worst || '}' AS evidence
 FROM per_stream
 WHERE lost_ns > 0  -- gaps while other streams kept the device busy cost nothing
 UNION ALL
@@ -179,22 +255,33 @@ SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, worst_start
        total_ns / span_ns, 'share', $warning_share, total_ns,
        CASE WHEN total_ns / span_ns >= $error_share THEN 'error'
             WHEN total_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END,
-       printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its active span)',
-              device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns), fmt_pct(total_ns / span_ns)),
-       'See the per-stream findings for the cause of each gap; overlapping independent work on more streams also fills device idle time.',
-       '{"count": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
-         || ', "span_ns": ' || span_ns || ', "worst": ' || worst || '}'
-FROM per_device
--- With a single active stream the device finding would repeat the stream's.
-WHERE device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
+       printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its active '
+              || 'span); mostly %s (%s of it)',
+              device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns), fmt_pct(total_ns / span_ns),
+              replace(main_cause, '_', ' '), fmt_pct(main_ns / total_ns)),
+       __HINT__,
+       '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "device idle", "median_ns": ' || median_ns
+         || ', "span_ns": ' || span_ns || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns
+         || ', "cause_counts": ' || cause_counts || ', "worst": ' || worst || '}'
+FROM per_device  -- (stretches keeps only devices with several streams: with one, this would repeat the stream's)
 ORDER BY item_kind DESC, device_id, stream_id
 """
-# Idle time within each gap of a multi-stream device (a gap is device, stream, seq). Only the
-# devices probed are read: an ASOF join sorts its right side even for no probes.
-SQL = SQL.replace("__GAP_IDLE__", covered_ns(
-    "SELECT device_id, stream_id, seq, gap_start AS start_ns, gap_end AS end_ns FROM multi_gaps",
-    ("device_id", "stream_id", "seq"),
-    "SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM multi_gaps)"))
+for _key, _sql in {
+    "__STREAM_CAUSE__": _cause("g.gap_start", "sh.sync_hit", "g.call_start", "g.call_end",
+                               "(ch.copy_hit OR oc.seq IS NOT NULL)"),
+    "__DEVICE_CAUSE__": _cause("d.gap_start", "sh.sync_hit", "d.next_op.call_start", "d.next_op.call_end", "false"),
+    # A device-idle stretch is device-idle time through and through.
+    "__STREAM_PER_CAUSE__": _per_cause("idle_ns"), "__DEVICE_PER_CAUSE__": _per_cause("gap_ns"),
+    "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"), "__CAUSE_IDLE_NS__": _by_cause("idle_ns"),
+    "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
+    # Idle time within each gap of a multi-stream device (a gap is device, stream, seq). Only the
+    # devices probed are read: an ASOF join sorts its right side even for no probes.
+    "__GAP_IDLE__": covered_ns(
+        "SELECT device_id, stream_id, seq, gap_start AS start_ns, gap_end AS end_ns FROM multi_gaps",
+        ("device_id", "stream_id", "seq"),
+        "SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM multi_gaps)"),
+}.items():
+    SQL = SQL.replace(_key, _sql)
 
 RULE = Rule(
     id="T001",
@@ -209,14 +296,22 @@ RULE = Rule(
         "is almost always on the host: a synchronizing call between launches, a launch thread "
         "that cannot keep up, or a copy the stream waits for.",
     how="Operations are ordered per device and stream; a gap is the time from the latest end "
-        "so far to the next start. Each gap's cause is read from what the host did in it: a "
-        "`*Synchronize*`/`*WaitEvent*` call overlapping it (`sync`), a copy on another stream "
-        "of the device (`copy`), the next operation's launch call still running when the stream "
-        "went idle (`late_launch`, CPU-bound launch), or a launch made in time (`dependency`). "
-        "The estimated loss is the part of the gaps during which the whole device was idle; "
-        "severity is by that loss as a share of the stream's span (first start to last end), "
-        "and a stream whose gaps were all covered by other streams' work is not reported. A device-wide "
-        "finding reports idle stretches across all streams when a device has several.",
+        "so far to the next start. Each gap's cause is read from what the host did in it, the "
+        "first that fits of: a `*Synchronize*`/`*WaitEvent*` call of the launching process "
+        "overlapping it (`sync`); the next operation's launch call not yet returned when the gap "
+        "began, so the host had not issued the work (`late_launch`, CPU-bound launch); the launch "
+        "issued before the gap and a copy on another stream of the device running in it (`copy`); "
+        "the launch issued before the gap and nothing else seen (`dependency`); no launch call "
+        "linked to the operation (`unknown`). The estimated loss is the part of the gaps during "
+        "which the whole device was idle; severity is by that loss as a share of the stream's span "
+        "(first start to last end), and a stream whose gaps were all covered by other streams' work "
+        "is not reported. A device-wide finding reports idle stretches across all streams when a "
+        "device has several, each stretch's cause read the same way from the operation that ends it "
+        "(of those starting then, the first launched). The evidence gives time per cause "
+        "(`cause_ns`, summing to `total_ns`: gap time for a stream, device-idle time for a device), "
+        "a stream's device-idle time per cause (`cause_idle_ns`) and gaps per cause "
+        "(`cause_counts`); the main cause, which the message and hint follow, is the one with the "
+        "most device-idle time (ties: most gap time, most gaps, then the order above).",
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",
