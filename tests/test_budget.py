@@ -67,32 +67,36 @@ def test_overlap_between_streams_goes_to_the_part_of_highest_priority(store):
     assert b == {"compute": 20, "communication": 10, "copy": 10, "memset": 10, "idle:unknown": 10, "span": 60}
 
 
-@pytest.mark.parametrize("cause, calls, launched_by", [
-    # the launching thread is in cudaDeviceSynchronize when the device goes idle at 10
-    ("sync", [("cudaDeviceSynchronize", 7, 8, 12), ("cudaLaunchKernel", 7, 14, 15)], 1),
+@pytest.mark.parametrize("causes, calls, launched_by", [
+    # the launching thread is in cudaDeviceSynchronize when the device goes idle at 10, until 12;
+    # then the host until its launch call returns at 15; then the launch's own latency
+    ({"sync": 2, "host": 3, "dependency": 5}, [("cudaDeviceSynchronize", 7, 8, 12), ("cudaLaunchKernel", 7, 14, 15)], 1),
     # a synchronous copy counts as blocking too
-    ("sync", [("cudaMemcpy", 7, 9, 11), ("cudaLaunchKernel", 7, 14, 15)], 1),
+    ({"sync": 1, "host": 4, "dependency": 5}, [("cudaMemcpy", 7, 9, 11), ("cudaLaunchKernel", 7, 14, 15)], 1),
+    # a blocking call past the end of the stretch: all of it is sync
+    ({"sync": 10}, [("cudaStreamSynchronize", 7, 8, 25), ("cudaLaunchKernel", 7, 26, 27)], 1),
     # the launch call starts after the device went idle
-    ("host", [("cudaLaunchKernel", 7, 12, 13)], 0),
+    ({"host": 3, "dependency": 7}, [("cudaLaunchKernel", 7, 12, 13)], 0),
     # or had not returned when it did: the work was not issued in time
-    ("host", [("cudaLaunchKernel", 7, 8, 11)], 0),
+    ({"host": 1, "dependency": 9}, [("cudaLaunchKernel", 7, 8, 11)], 0),
     # a blocking call on another thread does not make it a sync
-    ("host", [("cudaDeviceSynchronize", 8, 8, 12), ("cudaLaunchKernel", 7, 14, 15)], 1),
+    ({"host": 5, "dependency": 5}, [("cudaDeviceSynchronize", 8, 8, 12), ("cudaLaunchKernel", 7, 14, 15)], 1),
     # launched before the device went idle: the work waited on something else
-    ("dependency", [("cudaLaunchKernel", 7, 5, 6)], 0),
+    ({"dependency": 10}, [("cudaLaunchKernel", 7, 5, 6)], 0),
     # no launch call linked
-    ("unknown", [], None),
+    ({"unknown": 10}, [], None),
 ])
-def test_idle_time_takes_its_cause_from_the_launch_that_ends_it(store, cause, calls, launched_by):
+def test_idle_time_is_split_by_what_the_launching_thread_did(store, causes, calls, launched_by):
     b = _budget(store, _trace(kernels=[("a", 1, 0, 10, None), ("b", 1, 20, 30, launched_by)], calls=calls))
-    assert b == {"compute": 20, "communication": 0, "copy": 0, "memset": 0, f"idle:{cause}": 10, "span": 30}
+    assert b == {"compute": 20, "communication": 0, "copy": 0, "memset": 0, "span": 30,
+                 **{f"idle:{c}": ns for c, ns in causes.items()}}
 
 
 def test_the_launch_that_came_first_names_the_cause(store):
     # two kernels start at 20: one launched in time (dependency), one late (host): the first launch counts
     b = _budget(store, _trace(kernels=[("a", 1, 0, 10, None), ("b", 1, 20, 30, 0), ("c", 2, 20, 25, 1)],
                               calls=[("cudaLaunchKernel", 7, 12, 13), ("cudaLaunchKernel", 7, 4, 5)]))
-    assert b["idle:dependency"] == 10 and "idle:host" not in b
+    assert b["idle:dependency"] == 10 and "idle:host" not in b  # (c's call returned at 5, before the idle)
 
 
 def test_check_json_carries_the_budget_of_each_device(tmp_path):
@@ -110,7 +114,7 @@ def test_check_json_carries_the_budget_of_each_device(tmp_path):
     assert all((p["cause"] is None) == (p["category"] != "idle") for p in device["parts"])
     text = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "s.duckdb"), "--fail-on", "never",
                                     str(FIXTURES / "nsys" / "planted.sqlite")]).stdout
-    assert re.search(r"GPU 0: \d+% compute, \d+% copies, \d+% idle: host \d+%", text)
+    assert re.search(r"GPU 0: \d+% compute, \d+% copies, \d+% idle: [a-z]+ \d+%", text)
 
 
 # -- every real trace -----------------------------------------------------------------------
@@ -150,10 +154,11 @@ def _python_budget(store: Store, run_id: str) -> dict:
         starts.append(s)
         reach.append(max(e, reach[-1]) if reach else e)
 
-    def in_blocking_call(pid, tid, t) -> bool:
+    def blocked_until(pid, tid, t) -> int:
+        """When the thread's blocking call in progress at t returned (t: none in progress)."""
         starts, reach = blocking.get((pid, tid), ([], []))
         i = bisect.bisect_right(starts, t)
-        return i > 0 and reach[i - 1] > t
+        return max(reach[i - 1], t) if i > 0 else t
 
     links: dict = {}  # (device, start) -> launch calls of the operations starting then
     for d, s, call in store.sql("SELECT device_id, start_ns, launch_call_id FROM gpu_activity WHERE run_id = ?",
@@ -178,13 +183,18 @@ def _python_budget(store: Store, run_id: str) -> dict:
                 break
             nxt = events[i][0]
             cat = next((c for r, c in enumerate(("compute", "communication", "copy", "memset"), 1) if counts[r] > 0), None)
-            if cat is None:  # idle from t to nxt: the cause from the first launch of what starts at nxt
+            if cat is None:  # idle from t to nxt: split by the first launch of what starts at nxt
                 starts = [calls[c] for c in links.get((d, nxt), []) if c is not None and c in calls]
                 first = min(starts, key=lambda x: x[2]) if starts else None
-                in_sync = first is not None and in_blocking_call(first[0], first[1], t)
-                cat = ("idle:sync" if in_sync else "idle:unknown" if first is None
-                       else "idle:host" if (first[3] if first[3] is not None else first[2]) > t
-                       else "idle:dependency")
+                if first is None:
+                    pieces = {"idle:unknown": nxt - t}
+                else:
+                    sync_end = min(blocked_until(first[0], first[1], t), nxt)
+                    issued = min(max(first[3] if first[3] is not None else first[2], sync_end), nxt)
+                    pieces = {"idle:sync": sync_end - t, "idle:host": issued - sync_end, "idle:dependency": nxt - issued}
+                for k, v in pieces.items():
+                    parts[k] = parts.get(k, 0) + v
+                continue
             parts[cat] = parts.get(cat, 0) + nxt - t
         out[d] = parts
     return out

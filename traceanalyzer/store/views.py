@@ -279,9 +279,11 @@ def _time_budget(run: str | None = None) -> str:
     running count of the operations of each category in progress: each stretch between two
     consecutive event times is the category of highest priority in progress (compute >
     communication > copy > memset), or idle. So the parts partition the device's span (first
-    start to last end) exactly. An idle stretch takes its cause from the operation that ends
-    it (of those starting then, the one whose launch call started first) and that call's
-    thread."""
+    start to last end) exactly. An idle stretch is read from the operation that ends it (of
+    those starting then, the one whose launch call started first) and that call's thread, and
+    split in time: up to the return of a blocking call the thread was in when the device went
+    idle (`sync`), then up to the return of the launch call (`host`: not issued yet), then the
+    rest (`dependency`: issued, the work waited); all `unknown` without a launch call."""
     of_run = f"run_id = {run}" if run else "true"
     # The four counts ride in one running sum, 15 bits each (far more operations than one device
     # runs at once): one window aggregate instead of four, for a fraction of the sweep's memory.
@@ -328,15 +330,19 @@ def _time_budget(run: str | None = None) -> str:
         ), blocking AS (  -- per thread, the latest end of its blocking calls so far
             SELECT run_id, pid, tid, start_ns, max(end_ns) OVER (PARTITION BY run_id, pid, tid ORDER BY start_ns) AS reach_ns
             FROM api_calls WHERE {of_run} AND {BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns
-        ), caused AS (
-            SELECT i.run_id, i.device_id, i.end_ns - i.start_ns AS ns,
-                   CASE WHEN b.reach_ns > i.start_ns THEN 'sync'
-                        WHEN i.call_start_ns IS NULL THEN 'unknown'
-                        -- the call had not returned (or begun) when the device went idle: not issued in time
-                        WHEN coalesce(i.call_end_ns, i.call_start_ns) > i.start_ns THEN 'host'
-                        ELSE 'dependency' END AS cause
+        ), marks AS (  -- where in each idle stretch the thread's blocking call, then the launch call, returned
+            SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, i.call_start_ns IS NOT NULL AS linked,
+                   least(greatest(coalesce(b.reach_ns, i.start_ns), i.start_ns), i.end_ns) AS sync_end_ns,
+                   least(greatest(coalesce(i.call_end_ns, i.call_start_ns), coalesce(b.reach_ns, i.start_ns),
+                                  i.start_ns), i.end_ns) AS issued_ns
             FROM idle i ASOF LEFT JOIN blocking b
               ON b.run_id = i.run_id AND b.pid = i.pid AND b.tid = i.tid AND b.start_ns <= i.start_ns
+        ), caused AS (  -- each idle stretch split in time: waiting in a sync, then the host, then the work
+            SELECT run_id, device_id, 'unknown' AS cause, end_ns - start_ns AS ns FROM marks WHERE NOT linked
+            UNION ALL
+            SELECT run_id, device_id, unnest(['sync', 'host', 'dependency']),
+                   unnest([sync_end_ns - start_ns, issued_ns - sync_end_ns, end_ns - issued_ns])
+            FROM marks WHERE linked
         ), spans AS (
             SELECT run_id, device_id, sum(ns) AS span_ns FROM totals GROUP BY ALL
         ), busy AS (  -- every busy category of every device, 0 where it has none
@@ -348,7 +354,7 @@ def _time_budget(run: str | None = None) -> str:
         SELECT p.run_id, p.device_id, p.category, p.cause, CAST(p.ns AS BIGINT) AS ns, CAST(s.span_ns AS BIGINT) AS span_ns
         FROM (SELECT * FROM busy
               UNION ALL
-              SELECT run_id, device_id, 'idle', cause, sum(ns) FROM caused GROUP BY ALL) p
+              SELECT run_id, device_id, 'idle', cause, sum(ns) FROM caused GROUP BY ALL HAVING sum(ns) > 0) p
         JOIN spans s ON s.run_id = p.run_id AND s.device_id IS NOT DISTINCT FROM p.device_id
         """
 
@@ -493,11 +499,11 @@ VIEWS: dict[str, tuple[str, str]] = {
         "went: every nanosecond counted once, as `compute` (kernels), `communication` (collective "
         "kernels: NCCL, RCCL, all-reduce), `copy`, `memset` (overlap between streams resolved in that "
         "order of priority) or `idle`; idle split by `cause`, from the operation that ends each idle "
-        "stretch and its launch call: `sync` (the launching thread was in a blocking call, a "
-        "synchronize or a synchronous copy, when the device went idle: nothing was queued), `host` "
-        "(the launch call had not returned when the device went idle: the work was not issued in "
-        "time), `dependency` (issued in time, the work waited on something else: another stream, an "
-        "event), `unknown` (no launch call linked), in that order of priority. `ns` per part; the parts of a device sum to `span_ns`.",
+        "stretch and its launch call, in time: `sync` (until the blocking call, a synchronize or a "
+        "synchronous copy, that the launching thread was in when the device went idle returned: "
+        "nothing was queued), then `host` (until the launch call returned: the work was not issued "
+        "yet), then `dependency` (the rest: issued, the work waited on something else: another "
+        "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         _time_budget(),
     ),
     "stall_profiles": (
