@@ -3,7 +3,7 @@
 from typing import Annotated, List, Optional
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from .. import fmt
@@ -20,7 +20,10 @@ def runs(store: StoreOpt = None):
                    (SELECT count(*) FROM copies c WHERE c.run_id = r.run_id) AS copies,
                    (SELECT string_agg(DISTINCT name, ', ') FROM devices d WHERE d.run_id = r.run_id) AS gpus
             FROM runs r ORDER BY r.ingested_at, r.run_id""")
-    t = Table("run", "format", "file", "version", "span", "kernels", "copies", "GPUs")
+    # The run id and file name are what a user types next: never cut, whatever the width.
+    longest = max((len(str(n)) for n in df["file_name"]), default=4)
+    t = Table(Column("run", no_wrap=True, min_width=16), "format",
+              Column("file", no_wrap=True, min_width=min(longest, 80)), "version", "span", "kernels", "copies", "GPUs")
     for r in df.itertuples():
         t.add_row(r.run_id, r.format, cell(r.file_name), cell(fmt.text(r.producer_version)), fmt.ns(r.span_ns),
                   fmt.num(r.kernels), fmt.num(r.copies), cell(fmt.text(r.gpus)))
