@@ -223,3 +223,14 @@ def test_i001_polyfhe_stall_profiles(check):
 def test_i001_no_data_without_stall_metrics(check):
     for path in (FLASH, "nsys/Rodinia_Gaussian__report2.sqlite", "torch/hta__trace_compare__base__base.json.gz"):
         assert check(path, "I001") == ([], "no-data")
+
+
+def test_t002_loss_is_at_most_the_kernel_time_that_could_hide_the_copies(check):
+    """nsys-ai's 2-GPU fixture: 921 ms of exposed copies per device, ~22 ms of kernels to hide
+    them behind. Overlap could save the kernel time at most, so that is the estimated loss."""
+    rows, status = check("nsys/nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite", "T002")
+    copies = [f for f in rows if f["item_name"] == "host-to-device copies"]
+    assert status == "ran" and len(copies) == 2
+    for f in copies:
+        ev = f["evidence"]
+        assert f["est_loss_ns"] == ev["kernel_ns"] < ev["exposed_ns"] / 10

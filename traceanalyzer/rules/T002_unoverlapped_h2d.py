@@ -52,8 +52,12 @@ WITH h2d AS (
                             'end_ns': p.end_ns, 'bytes': p.bytes, 'exposed_ns': exposed_ns,
                             'src_kind': src_kind, 'api_name': api_name},
                            (exposed_ns, -p.copy_id), heap_size($max_examples))[1:$max_examples]) AS worst,
-           any_value(b.active_span_ns) AS span_ns
+           any_value(b.active_span_ns) AS span_ns,
+           -- Overlap can hide copy time behind kernels only: at most the device's kernel time.
+           coalesce(any_value(k.kernel_ns), 0) AS kernel_ns
     FROM per_copy p LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = p.device_id
+    LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns FROM kernel_busy_intervals
+               WHERE run_id = $run_id GROUP BY device_id) k ON k.device_id = p.device_id
     GROUP BY p.device_id
 ), small AS (  -- runs of small copies back to back on one stream: candidates for one batched copy
     SELECT *, sum(CASE WHEN prev_end IS NULL OR start_ns - prev_end > $max_batch_gap_ns
@@ -76,7 +80,7 @@ WITH h2d AS (
 SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id AS item_id,
        'host-to-device copies' AS item_name, worst_copy.start_ns AS start_ns, worst_copy.end_ns AS end_ns,
        exposed_ns / nullif(span_ns, 0) AS value, 'share' AS value_unit, $warning_share AS threshold,
-       exposed_ns AS est_loss_ns,
+       CAST(least(exposed_ns, kernel_ns) AS BIGINT) AS est_loss_ns,
        CASE WHEN exposed_ns / nullif(span_ns, 0) >= $error_share THEN 'error'
             WHEN exposed_ns / nullif(span_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: %s of host-to-device copy time (%d of %d copies, %s) ran with no kernel to hide it, '
@@ -93,6 +97,7 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
          || ', "exposed_ns": ' || exposed_ns || ', "bytes": ' || bytes || ', "pageable_copies": ' || n_pageable
          || ', "pageable_exposed_ns": ' || exposed_pageable_ns || ', "sync_copies": ' || n_sync
          || ', "sync_exposed_ns": ' || exposed_sync_ns || ', "device_active_span_ns": ' || coalesce(span_ns, 0)
+         || ', "kernel_ns": ' || kernel_ns
          || ', "worst": ' || worst || '}' AS evidence
 FROM per_device WHERE exposed_ns > $min_exposed_ns
 UNION ALL
@@ -134,7 +139,8 @@ RULE = Rule(
     how="For each explicit HtoD copy (not unified memory), the exposed time is its duration minus "
         "its overlap with the union of kernel intervals on its device (`kernel_busy_intervals`). "
         "One finding per device sums it, with its share of the device's active span deciding the "
-        "severity. Small copies (< `small_copy_bytes`) on one stream with at most `max_batch_gap_ns` "
+        "severity; its estimated loss is the part of it kernels could hide, at most the device's "
+        "kernel time (`kernel_ns` in the evidence): overlap hides a copy behind compute, and no more. Small copies (< `small_copy_bytes`) on one stream with at most `max_batch_gap_ns` "
         "between them form a batch; a batch of `min_batch_count` or more is reported, its cost "
         "estimated as its copy time minus the bytes at the run's best large-copy rate.",
     fix="Pin host buffers; use cudaMemcpyAsync on a separate stream and issue copies ahead of use "
