@@ -98,9 +98,10 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
                up_to_date: frozenset[str] = frozenset(), hash_name: str | None = None,
                seen: dict[str, str] | None = None) -> FileResult:
     """Check one file: read it into `store` and run the per-run rules of `rules` on its run
-    (None: store it only; cross-run rules run once every file is done, see `run_check`). Every way of checking a file goes through here: `check`,
-    `ingest`, `report` and `diff` on the user's store, a scan's writer on its store, and a
-    scan's worker on a store of its own whose rows it hands to the writer. The store's
+    (None: store it only; cross-run rules run once every file is done, see `run_check`).
+    Every way of checking a file goes through here: `check`, `ingest`, `report` and `diff` on
+    the user's store, a scan's writer on its store, and a scan's worker on a store of its own
+    whose rows it hands to the writer. The store's
     `resources` say how many CPUs the read, the store and the rules may use. Never raises
     for the file: a file that cannot be read is a `failed` result.
 
@@ -127,15 +128,15 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
             res.state, res.warnings = "duplicate", [f"same content as {seen[res.content_hash]}"]
         elif not read_stored and store.has_hash(res.content_hash):
             res.state = "kept"
+        else:
+            stored = store.ingest(p, content_hash=res.content_hash)
+            res.state = "updated" if stored.replaced else "stored"
+            res.run_id, res.content_hash = stored.run_id, stored.content_hash
+            res.format, res.span_ns, res.counts = stored.format, stored.span_ns, dict(stored.counts)
+            res.warnings = list(stored.warnings)
         if res.state in ("skipped", "duplicate", "kept"):
             res.format, res.span_ns = _stored_run(store, res.run_id)
-        if res.state in ("failed", "kept"):
-            if res.state == "failed":
-                stored = store.ingest(p, content_hash=res.content_hash)
-                res.state = "updated" if stored.replaced else "stored"
-                res.run_id, res.content_hash = stored.run_id, stored.content_hash
-                res.format, res.span_ns, res.counts = stored.format, stored.span_ns, dict(stored.counts)
-                res.warnings = list(stored.warnings)
+        if res.state in ("stored", "updated", "kept"):  # a run to check
             if seen is not None:
                 seen.setdefault(res.content_hash, res.path)
             if rules is not None:
