@@ -35,7 +35,8 @@ REAL = ["torch/hta__critical_path__alexnet__benchmark_result_2869224_1695835535_
 
 
 def sources() -> list[Path]:
-    found = [p for p in sorted(FIXTURES.glob("*/*")) if p.suffix in (".sqlite", ".json", ".gz", ".csv")]
+    found = [p for kind in ("nsys", "kineto", "ncu") for p in sorted((FIXTURES / kind).glob("*"))
+             if p.suffix in (".sqlite", ".json", ".gz", ".csv")]  # (fixtures/stores/ holds no traces)
     found += [SHARED / r for r in REAL if (SHARED / r).exists()]
     return found
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..rules.base import SEVERITIES
 from ..store import Store
-from .budget import budget_of
+from .budget import budgets_of
 
 
 def severity_rank(sev: str) -> int:
@@ -165,8 +165,9 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
                  f.est_loss_ns DESC NULLS LAST, f.rule_id, f.fingerprint""", ids)
     for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
+    budgets = budgets_of(store, [r["run_id"] for r in runs])
     for r in runs:
-        r["budget"] = budget_of(store, r["run_id"])
+        r["budget"] = budgets[r["run_id"]]
     return CheckResult(runs, outcomes, findings, fail_on)
 
 

@@ -270,10 +270,10 @@ BUDGET_CATEGORIES = ("compute", "communication", "copy", "memset")
 IDLE_CAUSES = ("sync", "host", "dependency", "unknown")
 
 
-def _time_budget(run: str | None = None) -> str:
-    """The time_budget view's query; with `run` (an SQL expression: the table macro
-    run_time_budget's parameter), that run's rows only, read from the tables by run (DuckDB
-    does not push a run filter on the view down through the sweep's window).
+def _time_budget(runs: str | None = None) -> str:
+    """The time_budget view's query; with `runs` (a condition on `run_id`: the table macros'
+    parameter), those runs' rows only, read from the tables by run (DuckDB does not push a run
+    filter on the view down through the sweep's window).
 
     One sweep over the start and end of every GPU operation per device, in time order, with a
     running count of the operations of each category in progress: each stretch between two
@@ -284,7 +284,7 @@ def _time_budget(run: str | None = None) -> str:
     split in time: up to the return of a blocking call the thread was in when the device went
     idle (`sync`), then up to the return of the launch call (`host`: not issued yet), then the
     rest (`dependency`: issued, the work waited); all `unknown` without a launch call."""
-    of_run = f"run_id = {run}" if run else "true"
+    of_run = runs or "true"
     # The four counts ride in one running sum, 15 bits each (far more operations than one device
     # runs at once): one window aggregate instead of four, for a fraction of the sweep's memory.
     category = " ".join(f"WHEN (counts >> {15 * i}) & 32767 > 0 THEN '{c}'" for i, c in enumerate(BUDGET_CATEGORIES))
@@ -297,7 +297,7 @@ def _time_budget(run: str | None = None) -> str:
                    CASE a.kind WHEN 'kernel' THEN CASE WHEN c.name IS NULL THEN 1 ELSE 2 END
                                WHEN 'copy' THEN 3 ELSE 4 END AS rank
             FROM gpu_activity a LEFT JOIN comm_names c ON a.kind = 'kernel' AND c.run_id = a.run_id AND c.name = a.name
-            WHERE {'a.run_id = ' + run if run else 'true'}
+            WHERE {(runs or 'true').replace('run_id', 'a.run_id')}
         ), events AS (  -- +1 at a start, -1 at an end, in the bits of the operation's category
             SELECT run_id, device_id, start_ns AS t, 1::BIGINT << (15 * (rank - 1)) AS d FROM ops
             UNION ALL
@@ -537,10 +537,12 @@ MACROS: dict[str, str] = {
     "heap_size": "(n) AS CAST(greatest(floor(n), 1) AS BIGINT)",
 }
 
-# Views of one run, computed from that run's rows only: `SELECT * FROM run_time_budget('<run id>')`
-# is `time_budget` filtered on the run (see `_time_budget`). Created after the views they read.
+# Views of some runs, computed from those runs' rows only: `run_time_budget('<run id>')` and
+# `runs_time_budget(['<id>', ...])` are `time_budget` filtered on the runs (see `_time_budget`).
+# Created after the views they read.
 TABLE_MACROS: dict[str, str] = {
-    "run_time_budget": f"(rid) AS TABLE {_time_budget('rid')}",
+    "run_time_budget": f"(rid) AS TABLE {_time_budget('run_id = rid')}",
+    "runs_time_budget": f"(rids) AS TABLE {_time_budget('list_contains(rids, run_id)')}",
 }
 
 
