@@ -8,6 +8,10 @@ from typing import NoReturn
 
 import pytest
 
+# pytest-xdist gives its workers COLUMNS=80; the CLI's consoles take their width when imported
+# (COLUMNS, else 160 for piped output), so every test process lays output out as one run does.
+os.environ.pop("COLUMNS", None)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 SHARED_TRACES = SHARED / "traces"

@@ -229,3 +229,21 @@ def test_on_every_real_trace_the_parts_partition_the_span_as_a_sweep_in_python_f
         timed += bool(got)
     assert swept >= 40
     assert timed >= 40  # the corpus's timed runs all have a budget
+
+
+def test_a_scan_table_gives_each_run_its_budget_in_a_cell(tmp_path):
+    from traceanalyzer.report.budget import budget_cell
+
+    two = [{"device_id": 0, "span_ns": 100, "parts": [{"category": "compute", "cause": None, "ns": 100}]},
+           {"device_id": 1, "span_ns": 200, "parts": [
+               {"category": "compute", "cause": None, "ns": 50}, {"category": "copy", "cause": None, "ns": 90},
+               {"category": "idle", "cause": "host", "ns": 40}, {"category": "idle", "cause": "sync", "ns": 20}]}]
+    assert budget_cell(two) == "45% copies · 30% idle, host"  # the device with the longest span
+    assert budget_cell([]) == "-"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "planted.sqlite").write_bytes((FIXTURES / "nsys" / "planted.sqlite").read_bytes())
+    r = CliRunner().invoke(app, ["scan", "--store", str(tmp_path / "s.duckdb"), "--fail-on", "never", str(folder)],
+                           env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert re.search(r"\d+% compute · \d+% idle, (sync|host|dependency|unknown)", r.stdout)

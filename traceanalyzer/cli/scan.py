@@ -147,22 +147,28 @@ def _print_file_line(console: Console, r, debug: bool) -> None:
 def _table(st, report):
     """What the per-run table shows, read while the store is open: (rows, report)."""
     from ..batch.scan import run_table
+    from ..report.budget import budget_cell, budgets_of
 
-    return run_table(st, report.run_ids), report
+    df = run_table(st, report.run_ids)
+    budgets = budgets_of(st, list(df["run_id"]))
+    df["budget"] = [budget_cell(budgets[r]) for r in df["run_id"]]
+    return df, report
 
 
 def _print_table(console: Console, df, report) -> None:
     from .. import fmt
 
     t = Table(Column("run", no_wrap=True), Column("file", overflow="fold", min_width=16), Column("format"),
-              *(Column(h, justify="right", no_wrap=True) for h in ("kernels", "span", "error", "warn", "info")),
+              *(Column(h, justify="right", no_wrap=True) for h in ("kernels", "span")),
+              Column("time budget", overflow="fold"),  # (of the device with the longest span)
+              *(Column(h, justify="right", no_wrap=True) for h in ("error", "warn", "info")),
               title="Scanned runs", show_footer=True, box=box.SIMPLE_HEAD, collapse_padding=True)
     for r in df.itertuples():
-        t.add_row(r.run_id, r.file_name, r.format, fmt.num(r.kernels), fmt.ns(r.span_ns),
+        t.add_row(r.run_id, r.file_name, r.format, fmt.num(r.kernels), fmt.ns(r.span_ns), r.budget,
                   fmt.num(r.errors), fmt.num(r.warnings), fmt.num(r.infos))
     t.columns[0].footer = f"{len(df)} runs"
     t.columns[3].footer = fmt.num(int(df["kernels"].sum()))
-    for i, col in ((5, "errors"), (6, "warnings"), (7, "infos")):
+    for i, col in ((6, "errors"), (7, "warnings"), (8, "infos")):
         t.columns[i].footer = fmt.num(int(df[col].sum()))
     console.print(t)
     stored, updated, skipped = report.count("stored"), report.count("updated"), report.count("skipped")

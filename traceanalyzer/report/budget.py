@@ -55,6 +55,23 @@ def budget_line(device: dict) -> str:
     return text
 
 
+def budget_cell(budget: list[dict]) -> str:
+    """The budget of a run in a table cell: of the device with the longest span, its largest
+    busy part and its idle share with the main cause ('59% compute · 39% idle, host'); '-'
+    without one."""
+    if not budget:
+        return "-"
+    device = max(budget, key=lambda d: d["span_ns"] or 0)
+    span = device["span_ns"] or 0
+    busy = max((p for p in device["parts"] if p["category"] != "idle"), key=lambda p: p["ns"], default=None)
+    idle = [p for p in device["parts"] if p["category"] == "idle" and p["ns"] > 0]
+    text = f"{_pct(busy['ns'], span)} {_WORDS.get(busy['category'], busy['category'])}" if busy and busy["ns"] else ""
+    if idle:
+        main = max(idle, key=lambda p: p["ns"])
+        text += (" · " if text else "") + f"{_pct(sum(p['ns'] for p in idle), span)} idle, {main['cause']}"
+    return text or "-"
+
+
 def no_budget_line(run: dict) -> str:
     """What a run without a budget says instead."""
     if str(run.get("format") or "").startswith("ncu"):
