@@ -29,6 +29,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
+from traceanalyzer.batch.check import check_file
 from traceanalyzer.cli import app
 from traceanalyzer.ingest.base import ParsedTrace
 from traceanalyzer.report import chrome_trace, html, html_metrics, html_timeline, markdown
@@ -73,7 +74,9 @@ RULES = Settings(select=["T001", "T002", "B001", "B002", "B003", "I001", "M001"]
 
 def checked_store(path: Path, files: list[Path]) -> tuple[Store, list[str]]:
     st = Store(path)
-    ids = list(dict.fromkeys(st.ingest(f, skip_existing=True).run_id for f in files))
+    done = [check_file(st, f, None) for f in files]
+    assert not [r for r in done if r.state == "failed"], [r.error for r in done]
+    ids = list(dict.fromkeys(r.run_id for r in done))
     run_rules(st, ids, RULES)
     return st, ids
 

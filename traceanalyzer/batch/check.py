@@ -60,6 +60,12 @@ class FileResult:
     detail: str | None = None
     work_s: float = 0.0
 
+    def fail(self, e: Exception) -> None:
+        """Make this a `failed` result for the exception `e` (see `InputError.of`); call it in
+        the except block, where the traceback of a bug in traceanalyzer is."""
+        error = InputError.of(self.path, e)
+        self.state, self.error, self.internal, self.detail = "failed", error.message, error.internal, error.detail
+
     @property
     def input_error(self) -> InputError | None:
         if self.state != "failed":
@@ -143,8 +149,7 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
                 run_rules(store, [res.run_id], rules)
                 res.rule_ids = [r.id for r in rules.rules()]
     except Exception as e:  # a reader bug must not stop the batch either
-        error = InputError.of(res.path, e)
-        res.state, res.error, res.internal, res.detail = "failed", error.message, error.internal, error.detail
+        res.fail(e)
     res.work_s = time.perf_counter() - t0
     return res
 
@@ -214,17 +219,14 @@ def runs_for(store: Store, refs: list[str], settings: Settings, *, same_rules: b
                 done.add(check_file(store, f, settings, up_to_date=fresh), on_file)
             continue
         try:
-            run_id = store.resolve_run(ref)
+            res = _stored_ref(store, ref)
         except StoreError as e:
             done.add(FileResult(ref, error=f"no such file, and {e}"), on_file)
             continue
-        res = FileResult(ref, "skipped", run_id=run_id)
-        ((res.content_hash, res.format, res.span_ns),) = store.sql(
-            "SELECT content_hash, format, span_ns FROM runs WHERE run_id = ?", [run_id]).fetchall()
         rules = per_run_settings(settings)
         if res.content_hash not in fresh and rules is not None:
             res.state = "kept"
-            run_rules(store, [run_id], rules)
+            run_rules(store, [res.run_id], rules)
             res.rule_ids = [r.id for r in rules.rules()]
         done.files.append(res)
     return done
@@ -238,12 +240,20 @@ def needs_writing(store: Store, refs: list[str], settings: Settings, *, same_rul
     fresh = _checked_hashes(store, settings, same_rules)
     for ref in refs:
         try:
-            run_id = store.resolve_run(ref)
+            if _stored_ref(store, ref).content_hash not in fresh:
+                return True
         except StoreError:
             continue  # an error either way, and no write
-        if store.sql("SELECT content_hash FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0] not in fresh:
-            return True
     return False
+
+
+def _stored_ref(store: Store, ref: str) -> FileResult:
+    """The stored run `ref` names (id, id prefix or file name), as a `skipped` result; StoreError
+    when it names none or several."""
+    res = FileResult(ref, "skipped", run_id=store.resolve_run(ref))
+    ((res.content_hash, res.format, res.span_ns),) = store.sql(
+        "SELECT content_hash, format, span_ns FROM runs WHERE run_id = ?", [res.run_id]).fetchall()
+    return res
 
 
 def _checked_hashes(store: Store, settings: Settings, same_rules: bool) -> frozenset[str]:

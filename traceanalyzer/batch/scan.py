@@ -6,8 +6,9 @@ How the work is split, and why:
   per-file work, as `check` does it (`check.check_file`), on a scratch in-memory store of its
   own: it hashes the file, skips it when the writer's store already holds that content with
   findings for the current rules, reads it, and evaluates the per-run rules. It hands back
-  the run's rows and findings (`Store.read_run`, `read_findings`: Arrow tables pickle cheaply). Rules, not parsing, dominate the cost of a small trace, so
-  they must run in the workers for `--jobs` to pay.
+  the run's rows and findings (`Store.read_run`, `read_findings`: Arrow tables pickle
+  cheaply). Rules, not parsing, dominate the cost of a small trace, so they must run in the
+  workers for `--jobs` to pay.
 * The main process is the only writer (DuckDB allows one per file): it stores each run and
   its findings as results arrive, so an interrupted scan keeps everything finished so far and
   a rerun does only what is left. Between two runs it lets go of the store when another
@@ -46,7 +47,6 @@ import pandas as pd
 
 from .. import os_memory
 from ..ingest import ParsedTrace, find_traces, streams
-from ..report.model import InputError
 from ..resources import Resources
 from ..rules.engine import Settings, run_rules
 from ..store import DEFAULT_HASH, RuleResults, Store
@@ -159,12 +159,11 @@ def _scratch_used(rows: int) -> None:
 def process_file(path: str, ctx: WorkContext) -> FileOutcome:
     """`check_file` on a store of this worker's own, then the run's rows and findings read
     back for the writer. Never raises."""
-    p = Path(path)
-    big = ctx.stream_min_bytes is not None and _size(path) >= ctx.stream_min_bytes and streams(p)
+    big = ctx.stream_min_bytes is not None and _big_streamed(path, ctx.stream_min_bytes)
     out = None
     try:
         with _worker_store(ctx, big) as st:
-            res = check_file(st, p, ctx.settings, read_stored=True, up_to_date=ctx.up_to_date,
+            res = check_file(st, Path(path), ctx.settings, read_stored=True, up_to_date=ctx.up_to_date,
                              hash_name=ctx.hash_name)
             out = FileOutcome(res)
             if res.state in ("stored", "updated"):
@@ -179,13 +178,8 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
                 res.work_s += time.perf_counter() - t0
     except Exception as e:  # the worker's own store failed (check_file itself never raises)
         out = FileOutcome(FileResult(path))
-        _fail(out.result, e)
+        out.result.fail(e)
     return out
-
-
-def _fail(res: FileResult, e: Exception) -> None:
-    error = InputError.of(res.path, e)
-    res.state, res.error, res.internal, res.detail = "failed", error.message, error.internal, error.detail
 
 
 def _one_line(e: BaseException) -> str:
@@ -349,6 +343,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     # The writer's own work (storing, big files' reads and rules, cross-run rules) keeps to
     # the cores asked for too.
     asked = Resources.available(jobs) if jobs and not scheduler else None
+
     def by_writer_next() -> FileResult:
         return check_file(store, by_writer.popleft(), settings, read_stored=True, up_to_date=ctx.up_to_date,
                           seen=written)
@@ -383,14 +378,19 @@ def _size(path: str) -> int:
 
 
 def _read_by_writer(path: str) -> bool:
-    return _size(path) >= WRITER_READS_MIN_BYTES and streams(Path(path))
+    return _big_streamed(path, WRITER_READS_MIN_BYTES)
+
+
+def _big_streamed(path: str, min_bytes: int) -> bool:
+    """A file of `min_bytes` or more whose reader streams its tables (nsys)."""
+    return _size(path) >= min_bytes and streams(Path(path))
 
 
 def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> FileResult:
     """Store what a worker read (the run and its findings, one transaction), or take its
     answer as it is; the same bytes stored before by this scan make a duplicate."""
     res = o.result
-    if res.state != "stored" and res.state != "updated":
+    if res.state not in ("stored", "updated"):
         if res.state == "skipped":
             res.format = _stored_format(store, res.run_id)
         return res

@@ -136,10 +136,8 @@ def _progress(console: Console) -> Progress:
 
 
 def _print_file_line(console: Console, r, debug: bool) -> None:
-    from ..report.model import InputError
-
     if r.state == "failed":  # the error line `check` prints (`console` is the CLI's stderr)
-        print_input_error(InputError(r.path, r.error or "failed", r.internal, r.detail), debug)
+        print_input_error(r.input_error, debug)
     for w in r.warnings:
         console.print(f"warning: {r.path}: {w}", markup=False)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..store.views import BUDGET_CATEGORIES
+
 if TYPE_CHECKING:
     from ..store import Store
 
 _WORDS = {"compute": "compute", "communication": "communication", "copy": "copies", "memset": "memsets"}
-_ORDER = ("compute", "communication", "copy", "memset")
 
 
 def budget_of(store: Store, run_id: str) -> list[dict]:
@@ -32,7 +33,7 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
     for devices in out.values():
         for d in devices.values():  # busy parts in priority order, then idle by time
             d["parts"].sort(key=lambda p: (p["category"] == "idle",
-                                           _ORDER.index(p["category"]) if p["category"] in _ORDER else 0, -p["ns"]))
+                                           BUDGET_CATEGORIES.index(p["category"]) if p["category"] in BUDGET_CATEGORIES else 0, -p["ns"]))
     return {r: list(devices.values()) for r, devices in out.items()}
 
 

@@ -117,7 +117,6 @@ class IngestResult:
     span_ns: int | None
     warnings: list[str] = field(default_factory=list)
     replaced: bool = False
-    skipped: bool = False
     content_hash: str | None = None
 
 
@@ -428,9 +427,9 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
 
-    def ingest(self, path: str | Path, *, skip_existing: bool = False,
-               content_hash: str | None = None) -> IngestResult:
-        """Detect, read and store one file (see `traceanalyzer.ingest.read_file`).
+    def ingest(self, path: str | Path, *, content_hash: str | None = None) -> IngestResult:
+        """Detect, read and store one file (see `traceanalyzer.ingest.read_file`), replacing a
+        run of the same content; `batch.check.check_file` decides whether a file is read at all.
         `content_hash`: the file's hash (`file_hash` with the store's `hash_name`), when the
         caller has it already."""
         from ..ingest import TraceError, read_file
@@ -441,12 +440,6 @@ class Store:
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
         hash_name = self.hash_name()
-        if skip_existing:
-            content_hash = content_hash or file_hash(path, hash_name)
-            if self.has_hash(content_hash):
-                row = self.sql("SELECT format, span_ns FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
-                return IngestResult(path, run_id_for(content_hash), row[0], {}, row[1], skipped=True,
-                                    content_hash=content_hash)
         # Hashed on a worker thread while the file is parsed (hashing lets go of the GIL); a
         # reader that streams its tables waits for the hash at its first table (the run id).
         with ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
