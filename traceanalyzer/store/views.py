@@ -321,12 +321,11 @@ def _time_budget(runs: str | None = None) -> str:
             LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = g.run_id AND c.call_id = g.launch_call_id
             WHERE i.category = 'idle'
         ), idle AS (  -- one row per idle stretch: the launch that came first
-            SELECT run_id, device_id, start_ns, end_ns,
-                   arg_min(call_start_ns, coalesce(call_start_ns, 9223372036854775807)) AS call_start_ns,
-                   arg_min(call_end_ns, coalesce(call_start_ns, 9223372036854775807)) AS call_end_ns,
-                   arg_min(pid, coalesce(call_start_ns, 9223372036854775807)) AS pid,
-                   arg_min(tid, coalesce(call_start_ns, 9223372036854775807)) AS tid
-            FROM idle_next GROUP BY ALL
+            SELECT run_id, device_id, start_ns, end_ns, first.call_start_ns, first.call_end_ns, first.pid, first.tid
+            FROM (SELECT run_id, device_id, start_ns, end_ns,
+                         arg_min({{'call_start_ns': call_start_ns, 'call_end_ns': call_end_ns, 'pid': pid, 'tid': tid}},
+                                 coalesce(call_start_ns, 9223372036854775807)) AS first
+                  FROM idle_next GROUP BY ALL)
         ), blocking AS (  -- per thread, the latest end of its blocking calls so far
             SELECT run_id, pid, tid, start_ns, max(end_ns) OVER (PARTITION BY run_id, pid, tid ORDER BY start_ns) AS reach_ns
             FROM api_calls WHERE {of_run} AND {BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns
