@@ -1,7 +1,7 @@
 """Batch scan (parallel parse + rules in workers, one writer, resumable) and the Parquet export.
 
 Expected kernel counts and spans come from the source files themselves (sqlite3, json,
-csv); expected findings from the plain, central `ingest` + `run_rules` path.
+csv); expected findings from the plain, central `ingest` + `diagnose_runs` path.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import traceanalyzer.batch.scan as scan_mod
 from traceanalyzer import resources, schema
 from traceanalyzer.cli import app
 from traceanalyzer.ingest import find_traces, nsys_sqlite
-from traceanalyzer.rules.engine import Settings, run_rules
+from traceanalyzer.diagnosis import diagnose_runs
+from traceanalyzer.rules.engine import Settings
 from traceanalyzer.batch.scan import WORKER_DIED, JobPlan, WorkContext, local_outcomes, scan
 from traceanalyzer.resources import Resources
 from traceanalyzer.store import Store
@@ -126,7 +127,7 @@ def test_scan_findings_equal_the_central_engine(traces, tmp_path):
     assert report.count("stored") == len(SOURCES) and not report.failed
     with Store(tmp_path / "central.duckdb") as st:
         ids = [st.ingest(f).run_id for f in find_traces([traces])]
-        run_rules(st, ids, Settings())
+        diagnose_runs(st, ids, Settings())
     for table in ("findings", "rule_runs"):
         scanned, central = table_rows(tmp_path / "scan.duckdb", table), table_rows(tmp_path / "central.duckdb", table)
         assert scanned == central, table
@@ -300,13 +301,13 @@ def test_jobs_are_cores_in_all(monkeypatch):
 
 def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_core(traces, tmp_path, monkeypatch):
     seen = []  # (process, DuckDB threads) of every rules pass
-    real_run_rules = check_mod.run_rules
+    real_diagnose_runs = check_mod.diagnose_runs
 
     def recording(store, *a, **k):
         seen.append((os.getpid(), store.sql("SELECT current_setting('threads')").fetchall()[0][0]))
-        return real_run_rules(store, *a, **k)
+        return real_diagnose_runs(store, *a, **k)
 
-    monkeypatch.setattr(check_mod, "run_rules", recording)
+    monkeypatch.setattr(check_mod, "diagnose_runs", recording)
     monkeypatch.setattr(scan_mod, "WRITER_READS_MIN_BYTES", 1)  # the nsys files: the writer's own
     fetch_threads = []  # of every nsys file read (1: no fetch or stream thread)
     real_init = nsys_sqlite.NsysFile.__init__
@@ -427,7 +428,7 @@ def test_a_store_begun_with_sha256_keeps_it_and_still_recognizes_its_runs(traces
     with Store(tmp_path / "old.duckdb") as st:
         first = traces / "nsys/clean.sqlite"
         legacy = st.write_run(read_file(first), first.resolve(), file_hash(first, "sha256"), first.stat().st_size)
-        run_rules(st, [legacy.run_id], FAST)
+        diagnose_runs(st, [legacy.run_id], FAST)
         assert st.hash_name() == "sha256"
         assert check_mod.check_file(st, first, None).state == "kept"
         parsed = []

@@ -296,11 +296,15 @@ FINDINGS = _t(
     ("value", "DOUBLE", "The measured quantity the threshold applies to."),
     ("value_unit", "VARCHAR", "Unit of `value` and `threshold` (`ns`, `share`, `waves`, `pct`)."),
     ("threshold", "DOUBLE", "The threshold `value` was compared with."),
-    ("est_loss_ns", "BIGINT", "Estimated time this costs the run (an upper bound unless the rule's doc says otherwise)."),
+    ("est_loss_ns", "BIGINT", "Estimated time this costs the run: the rule's estimate (an upper bound unless the rule's doc says otherwise), bounded by the budget part it claims and shared with no other headline finding (`diagnosis`); NULL on related findings."),
     ("message", "VARCHAR", "One line: what is wrong, where, how much."),
     ("hint", "VARCHAR", "A concrete thing to try."),
     ("evidence", "JSON", "Details: counts, worst examples with time ranges, causes."),
     ("fingerprint", "VARCHAR", "Identity for baselines: the rule and what the finding is about (the run's rank, device, stream, item kind and name), never the file name, run id or a measured value (`rules.engine.fingerprint`)."),
+    ("claims", "VARCHAR", "The part of the device's time budget (`time_budget`) the loss is time of: `compute` or `communication` (of the kernel named), `copy`, `idle`, or idle of one cause (`idle:sync`, `idle:host`); NULL: none. Set by the rule."),
+    ("finding_no", "INTEGER", "The finding's number in its run: headlines by severity, then loss, each followed by its related findings (`diagnosis`)."),
+    ("related_to", "INTEGER", "For a finding that shares its root cause (the same part of the budget, the same kernel) with a headline finding: that headline's `finding_no`; NULL on headlines. A related finding claims no time of its own (`est_loss_ns` NULL)."),
+    ("rule_loss_ns", "BIGINT", "The rule's own estimate, before `diagnosis` bounded it by the budget (`est_loss_ns`)."),
 )
 
 RULE_RUNS = _t(

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError, find_config, load_config, parse_threshold_option
+from ..diagnosis import diagnose_runs
 from ..ingest import TraceError, find_traces
 from ..report.model import Baseline, CheckResult, InputError, load_result
 from ..rules import get_rule
 from ..rules.base import SEVERITIES
-from ..rules.engine import Settings, run_rules
+from ..rules.engine import Settings
 from ..store import Store, StoreError, file_hash, run_id_for
 
 
@@ -146,7 +147,7 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
             if seen is not None:
                 seen.setdefault(res.content_hash, res.path)
             if rules is not None:
-                run_rules(store, [res.run_id], rules)
+                diagnose_runs(store, [res.run_id], rules)
                 res.rule_ids = [r.id for r in rules.rules()]
     except Exception as e:  # a reader bug must not stop the batch either
         res.fail(e)
@@ -226,7 +227,7 @@ def runs_for(store: Store, refs: list[str], settings: Settings, *, same_rules: b
         rules = per_run_settings(settings)
         if res.content_hash not in fresh and rules is not None:
             res.state = "kept"
-            run_rules(store, [res.run_id], rules)
+            diagnose_runs(store, [res.run_id], rules)
             res.rule_ids = [r.id for r in rules.rules()]
         done.files.append(res)
     return done
@@ -313,7 +314,7 @@ def run_check(store: Store, opts: CheckOptions,
     run_ids = done.run_ids
     cross = cross_run_settings(settings)
     if cross is not None and run_ids:
-        run_rules(store, run_ids, cross)
+        diagnose_runs(store, run_ids, cross)
     result = load_result(store, run_ids, fail_on)
     result.errors += done.errors
     result.not_traces += done.not_traces

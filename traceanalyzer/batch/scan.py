@@ -46,9 +46,10 @@ from typing import Callable, Iterable, Iterator
 import pandas as pd
 
 from .. import os_memory
+from ..diagnosis import diagnose_runs
 from ..ingest import ParsedTrace, find_traces, streams
 from ..resources import Resources
-from ..rules.engine import Settings, run_rules
+from ..rules.engine import Settings
 from ..store import DEFAULT_HASH, RuleResults, Store
 from .check import FileResult, check_file, cross_run_settings, up_to_date_hashes
 
@@ -363,7 +364,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
         cross = cross_run_settings(settings)
         if cross is not None and report.run_ids:
             try:
-                run_rules(store, report.run_ids, cross)
+                diagnose_runs(store, report.run_ids, cross)
             except Exception as e:  # the stored runs stay; say what failed
                 report.cross_rule_error = _one_line(e)
     report.elapsed_s = time.perf_counter() - t0
@@ -418,14 +419,14 @@ def _stored_format(store: Store, run_id: str) -> str | None:
 RUN_TABLE_SQL = """
 SELECT r.run_id, r.file_name, r.format, r.span_ns,
        (SELECT count(*) FROM kernels k WHERE k.run_id = r.run_id) AS kernels,
-       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'error') AS errors,
-       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'warning') AS warnings,
-       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'info') AS infos
+       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.related_to IS NULL AND f.severity = 'error') AS errors,
+       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.related_to IS NULL AND f.severity = 'warning') AS warnings,
+       (SELECT count(*) FROM findings f WHERE f.run_id = r.run_id AND f.related_to IS NULL AND f.severity = 'info') AS infos
 FROM runs r WHERE list_contains($ids, r.run_id)
 ORDER BY r.source_path, r.run_id
 """
 
 
 def run_table(store: Store, run_ids: list[str]) -> pd.DataFrame:
-    """One row per run: id, file, format, span, kernels, findings by severity."""
+    """One row per run: id, file, format, span, kernels, headline findings by severity."""
     return store.df(RUN_TABLE_SQL, {"ids": list(run_ids)})

@@ -2,11 +2,13 @@
 
 Each device's span (first GPU operation's start to last one's end) in exclusive parts:
 compute, communication, copy, memset, and idle by cause. JSON keeps the shape other tools
-read: per device `{"device_id", "span_ns", "parts": [{"category", "cause", "ns"}]}`.
+read: per device `{"device_id", "span_ns", "parts": [{"category", "cause", "ns"}]}`, plus
+`host_work` (`{"name", "ns"}`) when the run's host-bound finding names what the host did.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from ..store.views import BUDGET_CATEGORIES
@@ -34,6 +36,15 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
         for d in devices.values():  # busy parts in priority order, then idle by time
             d["parts"].sort(key=lambda p: (p["category"] == "idle",
                                            BUDGET_CATEGORIES.index(p["category"]) if p["category"] in BUDGET_CATEGORIES else 0, -p["ns"]))
+    # What the host did in the idle time, where the run's host-bound finding (T004) says: the
+    # host activity behind most of the stretches in which every GPU was idle (a DataLoader, an
+    # operator, a range), on each device.
+    for run_id, top in store.sql(
+            "SELECT run_id, evidence->'$.top_activity[0]' FROM findings "
+            "WHERE rule_id = 'T004' AND list_contains(?::VARCHAR[], run_id)", [list(run_ids)]).fetchall():
+        work = json.loads(top) if top else None
+        for d in out[run_id].values() if work else ():
+            d["host_work"] = {"name": work["name"], "ns": work["ns"]}
     return {r: list(devices.values()) for r, devices in out.items()}
 
 
@@ -43,7 +54,8 @@ def _pct(ns: int, span: int) -> str:
 
 
 def budget_line(device: dict) -> str:
-    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21%, sync 7%, dependency 4%, unknown 2%'."""
+    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21% (15% in enumerate(DataLoader)...), sync 7%,
+    dependency 4%, unknown 2%'."""
     span = device["span_ns"] or 0
     busy = [p for p in device["parts"] if p["category"] != "idle"]
     idle = [p for p in device["parts"] if p["category"] == "idle" and p["ns"] > 0]
@@ -52,8 +64,17 @@ def budget_line(device: dict) -> str:
     idle_ns = sum(p["ns"] for p in idle)
     text = f"GPU {'?' if device['device_id'] is None else device['device_id']}: " + ", ".join(words)
     if idle_ns:
-        text += f", {_pct(idle_ns, span)} idle: " + ", ".join(f"{p['cause']} {_pct(p['ns'], span)}" for p in idle)
+        text += f", {_pct(idle_ns, span)} idle: " + ", ".join(f"{p['cause']} {_pct(p['ns'], span)}{_host_work(device, p)}"
+                                                              for p in idle)
     return text
+
+
+def _host_work(device: dict, part: dict) -> str:
+    work = device.get("host_work")
+    if part["cause"] != "host" or not work:
+        return ""
+    name = work["name"] if len(work["name"]) <= 60 else work["name"][:59] + "…"
+    return f" ({_pct(work['ns'], device['span_ns'] or 0)} in {name})"
 
 
 def budget_cell(budget: list[dict]) -> str:

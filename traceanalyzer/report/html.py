@@ -73,6 +73,8 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
     return {
         "run": run,
         "findings": findings,
+        # one per root cause, each with the findings that saw the same time
+        "headlines": [(f, result.related(f)) for f in result.headlines(rid)],
         "outcomes": [o for o in result.outcomes if o["run_id"] == rid],
         "not_run": result.not_run(rid),
         "devices": store.sql("SELECT device_id, name FROM devices WHERE run_id = ? ORDER BY device_id", [rid]).fetchall(),
@@ -142,7 +144,7 @@ def _index(pages: list[dict], result: CheckResult) -> str:
     for p in pages:
         run = p["run"]
         c = result.counts(run["run_id"])
-        worst = p["findings"][:3]
+        worst = [f for f, _ in p["headlines"][:3]]
         busy = "; ".join(f"GPU {b['device_id']} {fmt.pct(b['busy_share'])}" for b in p["busy"]) or "-"
         gpus = ", ".join(sorted({esc(n) for _, n in p["devices"] if n})) or "-"
         worst_html = "".join(
@@ -242,7 +244,7 @@ def _summary_cards(p: dict) -> str:
         cards.append(_card("peak memory", esc(fmt.nbytes(top["peak_bytes"])), detail))
     else:
         cards.append(_card("peak memory", "-", "no allocator events in this trace"))
-    c = {s: sum(1 for f in p["findings"] if f["severity"] == s) for s in SEVERITY_ORDER}
+    c = {s: sum(1 for f, _ in p["headlines"] if f["severity"] == s) for s in SEVERITY_ORDER}
     cards.append(_card("findings", " ".join(f'<span class="count sev-{s}{" zero" if not c[s] else ""}">{c[s]}</span>'
                                             for s in SEVERITY_ORDER), "error · warning · info"))
     return '<div class="cards">' + "".join(cards) + "</div>"
@@ -267,11 +269,12 @@ def _findings(p: dict, rules: dict) -> str:
     out = ['<h3>Findings</h3>']
     if not p["findings"]:
         out.append('<p class="quiet">No findings: the rules that apply found nothing to report.</p>')
+    related = {i: r for i, (_, r) in enumerate(p["headlines"])}
     for sev in SEVERITY_ORDER:
-        group = [(i, f) for i, f in enumerate(p["findings"]) if f["severity"] == sev]
+        group = [(i, f) for i, (f, _) in enumerate(p["headlines"]) if f["severity"] == sev]
         if not group:
             continue
-        folded = sev == "info" and len(p["findings"]) > FOLD_INFO_OVER
+        folded = sev == "info" and len(p["headlines"]) > FOLD_INFO_OVER
         if folded:
             out.append(f'<details class="infos"><summary class="sevtxt sev-{sev}">{len(group)} {sev}</summary>')
         else:
@@ -281,12 +284,13 @@ def _findings(p: dict, rules: dict) -> str:
             by_rule.setdefault(f["rule_id"], []).append((i, f))
         shown = [x for xs in by_rule.values() for x in xs[:SHOWN_PER_RULE]]
         shown_ids = {i for i, _ in shown}
-        out += [_finding_card(i, f, rules, rid, t_origin, has_tl) for i, f in group if i in shown_ids]
+        out += [_finding_card(i, f, rules, rid, t_origin, has_tl, related[i]) for i, f in group if i in shown_ids]
         for rule_id, xs in by_rule.items():
             rest = xs[SHOWN_PER_RULE:]
             if rest:
                 out.append(f'<details class="more"><summary>{len(rest)} more {esc(rule_id)} {sev} finding(s)</summary>'
-                           + "".join(_finding_card(i, f, rules, rid, t_origin, has_tl) for i, f in rest) + "</details>")
+                           + "".join(_finding_card(i, f, rules, rid, t_origin, has_tl, related[i]) for i, f in rest)
+                           + "</details>")
         if folded:
             out.append("</details>")
     skipped = [o for o in p["outcomes"] if o["status"] != "ran"]
@@ -300,7 +304,10 @@ def _findings(p: dict, rules: dict) -> str:
     return "\n".join(out)
 
 
-def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl: bool) -> str:
+def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl: bool,
+                  related: list[dict] = ()) -> str:
+    """One finding; a headline's related findings (the same root cause, seen by other rules)
+    folded inside it, each with its own details and the rule's own estimate, no second loss."""
     sev = f["severity"]
     rule = rules.get(f["rule_id"])
     where = _where(f, t_origin)
@@ -308,6 +315,8 @@ def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl:
             f'data-e="{(f["end_ns"] if f["end_ns"] is not None else f["start_ns"]) - t_origin}">show in timeline</button>'
             if has_tl and f.get("start_ns") is not None else "")
     loss = f'<span class="loss">est. loss {esc(fmt.ns(f["est_loss_ns"]))}</span>' if f.get("est_loss_ns") else ""
+    if f.get("related_to") is not None and f.get("rule_loss_ns"):
+        loss = f'<span class="loss quiet">rule\'s estimate {esc(fmt.ns(f["rule_loss_ns"]))}, part of the headline\'s</span>'
     return (f'<article class="finding sev-{sev}" id="f-{esc(rid)}-{i}"><header>'
             f'<span class="badge sev-{sev}">{sev}</span> <b>{esc(f["rule_id"])}</b> '
             f'<span class="rtitle">{esc(rule.title if rule else "")}</span>{loss}</header>'
@@ -315,7 +324,16 @@ def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl:
             + (f'<p class="hint"><b>Hint:</b> {esc(f["hint"])}</p>' if f.get("hint") else "")
             + (f'<p class="where">{where}{zoom}</p>' if where or zoom else "")
             + _evidence(f.get("evidence"), rid, t_origin, has_tl)
+            + _related(i, related, rules, rid, t_origin, has_tl)
             + "</article>")
+
+
+def _related(i: int, related: list[dict], rules: dict, rid: str, t_origin: int, has_tl: bool) -> str:
+    if not related:
+        return ""
+    cards = "".join(_finding_card(f"{i}-{k}", r, rules, rid, t_origin, has_tl) for k, r in enumerate(related))
+    return (f'<details class="related"><summary>{len(related)} related finding(s) of the same root cause: '
+            f'{esc(", ".join(dict.fromkeys(r["rule_id"] for r in related)))}</summary>{cards}</details>')
 
 
 def _where(f: dict, t_origin: int) -> str:

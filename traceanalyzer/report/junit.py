@@ -77,8 +77,12 @@ def render(result: CheckResult, **_) -> str:
                 el = ET.SubElement(case, "failure", {
                     "message": _x(f"{len(bad)} finding(s) at or above {result.fail_on}: {worst['message']}"),
                     "type": worst["severity"]})
-                el.text = _x("\n".join(f"[{f['severity']}] {f['message']}\n  hint: {f['hint']}" for f in bad))
-            below_bar += [f"{f['rule_id']} [{f['severity']}] {f['message']}" for f in mine if id(f) not in failing]
+                el.text = _x("\n".join(f"[{f['severity']}] {f['message']}\n  hint: {f['hint']}"
+                                       + "".join(f"\n  related: {r['rule_id']} {r['message']}" for r in result.related(f))
+                                       for f in bad))
+            below_bar += [f"{f['rule_id']} [{f['severity']}] {f['message']}"
+                          + ("" if f.get("related_to") is None else f" (related to finding {f['related_to']})")
+                          for f in mine if id(f) not in failing]
         suite.set("failures", str(n_fail))
         suite.set("errors", str(n_err))
         suite.set("skipped", str(n_skip))

@@ -36,13 +36,15 @@ def md(s, limit: int = 200) -> str:
     return _SPECIAL.sub(r"\\\1", s)
 
 
-def _finding_row(f: dict) -> str:
+def _finding_row(f: dict, related: list[dict]) -> str:
     loss = fmt.ns(f["est_loss_ns"]) if f.get("est_loss_ns") else "-"
-    return (f"| {_SEV_ICON[f['severity']]} {f['severity']} | {md(f['rule_id'])} | {md(f['message'], 300)} "
+    also = "".join(f"<br>related: {md(r['rule_id'])} {md(r['message'], 160)}" for r in related)
+    return (f"| {_SEV_ICON[f['severity']]} {f['severity']} | {md(f['rule_id'])} | {md(f['message'], 300)}{also} "
             f"| {md(loss)} | {md(f.get('hint'), 200) or '-'} |")
 
 
-def _run_section(store: Store, run: dict, findings: list[dict], outcomes: list[dict], not_run: list[str]) -> str:
+def _run_section(store: Store, result: CheckResult, run: dict, findings: list[dict], outcomes: list[dict],
+                 not_run: list[str]) -> str:
     rid = run["run_id"]
     kernels = summary.top_kernels(store, rid, 3)
     parts = [f"### {md(run['file_name'])}", ""]
@@ -61,11 +63,11 @@ def _run_section(store: Store, run: dict, findings: list[dict], outcomes: list[d
         parts.append("No findings.")
     else:
         head = ["| severity | rule | finding | est. loss | hint |", "|---|---|---|---|---|"]
-        parts += head + [_finding_row(f) for f in findings[:TOP_FINDINGS]]
+        parts += head + [_finding_row(f, result.related(f)) for f in findings[:TOP_FINDINGS]]
         rest = findings[TOP_FINDINGS:TOP_FINDINGS + MORE_FINDINGS]
         if rest:
             parts += ["", f"<details><summary>{len(findings) - TOP_FINDINGS} more finding(s)</summary>", ""]
-            parts += head + [_finding_row(f) for f in rest]
+            parts += head + [_finding_row(f, result.related(f)) for f in rest]
             if len(findings) > TOP_FINDINGS + MORE_FINDINGS:
                 parts += ["", f"… and {len(findings) - TOP_FINDINGS - MORE_FINDINGS} more (see the HTML report)."]
             parts += ["", "</details>"]
@@ -86,7 +88,7 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
         out.append(f"> input error: {md(e.path, 200)}: {md(e.message, 300)}")
     if result.errors:
         out.append("")
-    by_run = {r["run_id"]: [f for f in result.findings if f["run_id"] == r["run_id"]] for r in result.runs}
+    by_run = {r["run_id"]: result.headlines(r["run_id"]) for r in result.runs}
     out += ["| run | format | span | error | warning | info | worst finding |", "|---|---|---|---|---|---|---|"]
     for r in result.runs:
         c = result.counts(r["run_id"])
@@ -99,7 +101,7 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
     note = "\n_Output shortened to fit: {n} run(s) not detailed; see the HTML report._\n"
     for i, r in enumerate(result.runs):
         outcomes = [o for o in result.outcomes if o["run_id"] == r["run_id"]]
-        section = _run_section(store, r, by_run[r["run_id"]], outcomes, result.not_run(r["run_id"])) + "\n"
+        section = _run_section(store, result, r, by_run[r["run_id"]], outcomes, result.not_run(r["run_id"])) + "\n"
         if len(text) + len(section) + len(note) + 10 > max_chars:
             text += note.format(n=len(result.runs) - i)
             break

@@ -48,10 +48,16 @@ class InputError:
         return cls(str(path), text, internal=True, detail=traceback.format_exc())  # a reader or rule bug
 
 
+def _rule_loss(f: dict):
+    """The rule's own estimate: the same figure whether the diagnosis made the finding a
+    headline (its loss bounded) or related (no loss), so baselines compare like with like."""
+    return f["rule_loss_ns"] if f.get("rule_loss_ns") is not None else f.get("est_loss_ns")
+
+
 def measure(findings: list[dict]) -> float | None:
-    """How big a group of findings sharing a fingerprint is: their summed estimated loss, or
-    the largest value when none has a loss (None when neither is known)."""
-    losses = [f["est_loss_ns"] for f in findings if f.get("est_loss_ns") is not None]
+    """How big a group of findings sharing a fingerprint is: their summed estimated loss (the
+    rules' own), or the largest value when none has a loss (None when neither is known)."""
+    losses = [_rule_loss(f) for f in findings if _rule_loss(f) is not None]
     if losses:
         return float(sum(losses))
     values = [f["value"] for f in findings if f.get("value") is not None]
@@ -84,12 +90,15 @@ def growth_pct(before: float | None, now: float | None) -> float | None:
 class CheckResult:
     runs: list[dict]  # runs rows (run_id, file_name, source_path, format, ...)
     outcomes: list[dict]  # rule_runs rows
-    findings: list[dict]  # findings rows, evidence decoded, plus file_name / source_path
+    # findings rows, evidence decoded, plus file_name / source_path; per run in finding_no order
+    # (each headline followed by its related findings)
+    findings: list[dict]
     fail_on: str = "error"
     baseline: Baseline | None = None
     errors: list[InputError] = field(default_factory=list)  # inputs that could not be read
     not_traces: list[tuple[Path, str]] = field(default_factory=list)  # files a folder walk passed over
     _groups_cache: dict | None = field(default=None, init=False, repr=False, compare=False)
+    _related_cache: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def is_new(self, f: dict) -> bool:
         return self.baseline is None or f["fingerprint"] not in self.baseline.measures
@@ -111,12 +120,27 @@ class CheckResult:
         """Whether `f` may fail the check: no baseline, not in it, or grown beyond --max-growth."""
         return self.is_new(f) or self.grown(f)
 
+    def headlines(self, run_id: str | None = None) -> list[dict]:
+        """The findings that are not related evidence of another (`related_to` NULL), of one run
+        or all: one per root cause, each with the worst severity of what it explains."""
+        return [f for f in self.findings if f.get("related_to") is None and (run_id is None or f["run_id"] == run_id)]
+
+    def related(self, headline: dict) -> list[dict]:
+        """The findings that share `headline`'s root cause (in finding_no order)."""
+        if self._related_cache is None:
+            self._related_cache = {}
+            for f in self.findings:
+                if f.get("related_to") is not None:
+                    self._related_cache.setdefault((f["run_id"], f["related_to"]), []).append(f)
+        return self._related_cache.get((headline["run_id"], headline.get("finding_no")), [])
+
     def failing(self) -> list[dict]:
-        """Findings at or above --fail-on that count (see `counts_against`)."""
+        """Headline findings at or above --fail-on that count (see `counts_against`): a root
+        cause fails a check once, however many findings it explains."""
         if self.fail_on == "never":
             return []
         limit = severity_rank(self.fail_on)
-        return [f for f in self.findings if severity_rank(f["severity"]) >= limit and self.counts_against(f)]
+        return [f for f in self.headlines() if severity_rank(f["severity"]) >= limit and self.counts_against(f)]
 
     def failed(self) -> bool:
         """The gate: an input could not be read, or a finding fails the check."""
@@ -134,10 +158,10 @@ class CheckResult:
         return [r.id for r in all_rules() if r.id not in ran]
 
     def counts(self, run_id: str | None = None) -> dict[str, int]:
+        """Headline findings by severity (of one run or all)."""
         out = {s: 0 for s in SEVERITIES}
-        for f in self.findings:
-            if run_id is None or f["run_id"] == run_id:
-                out[f["severity"]] += 1
+        for f in self.headlines(run_id):
+            out[f["severity"]] += 1
         return out
 
     def _groups(self) -> dict[str, list[dict]]:
@@ -160,7 +184,7 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
     findings = _rows(store, """
         SELECT f.*, r.file_name, r.source_path FROM findings f JOIN runs r USING (run_id)
         WHERE list_contains(?, f.run_id)
-        ORDER BY r.file_name, f.run_id,
+        ORDER BY r.file_name, f.run_id, f.finding_no NULLS LAST,
                  CASE f.severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
                  f.est_loss_ns DESC NULLS LAST, f.rule_id, f.fingerprint""", ids)
     for r in findings:

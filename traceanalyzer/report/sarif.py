@@ -55,7 +55,7 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
     rules = list(all_rules())
     index = {r.id: i for i, r in enumerate(rules)}
     results = []
-    for f in result.findings:
+    for f in result.headlines():  # one result per root cause; what else saw it rides along
         where = "/".join(x for x in (
             f"run {f['run_id']}",
             None if f["device_id"] is None else f"device {f['device_id']}",
@@ -70,7 +70,12 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
             props["grown_beyond_max_growth"] = True
         if f.get("evidence") is not None:
             props["evidence"] = f["evidence"]
-        text = f["message"] + (f" Hint: {f['hint']}" if f.get("hint") else "")
+        related = result.related(f)
+        if related:
+            props["related"] = [{"rule_id": r["rule_id"], "message": r["message"], "fingerprint": r["fingerprint"],
+                                 "rule_loss_ns": r.get("rule_loss_ns")} for r in related]
+        text = f["message"] + (f" Hint: {f['hint']}" if f.get("hint") else "") + \
+            "".join(f" Related: {r['rule_id']} {r['message']}" for r in related)
         results.append({
             "ruleId": f["rule_id"],
             "ruleIndex": index[f["rule_id"]],

@@ -46,7 +46,7 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
             console.print(f"[bold]{escape(budget_line(device))}[/]")
         if "budget" in run and not run["budget"]:
             console.print(f"[dim]{escape(no_budget_line(run))}[/]")
-        for f in (x for x in result.findings if x["run_id"] == rid):
+        for f in result.headlines(rid):
             if f["severity"] == "info" and not show_info:
                 continue
             loss = f" · est. loss {fmt.ns(f['est_loss_ns'])}" if f.get("est_loss_ns") else ""
@@ -57,6 +57,11 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
                 console.print(f"        [dim]{escape(where.strip())}[/]")
             if f.get("hint"):
                 console.print(f"        [green]hint:[/] {escape(f['hint'])}")
+            # The same root cause seen by other rules: evidence, not a second loss.
+            for r in result.related(f):
+                own = f" [dim](its estimate {fmt.ns(r['rule_loss_ns'])}, part of the above)[/]" if r.get("rule_loss_ns") else ""
+                console.print(f"        [dim]related:[/] [bold]{r['rule_id']}[/] {escape(r['message'])}{own}"
+                              f"{_baseline_note(result, r)}")
         missing = [o for o in result.outcomes if o["run_id"] == rid and o["status"] != "ran"]
         for o in missing:
             label = "not applicable" if o["status"] == "no-data" else "rule error"
@@ -79,5 +84,7 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
         grown = "" if result.baseline.max_growth_pct is None else \
             f" unless grown by more than {result.baseline.max_growth_pct:g}%"
         verdict += f" (findings in the baseline do not count{grown})"
+    related = len(result.findings) - len(result.headlines())
+    under = f" ({related} related finding(s) under them)" if related else ""
     console.print(f"\n{len(result.runs)} run(s) checked: {total['error']} error, {total['warning']} warning, "
-                  f"{total['info']} info. {verdict}")
+                  f"{total['info']} info{under}. {verdict}")

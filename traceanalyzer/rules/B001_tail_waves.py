@@ -69,6 +69,7 @@ RULE = Rule(
     name="tail-waves",
     title="Partial last wave or under-filled GPU",
     phase="bottleneck",
+    claims="compute",
     severity="warning",
     what="Kernels whose grid ends in a partial wave that leaves many SMs idle, and grids too "
          "small for one full wave.",

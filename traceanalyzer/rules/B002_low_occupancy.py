@@ -79,6 +79,7 @@ RULE = Rule(
     name="low-occupancy",
     title="Low occupancy",
     phase="bottleneck",
+    claims="compute",
     severity="warning",
     what="Kernels whose theoretical occupancy is low (naming the limiter: registers, shared "
          "memory, warps, blocks) or whose achieved occupancy falls well below the theoretical.",

@@ -378,6 +378,7 @@ RULE = Rule(
     name="roofline",
     title="Roofline: memory-, compute- or latency-bound, and the share of the roof reached",
     phase="bottleneck",
+    claims="compute",
     severity="warning",
     what="Per hot kernel, which roof limits it (memory, compute, both, or neither: latency-bound) and what "
          "share of that roof it reaches. From Nsight Compute Speed Of Light percentages, or from FLOP and "

@@ -68,6 +68,7 @@ RULE = Rule(
     name="warp-stalls",
     title="Dominant warp-stall reason",
     phase="instruction",
+    claims="compute",
     severity="warning",
     what="Kernels whose warp stall cycles are dominated by one reason (long scoreboard, barrier, "
          "MIO throttle, math pipe throttle...), from Nsight Compute stall metrics.",

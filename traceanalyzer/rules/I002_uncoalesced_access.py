@@ -161,6 +161,7 @@ RULE = Rule(
     name="uncoalesced-access",
     title="Uncoalesced global memory access",
     phase="instruction",
+    claims="compute",
     severity="warning",
     what="Kernels whose global loads or stores fetch more 32-byte sectors than the bytes their threads use: "
          "strided, misaligned or scattered accesses.",

@@ -83,6 +83,7 @@ RULE = Rule(
     name="cache-hit-rates",
     title="Low L1/TEX or L2 hit rate on a memory-heavy kernel",
     phase="instruction",
+    claims="compute",
     severity="info",
     what="Kernels that lean on memory (memory Speed Of Light high, or a large share of the run's DRAM traffic) "
          "whose L1/TEX or L2 sector hit rate is low.",

@@ -71,6 +71,7 @@ RULE = Rule(
     name="bank-conflicts",
     title="Shared-memory bank conflicts",
     phase="instruction",
+    claims="compute",
     severity="warning",
     what="Kernels whose shared-memory loads or stores need extra wavefronts because threads of a warp hit the "
          "same bank (NVIDIA's SharedMemoryConflicts rule).",

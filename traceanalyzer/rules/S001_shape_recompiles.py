@@ -180,6 +180,7 @@ RULE = Rule(
     name="shape-recompiles",
     title="Recompiles or re-tuning on shape changes",
     phase="structure",
+    claims="idle:host",
     severity="warning",
     what="Operators, torch.compile regions and kernels that see many distinct input shapes (or "
          "launch configurations) where the first call for each new shape is far slower than "

@@ -238,6 +238,7 @@ RULE = Rule(
     name="unfused-elementwise",
     title="Unfused element-wise kernel chains",
     phase="structure",
+    claims="compute",
     severity="info",
     what="Runs of consecutive short element-wise kernels on a stream (adds, casts, activations, "
          "norms, softmax, copies) where each writes a tensor the next one reads back: work one "

@@ -1,15 +1,15 @@
 """T001 launch gaps: idle time between consecutive GPU operations on a stream."""
 
-from ..store.views import covered_ns
+from ..store.views import BLOCKING_CALL, covered_ns, idle_marks
 from .base import Rule, Threshold
 
-# A gap's possible causes, in the order of priority that picks one when several fit (the
-# `how` text below says what each means). The same order breaks ties for the main cause.
+# A gap's causes, in the order its time is split in (the `how` text below says what each
+# means; copy and dependency name the same last part). The same order breaks ties.
 CAUSES = ("sync", "late_launch", "copy", "dependency", "unknown")
 
 HINTS = {
-    "sync": "A synchronizing call sits between launches: drop it, or move it out of the loop and use "
-            "events/stream ordering instead.",
+    "sync": "A synchronizing call (a synchronize, or a synchronous copy or memset) sits between launches: drop "
+            "it, or move it out of the loop and use events/stream ordering and asynchronous copies instead.",
     "late_launch": "The host submits work too slowly (CPU-bound launch): fuse small kernels, capture the loop "
                    "in a CUDA graph, or take Python/dispatcher work off the launch thread.",
     "copy": "The stream waits on a copy: issue copies asynchronously from pinned memory on another stream and "
@@ -19,40 +19,61 @@ HINTS = {
     "unknown": "Look at the host timeline in the gaps listed in the evidence.",
 }
 
-
-def _cause(gap_start: str, sync_hit: str, call_start: str, call_end: str, copy_hit: str) -> str:
-    """A gap's cause, by CAUSES' priority, from the launch call of the operation that ends the
-    gap (`call_start`, `call_end`; NULL start: none linked). The work counts as issued once the
-    call has returned: a call still running when the stream went idle (a slow launch, a lazy
-    module load) is a late launch. Without a launch call, whether the host had issued the work
-    is unknown, so neither late launch nor copy can be told."""
-    return f"""CASE WHEN {sync_hit} THEN 'sync'
-                    WHEN {call_start} IS NULL THEN 'unknown'
-                    WHEN coalesce({call_end}, {call_start}) > {gap_start} THEN 'late_launch'
-                    WHEN {copy_hit} THEN 'copy'
-                    ELSE 'dependency' END"""
+# Where the host stopped waiting in a gap or stretch `g` of the `marks` CTEs, from the launch
+# call of the operation that ends it and that thread's blocking calls (`sh.reach_ns`).
+SYNC_END, ISSUED = idle_marks("g.gap_start", "g.gap_end", "g.call_start", "g.call_end", "sh.reach_ns")
 
 
-def _per_cause(idle_ns: str) -> str:
-    """Per cause (CAUSES order), of the rows grouped: their device-idle time (`idle_ns`), gap
-    time and count, then the cause's priority and name. The fields' order makes a descending
-    sort put the main cause first: most device-idle time, then gap time, count, priority."""
-    fields = []
-    for i, cause in enumerate(CAUSES):
-        only = f"FILTER (WHERE cause = '{cause}')"
-        fields.append(f"{{'idle_ns': coalesce(sum({idle_ns}) {only}, 0), 'ns': coalesce(sum(gap_ns) {only}, 0), "
-                      f"'n': count(*) {only}, 'rank': {len(CAUSES) - i}, 'cause': '{cause}'}}")
-    return "[" + ",\n            ".join(fields) + "]"
+def _split(copy_hit: str) -> str:
+    """A gap's time per cause from its marks (columns `<cause>_ns`, NULL for a cause that cannot
+    apply), of the gap `g`: `sync` up to `sync_end`, `late_launch` up to `issued`, and the rest
+    `copy` when `copy_hit` (a copy on another stream ran in it), else `dependency`. Without a
+    launch call (not `linked`), whether the host had issued the work is unknown: all `unknown`."""
+    return f"""CASE WHEN g.linked THEN g.sync_end - g.gap_start END AS sync_ns,
+               CASE WHEN g.linked THEN g.issued - g.sync_end END AS late_launch_ns,
+               CASE WHEN g.linked AND {copy_hit} THEN g.gap_end - g.issued END AS copy_ns,
+               CASE WHEN g.linked AND NOT {copy_hit} THEN g.gap_end - g.issued END AS dependency_ns,
+               CASE WHEN NOT g.linked THEN g.gap_ns END AS unknown_ns"""
 
 
-# Of the causes with gaps: the main one's struct (see _per_cause), and {cause: field} as JSON
-# (CAUSES order).
-MAIN_CAUSE = "list_sort(list_filter(per_cause, lambda x: x.n > 0), 'DESC')[1]"
+# A gap's own cause (the evidence's list of gaps, `cause_counts`): the one with the most of its
+# time, the first in CAUSES among equals (greatest() skips the NULLs of causes that cannot apply).
+GAP_CAUSE = ("CASE greatest(" + ", ".join(f"{c}_ns" for c in CAUSES) + ") "
+             + " ".join(f"WHEN {c}_ns THEN '{c}'" for c in CAUSES[:-1]) + f" ELSE '{CAUSES[-1]}' END")
+
+
+# Per stream or device: each cause's gap time and gaps (`<cause>_ns`, `<cause>_n`).
+CAUSE_SUMS = ", ".join(f"coalesce(sum({c}_ns), 0) AS {c}_ns, count(*) FILTER (WHERE cause = '{c}') AS {c}_n"
+                       for c in CAUSES)
+# Per stream, the device-idle time of each cause (`<cause>_idle`) from the cause's segments.
+CAUSE_IDLE_SUMS = ", ".join(f"coalesce(sum(covered_ns) FILTER (WHERE cause = '{c}'), 0) AS {c}_idle"
+                            for c in CAUSES)
+# A stream's device-idle time per cause (`<cause>_idle_ns`) and in all (`lost_ns`): on a device
+# with one stream, all of its gap time; with several, what its segments' probes found (si);
+# with no device known, none.
+_IDLE = {c: f"CASE WHEN one_stream THEN {c}_ns ELSE coalesce(si.{c}_idle, 0) END" for c in CAUSES}
+STREAM_IDLE = (", ".join(f"{sql} AS {c}_idle_ns" for c, sql in _IDLE.items())
+               + ", " + " + ".join(_IDLE.values()) + " AS lost_ns")
+
+
+def _per_cause(idle: str) -> str:
+    """Per cause (CAUSES order): its device-idle time (column `<cause>{idle}`), gap time, gaps,
+    then the cause's priority and name. The fields' order makes a descending sort put the main
+    cause first: most device-idle time, then gap time, gaps, priority."""
+    fields = [f"{{'idle_ns': {c}{idle}, 'ns': {c}_ns, 'n': {c}_n, 'rank': {len(CAUSES) - i}, 'cause': '{c}'}}"
+              for i, c in enumerate(CAUSES)]
+    return "[" + ", ".join(fields) + "]"
+
+
+# Of the causes with time: the main one's struct (see _per_cause), and {cause: field} as JSON
+# (CAUSES order). A cause can have time but no gaps of its own (a short sync at the start of a
+# long late launch): it is listed, with 0 gaps.
+SHOWN = "list_filter(per_cause, lambda x: x.ns > 0 OR x.n > 0)"
+MAIN_CAUSE = f"list_sort({SHOWN}, 'DESC')[1]"
 
 
 def _by_cause(field: str) -> str:
-    return (f"to_json(map_from_entries(list_transform(list_filter(per_cause, lambda x: x.n > 0), "
-            f"lambda x: (x.cause, x.{field}))))")
+    return f"to_json(map_from_entries(list_transform({SHOWN}, lambda x: (x.cause, x.{field}))))"
 
 
 def _quoted(text: str) -> str:
@@ -61,19 +82,19 @@ def _quoted(text: str) -> str:
 
 HINT = "CASE main_cause " + " ".join(f"WHEN {_quoted(c)} THEN {_quoted(h)}" for c, h in HINTS.items()) + " END"
 
-# One CTE chain: per-stream gaps and device-idle stretches, the host's activity in each (its
-# likely cause), how much of each gap the whole device was idle (the time really lost), then
-# one finding per stream plus one per device for idle time across all streams.
+# One CTE chain: per-stream gaps and device-idle stretches, where in each the host stopped
+# waiting (their causes' times), how much of each cause's time the whole device was idle (the
+# time really lost), then one finding per stream plus one per device for idle time across all
+# streams.
 SQL = r"""
 WITH gaps AS (
     -- Operations in stream order come computed once per run for T001 and S002 (views.stream_ops),
     -- read straight from the cache: sharing them as a CTE would copy every row again.
     -- Names are looked up only for the gaps the evidence lists. With each gap, the launch call
-    -- of the operation that ends it.
-    SELECT o.device_id, o.stream_id, o.pid, o.prev_max_end_ns AS gap_start, o.start_ns AS gap_end,
+    -- of the operation that ends it, and that call's thread.
+    SELECT o.device_id, o.stream_id, o.prev_max_end_ns AS gap_start, o.start_ns AS gap_end,
            o.start_ns - o.prev_max_end_ns AS gap_ns, o.kind AS next_kind, o.item_id AS next_id,
-           o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end,
-           o.pid IS NOT NULL AS has_pid, coalesce(o.pid, 0) AS pid_key
+           o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end, a.pid, a.tid
     FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
     WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NOT NULL AND o.start_ns - o.prev_max_end_ns > $min_gap_ns
 ), stream_counts AS (  -- per device: its streams, and whether every operation has one
@@ -81,11 +102,9 @@ WITH gaps AS (
     FROM stream_ops WHERE run_id = $run_id AND device_id IS NOT NULL GROUP BY device_id
 ), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
-), multi_gaps AS (
-    SELECT * FROM gaps WHERE device_id IS NOT NULL AND device_id NOT IN (SELECT device_id FROM one_stream)
 ), stretches AS (
     -- Idle stretches of devices with several streams (with one, its stream's finding says it all),
-    -- each judged by the operation that ends it, as a stream gap is (device_gaps).
+    -- each read from the operation that ends it, as a stream gap is (device_gaps).
     SELECT device_id, start_ns, end_ns, gap_ns FROM device_idle_gaps
     WHERE run_id = $run_id AND gap_ns > $min_gap_ns
       AND device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
@@ -93,38 +112,45 @@ WITH gaps AS (
     -- The operations that can start where a stretch ends: one whose stream worked before ends a
     -- gap of its stream at least as long as the stretch (so listed in gaps), else it is its
     -- stream's first. So no join over all operations and launch calls again.
-    SELECT device_id, gap_end AS start_ns, next_kind AS kind, next_id AS item_id, pid, call_start, call_end
+    SELECT device_id, gap_end AS start_ns, next_kind AS kind, next_id AS item_id, pid, tid, call_start, call_end
     FROM gaps WHERE device_id IN (SELECT device_id FROM stretches)
     UNION ALL
-    SELECT o.device_id, o.start_ns, o.kind, o.item_id, o.pid, a.start_ns, a.end_ns
+    SELECT o.device_id, o.start_ns, o.kind, o.item_id, a.pid, a.tid, a.start_ns, a.end_ns
     FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
     WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NULL AND o.device_id IN (SELECT device_id FROM stretches)
 ), device_gaps AS (  -- of the operations ending a stretch, the one whose launch call started first
     SELECT d.device_id, d.start_ns AS gap_start, d.end_ns AS gap_end, d.gap_ns,
-           arg_min({'pid': o.pid, 'call_start': o.call_start, 'call_end': o.call_end},
+           arg_min({'pid': o.pid, 'tid': o.tid, 'call_start': o.call_start, 'call_end': o.call_end},
                    (coalesce(o.call_start, 9223372036854775807), o.kind, o.item_id)) AS next_op
     FROM stretches d LEFT JOIN stretch_ends o ON o.device_id = d.device_id AND o.start_ns = d.end_ns
     GROUP BY d.device_id, d.start_ns, d.end_ns, d.gap_ns
-), probes AS (  -- every interval whose cause is read (on_device: a device-idle stretch, named by
-    -- its start, which is unique per device)
-    SELECT false AS on_device, device_id, stream_id, seq, has_pid, pid_key, gap_start, gap_end FROM gaps
+), probes AS (  -- the gaps and stretches whose launching thread is known, where its blocking
+    -- calls are read (on_device: a device-idle stretch, named by its start, unique per device)
+    SELECT false AS on_device, device_id, stream_id, seq, pid, tid, gap_start FROM gaps
+    WHERE call_start IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
     UNION ALL
-    SELECT true, device_id, NULL, gap_start, next_op.pid IS NOT NULL, coalesce(next_op.pid, 0), gap_start, gap_end
-    FROM device_gaps
-), sync_calls AS (
-    SELECT pid, start_ns, end_ns FROM api_calls
-    WHERE run_id = $run_id AND (name ILIKE '%synchronize%' OR name ILIKE '%WaitEvent%') AND start_ns IS NOT NULL
-), -- "Some interval overlaps the gap" is tested as "the latest end among intervals starting
-   -- before the gap ends is past the gap's start": a running max and an ASOF join, which
-   -- stays O(n log n); an interval-overlap join is quadratic on long runs.
-sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations whose pid is unknown:
-    -- one table, so one ASOF join serves both
-    SELECT true AS has_pid, pid AS pid_key, start_ns,
-           max(end_ns) OVER (PARTITION BY pid ORDER BY start_ns) AS reach_ns
-    FROM sync_calls WHERE pid IS NOT NULL
-    UNION ALL
-    SELECT false, 0, start_ns, max(end_ns) OVER (ORDER BY start_ns) FROM sync_calls
-    WHERE EXISTS (SELECT 1 FROM probes WHERE NOT has_pid)  -- (the ASOF join sorts all it is given)
+    SELECT true, device_id, NULL, gap_start, next_op.pid, next_op.tid, gap_start FROM device_gaps
+    WHERE next_op.call_start IS NOT NULL AND next_op.pid IS NOT NULL AND next_op.tid IS NOT NULL
+), blocking AS (
+    -- Per thread, the latest end so far of its blocking calls (views.BLOCKING_CALL), as the time
+    -- budget reads them: a running max and an ASOF join (sync_hits) find the call a thread was
+    -- in when a gap began, in O(n log n); an interval-overlap join is quadratic on long runs.
+    SELECT pid, tid, start_ns, max(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS reach_ns
+    FROM api_calls
+    WHERE run_id = $run_id AND __BLOCKING_CALL__ AND start_ns IS NOT NULL AND end_ns >= start_ns
+      AND pid IS NOT NULL AND tid IS NOT NULL
+), sync_hits AS (  -- an ASOF join sorts its probes, so they get only the columns it needs
+    SELECT p.on_device, p.device_id, p.stream_id, p.seq, b.reach_ns
+    FROM probes p ASOF JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.gap_start
+), marks AS (  -- each gap with where the host stopped waiting in it (see SYNC_END, ISSUED)
+    SELECT g.*, g.call_start IS NOT NULL AS linked, __SYNC_END__ AS sync_end, __ISSUED__ AS issued,
+           g.device_id IN (SELECT device_id FROM one_stream) AS one_stream
+    FROM gaps g
+    LEFT JOIN sync_hits sh ON NOT sh.on_device AND sh.device_id IS NOT DISTINCT FROM g.device_id
+                          AND sh.stream_id IS NOT DISTINCT FROM g.stream_id AND sh.seq = g.seq
+), multi_marks AS (  -- the gaps of devices with several streams
+    SELECT device_id, stream_id, seq, gap_start, gap_end, linked, sync_end, issued FROM marks
+    WHERE device_id IS NOT NULL AND NOT one_stream
 ), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
     SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS to_end_ns
     FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
@@ -136,42 +162,58 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     -- device is idle.
     SELECT device_id, start_ns, max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns) AS reach_ns
     FROM copies WHERE run_id = $run_id AND device_id IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns
-      AND device_id IN (SELECT device_id FROM multi_gaps)
-), gap_idle AS (  -- the part of each gap during which no stream of the device worked
-    __GAP_IDLE__
-), sync_hits AS (  -- whether a sync call overlaps each probe (on_device, device, stream, seq);
-    -- an ASOF join sorts its probes, so they get only the columns it needs
-    SELECT g.on_device, g.device_id, g.stream_id, g.seq, sr.reach_ns > g.gap_start AS sync_hit
-    FROM probes g
-    ASOF LEFT JOIN sync_reach sr ON sr.has_pid = g.has_pid AND sr.pid_key = g.pid_key AND sr.start_ns < g.gap_end
-), copy_hits AS (  -- whether a copy overlaps each gap: only on devices with several streams (on
-    -- a device with one, every copy is an operation of the gap's own stream)
-    SELECT g.device_id, g.stream_id, g.seq, cr.reach_ns > g.gap_start AS copy_hit
-    FROM (SELECT device_id, stream_id, seq, gap_start, gap_end FROM multi_gaps) g
-    ASOF JOIN copy_reach cr ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
+      AND device_id IN (SELECT device_id FROM multi_marks)
+), copy_hits AS (  -- whether a copy ran in each gap's last part, after the work was issued ("the
+    -- latest end among copies starting before the gap ends is past the issue"), with the part's
+    -- bounds (segments reads them)
+    SELECT g.device_id, g.stream_id, g.seq, g.issued, g.gap_end, coalesce(cr.reach_ns > g.issued, false) AS copy_hit
+    FROM (SELECT device_id, stream_id, seq, issued, gap_end FROM multi_marks WHERE linked AND issued < gap_end) g
+    ASOF LEFT JOIN copy_reach cr ON cr.device_id = g.device_id AND cr.start_ns < g.gap_end
 ), odd_copy_hits AS (  -- copies with end before start are not operations of any stream: tested
     -- directly (a join, not a correlated EXISTS per gap: there are almost never any)
     SELECT DISTINCT g.device_id, g.stream_id, g.seq
-    FROM gaps g JOIN copies c ON c.run_id = $run_id AND c.end_ns < c.start_ns AND c.device_id = g.device_id
+    FROM marks g JOIN copies c ON c.run_id = $run_id AND c.end_ns < c.start_ns AND c.device_id = g.device_id
                              AND c.stream_id IS DISTINCT FROM g.stream_id
-                             AND c.start_ns < g.gap_end AND c.end_ns > g.gap_start
-), classified AS (
-    SELECT g.*, __STREAM_CAUSE__ AS cause,
-        CASE WHEN g.device_id IN (SELECT device_id FROM one_stream) THEN g.gap_ns ELSE coalesce(gi.covered_ns, 0) END
-          AS idle_ns
-    FROM gaps g
-    LEFT JOIN gap_idle gi ON gi.device_id = g.device_id AND gi.stream_id IS NOT DISTINCT FROM g.stream_id
-                          AND gi.seq = g.seq
-    LEFT JOIN sync_hits sh ON NOT sh.on_device AND sh.device_id IS NOT DISTINCT FROM g.device_id
-                          AND sh.stream_id IS NOT DISTINCT FROM g.stream_id AND sh.seq = g.seq
+                             AND c.start_ns < g.gap_end AND c.end_ns > g.issued
+    WHERE g.linked
+), split AS (  -- each gap's time per cause
+    SELECT g.device_id, g.stream_id, g.gap_start, g.gap_end, g.gap_ns, g.prev_kind, g.prev_id, g.next_kind,
+           g.next_id, g.one_stream, __STREAM_SPLIT__
+    FROM marks g
     LEFT JOIN copy_hits ch ON ch.device_id = g.device_id AND ch.stream_id IS NOT DISTINCT FROM g.stream_id
                           AND ch.seq = g.seq
     LEFT JOIN odd_copy_hits oc ON oc.device_id = g.device_id AND oc.stream_id IS NOT DISTINCT FROM g.stream_id
                               AND oc.seq = g.seq
+), segments AS (  -- each cause's part of each gap of a multi-stream device, for its device-idle
+    -- time: the last part from copy_hits, which has it, the others from the marks
+    SELECT * FROM (
+        SELECT device_id, stream_id,
+               unnest(CASE WHEN linked THEN ['sync', 'late_launch'] ELSE ['unknown'] END) AS cause,
+               unnest(CASE WHEN linked THEN [gap_start, sync_end] ELSE [gap_start] END) AS start_ns,
+               unnest(CASE WHEN linked THEN [sync_end, issued] ELSE [gap_end] END) AS end_ns
+        FROM multi_marks)
+    WHERE end_ns > start_ns
+    UNION ALL
+    SELECT ch.device_id, ch.stream_id, CASE WHEN ch.copy_hit OR oc.seq IS NOT NULL THEN 'copy' ELSE 'dependency' END,
+           ch.issued, ch.gap_end
+    FROM copy_hits ch
+    LEFT JOIN odd_copy_hits oc ON oc.device_id = ch.device_id AND oc.stream_id IS NOT DISTINCT FROM ch.stream_id
+                              AND oc.seq = ch.seq
+), stream_idle AS (  -- per stream, the part of each cause's time during which no stream of the
+    -- device worked (covered_ns sums over the segments of a key: one small group per cause)
+    SELECT device_id, stream_id, __CAUSE_IDLE_SUMS__
+    FROM (__SEGMENT_IDLE__) GROUP BY device_id, stream_id
+), classified AS (
+    SELECT *, __GAP_CAUSE__ AS cause FROM split
+), device_marks AS (
+    SELECT g.device_id, g.gap_start, g.gap_end, g.gap_ns, g.call_start IS NOT NULL AS linked,
+           __SYNC_END__ AS sync_end, __ISSUED__ AS issued
+    FROM (SELECT device_id, gap_start, gap_end, gap_ns, next_op.call_start, next_op.call_end FROM device_gaps) g
+    LEFT JOIN sync_hits sh ON sh.on_device AND sh.device_id = g.device_id AND sh.seq = g.gap_start
+), device_split AS (  -- (no timed copy runs while a whole device is idle)
+    SELECT device_id, gap_start, gap_end, gap_ns, __DEVICE_SPLIT__ FROM device_marks g
 ), device_classified AS (
-    SELECT d.device_id, d.gap_start, d.gap_end, d.gap_ns, __DEVICE_CAUSE__ AS cause
-    FROM device_gaps d
-    LEFT JOIN sync_hits sh ON sh.on_device AND sh.device_id = d.device_id AND sh.seq = d.gap_start
+    SELECT *, __GAP_CAUSE__ AS cause FROM device_split
 ), spans AS (
     SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
     FROM stream_ops WHERE run_id = $run_id GROUP BY ALL
@@ -179,16 +221,19 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     -- time and gaps per cause, and the ones the evidence lists (the longest, the earliest among
     -- equals, from a bounded heap rather than a sort of all gaps)
     SELECT device_id, stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
-           median(gap_ns) AS median_ns, max(gap_ns) AS max_ns, coalesce(sum(idle_ns), 0) AS lost_ns,
+           median(gap_ns) AS median_ns, max(gap_ns) AS max_ns, coalesce(bool_and(one_stream), false) AS one_stream,
            -- the longest gap, the earliest among equals (as the evidence lists them)
            arg_max(gap_start, (gap_ns, -gap_start)) AS worst_start,
            arg_max(gap_end, (gap_ns, -gap_start)) AS worst_end,
-           __STREAM_PER_CAUSE__ AS per_cause,
+           __CAUSE_SUMS__,
            arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
                     'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
                     'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
                    (gap_ns, -gap_start), heap_size($max_examples)) AS top
     FROM classified GROUP BY device_id, stream_id
+), per_stream_idle AS (  -- with one stream a gap is device-idle throughout; with no device known, not at all
+    SELECT p.*, __STREAM_IDLE__ FROM per_stream_all p
+    LEFT JOIN stream_idle si ON si.device_id = p.device_id AND si.stream_id IS NOT DISTINCT FROM p.stream_id
 ), listed AS (  -- the gaps the evidence lists
     SELECT unnest(top, recursive := true) FROM per_stream_all WHERE $max_examples >= 1
 ), listed_ops AS (  -- the operations around them, by id (a few rows: the scans skip to them)
@@ -210,25 +255,25 @@ sync_reach AS (  -- per pid, and over any pid (has_pid false) for operations who
     LEFT JOIN listed_names a ON a.kind = t.next_kind AND a.item_id = t.next_id
     GROUP BY t.device_id, t.stream_id
 ), per_stream AS (
-    SELECT p.* EXCLUDE (per_cause, top), s.span_ns, __MAIN_CAUSE__ AS main,
+    SELECT p.* EXCLUDE (top), s.span_ns, __STREAM_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main,
            main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
            __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
            coalesce(w.worst, '[]') AS worst
-    FROM per_stream_all p JOIN spans s USING (device_id, stream_id)
+    FROM per_stream_idle p JOIN spans s USING (device_id, stream_id)
     LEFT JOIN worst_gaps w USING (device_id, stream_id)  -- no gaps listed with max_examples = 0
 ), per_device_all AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,
            arg_max(d.gap_start, (gap_ns, -d.gap_start)) AS worst_start,
            arg_max(d.gap_end, (gap_ns, -d.gap_start)) AS worst_end,
-           __DEVICE_PER_CAUSE__ AS per_cause,
+           __CAUSE_SUMS__,
            to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause},
                            (gap_ns, -d.gap_start), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM device_classified d JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
     GROUP BY d.device_id
-), per_device AS (
-    SELECT * EXCLUDE (per_cause), __MAIN_CAUSE__ AS main, main['cause'] AS main_cause, main['ns'] AS main_ns,
-           __CAUSE_NS__ AS cause_ns, __CAUSE_COUNTS__ AS cause_counts
+), per_device AS (  -- a device-idle stretch is device-idle time through and through
+    SELECT *, __DEVICE_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main, main['cause'] AS main_cause,
+           main['ns'] AS main_ns, __CAUSE_NS__ AS cause_ns, __CAUSE_COUNTS__ AS cause_counts
     FROM per_device_all
 )
 SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
@@ -267,19 +312,18 @@ FROM per_device  -- (stretches keeps only devices with several streams: with one
 ORDER BY item_kind DESC, device_id, stream_id
 """
 for _key, _sql in {
-    "__STREAM_CAUSE__": _cause("g.gap_start", "sh.sync_hit", "g.call_start", "g.call_end",
-                               "(ch.copy_hit OR oc.seq IS NOT NULL)"),
-    "__DEVICE_CAUSE__": _cause("d.gap_start", "sh.sync_hit", "d.next_op.call_start", "d.next_op.call_end", "false"),
-    # A device-idle stretch is device-idle time through and through.
-    "__STREAM_PER_CAUSE__": _per_cause("idle_ns"), "__DEVICE_PER_CAUSE__": _per_cause("gap_ns"),
+    "__BLOCKING_CALL__": BLOCKING_CALL, "__SYNC_END__": SYNC_END, "__ISSUED__": ISSUED,
+    "__STREAM_SPLIT__": _split("(coalesce(ch.copy_hit, false) OR oc.seq IS NOT NULL)"),
+    "__DEVICE_SPLIT__": _split("false"), "__GAP_CAUSE__": GAP_CAUSE,
+    "__CAUSE_SUMS__": CAUSE_SUMS, "__CAUSE_IDLE_SUMS__": CAUSE_IDLE_SUMS, "__STREAM_IDLE__": STREAM_IDLE,
+    "__STREAM_PER_CAUSE__": _per_cause("_idle_ns"), "__DEVICE_PER_CAUSE__": _per_cause("_ns"),
     "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"), "__CAUSE_IDLE_NS__": _by_cause("idle_ns"),
     "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
-    # Idle time within each gap of a multi-stream device (a gap is device, stream, seq). Only the
-    # devices probed are read: an ASOF join sorts its right side even for no probes.
-    "__GAP_IDLE__": covered_ns(
-        "SELECT device_id, stream_id, seq, gap_start AS start_ns, gap_end AS end_ns FROM multi_gaps",
-        ("device_id", "stream_id", "seq"),
-        "SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM multi_gaps)"),
+    # Device-idle time within the segments of multi-stream devices, per stream and cause. Only
+    # the devices probed are read: an ASOF join sorts its right side even for no probes.
+    "__SEGMENT_IDLE__": covered_ns(
+        "SELECT * FROM segments", ("device_id", "stream_id", "cause"),
+        "SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM segments)"),
 }.items():
     SQL = SQL.replace(_key, _sql)
 
@@ -288,6 +332,7 @@ RULE = Rule(
     name="launch-gaps",
     title="Idle gaps between GPU operations",
     phase="timeline",
+    claims="idle",
     severity="warning",
     what="Idle gaps longer than `min_gap_ns` between consecutive kernels, copies and memsets on "
          "each stream, and stretches where no stream of a device has work.",
@@ -296,22 +341,28 @@ RULE = Rule(
         "is almost always on the host: a synchronizing call between launches, a launch thread "
         "that cannot keep up, or a copy the stream waits for.",
     how="Operations are ordered per device and stream; a gap is the time from the latest end "
-        "so far to the next start. Each gap's cause is read from what the host did in it, the "
-        "first that fits of: a `*Synchronize*`/`*WaitEvent*` call of the launching process "
-        "overlapping it (`sync`); the next operation's launch call not yet returned when the gap "
-        "began, so the host had not issued the work (`late_launch`, CPU-bound launch); the launch "
-        "issued before the gap and a copy on another stream of the device running in it (`copy`); "
-        "the launch issued before the gap and nothing else seen (`dependency`); no launch call "
-        "linked to the operation (`unknown`). The estimated loss is the part of the gaps during "
-        "which the whole device was idle; severity is by that loss as a share of the stream's span "
-        "(first start to last end), and a stream whose gaps were all covered by other streams' work "
-        "is not reported. A device-wide finding reports idle stretches across all streams when a "
-        "device has several, each stretch's cause read the same way from the operation that ends it "
-        "(of those starting then, the first launched). The evidence gives time per cause "
-        "(`cause_ns`, summing to `total_ns`: gap time for a stream, device-idle time for a device), "
-        "a stream's device-idle time per cause (`cause_idle_ns`) and gaps per cause "
-        "(`cause_counts`); the main cause, which the message and hint follow, is the one with the "
-        "most device-idle time (ties: most gap time, most gaps, then the order above).",
+        "so far to the next start. Each gap's time is split in time between causes, read from the "
+        "launch call of the operation that ends it and that call's thread, as the time budget "
+        "(`time_budget`) splits an idle stretch: from the gap's start until a blocking call (a "
+        "synchronize, or a synchronous copy or memset) that thread was in when the gap began "
+        "returned (`sync`); then until the launch call returned (`late_launch`, the budget's `host`: "
+        "the host had not issued the work, a CPU-bound launch); the rest `copy` when a copy on another "
+        "stream of the device ran in it, else `dependency` (issued, the work waited: another stream, "
+        "an event, the launch latency); all `unknown` when no launch call is linked. The estimated "
+        "loss is the part of the gaps during which the whole device was idle; severity is by that "
+        "loss as a share of the stream's span (first start to last end), and a stream whose gaps "
+        "were all covered by other streams' work is not reported. A device-wide finding reports idle "
+        "stretches across all streams when a device has several, each stretch split the same way "
+        "from the operation that ends it (of those starting then, the first launched). With every "
+        "gap counted (`min_gap_ns` = 0), the time per cause of a one-stream device's stream, or of a "
+        "device-wide finding, is the budget's idle split of the device (unified-memory page "
+        "migrations aside: streams leave them out). The evidence gives time per cause (`cause_ns`, "
+        "summing to `total_ns`: gap time for a stream, device-idle time for a device), a stream's "
+        "device-idle time per cause (`cause_idle_ns`, summing to `device_idle_ns`) and gaps per cause "
+        "(`cause_counts`: each gap under the cause with the most of its time, the earlier in the "
+        "order above among equals; a cause can have time and no gaps); the main cause, which the "
+        "message and hint follow, is the one with the most device-idle time (ties: most gap time, "
+        "most gaps, then the order above).",
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",

@@ -122,6 +122,7 @@ RULE = Rule(
     name="sync-stalls",
     title="Synchronization stalls: host waits that leave the GPU idle",
     phase="timeline",
+    claims="idle:sync",
     severity="warning",
     what="Host calls that wait for the GPU (device, stream, event and context synchronizations, "
          "synchronous copies and memsets), grouped by call name and thread: how many, how long they "

@@ -101,7 +101,11 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
               || 'wall time, longest %s); most of it in %s',
               n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns), fmt_ns(max_ns),
               top_name) AS message,
-       'The bottleneck is on the host, not in any kernel: look at what the host runs in the stretches listed in the evidence. Load and preprocess data in background workers (DataLoader num_workers, pin_memory, prefetch_factor), move preprocessing to the GPU, and cut Python overhead between launches (torch.compile, CUDA graphs).' AS hint,
+       -- The advice follows what the host did most: waiting for data is not launch overhead.
+       CASE WHEN top_name ILIKE '%DataLoader%'
+            THEN 'The GPU waits for the next batch: load and preprocess data in background workers (DataLoader num_workers > 0, persistent_workers, prefetch_factor), pin_memory=True, and move preprocessing to the GPU.'
+            ELSE 'The bottleneck is on the host, not in any kernel: look at what the host runs in the stretches listed in the evidence. Move that work off the loop or overlap it with GPU work (background threads or processes, prefetching), and cut Python overhead between launches (torch.compile, CUDA graphs).'
+       END AS hint,
        '{"stretches": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "run_span_ns": ' || span_ns
          || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns
@@ -115,6 +119,7 @@ RULE = Rule(
     name="host-bound",
     title="Host-bound stretches: every GPU idle while the host works",
     phase="timeline",
+    claims="idle:host",
     severity="warning",
     what="Stretches of at least `min_stretch_ns` during which no GPU of the run has any work while "
          "the host is busy (framework ops, NVTX or record_function ranges, API calls), with their "

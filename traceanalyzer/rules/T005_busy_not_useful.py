@@ -190,6 +190,7 @@ RULE = Rule(
     name="busy-not-useful",
     title="GPU busy, but not with useful work",
     phase="timeline",
+    claims="compute",
     severity="warning",
     what="Devices busy most of their active span (`device_busy.busy_share`) whose kernels use little "
          "of the GPU: low estimated occupancy or mostly tiny kernels on a timeline, low speed-of-light "

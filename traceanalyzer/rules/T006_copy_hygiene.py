@@ -131,7 +131,8 @@ SELECT s.device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, s.worst_id A
        END AS hint,
        '{"copies": ' || s.n || ', "direction": "' || s.direction || '", "bytes": ' || s.bytes
          || ', "copy_ns": ' || s.dur_ns || ', "streams": ' || s.streams || ', "steps": ' || s.n_steps
-         || ', "best_bytes_per_ns": ' || coalesce(s.best_rate, 0) || ', "worst": ' || s.worst || '}' AS evidence
+         || ', "best_bytes_per_ns": ' || coalesce(s.best_rate, 0) || ', "worst": ' || s.worst || '}' AS evidence,
+       'copy' AS claims
 FROM small s
 UNION ALL
 SELECT p.device_id, NULL, 'copy', p.worst_id, 'pageable DtoH copies', p.worst_start, p.worst_end,
@@ -144,7 +145,8 @@ SELECT p.device_id, NULL, 'copy', p.worst_id, 'pageable DtoH copies', p.worst_st
        'Copy into pinned host memory (tensor.to("cpu", non_blocking=True) into a pin_memory() buffer, cudaHostAlloc) so the copy can run asynchronously, and read it only after an event says it is done.',
        '{"copies": ' || p.n || ', "bytes": ' || p.bytes || ', "copy_ns": ' || p.dur_ns
          || ', "async_calls": ' || p.n_async || ', "extra_ns": ' || coalesce(CAST(p.extra_ns AS VARCHAR), 'null')
-         || ', "worst": ' || p.worst || '}'
+         || ', "worst": ' || p.worst || '}',
+       'copy'
 FROM pageable p WHERE p.n >= $min_pageable_count
 UNION ALL
 SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', d.worst_start, d.worst_end,
@@ -161,7 +163,8 @@ SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', d
        '{"copies": ' || d.n || ', "bytes": ' || d.bytes || ', "wait_ns": ' || d.wait_ns || ', "idle_after_ns": ' || d.idle_ns
          || ', "loss_ns": ' || d.loss_ns || ', "steps": ' || d.n_steps || ', "copies_in_steps": ' || d.n_in_steps
          || ', "steps_with_copies": ' || d.steps_with || ', "max_per_step": ' || coalesce(ps.max_per_step, 0)
-         || ', "how": ' || d.how_counts || ', "worst": ' || d.worst || '}'
+         || ', "how": ' || d.how_counts || ', "worst": ' || d.worst || '}',
+       'idle:sync'  -- the host waited: the GPU's queue drained
 FROM serial_dev d LEFT JOIN spans sp USING (device_id) LEFT JOIN per_step ps USING (device_id)
 WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
 ORDER BY 5, 1

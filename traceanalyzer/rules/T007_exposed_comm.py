@@ -84,6 +84,7 @@ RULE = Rule(
     name="exposed-communication",
     title="Collective communication not overlapped with compute",
     phase="timeline",
+    claims="communication",
     severity="warning",
     what="Per device (and rank, when the trace says it), the time collective kernels (NCCL/RCCL "
          "`ncclKernel_*`/`ncclDevKernel_*`, custom all-reduce kernels) run while no compute kernel runs "

@@ -23,8 +23,13 @@ if TYPE_CHECKING:
 PHASES = ("structure", "timeline", "bottleneck", "instruction", "memory")
 SEVERITIES = ("info", "warning", "error")
 
-# What a rule's query may return: the `findings` table's columns (see schema.py).
-FINDING_COLUMNS: tuple[str, ...] = tuple(schema.FINDINGS.column_names)
+# Columns the diagnosis sets once every rule of a run has run (traceanalyzer.diagnosis).
+DIAGNOSIS_COLUMNS = ("finding_no", "related_to", "rule_loss_ns")
+# What a rule's query may return: the `findings` table's other columns (see schema.py).
+FINDING_COLUMNS: tuple[str, ...] = tuple(c for c in schema.FINDINGS.column_names if c not in DIAGNOSIS_COLUMNS)
+# The parts of a device's time budget a finding's loss can be time of (the `claims` column):
+# idle of any cause, or of the one cause a rule names.
+CLAIMS = ("compute", "communication", "copy", "idle", "idle:sync", "idle:host")
 
 
 def pair_key(first: str, then: str, *, then_descending: bool = False) -> str:
@@ -163,6 +168,9 @@ class Rule:
     # Thresholds of other rules this one's query reads too, as "RULE.name": one value, owned and
     # set by that rule (`--threshold RULE.name`), bound here under its own name.
     shared: tuple[str, ...] = ()
+    # The budget part (CLAIMS) its findings' losses are time of, unless a row sets `claims`;
+    # None: time outside the budget, or no loss.
+    claims: Optional[str] = None
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -173,6 +181,8 @@ class Rule:
             raise ValueError(f"{self.id}: a rule needs sql or evaluate")
         if self.scope not in ("run", "runs") or (self.scope == "runs" and (self.evaluate is None or self.sql)):
             raise ValueError(f"{self.id}: scope must be 'run', or 'runs' with evaluate and no sql")
+        if self.claims is not None and self.claims not in CLAIMS:
+            raise ValueError(f"{self.id}: claims must be one of {', '.join(CLAIMS)}")
 
     def params(self, overrides: dict[str, Any] | None = None,
                others: dict[str, dict[str, Any]] | None = None) -> dict[str, float | int]:

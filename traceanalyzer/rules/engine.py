@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -17,7 +17,7 @@ from .. import prefetch
 from ..store import views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
-from .base import FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
+from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
 
 if TYPE_CHECKING:  # imported where used: see `prefetch` (the store imports it while it writes)
     import pandas as pd
@@ -95,6 +95,10 @@ def _normalize(df: pd.DataFrame, rule: Rule, run_id: str, store: Store) -> pd.Da
     if bad:
         raise ValueError(f"{rule.id} returned unknown severities {sorted(bad)}")
     df["evidence"] = df["evidence"].map(_as_json)
+    df["claims"] = df["claims"].astype(object).where(df["claims"].notna(), rule.claims)
+    bad = set(df["claims"].dropna()) - set(CLAIMS)
+    if bad:
+        raise ValueError(f"{rule.id} returned unknown claims {sorted(bad)}")
     rank = store.sql("SELECT rank FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
     df["fingerprint"] = [fingerprint(rule.id, rank, r.device_id, r.stream_id, r.item_kind, r.item_name)
                          for r in df.itertuples()]
@@ -258,12 +262,19 @@ def _error_note(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
+# What a run's findings become before they are stored: (store, run_id, every finding of the
+# run, this pass's and the stored ones of other rules) -> the findings to store. The
+# diagnosis (traceanalyzer.diagnosis) is one; it lives a floor above, so it is passed in.
+Diagnose = Callable[[Store, str, "pd.DataFrame"], "pd.DataFrame"]
+
+
 def run_rules(store: Store, run_ids: Iterable[str] | None = None,
-              settings: Settings | None = None) -> list[RuleOutcome]:
+              settings: Settings | None = None, *, diagnose: Diagnose | None = None) -> list[RuleOutcome]:
     """Evaluate the selected rules on each run and replace their stored findings.
 
     Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
-    rank of a multi-rank job) see every run given here that carries their data.
+    rank of a multi-rank job) see every run given here that carries their data. `diagnose`:
+    given every finding of a run (the stored ones of rules not run here too), what to store.
     """
     # pandas (~0.25 s to import) is first needed for the first rule's result: import it on a
     # thread meanwhile (see prefetch.py; a rules pass right after an ingest started it already)
@@ -326,14 +337,25 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     import pandas as pd
 
     for run_id in run_ids:
-        statuses = [{"rule_id": r.id, "status": outcomes[(run_id, r.id)].status,
-                     "findings": outcomes[(run_id, r.id)].findings, "note": outcomes[(run_id, r.id)].note,
-                     "params": json.dumps(params[r.id], sort_keys=True), "evaluated_at": utcnow()}
-                    for r in rules]
+        statuses = pa.Table.from_pylist(
+            [{"rule_id": r.id, "status": outcomes[(run_id, r.id)].status,
+              "findings": outcomes[(run_id, r.id)].findings, "note": outcomes[(run_id, r.id)].note,
+              "params": json.dumps(params[r.id], sort_keys=True), "evaluated_at": utcnow()} for r in rules],
+            schema=arrow_schema("rule_runs").remove(0))
+        rule_ids = [r.id for r in rules]
         found = [f for f in frames[run_id] if not f.empty]
-        findings = (pa.Table.from_pandas(pd.concat(found, ignore_index=True), schema=arrow_schema("findings"),
-                                         preserve_index=False)
-                    if found else arrow_schema("findings").empty_table())
-        store.write_findings(run_id, [r.id for r in rules], findings,
-                             pa.Table.from_pylist(statuses, schema=arrow_schema("rule_runs").remove(0)))
+        if diagnose is not None:
+            # The other rules' stored findings are diagnosed again with these, and rewritten
+            # with their outcomes as they were.
+            kept = store.read_findings(run_id, [r.id for r in all_rules() if r.id not in rule_ids])
+            others = sorted(set(kept.rule_runs.column("rule_id").to_pylist()))
+            statuses = pa.concat_tables([statuses, kept.rule_runs.select(statuses.column_names)])
+            rule_ids += others
+            parts = [f for f in (kept.findings.to_pandas(), *found) if not f.empty]
+            found = [diagnose(store, run_id, pd.concat(parts, ignore_index=True).assign(run_id=run_id))] if parts else []
+        columns = arrow_schema("findings")
+        findings = (pa.Table.from_pandas(pd.concat(found, ignore_index=True).reindex(columns=columns.names),
+                                         schema=columns, preserve_index=False)
+                    if found else columns.empty_table())
+        store.write_findings(run_id, rule_ids, findings, statuses)
     return [outcomes[(rid, r.id)] for rid in run_ids for r in rules]

@@ -270,6 +270,17 @@ BUDGET_CATEGORIES = ("compute", "communication", "copy", "memset")
 IDLE_CAUSES = ("sync", "host", "dependency", "unknown")
 
 
+def idle_marks(start: str, end: str, call_start: str, call_end: str, reach: str) -> tuple[str, str]:
+    """Where an idle stretch [`start`, `end`] stops being `sync` and stops being `host`, as SQL:
+    the return of the blocking calls the launching thread was in when the stretch began (`reach`:
+    the latest end of those it started by `start`; NULL: none), then the return of the launch
+    call (`call_start`, `call_end`), each clamped to the stretch. The time budget splits its idle
+    stretches with it and rule T001 its gaps, so the two agree."""
+    sync_end = f"least(greatest(coalesce({reach}, {start}), {start}), {end})"
+    issued = f"least(greatest(coalesce({call_end}, {call_start}), coalesce({reach}, {start}), {start}), {end})"
+    return sync_end, issued
+
+
 def _time_budget(runs: str | None = None) -> str:
     """The time_budget view's query; with `runs` (a condition on `run_id`: the table macros'
     parameter), those runs' rows only, read from the tables by run (DuckDB does not push a run
@@ -285,6 +296,7 @@ def _time_budget(runs: str | None = None) -> str:
     idle (`sync`), then up to the return of the launch call (`host`: not issued yet), then the
     rest (`dependency`: issued, the work waited); all `unknown` without a launch call."""
     of_run = runs or "true"
+    sync_end, issued = idle_marks("i.start_ns", "i.end_ns", "i.call_start_ns", "i.call_end_ns", "b.reach_ns")
     # The four counts ride in one running sum, 15 bits each (far more operations than one device
     # runs at once): one window aggregate instead of four, for a fraction of the sweep's memory.
     category = " ".join(f"WHEN (counts >> {15 * i}) & 32767 > 0 THEN '{c}'" for i, c in enumerate(BUDGET_CATEGORIES))
@@ -331,9 +343,7 @@ def _time_budget(runs: str | None = None) -> str:
             FROM api_calls WHERE {of_run} AND {BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns
         ), marks AS (  -- where in each idle stretch the thread's blocking call, then the launch call, returned
             SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, i.call_start_ns IS NOT NULL AS linked,
-                   least(greatest(coalesce(b.reach_ns, i.start_ns), i.start_ns), i.end_ns) AS sync_end_ns,
-                   least(greatest(coalesce(i.call_end_ns, i.call_start_ns), coalesce(b.reach_ns, i.start_ns),
-                                  i.start_ns), i.end_ns) AS issued_ns
+                   {sync_end} AS sync_end_ns, {issued} AS issued_ns
             FROM idle i ASOF LEFT JOIN blocking b
               ON b.run_id = i.run_id AND b.pid = i.pid AND b.tid = i.tid AND b.start_ns <= i.start_ns
         ), caused AS (  -- each idle stretch split in time: waiting in a sync, then the host, then the work

@@ -1,0 +1,232 @@
+"""Findings grouped by root cause, their losses bounded by the time budget.
+
+Each rule asks one question, so several rules find the same lost time: a device idle while
+the host reads data is a launch gap (T001), a host-bound stretch (T004) and, when a
+device-to-host copy came before, a waited-on copy (T006). Reported side by side they claim
+that time three times and give three fixes. So once a run's rules have run, its findings are
+diagnosed together (`diagnose`):
+
+1. **Units.** A finding's `claims` names the part of its device's time budget (the
+   `time_budget` view) its loss is time of. Findings that claim the same part of one device
+   share a unit: the device's idle time (of any cause), its copy time, and the compute or
+   communication time of one kernel (by `item_name`). A finding with no device (T004: every
+   GPU idle at once) sits in that part's unit on every device, which joins those units into
+   one group.
+2. **One headline per group.** Every other finding of the group is related evidence of it
+   (`related_to`), claims no time of its own (`est_loss_ns` NULL; the rule's figure stays in
+   `rule_loss_ns`) and lends the headline its severity when worse. In an idle group the
+   headline is a finding that names the cause the budget gives most of the idle time (sync,
+   host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
+   covers them all; elsewhere, and among equals, the largest loss.
+3. **Losses bounded by the budget.** A headline's loss is at most the time of its part: the
+   device's idle or copy time; a kernel's own time on the device and, summed over the
+   device's kernels, its compute (or communication) time, each scaled down in proportion when
+   they sum to more (kernels on concurrent streams overlap). A finding without a device is
+   bounded on each of its devices. So per device, headline losses sum to no more than the
+   span, and no nanosecond is claimed twice.
+
+A finding that claims no part (`claims` NULL: a recompile's compile time, a straggler's lag,
+peak memory) is a headline of its own, its loss bounded by the run's span. A run without a
+timeline (Nsight Compute) has no budget: its findings are grouped by kernel, losses as the
+rules gave them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Iterable
+
+from .rules.base import SEVERITIES
+from .rules.engine import RuleOutcome, Settings, run_rules
+from .store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# T001's causes as the budget names them (its `late_launch` is the budget's `host`).
+_T001_CAUSE = {"sync": "sync", "late_launch": "host", "copy": "dependency", "dependency": "dependency",
+               "unknown": "unknown"}
+_PER_KERNEL = ("compute", "communication")
+
+
+def diagnose_runs(store: Store, run_ids: Iterable[str] | None = None,
+                  settings: Settings | None = None) -> list[RuleOutcome]:
+    """Run the selected rules on each run (`rules.engine.run_rules`) and store their findings
+    diagnosed: grouped by root cause, losses bounded by the run's time budget."""
+    return run_rules(store, run_ids, settings, diagnose=diagnose)
+
+
+def diagnose(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
+    """Every finding of `run_id`, with `finding_no`, `related_to`, `rule_loss_ns`, the bounded
+    `est_loss_ns` and the group's severity set (see the module's docstring)."""
+    df = findings.reset_index(drop=True).copy()
+    # A stored finding was diagnosed before: its rule's own estimate is in rule_loss_ns.
+    rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
+    df["rule_loss_ns"] = df["est_loss_ns"] if rule_loss is None else rule_loss.where(rule_loss.notna(), df["est_loss_ns"])
+    budget = _budget(store, run_id)
+    devices = sorted({d for d, _ in budget})
+    kernel_ns = _kernel_ns(store, run_id, df)
+
+    rows = df.to_dict("records")
+    units = [_units(r, devices) for r in rows]
+    groups = _groups(units)
+
+    loss: dict[int, float | None] = {}
+    related: dict[int, int] = {}
+    severity = {i: r["severity"] for i, r in enumerate(rows)}
+    for members in groups:
+        head = min(members, key=lambda i: _headline_order(rows[i], units[i], budget))
+        for i in members:
+            if i != head:
+                related[i] = head
+                if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(severity[head]):
+                    severity[head] = rows[i]["severity"]
+        loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, store, run_id)
+    _share_parts(rows, units, loss, budget)
+
+    order = sorted(loss, key=lambda i: (-SEVERITIES.index(severity[i]), -(loss[i] if loss[i] is not None else -1),
+                                         rows[i]["rule_id"], i))
+    numbered: list[int] = []
+    for head in order:
+        numbered.append(head)
+        numbered += sorted((i for i, h in related.items() if h == head),
+                           key=lambda i: (-SEVERITIES.index(rows[i]["severity"]), -_num(rows[i]["rule_loss_ns"]),
+                                          rows[i]["rule_id"], i))
+    no = {i: n + 1 for n, i in enumerate(numbered)}
+    df["finding_no"] = [no[i] for i in range(len(rows))]
+    df["related_to"] = [no[related[i]] if i in related else None for i in range(len(rows))]
+    df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
+    df["severity"] = [severity[i] for i in range(len(rows))]
+    df["related_to"] = df["related_to"].astype("Int64")
+    df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
+    return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
+
+
+def _budget(store: Store, run_id: str) -> dict[tuple, int]:
+    """The run's time budget: (device, category) and (device, "idle:" + cause) -> ns."""
+    out: dict[tuple, int] = {}
+    for device, category, cause, ns in store.sql(
+            "SELECT device_id, category, cause, ns FROM run_time_budget($r)", {"r": run_id}).fetchall():
+        out[(device, category)] = out.get((device, category), 0) + ns
+        if cause is not None:
+            out[(device, f"idle:{cause}")] = ns
+    return out
+
+
+def _kernel_ns(store: Store, run_id: str, df: pd.DataFrame) -> dict[tuple, int]:
+    """(device, kernel name) -> that kernel's time on the device, for the kernels findings name."""
+    ids = [int(i) for i, k in zip(df["item_id"], df["item_kind"]) if k == "kernel" and i == i and i is not None]
+    if not ids:
+        return {}
+    return {(d, n): ns for d, n, ns in store.sql(
+        """SELECT device_id, name, CAST(sum(end_ns - start_ns) AS BIGINT) FROM kernels
+           WHERE run_id = $r AND end_ns >= start_ns
+             AND name IN (SELECT name FROM kernels WHERE run_id = $r AND list_contains($ids, kernel_id))
+           GROUP BY ALL""", {"r": run_id, "ids": ids}).fetchall()}
+
+
+def _category(claims: str) -> str:
+    return claims.split(":")[0]
+
+
+def _units(row: dict, devices: list) -> list[tuple]:
+    """The units a finding sits in: (device, category, kernel name or None)."""
+    claims = row["claims"]
+    if not isinstance(claims, str):
+        return [("finding", id(row))]  # claims no part: a unit of its own
+    category = _category(claims)
+    name = row["item_name"] if category in _PER_KERNEL else None
+    device = _device(row)
+    on = [device] if device is not None or not devices else devices
+    return [(d, category, name) for d in on]
+
+
+def _device(row: dict):
+    d = row["device_id"]
+    return None if d is None or d != d else int(d)
+
+
+def _groups(units: list[list[tuple]]) -> list[list[int]]:
+    """Findings joined through the units they share (union-find over units)."""
+    parent: dict = {}
+
+    def root(u):
+        while parent.setdefault(u, u) != u:
+            parent[u] = parent[parent[u]]
+            u = parent[u]
+        return u
+
+    for us in units:
+        for u in us[1:]:
+            parent[root(u)] = root(us[0])
+    members: dict = defaultdict(list)
+    for i, us in enumerate(units):
+        members[root(us[0])].append(i)
+    return list(members.values())
+
+
+def _named_cause(row: dict) -> str | None:
+    """The idle cause a finding names: its claim's, or for the launch-gap rule its main cause."""
+    claims = row["claims"]
+    if claims != "idle":
+        return claims.split(":", 1)[1] if ":" in claims else None
+    evidence = row["evidence"]
+    if isinstance(evidence, str) and '"main_cause"' in evidence:
+        import json
+
+        return _T001_CAUSE.get(json.loads(evidence).get("main_cause"))
+    return None
+
+
+def _headline_order(row: dict, units: list[tuple], budget: dict) -> tuple:
+    """Sorts a group's findings: the headline first."""
+    by_loss = (-_num(row["rule_loss_ns"]), -SEVERITIES.index(row["severity"]), row["rule_id"])
+    if not isinstance(row["claims"], str) or _category(row["claims"]) != "idle":
+        return (0, 0, *by_loss)
+    idle = defaultdict(int)
+    for device, _, _ in units:
+        for key, ns in budget.items():
+            if key[0] == device and key[1].startswith("idle:"):
+                idle[key[1][5:]] += ns
+    main = max(idle, key=lambda c: (idle[c], c), default=None)
+    return (_named_cause(row) != main, row["claims"] == "idle", *by_loss)
+
+
+def _num(v) -> float:
+    return -1.0 if v is None or v != v else float(v)
+
+
+def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, store: Store, run_id: str) -> float | None:
+    """A headline's loss: the rule's, at most the time of the part it claims on each device."""
+    own = row["rule_loss_ns"]
+    if own is None or own != own:
+        return None
+    caps = []
+    if not isinstance(row["claims"], str):
+        span = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
+        caps.append(span)
+    for device, category, name in units if isinstance(row["claims"], str) else ():
+        part = budget.get((device, category))
+        if part is not None:
+            caps.append(part)
+        if name is not None and (device, name) in kernel_ns:
+            caps.append(kernel_ns[(device, name)])
+    caps = [c for c in caps if c is not None]
+    return float(min([own, *caps]))
+
+
+def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget: dict) -> None:
+    """Kernel headlines of one device and category sum to at most its part: scaled down in
+    proportion when they sum to more."""
+    heads = defaultdict(list)
+    for i in loss:
+        if loss[i] is not None and isinstance(rows[i]["claims"], str):
+            for device, category, name in units[i]:
+                if name is not None:
+                    heads[(device, category)].append(i)
+    for key, members in heads.items():
+        part = budget.get(key)
+        total = sum(loss[i] for i in members)
+        if part is not None and total > part:
+            for i in members:
+                loss[i] *= part / total
