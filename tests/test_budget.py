@@ -99,6 +99,20 @@ def test_the_launch_that_came_first_names_the_cause(store):
     assert b["idle:dependency"] == 10 and "idle:host" not in b  # (c's call returned at 5, before the idle)
 
 
+def test_each_step_gets_the_parts_inside_its_window(store):
+    # 0-10 compute, 10-20 idle (host 10-15: launched at 14-15; dependency 15-20), 20-30 compute;
+    # ProfilerStep#1 is 5-15 and #2 15-40 (past the device's span: its span is 15-30).
+    trace = _trace(kernels=[("a", 1, 0, 10, None), ("b", 1, 20, 30, 0)], calls=[("cudaLaunchKernel", 7, 14, 15)])
+    trace.tables["ranges"] = pa.table({
+        "range_id": [0, 1], "kind": ["user_annotation"] * 2, "name": ["ProfilerStep#1", "ProfilerStep#2"],
+        "pid": [1, 1], "tid": [7, 7], "start_ns": [5 * US, 15 * US], "end_ns": [15 * US, 40 * US]})
+    run_id = store.write_run(trace, Path("/planted/steps"), "s" * 64, 1).run_id
+    rows = store.sql("SELECT step, category, cause, ns, span_ns FROM run_step_budget(?) ORDER BY ALL", [run_id]).fetchall()
+    got = {(step, cat if cause is None else f"idle:{cause}"): (ns / US, span / US) for step, cat, cause, ns, span in rows}
+    assert got == {("ProfilerStep#1", "compute"): (5, 10), ("ProfilerStep#1", "idle:host"): (5, 10),
+                   ("ProfilerStep#2", "idle:dependency"): (5, 15), ("ProfilerStep#2", "compute"): (10, 15)}
+
+
 def test_check_json_carries_the_budget_of_each_device(tmp_path):
     r = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "s.duckdb"), "--format", "json",
                                  "--fail-on", "never", str(FIXTURES / "nsys" / "planted.sqlite"),
@@ -229,6 +243,36 @@ def test_on_every_real_trace_the_parts_partition_the_span_as_a_sweep_in_python_f
         timed += bool(got)
     assert swept >= 40
     assert timed >= 40  # the corpus's timed runs all have a budget
+
+
+def test_on_every_real_trace_with_steps_each_steps_parts_fill_its_window(real):
+    """Per step and device, the parts sum to the step's window inside the device's span; over
+    disjoint steps, each part sums to no more than the run's."""
+    with_steps = 0
+    for (run_id,) in real.sql("SELECT DISTINCT run_id FROM steps").fetchall():
+        rows = real.sql("SELECT step_id, device_id, category, cause, ns, span_ns FROM run_step_budget(?)",
+                        [run_id]).fetchall()
+        windows = dict(((r, d), (s, e)) for r, d, s, e in real.sql(
+            "SELECT range_id, NULL, start_ns, end_ns FROM steps WHERE run_id = ?", [run_id]).fetchall())
+        spans = {d: (s, e) for d, s, e in real.sql(
+            "SELECT device_id, first_start_ns, last_end_ns FROM device_busy WHERE run_id = ?", [run_id]).fetchall()}
+        per: dict = {}
+        for step, d, cat, cause, ns, span in rows:
+            per.setdefault((step, d), [0, span])[0] += ns
+        for (step, d), (total, span) in per.items():
+            s, e = windows[(step, None)]
+            first, last = spans[d]
+            assert total == span == min(e, last) - max(s, first), (run_id, step, d)
+        starts = sorted(windows.values())
+        if all(a[1] <= b[0] for a, b in zip(starts, starts[1:])):  # disjoint steps
+            whole = {(d, c, k): ns for d, c, k, ns in real.sql(
+                "SELECT device_id, category, cause, ns FROM run_time_budget(?)", [run_id]).fetchall()}
+            summed: dict = {}
+            for _, d, cat, cause, ns, _ in rows:
+                summed[(d, cat, cause)] = summed.get((d, cat, cause), 0) + ns
+            assert all(ns <= whole[k] for k, ns in summed.items()), run_id
+        with_steps += bool(rows)
+    assert with_steps >= 5
 
 
 def test_a_scan_table_gives_each_run_its_budget_in_a_cell(tmp_path):

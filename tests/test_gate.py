@@ -131,6 +131,33 @@ def test_the_junit_of_an_input_error_validates(tmp_path, bad):
     xmlschema.XMLSchema(str(shared_file("schemas/junit.xsd"))).validate(str(out))
 
 
+def test_every_artifact_counts_a_root_cause_once(tmp_path):
+    """timeline_sync's idle is seen by several rules: one headline error carries it. JSON lists
+    every finding (related ones point at their headline), SARIF has a result per headline with
+    the related ones in it, the gate counts headlines, and the SARIF still validates."""
+    sync = FIXTURES / "nsys" / "timeline_sync.sqlite"
+    out = {}
+    for fmt in ("json", "sarif", "junit"):
+        out[fmt] = tmp_path / f"r.{fmt}"
+        r = run("check", "--store", tmp_path / "s.duckdb", "--format", fmt, "-o", out[fmt], sync)
+        assert r.exit_code == 1
+    doc = json.loads(out["json"].read_text())
+    heads = [f for f in doc["findings"] if f["related_to"] is None]
+    related = [f for f in doc["findings"] if f["related_to"] is not None]
+    assert related and {f["related_to"] for f in related} <= {f["finding_no"] for f in heads}
+    assert all(f["est_loss_ns"] is None for f in related) and any(f["rule_loss_ns"] for f in related)
+    assert doc["counts"] == {s: sum(f["severity"] == s for f in heads) for s in ("info", "warning", "error")}
+    sarif = json.loads(out["sarif"].read_text())
+    results = sarif["runs"][0]["results"]
+    assert len(results) == len(heads)
+    assert sum(len(r["properties"].get("related", [])) for r in results) == len(related)
+    failures = ET.parse(out["junit"]).getroot().iter("failure")
+    assert sum(1 for _ in failures) == len({f["rule_id"] for f in heads if f["severity"] == "error"})
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(shared_file("schemas/sarif-schema-2.1.0.json").read_text())
+    assert not list(jsonschema.Draft4Validator(schema).iter_errors(sarif))
+
+
 # -- baselines that survive CI --------------------------------------------------------------
 
 def _baseline(tmp_path) -> Path:

@@ -357,6 +357,27 @@ def test_markdown_summary_lists_runs_and_their_worst_findings(fixture_store):
     assert len(short) <= 3000 and "Output shortened" in short
 
 
+def test_a_headline_carries_its_related_findings_and_steps_get_bars(tmp_path):
+    """Checked as `check` does (diagnosed): related findings fold inside their headline's card
+    and in its Markdown row, never as cards of their own; a run with steps gets a bar per step."""
+    st = Store(tmp_path / "s.duckdb")
+    rid = check_file(st, FIXTURES / "nsys" / "timeline_sync.sqlite", Settings()).run_id
+    res = load_result(st, [rid])
+    related = [f for f in res.findings if f["related_to"] is not None]
+    assert related and len(res.headlines()) + len(related) == len(res.findings)
+    page = html.render(st, res)
+    cards = re.findall(rf'<article class="finding[^"]*" id="f-{rid}-(\d+(?:-\d+)?)"', page)
+    assert len([c for c in cards if "-" not in c]) == len(res.headlines())
+    assert len([c for c in cards if "-" in c]) == len(related)
+    assert page.count('<details class="related">') == len({f["related_to"] for f in related})
+    steps = st.sql("SELECT count(*) FROM steps WHERE run_id = ?", [rid]).fetchone()[0]
+    assert steps == 4 and f"per step: {steps} step(s)" in page
+    md = markdown.render(st, res)
+    for f in related:
+        assert f"related: {markdown.md(f['rule_id'])} {markdown.md(f['message'], 160)}" in md
+    st.close()
+
+
 # -- chrome trace ------------------------------------------------------------------------
 
 def test_export_trace_has_every_gpu_operation_and_a_marker_per_finding(fixture_store, tmp_path):

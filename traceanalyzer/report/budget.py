@@ -33,9 +33,8 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
         d = out[run_id].setdefault(device_id, {"device_id": device_id, "span_ns": span_ns, "parts": []})
         d["parts"].append({"category": category, "cause": cause, "ns": ns})
     for devices in out.values():
-        for d in devices.values():  # busy parts in priority order, then idle by time
-            d["parts"].sort(key=lambda p: (p["category"] == "idle",
-                                           BUDGET_CATEGORIES.index(p["category"]) if p["category"] in BUDGET_CATEGORIES else 0, -p["ns"]))
+        for d in devices.values():
+            d["parts"].sort(key=_part_order)
     # What the host did in the idle time, where the run's host-bound finding (T004) says: the
     # host activity behind most of the stretches in which every GPU was idle (a DataLoader, an
     # operator, a range), on each device.
@@ -46,6 +45,29 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
         for d in out[run_id].values() if work else ():
             d["host_work"] = {"name": work["name"], "ns": work["ns"]}
     return {r: list(devices.values()) for r, devices in out.items()}
+
+
+def step_budgets_of(store: Store, run_id: str) -> dict:
+    """The run's budget per step (`run_step_budget`), per device in step order:
+    {device_id: [{"step", "start_ns", "span_ns", "parts": [{"category", "cause", "ns"}]}]};
+    empty when the run has no steps."""
+    rows = store.sql("SELECT device_id, step_id, step, step_start_ns, span_ns, category, cause, ns "
+                     "FROM run_step_budget(?) ORDER BY device_id NULLS LAST, step_start_ns, step_id", [run_id]).fetchall()
+    out: dict = {}
+    for device_id, step_id, step, start, span, category, cause, ns in rows:
+        steps = out.setdefault(device_id, {})
+        entry = steps.setdefault(step_id, {"step": step, "start_ns": start, "span_ns": span, "parts": []})
+        entry["parts"].append({"category": category, "cause": cause, "ns": ns})
+    for steps in out.values():
+        for entry in steps.values():
+            entry["parts"].sort(key=_part_order)
+    return {d: list(steps.values()) for d, steps in out.items()}
+
+
+def _part_order(p: dict) -> tuple:
+    """Busy parts in priority order, then idle by time."""
+    return (p["category"] == "idle",
+            BUDGET_CATEGORIES.index(p["category"]) if p["category"] in BUDGET_CATEGORIES else 0, -p["ns"])
 
 
 def _pct(ns: int, span: int) -> str:

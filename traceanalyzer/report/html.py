@@ -26,7 +26,7 @@ from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
-from .budget import budget_line, no_budget_line
+from .budget import budget_line, no_budget_line, step_budgets_of
 from .html_charts import clip, esc
 from .model import CheckResult
 
@@ -73,6 +73,7 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
     return {
         "run": run,
         "findings": findings,
+        "step_budgets": step_budgets_of(store, rid),
         # one per root cause, each with the findings that saw the same time
         "headlines": [(f, result.related(f)) for f in result.headlines(rid)],
         "outcomes": [o for o in result.outcomes if o["run_id"] == rid],
@@ -179,7 +180,7 @@ def _run_section(p: dict, rules: dict, multi: bool) -> str:
     if run.get("warnings"):
         out.append('<details class="warnings"><summary>' + f'{len(run["warnings"])} reader warning(s)</summary><ul>'
                    + "".join(f"<li>{esc(w)}</li>" for w in run["warnings"]) + "</ul></details>")
-    out.append(_budget(run))
+    out.append(_budget(run, p["step_budgets"]))
     out.append(_summary_cards(p))
     out.append(_timeline(p))
     out.append(_findings(p, rules))
@@ -188,28 +189,62 @@ def _run_section(p: dict, rules: dict, multi: bool) -> str:
     return "\n".join(out)
 
 
-def _budget(run: dict) -> str:
+def _budget(run: dict, step_budgets: dict) -> str:
     """Where each device's time went (report/budget.py): its line and a stacked bar (SVG: the
-    page's policy allows no inline style), parts in the order of the line."""
+    page's policy allows no inline style), parts in the order of the line; then, when the run
+    has steps, a bar per step (folded)."""
     budget = run.get("budget") or []
     if not budget:
         return f'<p class="budget quiet">{esc(no_budget_line(run))}</p>'
     rows = []
     for d in budget:
-        span, x, rects = d["span_ns"] or 0, 0.0, []
-        for part in d["parts"]:
-            if not span or part["ns"] <= 0:
-                continue
-            w = 1000 * part["ns"] / span
-            label = part["cause"] or part["category"]
-            rects.append(f'<rect class="b-{esc(part["category"])}{" c-" + esc(part["cause"]) if part["cause"] else ""}" '
-                         f'x="{x:.2f}" y="0" width="{w:.2f}" height="16"><title>{esc(label)}: '
-                         f'{esc(fmt.ns(part["ns"]))} ({esc(fmt.pct(part["ns"] / span))})</title></rect>')
-            x += w
+        rects = _stacked(d["parts"], d["span_ns"] or 0, 0, 1000, horizontal=True)
         rows.append(f'<div class="budget"><div class="line">{esc(budget_line(d))}</div>'
                     f'<svg viewBox="0 0 1000 16" preserveAspectRatio="none" role="img" '
-                    f'aria-label="{esc(budget_line(d))}">{"".join(rects)}</svg></div>')
+                    f'aria-label="{esc(budget_line(d))}">{"".join(rects)}</svg>'
+                    + _step_bars(step_budgets.get(d["device_id"]) or []) + "</div>")
     return '<div class="budgets">' + "".join(rows) + "</div>"
+
+
+STEP_BARS_MAX = 400  # steps drawn per device; past that, the first ones
+
+
+def _step_bars(steps: list[dict]) -> str:
+    """One column per step, its parts stacked from the top in the order of the line."""
+    if not steps:
+        return ""
+    shown = steps[:STEP_BARS_MAX]
+    width = 1000 / len(shown)
+    cols = []
+    for i, st in enumerate(shown):
+        rects = _stacked(st["parts"], st["span_ns"] or 0, i * width, width * 0.85, horizontal=False,
+                         prefix=f'{st["step"]} ({fmt.ns(st["span_ns"])}): ')
+        cols.append("".join(rects))
+    more = f", the first {len(shown)} drawn" if len(steps) > len(shown) else ""
+    return (f'<details class="steps"><summary>per step: {len(steps)} step(s){more}, median '
+            f'{esc(fmt.ns(sorted(s["span_ns"] for s in steps)[len(steps) // 2]))}</summary>'
+            f'<svg viewBox="0 0 1000 60" preserveAspectRatio="none" role="img" aria-label="time budget per step">'
+            f'{"".join(cols)}</svg></details>')
+
+
+def _stacked(parts: list[dict], span: int, at: float, thickness: float, *, horizontal: bool,
+             prefix: str = "") -> list[str]:
+    """SVG rects of `parts` stacked along a bar of length 1000 (horizontal, 16 high) or 60
+    (vertical, `thickness` wide at x = `at`)."""
+    length = 1000 if horizontal else 60
+    pos, rects = 0.0, []
+    for part in parts:
+        if not span or part["ns"] <= 0:
+            continue
+        size = length * part["ns"] / span
+        label = part["cause"] or part["category"]
+        box = (f'x="{pos:.2f}" y="0" width="{size:.2f}" height="16"' if horizontal
+               else f'x="{at:.2f}" y="{pos:.2f}" width="{thickness:.2f}" height="{size:.2f}"')
+        rects.append(f'<rect class="b-{esc(part["category"])}{" c-" + esc(part["cause"]) if part["cause"] else ""}" '
+                     f'{box}><title>{esc(prefix)}{esc(label)}: '
+                     f'{esc(fmt.ns(part["ns"]))} ({esc(fmt.pct(part["ns"] / span))})</title></rect>')
+        pos += size
+    return rects
 
 
 def _card(label: str, value: str, detail: str = "") -> str:

@@ -284,7 +284,64 @@ def idle_marks(start: str, end: str, call_start: str, call_end: str, reach: str)
 def _time_budget(runs: str | None = None) -> str:
     """The time_budget view's query; with `runs` (a condition on `run_id`: the table macros'
     parameter), those runs' rows only, read from the tables by run (DuckDB does not push a run
-    filter on the view down through the sweep's window).
+    filter on the view down through the sweep's window). See `_budget_sweep`."""
+    return _budget_sweep(runs) + f"""
+        , totals AS (
+            SELECT run_id, device_id, category, sum(end_ns - start_ns) AS ns FROM stretches GROUP BY ALL
+        ), caused AS (  -- each idle stretch split in time: waiting in a sync, then the host, then the work
+            SELECT run_id, device_id, 'unknown' AS cause, end_ns - start_ns AS ns FROM marks WHERE NOT linked
+            UNION ALL
+            SELECT run_id, device_id, unnest(['sync', 'host', 'dependency']),
+                   unnest([sync_end_ns - start_ns, issued_ns - sync_end_ns, end_ns - issued_ns])
+            FROM marks WHERE linked
+        ), spans AS (
+            SELECT run_id, device_id, sum(ns) AS span_ns FROM totals GROUP BY ALL
+        ), busy AS (  -- every busy category of every device, 0 where it has none
+            SELECT s.run_id, s.device_id, c.category, NULL::VARCHAR AS cause, coalesce(t.ns, 0) AS ns
+            FROM spans s CROSS JOIN (SELECT unnest({list(BUDGET_CATEGORIES)}) AS category) c
+            LEFT JOIN totals t ON t.run_id = s.run_id AND t.device_id IS NOT DISTINCT FROM s.device_id
+                              AND t.category = c.category
+        )
+        SELECT p.run_id, p.device_id, p.category, p.cause, CAST(p.ns AS BIGINT) AS ns, CAST(s.span_ns AS BIGINT) AS span_ns
+        FROM (SELECT * FROM busy
+              UNION ALL
+              SELECT run_id, device_id, 'idle', cause, sum(ns) FROM caused GROUP BY ALL HAVING sum(ns) > 0) p
+        JOIN spans s ON s.run_id = p.run_id AND s.device_id IS NOT DISTINCT FROM p.device_id
+        """
+
+
+def _step_budget(runs: str) -> str:
+    """The time budget of each step (the `steps` view) of the runs `runs` selects: the parts of
+    `_budget_sweep` clipped to the step's window, per device; a step's parts on a device sum to
+    the part of the window inside the device's span (`span_ns`). Nested steps are each whole."""
+    return _budget_sweep(runs) + f"""
+        , segments AS (  -- every part as an interval: busy stretches, and idle ones split by cause
+            SELECT run_id, device_id, category, NULL::VARCHAR AS cause, start_ns, end_ns FROM stretches
+            WHERE category <> 'idle'
+            UNION ALL
+            SELECT run_id, device_id, 'idle', 'unknown', start_ns, end_ns FROM marks WHERE NOT linked
+            UNION ALL
+            SELECT run_id, device_id, 'idle', unnest(['sync', 'host', 'dependency']),
+                   unnest([start_ns, sync_end_ns, issued_ns]), unnest([sync_end_ns, issued_ns, end_ns])
+            FROM marks WHERE linked
+        ), clipped AS (  -- (two inequalities: an IEJoin, not a nested loop)
+            SELECT g.run_id, t.range_id AS step_id, t.name AS step, t.start_ns AS step_start_ns, g.device_id,
+                   g.category, g.cause, least(g.end_ns, t.end_ns) - greatest(g.start_ns, t.start_ns) AS ns
+            FROM segments g JOIN (SELECT * FROM steps WHERE {runs}) t
+              ON t.run_id = g.run_id AND g.start_ns < t.end_ns AND g.end_ns > t.start_ns
+        ), parts AS (
+            SELECT run_id, step_id, step, step_start_ns, device_id, category, cause, sum(ns) AS ns
+            FROM clipped GROUP BY ALL HAVING sum(ns) > 0
+        )
+        SELECT run_id, step_id, step, step_start_ns, device_id, category, cause, CAST(ns AS BIGINT) AS ns,
+               CAST(sum(ns) OVER (PARTITION BY run_id, step_id, device_id) AS BIGINT) AS span_ns
+        FROM parts
+        """
+
+
+def _budget_sweep(runs: str | None) -> str:
+    """The CTEs the time budgets share, up to `stretches` (each stretch of a device's span with
+    its category) and `marks` (each idle stretch with where its `sync` and `host` parts end).
 
     One sweep over the start and end of every GPU operation per device, in time order, with a
     running count of the operations of each category in progress: each stretch between two
@@ -322,8 +379,6 @@ def _time_budget(runs: str | None = None) -> str:
             SELECT run_id, device_id, t AS start_ns, next_t AS end_ns,
                    CASE {category} ELSE 'idle' END AS category
             FROM swept WHERE next_t > t
-        ), totals AS (
-            SELECT run_id, device_id, category, sum(end_ns - start_ns) AS ns FROM stretches GROUP BY ALL
         ), idle_next AS (  -- each idle stretch with the launch calls of the operations that end it
             SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, c.start_ns AS call_start_ns, c.end_ns AS call_end_ns,
                    c.pid, c.tid
@@ -346,26 +401,7 @@ def _time_budget(runs: str | None = None) -> str:
                    {sync_end} AS sync_end_ns, {issued} AS issued_ns
             FROM idle i ASOF LEFT JOIN blocking b
               ON b.run_id = i.run_id AND b.pid = i.pid AND b.tid = i.tid AND b.start_ns <= i.start_ns
-        ), caused AS (  -- each idle stretch split in time: waiting in a sync, then the host, then the work
-            SELECT run_id, device_id, 'unknown' AS cause, end_ns - start_ns AS ns FROM marks WHERE NOT linked
-            UNION ALL
-            SELECT run_id, device_id, unnest(['sync', 'host', 'dependency']),
-                   unnest([sync_end_ns - start_ns, issued_ns - sync_end_ns, end_ns - issued_ns])
-            FROM marks WHERE linked
-        ), spans AS (
-            SELECT run_id, device_id, sum(ns) AS span_ns FROM totals GROUP BY ALL
-        ), busy AS (  -- every busy category of every device, 0 where it has none
-            SELECT s.run_id, s.device_id, c.category, NULL::VARCHAR AS cause, coalesce(t.ns, 0) AS ns
-            FROM spans s CROSS JOIN (SELECT unnest({list(BUDGET_CATEGORIES)}) AS category) c
-            LEFT JOIN totals t ON t.run_id = s.run_id AND t.device_id IS NOT DISTINCT FROM s.device_id
-                              AND t.category = c.category
-        )
-        SELECT p.run_id, p.device_id, p.category, p.cause, CAST(p.ns AS BIGINT) AS ns, CAST(s.span_ns AS BIGINT) AS span_ns
-        FROM (SELECT * FROM busy
-              UNION ALL
-              SELECT run_id, device_id, 'idle', cause, sum(ns) FROM caused GROUP BY ALL HAVING sum(ns) > 0) p
-        JOIN spans s ON s.run_id = p.run_id AND s.device_id IS NOT DISTINCT FROM p.device_id
-        """
+        )"""
 
 
 VIEWS: dict[str, tuple[str, str]] = {
@@ -547,11 +583,13 @@ MACROS: dict[str, str] = {
 }
 
 # Views of some runs, computed from those runs' rows only: `run_time_budget('<run id>')` and
-# `runs_time_budget(['<id>', ...])` are `time_budget` filtered on the runs (see `_time_budget`).
+# `runs_time_budget(['<id>', ...])` are `time_budget` filtered on the runs (see `_time_budget`);
+# `run_step_budget('<run id>')` is one run's budget per step (see `_step_budget`).
 # Created after the views they read.
 TABLE_MACROS: dict[str, str] = {
     "run_time_budget": f"(rid) AS TABLE {_time_budget('run_id = rid')}",
     "runs_time_budget": f"(rids) AS TABLE {_time_budget('list_contains(rids, run_id)')}",
+    "run_step_budget": f"(rid) AS TABLE {_step_budget('run_id = rid')}",
 }
 
 
