@@ -12,7 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 import traceanalyzer.cli
+from traceanalyzer import fmt
 from traceanalyzer.cli import app
+from traceanalyzer.report.budget import budget_of, busy_split
+from traceanalyzer.store import Store
 
 from .conftest import FIXTURES, shared_file
 
@@ -64,6 +67,15 @@ def test_summary_and_query(db):
     r = run("summary", "--store", db)
     assert r.exit_code == 0
     assert "Top kernels" in r.stdout and "GPU busy" in r.stdout and "HtoD" in r.stdout
+    # busy split into the budget's exclusive parts, which sum to it
+    with Store(db, read_only=True) as st:
+        (rid,) = st.sql("SELECT run_id FROM runs").fetchone()
+        busy_ns = st.sql("SELECT busy_ns FROM device_busy WHERE run_id = ?", [rid]).fetchone()[0]
+        [device] = budget_of(st, rid)
+    split = busy_split(device)
+    assert sum(split.values()) == busy_ns and split["kernels"] and split["copies"]
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("│ 0 "))
+    assert all(f" {fmt.ns(v)} " in row for v in split.values()), row
     r = run("query", "--store", db, "--csv", "SELECT direction, count(*) AS n FROM copies GROUP BY 1 ORDER BY 1")
     assert r.stdout.splitlines()[0] == "direction,n"
     r = run("query", "--store", db, "SELECT nonsense FROM nowhere")

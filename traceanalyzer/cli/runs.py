@@ -45,7 +45,7 @@ def summary(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...",
 
 
 def _print_summary(st, rid: str, top: int) -> None:
-    from ..report.budget import budget_line, budget_of, no_budget_line
+    from ..report.budget import budget_line, budget_of, busy_split, no_budget_line
     from ..summary import busy, copies, run_info, top_kernels
 
     info = run_info(st, rid)
@@ -58,9 +58,13 @@ def _print_summary(st, rid: str, top: int) -> None:
         out.print(fmt.printable(line), markup=False)
     gpus = busy(st, rid)
     if not gpus.empty:
-        t = Table("device", "name", "busy", "active span", "busy share", "share of run", title="GPU busy")
+        split = {d["device_id"]: busy_split(d) for d in budget}
+        t = Table("device", "name", "busy", "kernels", "copies", "memsets", "active span", "busy share",
+                  "share of run", title="GPU busy")
         for r in gpus.itertuples():
-            t.add_row(str(r.device_id), cell(fmt.text(r.device)), fmt.ns(r.busy_ns), fmt.ns(r.active_span_ns),
+            parts = split.get(r.device_id, {})
+            t.add_row(str(r.device_id), cell(fmt.text(r.device)), fmt.ns(r.busy_ns),
+                      *(fmt.ns(parts.get(k)) for k in ("kernels", "copies", "memsets")), fmt.ns(r.active_span_ns),
                       fmt.pct(r.busy_share), fmt.pct(r.busy_share_of_run))
         out.print(t)
     k = top_kernels(st, rid, top)

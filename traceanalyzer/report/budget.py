@@ -70,6 +70,14 @@ def _part_order(p: dict) -> tuple:
             BUDGET_CATEGORIES.index(p["category"]) if p["category"] in BUDGET_CATEGORIES else 0, -p["ns"])
 
 
+def busy_split(device: dict) -> dict[str, int]:
+    """A device's busy time in the budget's exclusive parts: kernels (compute and
+    communication), copies and memsets; they sum to its busy time (`device_busy`)."""
+    ns = {p["category"]: p["ns"] for p in device["parts"] if p["category"] != "idle"}
+    return {"kernels": ns.get("compute", 0) + ns.get("communication", 0), "copies": ns.get("copy", 0),
+            "memsets": ns.get("memset", 0)}
+
+
 def _pct(ns: int, span: int) -> str:
     share = ns / span if span else 0.0
     return "<1%" if 0 < share < 0.005 else f"{share:.0%}"

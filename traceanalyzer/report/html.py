@@ -26,7 +26,7 @@ from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
-from .budget import budget_line, no_budget_line, step_budgets_of
+from .budget import budget_line, busy_split, no_budget_line, step_budgets_of
 from .html_charts import clip, esc
 from .model import CheckResult
 
@@ -258,8 +258,15 @@ def _summary_cards(p: dict) -> str:
                    esc(", ".join(sorted({n for _, n in p["devices"] if n})) or "device not named"))]
     if p["busy"]:
         main = max(p["busy"], key=lambda b: b["busy_ns"] or 0)
-        detail = "<br>".join(f"GPU {esc(b['device_id'])}: {esc(fmt.ns(b['busy_ns']))} busy, {esc(fmt.pct(b['busy_share']))} "
-                             f"of its active span, {esc(fmt.pct(b['busy_share_of_run']))} of the run" for b in p["busy"])
+        split = {d["device_id"]: busy_split(d) for d in p["run"].get("budget") or []}
+
+        def of_busy(device_id) -> str:  # busy is not all kernels: copies and memsets apart
+            parts = split.get(device_id)
+            return "" if not parts else " (" + ", ".join(f"{k} {fmt.ns(v)}" for k, v in parts.items() if v) + ")"
+
+        detail = "<br>".join(f"GPU {esc(b['device_id'])}: {esc(fmt.ns(b['busy_ns']))} busy{esc(of_busy(b['device_id']))}, "
+                             f"{esc(fmt.pct(b['busy_share']))} of its active span, "
+                             f"{esc(fmt.pct(b['busy_share_of_run']))} of the run" for b in p["busy"])
         cards.append(_card("GPU busy", esc(fmt.pct(main["busy_share"])), detail))
     if kt["launches"]:
         cards.append(_card("kernel time", esc(fmt.ns(kt["total_ns"])),
