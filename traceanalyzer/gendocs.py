@@ -7,11 +7,12 @@ from pathlib import Path
 
 from . import schema
 from .rules.docs import write_all
+from .store import views
 
 
 def generate(docs: Path) -> list[Path]:
     docs.mkdir(parents=True, exist_ok=True)
-    (docs / "schema.md").write_text(schema.markdown() + "\n")
+    (docs / "schema.md").write_text(schema.markdown() + "\n\n" + views.markdown() + "\n")
     return [docs / "schema.md", *write_all(docs / "rules")]
 
 

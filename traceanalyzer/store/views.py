@@ -591,6 +591,26 @@ TABLE_MACROS: dict[str, str] = {
     "runs_time_budget": f"(rids) AS TABLE {_time_budget('list_contains(rids, run_id)')}",
     "run_step_budget": f"(rid) AS TABLE {_step_budget('run_id = rid')}",
 }
+TABLE_MACRO_DOCS: dict[str, str] = {
+    "run_time_budget": "`time_budget` of one run, computed from its rows only: `SELECT * FROM run_time_budget('<run id>')`.",
+    "runs_time_budget": "`time_budget` of the runs listed: `runs_time_budget(['<id>', ...])`.",
+    "run_step_budget": "One run's time budget per step (the `steps` view) and device: `run_id`, `step_id` "
+                       "(`ranges.range_id`), `step` (its name), `step_start_ns`, `device_id`, `category`, `cause`, "
+                       "`ns` (parts with time only), and `span_ns`, the step's window inside the device's span, "
+                       "which its parts sum to.",
+}
+
+
+def markdown() -> str:
+    """The views and table macros section of docs/schema.md (gendocs)."""
+    out = ["## Views", "",
+           "Every connection to a store has these views over the tables (`traceanalyzer/store/views.py`).", "",
+           "| view | what it holds |", "|---|---|"]
+    out += [f"| `{name}` | {doc} |" for name, (doc, _) in VIEWS.items()]
+    out += ["", "Table macros compute a view for some runs only, from their rows:", "",
+            "| macro | what it returns |", "|---|---|"]
+    out += [f"| `{name}` | {TABLE_MACRO_DOCS[name]} |" for name in TABLE_MACROS]
+    return "\n".join(out)
 
 
 # DuckDB picks a nested-loop plan for an ASOF join, and a piecewise merge join for a range
