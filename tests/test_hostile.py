@@ -44,6 +44,7 @@ PLANTED = FIXTURES / "nsys" / "planted.sqlite"
 SAMPLE_SOURCES = {
     "nsys": ["DLProf__nsys_profile.sqlite", "DynamicViT__nsys_profile.sqlite"],
     "ncu": ["nsightful__copy_blocked.csv", "XPlacer__hotspot__lassen__nsight_hotspot_1024.log"],
+    "ncu-rep": ["CudaProgramming__profiling__profiles__simpleAOS.ncu-rep"],
     "torch": ["hta__critical_path__cuda_event_sync__event_sync_trace.json.gz", "kineto__docs__before_fix_trace.json"],
 }
 FAILURES = ("crash", "partial", "unexpected", "bad-message")
@@ -571,7 +572,8 @@ def test_property_any_kineto_shaped_json_reads_or_fails_cleanly(doc, gz):
 
 @PROPERTY
 @given(prefix=st.sampled_from([b"", b"SQLite format 3\x00", b"\x1f\x8b\x08", b'{"traceEvents":', b"[",
-                               b'"ID","Process ID","Kernel Name"\n', b"\xef\xbb\xbf"]),
+                               b'"ID","Process ID","Kernel Name"\n', b"\xef\xbb\xbf", b"NVR\x00",
+                               b"NVR\x00\x02\x00\x00\x00\x08\x07"]),
        body=st.binary(max_size=3000))
 def test_property_arbitrary_bytes_never_crash(prefix, body):
     with tempfile.TemporaryDirectory() as d:

@@ -49,12 +49,12 @@ RUNS = _t(
     RUN,
     ("source_path", "VARCHAR", "Absolute path of the file when it was ingested."),
     ("file_name", "VARCHAR", "Base name of the source file."),
-    ("format", "VARCHAR", "`nsys-sqlite`, `ncu-csv` or `kineto-json`."),
+    ("format", "VARCHAR", "`nsys-sqlite`, `ncu-csv`, `ncu-text`, `ncu-rep` or `kineto-json`."),
     ("content_hash", "VARCHAR", "XXH3-128 of the file's bytes (32 hex digits); SHA-256 (64) in a store keyed with SHA-256, which keeps using it."),
     ("file_size_bytes", "BIGINT", "Size of the source file."),
     ("producer", "VARCHAR", "Tool that wrote the file (`nsys`, `ncu`, `kineto`), as far as it can be told."),
     ("producer_version", "VARCHAR", "Tool version when the file says it (nsys product version, ncu dialect, Kineto schemaVersion)."),
-    ("schema_version", "VARCHAR", "Export schema version (nsys `EXPORT_SCHEMA_VERSION`, ncu CSV dialect, Kineto trace era)."),
+    ("schema_version", "VARCHAR", "Export schema version (nsys `EXPORT_SCHEMA_VERSION`, ncu CSV dialect, `ncu-rep v7` for a report's file version, Kineto trace era)."),
     ("host", "VARCHAR", "Host name the trace was recorded on, when present."),
     ("start_ns", "BIGINT", "Earliest timestamp of any GPU or host event in the run (NULL when the run has no timeline, e.g. ncu)."),
     ("end_ns", "BIGINT", "Latest timestamp of any event in the run."),
@@ -269,11 +269,14 @@ KERNEL_METRICS = _t(
 
 KERNEL_RULE_RESULTS = _t(
     "kernel_rule_results",
-    "Nsight Compute's own rule rows (2023+ details page): kept so a user can compare.",
+    "Nsight Compute's own rule results, kept so a user can compare: the rule rows of a 2023+ "
+    "details-page CSV, the rule results stored in a `.ncu-rep` report and those a console text report "
+    "prints (every ncu reader fills it).",
     RUN,
     ("kernel_id", "BIGINT", "The launch."),
     ("section", "VARCHAR", "ncu section."),
-    ("rule_name", "VARCHAR", "ncu rule name."),
+    ("rule_name", "VARCHAR", "ncu rule identifier (`TheoreticalOccupancy`); a text report does not print it: "
+     "told from the message wording there, NULL when not recognised."),
     ("rule_type", "VARCHAR", "`OPT`, `WRN`, `INF`, ..."),
     ("description", "VARCHAR", "Rule text."),
     ("speedup_type", "VARCHAR", "`global` or `local`."),

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from pathlib import Path
 
+from . import ncu_text
 from .base import TraceError
 
 NSYS = "nsys-sqlite"
 NCU = "ncu-csv"
+NCU_TEXT = "ncu-text"
+NCU_REP = "ncu-rep"
 KINETO = "kineto-json"
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
+NCU_REP_MAGIC = b"NVR\x00"
 
 
 def _head(path: Path, n: int = 64 * 1024) -> bytes:
@@ -32,18 +37,26 @@ def _gunzip_head(raw: bytes) -> bytes:
 
 
 def detect(path: Path) -> str:
-    """Return NSYS, NCU or KINETO, or raise TraceError saying what the file is instead."""
+    """Return NSYS, NCU, NCU_TEXT, NCU_REP or KINETO, or raise TraceError saying what the file is instead."""
     head = _head(path)
     if not head:
         raise TraceError("empty file")
     if head.startswith(SQLITE_MAGIC):
         return NSYS
+    if head.startswith(NCU_REP_MAGIC):
+        return NCU_REP
     text = _gunzip_head(head) if head.startswith(GZIP_MAGIC) else head
     stripped = text.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if stripped[:1] in (b"{", b"["):
+    # `ncu -i report.ncu-rep` prints its text report from the first line on: "[pid] process@host".
+    if stripped[:1] in (b"{", b"[") and not re.match(rb"\[\d+\] \S", stripped):
         return KINETO
-    sample = text[:64 * 1024].decode("utf-8", "replace")
-    if '"ID","Process ID"' in sample or "==PROF==" in sample or '"Kernel Name"' in sample:
+    sample = ncu_text.decode(text[:64 * 1024])
+    if '"ID","Process ID"' in sample or '"Kernel Name"' in sample:
+        return NCU
+    if ncu_text.TEXT_REPORT.search(sample) or ("==PROF==" in sample and ncu_text.TEXT_REPORT.search(
+            ncu_text.decode(_head(path, TEXT_SNIFF_BYTES)))):  # program output can run long before the report
+        return NCU_TEXT
+    if "==PROF==" in sample:
         return NCU
     if head.startswith(GZIP_MAGIC):
         raise TraceError("gzip file that does not hold a JSON trace")
@@ -51,6 +64,9 @@ def detect(path: Path) -> str:
         raise TraceError("unrecognized binary file (not an nsys SQLite export, ncu CSV or Kineto JSON)")
     raise TraceError("unrecognized text file (not an nsys SQLite export, ncu CSV or Kineto JSON)")
 
+
+# How far into a file with ==PROF== lines detection looks for an ncu text report's first section.
+TEXT_SNIFF_BYTES = 16 << 20
 
 # How far into a JSON file a folder walk looks for `traceEvents` (Kineto writes it after the
 # run's metadata, which is a few kB; every real trace in the corpus has it in the first 64 kB).
@@ -113,4 +129,4 @@ def _has_nsys_tables(path: Path) -> bool:
     return "StringIds" in names or any(n.startswith(("CUPTI_", "NVTX_", "TARGET_INFO_")) for n in names)
 
 
-__all__ = ["detect", "not_a_trace", "NSYS", "NCU", "KINETO", "gzip"]
+__all__ = ["detect", "not_a_trace", "NSYS", "NCU", "NCU_TEXT", "NCU_REP", "KINETO", "gzip"]

@@ -23,6 +23,13 @@ def kernel_short_name(name: str) -> str:
     """
     if len(name) > MAX_PARSED_NAME_CHARS:  # per-character scans: a hostile multi-MB name is kept whole
         return name
+    if not _balanced(name):
+        # Nsight Compute's console report shortens names and leaves their brackets unbalanced
+        # (`void vectorized_elementwise_kernel<4, unnamed>::silu_kernel(...)::[lambda() ...`):
+        # the first identifier that opens a template or parameter list is the function.
+        m = _FIRST_CALLABLE.search(name)
+        if m:
+            return m.group(1).rsplit("::", 1)[-1]
     s = name.strip()
     for suffix in (" const", " volatile"):
         if s.endswith(suffix):
@@ -35,6 +42,21 @@ def kernel_short_name(name: str) -> str:
             break
         s = stripped
     return _last_word(s).rsplit("::", 1)[-1] or name
+
+
+_FIRST_CALLABLE = re.compile(r"([A-Za-z_~][\w~]*(?:::[A-Za-z_~][\w~]*)*)\s*[<(\[]")
+
+
+def _balanced(s: str) -> bool:
+    """Whether every bracket of `s` closes in order."""
+    stack = []
+    for c in s:
+        if c in _OPENERS:
+            stack.append(c)
+        elif c in _CLOSERS:
+            if not stack or stack.pop() != _CLOSERS[c]:
+                return False
+    return not stack
 
 
 def _strip_trailing_group(s: str) -> str:

@@ -118,8 +118,7 @@ def _find_header(text: str) -> int:
     if id_lines:
         raise TraceError("CSV without ncu's ID/Kernel Name header")
     if _TEXT_REPORT.search(text):
-        raise TraceError("ncu text report, not CSV: re-export with --csv "
-                         "(ncu -i report.ncu-rep --csv --page details)")
+        raise TraceError("ncu text report, not CSV: the ncu-text reader reads it")
     lines = text.splitlines()
     logs = [ln.strip() for ln in lines if ln.startswith(LOG_PREFIXES)]
     if logs:
@@ -129,7 +128,7 @@ def _find_header(text: str) -> int:
         if errors:
             why = f"the profiled application failed? ({errors[0]})"
         elif profiled:
-            why = f"{profiled} kernels were profiled but no CSV was printed (ncu run without --csv?)"
+            why = f"{profiled} kernels were profiled but neither a CSV nor a text report follows (output cut short?)"
         else:
             why = f"no kernel was profiled ({connected} processes connected)"
         raise TraceError(f"no ncu CSV header, only ==PROF== log lines: {why}")

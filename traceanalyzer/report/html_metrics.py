@@ -54,7 +54,7 @@ def _analysed_kernels(store: Store, run_id: str) -> list[tuple[str, dict]]:
     from ..rules.B003_roofline import kernel_roofline
 
     fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    if not fmt or fmt[0][0] != "ncu-csv":
+    if not fmt or not fmt[0][0].startswith("ncu"):
         return []
     g = kernel_roofline(store, run_id)
     out = []

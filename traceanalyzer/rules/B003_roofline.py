@@ -418,7 +418,7 @@ RULE = Rule(
         Threshold("warning_time_share", 0.05, "Latency-bound kernels at or over this share of time are warnings, others info."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "kineto-json"),
+    formats=("ncu-csv", "ncu-text", "ncu-rep", "kineto-json"),
     references=(
         "Nsight Compute rules SOLBottleneck (80/60/10) and SOLFPRoofline; Kernel Profiling Guide 'Roofline Charts'",
         "Williams, Waterman, Patterson: 'Roofline: an insightful visual performance model' (CACM 2009)",
