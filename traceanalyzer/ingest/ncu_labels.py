@@ -6,7 +6,11 @@ page and ``--metrics`` runs by metric id. The pairs below are read from the ``La
 LaunchStatistics, Occupancy, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis,
 WarpStateStatistics, InstructionStatistics, SourceCounters, WorkloadDistribution) and the
 scheduler-statistics section. Labels from 2019-2020 sections ("SOL FB", "SM [%]") are in
-``LEGACY`` and marked as recalled rather than read from a shipped file.
+``LEGACY`` and marked as recalled rather than read from a shipped file. The 2021-2022 Speed Of
+Light header ("Compute (SM) [%]", "Memory [%]") is in ``SPEED_OF_LIGHT_2021``: the same two
+labels name the same metrics in the throughput chart that 2023-2025 ``.ncu-rep`` reports embed.
+``EXTRA_SECTIONS`` holds labels read from the (section, label, metric id) triples of the real
+``.ncu-rep`` reports: the PM Sampling section, and custom sections a public project wrote.
 
 A label is looked up by (section, label) first, because one label can mean two metrics:
 "Memory Throughput" is a % of peak under Speed Of Light and bytes/s under Memory Workload
@@ -46,6 +50,10 @@ LEGACY = {
     "SOL DRAM": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "Memory Frequency": "dram__cycles_elapsed.avg.per_second",
     "L1 Hit Rate": "l1tex__t_sector_hit_rate.pct",
+}
+SPEED_OF_LIGHT_2021 = {
+    "Compute (SM) [%]": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "Memory [%]": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
 }
 LAUNCH_STATISTICS = {
     "Grid Size": "launch__grid_size",
@@ -92,6 +100,8 @@ SCHEDULER_STATISTICS = {
     "Eligible Warps Per Scheduler": "smsp__warps_eligible.avg.per_cycle_active",
     "GPU Maximum Warps Per Scheduler": "smsp__warps_active.avg.peak_sustained",
     "Theoretical Warps Per Scheduler": "smsp__maximum_warps_avg_per_active_cycle",
+    # 2019-2020 [recalled]
+    "Instructions Per Active Issue Slot": "smsp__inst_issued_per_issue_active.ratio",
 }
 # Stall chart labels of the Warp State Statistics section (cycles per issued instruction).
 _STALL_LABELS = {
@@ -110,6 +120,8 @@ WARP_STATE_STATISTICS = {
     "Avg. Active Threads Per Warp": "smsp__thread_inst_executed_per_inst_executed.ratio",
     "Avg. Not Predicated Off Threads Per Warp": "smsp__thread_inst_executed_pred_on_per_inst_executed.ratio",
     "Issued Warp Per Scheduler": "smsp__issue_active.avg.per_cycle_active",
+    # 2019-2020 [recalled; the older CPIStall rule divides stall cycles by it]
+    "Warp Cycles Per Issue Active": "smsp__average_warps_active_per_issue_active.ratio",
     **{label: f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
        for label, reason in _STALL_LABELS.items()},
 }
@@ -117,8 +129,8 @@ COMPUTE_WORKLOAD_ANALYSIS = {
     "Executed Ipc Elapsed": "sm__inst_executed.avg.per_cycle_elapsed",
     "Executed Ipc Active": "sm__inst_executed.avg.per_cycle_active",
     "Issued Ipc Active": "sm__inst_issued.avg.per_cycle_active",
-    "SM Busy": "sm__instruction_throughput.avg.pct_of_peak_sustained_elapsed",
-    "Issue Slots Busy": "sm__inst_issued.avg.pct_of_peak_sustained_elapsed",
+    "SM Busy": "sm__instruction_throughput.avg.pct_of_peak_sustained_active",
+    "Issue Slots Busy": "sm__inst_issued.avg.pct_of_peak_sustained_active",
     "Max. Issued Slots Busy": "sm__inst_issued.max.pct_of_peak_sustained_elapsed",
 }
 MEMORY_WORKLOAD_ANALYSIS = {
@@ -131,6 +143,7 @@ MEMORY_WORKLOAD_ANALYSIS = {
     "L2 Persisting Size": "launch__persisting_l2_cache_size",
     "L2 Compression Input Sectors": "lts__gcomp_input_sectors.sum",
     "L2 Compression Success Rate": "lts__average_gcomp_input_sector_success_rate.pct",
+    "L2 Compression Ratio": "lts__average_gcomp_output_sector_compression_achieved_rate.ratio",
 }
 INSTRUCTION_STATISTICS = {
     "Executed Instructions": "smsp__inst_executed.sum",
@@ -159,9 +172,38 @@ WORKLOAD_DISTRIBUTION = {
     "Total DRAM Elapsed Cycles": "dram__cycles_elapsed.sum",
 }
 
+PM_SAMPLING = {
+    "Maximum Buffer Size": "profiler__pmsampler_buffer_size_bytes",
+    "Dropped Samples": "profiler__pmsampler_dropped_samples",
+    "Maximum Sampling Interval": "profiler__pmsampler_interval_cycles",
+    "# Pass Groups": "profiler__pmsampler_pass_groups",
+}
+# Custom sections of Lashi0812/CudaProgramming's own section files (2023 reports).
+EXTRA_SECTIONS: dict[str, dict[str, str]] = {
+    "PM Sampling": PM_SAMPLING,
+    "Load Metrics": {
+        "GLoad Throughput": "l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum.per_second",
+        "Load Efficiency": "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.pct",
+        "Requested requests For GLoad": "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+        "sector/req": "l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio",
+    },
+    "Store Metrics": {
+        "GStore Throughput": "l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum.per_second",
+        "Store Efficiency": "smsp__sass_average_data_bytes_per_sector_mem_global_op_st.pct",
+        "Requested requests For GStore": "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
+        "sector/req": "l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_st.ratio",
+    },
+    "Shared Memory Analysis": {
+        "# of warp inst exec:LoadDataShared(LDS)": "smsp__inst_executed_op_shared_ld.sum",
+        "# of warp inst exec:StoreToShared(STS)": "smsp__inst_executed_op_shared_st.sum",
+        "Data Bank Conflict from LDS": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+        "Data Bank Conflict from STS": "smsp__sass_l1tex_data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    },
+}
+
 # Section display names (every spelling seen) -> that section's label map.
 BY_SECTION: dict[str, dict[str, str]] = {
-    "GPU Speed Of Light Throughput": SPEED_OF_LIGHT,
+    "GPU Speed Of Light Throughput": {**SPEED_OF_LIGHT, **SPEED_OF_LIGHT_2021},
     "GPU Speed Of Light": {**SPEED_OF_LIGHT, **LEGACY},
     "Launch Statistics": LAUNCH_STATISTICS,
     "Occupancy": OCCUPANCY,
@@ -172,6 +214,7 @@ BY_SECTION: dict[str, dict[str, str]] = {
     "Instruction Statistics": INSTRUCTION_STATISTICS,
     "Source Counters": SOURCE_COUNTERS,
     "GPU and Memory Workload Distribution": WORKLOAD_DISTRIBUTION,
+    **EXTRA_SECTIONS,
 }
 
 

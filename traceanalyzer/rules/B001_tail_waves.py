@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..fmt import ns, pct
-from ._launches import int_or_none as _int, launch_groups
+from ._launches import launch_groups
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -28,33 +28,56 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                     f"{int(r.sm_count * r.blocks_per_sm)} blocks per wave"
                     if r.sm_count == r.sm_count and r.blocks_per_sm == r.blocks_per_sm else "blocks per wave unknown")
         whole, partial = math.floor(r.waves), r.waves - math.floor(r.waves)
-        if whole >= 1 and partial > 1e-6:
-            wasted = (1 - partial) / (whole + 1)  # idle share of the last wave, as a share of the kernel
-            if wasted < p["min_wasted_share"]:
-                continue
+        severity = None
+        if 1 <= whole <= p["max_full_waves"] and partial > 1e-6:
+            idle = (1 - partial) / (whole + 1)  # idle share of the last wave, as a share of the kernel
             what = (f"{r.waves:.2f} waves: {whole} full wave(s) then one {pct(partial)} full, so about "
-                    f"{pct(wasted)} of the kernel's time leaves SMs idle in the tail")
+                    f"{pct(idle)} of the kernel's time leaves SMs idle in the tail")
             hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({per_wave}): "
                     "resize the tiles, or use a persistent-thread/stream-K loop so the last wave is full.")
         elif whole == 0 and r.waves < p["max_small_grid_waves"]:
-            wasted = 1 - r.waves
             grid = f"grid of {int(r.grid_blocks)} blocks" if r.grid_blocks == r.grid_blocks else "grid"
-            what = f"{grid} fills {pct(r.waves)} of one wave ({per_wave}): the GPU is under-filled"
             hint = ("Expose more parallelism: smaller blocks or tiles (more of them), split-K, or batch this work "
                     "with other kernels / run it concurrently on another stream.")
+            known = r.grid_blocks == r.grid_blocks and r.sm_count == r.sm_count
+            if known and r.grid_blocks < r.sm_count:
+                idle = (r.sm_count - r.grid_blocks) / r.sm_count  # NVIDIA's Small Grid estimate: idle SMs
+                what = (f"{grid} on {int(r.sm_count)} SMs leaves {pct(idle)} of the SMs idle "
+                        f"({pct(r.waves)} of one wave: {per_wave}): the GPU is under-filled")
+            else:  # no SM known idle: the shortfall is resident warps per SM, which B002 measures
+                idle, severity = None, "info"
+                fact = ("every SM gets a block, but fewer than fit: the SMs are under-filled (see B002 for the "
+                        "occupancy)" if known else
+                        "the SM count is unknown, so whether SMs sit idle cannot be told: the GPU may be under-filled")
+                what = f"{grid} fills {pct(r.waves)} of one wave ({per_wave}): {fact}"
         else:
             continue
-        loss = None if r.total_ns != r.total_ns else int(r.total_ns * wasted)
+        if idle is not None and whole >= 1 and idle < p["min_wasted_share"]:
+            continue
+        # A kernel already near its memory or compute roof loses little to idle SMs: the busy SMs
+        # saturate the shared unit anyway. Only the headroom below the busier roof can be won.
+        sol = max((x for x in (r.sm_sol, r.memory_sol) if x == x), default=None)
+        headroom = None if sol is None else max(0.0, 1 - sol)
+        wasted = None if idle is None else idle * (1 if headroom is None else headroom)
+        if headroom is not None and idle is not None:
+            what += f"; at {pct(sol)} of its busiest roof, {pct(wasted)} of its time can be won"
+            if wasted < p["min_wasted_share"]:
+                severity = "info"
+        loss = None if r.total_ns != r.total_ns or wasted is None else int(r.total_ns * wasted)
+        # start/end stay floats (NaN when unknown): None would not mix with the SQL rules' nullable integers
         rows.append({
             "device_id": r.device_id, "item_kind": "kernel", "item_id": r.first_id, "item_name": r.name,
-            "start_ns": _int(r.first_start_ns), "end_ns": _int(r.first_end_ns),
+            "start_ns": r.first_start_ns, "end_ns": r.first_end_ns,
             "value": r.waves, "value_unit": "waves",
             "threshold": p["min_wasted_share"] if whole >= 1 else p["max_small_grid_waves"],
-            "est_loss_ns": loss,
+            "est_loss_ns": loss, "severity": severity,
             "message": f"{r.short_name}: {what}"
                        + (f"; {int(r.launches)} launch(es), est. {ns(loss)} lost" if loss is not None else ""),
             "hint": hint,
             "evidence": {"waves": r.waves, "full_waves": whole, "last_wave_fill": partial,
+                         "idle_share": idle, "headroom_share": headroom,
+                         "sm_sol": None if r.sm_sol != r.sm_sol else r.sm_sol,
+                         "memory_sol": None if r.memory_sol != r.memory_sol else r.memory_sol,
                          "wasted_share": wasted, "grid_blocks": r.grid_blocks, "threads_per_block": r.threads_per_block,
                          "blocks_per_sm": r.blocks_per_sm, "sm_count": r.sm_count, "limiter": r.limiter,
                          "launches": r.launches, "total_ns": None if r.total_ns != r.total_ns else r.total_ns,
@@ -80,11 +103,22 @@ RULE = Rule(
     how="Waves = grid blocks / (SMs x resident blocks per SM). Resident blocks come from ncu "
         "(`launch__occupancy_limit_*`, and ncu's own `launch__waves_per_multiprocessor` when "
         "present) or from the built-in occupancy calculator (block size, registers, shared "
-        "memory, device limits from the trace or the compute-capability table). With w full "
-        "waves and a last wave filled to f, the idle share of the kernel is (1 - f) / (w + 1); "
-        "the estimated loss is that share x the kernel's time. Grids under `max_small_grid_waves` "
-        "waves lose (1 - waves) x time at most. Launches are grouped by kernel and configuration; "
-        "groups under `min_time_share` of the run's kernel time are skipped.",
+        "memory, device limits from the trace or the compute-capability table). Tail: with w full "
+        "waves (1 <= w <= `max_full_waves`, NVIDIA's Tail Effect range: its bound 1 / (w + 1) "
+        "reaches its 20% threshold only up to 4 full waves) and a last wave filled to f, the idle "
+        "share is (1 - f) / (w + 1), tighter than NVIDIA's 1 / (w + 1), which ignores how full the "
+        "last wave is. Small grid (under `max_small_grid_waves` waves): with fewer blocks than SMs "
+        "the idle share is (SMs - blocks) / SMs, NVIDIA's Small Grid estimate (so 20 blocks on 68 "
+        "SMs lose 70.6%, not 1 - waves); with a block on every SM no SM is idle, the shortfall is "
+        "resident warps per SM (B002 measures it): an info finding without an estimate. Headroom: "
+        "with ncu's Speed Of Light the idle share is scaled by 1 - max(compute SOL, memory SOL) "
+        "(`sm__throughput`, `gpu__compute_memory_throughput` % of peak): a kernel at its memory or "
+        "compute roof gains little from busier SMs. Without SOL (Nsight Systems, Kineto) the "
+        "estimate is not scaled: an upper bound that assumes work scales with busy SMs. A tail "
+        "is reported when its idle share reaches `min_wasted_share`, as info when the scaled share "
+        "does not; the estimated loss is the scaled share x the kernel's time. Without an SM count "
+        "(2019-2020 details pages) a grid under one wave is info without an estimate. Launches are grouped by kernel and configuration; groups under "
+        "`min_time_share` of the run's kernel time are skipped.",
     fix="Size grids to whole waves (tile size, blocks per SM), use persistent kernels or "
         "stream-K style scheduling, or run small kernels concurrently.",
     requires="kernel grid and block sizes with registers and shared memory per thread/block (or ncu launch metrics)",
@@ -92,13 +126,15 @@ RULE = Rule(
                 "(SELECT kernel_id FROM kernel_metrics WHERE run_id = $run_id AND metric_id IN "
                 "('launch__grid_size', 'launch__waves_per_multiprocessor'))))",
     thresholds=(
-        Threshold("min_wasted_share", 0.1, "Idle share of the kernel in its partial last wave that is reported."),
+        Threshold("min_wasted_share", 0.1, "Idle share of the kernel in its partial last wave that is reported (as info when, scaled by SOL headroom, it is under this)."),
+        Threshold("max_full_waves", 4, "Tails after more full waves than this are not reported (NVIDIA's Tail Effect: 4)."),
         Threshold("max_small_grid_waves", 1.0, "Grids under this many waves are reported as under-filled."),
         Threshold("min_time_share", 0.01, "Kernels under this share of the run's kernel time are skipped (when timed)."),
     ),
     evaluate=evaluate,
     references=(
-        "Nsight Compute LaunchStats rules 'Tail Effect' and SpeedOfLight 'Small Grid' (NVIDIA flags 1/(w+1) >= 20%)",
+        "Nsight Compute LaunchConfiguration rule: 'Tail Effect' (1/(w+1) >= 20%) and 'Small Grid' ((SMs - grid) / SMs)",
+        "Nsight Compute SOLBottleneck rule: 'Small Grid' (waves < 1)",
         "NVIDIA Deep Learning Performance Guide: 'Wave Quantization'",
     ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..fmt import ns, pct
-from ._launches import int_or_none as _int, launch_groups
+from ._launches import launch_groups
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -51,11 +51,16 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             if r.achieved_source == "kineto-estimate":
                 hint = ("Kineto's estimate is capped by grid size: the grid is too small to fill every SM to the "
                         "theoretical occupancy; launch more blocks (see B001).")
+        left_out = 0 if r.achieved_impossible != r.achieved_impossible else int(r.achieved_impossible)
+        if left_out:
+            what += (f" ({left_out} launch(es) reporting an impossible achieved occupancy, up to "
+                     f"{pct(r.achieved_impossible_max)}, left out)")
         loss = None if r.total_ns != r.total_ns else int(r.total_ns * share)
         sev = "warning" if (r.time_share != r.time_share or r.time_share >= p["warning_time_share"]) else "info"
+        # start/end stay floats (NaN when unknown): None would not mix with the SQL rules' nullable integers
         rows.append({
             "device_id": r.device_id, "item_kind": "kernel", "item_id": r.first_id, "item_name": r.name,
-            "start_ns": _int(r.first_start_ns), "end_ns": _int(r.first_end_ns),
+            "start_ns": r.first_start_ns, "end_ns": r.first_end_ns,
             "value": theo if low_theo else ach, "value_unit": "share",
             "threshold": p["min_theoretical_share"] if low_theo else theo - p["max_achieved_gap_share"],
             "est_loss_ns": loss, "severity": sev,
@@ -63,7 +68,10 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                        + (f" ({pct(r.time_share)} of kernel time, est. {ns(loss)} at stake)" if loss is not None else ""),
             "hint": hint,
             "evidence": {"theoretical": theo, "achieved": None if ach != ach else ach,
-                         "achieved_source": r.achieved_source, "limiter": None if r.limiter != r.limiter else r.limiter,
+                         "achieved_source": r.achieved_source,
+                         "achieved_impossible_launches": left_out,
+                         "achieved_impossible_max": None if not left_out else r.achieved_impossible_max,
+                         "limiter": None if r.limiter != r.limiter else r.limiter,
                          "blocks_per_sm": r.blocks_per_sm, "threads_per_block": r.threads_per_block,
                          "registers_per_thread": r.registers_per_thread,
                          "shared_mem_bytes": (0 if r.static_shared_mem_bytes != r.static_shared_mem_bytes else r.static_shared_mem_bytes)
@@ -89,6 +97,9 @@ RULE = Rule(
     how="Theoretical occupancy is ncu's `sm__maximum_warps_per_active_cycle_pct`, else the "
         "built-in calculator's; the limiter is the smallest of ncu's `launch__occupancy_limit_*` "
         "or the calculator's limits. Achieved is ncu's `sm__warps_active.avg.pct_of_peak_sustained_active`, "
+        "averaged over the launches whose value is possible: a launch whose achieved exceeds its "
+        "theoretical (or 100%) by more than a point (some ncu versions print up to 172%) is left out "
+        "of the mean, and the finding says how many were; "
         "else Kineto's `est. achieved occupancy %` (an estimate capped by grid size). Fires when "
         "theoretical < `min_theoretical_share` (NVIDIA: 80%) or theoretical - achieved > "
         "`max_achieved_gap_share` (NVIDIA: 10 points). Estimated loss uses NVIDIA's estimates, "

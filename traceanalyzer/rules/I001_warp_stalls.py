@@ -36,32 +36,86 @@ REASONS = [
 ]
 
 
-def _values_sql() -> str:
+# How NVIDIA's CPIStall rule message names each reason ("... cycles being stalled waiting for
+# sibling warps at a CTA barrier ..."), for reports that carry the rule's verdict but not the
+# stall metrics. The long-scoreboard, LG-throttle, MIO-throttle, barrier and wait phrases are read
+# from real reports; the others are recalled from the rule's texts.
+PHRASES = [
+    ("long_scoreboard", "scoreboard dependency on a L1TEX"),
+    ("short_scoreboard", "scoreboard dependency on a MIO"),
+    ("mio_throttle", "waiting for the MIO"),
+    ("lg_throttle", "local and global (LG) memory operations"),
+    ("tex_throttle", "queue for texture operations"),
+    ("barrier", "sibling warps at a CTA barrier"),
+    ("membar", "on a memory barrier"),
+    ("wait", "fixed latency execution dependency"),
+    ("math_pipe_throttle", "execution pipe to be available"),
+    ("no_instruction", "instruction cache miss"),
+    ("not_selected", "scheduler to select the warp"),
+    ("drain", "after EXIT"),
+    ("imc_miss", "immediate constant cache"),
+    ("branch_resolving", "branch target to be computed"),
+    ("dispatch_stall", "dispatch stall"),
+    ("sleeping", "sleep state"),
+    ("misc", "miscellaneous hardware reason"),
+]
+
+
+def _values_sql(rows) -> str:
     esc = lambda s: s.replace("'", "''")  # noqa: E731
-    return ",\n        ".join(f"('{r}', '{esc(m)}', '{esc(h)}')" for r, m, h in REASONS)
+    return ",\n        ".join("(" + ", ".join(f"'{esc(x)}'" for x in row) + ")" for row in rows)
 
 
-# The profiles are the stall_profiles view's; the rule reports the dominant reasons.
+# Kernels with stall metrics: the stall_profiles view's profile. Kernels without them but with
+# NVIDIA's CPIStall verdicts: the verdict's reason and share ("represents about 72.6% of the total
+# average of 32.9 cycles between issuing two instructions"), NVIDIA's own gate and estimate.
 SQL = r"""
 WITH reasons(reason, meaning, hint) AS (VALUES
         __REASONS__
-)
+), phrases(reason, phrase) AS (VALUES
+        __PHRASES__
+), measured AS (
+    SELECT device_id, first_id, name, short_name, launches, reason, share, issue_active, est_loss_ns,
+           'stall metrics' AS source, family::VARCHAR AS family, profile, NULL::DOUBLE AS nvidia_speedup_pct
+    FROM stall_profiles WHERE run_id = $run_id
+), verdicts AS (
+    SELECT r.kernel_id, p.reason, r.estimated_speedup_pct,
+           TRY_CAST(regexp_extract(r.description, 'represents about ([0-9.]+)%', 1) AS DOUBLE) / 100 AS share
+    FROM kernel_rule_results r JOIN phrases p ON strpos(r.description, p.phrase) > 0
+    WHERE r.run_id = $run_id AND r.rule_name = 'CPIStall' AND r.description LIKE '%represents about%'
+), by_name AS (  -- per kernel and reason, over the launches NVIDIA flagged for it
+    SELECT k.name, any_value(coalesce(k.short_name, k.name)) AS short_name, min(k.kernel_id) AS first_id,
+           any_value(k.device_id) AS device_id, count(DISTINCT k.kernel_id) AS launches, v.reason,
+           avg(v.share) AS share, avg(v.estimated_speedup_pct) AS nvidia_speedup_pct,
+           CAST(sum(k.duration_ns * v.estimated_speedup_pct / 100) AS BIGINT) AS est_loss_ns
+    FROM verdicts v JOIN kernel_durations k ON k.run_id = $run_id AND k.kernel_id = v.kernel_id
+    WHERE v.share IS NOT NULL AND coalesce(k.name, '?') NOT IN (SELECT name FROM measured)
+    GROUP BY k.name, v.reason
+), vendor AS (
+    SELECT device_id, first_id, coalesce(name, '?') AS name, short_name, launches, reason, share,
+           NULL::DOUBLE AS issue_active, est_loss_ns, 'NVIDIA CPIStall rule' AS source, 'null' AS family,
+           to_json(map_from_entries(list((reason, round(share, 4)) ORDER BY share DESC)
+                                    OVER (PARTITION BY name))) AS profile, nvidia_speedup_pct
+    FROM by_name QUALIFY row_number() OVER (PARTITION BY name ORDER BY share DESC, reason) = 1
+), r AS (SELECT * FROM measured UNION ALL SELECT * FROM vendor)
 SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, first_id AS item_id, name AS item_name,
        NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns,
        share AS value, 'share' AS value_unit, $min_dominant_share AS threshold, est_loss_ns,
        CASE WHEN r.reason = 'not_selected' THEN 'info' ELSE NULL END AS severity,
-       printf('%s: %s of stall cycles are %s (%s)%s', short_name, fmt_pct(share), replace(r.reason, '_', ' '),
+       printf('%s: %s of stall cycles are %s (%s)%s%s', short_name, fmt_pct(share), replace(r.reason, '_', ' '),
               coalesce(x.meaning, 'see Nsight Compute'),
-              CASE WHEN launches > 1 THEN printf(', averaged over %d launches', launches) ELSE '' END) AS message,
+              CASE WHEN launches > 1 THEN printf(', averaged over %d launches', launches) ELSE '' END,
+              CASE WHEN source <> 'stall metrics' THEN ', from NVIDIA''s CPIStall verdict' ELSE '' END) AS message,
        coalesce(x.hint, 'Look at the stall reasons in the Nsight Compute source view.') AS hint,
        '{"reason": "' || r.reason || '", "launches": ' || launches || ', "issue_active": '
          || coalesce(CAST(issue_active AS VARCHAR), 'null') || ', "metric_family": ' || family
-         || ', "profile": ' || profile || '}' AS evidence
-FROM stall_profiles r LEFT JOIN reasons x USING (reason)
-WHERE r.run_id = $run_id AND share >= $min_dominant_share
+         || ', "source": "' || source || '", "nvidia_speedup_pct": '
+         || coalesce(CAST(nvidia_speedup_pct AS VARCHAR), 'null') || ', "profile": ' || profile || '}' AS evidence
+FROM r LEFT JOIN reasons x USING (reason)
+WHERE share >= $min_dominant_share
   AND (issue_active IS NULL OR issue_active < $max_issue_active_ratio)
 ORDER BY est_loss_ns DESC NULLS LAST, name
-""".replace("__REASONS__", _values_sql())
+""".replace("__REASONS__", _values_sql(REASONS)).replace("__PHRASES__", _values_sql(PHRASES))
 
 RULE = Rule(
     id="I001",
@@ -83,13 +137,20 @@ RULE = Rule(
         "averaged over the launches of a kernel. The top reason is reported when its share reaches "
         "`min_dominant_share`, unless the kernel already issues on at least `max_issue_active_ratio` "
         "of cycles (NVIDIA's CPIStall gate: stalls then cost little). Estimated loss: duration x "
-        "(1 - issue active) x share, when the duration and issue rate were collected.",
+        "(1 - issue active) x share, when the duration and issue rate were collected. A kernel "
+        "without stall metrics whose report carries NVIDIA's CPIStall verdicts (details CSV rule "
+        "rows, console text report, `.ncu-rep`) takes the reason its message names and the share "
+        "it quotes (that reason's cycles over all cycles between two issues, the `selected` cycle "
+        "included, so slightly below the profile's share), averaged over the kernel's flagged "
+        "launches; NVIDIA has applied its own issue-active gate, and the estimated loss is "
+        "duration x NVIDIA's estimated speedup.",
     fix="Follow the hint for the dominant reason; confirm in Nsight Compute's source view which "
         "instructions carry the stalls.",
     requires="Nsight Compute stall-reason metrics (e.g. `--section WarpStateStats` or "
-             "`--metrics smsp__warp_issue_stalled_*`)",
+             "`--metrics smsp__warp_issue_stalled_*`), or NVIDIA's CPIStall rule results",
     applies_sql="SELECT EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id "
-                "AND metric_id LIKE 'smsp__%issue_stalled%')",
+                "AND metric_id LIKE 'smsp__%issue_stalled%') OR EXISTS (SELECT 1 FROM kernel_rule_results "
+                "WHERE run_id = $run_id AND rule_name = 'CPIStall' AND description LIKE '%represents about%')",
     thresholds=(
         Threshold("min_dominant_share", 0.3, "Share of stall cycles the top reason needs (NVIDIA CPIStall: 0.3)."),
         Threshold("max_issue_active_ratio", 0.8, "Kernels issuing on at least this share of cycles are skipped (NVIDIA CPIStall: 0.8)."),

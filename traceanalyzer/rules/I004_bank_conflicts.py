@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ..fmt import ns, num, pct
-from ._ncu import DURATION, as_int, col, has_metrics, kernel_finding, ncu_launches, per_kernel
+from ._ncu import DURATION, as_int, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -26,10 +27,54 @@ COUNTERS = sorted({m for o in OPS.values() for m in (o["conflicts"], o["wavefron
                                                      o["extra_requests"]) if m})
 
 
+# NVIDIA's SharedMemoryConflicts message (2023-2025 wording): "The memory access pattern for shared
+# stores might not be optimal and causes on average a 4.1-way bank conflict across all 20971520
+# shared store requests. This results in 52552692 bank conflicts, which represent 61.03% of the
+# overall 86107124 wavefronts for shared stores."
+_RULE_TEXT = re.compile(
+    r"shared (load|store)s? might not be optimal and causes on average a [\d.]+\s*-?\s*way bank conflict "
+    r"across all ([\d,]+) shared (?:load|store) requests\.\s*This results in ([\d,]+) bank conflicts,\s*"
+    r"which represent [\d.]+% of the overall ([\d,]+) wavefronts")
+_RULE_OP = {"load": "ld", "store": "st"}
+FROM_RULE = "ncu SharedMemoryConflicts message"
+
+
+def _rule_counters(store, run_id: str) -> pd.DataFrame:
+    """Per launch, the request, conflict and wavefront counts NVIDIA's messages quote (one
+    column per counter id), for reports that carry the verdict but not the counters."""
+    import pandas as pd
+
+    rr = store.sql("""SELECT kernel_id, description FROM kernel_rule_results
+                      WHERE run_id = $run_id AND rule_name = 'SharedMemoryConflicts'""", {"run_id": run_id}).df()
+    rows: dict[int, dict[str, float]] = {}
+    for kernel_id, text in zip(rr["kernel_id"], rr["description"]):
+        m = _RULE_TEXT.search(" ".join(str(text).split()))
+        if m is None:
+            continue
+        op = OPS[_RULE_OP[m.group(1)]]
+        requests, conflicts, wavefronts = (float(x.replace(",", "")) for x in m.group(2, 3, 4))
+        rows.setdefault(int(kernel_id), {}).update(
+            {op["requests"][0]: requests, op["conflicts"]: conflicts, op["wavefronts"]: wavefronts})
+    return pd.DataFrame([{"kernel_id": k, **v} for k, v in rows.items()])
+
+
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
     df = ncu_launches(store, run_id, [DURATION, L1TEX_SOL, *COUNTERS])
+    own = [c for c in COUNTERS if c in df.columns]
+    counted = set(df.loc[df[own].notna().any(axis=1), "name"]) if own else set()
+    rule = _rule_counters(store, run_id)
+    from_rule: set = set()
+    if not rule.empty:  # the counters where the file has them, else the message's
+        df = store.sql("SELECT kernel_id, device_id, coalesce(name, '?') AS name, coalesce(short_name, name, '?') "
+                       "AS short_name FROM kernels WHERE run_id = $run_id", {"run_id": run_id}).df() \
+            .astype({"device_id": "float64"}).merge(df, how="left")
+        df = df.merge(rule, on="kernel_id", how="left", suffixes=("", "_rule"))
+        for c in rule.columns.drop("kernel_id"):
+            if c + "_rule" in df.columns:
+                df[c] = df[c].fillna(df.pop(c + "_rule"))
+        from_rule = set(df.loc[df["kernel_id"].isin(rule["kernel_id"]), "name"]) - counted
     if df.empty:
         return df
     g = per_kernel(df, sums=COUNTERS, means=[L1TEX_SOL], weight=DURATION)
@@ -50,7 +95,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             loss = as_int(r["duration_ns"] * s * l1 / 100) if r["duration_ns"] == r["duration_ns"] and l1 == l1 else None
             evidence = {"op": op, "bank_conflicts": conflicts[idx], "wavefronts": wavefronts[idx],
                         "requests": requests[idx], "conflict_share": s, "average_ways": w,
-                        "l1tex_throughput_pct": l1, "launches": int(r["launches"]), "duration_ns": r["duration_ns"]}
+                        "l1tex_throughput_pct": l1, "launches": int(r["launches"]), "duration_ns": r["duration_ns"],
+                        "source": FROM_RULE if r["name"] in from_rule else "counters"}
             way_text = f"on average a {w:.1f}-way conflict, " if w == w else ""
             rows.append(kernel_finding(
                 r, evidence,
@@ -83,14 +129,17 @@ RULE = Rule(
         "`l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{ld,st}.sum`, reported at `min_conflict_share` (NVIDIA: "
         "10%); the average N-way = wavefronts / requests (`smsp__sass_inst_executed_op_shared_{ld,st}.sum`, plus "
         "`smsp__inst_executed_op_ldsm.sum` for loads). Estimated loss, NVIDIA's global estimate: time x "
-        "conflict share x L1/TEX throughput share (`l1tex__throughput.avg.pct_of_peak_sustained_active`); "
-        "none when that is missing.",
+        "conflict share x L1/TEX throughput share (`l1tex__throughput.avg.pct_of_peak_sustained_active`, "
+        "the details page's L1/TEX Cache Throughput); none when that is missing. A report without the "
+        "counters but with NVIDIA's SharedMemoryConflicts verdicts takes the requests, conflicts and "
+        "wavefronts its message quotes (the evidence's `source` says so).",
     fix="Pad or swizzle shared-memory arrays so a warp's accesses spread over all 32 banks; use ldmatrix/"
         "vectorized layouts made for it.",
     requires="Nsight Compute shared-memory bank-conflict and wavefront counters (Memory Workload Analysis tables, "
              "or `--metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,"
              "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,...`)",
-    applies_sql=has_metrics((OPS["ld"]["wavefronts"], OPS["st"]["wavefronts"])),
+    applies_sql=f"SELECT {metrics_exist((OPS['ld']['wavefronts'], OPS['st']['wavefronts']))} OR "
+                f"{rule_results_exist('SharedMemoryConflicts')}",
     thresholds=(
         Threshold("min_conflict_share", 0.1, "Bank conflicts as a share of wavefronts that is reported (NVIDIA SharedMemoryConflicts: 10%)."),
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..fmt import num, pct
-from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -21,6 +22,9 @@ def _ids(op: str) -> dict[str, tuple[str, ...]]:
     return {
         "data_bytes": (f"smsp__sass_data_bytes_mem_global_op_{op}.sum",),
         "used_pct": (f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.pct",),
+        # bytes used per sector and its ceiling (32): the full section set's form of used_pct
+        "used_bytes": (f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.ratio",),
+        "sector_bytes": (f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.max_rate",),
         "sectors": (f"l1tex__t_sectors_pipe_lsu_mem_global_op_{op}.sum",),
         "inst": (f"smsp__sass_inst_executed_op_global_{op}.sum", f"smsp__inst_executed_op_global_{op}.sum"),
         "requests": (f"l1tex__t_requests_pipe_lsu_mem_global_op_{op}.sum",),
@@ -29,8 +33,32 @@ def _ids(op: str) -> dict[str, tuple[str, ...]]:
 
 
 OPS = {"ld": "loads", "st": "stores"}
-COUNTERS = sorted({m for op in OPS for k, ms in _ids(op).items() if k != "used_pct" for m in ms} | {ALL_INST})
-RATIOS = sorted({m for op in OPS for m in _ids(op)["used_pct"]} | {THREADS_PER_INST, MEM_SOL})
+_PER_SECTOR = ("used_pct", "used_bytes", "sector_bytes")
+COUNTERS = sorted({m for op in OPS for k, ms in _ids(op).items() if k not in _PER_SECTOR for m in ms} | {ALL_INST})
+RATIOS = sorted({m for op in OPS for k in _PER_SECTOR for m in _ids(op)[k]} | {THREADS_PER_INST, MEM_SOL})
+
+# NVIDIA's MemoryCacheAccessPattern message at L1TEX ("The memory access pattern for global loads
+# from L1TEX might not be optimal. On average, only 26.4 of the 32 bytes transmitted per sector are
+# utilized by each thread."): bytes used per sector, for reports without the metric.
+_RULE_TEXT = re.compile(r"global (load|store)s (?:from|to) L1TEX might not be optimal\. On average, only "
+                        r"([\d.]+) of the ([\d.]+) bytes transmitted per sector are utilized")
+_RULE_OP = {"load": "ld", "store": "st"}
+
+
+def _rule_ratios(store, run_id: str) -> pd.DataFrame:
+    """Per launch, bytes used per sector and the sector size from NVIDIA's messages."""
+    import pandas as pd
+
+    rr = store.sql("""SELECT kernel_id, description FROM kernel_rule_results
+                      WHERE run_id = $run_id AND rule_name = 'MemoryCacheAccessPattern'""", {"run_id": run_id}).df()
+    rows: dict[int, dict[str, float]] = {}
+    for kernel_id, text in zip(rr["kernel_id"], rr["description"]):
+        m = _RULE_TEXT.search(" ".join(str(text).split()))
+        if m is not None:
+            ids = _ids(_RULE_OP[m.group(1)])
+            rows.setdefault(int(kernel_id), {}).update(
+                {ids["used_bytes"][0]: float(m.group(2)), ids["sector_bytes"][0]: float(m.group(3))})
+    return pd.DataFrame([{"kernel_id": k, **v} for k, v in rows.items()])
 
 
 def _widths(g: pd.DataFrame, op: str) -> pd.DataFrame:
@@ -41,7 +69,9 @@ def _widths(g: pd.DataFrame, op: str) -> pd.DataFrame:
     sectors = col(g, *m["sectors"])
     data = col(g, *m["data_bytes"])
     data_from = np.where(data.notna(), "data bytes", None)
-    from_sectors = col(g, *m["used_pct"]) / 100 * sectors * 32  # bytes used of the sectors fetched
+    used_pct = col(g, *m["used_pct"]).fillna(100 * col(g, *m["used_bytes"]) / col(g, *m["sector_bytes"]).where(
+        lambda x: x > 0))
+    from_sectors = used_pct / 100 * sectors * 32  # bytes used of the sectors fetched
     data_from = np.where(data.isna() & from_sectors.notna(), "sector bytes x used share", data_from)
     data = data.fillna(from_sectors)
     inst = col(g, *m["inst"])
@@ -67,6 +97,12 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
     df = ncu_launches(store, run_id, [DURATION, *COUNTERS, *RATIOS])
+    rule = _rule_ratios(store, run_id)
+    if not df.empty and not rule.empty:  # the file's own bytes per sector first, else the message's
+        df = df.merge(rule, on="kernel_id", how="left", suffixes=("", "_rule"))
+        for c in rule.columns.drop("kernel_id"):
+            if c + "_rule" in df.columns:
+                df[c] = df[c].fillna(df.pop(c + "_rule"))
     if df.empty:
         return df
     g = per_kernel(df, sums=COUNTERS, means=RATIOS, weight=DURATION)
@@ -100,7 +136,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-_DATA = [m for op in OPS for k in ("data_bytes", "used_pct") for m in _ids(op)[k]]
+_DATA = [m for op in OPS for k in ("data_bytes", "used_pct", "used_bytes") for m in _ids(op)[k]]
 _INST = [m for op in OPS for k in ("inst", "requests") for m in _ids(op)[k]]
 
 RULE = Rule(
@@ -119,7 +155,9 @@ RULE = Rule(
     how="Per kernel, counters summed over launches, loads and stores apart: bytes per thread per instruction = "
         "data bytes / (instructions x active threads per instruction). Data bytes: "
         "`smsp__sass_data_bytes_mem_global_op_{ld,st}.sum`, else used share of the sectors fetched "
-        "(`smsp__sass_average_data_bytes_per_sector_mem_global_op_*.pct` x 32 x `l1tex__t_sectors_..._op_*.sum`). "
+        "(`smsp__sass_average_data_bytes_per_sector_mem_global_op_*.pct`, or the full section set's `.ratio` / "
+        "`.max_rate`, or the bytes per sector NVIDIA's MemoryCacheAccessPattern message quotes for L1TEX) "
+        "x 32 x `l1tex__t_sectors_..._op_*.sum`. "
         "Instructions: `smsp__sass_inst_executed_op_global_*.sum` (or `smsp__inst_executed_op_global_*.sum`), "
         "else requests `l1tex__t_requests_pipe_lsu_mem_global_op_*.sum` (assumed one per warp instruction). "
         "Active threads: thread-level `smsp__sass_thread_inst_executed_op_global_*.sum` / instructions, else "
@@ -131,7 +169,8 @@ RULE = Rule(
         "several consecutive elements.",
     requires="Nsight Compute global data-byte (or bytes-per-sector and sector) counters with global instruction "
              "or request counts",
-    applies_sql=has_metrics(_DATA, _INST),
+    applies_sql=f"SELECT {metrics_exist(_INST)} AND ({metrics_exist(_DATA)} OR "
+                f"{rule_results_exist('MemoryCacheAccessPattern')})",
     thresholds=(
         Threshold("min_access_bytes", 8, "Average bytes per thread per instruction under this are reported (8: 32-bit or smaller; 16 is the widest access).",
                   high=16),

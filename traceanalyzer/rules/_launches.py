@@ -30,7 +30,16 @@ _NCU = {
     "limit_shared_mem": "launch__occupancy_limit_shared_mem",
     "limit_warps": "launch__occupancy_limit_warps",
     "limit_barriers": "launch__occupancy_limit_barriers",
+    "sm_sol_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "memory_sol_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
 }
+# Achieved occupancy above theoretical cannot happen; some ncu versions print such values (up
+# to 172%). Launches more than this many points above their theoretical (or above 100%) are
+# left out of the achieved mean and counted apart.
+ACHIEVED_SLACK_PCT = 1.0
+_POSSIBLE = (f"ncu_achieved_pct <= least(coalesce(ncu_theoretical_pct, 100), 100) + {ACHIEVED_SLACK_PCT}")
+_MEANS = {k: f"avg(ncu_{k})" for k in _NCU}
+_MEANS["achieved_pct"] = f"avg(ncu_achieved_pct) FILTER (WHERE {_POSSIBLE})"
 _PIVOT = ",\n           ".join(f"max(value) FILTER (WHERE metric_id = '{m}') AS ncu_{k}" for k, m in _NCU.items())
 
 GROUPS_SQL = f"""
@@ -40,7 +49,7 @@ WITH m AS (
     FROM kernel_metrics WHERE run_id = $run_id GROUP BY kernel_id
 ), k AS (  -- each kernel's time from kernel_durations (the timeline's, or ncu's measured one)
     SELECT k.*, m.* EXCLUDE (kernel_id),
-           coalesce(k.grid_x * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1), m.ncu_grid_size) AS grid_blocks,
+           coalesce(k.grid_x::BIGINT * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1), m.ncu_grid_size) AS grid_blocks,
            coalesce(k.block_x * coalesce(k.block_y, 1) * coalesce(k.block_z, 1), m.ncu_block_size) AS threads_per_block
     FROM kernel_durations k LEFT JOIN m USING (kernel_id) WHERE k.run_id = $run_id
 )
@@ -51,7 +60,9 @@ SELECT device_id, name, any_value(coalesce(short_name, name)) AS short_name,
        sum(duration_ns) AS total_ns, count(duration_ns) AS timed_launches,
        arg_min(start_ns, kernel_id) AS first_start_ns, arg_min(end_ns, kernel_id) AS first_end_ns,
        avg(est_achieved_occupancy_pct) AS kineto_achieved_pct,
-       {", ".join(f"avg(ncu_{k}) AS ncu_{k}" for k in _NCU)}
+       count(ncu_achieved_pct) FILTER (WHERE NOT ({_POSSIBLE})) AS ncu_achieved_impossible,
+       max(ncu_achieved_pct) FILTER (WHERE NOT ({_POSSIBLE})) AS ncu_achieved_impossible_max_pct,
+       {", ".join(f"{mean} AS ncu_{k}" for k, mean in _MEANS.items())}
 FROM k
 GROUP BY device_id, name, grid_blocks, threads_per_block, registers_per_thread,
          static_shared_mem_bytes, dynamic_shared_mem_bytes
@@ -62,8 +73,11 @@ def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     """One row per launch configuration, with device limits, occupancy and waves.
 
     Columns added: `time_share` (of the run's kernel time, NULL without durations),
-    `blocks_per_sm`, `theoretical`, `achieved` (0..1), `limiter`, `waves`, and `source`
-    (`ncu` when ncu measured the occupancy values, else `calculator`). Callers get a copy.
+    `blocks_per_sm`, `theoretical`, `achieved` (0..1, the mean over launches whose achieved
+    occupancy is possible: see ACHIEVED_SLACK_PCT), `achieved_impossible` (launches left out of
+    that mean) and `achieved_impossible_max`, `sm_sol` and `memory_sol` (ncu's Speed Of Light
+    shares, 0..1, NaN without ncu), `limiter`, `waves`, and `source` (`ncu` when ncu measured
+    the occupancy values, else `calculator`). Callers get a copy.
 
     Several rules (B001, B002, T005) read the same groups: in the run's rules pass they are
     computed once, kept in the pass's run cache (`Store.run_cache`); elsewhere, each call computes.
@@ -99,6 +113,10 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     out["achieved"] = (df["ncu_achieved_pct"] / 100).fillna(df["kineto_achieved_pct"] / 100)
     out["achieved_source"] = np.where(df["ncu_achieved_pct"].notna(), "ncu",
                                       np.where(df["kineto_achieved_pct"].notna(), "kineto-estimate", None))
+    out["achieved_impossible"] = df["ncu_achieved_impossible"]
+    out["achieved_impossible_max"] = df["ncu_achieved_impossible_max_pct"] / 100
+    out["sm_sol"] = df["ncu_sm_sol_pct"] / 100
+    out["memory_sol"] = df["ncu_memory_sol_pct"] / 100
     calc_waves = df["grid_blocks"] / (out["blocks_per_sm"] * out["sm_count"]).where(lambda s: s > 0)
     out["waves"] = df["ncu_waves_per_multiprocessor"].fillna(calc_waves)
     out["source"] = np.where(df["ncu_theoretical_pct"].notna() | has_ncu, "ncu", "calculator")

@@ -158,9 +158,19 @@ FP32_LANES_PER_SM = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (7, 0): 64, (7, 2): 6
 
 def has_metrics(*id_groups) -> str:
     """A rule's applies check: the run has a value for at least one metric of each group."""
-    checks = [f"EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL "
-              f"AND metric_id IN ({', '.join(_sql_text(m) for m in ids)}))" for ids in id_groups]
-    return "SELECT " + " AND ".join(checks)
+    return "SELECT " + " AND ".join(metrics_exist(ids) for ids in id_groups)
+
+
+def metrics_exist(ids) -> str:
+    """SQL condition: the run has a value for at least one of the metric ids."""
+    return (f"EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL "
+            f"AND metric_id IN ({', '.join(_sql_text(m) for m in ids)}))")
+
+
+def rule_results_exist(rule_name: str) -> str:
+    """SQL condition: the run stores NVIDIA's results of this rule (kernel_rule_results)."""
+    return (f"EXISTS (SELECT 1 FROM kernel_rule_results WHERE run_id = $run_id "
+            f"AND rule_name = {_sql_text(rule_name)})")
 
 
 def _sql_text(value: str) -> str:
