@@ -233,3 +233,27 @@ def test_the_rules_alone_leave_findings_undiagnosed(tmp_path):
     rows = _findings(store, res.run_id)
     assert rows and all(f["finding_no"] is None and f["related_to"] is None for f in rows)
     store.close()
+
+
+def test_no_rule_raises_on_any_real_trace(real, tmp_path):
+    """Every rule on every real trace ends 'ran' or 'no-data', never 'error' (which fails a
+    check, see CheckResult.rule_errors). `real` holds the nsys, PyTorch and ncu CSV traces;
+    the other ncu exports (text logs, .ncu-rep, text reports) are checked here."""
+    from pathlib import Path
+
+    from traceanalyzer.ingest import find_traces
+
+    traces = shared_traces()
+    others = [f for f in find_traces([traces / "ncu", traces / "ncu-rep", traces / "ncu-text"])
+              if Path(f).suffix != ".csv"]
+    assert len(others) >= 10
+    with Store(tmp_path / "others.duckdb") as store:
+        for f in others:
+            assert check_file(store, f, Settings()).state == "stored", f
+        errors = store.sql("""SELECT r.file_name, o.rule_id, o.note FROM rule_runs o JOIN runs r USING (run_id)
+                              WHERE o.status = 'error' ORDER BY ALL""").fetchall()
+    errors += real.sql("""SELECT r.file_name, o.rule_id, o.note FROM rule_runs o JOIN runs r USING (run_id)
+                          WHERE o.status = 'error' ORDER BY ALL""").fetchall()
+    kinds = {k for (k,) in real.sql("SELECT DISTINCT format FROM runs").fetchall()}
+    assert {"nsys-sqlite", "kineto-json", "ncu-csv"} <= kinds
+    assert errors == []

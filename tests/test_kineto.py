@@ -143,7 +143,12 @@ def test_real_trace_devices_come_from_device_properties(traces_dir, name):
     path = traces_dir / "torch" / name
     exp = _expected(path)
     devices = {d["device_id"]: d for d in _table(read(path), "devices")}
-    assert set(devices) == set(exp["props"]) | exp["gpu_devices"]
+    gpu = exp["gpu_devices"]
+    if any("AMD" in str(p.get("name")) for p in exp["props"].values()):
+        # ROCm activity on undescribed agent ids is the described devices without activity, in order
+        unlisted, spare = sorted(gpu - exp["props"].keys()), sorted(exp["props"].keys() - gpu)
+        gpu = (gpu - set(unlisted[:len(spare)])) | set(spare[:len(unlisted)])
+    assert set(devices) == set(exp["props"]) | gpu
     for i, p in exp["props"].items():
         d = devices[i]
         assert d["name"] == p["name"]
@@ -153,7 +158,7 @@ def test_real_trace_devices_come_from_device_properties(traces_dir, name):
             assert d["max_warps_per_sm"] == threads // p["warpSize"]
         if "totalGlobalMem" in p:
             assert d["total_memory_bytes"] == p["totalGlobalMem"]
-    for i in exp["gpu_devices"] - set(exp["props"]):
+    for i in gpu - set(exp["props"]):
         assert devices[i]["name"] is None
 
 

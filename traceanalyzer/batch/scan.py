@@ -333,7 +333,8 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
 
     def handled(result: FileResult) -> None:
         report.files.append(result)
-        if result.run_id and result.run_id not in report.run_ids:
+        # A failed file has a run id (its content hash) but no run: its rules never ran.
+        if result.run_id and result.state != "failed" and result.run_id not in report.run_ids:
             report.run_ids.append(result.run_id)
         if on_file:
             on_file(result)

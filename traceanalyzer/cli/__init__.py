@@ -31,7 +31,8 @@ def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, call
 
     Exit codes, for every command: 0 done (the gate passed); 1 the gate failed (findings at
     --fail-on, a diff beyond --gate, a baselined finding grown beyond --max-growth); 2 a usage
-    error, or an input that could not be read (everything readable is still processed).
+    error, an input that could not be read, or a rule that raised on a run (everything readable
+    is still processed).
     """
 
 

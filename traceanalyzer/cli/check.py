@@ -17,7 +17,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
           debug: DebugOpt = False):
     """Ingest what is not stored yet, run the rules, and report the findings by run and
     severity. Exit 0 when the gate passes, 1 when a finding fails it (--fail-on, --baseline,
-    --max-growth), 2 on a usage error or an input that could not be read."""
+    --max-growth), 2 on a usage error, an input that could not be read or a rule that raised."""
     from ..batch.check import UsageError, run_check
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)

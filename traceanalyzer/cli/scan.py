@@ -30,7 +30,8 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     Files already stored with the same content (and checked with the same rules) are
     skipped, so an interrupted scan run again does only what is left. A file that cannot
     be read is an error line, and the scan goes on. Exit codes as `check`: 0 when the gate
-    passes, 1 when a finding fails it, 2 on a usage error or a file that could not be read.
+    passes, 1 when a finding fails it, 2 on a usage error, a file that could not be read or a
+    rule that raised on a run.
     """
     from ..batch.check import UsageError, read_baseline, settings_from
     from ..report.model import InputError, load_result

@@ -268,8 +268,9 @@ PRODUCTS: dict[str, GpuProduct] = {p.key: p for p in _PRODUCTS}
 
 def product(name: str | None) -> GpuProduct | None:
     """The product a device name refers to, or None. The key's words must appear
-    contiguously in the name and not be followed by a variant word (Ti, SUPER, ...)."""
-    if not name:
+    contiguously in the name and not be followed by a variant word (Ti, SUPER, ...). A
+    missing name (None, or NaN/NA from a pandas row of a NULL) is None."""
+    if not isinstance(name, str) or not name:
         return None
     words = normalize_name(name).split()
     for key, prod in _INDEX:
@@ -283,7 +284,7 @@ def product(name: str | None) -> GpuProduct | None:
 
 
 def vendor_of(name: str | None) -> str | None:
-    if not name:
+    if not isinstance(name, str) or not name:  # None, or NaN/NA for a NULL name
         return None
     n = name.lower()
     if any(w in n for w in ("amd", "radeon", "instinct")):
@@ -338,7 +339,7 @@ def fill_device(row: dict[str, Any]) -> dict[str, Any]:
     ``limits_source`` says whether the limits are all the trace's, partly filled, or all filled.
     """
     out = dict(row)
-    vendor = out.get("vendor") or vendor_of(out.get("name"))
+    vendor = vendor_of(out.get("name")) if _missing(out.get("vendor")) else out.get("vendor")
     if vendor and _missing(out.get("vendor")):
         out["vendor"] = vendor
     prod = product(out.get("name"))
@@ -381,7 +382,7 @@ def effective_limits(device: CCLimits | dict[str, Any]) -> CCLimits:
     for a non-NVIDIA device or a CC the table does not know."""
     if isinstance(device, CCLimits):
         return device
-    vendor = device.get("vendor") or vendor_of(device.get("name"))
+    vendor = vendor_of(device.get("name")) if _missing(device.get("vendor")) else device.get("vendor")
     if vendor not in (None, "nvidia"):
         raise ValueError(f"no occupancy limits for {vendor} device {device.get('name')!r}: the calculator is NVIDIA's")
     base = cc_limits(device.get("compute_major"), device.get("compute_minor"))

@@ -57,7 +57,7 @@ from .. import input_limits, prefetch
 from ..resources import Resources
 from .base import ParsedTrace, TraceError, as_path
 from .detect import GZIP_MAGIC, KINETO
-from .kineto_devices import devices_table
+from .kineto_devices import device_map, devices_table, remap_devices
 from .kineto_events import Event
 from .kineto_stream import EventStream, Unstreamable
 from .kineto_collect import Collector
@@ -249,7 +249,12 @@ def _parse(top: dict[str, Raw], c: Collector) -> ParsedTrace:
         "memory_events": b.memory_events(),
     }
     props = needed["deviceProperties"] if "deviceProperties" in top else needed["computeProperties"]
-    tables["devices"], device_warnings = devices_table(props, b.gpu_device_ids, _run_vendor(meta, c))
+    run_vendor = _run_vendor(meta, c)
+    # ROCm activity carries agent ids, the properties HIP device indices (see kineto_devices).
+    mapping = device_map(props, b.gpu_device_ids, run_vendor)
+    remap_devices(tables, mapping)
+    device_ids = {mapping.get(d, d) for d in b.gpu_device_ids}
+    tables["devices"], device_warnings = devices_table(props, device_ids, run_vendor)
 
     out_warnings = [f"{msg}: {n}" for msg, n in warnings.items()] + device_warnings
     if not n_events:
@@ -266,6 +271,8 @@ def _parse(top: dict[str, Raw], c: Collector) -> ParsedTrace:
         "omitted_large_keys": omitted,
         "time_base": "baseTimeNanoseconds + round(ts*1000)" if base_ns is not None else "round(ts*1000)",
     }
+    if mapping:  # activity device id (the trace's pid) -> the deviceProperties id stored
+        meta["reader_notes"]["device_ids"] = {str(k): v for k, v in sorted(mapping.items())}
     version = needed["schemaVersion"]
     host = needed["host_name"] if needed["host_name"] is not None else needed["hostname"]
     rank, world = dist.get("rank"), dist.get("world_size")

@@ -335,10 +335,13 @@ def _findings(p: dict, rules: dict) -> str:
                            + "</details>")
         if folded:
             out.append("</details>")
-    skipped = [o for o in p["outcomes"] if o["status"] != "ran"]
+    # A rule that failed is a failure of the check, in plain sight (not folded).
+    out += [f'<p class="input-error">rule error: {esc(o["rule_id"])}: {esc(o["note"])}</p>'
+            for o in p["outcomes"] if o["status"] == "error"]
+    skipped = [o for o in p["outcomes"] if o["status"] == "no-data"]
     if skipped:
         out.append('<details class="outcomes"><summary>' + f'{len(skipped)} rule(s) did not run on this trace</summary><ul>'
-                   + "".join(f'<li><b>{esc(o["rule_id"])}</b> {"not applicable" if o["status"] == "no-data" else "error"}: '
+                   + "".join(f'<li><b>{esc(o["rule_id"])}</b> not applicable: '
                              f'{esc(o["note"])}</li>' for o in skipped) + "</ul></details>")
     if p["not_run"]:
         out.append(f'<p class="outcomes">{len(p["not_run"])} rule(s) not run on this trace (not selected when '

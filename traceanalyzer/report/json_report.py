@@ -21,11 +21,20 @@ def render(result: CheckResult, **_) -> str:
                  for r in result.runs],
         "findings": [_finding(result, f) for f in result.findings],
         "errors": [e.as_dict() for e in result.errors],
+        "rule_errors": rule_errors(result),
         "not_traces": [{"path": str(p), "what": why} for p, why in result.not_traces],
     }
     if result.baseline is not None:
         doc["baseline"] = {"max_growth_pct": result.baseline.max_growth_pct}
     return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+def rule_errors(result: CheckResult) -> list[dict]:
+    """The rules that raised, one entry per (run, rule): `errors` keeps to unreadable inputs."""
+    runs = {r["run_id"]: r for r in result.runs}
+    return [{"run_id": o["run_id"], "file_name": runs.get(o["run_id"], {}).get("file_name"),
+             "source_path": runs.get(o["run_id"], {}).get("source_path"),
+             "rule_id": o["rule_id"], "message": o["note"]} for o in result.rule_errors()]
 
 
 def _finding(result: CheckResult, f: dict) -> dict:

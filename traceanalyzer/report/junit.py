@@ -1,7 +1,8 @@
 """JUnit XML in Ant's format: a test suite per run, a test case per rule.
 
 A rule fails its case when it has findings at or above --fail-on (new ones, with a
-baseline); rules that lack data are skipped cases; the findings below the bar are
+baseline); a rule that raised on the run is an errored case (`<error type="RuleError">`,
+the exception in one line); rules that lack data are skipped cases; the findings below the bar are
 listed in the suite's system-out (Ant's format has no per-case output) so nothing is hidden.
 """
 

@@ -73,7 +73,8 @@ def _run_section(store: Store, result: CheckResult, run: dict, findings: list[di
             parts += ["", "</details>"]
     skipped = [o for o in outcomes if o["status"] == "error"]
     if skipped:
-        parts += ["", "Rule errors: " + "; ".join(f"{md(o['rule_id'])}: {md(o['note'], 120)}" for o in skipped)]
+        parts += ["", "**Rule errors** (the check fails): "
+                  + "; ".join(f"{md(o['rule_id'])}: {md(o['note'], 120)}" for o in skipped)]
     if not_run:
         parts += ["", f"Not run (not selected when it was checked): {md(', '.join(not_run))}"]
     return "\n".join(parts) + "\n"

@@ -142,13 +142,20 @@ class CheckResult:
         limit = severity_rank(self.fail_on)
         return [f for f in self.headlines() if severity_rank(f["severity"]) >= limit and self.counts_against(f)]
 
+    def rule_errors(self) -> list[dict]:
+        """The rule outcomes that raised (status 'error'), in run and rule order. A rule that
+        raised found nothing, which must not read as clean: each fails the check as an
+        unreadable input does, whatever --fail-on says."""
+        return [o for o in self.outcomes if o["status"] == "error"]
+
     def failed(self) -> bool:
-        """The gate: an input could not be read, or a finding fails the check."""
-        return bool(self.errors) or bool(self.failing())
+        """The gate: an input could not be read, a rule raised, or a finding fails the check."""
+        return bool(self.errors) or bool(self.rule_errors()) or bool(self.failing())
 
     def exit_code(self) -> int:
-        """0 clean, 1 a finding fails the gate, 2 an input could not be read (see the README)."""
-        return 2 if self.errors else 1 if self.failing() else 0
+        """0 clean, 1 a finding fails the gate, 2 an input could not be read or a rule raised
+        (see the README)."""
+        return 2 if self.errors or self.rule_errors() else 1 if self.failing() else 0
 
     def not_run(self, run_id: str) -> list[str]:
         """The rules with no outcome on `run_id` (not selected when it was checked)."""

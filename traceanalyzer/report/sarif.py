@@ -33,6 +33,17 @@ def _notification(e, base: Path) -> dict:
             "descriptor": {"id": "input-error"}}
 
 
+def _rule_notification(o: dict, run: dict | None, index: dict[str, int], base: Path) -> dict:
+    """A rule that raised on a run: its rule, the trace file and the exception, in one line."""
+    note = {"level": "error", "message": {"text": f"{o['rule_id']} raised on run {o['run_id']}: {o['note']}"},
+            "descriptor": {"id": "rule-error"}, "properties": {"run_id": o["run_id"]}}
+    if o["rule_id"] in index:
+        note["associatedRule"] = {"id": o["rule_id"], "index": index[o["rule_id"]]}
+    if run is not None and run.get("source_path"):
+        note["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": _uri(run["source_path"], base)}}}]
+    return note
+
+
 def _descriptor(rule) -> dict:
     # Default thresholds, those it reads from another rule too (`Rule.shared`: set as RULE.name).
     props = {"tags": ["performance", rule.phase], "thresholds": rule.params()}
@@ -54,6 +65,8 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
     base = base or Path.cwd()
     rules = list(all_rules())
     index = {r.id: i for i, r in enumerate(rules)}
+    runs = {r["run_id"]: r for r in result.runs}
+    rule_errors = result.rule_errors()
     results = []
     for f in result.headlines():  # one result per root cause; what else saw it rides along
         where = "/".join(x for x in (
@@ -97,8 +110,9 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
                                 "informationUri": "https://example.invalid/traceanalyzer/docs/rules",
                                 "rules": [_descriptor(r) for r in rules]}},
             "artifacts": [{"location": {"uri": _uri(r["source_path"], base)}} for r in result.runs],
-            "invocations": [{"executionSuccessful": not result.errors,
-                             "toolExecutionNotifications": [_notification(e, base) for e in result.errors]}],
+            "invocations": [{"executionSuccessful": not (result.errors or rule_errors),
+                             "toolExecutionNotifications": [_notification(e, base) for e in result.errors]
+                             + [_rule_notification(o, runs.get(o["run_id"]), index, base) for o in rule_errors]}],
             "results": results,
         }],
     }

@@ -33,6 +33,12 @@ def _baseline_note(result: CheckResult, f: dict) -> str:
     return f" [dim](in baseline{escape(grew)}{over})[/]"
 
 
+def _rule_error_line(o: dict, file_name: str | None = None) -> str:
+    """A rule that raised on a run: red, as it fails the check (see CheckResult.rule_errors)."""
+    where = f"{escape(file_name)}: " if file_name else ""
+    return f"[bold red]rule error:[/] {where}[bold]{o['rule_id']}[/] {escape(o['note'] or '')}"
+
+
 def print_result(result: CheckResult, console: Console, show_info: bool = True, findings: bool = True) -> None:
     """The findings of each run (unless `findings` is False: a scan prints its table instead),
     the input errors, and the verdict."""
@@ -62,20 +68,28 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
                 own = f" [dim](its estimate {fmt.ns(r['rule_loss_ns'])}, part of the above)[/]" if r.get("rule_loss_ns") else ""
                 console.print(f"        [dim]related:[/] [bold]{r['rule_id']}[/] {escape(r['message'])}{own}"
                               f"{_baseline_note(result, r)}")
-        missing = [o for o in result.outcomes if o["run_id"] == rid and o["status"] != "ran"]
-        for o in missing:
-            label = "not applicable" if o["status"] == "no-data" else "rule error"
-            console.print(f"[dim]{o['rule_id']} {label}: {escape(o['note'] or '')}[/]")
+        for o in result.outcomes:
+            if o["run_id"] == rid and o["status"] == "error":
+                console.print(_rule_error_line(o))
+            elif o["run_id"] == rid and o["status"] == "no-data":
+                console.print(f"[dim]{o['rule_id']} not applicable: {escape(o['note'] or '')}[/]")
         not_run = result.not_run(rid)
         if not_run:
             console.print(f"[dim]not run (not selected): {', '.join(not_run)}[/]")
+    if not findings:  # a scan's table has no per-run section: list them here
+        files = {r["run_id"]: r["file_name"] for r in result.runs}
+        for o in result.rule_errors():
+            console.print(_rule_error_line(o, files.get(o["run_id"], o["run_id"])))
     for e in result.errors:
         console.print(f"[red]input error:[/] {escape(e.path)}: {escape(e.message)}")
     total = result.counts()
     failing = result.failing()
+    rule_errors = result.rule_errors()
     problems = []
     if result.errors:
         problems.append(f"{len(result.errors)} input(s) could not be read")
+    if rule_errors:
+        problems.append(f"{len(rule_errors)} rule error(s) (a rule raised; its findings are missing)")
     if failing:
         problems.append(f"{len(failing)} finding(s) at or above '{result.fail_on}'")
     verdict = (f"[bold red]FAIL[/]: {'; '.join(problems)}" if problems

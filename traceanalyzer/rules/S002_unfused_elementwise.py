@@ -100,7 +100,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     GROUP BY external_id
 ), sized AS (
     SELECT m.*, lo.op_name, lo.op_name IS NOT NULL AS linked,
-           coalesce(ob.bytes, m.threads * 4) AS out_bytes,
+           coalesce(ob.bytes, m.threads::BIGINT * 4) AS out_bytes,  -- BIGINT: a store's cached threads may be INTEGER
            ob.bytes IS NOT NULL AS sized_by_dims, ob.bytes IS NULL AND m.threads IS NOT NULL AS sized_by_proxy
     FROM chain_members m LEFT JOIN op_bytes ob USING (external_id) LEFT JOIN launching_ops lo USING (external_id)
 ), chain_totals AS (

@@ -413,7 +413,8 @@ VIEWS: dict[str, tuple[str, str]] = {
         """
         SELECT run_id, device_id, stream_id, 'kernel' AS kind, kernel_id AS item_id,
                start_ns, end_ns, name, pid, correlation_id, launch_call_id, external_id,
-               grid_x * coalesce(grid_y, 1) * coalesce(grid_z, 1)
+               -- BIGINT: the columns are INTEGER, and a grid of 2^23 blocks of 256 threads overflows it
+               grid_x::BIGINT * coalesce(grid_y, 1) * coalesce(grid_z, 1)
                  * block_x * coalesce(block_y, 1) * coalesce(block_z, 1) AS threads,
                false AS unified_memory
         FROM kernels WHERE start_ns IS NOT NULL AND end_ns >= start_ns
