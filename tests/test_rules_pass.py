@@ -75,3 +75,30 @@ def test_launch_groups_are_computed_once_per_run_in_a_pass_on_two_threads(tmp_pa
         computed.clear()
         first = _launches.launch_groups(store, run_ids[0])
         assert first.equals(_launches.launch_groups(store, run_ids[0])) and len(computed) == 2
+
+
+def test_findings_keep_every_nanosecond_whatever_type_a_rule_returns(tmp_path):
+    """A Python rule's None/NaN start beside a SQL rule's integer one: the stored timestamps are
+    exact (a float column would round them to 2^-53 of 1.7e18 ns, 256 ns)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from traceanalyzer.rules import get_rule
+    from traceanalyzer.rules.engine import _normalize
+    from traceanalyzer.store import arrow_schema
+
+    st = Store(tmp_path / "s.duckdb")
+    run_id = st.ingest(FIXTURES / "nsys" / "clean.sqlite").run_id
+    t = 1739836029603000001
+    python_rule = pd.DataFrame({"item_name": ["a", "b"], "start_ns": [float("nan"), None], "end_ns": [None, None],
+                                "est_loss_ns": [None, 3.0]})
+    sql_rule = pd.DataFrame({"item_name": ["c"], "start_ns": pd.array([t], dtype="Int64"),
+                             "end_ns": pd.array([t + 2], dtype="Int64"), "est_loss_ns": pd.array([7], dtype="Int64")})
+    frames = [_normalize(python_rule, get_rule("B001"), run_id, st), _normalize(sql_rule, get_rule("T001"), run_id, st)]
+    columns = arrow_schema("findings")
+    table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True).reindex(columns=columns.names),
+                                 schema=columns, preserve_index=False)
+    assert table.column("start_ns").to_pylist() == [None, None, t]
+    assert table.column("end_ns").to_pylist() == [None, None, t + 2]
+    assert table.column("est_loss_ns").to_pylist() == [None, 3, 7]
+    st.close()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from .. import prefetch
+from .. import prefetch, schema
 from ..store import views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # imported where used: see `prefetch` (the store imports it w
     import pandas as pd
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_INTEGER_COLUMNS = [c.name for c in schema.FINDINGS.columns if c.name in FINDING_COLUMNS and c.type in ("BIGINT", "INTEGER")]
 
 
 @dataclass
@@ -88,6 +89,13 @@ def _normalize(df: pd.DataFrame, rule: Rule, run_id: str, store: Store) -> pd.Da
     df = df.reindex(columns=list(FINDING_COLUMNS))
     if df.empty:
         return df
+    import pandas as pd
+
+    # Whole numbers as nullable integers whatever a rule gave (None, NaN, float): a float column
+    # meeting another rule's integer one would round every nanosecond timestamp to 2^-53.
+    for name in _INTEGER_COLUMNS:
+        if str(df[name].dtype) != "Int64":
+            df[name] = pd.array([None if _missing(v) else int(v) for v in df[name]], dtype="Int64")
     df["run_id"] = run_id
     df["rule_id"] = rule.id
     df["severity"] = df["severity"].astype(object).where(df["severity"].notna(), rule.severity)
