@@ -207,9 +207,14 @@ def test_one_headline_per_kernel_and_its_loss_is_at_most_the_kernels_time(tmp_pa
     store.close()
 
 
-def test_a_cross_run_pass_diagnoses_the_runs_stored_findings_again(tmp_path):
+def test_a_cross_run_pass_diagnoses_the_runs_stored_findings_again(tmp_path, monkeypatch):
     """A pass of some rules only (scan's cross-run pass) keeps the other rules' findings and
-    outcomes, diagnosed together with its own."""
+    outcomes, diagnosed together with its own; one that finds nothing new diagnoses nothing."""
+    import traceanalyzer.diagnosis as diagnosis
+
+    calls = []
+    real_diagnose = diagnosis.diagnose
+    monkeypatch.setattr(diagnosis, "diagnose", lambda *a: calls.append(a[1]) or real_diagnose(*a))
     store = Store(tmp_path / "s.duckdb")
     res = check_file(store, FIXTURES / "nsys" / "structure_recompiles.sqlite", Settings())
     before = {(f["rule_id"], f["fingerprint"], f["finding_no"], f["related_to"], f["est_loss_ns"])
@@ -222,6 +227,7 @@ def test_a_cross_run_pass_diagnoses_the_runs_stored_findings_again(tmp_path):
     assert after == before
     now = {r[0] for r in store.sql("SELECT rule_id FROM rule_runs WHERE run_id = $r", {"r": res.run_id}).fetchall()}
     assert now == outcomes | {"T008"}
+    assert calls == [res.run_id]  # the file's own pass only: T008 found nothing
     store.close()
 
 
