@@ -14,7 +14,10 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
           threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
           output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
           write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
-          debug: DebugOpt = False):
+          debug: DebugOpt = False,
+          show_vendor_rules: Annotated[bool, typer.Option(
+              "--show-vendor-rules", help="List, per run, the results of NVIDIA's own rules (in Nsight Compute "
+              "reports) that no finding matches.")] = False):
     """Ingest what is not stored yet, run the rules, and report the findings by run and
     severity. Exit 0 when the gate passes, 1 when a finding fails it (--fail-on, --baseline,
     --max-growth), 2 on a usage error, an input that could not be read or a rule that raised."""
@@ -28,6 +31,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
     except UsageError as e:
         err.print(f"error: {e}", markup=False)
         raise typer.Exit(2)
+    result.show_vendor_rules = show_vendor_rules
     note_not_traces(result.not_traces, verbose)
     emit(result, format, output, write_baseline, quiet)
 

@@ -27,6 +27,7 @@ from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
 from .budget import budget_line, busy_split, no_budget_line, step_budgets_of
+from .vendor import vendor_text
 from .html_charts import clip, esc
 from .model import CheckResult
 
@@ -367,6 +368,7 @@ def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl:
             f'<span class="rtitle">{esc(rule.title if rule else "")}</span>{loss}</header>'
             f'<p class="msg">{esc(f["message"])}</p>'
             + (f'<p class="hint"><b>Hint:</b> {esc(f["hint"])}</p>' if f.get("hint") else "")
+            + (f'<p class="where">NVIDIA: {esc(vendor_text(f["vendor"]))}</p>' if f.get("vendor") else "")
             + (f'<p class="where">{where}{zoom}</p>' if where or zoom else "")
             + _evidence(f.get("evidence"), rid, t_origin, has_tl)
             + _related(i, related, rules, rid, t_origin, has_tl)

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..rules.base import SEVERITIES
 from ..store import Store
 from .budget import budgets_of
+from .vendor import unmatched, vendor_results, verdict
 
 
 def severity_rank(sev: str) -> int:
@@ -97,6 +98,7 @@ class CheckResult:
     baseline: Baseline | None = None
     errors: list[InputError] = field(default_factory=list)  # inputs that could not be read
     not_traces: list[tuple[Path, str]] = field(default_factory=list)  # files a folder walk passed over
+    show_vendor_rules: bool = False  # text: list NVIDIA's results no finding matches (`--show-vendor-rules`)
     _groups_cache: dict | None = field(default=None, init=False, repr=False, compare=False)
     _related_cache: dict | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -197,8 +199,12 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
     for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
     budgets = budgets_of(store, [r["run_id"] for r in runs])
+    nvidia = vendor_results(store, [r["run_id"] for r in runs])
+    for f in findings:
+        f["vendor"] = verdict(f, nvidia.get(f["run_id"]))
     for r in runs:
         r["budget"] = budgets[r["run_id"]]
+        r["vendor_unmatched"] = unmatched(nvidia.get(r["run_id"]), [f for f in findings if f["run_id"] == r["run_id"]])
     return CheckResult(runs, outcomes, findings, fail_on)
 
 

@@ -8,6 +8,7 @@ from rich.markup import escape as _markup_escape
 from .. import fmt
 from .budget import budget_line, no_budget_line
 from .model import CheckResult
+from .vendor import result_text, vendor_text
 
 
 def escape(text) -> str:
@@ -63,11 +64,21 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
                 console.print(f"        [dim]{escape(where.strip())}[/]")
             if f.get("hint"):
                 console.print(f"        [green]hint:[/] {escape(f['hint'])}")
+            if f.get("vendor"):
+                console.print(f"        [dim]NVIDIA: {escape(vendor_text(f['vendor']))}[/]")
             # The same root cause seen by other rules: evidence, not a second loss.
             for r in result.related(f):
                 own = f" [dim](its estimate {fmt.ns(r['rule_loss_ns'])}, part of the above)[/]" if r.get("rule_loss_ns") else ""
                 console.print(f"        [dim]related:[/] [bold]{r['rule_id']}[/] {escape(r['message'])}{own}"
                               f"{_baseline_note(result, r)}")
+        theirs = run.get("vendor_unmatched") or []
+        if theirs and result.show_vendor_rules:
+            console.print(f"[bold]NVIDIA's results no rule of ours matches ({len(theirs)}):[/]")
+            for v in theirs:
+                console.print(f"  {escape(result_text(v))}")
+        elif theirs:
+            console.print(f"[dim]{len(theirs)} NVIDIA rule result(s) that no finding matches: --show-vendor-rules "
+                          f"lists them[/]")
         for o in result.outcomes:
             if o["run_id"] == rid and o["status"] == "error":
                 console.print(_rule_error_line(o))

@@ -93,6 +93,7 @@ RULE = Rule(
     title="Partial last wave or under-filled GPU",
     phase="bottleneck",
     claims="compute",
+    nvidia=(("LaunchConfiguration", r"wave|less than the GPU's"), ("SOLBottleneck", r"too small to fill")),
     severity="warning",
     what="Kernels whose grid ends in a partial wave that leaves many SMs idle, and grids too "
          "small for one full wave.",

@@ -88,6 +88,7 @@ RULE = Rule(
     title="Low occupancy",
     phase="bottleneck",
     claims="compute",
+    nvidia=(("AchievedOccupancy", ""), ("TheoreticalOccupancy", ""), ("Occupancy", r"achieved occupancy")),
     severity="warning",
     what="Kernels whose theoretical occupancy is low (naming the limiter: registers, shared "
          "memory, warps, blocks) or whose achieved occupancy falls well below the theoretical.",

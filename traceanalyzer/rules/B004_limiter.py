@@ -153,6 +153,7 @@ RULE = Rule(
     title="Latency, throughput or occupancy: what limits a hot kernel, and how to confirm it",
     phase="bottleneck",
     claims="compute",
+    nvidia=(("SOLBottleneck", r"more heavily utilized|throughput"),),
     severity="warning",
     what="For each of the hottest profiled kernels, which of three limits holds it back: a hardware unit "
          "running near its peak (throughput), too few warps resident (occupancy), or warps that wait "

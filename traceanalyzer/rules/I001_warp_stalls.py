@@ -123,6 +123,7 @@ RULE = Rule(
     title="Dominant warp-stall reason",
     phase="instruction",
     claims="compute",
+    nvidia=(("CPIStall", r"represents about"),),
     severity="warning",
     what="Kernels whose warp stall cycles are dominated by one reason (long scoreboard, barrier, "
          "MIO throttle, math pipe throttle...), from Nsight Compute stall metrics.",

@@ -162,6 +162,7 @@ RULE = Rule(
     title="Uncoalesced global memory access",
     phase="instruction",
     claims="compute",
+    nvidia=(("UncoalescedGlobalAccess", ""),),
     severity="warning",
     what="Kernels whose global loads or stores fetch more 32-byte sectors than the bytes their threads use: "
          "strided, misaligned or scattered accesses.",

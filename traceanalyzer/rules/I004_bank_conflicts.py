@@ -118,6 +118,7 @@ RULE = Rule(
     title="Shared-memory bank conflicts",
     phase="instruction",
     claims="compute",
+    nvidia=(("SharedMemoryConflicts", ""),),
     severity="warning",
     what="Kernels whose shared-memory loads or stores need extra wavefronts because threads of a warp hit the "
          "same bank (NVIDIA's SharedMemoryConflicts rule).",

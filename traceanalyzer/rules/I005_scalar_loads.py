@@ -145,6 +145,7 @@ RULE = Rule(
     title="Scalar instead of vector global loads and stores",
     phase="instruction",
     claims="compute",
+    nvidia=(("MemoryCacheAccessPattern", ""),),
     severity="info",
     what="Kernels whose global loads or stores move under `min_access_bytes` per thread per instruction: "
          "4-byte (or smaller) scalar accesses where 8- or 16-byte vector accesses would move the same bytes "

@@ -171,6 +171,10 @@ class Rule:
     # The budget part (CLAIMS) its findings' losses are time of, unless a row sets `claims`;
     # None: time outside the budget, or no loss.
     claims: Optional[str] = None
+    # NVIDIA's rules that flag the same issue in an Nsight Compute report: (rule identifier,
+    # regular expression its message must match; "" matches any), so reports can show NVIDIA's
+    # verdict beside each finding (report/vendor.py).
+    nvidia: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if self.phase not in PHASES:
