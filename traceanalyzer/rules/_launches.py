@@ -66,6 +66,9 @@ SELECT device_id, name, any_value(coalesce(short_name, name)) AS short_name,
 FROM k
 GROUP BY device_id, name, grid_blocks, threads_per_block, registers_per_thread,
          static_shared_mem_bytes, dynamic_shared_mem_bytes
+-- one order whatever the threads did: the rules' findings come out in it
+ORDER BY device_id NULLS LAST, name, grid_blocks NULLS LAST, threads_per_block NULLS LAST,
+         registers_per_thread NULLS LAST, static_shared_mem_bytes NULLS LAST, dynamic_shared_mem_bytes NULLS LAST
 """
 
 
