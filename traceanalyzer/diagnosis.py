@@ -33,6 +33,7 @@ rules gave them.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
@@ -74,14 +75,16 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
     loss: dict[int, float | None] = {}
     related: dict[int, int] = {}
     severity = {i: r["severity"] for i, r in enumerate(rows)}
+    span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
     for members in groups:
-        head = min(members, key=lambda i: _headline_order(rows[i], units[i], budget))
+        main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
+        head = min(members, key=lambda i: _headline_order(rows[i], main))
         for i in members:
             if i != head:
                 related[i] = head
                 if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(severity[head]):
                     severity[head] = rows[i]["severity"]
-        loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, store, run_id)
+        loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns)
     _share_parts(rows, units, loss, budget)
 
     order = sorted(loss, key=lambda i: (-SEVERITIES.index(severity[i]), -(loss[i] if loss[i] is not None else -1),
@@ -133,7 +136,7 @@ def _units(row: dict, devices: list) -> list[tuple]:
     """The units a finding sits in: (device, category, kernel name or None)."""
     claims = row["claims"]
     if not isinstance(claims, str):
-        return [("finding", id(row))]  # claims no part: a unit of its own
+        return [("finding", id(row), None)]  # claims no part: a unit of its own, on no device
     category = _category(claims)
     name = row["item_name"] if category in _PER_KERNEL else None
     device = _device(row)
@@ -172,39 +175,41 @@ def _named_cause(row: dict) -> str | None:
         return claims.split(":", 1)[1] if ":" in claims else None
     evidence = row["evidence"]
     if isinstance(evidence, str) and '"main_cause"' in evidence:
-        import json
-
         return _T001_CAUSE.get(json.loads(evidence).get("main_cause"))
     return None
 
 
-def _headline_order(row: dict, units: list[tuple], budget: dict) -> tuple:
+def _main_idle_cause(units: list[tuple], budget: dict) -> str | None:
+    """The cause of most idle time on the devices of `units` (None without idle time)."""
+    devices = {device for device, _, _ in units}
+    idle: dict[str, int] = defaultdict(int)
+    for (device, part), ns in budget.items():
+        if device in devices and part.startswith("idle:"):
+            idle[part[len("idle:"):]] += ns
+    return max(idle, key=lambda c: (idle[c], c), default=None)
+
+
+def _headline_order(row: dict, main_idle_cause: str | None) -> tuple:
     """Sorts a group's findings: the headline first."""
     by_loss = (-_num(row["rule_loss_ns"]), -SEVERITIES.index(row["severity"]), row["rule_id"])
     if not isinstance(row["claims"], str) or _category(row["claims"]) != "idle":
         return (0, 0, *by_loss)
-    idle = defaultdict(int)
-    for device, _, _ in units:
-        for key, ns in budget.items():
-            if key[0] == device and key[1].startswith("idle:"):
-                idle[key[1][5:]] += ns
-    main = max(idle, key=lambda c: (idle[c], c), default=None)
-    return (_named_cause(row) != main, row["claims"] == "idle", *by_loss)
+    return (_named_cause(row) != main_idle_cause, row["claims"] == "idle", *by_loss)
 
 
 def _num(v) -> float:
     return -1.0 if v is None or v != v else float(v)
 
 
-def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, store: Store, run_id: str) -> float | None:
-    """A headline's loss: the rule's, at most the time of the part it claims on each device."""
+def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, span_ns: int | None) -> float | None:
+    """A headline's loss: the rule's, at most the time of the part it claims on each device
+    (the run's span for a finding that claims no part)."""
     own = row["rule_loss_ns"]
     if own is None or own != own:
         return None
     caps = []
     if not isinstance(row["claims"], str):
-        span = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
-        caps.append(span)
+        caps.append(span_ns)
     for device, category, name in units if isinstance(row["claims"], str) else ():
         part = budget.get((device, category))
         if part is not None:

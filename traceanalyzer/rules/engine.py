@@ -354,9 +354,9 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
         found = [f for f in frames[run_id] if not f.empty]
         # A pass whose rules found nothing where they had found nothing before (the cross-run
         # pass on most runs) leaves the run's diagnosis as it is: only their outcomes are written.
-        changes = bool(found) or store.sql(
-            "SELECT count(*) FROM findings WHERE run_id = ? AND list_contains(?, rule_id)", [run_id, rule_ids]).fetchone()[0]
-        if diagnose is not None and changes:
+        if diagnose is not None and (found or store.sql(
+                "SELECT count(*) FROM findings WHERE run_id = ? AND list_contains(?, rule_id)",
+                [run_id, rule_ids]).fetchone()[0]):
             # The other rules' stored findings are diagnosed again with these, and rewritten
             # with their outcomes as they were.
             kept = store.read_findings(run_id, [r.id for r in all_rules() if r.id not in rule_ids])
