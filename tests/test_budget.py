@@ -275,6 +275,57 @@ def test_on_every_real_trace_with_steps_each_steps_parts_fill_its_window(real):
     assert with_steps >= 5
 
 
+# `summary`'s kernel statistics as nsys's cuda_gpu_kern_sum defines them, straight from the
+# export: per name (demangled, or with :base the short name), the count, total, average,
+# median (the middle launch, or the mean of the two middle ones), min, max, sample variance
+# (0 for one launch) and share of all kernels' time, ordered by total down, count, name.
+NSYS_KERN_SUM = """
+WITH k AS (
+    SELECT {name} AS name, k."end" - k.start AS dur
+    FROM CUPTI_ACTIVITY_KIND_KERNEL k
+    LEFT JOIN StringIds dn ON dn.id = k.demangledName
+    LEFT JOIN StringIds sn ON sn.id = k.shortName
+), w AS (
+    SELECT name, dur, row_number() OVER (PARTITION BY name ORDER BY dur) AS rn,
+           count(*) OVER (PARTITION BY name) AS n, avg(dur) OVER (PARTITION BY name) AS mean
+    FROM k
+)
+SELECT name, n, sum(dur) AS total, min(dur), max(dur), mean,
+       avg(CASE WHEN rn IN ((n + 1) / 2, (n + 2) / 2) THEN dur END) AS median,
+       sum((dur - mean) * (dur - mean)) / max(n - 1, 1) AS variance
+FROM w GROUP BY name ORDER BY total DESC, n, name
+"""
+
+
+def test_on_every_real_nsys_export_summary_gives_the_numbers_of_nsys_kernel_summary(real):
+    import math
+    import sqlite3
+
+    from traceanalyzer.summary import kernel_stats
+
+    with_kernels = 0
+    for f in sorted((shared_traces() / "nsys").glob("*.sqlite")):
+        (run_id,) = real.sql("SELECT run_id FROM runs WHERE file_name = ?", [f.name]).fetchone()
+        con = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
+        try:
+            has_kernels = con.execute("SELECT 1 FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()
+            for by, name in (("name", "coalesce(dn.value, sn.value)"), ("base", "coalesce(sn.value, dn.value)")):
+                ours = kernel_stats(real, run_id, by=by).to_dict("records")
+                theirs = con.execute(NSYS_KERN_SUM.format(name=name)).fetchall() if has_kernels else []
+                assert [(o["name"], o["count"], o["total_ns"], o["min_ns"], o["max_ns"]) for o in ours] == \
+                    [r[:5] for r in theirs], (f.name, by)
+                grand = sum(r[2] for r in theirs)
+                for o, (_, _, total, _, _, mean, median, variance) in zip(ours, theirs):
+                    assert o["avg_ns"] == pytest.approx(mean, rel=1e-12), (f.name, o["name"])
+                    assert o["median_ns"] == pytest.approx(median, rel=1e-12), (f.name, o["name"])
+                    assert o["stddev_ns"] == pytest.approx(math.sqrt(variance), rel=1e-9, abs=1e-6), (f.name, o["name"])
+                    assert o["share"] == pytest.approx(total / grand, rel=1e-12), (f.name, o["name"])
+        finally:
+            con.close()
+        with_kernels += bool(has_kernels)
+    assert with_kernels >= 10
+
+
 def test_a_scan_table_gives_each_run_its_budget_in_a_cell(tmp_path):
     from traceanalyzer.report.budget import budget_cell
 

@@ -1,8 +1,13 @@
 """`traceanalyzer runs` and `traceanalyzer summary`: what the store holds, run by run."""
 
+import csv
+import json
+import sys
 from typing import Annotated, List, Optional
 
 import typer
+from rich import box
+from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -30,64 +35,147 @@ def runs(store: StoreOpt = None):
     out.print(t)
 
 
+SUMMARY_FORMATS = ("text", "json", "csv")
+GROUPINGS = ("name", "base")
+TEXT_TOP = 15  # kernels a text summary lists unless --top says
+MIN_NAME_WIDTH = 36  # a narrower kernel column: the names go under the table, a line each
+CSV_FIELDS = ("run_id", "kind", "name", "count", "total_ns", "avg_ns", "median_ns", "min_ns", "max_ns",
+              "stddev_ns", "share")
+
+
 def summary(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...", help="The runs to show (ids, id prefixes or file names) \\[default: every run].")] = None,
             store: StoreOpt = None,
-            top: Annotated[int, typer.Option("--top", metavar="N", help="How many kernels to list.")] = 15):
-    """Per run: top kernels, copies by direction and memory kind, GPU busy share per device."""
+            top: Annotated[Optional[int], typer.Option("--top", metavar="N", min=1, help=f"How many kernels to list \\[default: {TEXT_TOP} in text, every kernel in json and csv].")] = None,
+            by: Annotated[str, typer.Option("--by", metavar="KEY", help="Group kernels by full (demangled) name, or by base name, which pools template variants: name or base.")] = "name",
+            format: Annotated[str, typer.Option("--format", metavar="FORMAT", help="text, json or csv.")] = "text"):
+    """Per run: time budget, GPU busy per device, kernels (count, total, avg, median, min, max,
+    stddev, share: nsys's cuda_gpu_kern_sum), CUDA-graph executions, copies and memsets."""
+    for option, value, allowed in (("--format", format, SUMMARY_FORMATS), ("--by", by, GROUPINGS)):
+        if value not in allowed:
+            err.print(f"error: {option} must be one of {', '.join(allowed)}, not {value!r}", markup=False)
+            raise typer.Exit(2)
     with open_store(store, read_only=True) as st:
         try:
             ids = [st.resolve_run(r) for r in run] if run else st.run_ids()
         except StoreError as e:
             err.print(f"error: {e}", markup=False)
             raise typer.Exit(2)
-        for rid in ids:
-            _print_summary(st, rid, top)
+        runs_ = [_summary_of(st, rid, by, top or (TEXT_TOP if format == "text" else None)) for rid in ids]
+    if format == "json":
+        sys.stdout.write(json.dumps(runs_, indent=2) + "\n")
+    elif format == "csv":
+        _write_csv(runs_, sys.stdout)
+    else:
+        for s in runs_:
+            print_summary(out, s)
 
 
-def _print_summary(st, rid: str, top: int) -> None:
-    from ..report.budget import budget_line, budget_of, busy_split, no_budget_line
-    from ..summary import busy, copies, run_info, top_kernels
+def _summary_of(st, rid: str, by: str, top: Optional[int]) -> dict:
+    """`summary.run_summary` with the run's time budget, and each device's busy time split
+    into the budget's exclusive parts (kernels_ns, copies_ns, memsets_ns)."""
+    from ..report.budget import budget_of, busy_split
+    from ..summary import RUN_FIELDS, run_summary
 
-    info = run_info(st, rid)
-    out.rule(Text(f"{rid}  {fmt.printable(info['file_name'])}  ({info['format']})"), style="bold")
-    out.print(fmt.printable(f"span {fmt.ns(info['span_ns'])}   producer {fmt.text(info['producer'])} "
-                            f"{fmt.text(info['producer_version'], '')}   host {fmt.text(info['host'])}"),
-              markup=False)
-    budget = budget_of(st, rid)  # first: where each device's time went
-    for line in [budget_line(d) for d in budget] or [no_budget_line(info)]:
-        out.print(fmt.printable(line), markup=False)
-    gpus = busy(st, rid)
-    if not gpus.empty:
-        split = {d["device_id"]: busy_split(d) for d in budget}
+    s = run_summary(st, rid, by, top)
+    budget = budget_of(st, rid)
+    split = {d["device_id"]: busy_split(d) for d in budget}
+    for g in s["busy"]:
+        parts = split.get(g["device_id"], {})
+        g.update({f"{k}_ns": parts.get(k) for k in ("kernels", "copies", "memsets")})
+    info = {k: s.pop(k) for k in RUN_FIELDS}
+    return {**info, "budget": budget, **s}
+
+
+def _write_csv(runs_: list[dict], stream) -> None:
+    """One row per kernel and per CUDA graph (kind `kernel` or `cuda_graph`) of every run."""
+    w = csv.DictWriter(stream, CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for s in runs_:
+        for kind, rows in (("kernel", s["kernels"]), ("cuda_graph", s["graphs"])):
+            for r in rows:
+                w.writerow({**r, "run_id": s["run_id"], "kind": kind})
+
+
+def print_summary(console: Console, s: dict) -> None:
+    """A run's summary (`_summary_of`) as text, laid out for the console's width."""
+    from ..report.budget import budget_line, no_budget_line
+
+    console.rule(Text(f"{s['run_id']}  {fmt.printable(s['file_name'])}  ({s['format']})"), style="bold")
+    console.print(fmt.printable(f"span {fmt.ns(s['span_ns'])}   producer {fmt.text(s['producer'])} "
+                                f"{fmt.text(s['producer_version'], '')}   host {fmt.text(s['host'])}"),
+                  markup=False)
+    for line in [budget_line(d) for d in s["budget"]] or [no_budget_line(s)]:
+        console.print(fmt.printable(line), markup=False)
+    if s["busy"]:
         t = Table("device", "name", "busy", "kernels", "copies", "memsets", "active span", "busy share",
                   "share of run", title="GPU busy")
-        for r in gpus.itertuples():
-            parts = split.get(r.device_id, {})
-            t.add_row(str(r.device_id), cell(fmt.text(r.device)), fmt.ns(r.busy_ns),
-                      *(fmt.ns(parts.get(k)) for k in ("kernels", "copies", "memsets")), fmt.ns(r.active_span_ns),
-                      fmt.pct(r.busy_share), fmt.pct(r.busy_share_of_run))
-        out.print(t)
-    k = top_kernels(st, rid, top)
-    if k.empty:
-        out.print("no kernels in this run")
+        for r in s["busy"]:
+            t.add_row(str(r["device_id"]), cell(fmt.text(r["device"])), fmt.ns(r["busy_ns"]),
+                      *(fmt.ns(r[f"{k}_ns"]) for k in ("kernels", "copies", "memsets")),
+                      fmt.ns(r["active_span_ns"]), fmt.pct(r["busy_share"]), fmt.pct(r["busy_share_of_run"]))
+        console.print(t)
+    totals = s["kernel_totals"]
+    if not s["kernels"]:
+        console.print("no kernels in this run")
     else:
-        t = Table("kernel", "count", "total", "mean", "median", "min", "max", "share", title="Top kernels by total time")
-        for r in k.itertuples():
-            t.add_row(cell(_clip(r.kernel)), fmt.num(r.count), fmt.ns(r.total_ns), fmt.ns(r.mean_ns),
-                      fmt.ns(r.median_ns), fmt.ns(r.min_ns), fmt.ns(r.max_ns), fmt.pct(r.share))
-        out.print(t)
-    c = copies(st, rid)
-    if not c.empty:
+        names = "names" if s["by"] == "name" else "base names"
+        title = (f"Top kernels by total time ({len(s['kernels'])} of {fmt.num(totals['names'])} {names}; "
+                 f"{fmt.num(totals['count'])} launches, {fmt.ns(totals['total_ns'])})")
+        _stats_table(console, title, "kernel", s["kernels"], share=True)
+    if s["graphs"]:
+        _stats_table(console, "CUDA graph executions (not in the kernels' shares)", "graph",
+                     s["graphs"], share=False)
+    if s["copies"]:
         t = Table("direction", "memory", "count", "bytes", "time", "bandwidth", title="Copies")
-        for r in c.itertuples():
-            bw = "-" if fmt.text(r.bandwidth_gb_per_s) == "-" else f"{r.bandwidth_gb_per_s:.3g} GB/s"
-            t.add_row(r.direction, r.memory_kinds, fmt.num(r.count), fmt.nbytes(r.bytes), fmt.ns(r.total_ns), bw)
-        out.print(t)
+        for r in s["copies"]:
+            t.add_row(r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]),
+                      fmt.ns(r["total_ns"]), _bandwidth(r["bandwidth_gb_per_s"]))
+        console.print(t)
+    if s["memsets"]:
+        t = Table("memory", "count", "bytes", "time", "bandwidth", title="Memsets")
+        for r in s["memsets"]:
+            t.add_row(r["memory_kind"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
+                      _bandwidth(r["bandwidth_gb_per_s"]))
+        console.print(t)
 
 
-def _clip(s: str, n: int = 80) -> str:
-    s = fmt.text(s, "?")
-    return s if len(s) <= n else s[: n - 1] + "…"
+def _bandwidth(gb_per_s) -> str:
+    return "-" if fmt.text(gb_per_s) == "-" else f"{gb_per_s:.3g} GB/s"
+
+
+def _stats_table(console: Console, title: str, what: str, rows: list[dict], share: bool) -> None:
+    """Rows of kernel statistics, each name shortened to fit and kept apart from the others
+    (`distinct_labels`): in the table when the console leaves it room, else numbered, with the
+    names on a line each under the table."""
+    from ..summary import distinct_labels
+
+    headers = ["count", "total", "avg", "median", "min", "max", "stddev"] + (["share"] if share else [])
+    values = [[fmt.num(r["count"]), *(fmt.ns(r[k]) for k in ("total_ns", "avg_ns", "median_ns", "min_ns",
+                                                             "max_ns", "stddev_ns"))]
+              + ([fmt.pct(r["share"])] if share else []) for r in rows]
+    names = [fmt.printable(r["name"]) for r in rows]
+    # A rich table column takes its text plus a space either side and a border.
+    fixed = sum(max(len(h), *(len(v[i]) for v in values)) + 3 for i, h in enumerate(headers)) + 1
+    room = console.width - fixed - 3
+    in_table = room >= min(MIN_NAME_WIDTH, max(len(n) for n in names))
+    numbers = [Column(h, no_wrap=True, justify="right") for h in headers]
+    if in_table:
+        t = Table(Column(what, overflow="fold", max_width=room), *numbers, title=title)
+        for label, v in zip(distinct_labels(names, room), values):
+            t.add_row(Text(label), *v)
+        console.print(t)
+        return
+    # Without the outer borders and paddings, the numbers fit in 80 columns.
+    t = Table(Column("#", no_wrap=True), *numbers, title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, v in enumerate(values, 1):
+        t.add_row(str(i), *v)
+    console.print(t)
+    digits = len(str(len(rows)))
+    room = console.width - digits - 2
+    for i, label in enumerate(distinct_labels(names, room), 1):
+        # A name kept whole (two labels came out the same) wraps under itself.
+        for j in range(0, len(label), room):
+            console.print(f"{str(i) if j == 0 else '':>{digits}}  {label[j:j + room]}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,174 @@
+"""`traceanalyzer summary`: kernel statistics as nsys's cuda_gpu_kern_sum gives them, by full or
+base name, CUDA-graph executions apart, memsets, the json and csv formats, and kernel names
+that stay apart at any width. (The numbers against an independent query on every real nsys
+export: tests/test_budget.py, which stores that corpus once.)"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from traceanalyzer.cli import app
+from traceanalyzer.cli.runs import _summary_of, print_summary
+from traceanalyzer.ingest.base import ParsedTrace
+from traceanalyzer.store import Store
+from traceanalyzer.summary import distinct_labels, graph_stats, kernel_stats
+
+US = 1_000
+GEMM_256 = ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x256_32x3_nn_align4>"
+            "(cutlass_80_tensorop_s1688gemm_128x256_32x3_nn_align4::Params)")
+GEMM_128 = GEMM_256.replace("128x256", "128x128")
+ADD_FLOAT = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)"
+ADD_HALF = ADD_FLOAT.replace("<float>", "<c10::Half>")
+# (name, short name, graph id, duration in us), launched one after the other on one stream
+LAUNCHES = [(GEMM_256, "Kernel2", None, 10), (GEMM_256, "Kernel2", None, 60), (GEMM_256, "Kernel2", None, 20),
+            (GEMM_128, "Kernel2", None, 30),
+            (ADD_FLOAT, "vectorized_elementwise_kernel", None, 5), (ADD_FLOAT, "vectorized_elementwise_kernel", None, 5),
+            (ADD_HALF, "vectorized_elementwise_kernel", None, 5),
+            ("[CUDA graph 7]", "[CUDA graph]", 7, 100), ("[CUDA graph 7]", "[CUDA graph]", 7, 100)]
+
+
+def _planted() -> ParsedTrace:
+    starts = [sum(d for *_, d in LAUNCHES[:i]) * US + i * US for i in range(len(LAUNCHES))]
+    n = len(LAUNCHES)
+    kernels = pa.table({
+        "kernel_id": list(range(n)), "device_id": [0] * n, "stream_id": [7] * n, "pid": [1] * n,
+        "name": [k[0] for k in LAUNCHES], "short_name": [k[1] for k in LAUNCHES],
+        "graph_id": pa.array([k[2] for k in LAUNCHES], pa.int64()),
+        "start_ns": starts, "end_ns": [s + k[3] * US for s, k in zip(starts, LAUNCHES)]})
+    end = starts[-1] + 200 * US
+    memsets = pa.table({"memset_id": [0, 1], "device_id": [0, 0], "stream_id": [7, 7],
+                        "start_ns": [end, end + 10 * US], "end_ns": [end + 2 * US, end + 12 * US],
+                        "bytes": [4096, 4096], "mem_kind": ["device", "device"]})
+    return ParsedTrace(format="nsys-sqlite", tables={"kernels": kernels, "memsets": memsets})
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """A store holding the planted run: (store path, run id)."""
+    db = tmp_path_factory.mktemp("summary") / "s.duckdb"
+    with Store(db) as st:
+        run_id = st.write_run(_planted(), Path("/planted/summary.sqlite"), "5" * 64, 1).run_id
+    return db, run_id
+
+
+def _rows(df) -> dict[str, dict]:
+    return {r["name"]: r for r in df.to_dict("records")}
+
+
+def test_kernels_by_full_name_have_nsys_statistics_and_graphs_stay_out_of_the_shares(planted):
+    db, run_id = planted
+    with Store(db, read_only=True) as st:
+        k, g = kernel_stats(st, run_id), graph_stats(st, run_id)
+    # nsys's order: total time down, then count, then name
+    assert list(k["name"]) == [GEMM_256, GEMM_128, ADD_FLOAT, ADD_HALF]
+    gemm = _rows(k)[GEMM_256]
+    assert {c: gemm[c] for c in ("count", "total_ns", "min_ns", "max_ns")} == {
+        "count": 3, "total_ns": 90 * US, "min_ns": 10 * US, "max_ns": 60 * US}
+    assert gemm["avg_ns"] == 30 * US and gemm["median_ns"] == 20 * US
+    # sample standard deviation of 10, 20, 60 us: sqrt((20² + 10² + 30²) / 2)
+    assert gemm["stddev_ns"] == pytest.approx(math.sqrt(700) * US)
+    assert _rows(k)[GEMM_128]["stddev_ns"] == 0  # one launch: 0, as nsys prints it
+    # shares of the kernels' 135 us, the graphs' 200 us nowhere in them
+    assert gemm["share"] == pytest.approx(90 / 135) and k["share"].sum() == pytest.approx(1)
+    assert g.to_dict("records") == [{"name": "[CUDA graph 7]", "count": 2, "total_ns": 200 * US, "avg_ns": 100 * US,
+                                     "median_ns": 100 * US, "min_ns": 100 * US, "max_ns": 100 * US,
+                                     "stddev_ns": 0, "share": 1.0}]
+
+
+def test_by_base_pools_template_variants(planted):
+    db, run_id = planted
+    with Store(db, read_only=True) as st:
+        rows = _rows(kernel_stats(st, run_id, by="base"))
+    assert set(rows) == {"Kernel2", "vectorized_elementwise_kernel"}
+    assert rows["Kernel2"]["count"] == 4 and rows["Kernel2"]["total_ns"] == 120 * US
+    assert rows["Kernel2"]["median_ns"] == 25 * US  # of 10, 20, 30, 60
+    assert rows["vectorized_elementwise_kernel"]["count"] == 3
+    assert rows["Kernel2"]["share"] == pytest.approx(120 / 135)
+
+
+def _cli(*args) -> str:
+    r = CliRunner().invoke(app, ["summary", *map(str, args)], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout
+
+
+def test_json_rows_memsets_and_graphs(planted):
+    db, run_id = planted
+    [run] = json.loads(_cli("--store", db, "--format", "json"))
+    assert run["run_id"] == run_id and run["by"] == "name"
+    assert [k["name"] for k in run["kernels"]] == [GEMM_256, GEMM_128, ADD_FLOAT, ADD_HALF]
+    assert set(run["kernels"][0]) == {"name", "count", "total_ns", "avg_ns", "median_ns", "min_ns", "max_ns",
+                                      "stddev_ns", "share"}
+    assert run["kernel_totals"] == {"names": 4, "count": 7, "total_ns": 135 * US}
+    assert [(g["name"], g["count"]) for g in run["graphs"]] == [("[CUDA graph 7]", 2)]
+    assert run["memsets"] == [{"memory_kind": "device", "count": 2, "bytes": 8192, "total_ns": 4 * US,
+                               "bandwidth_gb_per_s": 8192 / (4 * US)}]
+    [device] = run["busy"]
+    assert device["memsets_ns"] == 4 * US and device["kernels_ns"] == 335 * US  # graphs keep the GPU busy
+    assert run["budget"][0]["device_id"] == 0
+    top = json.loads(_cli("--store", db, "--format", "json", "--top", "1", "--by", "base"))[0]
+    assert [k["name"] for k in top["kernels"]] == ["Kernel2"] and top["kernel_totals"]["names"] == 2
+
+
+def test_csv_has_a_row_per_kernel_and_graph_with_its_run(planted):
+    db, run_id = planted
+    rows = list(csv.DictReader(io.StringIO(_cli("--store", db, "--format", "csv"))))
+    assert [(r["run_id"], r["kind"], r["name"]) for r in rows] == [
+        (run_id, "kernel", GEMM_256), (run_id, "kernel", GEMM_128), (run_id, "kernel", ADD_FLOAT),
+        (run_id, "kernel", ADD_HALF), (run_id, "cuda_graph", "[CUDA graph 7]")]
+    assert rows[0]["total_ns"] == str(90 * US) and rows[-1]["share"] == ""
+
+
+def test_bad_options_are_usage_errors(planted):
+    db, _ = planted
+    for args in (["--format", "xml"], ["--by", "mangled"]):
+        r = CliRunner().invoke(app, ["summary", "--store", str(db), *args])
+        assert r.exit_code == 2 and "must be one of" in r.stderr
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_two_gemms_with_a_long_common_prefix_print_apart(planted, width):
+    db, run_id = planted
+    with Store(db, read_only=True) as st:
+        s = _summary_of(st, run_id, "name", 15)
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=width, highlight=False), s)
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    lines_256 = [ln for ln in text.splitlines() if "128x256" in ln]
+    lines_128 = [ln for ln in text.splitlines() if "128x128" in ln]
+    assert len(lines_256) == 1 and len(lines_128) == 1, text
+    assert "Memsets" in text and "[CUDA graph 7]" in text
+
+
+NAMES = [GEMM_256, GEMM_128, ADD_FLOAT, ADD_HALF,
+         "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x256x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+         "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x256x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_split_k_kernel__5x_cublas",
+         "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+         "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+         "short", "short_but_longer"]
+
+
+def test_labels_fit_and_stay_apart_at_every_width():
+    for width in range(8, 160):
+        labels = distinct_labels(NAMES, width)
+        assert len(set(labels)) == len(NAMES), (width, labels)
+        # a label is the name, or fits; names that fit are kept whole
+        assert all(lab == n or len(lab) <= width for lab, n in zip(labels, NAMES)), width
+        assert all(lab == n for lab, n in zip(labels, NAMES) if len(n) <= width)
+
+
+def test_a_label_keeps_the_word_where_two_names_differ():
+    a, b = distinct_labels([GEMM_256, GEMM_128], 40)
+    assert "128x256" in a and "128x128" in b and a.startswith("void cutlass::") and "…" in a
+    split, plain = distinct_labels(NAMES[5:3:-1], 50)
+    assert "split" in split and "split" not in plain
