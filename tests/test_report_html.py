@@ -32,8 +32,8 @@ from typer.testing import CliRunner
 from traceanalyzer.batch.check import check_file
 from traceanalyzer.cli import app
 from traceanalyzer.ingest.base import ParsedTrace
-from traceanalyzer.report import chrome_trace, html, html_metrics, html_timeline, markdown
-from traceanalyzer.report.model import load_result
+from traceanalyzer.report import chrome_trace, html, html_charts, html_metrics, html_timeline, markdown
+from traceanalyzer.report.model import CheckResult, load_result
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 
@@ -295,6 +295,71 @@ def test_memory_curve_peak_is_the_allocators_peak(fixture_store):
     with_m001 = html_metrics.memory(st, rid, run["start_ns"], load_result(st, [rid]).findings)
     gpu2 = next(s for s in with_m001["series"] if s["device_type"] == "cuda")
     assert gpu2.get("peak_source") == "M001" and (gpu2["peak_bytes"], gpu2["peak_at_ns"]) == (gpu["peak_bytes"], gpu["peak_at_ns"])
+
+
+def test_memory_curve_is_a_step_plot(fixture_store):
+    """The level holds from one allocator event to the next: every segment of the curve is
+    horizontal or vertical, and between two columns with events it runs flat at the level the
+    first one left."""
+    st, _ = fixture_store
+    rid = run_id_of(fixture_store, "planted.json")
+    mem = html_metrics.memory(st, rid, load_result(st, [rid]).runs[0]["start_ns"])
+    svg = html_charts.memory(mem)
+    gpu = next(s for s in mem["series"] if s["device_type"] == "cuda")
+    pts = re.findall(r'<polyline class="mem" points="([^"]+)"', svg)[mem["series"].index(gpu)].split()
+    xy = [tuple(map(float, p.split(","))) for p in pts]
+    assert len(xy) > 10
+    for (x0, y0), (x1, y1) in zip(xy, xy[1:]):
+        assert x0 == x1 or y0 == y1, ((x0, y0), (x1, y1))
+    flats = [(a, b) for a, b in zip(xy, xy[1:]) if a[1] == b[1] and a[0] != b[0]]
+    assert len(flats) >= len(gpu["cols"]) // 2  # the level carried across each stretch without events
+
+
+def test_long_finding_ranges_are_marked_thin():
+    t0, t1 = 1_000, 1_000 + 10**9
+    fs = [{"severity": "warning", "start_ns": t0, "end_ns": t1, "device_id": 0, "stream_id": None, "evidence": None},
+          {"severity": "error", "start_ns": t0 + 500, "end_ns": t0 + 500 + 10**6, "device_id": 0, "stream_id": 7,
+           "evidence": {"worst": [{"start_ns": t0, "end_ns": t0 + 10**8}]}}]
+    ms = html_timeline.markers(fs, t0, t1)
+    assert [(m["f"], m["main"], m["long"]) for m in ms] == [(0, True, True), (1, True, False), (1, False, True)]
+
+
+def many_runs(n: int) -> tuple[list[dict], CheckResult]:
+    """The index's view of `n` runs with long file names, long messages and eight GPUs each."""
+    rng = np.random.default_rng(5)
+    runs, findings, pages = [], [], []
+    for i in range(n):
+        rid = f"{i:016x}"
+        runs.append({"run_id": rid, "format": "kineto-json", "span_ns": int(rng.integers(10**6, 10**10)),
+                     "file_name": f"TraceLens__h100__google_owlv2-large-patch14-ensemble__1016{i:03d}__"
+                                  f"profile_trace_rank_{i % 8}_of_8.pt.trace.json.gz"})
+        fs = [{"run_id": rid, "rule_id": rule, "severity": sev, "finding_no": k + 1, "related_to": None,
+               "fingerprint": f"{rid}{k}", "est_loss_ns": None if i % 7 == 0 else int(rng.integers(1, 10**9)),
+               "message": f"every GPU idle while the host worked: {k + 3} stretch(es) over 50 us, total 2.31 ms "
+                          f"(median 180 us), in aten::_scaled_dot_product_flash_attention_for_cpu_{i}_{k}"}
+              for k, (rule, sev) in enumerate((("T004", "error"), ("B002", "warning"), ("T002", "info")))]
+        findings += fs
+        pages.append({"run": runs[-1], "headlines": [(f, []) for f in fs], "devices": [(0, "NVIDIA H100 80GB HBM3")],
+                      "busy": [{"device_id": d, "busy_share": 0.5 + d / 20} for d in range(8)]})
+    return pages, CheckResult(runs, [], findings)
+
+
+def test_index_is_sorted_by_estimated_loss():
+    pages, res = many_runs(30)
+    rows = re.findall(r'<tr><td class="name"><a class="clamp" href="#run-([0-9a-f]+)"', html._index(pages, res))
+    losses = [html.run_loss(res, rid) for rid in rows]
+    assert sorted(rows) == sorted(p["run"]["run_id"] for p in pages)
+    assert losses == sorted(losses, reverse=True) and losses[0] > 0 and losses[-1] == 0
+
+
+def test_b004_hint_says_peak_unknown_rather_than_a_dash(tmp_path):
+    path = shared_traces() / "ncu" / "nsightful__copy_blocked.csv"
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = check_file(st, path, Settings(select=["B004"])).run_id
+        res = load_result(st, [rid])
+        [f] = [f for f in res.findings if f["rule_id"] == "B004"]
+        assert "peak unknown" in f["hint"] and "-/s" not in f["hint"]
+        assert "-/s" not in html.render(st, res)
 
 
 # -- escaping ----------------------------------------------------------------------------
@@ -597,6 +662,15 @@ class Page:
         self.b.call("Target.closeTarget", {"targetId": self.target})
 
 
+def keep(name: str, img) -> None:
+    """Save a screenshot as TA_SCREENSHOTS/name.png when that variable names a folder (to look at)."""
+    folder = os.environ.get("TA_SCREENSHOTS")
+    if folder:
+        from PIL import Image
+
+        Image.fromarray(img.astype(np.uint8)).save(Path(folder) / f"{name}.png")
+
+
 def near(img, rgb, tol: int = 40) -> int:
     """Pixels within `tol` (max channel difference) of a color."""
     return int((np.abs(img - np.array(rgb)).max(axis=2) <= tol).sum())
@@ -659,6 +733,7 @@ def test_fixture_report_opens_clean_and_draws_every_plot(browser, fixture_store,
             page.wait(f"document.getElementById('{anchor}').offsetHeight > 0")
             label = {"roofline": "Roofline", "stalls": "Warp stall", "memory": "Memory of GPU"}[check]
             img = page.shot(f"#{anchor} svg.plot[aria-label^='{label}']")
+            keep(f"fixture_{check}", img)
             if check == "roofline":
                 assert colorful(img) > 200 and near(img, (0x44, 0x44, 0x44), 30) > 300  # kernels and the roof
             elif check == "stalls":
@@ -765,3 +840,100 @@ def test_real_traces_report_opens_clean(browser, tmp_path):
         assert page.problems() == []
     finally:
         page.close()
+
+
+def test_index_of_eighty_runs_stays_readable(browser, tmp_path):
+    pages, res = many_runs(80)
+    out = tmp_path / "index.html"
+    out.write_text(html.page("80 runs", [html._index(pages, res)], multi=True))
+    page = browser.open(out)
+    try:
+        page.wait("document.querySelector('#index').offsetHeight > 0")
+        assert page.eval("document.documentElement.scrollWidth") <= 1280  # nothing pushes the page wider
+        heights = page.eval("[...document.querySelectorAll('table.runs tbody tr')].map(r => r.offsetHeight)")
+        assert len(heights) == 80 and max(heights) <= 80, max(heights)
+        widths = page.eval("[...document.querySelectorAll('table.runs thead th')].map(c => c.offsetWidth)")
+        assert widths[0] >= 220 and widths[-1] >= 300, widths  # names and findings keep their room
+        # badges stay whole: one line box each, one text line high
+        boxes = page.eval("[...document.querySelectorAll('table.runs .badge')].map(b => [b.getClientRects().length, "
+                          "b.offsetHeight])")
+        assert len(boxes) == 240 and all(n == 1 and h < 22 for n, h in boxes), boxes[:3]
+        # the names wrap within their column, shown whole, so all different; the whole name is the title too
+        names = page.eval("[...document.querySelectorAll('table.runs td.name a')].map(a => [a.title, a.textContent, "
+                          "a.scrollHeight <= a.clientHeight + 1])")
+        assert {t for t, _, _ in names} == {p["run"]["file_name"] for p in pages}
+        assert len({shown for _, shown, _ in names}) == 80 and all(fits for _, _, fits in names)
+        assert all(shown == t for t, shown, _ in names)
+        order = page.eval("[...document.querySelectorAll('table.runs td.loss')].map(c => c.textContent)")
+        assert order[-1] == "-" and order[0] != "-"
+        img = page.shot("#index")
+        keep("index_80_runs", img[:900])
+        assert page.problems() == []
+    finally:
+        page.close()
+
+
+def test_timeline_ticks_stay_distinct_at_microsecond_zoom(browser, tmp_path):
+    with Store(tmp_path / "s.duckdb") as st:
+        rid, _ = synthetic_kernels(st, 40_000)  # 200 ms
+        out = tmp_path / "zoom.html"
+        out.write_text(html.render(st, load_result(st, [rid])))
+    page = browser.open(out)
+    try:
+        page.wait("+document.querySelector('.timeline').getAttribute('data-drawn') > 0")
+        x, y = page.eval("(() => { const r = document.querySelector('.timeline canvas').getBoundingClientRect();"
+                         " return [r.left + r.width * 0.9, r.top + r.height / 2]; })()")
+        to_ns = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+        def view() -> tuple[float, float]:
+            lo, hi = page.eval("document.querySelector('.timeline .status').textContent.match(/view (.*) – (.*)/)"
+                               ".slice(1)")
+            return tuple(float(v.split()[0]) * to_ns[v.split()[1]] for v in (lo, hi))
+
+        for _ in range(40):
+            if view()[1] - view()[0] < 20_000:
+                break
+            browser.call("Input.dispatchMouseEvent", {"type": "mouseWheel", "x": x, "y": y, "deltaX": 0,
+                                                      "deltaY": -400}, page.sid)
+        lo, hi = view()
+        assert hi - lo < 20_000 and lo > 150e6  # a few microseconds, late in the run
+        ticks = page.eval("document.querySelector('.timeline').getAttribute('data-ticks')").split("|")
+        assert len(ticks) >= 4 and len(set(ticks)) == len(ticks), ticks
+        values = [float(t.split()[0]) * to_ns[t.split()[1]] for t in ticks]
+        steps = {round(b - a, 3) for a, b in zip(values, values[1:])}
+        assert len(steps) == 1 and lo <= values[0] and values[-1] <= hi, ticks
+        keep("timeline_us_zoom", page.shot(".timeline canvas"))
+        assert page.problems() == []
+    finally:
+        page.close()
+
+
+def test_a_long_finding_is_a_thin_marker_not_a_band(browser, fixture_store, tmp_path):
+    """A finding over the whole run changes the tracks by a thin line only, and shows in the
+    findings row."""
+    st, names = fixture_store
+    rid = names["planted.sqlite"]
+    t0, t1 = st.sql("SELECT min(start_ns), max(end_ns) FROM gpu_activity WHERE run_id = ?", [rid]).fetchone()
+    shots = []
+    for extra in (False, True):
+        res = load_result(st, [rid])
+        if extra:
+            res.findings.append({**res.findings[0], "rule_id": "T005", "severity": "error", "finding_no": 999,
+                                 "related_to": None, "start_ns": t0, "end_ns": t1, "device_id": 0, "stream_id": None,
+                                 "item_kind": None, "item_id": None, "evidence": None, "fingerprint": "whole-run"})
+        out = tmp_path / f"long{int(extra)}.html"
+        out.write_text(html.render(st, res))
+        page = browser.open(out)
+        try:
+            page.wait("+document.querySelector('.timeline').getAttribute('data-drawn') > 0")
+            shots.append(page.shot(".timeline canvas"))
+            assert page.problems() == []
+        finally:
+            page.close()
+    before, after = shots
+    keep("timeline_long_marker", after)
+    header, tracks = slice(0, 22), slice(26, after.shape[0] - 28)  # report.js: HEADER_H 24, AXIS_H 26
+    plot = slice(152, after.shape[1] - 2)  # right of the track labels (LABEL_W 150)
+    changed = (np.abs(after[tracks, plot] - before[tracks, plot]).max(axis=2) > 8).mean()
+    assert changed < 0.12, changed  # a 2-pixel line under each track, not a tint over them
+    assert near(after[header, plot], ERROR_RGB, 40) > 0.8 * (plot.stop - plot.start)

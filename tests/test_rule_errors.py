@@ -95,12 +95,12 @@ def test_rule_error_fails_check_in_text_in_red(tmp_path, broken_rule):
     assert r.exit_code == 2
     assert f"rule error: {BROKEN} RuntimeError: planted failure" in r.stdout
     assert "FAIL: 1 rule error(s)" in r.stdout and "OK" not in r.stdout
-    # The line is red, not dim like "not applicable".
+    # The line is red, not dim like the rules not applicable.
     with Store(tmp_path / "s.duckdb") as st:
         result = load_result(st, st.run_ids())
     console = Console(record=True, force_terminal=True, color_system="standard", width=200)
     print_result(result, console)
-    [line] = [ln for ln in console.export_text(styles=True).splitlines() if "rule error" in ln]
+    [line] = [ln for ln in console.export_text(styles=True).splitlines() if "rule error:" in ln]
     assert line.startswith("\x1b[1;31mrule error:") and "\x1b[2m" not in line
 
 

@@ -4,16 +4,16 @@ from typing import Annotated, List
 
 import typer
 
-from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, OutputOpt,
-                     QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt, check_options,
-                     emit, err, file_line, note_not_traces, open_store)
+from .common import (BaselineOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt,
+                     OutputOpt, QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, WriteBaselineOpt, check_options, emit,
+                     err, file_line, note_not_traces, open_store)
 
 
 def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files or folders; what is not stored yet is ingested.")],
           store: StoreOpt = None, fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
           threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
           output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
-          write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+          write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: CheckVerboseOpt = False,
           debug: DebugOpt = False,
           show_vendor_rules: Annotated[bool, typer.Option(
               "--show-vendor-rules", help="List, per run, the results of NVIDIA's own rules (in Nsight Compute "
@@ -33,7 +33,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
         raise typer.Exit(2)
     result.show_vendor_rules = show_vendor_rules
     note_not_traces(result.not_traces, verbose)
-    emit(result, format, output, write_baseline, quiet)
+    emit(result, format, output, write_baseline, quiet, verbose=verbose)
 
 
 def register(app: typer.Typer) -> None:

@@ -47,6 +47,10 @@ StoreOpt = Annotated[Optional[Path], typer.Option(
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an internal error.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="List the files a folder walk passed over "
                                                                   "because they are no traces.")]
+CheckVerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="List the files a folder walk passed over because they are no traces; in the text "
+                            "report, every finding of a rule that found many kernels, and what each rule not "
+                            "applicable needs.")]
 
 
 def open_store(store: Optional[Path], read_only: bool = False) -> Store:
@@ -168,7 +172,8 @@ MaxGrowthOpt = Annotated[Optional[float], typer.Option(
                                         "loss (or value, when it has no loss) grew by more than PCT percent.")]
 WriteBaselineOpt = Annotated[Optional[Path], typer.Option(
     "--write-baseline", metavar="FILE", help="Save this check's findings as a baseline file (a JSON report).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="In the text report, hide info findings.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="In the text report, hide info findings and the "
+                                                                "line of rules not applicable.")]
 
 
 def split_list(values: Optional[List[str]]) -> list[str]:
@@ -189,11 +194,11 @@ def check_options(paths: List[str], fail_on, select, ignore, threshold, config, 
 
 
 def emit(result, format: str, output: Optional[Path], write_baseline: Optional[Path], quiet: bool,
-         text_body=None, failed_internally: bool = False) -> None:
+         text_body=None, failed_internally: bool = False, verbose: bool = False) -> None:
     """Write the report of a check or scan in `format` to `output` (or stdout), the baseline
     file if asked for, then exit with the result's code (2 at least when `failed_internally`).
     `text_body(console)` prints what the text format shows before the verdict (default: the
-    findings)."""
+    findings; `quiet` and `verbose` as `text.print_result` takes them)."""
     from ..report import render
     from ..report.text import print_result
 
@@ -202,7 +207,7 @@ def emit(result, format: str, output: Optional[Path], write_baseline: Optional[P
     if format == "text":
         def body(console: Console) -> None:
             if text_body is None:
-                print_result(result, console, show_info=not quiet)
+                print_result(result, console, show_info=not quiet, verbose=verbose)
             else:
                 text_body(console)
                 print_result(result, console, show_info=not quiet, findings=False)

@@ -7,7 +7,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from ..report.html_timeline import MAX_OPS_DEFAULT
-from .common import DebugOpt, StoreOpt, err, open_for_runs
+from .common import DebugOpt, StoreOpt, VerboseOpt, err, note_not_traces, open_for_runs
 
 DEFAULT_HTML = Path("report.html")
 
@@ -17,12 +17,13 @@ def report(paths: Annotated[List[str], typer.Argument(metavar="PATH_OR_RUN...", 
            markdown: Annotated[bool, typer.Option("--markdown", help="Write a Markdown summary (CI job summaries, pull-request comments) instead of HTML.")] = False,
            title: Annotated[Optional[str], typer.Option("--title", metavar="TITLE", help="The report's title.")] = None,
            max_ops: Annotated[int, typer.Option("--max-timeline-ops", min=1000, metavar="N", help="The most GPU operations per run drawn one by one in the timeline; past that, the longest are drawn and the rest shade the tracks.")] = MAX_OPS_DEFAULT,
-           store: StoreOpt = None, debug: DebugOpt = False):
+           store: StoreOpt = None, verbose: VerboseOpt = False, debug: DebugOpt = False):
     """Report runs as one self-contained HTML file (summary, findings, timeline, plots) or as Markdown."""
     from ..report.model import load_result
 
     st, done = open_for_runs(store, paths, debug)
     run_ids, errors = done.run_ids, done.errors
+    note_not_traces(done.not_traces, verbose)
     with st:
         if not run_ids:
             err.print("error: nothing to report", markup=False)

@@ -17,6 +17,7 @@ import base64
 import datetime as _dt
 import hashlib
 import json
+import re
 from importlib import resources
 from typing import Any
 
@@ -120,6 +121,12 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
             tl["findings"] = [{"rule": f["rule_id"], "sev": f["severity"], "msg": clip(f["message"], 600)}
                               for f in p["findings"]]
             data_blocks.append(f'<script type="application/json" id="tl-{esc(p["run"]["run_id"])}">{json_block(tl)}</script>')
+    return page(title, body, data_blocks, multi)
+
+
+def page(title: str, body: list[str], data_blocks: tuple[str, ...] | list[str] = (), multi: bool = False) -> str:
+    """The HTML file around `body` (HTML fragments) and the JSON `data_blocks`: the inlined
+    styles and script, and the policy that allows nothing else."""
     css, js = asset("report.css"), asset("report.js")
     csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; "
            "img-src 'none'; connect-src 'none'; form-action 'none'; base-uri 'none'")
@@ -141,25 +148,66 @@ def _run_anchor(run: dict) -> str:
     return f"run-{esc(run['run_id'])}"
 
 
+def run_loss(result: CheckResult, run_id: str) -> int:
+    """The estimated loss of a run: its headline findings' (no nanosecond counted twice)."""
+    return sum(f.get("est_loss_ns") or 0 for f in result.headlines(run_id))
+
+
+INDEX_NAME_CHARS = 110  # longer file names lose their middle in the index (three lines hold about this many)
+
+
+def _breakable(name: str) -> str:
+    """A file name for the index: past `INDEX_NAME_CHARS` its middle cut out (its start and its
+    end tell runs apart), escaped, with break opportunities after its separators so that it
+    wraps at `__`, `_`, `.` or `-` rather than anywhere."""
+    if len(name) > INDEX_NAME_CHARS:
+        head = INDEX_NAME_CHARS * 2 // 5
+        name = name[:head] + "…" + name[-(INDEX_NAME_CHARS - head - 1):]
+    return re.sub(r"([_.\-/]+)", r"\1<wbr>", esc(name))
+
+
+def _busy(busy: list[dict]) -> str:
+    """The GPUs' busy shares, as a range past two GPUs."""
+    if len(busy) > 2:
+        shares = [b["busy_share"] for b in busy if b["busy_share"] is not None]
+        return f"{len(busy)} GPUs " + (f"{100 * min(shares):.0f}–{100 * max(shares):.0f}%" if shares else "-")
+    return "; ".join(f"GPU {b['device_id']} {fmt.pct(b['busy_share'])}" for b in busy) or "-"
+
+
 def _index(pages: list[dict], result: CheckResult) -> str:
+    """A row per run, the largest estimated loss first (then the most errors, warnings, info).
+    A fixed layout, names wrapped within three lines and each worst finding on one line keep the
+    rows short however long the names and messages are; the full text is in each cell's title."""
+    def order(p):
+        c = result.counts(p["run"]["run_id"])
+        return (-run_loss(result, p["run"]["run_id"]), -c["error"], -c["warning"], -c["info"], p["run"]["file_name"])
+
     rows = []
-    for p in pages:
+    for p in sorted(pages, key=order):
         run = p["run"]
         c = result.counts(run["run_id"])
+        loss = run_loss(result, run["run_id"])
         worst = [f for f, _ in p["headlines"][:3]]
-        busy = "; ".join(f"GPU {b['device_id']} {fmt.pct(b['busy_share'])}" for b in p["busy"]) or "-"
-        gpus = ", ".join(sorted({esc(n) for _, n in p["devices"] if n})) or "-"
+        busy = _busy(p["busy"])
+        every = "; ".join(f"GPU {b['device_id']} {fmt.pct(b['busy_share'])}" for b in p["busy"]) or "-"
+        gpus = ", ".join(sorted({n for _, n in p["devices"] if n})) or "-"
         worst_html = "".join(
-            f'<li><span class="badge sev-{f["severity"]}">{f["severity"]}</span> <b>{esc(f["rule_id"])}</b> '
-            f'{esc(clip(f["message"], 160))}</li>' for f in worst) or '<li class="quiet">no findings</li>'
+            f'<li title="{esc(f["rule_id"])} {esc(f["message"])}"><span class="badge sev-{f["severity"]}">'
+            f'{f["severity"]}</span> <b>{esc(f["rule_id"])}</b> {esc(clip(f["message"], 160))}</li>'
+            for f in worst) or '<li class="quiet">no findings</li>'
         rows.append(
-            f'<tr><td><a href="#{_run_anchor(run)}">{esc(run["file_name"])}</a><div class="rid">{esc(run["run_id"])}</div></td>'
-            f'<td>{esc(run["format"])}</td><td>{gpus}</td><td>{esc(fmt.ns(run.get("span_ns")))}</td><td>{esc(busy)}</td>'
+            f'<tr><td class="name"><a class="clamp" href="#{_run_anchor(run)}" title="{esc(run["file_name"])}">'
+            f'{_breakable(run["file_name"])}</a><div class="rid">{esc(run["run_id"])} · {esc(run["format"])}</div></td>'
+            f'<td><div class="clamp" title="{esc(gpus)}">{esc(gpus)}</div></td>'
+            f'<td>{esc(fmt.ns(run.get("span_ns")))}</td><td><div class="clamp" title="{esc(every)}">{esc(busy)}</div></td>'
+            f'<td class="loss">{esc(fmt.ns(loss)) if loss else "-"}</td>'
             + "".join(f'<td class="n"><span class="count sev-{s}{" zero" if not c[s] else ""}">{c[s]}</span></td>'
                       for s in SEVERITY_ORDER)
             + f'<td><ul class="worst">{worst_html}</ul></td></tr>')
-    return ('<section id="index" class="index"><h2>Runs</h2><table class="runs"><thead><tr><th>run</th><th>format</th>'
-            '<th>GPU</th><th>span</th><th>GPU busy</th><th>errors</th><th>warnings</th><th>info</th>'
+    cols = "".join(f'<col class="c-{c}">' for c in ("run", "gpu", "span", "busy", "loss", "n", "n", "n", "worst"))
+    return ('<section id="index" class="index"><h2>Runs</h2><p class="quiet">Largest estimated loss first.</p>'
+            f'<table class="runs"><colgroup>{cols}</colgroup><thead><tr><th>run</th>'
+            '<th>GPU</th><th>span</th><th>GPU busy</th><th>est. loss</th><th>errors</th><th>warnings</th><th>info</th>'
             '<th>worst findings</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table></section>")
 
 

@@ -269,6 +269,21 @@ def stalls(data: dict, reason_order: list[str]) -> str:
 
 # -- memory ------------------------------------------------------------------------------
 
+def _steps(columns: list[tuple[float, list[float], float]]) -> str:
+    """Polyline points of a step plot: the level holds from one column with events to the next
+    (a flat line, no slope across a stretch without events), then each column draws straight up
+    and down through its values (x, ys) and leaves at its last value."""
+    pts: list[str] = []
+    level = None
+    for x, ys, last in columns:
+        for y in ([] if level is None else [level]) + ys + [last]:
+            p = f"{x:.1f},{y:.1f}"
+            if not pts or pts[-1] != p:
+                pts.append(p)
+        level = last
+    return " ".join(pts)
+
+
 def memory(data: dict) -> str:
     """One small panel per device: allocated bytes over time (min-max per column), peak marked."""
     panels = []
@@ -299,10 +314,10 @@ def memory(data: dict) -> str:
             x = left + (right - left) * (v - t0) / span
             body.append(_text(x, bottom + 15, fmt.ns(v), "middle", "tick"))
         if reserved:
-            pts = " ".join(f"{X(c[0]):.1f},{Y(c[4]):.1f}" for c in cols if c[4] is not None)
+            pts = _steps([(X(c[0]), [Y(c[4])], Y(c[4])) for c in cols if c[4] is not None])
             body.append(f'<polyline class="reserved" points="{pts}"><title>reserved by the allocator</title></polyline>')
         # min and max of each column, in order: a dense stretch draws as a filled band
-        pts = " ".join(f"{X(c[0]):.1f},{Y(c[1]):.1f} {X(c[0]):.1f},{Y(c[2]):.1f}" for c in cols)
+        pts = _steps([(X(c[0]), [Y(c[1]), Y(c[2])], Y(c[3])) for c in cols])
         body.append(f'<polyline class="mem" points="{pts}"/>')
         px = left + (right - left) * (s["peak_at_ns"] - t0) / span
         py = Y(s["peak_bytes"])

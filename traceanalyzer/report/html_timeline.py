@@ -6,7 +6,8 @@ them, delta-encoded per track. Past that, the longest `max_ops` operations are s
 one by one and every track also gets a busy-share per time bin (`n_bins` of them over
 the run), so a trace with millions of kernels still draws every busy stretch in a file
 of bounded size. Findings become markers: each finding's own time range, plus the time
-ranges listed in its evidence (the worst gaps, the most exposed copies).
+ranges listed in its evidence (the worst gaps, the most exposed copies); a long range
+is marked thin (`LONG_MARKER_SHARE`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ MAX_OPS_DEFAULT = 60_000
 N_BINS_DEFAULT = 2048
 NAME_MAX_CHARS = 240
 MAX_MARKERS = 3000
+# A marker longer than this share of the timeline is drawn thin (a bracket, not a band): a
+# finding about a whole run or a long stretch would otherwise tint every operation under it.
+LONG_MARKER_SHARE = 0.02
 
 # Kind codes shared with report.js (KINDS there): colors and legend follow this order.
 KIND_CODES = ("kernel", "HtoD copy", "DtoH copy", "other copy", "memset", "unified memory")
@@ -152,8 +156,10 @@ def markers(findings: list[dict], t0: int, t1: int,
     """One marker per time range a finding points at, relative to the timeline's start:
     `f` the finding's index in the run's list, `s`/`e` the range, `dev`/`st` the track
     (None: every track of the device / of the run), `sev` its severity, `main` whether it
-    is the finding's own range rather than an example from its evidence."""
+    is the finding's own range rather than an example from its evidence, `long` whether it
+    spans more than `LONG_MARKER_SHARE` of the timeline (drawn thin)."""
     out, seen = [], set()
+    longest = LONG_MARKER_SHARE * max(t1 - t0, 1)
     item_streams = item_streams or {}
     for i, f in enumerate(findings):
         cands = []
@@ -173,7 +179,8 @@ def markers(findings: list[dict], t0: int, t1: int,
                 continue
             seen.add(key)
             out.append({"f": i, "s": int(s - t0), "e": int(max(e, s) - t0), "dev": f.get("device_id"),
-                        "st": None if st is None else int(st), "sev": f["severity"], "main": main})
+                        "st": None if st is None else int(st), "sev": f["severity"], "main": main,
+                        "long": e - s > longest})
     # Keep each finding's own range first, then examples, within the cap.
     out.sort(key=lambda m: (not m["main"], m["f"], m["s"]))
     return out[:MAX_MARKERS]

@@ -60,7 +60,7 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
         what = f"throughput-limited on memory{' (' + unit + ')' if unit else ''}: memory at {mem:.0f}% of peak{level}"
         if unit == "DRAM" or unit is None:
             rate = r.get(DRAM_RATE)
-            have = (f" (measured {nbytes(rate)}/s" + (f" vs a peak of {nbytes(peak_bw)}/s" if peak_bw else "") + ")"
+            have = (f" (measured {nbytes(rate)}/s" + (f" vs a peak of {nbytes(peak_bw)}/s" if peak_bw == peak_bw and peak_bw else ", peak unknown") + ")"
                     if rate == rate and rate is not None else "")
             exp = (f"Confirm: check achieved DRAM bandwidth against the device peak{have}; if it is close, only "
                    "moving fewer bytes (fusion, 16-bit storage, better reuse) will shorten the kernel.")

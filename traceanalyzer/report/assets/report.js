@@ -16,6 +16,23 @@
     return Math.round(x) + ' ns';
   }
 
+  var UNITS = [[1e9, 's'], [1e6, 'ms'], [1e3, 'us'], [1, 'ns']];
+
+  // The unit a time of magnitude `a` (ns) is written in.
+  function unitOf(a) {
+    for (var i = 0; i < UNITS.length - 1; i++) if (a >= UNITS[i][0]) return UNITS[i];
+    return UNITS[UNITS.length - 1];
+  }
+
+  // A point in time written to resolution `res` (ns: the step between axis ticks, a pixel),
+  // in `unit` (default: the time's own): as many decimals as tell times `res` apart, so that
+  // zoomed in to microseconds late in a run the ticks read 170.002 ms, 170.004 ms, ...
+  function fmtAt(x, res, unit) {
+    var u = unit || unitOf(Math.max(Math.abs(x), res));
+    var dec = Math.max(0, Math.min(9, -Math.floor(Math.log10(res / u[0]) + 1e-9)));
+    return (x / u[0]).toFixed(dec) + ' ' + u[1];
+  }
+
   function el(tag, cls, text) {
     var e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -189,7 +206,9 @@
     this.drawLabels(ctx);
     this.drawAxis(ctx);
     var shown = this.data.sampled ? ' (' + this.data.shown_ops + ' of ' + this.data.total_ops + ' drawn one by one)' : '';
-    this.status.textContent = 'view ' + fmtNs(this.v0 + this.data.origin) + ' – ' + fmtNs(this.v1 + this.data.origin) + shown;
+    var res = (this.v1 - this.v0) / 100;
+    this.status.textContent = 'view ' + fmtAt(this.v0 + this.data.origin, res) + ' – ' +
+      fmtAt(this.v1 + this.data.origin, res) + shown;
     this.root.setAttribute('data-drawn', String((+this.root.getAttribute('data-drawn') || 0) + 1));
   };
 
@@ -263,7 +282,9 @@
   };
 
   // Two passes: a light band behind the operations (so a flagged gap shows up and the
-  // operations keep their colors), then outlines and the top-row bars over them.
+  // operations keep their colors), then outlines and the top-row bars over them. A long
+  // range (`m.long`: a finding about a whole run or stretch) is only a thin bracket in the
+  // top row and a thin line under its tracks, so that it does not tint what it spans.
   Timeline.prototype.drawMarkers = function (ctx, pass) {
     var ms = this.data.markers, h = this.rowH;
     for (var i = 0; i < ms.length; i++) {
@@ -272,6 +293,16 @@
       if (x1 - x0 < 3) { var mid = (x0 + x1) / 2; x0 = mid - 1.5; x1 = mid + 1.5; }
       var color = SEV_COLORS[m.sev] || '#888', rows = this.markerRows(m), r;
       ctx.fillStyle = color; ctx.strokeStyle = color;
+      if (m.long) {
+        if (pass === 'fill') continue;
+        var by = m.main ? 8 : 16;
+        ctx.globalAlpha = m.main ? 0.9 : 0.6;
+        ctx.fillRect(x0, by - 1, x1 - x0, 2);
+        ctx.fillRect(x0, by - 4, 1.5, 8); ctx.fillRect(x1 - 1.5, by - 4, 1.5, 8);
+        ctx.globalAlpha = 0.7;
+        for (r = 0; r < rows.length; r++) ctx.fillRect(x0, rows[r].y + h - 2, x1 - x0, 2);
+        continue;
+      }
       if (pass === 'fill') {
         ctx.globalAlpha = m.st === null ? 0.12 : 0.3;
         for (r = 0; r < rows.length; r++) ctx.fillRect(x0, rows[r].y, x1 - x0, h);
@@ -305,13 +336,18 @@
     var origin = this.data.origin;
     ctx.strokeStyle = '#c5ccd6'; ctx.beginPath(); ctx.moveTo(LABEL_W, y + 0.5); ctx.lineTo(this.width, y + 0.5); ctx.stroke();
     ctx.fillStyle = '#5f6b7a'; ctx.font = '11px system-ui, sans-serif'; ctx.textAlign = 'center';
-    var first = Math.ceil((this.v0 + origin) / step) * step;
-    for (var t = first; t <= this.v1 + origin; t += step) {
-      var x = this.x(t - origin);
+    // One unit for the whole axis (the largest time in view's), decimals from the step.
+    var unit = unitOf(Math.max(Math.abs(this.v0 + origin), Math.abs(this.v1 + origin), step)), labels = [];
+    var first = Math.ceil((this.v0 + origin) / step);
+    for (var k = first; k * step <= this.v1 + origin; k++) {
+      var t = k * step, x = this.x(t - origin);  // k * step: no error piles up over the ticks
       if (x < LABEL_W + 20) continue;
+      var label = fmtAt(t, step, unit);
       ctx.beginPath(); ctx.moveTo(x + 0.5, y); ctx.lineTo(x + 0.5, y + 5); ctx.stroke();
-      ctx.fillText(fmtNs(t), x, y + 17);
+      ctx.fillText(label, x, y + 17);
+      labels.push(label);
     }
+    this.root.setAttribute('data-ticks', labels.join('|'));  // what the axis reads, for tests
     ctx.textAlign = 'left';
     ctx.fillText('time into the run', 8, y + 17);
   };
@@ -336,7 +372,7 @@
     for (var j = 0; j < ms.length; j++) {
       var m = ms[j];
       if (t < m.s - tol || t > m.e + tol) continue;
-      if (y < HEADER_H || (row && this.markerRows(m).indexOf(row) >= 0)) hits.markers.push(m);
+      if (y < HEADER_H || (!m.long && row && this.markerRows(m).indexOf(row) >= 0)) hits.markers.push(m);
     }
     if (row) {
       var o = this.opAt(row.track, t, tol);
@@ -352,7 +388,8 @@
     if (h.op) {
       var tr = h.op.track, i = h.op.i;
       lines.push(this.data.names[tr.n[i]]);
-      lines.push(this.data.kinds[tr.k[i]] + ' · ' + fmtNs(tr.d[i]) + ' · at ' + fmtNs(tr.start[i] + this.data.origin));
+      lines.push(this.data.kinds[tr.k[i]] + ' · ' + fmtNs(tr.d[i]) + ' · at ' +
+                 fmtAt(tr.start[i] + this.data.origin, Math.max(1, 1 / this.scale)));
     }
     var seen = {};
     for (var j = 0; j < h.markers.length && j < 4; j++) {
