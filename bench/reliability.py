@@ -312,7 +312,8 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         "`TRACEANALYZER_LOCK_TIMEOUT_S`), then fail with a message that says to retry. "
         "A process killed mid-ingest leaves a store that opens, earlier runs intact, no half run.",
         "- **Inputs are never changed** (opened read-only; SQLite with `mode=ro&immutable=1`).",
-        "- **No code from data**: no pickle/eval; SQLite views and virtual tables in a trace are "
+        "- **No code from data**: no eval, and pickles (PyTorch memory snapshots) only through an "
+        "unpickler that refuses every class; SQLite views and virtual tables in a trace are "
         "ignored (only ordinary tables are read); SQL takes trace strings and options as "
         "parameters or quoted identifiers; paths inside traces are never opened; reports escape "
         "trace text (JSON/SARIF by JSON encoding, JUnit/HTML by XML/HTML escaping, Markdown and "

@@ -46,6 +46,8 @@ SAMPLE_SOURCES = {
     "ncu": ["nsightful__copy_blocked.csv", "XPlacer__hotspot__lassen__nsight_hotspot_1024.log"],
     "ncu-rep": ["CudaProgramming__profiling__profiles__simpleAOS.ncu-rep"],
     "torch": ["hta__critical_path__cuda_event_sync__event_sync_trace.json.gz", "kineto__docs__before_fix_trace.json"],
+    "torch-memory": ["cs336-a2-systems__memory_files__memory_ctx128_forward.pickle",
+                     "hta__memory_analysis__memory_timeline.raw.gz"],
 }
 FAILURES = ("crash", "partial", "unexpected", "bad-message")
 
@@ -351,6 +353,35 @@ def test_source_has_no_eval_exec_pickle_loading_or_shell():
     assert not hits, "\n".join(hits)
 
 
+def test_the_only_unpickler_refuses_every_class():
+    """Pickles are read in one place, by an unpickler whose find_class refuses every class."""
+    users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "traceanalyzer").rglob("*.py")
+                   if re.search(r"\bUnpickler\b|\bimport pickle\b|\bfrom pickle\b", p.read_text()))
+    assert users == ["traceanalyzer/ingest/torch_memory_snapshot.py"]
+    from traceanalyzer.ingest.torch_memory_snapshot import _NoClasses
+    with pytest.raises(Exception, match="os.system"):
+        _NoClasses(__import__("io").BytesIO(b"")).find_class("os", "system")
+
+
+def test_a_snapshot_pickle_that_would_run_a_command_is_refused_unrun(tmp_path):
+    """GLOBAL os.system + REDUCE, the classic pickle exploit, inside a real-looking snapshot
+    (and every other class-needing pickle of the corpus): one-line error naming the class, and
+    the command never ran."""
+    marker = tmp_path / "ran"
+    command = f"touch {marker}".encode()
+    exploit = (b"\x80\x04}(\x8c\x08segments](cos\nsystem\nX" + len(command).to_bytes(4, "little") + command
+               + b"\x85Re\x8c\x0ddevice_traces]]au.")
+    cases = {"exploit.pickle": exploit, **{f"c{i}.pickle": data for i, data in enumerate(G.CLASS_PICKLES.values())}}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(TraceError) as e:
+            read_file(tmp_path / name)
+        assert "\n" not in str(e.value)
+        assert not marker.exists(), f"{name} ran its command"
+    with pytest.raises(TraceError, match=r"needs the Python class os\.system and was refused"):
+        read_file(tmp_path / "exploit.pickle")
+
+
 AUDIT_CHILD = r"""
 import json, sys
 opened = []
@@ -571,7 +602,8 @@ def test_property_any_kineto_shaped_json_reads_or_fails_cleanly(doc, gz):
 
 
 @PROPERTY
-@given(prefix=st.sampled_from([b"", b"SQLite format 3\x00", b"\x1f\x8b\x08", b'{"traceEvents":', b"[",
+@given(prefix=st.sampled_from([b"", b"SQLite format 3\x00", b"\x1f\x8b\x08", b'{"traceEvents":', b"[", b"[[", b"\x80\x04",
+                               b"\x80\x02}",
                                b'"ID","Process ID","Kernel Name"\n', b"\xef\xbb\xbf", b"NVR\x00",
                                b"NVR\x00\x02\x00\x00\x00\x08\x07"]),
        body=st.binary(max_size=3000))

@@ -23,7 +23,8 @@ from traceanalyzer.store import Store
 from .conftest import FIXTURES, ROOT
 
 THRESHOLDS = [pytest.param(r, t, id=f"{r.id}.{t.name}") for r in all_rules() for t in r.thresholds]
-TRACES = sorted(f"{d}/{p.name}" for d in ("nsys", "kineto", "ncu") for p in (FIXTURES / d).iterdir() if p.is_file())
+TRACES = sorted(f"{d}/{p.name}" for d in ("nsys", "kineto", "ncu", "torch-memory") for p in (FIXTURES / d).iterdir()
+                if p.is_file())
 # Every rule at its edges on these (every per-run rule applies to one of them at least: see
 # test_the_edge_traces_cover_every_rule), old and new layouts of each format; all of TRACES
 # take ~3 s a fixture, a minute and a half of the suite for little more.
@@ -32,7 +33,8 @@ EDGE_TRACES = ["nsys/planted.sqlite", "nsys/old_2_9_1.sqlite", "nsys/timeline_sy
                "kineto/legacy_2021.json", "kineto/structure_recompiles.json", "kineto/bottleneck_gemm.json",
                "kineto/timeline_item.json", "kineto/timeline_rank0.json", "ncu/details_full.csv",
                "ncu/bottleneck_memory.csv", "ncu/bottleneck_roofline_raw.csv",
-               "ncu/bottleneck_source.csv", "ncu/details_stalls.csv", "ncu/raw_waves.csv"]
+               "ncu/bottleneck_source.csv", "ncu/details_stalls.csv", "ncu/raw_waves.csv",
+               "torch-memory/snapshot_oom.pickle", "torch-memory/timeline_train.raw.json.gz"]
 # Stands in for the top of a range with no upper bound (ratios, waves): rules must cope with it.
 HUGE = 1e300
 

@@ -45,6 +45,9 @@ LIMITS: dict[str, Limit] = {lim.name: lim for lim in (
           "Largest JSON or CSV file read (CSV, and JSON of an odd layout, are parsed whole, peak 3x "
           "to 10x the text; Kineto `traceEvents` is decoded in chunks), and the most string bytes one table of an nsys export may expand to (a long "
           "name stored once but named on every row)."),
+    Limit("MAX_PICKLE_BYTES", 512 * MIB, "bytes",
+          "Largest PyTorch memory snapshot (pickle) read: it is unpickled whole, into Python objects of "
+          "about 5x its size (real snapshots), up to ~40x for one made to be costly (empty dicts, 2 bytes each)."),
     Limit("MAX_INFLATED_BYTES", 2 * GIB, "bytes",
           "Most bytes a gzipped trace may inflate to; inflation stops there."),
     Limit("MAX_INFLATE_RATIO", 200, "x",
@@ -99,6 +102,11 @@ def over(name: str, what: str) -> TraceError:
 def check_text_size(size_bytes: int) -> None:
     if size_bytes > get("MAX_TEXT_BYTES"):
         raise over("MAX_TEXT_BYTES", f"text file of {size_bytes:,} bytes")
+
+
+def check_pickle_size(size_bytes: int) -> None:
+    if size_bytes > get("MAX_PICKLE_BYTES"):
+        raise over("MAX_PICKLE_BYTES", f"pickle of {size_bytes:,} bytes")
 
 
 class InflateGuard:
@@ -300,5 +308,5 @@ def _fit_numbers(name: str, table, note):
     return table
 
 
-__all__ = ["LIMITS", "Limit", "get", "show", "over", "check_text_size", "gunzip", "json_depth",
+__all__ = ["LIMITS", "Limit", "get", "show", "over", "check_text_size", "check_pickle_size", "gunzip", "json_depth",
            "depth_error", "InflateGuard", "SQLITE_MIN_ROW_BYTES", "check_tables", "TableChecks", "MAX_ABS_TIME_NS"]

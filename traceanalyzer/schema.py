@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Raised with each change a store needs a step for (`migrations.MIGRATIONS`); a new table or
 # column needs none.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ RUNS = _t(
     RUN,
     ("source_path", "VARCHAR", "Absolute path of the file when it was ingested."),
     ("file_name", "VARCHAR", "Base name of the source file."),
-    ("format", "VARCHAR", "`nsys-sqlite`, `ncu-csv`, `ncu-text`, `ncu-rep` or `kineto-json`."),
+    ("format", "VARCHAR", "`nsys-sqlite`, `ncu-csv`, `ncu-text`, `ncu-rep`, `kineto-json`, `torch-memory-snapshot` or `torch-memory-timeline`."),
     ("content_hash", "VARCHAR", "XXH3-128 of the file's bytes (32 hex digits); SHA-256 (64) in a store keyed with SHA-256, which keeps using it."),
     ("file_size_bytes", "BIGINT", "Size of the source file."),
     ("producer", "VARCHAR", "Tool that wrote the file (`nsys`, `ncu`, `kineto`), as far as it can be told."),
@@ -106,6 +106,8 @@ KERNELS = _t(
     ("name", "VARCHAR", "Full (demangled) kernel name."),
     ("short_name", "VARCHAR", "Base function name without template arguments or parameters."),
     ("mangled_name", "VARCHAR", "Mangled name when the trace has it."),
+    ("library", "VARCHAR", "Where the kernel comes from, told from its name by the store: `cublas`, `cudnn`, `nccl`, "
+     "`triton`, `aten`, ..., or `user` (see 'Kernel libraries' below)."),
     ("grid_x", "INTEGER", "Grid dimension x (blocks)."),
     ("grid_y", "INTEGER", "Grid dimension y."),
     ("grid_z", "INTEGER", "Grid dimension z."),
@@ -253,6 +255,96 @@ MEMORY_EVENTS = _t(
     ("tid", "BIGINT", "Thread id."),
 )
 
+MEMORY_SEGMENTS = _t(
+    "memory_segments",
+    "PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`): one row per segment the caching allocator "
+    "holds at the time of the snapshot (a range it reserved with `cudaMalloc`, cut into `memory_blocks`).",
+    RUN,
+    ("segment_id", "BIGINT", "Row id within the run (the snapshot's order)."),
+    ("device_id", "INTEGER", "Device index."),
+    ("address", "BIGINT", "Start address."),
+    ("total_bytes", "BIGINT", "Size: memory reserved from the device."),
+    ("allocated_bytes", "BIGINT", "Bytes of its blocks allocated to tensors (`active_allocated`)."),
+    ("active_bytes", "BIGINT", "Allocated bytes plus those freed but still in use by a stream (`active_pending_free`)."),
+    ("requested_bytes", "BIGINT", "Bytes the live allocations asked for, before rounding up to block sizes."),
+    ("stream_id", "BIGINT", "CUDA stream the segment serves (0: the default stream)."),
+    ("segment_type", "VARCHAR", "`large` or `small` (the pool of blocks of at most 1 MB)."),
+    ("pool_id", "VARCHAR", "Memory pool as `a,b`: `0,0` is the default pool, others are private pools (CUDA graphs)."),
+    ("is_expandable", "BOOLEAN", "Whether it is an expandable segment (`expandable_segments:True`), which grows in place."),
+    ("stack_id", "BIGINT", "`memory_frames.stack_id` of the stack that allocated it, when recorded."),
+)
+
+MEMORY_BLOCKS = _t(
+    "memory_blocks",
+    "PyTorch memory snapshot: the blocks each segment is cut into, at the time of the snapshot, in address order.",
+    RUN,
+    ("block_id", "BIGINT", "Row id within the run."),
+    ("segment_id", "BIGINT", "`memory_segments.segment_id` of its segment."),
+    ("device_id", "INTEGER", "Device index."),
+    ("address", "BIGINT", "Start address."),
+    ("bytes", "BIGINT", "Size."),
+    ("requested_bytes", "BIGINT", "Bytes the allocation asked for (free blocks: what the last one did)."),
+    ("state", "VARCHAR", "`active_allocated` (a live tensor), `active_pending_free` (freed, still used by a stream) "
+     "or `inactive` (free, kept by the allocator)."),
+    ("stack_id", "BIGINT", "`memory_frames.stack_id` of the stack that allocated it; NULL for a block allocated "
+     "before the history was recorded."),
+)
+
+ALLOCATOR_EVENTS = _t(
+    "allocator_events",
+    "PyTorch memory snapshot: the allocator history it recorded (`_record_memory_history`, a ring buffer of the "
+    "last actions), oldest first.",
+    RUN,
+    ("event_id", "BIGINT", "Row id within the run: the recorded order, device after device."),
+    ("device_id", "INTEGER", "Device index."),
+    ("ts_ns", "BIGINT", "When (the snapshot's `time_us` since the Unix epoch, in ns); NULL when not recorded."),
+    ("action", "VARCHAR", "`alloc`, `free_requested` (the tensor was freed: allocated memory drops), "
+     "`free_completed` (its block is free for reuse), `segment_alloc`, `segment_free`, `segment_map`, "
+     "`segment_unmap`, `snapshot` or `oom` (an allocation failed)."),
+    ("address", "BIGINT", "Address of the block or segment (NULL for `oom`)."),
+    ("bytes", "BIGINT", "Size; for `oom` the request that failed."),
+    ("stream_id", "BIGINT", "CUDA stream."),
+    ("device_free_bytes", "BIGINT", "For `oom`: the device memory CUDA reported free."),
+    ("stack_id", "BIGINT", "`memory_frames.stack_id` of the stack of the call, when recorded."),
+)
+
+MEMORY_FRAMES = _t(
+    "memory_frames",
+    "PyTorch memory snapshot: the distinct stacks of its blocks, segments and events, one row per frame.",
+    RUN,
+    ("stack_id", "BIGINT", "Stack id within the run (each distinct stack once)."),
+    ("depth", "INTEGER", "Position in the stack, 0 for the innermost frame."),
+    ("filename", "VARCHAR", "Source file (`??` or empty for a C++ frame without one)."),
+    ("line", "BIGINT", "Line number (0 for C++ frames)."),
+    ("name", "VARCHAR", "Function name (Python) or symbol (C++)."),
+)
+
+ALLOCATOR_SETTINGS = _t(
+    "allocator_settings",
+    "PyTorch memory snapshot: the caching allocator's settings when it was taken (`allocator_settings`, PyTorch 2.5 and later).",
+    RUN,
+    ("alloc_conf", "VARCHAR", "`PYTORCH_CUDA_ALLOC_CONF` as set."),
+    ("expandable_segments", "BOOLEAN", "Whether segments grow in place (`expandable_segments:True`)."),
+    ("max_split_size_bytes", "BIGINT", "Blocks larger than this are never split (`max_split_size_mb`); NULL: no limit."),
+    ("garbage_collection_threshold", "DOUBLE", "`garbage_collection_threshold` (0: off)."),
+    ("settings", "JSON", "Every setting the snapshot records, as written."),
+)
+
+MEMORY_TIMELINE = _t(
+    "memory_timeline",
+    "PyTorch profiler memory timeline (`prof.export_memory_timeline`): changes of device memory by category.",
+    RUN,
+    ("event_id", "BIGINT", "Row id within the run (the file's order, which is time order)."),
+    ("ts_ns", "BIGINT", "When (profiler clock, ns since the Unix epoch); tensors that existed before profiling "
+     "began are at the first time of the file."),
+    ("device_id", "INTEGER", "Device (the file names none: 0, the export's default `cuda:0`)."),
+    ("action", "VARCHAR", "`preexisting`, `create`, `increment_version` (memory moves to the category of the "
+     "tensor's new version: two rows), `destroy`; NULL from the plot layout, which records levels only."),
+    ("bytes", "BIGINT", "Signed change: positive when memory enters the category, negative when it leaves."),
+    ("category", "VARCHAR", "`parameter`, `optimizer_state`, `input`, `temporary`, `activation`, `gradient`, "
+     "`autograd_detail` or `unknown`, as PyTorch's memory profiler tells them."),
+)
+
 KERNEL_METRICS = _t(
     "kernel_metrics",
     "Nsight Compute: one row per profiled kernel launch and metric, values in base units.",
@@ -324,7 +416,8 @@ RULE_RUNS = _t(
 
 TABLES: tuple[Table, ...] = (
     RUNS, DEVICES, KERNELS, COPIES, MEMSETS, API_CALLS, SYNCS, RANGES, CPU_OPS,
-    MEMORY_EVENTS, KERNEL_METRICS, KERNEL_RULE_RESULTS, FINDINGS, RULE_RUNS,
+    MEMORY_EVENTS, MEMORY_SEGMENTS, MEMORY_BLOCKS, ALLOCATOR_EVENTS, MEMORY_FRAMES, ALLOCATOR_SETTINGS,
+    MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, FINDINGS, RULE_RUNS,
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 # Tables a reader fills (not `runs`, written from the run info, nor the rules' tables).

@@ -12,14 +12,16 @@ from .. import input_limits
 from ..fmt import printable
 from ..resources import Resources
 from .base import ParsedTrace, TableSink, TraceError
-from .detect import KINETO, NCU, NCU_REP, NCU_TEXT, NSYS, detect, not_a_trace
+from .detect import (KINETO, NCU, NCU_REP, NCU_TEXT, NSYS, TORCH_MEMORY_SNAPSHOT, TORCH_MEMORY_TIMELINE, detect,
+                     not_a_trace)
 
-_READER_MODULES = {NSYS: "nsys", NCU: "ncu", NCU_TEXT: "ncu_text", NCU_REP: "ncu_rep", KINETO: "kineto"}
+_READER_MODULES = {NSYS: "nsys", NCU: "ncu", NCU_TEXT: "ncu_text", NCU_REP: "ncu_rep", KINETO: "kineto",
+                   TORCH_MEMORY_SNAPSHOT: "torch_memory_snapshot", TORCH_MEMORY_TIMELINE: "torch_memory_timeline"}
 # Readers that can hand their big tables to a TableSink as they build them.
 _STREAMING = {NSYS}
 
 # Files a folder walk picks up; an explicitly named file is always tried.
-TRACE_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".csv", ".log", ".txt", ".json", ".gz", ".ncu-rep")
+TRACE_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".csv", ".log", ".txt", ".json", ".gz", ".ncu-rep", ".pickle", ".pkl")
 # Vendor report files we cannot read, but can say what to do with.
 _EXPORT_HINTS = {
     ".nsys-rep": "an Nsight Systems report: export it with `nsys export --type sqlite`",
@@ -69,7 +71,7 @@ def _read_file(path: Path, sink: TableSink | None, resources: Resources) -> Pars
     if hint:
         raise TraceError(hint)
     fmt = detect(path)
-    if fmt in (KINETO, NCU, NCU_TEXT):  # text formats are parsed in memory
+    if fmt in (KINETO, NCU, NCU_TEXT, TORCH_MEMORY_TIMELINE):  # text formats are parsed in memory
         input_limits.check_text_size(path.stat().st_size)
     reader = importlib.import_module(f"{__name__}.{_READER_MODULES[fmt]}")
     try:

@@ -16,10 +16,14 @@ NCU = "ncu-csv"
 NCU_TEXT = "ncu-text"
 NCU_REP = "ncu-rep"
 KINETO = "kineto-json"
+TORCH_MEMORY_SNAPSHOT = "torch-memory-snapshot"
+TORCH_MEMORY_TIMELINE = "torch-memory-timeline"
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 NCU_REP_MAGIC = b"NVR\x00"
+# PROTO opcode and protocol 2-5: how `pickle.dump` (so `torch.cuda.memory._dump_snapshot`) starts.
+PICKLE_PROTOCOLS = (2, 3, 4, 5)
 
 
 def _head(path: Path, n: int = 64 * 1024) -> bytes:
@@ -37,7 +41,8 @@ def _gunzip_head(raw: bytes) -> bytes:
 
 
 def detect(path: Path) -> str:
-    """Return NSYS, NCU, NCU_TEXT, NCU_REP or KINETO, or raise TraceError saying what the file is instead."""
+    """Return NSYS, NCU, NCU_TEXT, NCU_REP, KINETO, TORCH_MEMORY_SNAPSHOT or TORCH_MEMORY_TIMELINE, or
+    raise TraceError saying what the file is instead."""
     head = _head(path)
     if not head:
         raise TraceError("empty file")
@@ -45,8 +50,13 @@ def detect(path: Path) -> str:
         return NSYS
     if head.startswith(NCU_REP_MAGIC):
         return NCU_REP
+    if head[:1] == b"\x80" and head[1:2] and head[1] in PICKLE_PROTOCOLS:
+        return TORCH_MEMORY_SNAPSHOT
     text = _gunzip_head(head) if head.startswith(GZIP_MAGIC) else head
     stripped = text.lstrip(b"\xef\xbb\xbf \t\r\n")
+    # A JSON array of arrays: export_memory_timeline's rows (Kineto's array form holds objects).
+    if stripped[:1] == b"[" and stripped[1:].lstrip()[:1] == b"[":
+        return TORCH_MEMORY_TIMELINE
     # `ncu -i report.ncu-rep` prints its text report from the first line on: "[pid] process@host".
     if stripped[:1] in (b"{", b"[") and not re.match(rb"\[\d+\] \S", stripped):
         return KINETO
@@ -88,7 +98,24 @@ def not_a_trace(path: Path) -> str | None:
         return None if _holds_trace_events(path) else "JSON without traceEvents"
     if fmt == NSYS:
         return None if _has_nsys_tables(path) else "SQLite file with no Nsight Systems tables"
+    if fmt == TORCH_MEMORY_SNAPSHOT:
+        # The snapshot's first key; any other pickle (a model, a dataset) is no trace.
+        return None if b"segments" in _head(path, 4096) else "pickle that is no PyTorch memory snapshot"
+    if fmt == TORCH_MEMORY_TIMELINE:
+        return None if _timeline_start(path) else "JSON array of arrays that is no PyTorch memory timeline"
     return None
+
+
+def _timeline_start(path: Path) -> bool:
+    """Whether a JSON array of arrays starts as export_memory_timeline writes one: a row of four
+    integers (raw), or a list of times (plot). Damaged bytes: yes, the reader says what is wrong."""
+    raw = _head(path)
+    try:
+        text = _gunzip_head(raw) if raw.startswith(GZIP_MAGIC) else raw
+    except TraceError:
+        return True
+    return bool(re.match(rb"\s*\[\s*\[\s*(?:-?\d+\s*,\s*){3}-?\d+\s*[],]", text)
+                or re.match(rb"\s*\[\s*\[[-\d\s,]*\]\s*,\s*\[\s*\[", text))
 
 
 def _holds_trace_events(path: Path) -> bool:
@@ -129,4 +156,5 @@ def _has_nsys_tables(path: Path) -> bool:
     return "StringIds" in names or any(n.startswith(("CUPTI_", "NVTX_", "TARGET_INFO_")) for n in names)
 
 
-__all__ = ["detect", "not_a_trace", "NSYS", "NCU", "NCU_TEXT", "NCU_REP", "KINETO", "gzip"]
+__all__ = ["detect", "not_a_trace", "NSYS", "NCU", "NCU_TEXT", "NCU_REP", "KINETO", "TORCH_MEMORY_SNAPSHOT",
+           "TORCH_MEMORY_TIMELINE", "gzip"]

@@ -1,0 +1,95 @@
+"""M005 peak memory by category: what the peak of a PyTorch profiler memory timeline was made
+of (parameters, optimizer state, activations, gradients, ...), the share of activations named."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..fmt import nbytes, ns, pct
+from ..summary import timeline_peaks
+from .base import Rule, Threshold
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# What to try, by the category that dominates the peak.
+FIXES = {
+    "activation": "activation checkpointing (torch.utils.checkpoint), smaller micro-batches (with gradient "
+                  "accumulation), mixed precision (bf16/fp16 autocast)",
+    "parameter": "lower-precision weights (bf16), or sharding them (FSDP/ZeRO-3)",
+    "optimizer_state": "a lighter optimizer state (8-bit or factored optimizers, fused/foreach off for the peak), "
+                       "or sharding it (FSDP/ZeRO-1)",
+    "gradient": "freeing gradients as they are used (optimizer step in backward, zero_grad(set_to_none=True)), "
+                "or sharding them (ZeRO-2)",
+    "temporary": "fusing the operators that make short-lived tensors (torch.compile), in-place operations",
+    "input": "smaller input batches, or keeping inputs on the host until needed",
+    "autograd_detail": "these are the backward pass's own intermediates (gradients passed between operators): "
+                       "smaller micro-batches, mixed precision",
+    "unknown": "the profiler could not tell what these are: record with profile_memory=True, record_shapes=True "
+               "and with_stack=True to name them",
+}
+
+
+def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    import pandas as pd
+
+    start = store.sql("SELECT start_ns FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+    rows = []
+    for peak in timeline_peaks(store, run_id):  # the level after each time step, as PyTorch's plot draws it
+        device, ts, event_id, next_ts = peak["device_id"], peak["ts_ns"], peak["event_id"], peak["next_ts"]
+        total, end_total, steps, split = peak["total"], peak["end_total"], peak["steps"], peak["categories"]
+        share = {c: (b / total if total else None) for c, b in split}
+        act_share = share.get("activation") or 0.0
+        top = split[0][0] if split else None
+        listed = ", ".join(f"{c.replace('_', ' ')} {nbytes(b)} ({pct(b / total) if total else '-'})" for c, b in split)
+        at = "" if ts is None or start is None else f" at +{ns(ts - start)}"
+        message = f"device {device}: memory peaked at {nbytes(total)}{at}: {listed}"
+        named = act_share > 0 and act_share >= p["min_activation_share"]
+        hint = []
+        if named:
+            message += f"; activations are {pct(act_share)} of it"
+            hint.append(f"Activations are {pct(act_share)} of the peak: {FIXES['activation']}.")
+        if top and not (named and top == "activation"):
+            hint.append(f"The largest part is {top.replace('_', ' ')} ({pct(share[top])}): {FIXES.get(top, FIXES['unknown'])}.")
+        rows.append({
+            "device_id": device, "item_kind": "memory", "item_id": event_id, "item_name": "peak memory by category",
+            "start_ns": ts, "end_ns": next_ts if next_ts is not None else ts, "value": float(total),
+            "value_unit": "bytes", "threshold": None, "severity": "info",
+            "message": message, "hint": " ".join(hint),
+            "evidence": {"peak_bytes": int(total), "end_bytes": int(end_total), "time_steps": steps,
+                         "activation_share": act_share, "largest_category": top,
+                         "categories": [{"category": c, "bytes": b, "share": share[c]} for c, b in split]},
+        })
+    return pd.DataFrame(rows)
+
+
+RULE = Rule(
+    id="M005",
+    name="memory-categories",
+    title="Peak memory by category",
+    phase="memory",
+    severity="info",
+    what="The peak of a PyTorch profiler memory timeline and what it is made of: parameters, optimizer state, "
+         "inputs, temporaries, activations, gradients, autograd detail, unknown; the share of activations named.",
+    why="Parameters, activations and optimizer state call for different cuts: activations (usually the "
+        "largest share in training) shrink with checkpointing, micro-batches and mixed precision; optimizer "
+        "state and parameters with sharding and lighter optimizers.",
+    how="From `memory_timeline` (`prof.export_memory_timeline`), per device: the level after each time step "
+        "(as PyTorch's own plot draws it); the peak is the first step at the highest level, split by the "
+        "categories PyTorch's memory profiler gave each tensor (`activation`: made in the forward pass from "
+        "inputs and kept for backward; `autograd_detail`: made in the backward pass). When activations reach "
+        "`min_activation_share` of the peak the finding names their share and leads its hint with their fixes.",
+    fix="Activations: activation checkpointing, smaller micro-batches, mixed precision. Optimizer state and "
+        "parameters: FSDP/ZeRO sharding, 8-bit optimizers. Gradients: free them as they are applied.",
+    requires="a PyTorch profiler memory timeline (prof.export_memory_timeline, profile_memory=True)",
+    applies_sql="SELECT EXISTS (SELECT 1 FROM memory_timeline WHERE run_id = $run_id)",
+    thresholds=(
+        Threshold("min_activation_share", 0.5, "Activations at this share of the peak are named, and their fixes lead the hint."),
+    ),
+    evaluate=evaluate,
+    formats=("torch-memory-timeline",),
+    references=(
+        "PyTorch: torch.profiler._memory_profiler (categories), profile.export_memory_timeline",
+        "PyTorch blog: 'Understanding GPU Memory 1: Visualizing All Allocations over Time'",
+    ),
+)
