@@ -215,3 +215,12 @@ def test_report_of_a_run_never_checked_runs_its_rules(db):
     assert r.exit_code == 0, r.stderr
     q = run("query", "--store", db, "--json", "SELECT count(*) AS n FROM rule_runs")
     assert json.loads(q.stdout)[0]["n"] > 0
+
+
+def test_check_refuses_an_unknown_or_bad_severity_floor(tmp_path):
+    trace = str(FIXTURES / "kineto" / "bottleneck_library.json")
+    store = str(tmp_path / "s.duckdb")
+    bad = runner.invoke(app, ["check", trace, "--store", store, "--threshold", "floor.min_loss_ns=-1"])
+    assert bad.exit_code == 2 and "floor.min_loss_ns must be" in bad.output
+    unknown = runner.invoke(app, ["check", trace, "--store", store, "--threshold", "floor.bogus=1"])
+    assert unknown.exit_code == 2 and "floor has no threshold 'bogus'" in unknown.output

@@ -13,6 +13,8 @@
     equals = { severity = "error", "evidence.count" = 2, "evidence.worst.0.gap_ns" = 12000 }
     approx = { value = 0.12 }               # relative tolerance 1e-6 unless `rel` is given
     contains = { message = "late launch" }
+    excludes = { hint = "register" }        # substrings that must not appear
+    null = ["evidence.achieved"]            # fields that must be null
 
 A cross-run rule (scope "runs") takes `traces = [...]` instead of `trace`; its findings get a
 `trace` field (the trace they are about) that `where` can test.
@@ -196,3 +198,7 @@ def test_case(rule_id, case, checked, tmp_path):
             assert math.isclose(_field(row, k), v, rel_tol=exp.get("rel", 1e-6)), (k, _field(row, k), v)
         for k, v in exp.get("contains", {}).items():
             assert v in _field(row, k), (k, _field(row, k))
+        for k, v in exp.get("excludes", {}).items():
+            assert v not in _field(row, k), (k, _field(row, k))
+        for k in exp.get("null", []):
+            assert _field(row, k) is None, (k, _field(row, k))

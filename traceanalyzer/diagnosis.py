@@ -25,6 +25,12 @@ diagnosed together (`diagnose`):
    bounded on each of its devices. So per device, headline losses sum to no more than the
    span, and no nanosecond is claimed twice.
 
+4. **A severity floor.** A warning or error headline whose bounded loss is under both
+   `min_loss_ns` and `min_loss_span_share` of its device's span (of the run's, for a finding
+   on no device) is info: nobody should stop for it. Without a timeline (Nsight Compute
+   profiles a sample of launches) there is no span to weigh a loss against: no floor. The floor is set like a rule's thresholds, under the name `floor`
+   (`--threshold floor.min_loss_ns=50000`, `[tool.traceanalyzer.thresholds.floor]`).
+
 A finding that claims no part (`claims` NULL: a recompile's compile time, a straggler's lag,
 peak memory) is a headline of its own, its loss bounded by the run's span. A run without a
 timeline (Nsight Compute) has no budget: its findings are grouped by kernel, losses as the
@@ -37,7 +43,10 @@ import json
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
-from .rules.base import SEVERITIES
+from functools import partial
+
+from .fmt import ns, pct
+from .rules.base import SEVERITIES, Threshold
 from .rules.engine import RuleOutcome, Settings, run_rules
 from .store import Store
 
@@ -50,16 +59,39 @@ _T001_CAUSE = {"sync": "sync", "late_launch": "host", "copy": "dependency", "dep
 _PER_KERNEL = ("compute", "communication")
 
 
+# The severity floor, set like a rule's thresholds under this name.
+FLOOR = "FLOOR"
+FLOORS = (
+    Threshold("min_loss_ns", 100_000, "A warning or error whose estimated loss is under this, and under "
+              "`min_loss_span_share` of its device's span, is info."),
+    Threshold("min_loss_span_share", 0.01, "A warning or error whose estimated loss is under this share of its "
+              "device's span, and under `min_loss_ns`, is info."),
+)
+
+
+def floor_params(overrides: dict | None = None) -> dict[str, float | int]:
+    """The floor's values: defaults, with `overrides` ({name: value}); a ValueError for a bad one."""
+    values = {t.name: t.default for t in FLOORS}
+    for k, v in (overrides or {}).items():
+        t = next((t for t in FLOORS if t.name == k), None)
+        if t is None:
+            raise ValueError(f"floor has no threshold {k!r} (known: {', '.join(t.name for t in FLOORS)})")
+        values[k] = t.coerce(v, "floor")
+    return values
+
+
 def diagnose_runs(store: Store, run_ids: Iterable[str] | None = None,
                   settings: Settings | None = None) -> list[RuleOutcome]:
     """Run the selected rules on each run (`rules.engine.run_rules`) and store their findings
     diagnosed: grouped by root cause, losses bounded by the run's time budget."""
-    return run_rules(store, run_ids, settings, diagnose=diagnose)
+    floors = floor_params((settings.thresholds if settings else {}).get(FLOOR))
+    return run_rules(store, run_ids, settings, diagnose=partial(diagnose, floors=floors))
 
 
-def diagnose(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
+def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | None = None) -> pd.DataFrame:
     """Every finding of `run_id`, with `finding_no`, `related_to`, `rule_loss_ns`, the bounded
     `est_loss_ns` and the group's severity set (see the module's docstring)."""
+    floors = floor_params() if floors is None else floors
     df = findings.reset_index(drop=True).copy()
     # A stored finding was diagnosed before: its rule's own estimate is in rule_loss_ns.
     rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
@@ -86,6 +118,9 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
                     severity[head] = rows[i]["severity"]
         loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns)
     _share_parts(rows, units, loss, budget)
+    floored = _below_floor(rows, units, loss, severity, budget, span_ns, floors)
+    for i in [*floored, *(i for i, head in related.items() if head in floored)]:
+        severity[i] = "info"  # the related findings' time is the headline's: as small
 
     order = sorted(loss, key=lambda i: (-SEVERITIES.index(severity[i]), -(loss[i] if loss[i] is not None else -1),
                                          rows[i]["rule_id"], i))
@@ -100,6 +135,9 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
     df["related_to"] = [no[related[i]] if i in related else None for i in range(len(rows))]
     df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
     df["severity"] = [severity[i] for i in range(len(rows))]
+    if floored:
+        df["message"] = [m + _FLOOR_NOTE.format(ns(floors["min_loss_ns"]), pct(floors["min_loss_span_share"]))
+                         if i in floored else m for i, m in enumerate(df["message"])]
     df["related_to"] = df["related_to"].astype("Int64")
     df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
     return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
@@ -235,3 +273,24 @@ def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget:
         if part is not None and total > part:
             for i in members:
                 loss[i] *= part / total
+
+
+_FLOOR_NOTE = " (info: its estimated loss is under the severity floor, {} and {} of the device's span)"
+
+
+def _below_floor(rows: list[dict], units: list[list[tuple]], loss: dict, severity: dict, budget: dict,
+                 span_ns: int | None, floors: dict) -> set[int]:
+    """The warning and error headlines whose loss is under both floors (see the module's docstring)."""
+    spans: dict = defaultdict(int)
+    for (device, part), part_ns in budget.items():
+        if not part.startswith("idle:"):
+            spans[device] += part_ns
+    out = set()
+    for i, own in loss.items():
+        if own is None or severity[i] not in ("warning", "error") or own >= floors["min_loss_ns"]:
+            continue
+        on = [spans[d] for d, _, _ in units[i] if d in spans] if isinstance(rows[i]["claims"], str) else []
+        span = min(on) if on else span_ns
+        if span is not None and own < floors["min_loss_span_share"] * span:
+            out.add(i)
+    return out

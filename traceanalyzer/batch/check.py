@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError, find_config, load_config, parse_threshold_option
+from .. import diagnosis
 from ..diagnosis import diagnose_runs
 from ..ingest import TraceError, find_traces
 from ..report.model import Baseline, CheckResult, InputError, load_result
@@ -264,16 +265,21 @@ def _checked_hashes(store: Store, settings: Settings, same_rules: bool) -> froze
         "SELECT content_hash FROM runs r WHERE EXISTS (SELECT 1 FROM rule_runs o WHERE o.run_id = r.run_id)").fetchall())
 
 
+def _threshold_owner(ref: str) -> str:
+    """A rule's id, or the severity floor's name (`floor`)."""
+    return diagnosis.FLOOR if ref.upper() == diagnosis.FLOOR else get_rule(ref).id
+
+
 def settings_from(opts: CheckOptions) -> tuple[Settings, str]:
     """Merge the config file and the command line (the command line wins)."""
     try:
         cfg = load_config(opts.config) if opts.config else find_config()
         thresholds: dict[str, dict] = {}
         for ref, values in cfg.thresholds.items():
-            thresholds.setdefault(get_rule(ref).id, {}).update(values)
+            thresholds.setdefault(_threshold_owner(ref), {}).update(values)
         for text in opts.thresholds:
             ref, name, value = parse_threshold_option(text)
-            thresholds.setdefault(get_rule(ref).id, {})[name] = value
+            thresholds.setdefault(_threshold_owner(ref), {})[name] = value
     except ConfigError as e:
         raise UsageError(str(e)) from None
     except KeyError as e:
@@ -288,8 +294,10 @@ def settings_from(opts: CheckOptions) -> tuple[Settings, str]:
         if opts.baseline is None:
             raise UsageError("--max-growth compares findings with a baseline: give --baseline too")
     try:  # validate rule names and threshold names/values (of unselected rules too) before any work
-        for rule in {**{r.id: r for r in settings.rules()}, **{i: get_rule(i) for i in thresholds}}.values():
+        for rule in {**{r.id: r for r in settings.rules()},
+                     **{i: get_rule(i) for i in thresholds if i != diagnosis.FLOOR}}.values():
             settings.params_for(rule)
+        diagnosis.floor_params(thresholds.get(diagnosis.FLOOR))
     except ValueError as e:
         raise UsageError(str(e)) from None
     return settings, fail_on

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..fmt import ns, pct
-from ._launches import launch_groups
+from ..fmt import kernel_label, ns, pct
+from ._launches import int_or_none, launch_groups
+from ._library import library_hint, library_of, not_collectives
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -19,72 +20,122 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     g = launch_groups(store, run_id)
     if g.empty:
         return g
-    g = g[g["waves"].notna() & (g["waves"] > 0)]
+    # 0 waves is a grid under 0.005 waves as ncu prints it: under-filled, not unknown
+    g = g[g["waves"].notna() & (g["waves"] >= 0)]
+    g = not_collectives(g)  # a collective's grid is its channel count (T007)
     if "time_share" in g:  # when durations are known, skip kernels that barely run
-        g = g[g["time_share"].isna() | (g["time_share"] >= p["min_time_share"])]
-    rows = []
+        share = g.groupby(["device_id", "name"], dropna=False)["time_share"].transform("sum", min_count=1)
+        g = g[share.isna() | (share >= p["min_time_share"])]
+    by_kernel: dict[tuple, list[dict]] = {}
     for r in g.itertuples():
-        per_wave = (f"{int(r.sm_count)} SMs x {int(r.blocks_per_sm)} blocks/SM = "
-                    f"{int(r.sm_count * r.blocks_per_sm)} blocks per wave"
-                    if r.sm_count == r.sm_count and r.blocks_per_sm == r.blocks_per_sm else "blocks per wave unknown")
-        whole, partial = math.floor(r.waves), r.waves - math.floor(r.waves)
-        severity = None
-        if 1 <= whole <= p["max_full_waves"] and partial > 1e-6:
-            idle = (1 - partial) / (whole + 1)  # idle share of the last wave, as a share of the kernel
-            what = (f"{r.waves:.2f} waves: {whole} full wave(s) then one {pct(partial)} full, so about "
-                    f"{pct(idle)} of the kernel's time leaves SMs idle in the tail")
-            hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({per_wave}): "
-                    "resize the tiles, or use a persistent-thread/stream-K loop so the last wave is full.")
-        elif whole == 0 and r.waves < p["max_small_grid_waves"]:
-            grid = f"grid of {int(r.grid_blocks)} blocks" if r.grid_blocks == r.grid_blocks else "grid"
-            hint = ("Expose more parallelism: smaller blocks or tiles (more of them), split-K, or batch this work "
-                    "with other kernels / run it concurrently on another stream.")
-            known = r.grid_blocks == r.grid_blocks and r.sm_count == r.sm_count
-            if known and r.grid_blocks < r.sm_count:
-                idle = (r.sm_count - r.grid_blocks) / r.sm_count  # NVIDIA's Small Grid estimate: idle SMs
-                what = (f"{grid} on {int(r.sm_count)} SMs leaves {pct(idle)} of the SMs idle "
-                        f"({pct(r.waves)} of one wave: {per_wave}): the GPU is under-filled")
-            else:  # no SM known idle: the shortfall is resident warps per SM, which B002 measures
-                idle, severity = None, "info"
-                fact = ("every SM gets a block, but fewer than fit: the SMs are under-filled (see B002 for the "
-                        "occupancy)" if known else
-                        "the SM count is unknown, so whether SMs sit idle cannot be told: the GPU may be under-filled")
-                what = f"{grid} fills {pct(r.waves)} of one wave ({per_wave}): {fact}"
-        else:
-            continue
-        if idle is not None and whole >= 1 and idle < p["min_wasted_share"]:
-            continue
-        # A kernel already near its memory or compute roof loses little to idle SMs: the busy SMs
-        # saturate the shared unit anyway. Only the headroom below the busier roof can be won.
-        sol = max((x for x in (r.sm_sol, r.memory_sol) if x == x), default=None)
-        headroom = None if sol is None else max(0.0, 1 - sol)
-        wasted = None if idle is None else idle * (1 if headroom is None else headroom)
-        if headroom is not None and idle is not None:
-            what += f"; at {pct(sol)} of its busiest roof, {pct(wasted)} of its time can be won"
-            if wasted < p["min_wasted_share"]:
-                severity = "info"
-        loss = None if r.total_ns != r.total_ns or wasted is None else int(r.total_ns * wasted)
-        # start/end stay floats (NaN when unknown): None would not mix with the SQL rules' nullable integers
-        rows.append({
-            "device_id": r.device_id, "item_kind": "kernel", "item_id": r.first_id, "item_name": r.name,
-            "start_ns": r.first_start_ns, "end_ns": r.first_end_ns,
-            "value": r.waves, "value_unit": "waves",
-            "threshold": p["min_wasted_share"] if whole >= 1 else p["max_small_grid_waves"],
-            "est_loss_ns": loss, "severity": severity,
-            "message": f"{r.short_name}: {what}"
-                       + (f"; {int(r.launches)} launch(es), est. {ns(loss)} lost" if loss is not None else ""),
-            "hint": hint,
-            "evidence": {"waves": r.waves, "full_waves": whole, "last_wave_fill": partial,
-                         "idle_share": idle, "headroom_share": headroom,
-                         "sm_sol": None if r.sm_sol != r.sm_sol else r.sm_sol,
-                         "memory_sol": None if r.memory_sol != r.memory_sol else r.memory_sol,
-                         "wasted_share": wasted, "grid_blocks": r.grid_blocks, "threads_per_block": r.threads_per_block,
-                         "blocks_per_sm": r.blocks_per_sm, "sm_count": r.sm_count, "limiter": r.limiter,
-                         "launches": r.launches, "total_ns": None if r.total_ns != r.total_ns else r.total_ns,
-                         "time_share": None if r.time_share != r.time_share else r.time_share,
-                         "waves_source": r.source},
-        })
-    return pd.DataFrame(rows)
+        c = _configuration(r, p)
+        if c is not None:
+            by_kernel.setdefault((r.device_id, r.name), []).append(c)
+    return pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()])
+
+
+def _configuration(r, p: dict) -> dict | None:
+    """One launch configuration's tail or small grid, or None when it has neither."""
+    per_wave = (f"{int(r.sm_count)} SMs x {int(r.blocks_per_sm)} blocks/SM = "
+                f"{int(r.sm_count * r.blocks_per_sm)} blocks per wave"
+                if r.sm_count == r.sm_count and r.blocks_per_sm == r.blocks_per_sm else "blocks per wave unknown")
+    whole, partial = math.floor(r.waves), r.waves - math.floor(r.waves)
+    severity = None
+    if 1 <= whole <= p["max_full_waves"] and partial > 1e-6:
+        kind = "tail"
+        idle = (1 - partial) / (whole + 1)  # idle share of the last wave, as a share of the kernel
+        what = (f"{r.waves:.2f} waves: {whole} full wave(s) then one {pct(partial)} full, so about "
+                f"{pct(idle)} of the kernel's time leaves SMs idle in the tail")
+    elif whole == 0 and r.waves < p["max_small_grid_waves"]:
+        kind = "small grid"
+        grid = f"grid of {int(r.grid_blocks)} blocks" if r.grid_blocks == r.grid_blocks else "grid"
+        known = r.grid_blocks == r.grid_blocks and r.sm_count == r.sm_count
+        if known and r.grid_blocks < r.sm_count:
+            idle = (r.sm_count - r.grid_blocks) / r.sm_count  # NVIDIA's Small Grid estimate: idle SMs
+            what = (f"{grid} on {int(r.sm_count)} SMs leaves {pct(idle)} of the SMs idle "
+                    f"({_waves(r.waves)} of one wave: {per_wave}): the GPU is under-filled")
+        else:  # no SM known idle: the shortfall is resident warps per SM, which B002 measures
+            idle, severity = None, "info"
+            fact = ("every SM gets a block, but fewer than fit: the SMs are under-filled (see B002 for the "
+                    "occupancy)" if known else
+                    "the SM count is unknown, so whether SMs sit idle cannot be told: the GPU may be under-filled")
+            what = f"{grid} fills {_waves(r.waves)} of one wave ({per_wave}): {fact}"
+    else:
+        return None
+    if idle is not None and whole >= 1 and idle < p["min_wasted_share"]:
+        return None
+    # A kernel already near its memory or compute roof loses little to idle SMs: the busy SMs
+    # saturate the shared unit anyway. Only the headroom below the busier roof can be won.
+    sol = max((x for x in (r.sm_sol, r.memory_sol) if x == x), default=None)
+    headroom = None if sol is None else max(0.0, 1 - sol)
+    wasted = None if idle is None else idle * (1 if headroom is None else headroom)
+    if headroom is not None and idle is not None:
+        what += f"; at {pct(sol)} of its busiest roof, {pct(wasted)} of its time can be won"
+        if wasted < p["min_wasted_share"]:
+            severity = "info"
+    loss = None if r.total_ns != r.total_ns or wasted is None else int(r.total_ns * wasted)
+    return {"row": r, "kind": kind, "what": what, "per_wave": per_wave, "whole": whole, "partial": partial,
+            "idle": idle, "headroom": headroom, "sol": sol, "wasted": wasted, "loss": loss, "severity": severity}
+
+
+def _waves(w: float) -> str:
+    if w == 0:  # ncu printed 0.00 and nothing else is known
+        return "under 0.5%"
+    return pct(w) if w >= 0.001 else f"{w * 100:.2g}%"
+
+
+def _finding(configs: list[dict], p: dict) -> dict:
+    """One finding per kernel: its worst configuration described, every one in the evidence."""
+    worst = max(configs, key=lambda c: (-1 if c["loss"] is None else c["loss"], c["idle"] or 0))
+    r = worst["row"]
+    losses = [c["loss"] for c in configs if c["loss"] is not None]
+    loss = sum(losses) if losses else None
+    launches = int(sum(c["row"].launches for c in configs))
+    severity = None if any(c["severity"] is None for c in configs) else "info"
+    message = f"{kernel_label(r.name, r.short_name)}: {worst['what']}"
+    if len(configs) > 1:
+        message += f" (the worst of {len(configs)} launch configurations with a tail or small grid)"
+    if loss is not None:
+        message += f"; {launches} launch(es), est. {ns(loss)} lost"
+    hint = library_hint(r, "grid")
+    if hint is None and worst["kind"] == "tail":
+        hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({worst['per_wave']}): "
+                "resize the tiles, or use a persistent-thread/stream-K loop so the last wave is full.")
+    elif hint is None:
+        hint = ("Expose more parallelism: smaller blocks or tiles (more of them), split-K, or batch this work "
+                "with other kernels / run it concurrently on another stream.")
+    total_ns = sum(c["row"].total_ns for c in configs if c["row"].total_ns == c["row"].total_ns)
+    shares = [c["row"].time_share for c in configs if c["row"].time_share == c["row"].time_share]
+    # start/end stay floats (NaN when unknown): None would not mix with the SQL rules' nullable integers
+    return {
+        "device_id": r.device_id, "item_kind": "kernel", "item_id": r.first_id, "item_name": r.name,
+        "start_ns": r.first_start_ns, "end_ns": r.first_end_ns,
+        "value": r.waves, "value_unit": "waves",
+        "threshold": p["min_wasted_share"] if worst["whole"] >= 1 else p["max_small_grid_waves"],
+        "est_loss_ns": loss, "severity": severity,
+        "message": message,
+        "hint": hint,
+        "evidence": {"waves": r.waves, "full_waves": worst["whole"], "last_wave_fill": worst["partial"],
+                     "idle_share": worst["idle"], "headroom_share": worst["headroom"],
+                     "sm_sol": None if r.sm_sol != r.sm_sol else r.sm_sol,
+                     "memory_sol": None if r.memory_sol != r.memory_sol else r.memory_sol,
+                     "wasted_share": worst["wasted"], "grid_blocks": r.grid_blocks,
+                     "threads_per_block": r.threads_per_block,
+                     "blocks_per_sm": r.blocks_per_sm, "sm_count": r.sm_count, "limiter": r.limiter,
+                     "launches": launches, "total_ns": total_ns if shares or total_ns else None,
+                     "time_share": sum(shares) if shares else None,
+                     "waves_source": r.waves_source, "occupancy_source": r.source,
+                     "library": library_of(r),
+                     "configurations": [_config_evidence(c) for c in configs]},
+    }
+
+
+def _config_evidence(c: dict) -> dict:
+    r = c["row"]
+    return {"grid_blocks": int_or_none(r.grid_blocks), "threads_per_block": int_or_none(r.threads_per_block),
+            "registers_per_thread": int_or_none(r.registers_per_thread), "waves": r.waves, "kind": c["kind"],
+            "launches": int(r.launches), "total_ns": int_or_none(r.total_ns), "wasted_share": c["wasted"],
+            "est_loss_ns": c["loss"], "first_id": int_or_none(r.first_id)}
 
 
 RULE = Rule(
@@ -102,9 +153,10 @@ RULE = Rule(
         "kernel's time runs at a tenth of the machine. A grid under one wave never uses the "
         "whole GPU.",
     how="Waves = grid blocks / (SMs x resident blocks per SM). Resident blocks come from ncu "
-        "(`launch__occupancy_limit_*`, and ncu's own `launch__waves_per_multiprocessor` when "
-        "present) or from the built-in occupancy calculator (block size, registers, shared "
-        "memory, device limits from the trace or the compute-capability table). Tail: with w full "
+        "(`launch__occupancy_limit_*`) or from the built-in occupancy calculator (block size, "
+        "registers, shared memory, device limits from the trace or the compute-capability table); "
+        "ncu's printed `launch__waves_per_multiprocessor` (two decimals: 0.003 waves prints 0.00) "
+        "only when the grid or the limits are unknown. Tail: with w full "
         "waves (1 <= w <= `max_full_waves`, NVIDIA's Tail Effect range: its bound 1 / (w + 1) "
         "reaches its 20% threshold only up to 4 full waves) and a last wave filled to f, the idle "
         "share is (1 - f) / (w + 1), tighter than NVIDIA's 1 / (w + 1), which ignores how full the "
@@ -118,8 +170,13 @@ RULE = Rule(
         "estimate is not scaled: an upper bound that assumes work scales with busy SMs. A tail "
         "is reported when its idle share reaches `min_wasted_share`, as info when the scaled share "
         "does not; the estimated loss is the scaled share x the kernel's time. Without an SM count "
-        "(2019-2020 details pages) a grid under one wave is info without an estimate. Launches are grouped by kernel and configuration; groups under "
-        "`min_time_share` of the run's kernel time are skipped.",
+        "(2019-2020 details pages) a grid under one wave is info without an estimate. One finding per "
+        "kernel: its launch configurations with a tail or small grid are listed in "
+        "`evidence.configurations`, the worst described, their losses summed; kernels under "
+        "`min_time_share` of the run's kernel time are skipped. Collectives (NCCL/RCCL, custom "
+        "all-reduce kernels) are T007's: their grid is the channel count, not a tiling choice. For a "
+        "library kernel (`kernels.library`: cuBLAS, cuDNN, ...) the hint names what the caller can "
+        "change (shape, batching, dtype, algorithm choice), never tile sizes.",
     fix="Size grids to whole waves (tile size, blocks per SM), use persistent kernels or "
         "stream-K style scheduling, or run small kernels concurrently.",
     requires="kernel grid and block sizes with registers and shared memory per thread/block (or ncu launch metrics)",

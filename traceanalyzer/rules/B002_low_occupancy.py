@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..fmt import ns, pct
-from ._launches import launch_groups
+from ..fmt import kernel_label, ns, pct
+from ._launches import int_or_none, launch_groups
+from ._library import library_hint, library_of, not_collectives
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -20,66 +21,145 @@ _LIMITER_HINT = {
 }
 
 
+# CUPTI's occupancy estimate (Kineto's `est. achieved occupancy %`) takes the 48 KB default
+# shared-memory limit per block: a kernel that opts in to more reads 0, which says nothing.
+CUPTI_SHARED_MEM_LIMIT_BYTES = 48 * 1024
+# NVIDIA's line between throughput- and latency-bound (Speed Of Light at 60% of peak or more).
+SOL_THROUGHPUT_BOUND = 0.6
+
+
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
     g = launch_groups(store, run_id)
     if g.empty:
         return g
-    g = g[g["theoretical"].notna() | g["achieved"].notna()]
-    g = g[g["time_share"].isna() | (g["time_share"] >= p["min_time_share"])]
-    rows = []
+    g = g[g["theoretical"].notna()]
+    g = not_collectives(g)  # T007's: a collective's launch is NCCL's
+    share = g.groupby(["device_id", "name"], dropna=False)["time_share"].transform("sum", min_count=1)
+    g = g[share.isna() | (share >= p["min_time_share"])]
+    by_kernel: dict[tuple, list[dict]] = {}
     for r in g.itertuples():
-        theo, ach = r.theoretical, r.achieved
-        low_theo = theo == theo and theo < p["min_theoretical_share"]
-        gap = theo == theo and ach == ach and theo - ach > p["max_achieved_gap_share"]
-        if not (low_theo or gap):
-            continue
-        limiters = [x for x in str(r.limiter).split("+") if x in _LIMITER_HINT] if r.limiter == r.limiter else []
-        if low_theo:
-            share = 1 - theo  # NVIDIA's local estimate for TheoreticalOccupancy
-            what = f"theoretical occupancy {pct(theo)} limited by {' and '.join(limiters) or 'unknown'}"
-            hint = "; ".join(_LIMITER_HINT[x] for x in limiters) or "Check the launch configuration."
-            hint = hint[0].upper() + hint[1:] + "."
-            if gap:
-                what += f", and achieved only {pct(ach)}"
-        else:
-            share = (theo - ach) / theo  # NVIDIA's estimate for AchievedOccupancy
-            what = f"achieved occupancy {pct(ach)} vs theoretical {pct(theo)}"
-            hint = ("Warps finish unevenly or blocks are scheduled poorly: balance work across warps and blocks, "
-                    "avoid a small last wave, and check for long-running warps.")
-            if r.achieved_source == "kineto-estimate":
-                hint = ("Kineto's estimate is capped by grid size: the grid is too small to fill every SM to the "
-                        "theoretical occupancy; launch more blocks (see B001).")
-        left_out = 0 if r.achieved_impossible != r.achieved_impossible else int(r.achieved_impossible)
-        if left_out:
-            what += (f" ({left_out} launch(es) reporting an impossible achieved occupancy, up to "
-                     f"{pct(r.achieved_impossible_max)}, left out)")
-        loss = None if r.total_ns != r.total_ns else int(r.total_ns * share)
-        sev = "warning" if (r.time_share != r.time_share or r.time_share >= p["warning_time_share"]) else "info"
-        # start/end stay floats (NaN when unknown): None would not mix with the SQL rules' nullable integers
-        rows.append({
-            "device_id": r.device_id, "item_kind": "kernel", "item_id": r.first_id, "item_name": r.name,
-            "start_ns": r.first_start_ns, "end_ns": r.first_end_ns,
-            "value": theo if low_theo else ach, "value_unit": "share",
-            "threshold": p["min_theoretical_share"] if low_theo else theo - p["max_achieved_gap_share"],
-            "est_loss_ns": loss, "severity": sev,
-            "message": f"{r.short_name}: {what}"
-                       + (f" ({pct(r.time_share)} of kernel time, est. {ns(loss)} at stake)" if loss is not None else ""),
-            "hint": hint,
-            "evidence": {"theoretical": theo, "achieved": None if ach != ach else ach,
-                         "achieved_source": r.achieved_source,
-                         "achieved_impossible_launches": left_out,
-                         "achieved_impossible_max": None if not left_out else r.achieved_impossible_max,
-                         "limiter": None if r.limiter != r.limiter else r.limiter,
-                         "blocks_per_sm": r.blocks_per_sm, "threads_per_block": r.threads_per_block,
-                         "registers_per_thread": r.registers_per_thread,
-                         "shared_mem_bytes": (0 if r.static_shared_mem_bytes != r.static_shared_mem_bytes else r.static_shared_mem_bytes)
-                         + (0 if r.dynamic_shared_mem_bytes != r.dynamic_shared_mem_bytes else r.dynamic_shared_mem_bytes),
-                         "launches": r.launches, "time_share": None if r.time_share != r.time_share else r.time_share,
-                         "occupancy_source": r.source},
-        })
-    return pd.DataFrame(rows)
+        c = _configuration(r, p)
+        if c is not None:
+            by_kernel.setdefault((r.device_id, r.name), []).append(c)
+    return pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()])
+
+
+def _kineto_estimate(r) -> tuple[float | None, str | None]:
+    """Kineto's occupancy estimate as what it is: CUPTI's theoretical occupancy bounded by the grid."""
+    est = r.kineto_achieved
+    if est != est:
+        return None, None
+    if est == 0 and _shared_mem(r) > CUPTI_SHARED_MEM_LIMIT_BYTES:
+        return None, (f"Kineto's occupancy estimate reads 0, which is unknown: CUPTI computes it with a 48 KB "
+                      f"shared-memory limit and this kernel takes {_shared_mem(r) // 1024} KB per block")
+    return est, f"Kineto's estimate (CUPTI's theoretical occupancy bounded by the grid, not a measurement): {pct(est)}"
+
+
+def _shared_mem(r) -> int:
+    return int((0 if r.static_shared_mem_bytes != r.static_shared_mem_bytes else r.static_shared_mem_bytes)
+               + (0 if r.dynamic_shared_mem_bytes != r.dynamic_shared_mem_bytes else r.dynamic_shared_mem_bytes))
+
+
+def _configuration(r, p: dict) -> dict | None:
+    theo = r.theoretical
+    measured = r.achieved if r.achieved_source == "ncu" else float("nan")  # only ncu measures it
+    target = p["min_theoretical_share"]
+    low_theo = theo < target
+    gap = measured == measured and theo - measured > p["max_achieved_gap_share"]
+    if not (low_theo or gap):
+        return None
+    estimate, estimate_note = _kineto_estimate(r)
+    limiters = [x for x in str(r.limiter).split("+") if x in _LIMITER_HINT] if r.limiter == r.limiter else []
+    # Little's law for a latency-bound kernel: its throughput grows with the warps it keeps in
+    # flight, so its time falls at most to theoretical / target (or achieved / theoretical).
+    # A kernel near a throughput roof gains at most its headroom below that roof.
+    if low_theo:
+        share = 1 - theo / target
+        what = f"theoretical occupancy {pct(theo)} limited by {' and '.join(limiters) or 'unknown'}"
+        if gap:
+            what += f", and achieved only {pct(measured)} (measured)"
+    else:
+        share = 1 - measured / theo
+        what = f"achieved occupancy {pct(measured)} (measured) vs theoretical {pct(theo)}"
+    sol = max((x for x in (r.sm_sol, r.memory_sol) if x == x), default=None)
+    bound = "an upper bound, if it is latency-bound"
+    if sol is not None:
+        share = min(share, max(0.0, 1 - sol))
+        bound = f"at most its headroom below its busiest roof ({pct(sol)})"
+    loss = None if r.total_ns != r.total_ns else int(r.total_ns * share)
+    return {"row": r, "low_theo": low_theo, "gap": gap, "what": what, "limiters": limiters, "share": share,
+            "loss": loss, "bound": bound, "sol": sol, "estimate": estimate, "estimate_note": estimate_note,
+            "measured": None if measured != measured else measured}
+
+
+def _finding(configs: list[dict], p: dict) -> dict:
+    worst = max(configs, key=lambda c: (-1 if c["loss"] is None else c["loss"], c["share"]))
+    r = worst["row"]
+    losses = [c["loss"] for c in configs if c["loss"] is not None]
+    loss = sum(losses) if losses else None
+    shares = [c["row"].time_share for c in configs if c["row"].time_share == c["row"].time_share]
+    time_share = sum(shares) if shares else None
+    throughput_bound = worst["sol"] is not None and worst["sol"] >= SOL_THROUGHPUT_BOUND
+    sev = ("info" if throughput_bound or (time_share is not None and time_share < p["warning_time_share"])
+           else "warning")
+    message = f"{kernel_label(r.name, r.short_name)}: {worst['what']}"
+    estimate = worst["estimate"]
+    if worst["estimate_note"] and (estimate is None or estimate < r.theoretical - 0.005):
+        message += f"; {worst['estimate_note']}"
+    left_out = 0 if r.achieved_impossible != r.achieved_impossible else int(r.achieved_impossible)
+    if left_out:
+        message += (f" ({left_out} launch(es) reporting an impossible achieved occupancy, up to "
+                    f"{pct(r.achieved_impossible_max)}, left out)")
+    if throughput_bound:
+        message += f"; at {pct(worst['sol'])} of its busiest roof it is throughput-bound, so occupancy is not what limits it"
+    if len(configs) > 1:
+        message += f" (the worst of {len(configs)} launch configurations)"
+    if loss is not None:
+        message += (f" ({pct(time_share)} of kernel time; est. up to {ns(loss)}, {worst['bound']})"
+                    if time_share is not None else f" (est. up to {ns(loss)}, {worst['bound']})")
+    hint = library_hint(r, "occupancy")
+    if hint is None and worst["low_theo"]:
+        hint = "; ".join(_LIMITER_HINT[x] for x in worst["limiters"]) or "Check the launch configuration."
+        hint = hint[0].upper() + hint[1:] + "."
+    elif hint is None:
+        hint = ("Warps finish unevenly or blocks are scheduled poorly: balance work across warps and blocks, "
+                "avoid a small last wave, and check for long-running warps.")
+    launches = int(sum(c["row"].launches for c in configs))
+    # start/end stay floats (NaN when unknown): None would not mix with the SQL rules' nullable integers
+    return {
+        "device_id": r.device_id, "item_kind": "kernel", "item_id": r.first_id, "item_name": r.name,
+        "start_ns": r.first_start_ns, "end_ns": r.first_end_ns,
+        "value": r.theoretical if worst["low_theo"] else worst["measured"], "value_unit": "share",
+        "threshold": (p["min_theoretical_share"] if worst["low_theo"]
+                      else r.theoretical - p["max_achieved_gap_share"]),
+        "est_loss_ns": loss, "severity": sev,
+        "message": message,
+        "hint": hint,
+        "evidence": {"theoretical": r.theoretical, "achieved": worst["measured"],
+                     "achieved_source": "ncu" if worst["measured"] is not None else None,
+                     "kineto_estimate": worst["estimate"], "kineto_estimate_note": worst["estimate_note"],
+                     "achieved_impossible_launches": left_out,
+                     "achieved_impossible_max": None if not left_out else r.achieved_impossible_max,
+                     "limiter": "+".join(worst["limiters"]) or (None if r.limiter != r.limiter else r.limiter),
+                     "blocks_per_sm": r.blocks_per_sm, "threads_per_block": r.threads_per_block,
+                     "registers_per_thread": r.registers_per_thread, "shared_mem_bytes": _shared_mem(r),
+                     "loss_share": worst["share"], "loss_basis": worst["bound"],
+                     "busiest_sol": worst["sol"], "library": library_of(r),
+                     "launches": launches, "time_share": time_share,
+                     "occupancy_source": r.source,
+                     "configurations": [_config_evidence(c) for c in configs]},
+    }
+
+
+def _config_evidence(c: dict) -> dict:
+    r = c["row"]
+    return {"grid_blocks": int_or_none(r.grid_blocks), "threads_per_block": int_or_none(r.threads_per_block),
+            "registers_per_thread": int_or_none(r.registers_per_thread), "shared_mem_bytes": _shared_mem(r),
+            "theoretical": r.theoretical, "achieved": c["measured"], "launches": int(r.launches),
+            "total_ns": int_or_none(r.total_ns), "loss_share": c["share"], "est_loss_ns": c["loss"],
+            "first_id": int_or_none(r.first_id)}
 
 
 RULE = Rule(
@@ -96,19 +176,27 @@ RULE = Rule(
         "or pipeline latency shows up as idle issue slots; achieved far under theoretical means "
         "warps or blocks finish unevenly or the grid is too small.",
     how="Theoretical occupancy is ncu's `sm__maximum_warps_per_active_cycle_pct`, else the "
-        "built-in calculator's; the limiter is the smallest of ncu's `launch__occupancy_limit_*` "
-        "or the calculator's limits. Achieved is ncu's `sm__warps_active.avg.pct_of_peak_sustained_active`, "
-        "averaged over the launches whose value is possible: a launch whose achieved exceeds its "
-        "theoretical (or 100%) by more than a point (some ncu versions print up to 172%) is left out "
-        "of the mean, and the finding says how many were; "
-        "else Kineto's `est. achieved occupancy %` (an estimate capped by grid size). Fires when "
-        "theoretical < `min_theoretical_share` (NVIDIA: 80%) or theoretical - achieved > "
-        "`max_achieved_gap_share` (NVIDIA: 10 points). Estimated loss uses NVIDIA's estimates, "
-        "(1 - theoretical) or (theoretical - achieved) / theoretical, times the kernel's time: an "
-        "upper bound, since more occupancy helps only latency-bound kernels. Kernels under "
-        "`warning_time_share` of kernel time are info.",
+        "built-in calculator's. The limiter is the binding limit among the resources the kernel "
+        "uses: the smallest of ncu's `launch__occupancy_limit_*` (ncu prints the block cap as the "
+        "limit of a resource the kernel does not use, so shared memory is not named for a kernel "
+        "without it) or the calculator's. Achieved occupancy only from a measurement: ncu's "
+        "`sm__warps_active.avg.pct_of_peak_sustained_active`, averaged over the launches whose value "
+        "is possible (a launch whose achieved exceeds its theoretical, or 100%, by more than a point "
+        "is left out and counted). Kineto's `est. achieved occupancy %` is CUPTI's theoretical "
+        "estimate bounded by the grid, no measurement: it is reported as such, and a 0 for a kernel "
+        "with more than 48 KB of shared memory per block (CUPTI's default limit) as unknown. Fires "
+        "when theoretical < `min_theoretical_share` (NVIDIA: 80%) or theoretical - achieved > "
+        "`max_achieved_gap_share` (NVIDIA: 10 points). The estimated loss is an upper bound from "
+        "Little's law: a latency-bound kernel's time falls at most in proportion to the warps it "
+        "lacks, to theoretical / `min_theoretical_share` (or achieved / theoretical) of its time; "
+        "with ncu's Speed Of Light it is at most the headroom below the busiest roof, and a kernel "
+        "at 60% or more of a roof is throughput-bound: info. One finding per kernel (its launch "
+        "configurations in `evidence.configurations`, losses summed); kernels under "
+        "`warning_time_share` of kernel time are info, under `min_time_share` skipped. Collectives "
+        "are T007's; library kernels (`kernels.library`) get hints about the call, not registers.",
     fix="Reduce the limiting resource (registers via __launch_bounds__, shared memory per block, "
-        "block size), or balance work so warps retire together.",
+        "block size) in your own kernels; for a library's, change what selects its variant (dtype, "
+        "shape, algorithm search); balance work so warps retire together.",
     requires="block size, registers and shared memory per kernel (or ncu occupancy metrics)",
     applies_sql="SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id AND ((block_x IS NOT NULL AND "
                 "registers_per_thread IS NOT NULL) OR est_achieved_occupancy_pct IS NOT NULL OR kernel_id IN "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..fmt import ns, pct
+from ..fmt import kernel_label, ns, pct
 from ._ncu import DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col, device_peaks, jsonable, kernel_finding, keep_hot, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
@@ -204,7 +204,7 @@ def _finding(r: dict, p: dict, estimate: bool) -> dict:
     hot = r["time_share"] != r["time_share"] or r["time_share"] >= p["warning_time_share"]
     severity = "warning" if bound == "latency" and hot else "info"
     launches = int(r["launches"])
-    msg = (f"{r['short_name']}: {'est. ' if estimate else ''}{what}, at {pct(share)} of the {roof} ({_roof_text(r)})"
+    msg = (f"{kernel_label(r['name'], r['short_name'])}: {'est. ' if estimate else ''}{what}, at {pct(share)} of the {roof} ({_roof_text(r)})"
            + (f"; {launches} launches, {ns(r['duration_ns'])}" if launches > 1 else
               f"; {ns(r['duration_ns'])}" if r["duration_ns"] == r["duration_ns"] else "")
            + (f", est. {ns(loss)} to gain" if loss else ""))

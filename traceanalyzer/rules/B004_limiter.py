@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..fmt import nbytes, pct
+from ..fmt import kernel_label, nbytes, pct
+from ._library import library_hint
 from ._ncu import (DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
                             device_peaks, kernel_finding, ncu_launches, per_kernel)
 from .base import Rule, Threshold
@@ -36,6 +37,13 @@ def _limiter_names(r: dict) -> list[str]:
     limits = {k: r.get(m) for k, m in LIMITS.items() if r.get(m) == r.get(m) and r.get(m) is not None}
     low = min(limits.values()) if limits else None
     return [k for k, v in limits.items() if v == low]
+
+
+class _Row:
+    """A kernel's dict as the attributes `_library` reads."""
+
+    def __init__(self, r: dict):
+        self.name, self.library = r["name"], r.get("library")
 
 
 def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, str]:
@@ -71,15 +79,22 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
     waves, theo, ach, issue = r.get(WAVES), r.get(THEORETICAL), r.get(ACHIEVED), r.get(ISSUE_ACTIVE)
     sol = f"SM {sm:.0f}% and memory {mem:.0f}% of peak"
     if waves == waves and waves is not None and waves < p["max_small_grid_waves"]:
+        lever = library_hint(_Row(r), "grid") or ("Launch more blocks (smaller tiles, split-K) or run independent "
+                                                    "work concurrently.")
         return ("latency", "small_grid",
                 f"latency-limited by a small grid: {waves:.2f} waves, {sol}",
                 "Confirm: double the problem size or batch; if the duration barely grows, the GPU was under-filled. "
-                "Launch more blocks (smaller tiles, split-K) or run independent work concurrently.")
+                + lever)
     low_theo = theo == theo and theo is not None and theo < p["min_theoretical_occupancy_pct"]
     gap = (theo == theo and ach == ach and theo is not None and ach is not None
            and theo - ach > p["max_achieved_gap_pct"])
     if low_theo:
         names = _limiter_names(r)
+        library = library_hint(_Row(r), "occupancy")
+        if library:
+            return ("occupancy", "theoretical",
+                    f"occupancy-limited: theoretical occupancy {theo:.0f}% (limited by {' and '.join(names) or 'unknown'}), "
+                    f"{sol}", f"Confirm by changing what selects the variant: {library}")
         lever = "; or ".join(_OCCUPANCY_LEVER[n] for n in names) or "change the launch configuration"
         return ("occupancy", "theoretical",
                 f"occupancy-limited: theoretical occupancy {theo:.0f}% (limited by {' and '.join(names) or 'unknown'}), "
@@ -139,7 +154,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             value=share, value_unit="share",
             threshold=(p["latency_bound_pct"] if limiter != "throughput" else p["throughput_bound_pct"]) / 100,
             severity="warning" if limiter != "throughput" and hot else "info",
-            message=f"{r['short_name']}: {what}"
+            message=f"{kernel_label(r['name'], r['short_name'])}: {what}"
                     + (f"; {pct(r['time_share'])} of profiled time" if r["time_share"] == r["time_share"] else "")
                     + (f" over {launches} launches" if launches > 1 else ""),
             hint=experiment,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..fmt import ns, num, pct
+from ..fmt import kernel_label, ns, num, pct
 from ._ncu import DURATION, MEM_SOL, as_int, col, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
@@ -136,7 +136,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             r, evidence,
             value=share, value_unit="share", threshold=p["min_excess_share"],
             est_loss_ns=loss, severity="info" if f["ideal_assumed"] else "warning",
-            message=f"{r['short_name']}: uncoalesced global {what}: {detail}, {pct(share)} of the traffic wasted"
+            message=f"{kernel_label(r['name'], r['short_name'])}: uncoalesced global {what}: {detail}, {pct(share)} of the traffic wasted"
                     + (f", est. {ns(loss)}" if loss else ""),
             hint="Make consecutive threads touch consecutive addresses: index with threadIdx.x in the fastest-"
                  "varying dimension, transpose through shared memory, or switch to a structure-of-arrays layout."

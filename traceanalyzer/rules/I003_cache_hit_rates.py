@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..fmt import nbytes, pct
+from ..fmt import kernel_label, nbytes, pct
 from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
@@ -67,7 +67,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                 r, evidence,
                 value=hit, value_unit="share", threshold=p[limit] / 100,
                 severity=severity,
-                message=f"{r['short_name']}: {cache} hit rate {pct(hit)} on a memory-heavy kernel ({why})"
+                message=f"{kernel_label(r['name'], r['short_name'])}: {cache} hit rate {pct(hit)} on a memory-heavy kernel ({why})"
                         + (f", over {int(r['launches'])} launches" if r["launches"] > 1 else ""),
                 hint=_HINTS[cache] + " ncu measured with cold caches by default: re-profile with "
                                      "--cache-control none before acting on a small gap.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ..fmt import ns, num, pct
+from ..fmt import kernel_label, ns, num, pct
 from ._ncu import DURATION, as_int, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
 from .base import Rule, Threshold
 
@@ -102,7 +102,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                 r, evidence,
                 value=s, value_unit="share", threshold=p["min_conflict_share"],
                 est_loss_ns=loss,
-                message=f"{r['short_name']}: shared-memory {m['what']} with bank conflicts: {way_text}"
+                message=f"{kernel_label(r['name'], r['short_name'])}: shared-memory {m['what']} with bank conflicts: {way_text}"
                         f"{num(conflicts[idx])} conflicts = {pct(s)} of {num(wavefronts[idx])} wavefronts"
                         + (f", est. {ns(loss)}" if loss else ""),
                 hint="Pad shared arrays (e.g. [32][33] instead of [32][32]) or swizzle the index (XOR the column "

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..fmt import num, pct
+from ..fmt import kernel_label, num, pct
 from ._ncu import DURATION, MEM_SOL, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
 from .base import Rule, Threshold
 
@@ -125,7 +125,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             rows.append(kernel_finding(
                 r, evidence,
                 value=width, value_unit="bytes", threshold=p["min_access_bytes"],
-                message=f"{r['short_name']}: global {what} move {width:.1f} bytes per thread per instruction "
+                message=f"{kernel_label(r['name'], r['short_name'])}: global {what} move {width:.1f} bytes per thread per instruction "
                         f"({8 * width:.0f}-bit accesses on average) over {num(x['instructions'])} instructions"
                         + (f", {pct(inst_share[idx])} of all" if inst_share[idx] == inst_share[idx] else "")
                         + f"; 16-byte accesses would need {pct(width / 16)} of them",

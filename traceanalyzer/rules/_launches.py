@@ -53,7 +53,7 @@ WITH m AS (
            coalesce(k.block_x * coalesce(k.block_y, 1) * coalesce(k.block_z, 1), m.ncu_block_size) AS threads_per_block
     FROM kernel_durations k LEFT JOIN m USING (kernel_id) WHERE k.run_id = $run_id
 )
-SELECT device_id, name, any_value(coalesce(short_name, name)) AS short_name,
+SELECT device_id, name, any_value(coalesce(short_name, name)) AS short_name, any_value(library) AS library,
        grid_blocks, threads_per_block, registers_per_thread,
        static_shared_mem_bytes, dynamic_shared_mem_bytes,
        count(*) AS launches, min(kernel_id) AS first_id,
@@ -75,11 +75,12 @@ ORDER BY device_id NULLS LAST, name, grid_blocks NULLS LAST, threads_per_block N
 def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     """One row per launch configuration, with device limits, occupancy and waves.
 
-    Columns added: `time_share` (of the run's kernel time, NULL without durations),
-    `blocks_per_sm`, `theoretical`, `achieved` (0..1, the mean over launches whose achieved
+    Columns added: `library` (`kernels.library`), `time_share` (of the run's kernel time, NULL without durations),
+    `blocks_per_sm`, `theoretical`, `kineto_achieved` (Kineto's estimate, 0..1), `achieved` (0..1, the mean over launches whose achieved
     occupancy is possible: see ACHIEVED_SLACK_PCT), `achieved_impossible` (launches left out of
     that mean) and `achieved_impossible_max`, `sm_sol` and `memory_sol` (ncu's Speed Of Light
-    shares, 0..1, NaN without ncu), `limiter`, `waves`, and `source` (`ncu` when ncu measured
+    shares, 0..1, NaN without ncu), `limiter`, `waves` (grid blocks / (SMs x blocks per SM),
+    else ncu's printed value) with `waves_source`, and `source` (`ncu` when ncu measured
     the occupancy values, else `calculator`). Callers get a copy.
 
     Several rules (B001, B002, T005) read the same groups: in the run's rules pass they are
@@ -104,24 +105,31 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
                                            grid_x=df["grid_blocks"], grid_y=1, grid_z=1)))
     df = _plain(df)
     total = df["total_ns"].sum(min_count=1)
-    out = df[["device_id", "name", "short_name", "grid_blocks", "threads_per_block", "registers_per_thread",
+    out = df[["device_id", "name", "short_name", "library", "grid_blocks", "threads_per_block", "registers_per_thread",
               "static_shared_mem_bytes", "dynamic_shared_mem_bytes", "launches", "first_id", "total_ns",
               "first_start_ns", "first_end_ns", "sm_count"]].copy()
     out["time_share"] = df["total_ns"] / total if total and total > 0 else np.nan
     ncu_limits = df[[f"ncu_limit_{x}" for x in ("blocks", "registers", "shared_mem", "warps", "barriers")]]
     has_ncu = ncu_limits.notna().any(axis=1)
     out["blocks_per_sm"] = ncu_limits.min(axis=1).where(has_ncu, occ["blocks_per_sm"])
-    out["limiter"] = np.where(has_ncu, _ncu_limiter(ncu_limits), occ["limiter"].astype(object))
+    shared = df["static_shared_mem_bytes"].fillna(0) + df["dynamic_shared_mem_bytes"].fillna(0)
+    shared_known = df["static_shared_mem_bytes"].notna() | df["dynamic_shared_mem_bytes"].notna()
+    out["limiter"] = np.where(has_ncu, _ncu_limiter(ncu_limits, (shared == 0) & shared_known),
+                              occ["limiter"].astype(object))
     out["theoretical"] = (df["ncu_theoretical_pct"] / 100).fillna(occ["theoretical_occupancy"])
     out["achieved"] = (df["ncu_achieved_pct"] / 100).fillna(df["kineto_achieved_pct"] / 100)
     out["achieved_source"] = np.where(df["ncu_achieved_pct"].notna(), "ncu",
                                       np.where(df["kineto_achieved_pct"].notna(), "kineto-estimate", None))
+    out["kineto_achieved"] = df["kineto_achieved_pct"] / 100
     out["achieved_impossible"] = df["ncu_achieved_impossible"]
     out["achieved_impossible_max"] = df["ncu_achieved_impossible_max_pct"] / 100
     out["sm_sol"] = df["ncu_sm_sol_pct"] / 100
     out["memory_sol"] = df["ncu_memory_sol_pct"] / 100
+    # Waves from the launch whenever it is known: ncu prints two decimals (0.003 waves reads 0.00).
     calc_waves = df["grid_blocks"] / (out["blocks_per_sm"] * out["sm_count"]).where(lambda s: s > 0)
-    out["waves"] = df["ncu_waves_per_multiprocessor"].fillna(calc_waves)
+    out["waves"] = calc_waves.fillna(df["ncu_waves_per_multiprocessor"])
+    out["waves_source"] = np.where(calc_waves.notna(), "grid / (SMs x blocks per SM)",
+                                   np.where(df["ncu_waves_per_multiprocessor"].notna(), "ncu Waves Per SM", None))
     out["source"] = np.where(df["ncu_theoretical_pct"].notna() | has_ncu, "ncu", "calculator")
     return _plain(out)
 
@@ -144,10 +152,19 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _ncu_limiter(limits: pd.DataFrame) -> np.ndarray:
+def _ncu_limiter(limits: pd.DataFrame, no_shared_mem: pd.Series) -> np.ndarray:
+    """The limits that bind, among the resources the kernel uses. ncu prints the block cap as the
+    limit of a resource a kernel does not use (a kernel without shared memory shows its shared
+    memory limit equal to the block limit), and a barrier limit capped at the block cap: those
+    bind only when nothing else does."""
     names = [c.removeprefix("ncu_limit_") for c in limits.columns]
     lowest = limits.min(axis=1)
     out = []
-    for row, low in zip(limits.itertuples(index=False), lowest):
-        out.append("+".join(n for n, v in zip(names, row) if v == low) if low == low else None)
+    for row, low, unused_smem in zip(limits.itertuples(index=False), lowest, no_shared_mem):
+        if low != low:
+            out.append(None)
+            continue
+        binding = [n for n, v in zip(names, row) if v == low]
+        used = [n for n in binding if not (n == "shared_mem" and unused_smem) and n != "barriers"]
+        out.append("+".join(used or binding))
     return np.array(out, dtype=object)

@@ -33,7 +33,7 @@ MEMORY_UNITS = {
 
 
 def ncu_launches(store, run_id: str, metric_ids=(), pattern: str | None = None) -> pd.DataFrame:
-    """One row per profiled launch: kernel_id, device_id, name, short_name, its duration (column
+    """One row per profiled launch: kernel_id, device_id, name, short_name, library, its duration (column
     `DURATION`, from the kernel_durations view) and one float column per other metric id asked
     for (exact ids, or ids matching the regex `pattern`) that the run has. A row without a metric_id is matched by its Metric Name: ids without "__" (Source Counters'
     `memory_l2_theoretical_sectors_global`) are not recognized as ids by the reader."""
@@ -46,7 +46,7 @@ def ncu_launches(store, run_id: str, metric_ids=(), pattern: str | None = None) 
         {"run_id": run_id, "ids": list(metric_ids) or [""], "pattern": pattern or ""}).df()
     kernels = store.sql(
         "SELECT kernel_id, device_id, coalesce(name, '?') AS name, coalesce(short_name, name, '?') AS short_name, "
-        f"duration_ns AS \"{DURATION}\" FROM kernel_durations WHERE run_id = $run_id", {"run_id": run_id}).df()
+        f"library, duration_ns AS \"{DURATION}\" FROM kernel_durations WHERE run_id = $run_id", {"run_id": run_id}).df()
     if long.empty:
         return kernels.iloc[0:0]
     wide = long.pivot_table(index="kernel_id", columns="metric_id", values="value", aggfunc="max")
@@ -84,7 +84,7 @@ def per_kernel(df: pd.DataFrame, sums=(), means=(), weight: str | None = None, f
     d["_w"] = w.fillna(1.0) if w.isna().all() else w.fillna(w.mean())
     keys = ["_dev", "name"]
     g = d.groupby(keys, sort=False)
-    out = g.agg(device_id=("device_id", "first"), short_name=("short_name", "first"),
+    out = g.agg(device_id=("device_id", "first"), short_name=("short_name", "first"), library=("library", "first"),
                 first_id=("kernel_id", "min"), launches=("kernel_id", "count"))
     out["duration_ns"] = g["_dur"].sum(min_count=1)
     for c in firsts:

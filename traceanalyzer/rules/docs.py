@@ -50,20 +50,21 @@ def rule_markdown(rule: Rule) -> str:
     return "\n".join(lines)
 
 
-def index_markdown() -> str:
+def index_markdown(appendix: str = "") -> str:
     lines = ["# Rules", "", "Generated from the rules' metadata (`python -m traceanalyzer.gendocs`).", "",
              "| id | name | phase | severity | title |", "|---|---|---|---|---|"]
     lines += [f"| [{r.id}]({r.id}.md) | `{r.name}` | {r.phase} | {r.severity} | {r.title} |" for r in all_rules()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + (f"\n{appendix.strip()}\n" if appendix else "")
 
 
-def write_all(folder: Path) -> list[Path]:
+def write_all(folder: Path, appendix: str = "") -> list[Path]:
+    """Every rule's page and the index (`appendix`: what the index says after the table)."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for r in all_rules():
         p = folder / f"{r.id}.md"
         p.write_text(rule_markdown(r))
         written.append(p)
-    (folder / "README.md").write_text(index_markdown())
+    (folder / "README.md").write_text(index_markdown(appendix))
     return written
 

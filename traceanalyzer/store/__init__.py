@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from .. import input_limits, os_memory, prefetch, schema
+from .. import input_limits, kernel_library, os_memory, prefetch, schema
 from ..ingest.base import ParsedTrace
 from ..resources import Resources
 from . import migrations, views
@@ -671,6 +671,10 @@ def _conform(name: str, tbl: pa.Table, run_id: str) -> pa.Table:
     table = schema.BY_NAME.get(name)
     if table is None:
         raise ValueError(f"reader produced unknown table {name!r}")
+    if name == "kernels" and "library" not in tbl.column_names and "name" in tbl.column_names:
+        # told here, once per distinct name, so every reader's kernels get it the same way
+        mangled = tbl.column("mangled_name") if "mangled_name" in tbl.column_names else None
+        tbl = tbl.append_column("library", kernel_library.classify_arrow(tbl.column("name"), mangled))
     unknown = set(tbl.column_names) - set(table.column_names)
     if unknown:
         raise ValueError(f"reader produced unknown columns in {name}: {sorted(unknown)}")

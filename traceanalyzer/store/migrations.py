@@ -19,7 +19,7 @@ from typing import Callable
 
 import duckdb
 
-from .. import schema
+from .. import kernel_library, schema
 
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 INFO_DDL = "CREATE TABLE IF NOT EXISTS store_info (key VARCHAR PRIMARY KEY, value VARCHAR)"
@@ -47,8 +47,25 @@ def _fingerprints_without_file_names(con: duckdb.DuckDBPyConnection) -> None:
         FROM runs r WHERE findings.run_id = r.run_id""")
 
 
+def _kernel_libraries(con: duckdb.DuckDBPyConnection) -> None:
+    # The store tells each kernel's library when it writes the run (store._conform); runs
+    # stored before had none. Classified once per distinct name, as a new run is.
+    names = con.execute("SELECT DISTINCT name, mangled_name FROM kernels WHERE library IS NULL").to_arrow_table()
+    if not names.num_rows:
+        return
+    libs = names.append_column("library", kernel_library.classify_arrow(names["name"], names["mangled_name"]))
+    con.register("_ta_libraries", libs)
+    try:
+        con.execute("""UPDATE kernels SET library = l.library FROM _ta_libraries l
+                       WHERE kernels.library IS NULL AND kernels.name IS NOT DISTINCT FROM l.name
+                         AND kernels.mangled_name IS NOT DISTINCT FROM l.mangled_name""")
+    finally:
+        con.unregister("_ta_libraries")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "finding fingerprints name what a finding is about, not the file", _fingerprints_without_file_names),
+    Migration(3, "kernels name the library they come from", _kernel_libraries),
 )
 
 

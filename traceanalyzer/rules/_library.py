@@ -1,0 +1,106 @@
+"""What a user can change about a kernel, by the library it comes from (`kernels.library`).
+
+A library kernel's grid, block, registers and tiles are the library's: a hint to cap its
+registers or resize its tiles cannot be followed. What the user controls is the call: the
+problem shape and alignment, the dtype, the library's algorithm choice and workspace,
+batching small calls, or another op or a fused implementation.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..kernel_library import BY_ID, is_library
+from ..store.views import COMM_PATTERN
+
+_COMM = re.compile(COMM_PATTERN)
+
+# Per library: what changes its launch (grid: how much parallel work it gets; occupancy: the
+# per-block resources its chosen variant uses).
+_HINTS = {
+    "cublas": {
+        "grid": "its grid follows the GEMM's shape and the tile cuBLAS picked: give it more work per call "
+                "(batch small GEMMs into one bmm or grouped GEMM, fuse the projections that share an input), "
+                "pad M, N and K to multiples of 8 (16-bit) or 16 (8-bit) so larger tensor-core tiles apply, or "
+                "let cuBLASLt try other algorithms (a larger workspace; torch.compile mode='max-autotune')",
+        "occupancy": "cuBLAS chose this variant for the shape and dtype: a 16-bit or TF32 dtype, aligned "
+                     "dimensions, or a larger batch lets it pick another; cuBLASLt's heuristics take a workspace "
+                     "size and preferences (torch.compile mode='max-autotune' searches them)",
+    },
+    "cudnn": {
+        "grid": "cuDNN sizes the grid from the convolution's shape and the algorithm it picked: let it search "
+                "(torch.backends.cudnn.benchmark = True), use channels-last (NHWC) with a 16-bit dtype and "
+                "channel counts that are multiples of 8, or a larger batch",
+        "occupancy": "the algorithm cuDNN picked sets this: let it search (torch.backends.cudnn.benchmark = True), "
+                     "use channels-last (NHWC) with a 16-bit dtype, or a larger batch",
+    },
+    "cutlass": {
+        "grid": "a library-built CUTLASS/CK kernel: its grid follows the problem shape; batch small problems "
+                "(grouped GEMM), pad dimensions to the kernel's alignment, or let the library autotune "
+                "(torch.compile mode='max-autotune')",
+        "occupancy": "a library-built CUTLASS/CK kernel: another dtype, alignment or problem size selects "
+                     "another configuration; or let the library autotune (torch.compile mode='max-autotune')",
+    },
+    "attention": {
+        "grid": "an attention kernel's grid is batch x heads x query blocks: with a small batch, few heads or "
+                "short queries (decoding) use a split-KV / flash-decoding variant, batch requests together, or "
+                "a newer flash-attention / SDPA backend",
+        "occupancy": "a fused attention kernel's resources follow its head dimension and dtype: another SDPA "
+                     "backend (flash, memory-efficient, cuDNN) or head size selects another variant",
+    },
+    "cufft": {
+        "grid": "batch the transforms (one plan with batch > 1) and use sizes with small prime factors",
+        "occupancy": "cuFFT's kernel follows the transform size: sizes with small prime factors, batched plans",
+    },
+    "curand": {
+        "grid": "generate more numbers per call (one larger batch instead of many small ones)",
+        "occupancy": "generate more numbers per call",
+    },
+    "cub": {
+        "grid": "CUB/Thrust size the grid from the input: batch small calls (segmented algorithms) or fuse "
+                "them into their neighbours",
+        "occupancy": "CUB/Thrust pick the policy for the input: batch small calls (segmented algorithms)",
+    },
+    "aten": {
+        "grid": "a PyTorch kernel's launch follows the tensor it works on: batch the small tensors (e.g. "
+                "torch._foreach_* ops, fused optimizers), or fuse it with its neighbours (torch.compile)",
+        "occupancy": "a PyTorch kernel's resources are fixed by the op: fuse it with its neighbours "
+                     "(torch.compile) or use a fused implementation of the op",
+    },
+    "other": {
+        "grid": "a library's kernel: give it more work per call (batch), change the problem shape, or use "
+                "the library's other configurations",
+        "occupancy": "a library's kernel: another dtype, shape or library configuration selects another variant",
+    },
+}
+
+
+def library_of(row) -> str | None:
+    lib = getattr(row, "library", None)
+    return lib if isinstance(lib, str) else None
+
+
+def is_collective(row) -> bool:
+    """A communication kernel (NCCL/RCCL or a custom all-reduce): T007 owns its time."""
+    return library_of(row) == "nccl" or bool(_COMM.search(str(row.name)))
+
+
+def library_hint(row, topic: str) -> str | None:
+    """The hint for a library kernel ("grid" or "occupancy"), None for the user's own kernels."""
+    lib = library_of(row)
+    if not is_library(lib):
+        return None
+    text = _HINTS.get(lib, _HINTS["other"])[topic]
+    if lib in _HINTS and lib != "other":
+        return f"{BY_ID[lib].label.split(' / ')[0].split(' (')[0]} kernel: {text}."
+    return text[0].upper() + text[1:] + "."
+
+
+def not_collectives(g):
+    """The launch groups that are not collectives."""
+    return g[[not is_collective(r) for r in g.itertuples()]] if len(g) else g
+
+
+def label(row) -> str | None:
+    lib = library_of(row)
+    return BY_ID[lib].label if lib in BY_ID else None
