@@ -270,3 +270,83 @@ def test_match_by_short_name_pools_template_instances(db):
         assert got == expected_kernel_rows(pooled(a), pooled(b))
     assert len(diff_json(db, base, test, "--by", "short")[1]["kernels"]) == 1
     assert len(diff_json(db, base, test)[1]["kernels"]) == 3
+
+
+# -- memory by category --------------------------------------------------------------------
+
+TIMELINE_BASE = FIXTURES / "torch-memory" / "timeline_train.raw.json.gz"
+TIMELINE_CHECKPOINTED = FIXTURES / "torch-memory" / "timeline_checkpointed.raw.json.gz"
+CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
+              "unknown")
+
+
+def timeline_peak(path: Path) -> tuple[int, dict[str, int]]:
+    """The peak of a raw memory timeline (the level after each time step; preexisting rows at
+    the first time) and the bytes of each category then."""
+    rows = json.loads(gzip.decompress(path.read_bytes()))
+    first = min(t for t, *_ in rows if t >= 0)
+    level, held, best = 0, dict.fromkeys(CATEGORIES, 0), None
+    for t in sorted({first if t < 0 else t for t, *_ in rows}):
+        for n, c in ((n, c) for u, _, n, c in rows if (first if u < 0 else u) == t):
+            level += n
+            held[CATEGORIES[c]] += n
+        if best is None or level > best[0]:
+            best = (level, {c: n for c, n in held.items() if n})
+    return best
+
+
+def test_peak_memory_by_category_between_two_timelines(db):
+    """Activation checkpointing (the planted pair): the peak drops and moves to backward, and
+    activations are what changed most."""
+    (base_peak, base), (test_peak, test) = timeline_peak(TIMELINE_BASE), timeline_peak(TIMELINE_CHECKPOINTED)
+    code, doc = diff_json(db, TIMELINE_BASE, TIMELINE_CHECKPOINTED)
+    assert (doc["peak_memory"]["base"], doc["peak_memory"]["test"]) == (base_peak, test_peak)
+    [dev] = doc["memory"]
+    assert (dev["base_peak_bytes"], dev["test_peak_bytes"], dev["delta_bytes"]) == (base_peak, test_peak,
+                                                                                      test_peak - base_peak)
+    assert dev["base_source"] == dev["test_source"] == "memory timeline" and dev["base_peak_reserved_bytes"] is None
+    got = {r["category"]: (r["base_bytes"], r["test_bytes"], r["delta_bytes"]) for r in doc["memory_categories"]}
+    assert got == {c: (base.get(c, 0), test.get(c, 0), test.get(c, 0) - base.get(c, 0)) for c in {*base, *test}}
+    assert doc["memory_categories"][0]["category"] == "activation"  # the largest change first
+    assert (base_peak, test_peak) == (1426 << 20, 876 << 20)
+    assert doc["memory_line"] == "peak memory -38.6% (activations -682 MB)"
+    assert doc["verdict"] == "IMPROVED" and "peak memory 1.5 GB -> 919 MB (-38.6%), activations -682 MB" in doc["verdict_line"]
+
+    r = diff(db, TIMELINE_CHECKPOINTED, TIMELINE_BASE, "--gate", "50")  # the other way: +62.8%, over the gate
+    assert r.exit_code == 1
+    assert "memory: peak memory +62.8% (activations +682 MB)" in r.stdout
+    assert re.search(r"activation\s*│\s*157 MB\s*│\s*839 MB\s*│\s*\+682 MB\s*│\s*\+433\.3%", r.stdout), r.stdout
+    assert "Kernels by time change" not in r.stdout  # neither run has kernels
+
+
+def test_two_runs_without_memory_say_nothing_about_it(db):
+    full, raw = FIXTURES / "ncu" / "details_full.csv", FIXTURES / "ncu" / "raw_waves.csv"
+    _, doc = diff_json(db, raw, full)
+    assert doc["memory"] == [] and doc["memory_categories"] == [] and doc["memory_line"] is None
+    assert "memory" not in doc["verdict_line"]
+    r = diff(db, raw, full)
+    for said in ("memory:", "Peak memory", "peak allocated", "End-to-end time and memory", "peak memory"):
+        assert said not in r.stdout, (said, r.stdout)
+    assert "End-to-end time" in r.stdout
+
+
+def test_memory_of_one_run_only_is_not_in_both(db):
+    _, doc = diff_json(db, FIXTURES / "ncu" / "raw_waves.csv", TIMELINE_BASE)
+    assert doc["memory_line"] == "peak memory: not in both runs" and "peak memory: not in both runs" in doc["verdict_line"]
+    assert doc["memory_categories"] == []
+
+
+def test_peak_reserved_per_device_where_the_allocator_records_it(db):
+    def reserved(path):
+        return max(e["args"]["Total Reserved"] for e in kineto_events(path)
+                   if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1)
+
+    _, doc = diff_json(db, KINETO_CLEAN, KINETO_PLANTED)
+    [dev] = doc["memory"]
+    assert (dev["base_peak_reserved_bytes"], dev["test_peak_reserved_bytes"]) == (reserved(KINETO_CLEAN),
+                                                                                    reserved(KINETO_PLANTED))
+    assert dev["delta_bytes"] == kineto_peak_cuda_bytes(KINETO_PLANTED) - kineto_peak_cuda_bytes(KINETO_CLEAN)
+    assert doc["memory_categories"] == []  # Kineto's allocator events carry no categories
+    change = 100 * dev["delta_bytes"] / dev["base_peak_bytes"]
+    assert doc["memory_line"].startswith(f"peak memory {change:+.1f}% (")
+    assert "base peak reserved" in diff(db, KINETO_CLEAN, KINETO_PLANTED).stdout

@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import csv
 import gzip
+import io
 import json
 import os
+import pickle
 import re
 import select
 import shutil
@@ -313,6 +315,115 @@ def test_memory_curve_is_a_step_plot(fixture_store):
         assert x0 == x1 or y0 == y1, ((x0, y0), (x1, y1))
     flats = [(a, b) for a, b in zip(xy, xy[1:]) if a[1] == b[1] and a[0] != b[0]]
     assert len(flats) >= len(gpu["cols"]) // 2  # the level carried across each stretch without events
+
+
+SNAPSHOT_OOM = FIXTURES / "torch-memory" / "snapshot_oom.pickle"
+TIMELINE_TRAIN = FIXTURES / "torch-memory" / "timeline_train.raw.json.gz"
+FULLSTEP = "torch-memory/cs336-a2-systems__memory_files__memory_ctx128_fullstep.pickle"
+CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
+              "unknown")
+
+
+class _NoClass(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise AssertionError(f"{module}.{name}")
+
+
+def snapshot_bytes_by_state(path: Path) -> dict[str, int]:
+    """Block bytes by the map's colors, from the pickle: free blocks in a segment with a live
+    block are stranded, those of a wholly free segment cached."""
+    out: dict[str, int] = {}
+    for seg in _NoClass(io.BytesIO(path.read_bytes())).load()["segments"]:
+        used = any(b["state"] != "inactive" for b in seg["blocks"])
+        for b in seg["blocks"]:
+            kind = b["state"] if b["state"] != "inactive" else ("stranded" if used else "cached")
+            out[kind] = out.get(kind, 0) + b["size"]
+    return out
+
+
+def rect_widths(svg: str) -> dict[str, float]:
+    """Summed width of the filled rects of an SVG, by fill color."""
+    out: dict[str, float] = {}
+    for w, fill in re.findall(r'<rect x="[^"]+" y="[^"]+" width="([^"]+)" height="16" fill="([^"]+)"', svg):
+        out[fill] = out.get(fill, 0) + float(w)
+    return out
+
+
+@pytest.mark.parametrize("source", ["fixture", "real"])
+def test_segment_map_draws_each_block_at_its_size(tmp_path, source):
+    path = SNAPSHOT_OOM if source == "fixture" else shared_traces() / FULLSTEP
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = st.ingest(path).run_id
+        [dev] = html_metrics.segment_map(st, rid)
+    want = snapshot_bytes_by_state(path)
+    svg = html_charts.segment_map(dev)
+    got = rect_widths(svg)
+    drawn = sum(got.values())
+    assert {k: round(got[html_charts.SEGMENT_COLORS[k]] / drawn, 4) for k in want} == {
+        k: round(n / sum(want.values()), 4) for k, n in want.items()}
+    pixel = html_charts._row_bytes(dev["segments"]) / (html_charts.W - 24)  # bytes of a pixel
+    wide = [x for x in dev["segments"] if x["bytes"] >= 1.5 * pixel]
+    assert len(wide) > 0.9 * len(dev["segments"])
+    assert len(re.findall(r'<rect class="seg" ', svg)) >= len(wide)  # each outlined (pieces of the split ones)
+    rows = {float(y) for y in re.findall(r'<rect class="seg" x="[^"]+" y="([^"]+)"', svg)}
+    assert 1 <= len(rows) <= html_charts.MAP_MAX_ROWS
+    # the largest free block is outlined, as wide as its size
+    i, j = dev["largest_free_at"]
+    _, largest, state, _ = dev["segments"][i]["blocks"][j]
+    assert state == "inactive" and largest == dev["largest_free"]
+    marked = sum(float(w) for w in re.findall(r'<rect class="largest" x="[^"]+" y="[^"]+" width="([^"]+)"', svg))
+    assert marked == pytest.approx(max(drawn * largest / sum(want.values()), 2), abs=0.05)
+    if source == "fixture":  # the planted layout: 62 MiB the largest free block, 11 segments in 3 rows
+        assert (largest, len(dev["segments"]), len(rows)) == (62 << 20, 11, 3)
+
+
+def test_a_segment_map_of_many_tiny_blocks_stays_small():
+    """Blocks narrower than a pixel, side by side and in one state, draw as one rect."""
+    mib = 1 << 20
+    segs = [{"address": i * 2 * mib, "bytes": 2 * mib, "stream": 0, "type": "small", "pool": "0,0", "expandable": False,
+             "used": True, "blocks": [(j * 32 * 1024, 32 * 1024, "active_allocated", None) for j in range(63)]
+             + [(63 * 32 * 1024, 32 * 1024, "inactive", None)]} for i in range(3000)]
+    svg = html_charts.segment_map({"device_id": 0, "segments": segs, "reserved": 6000 * mib, "allocated": 5900 * mib,
+                                   "largest_free_at": (0, 63), "largest_free": 32 * 1024})
+    assert len(svg) < 1_500_000, len(svg)  # 192,000 blocks
+    got = rect_widths(svg)
+    drawn = sum(got.values())
+    assert got[html_charts.SEGMENT_COLORS["stranded"]] / drawn == pytest.approx(1 / 64, rel=0.05)  # (widths to 0.01 px)
+
+
+def timeline_levels(path: Path) -> tuple[int, int, dict[str, int], set[str]]:
+    """A raw memory timeline's peak (the level after each time step), when (ns after the first
+    time), the bytes of each category then, and the categories that ever held bytes."""
+    rows = json.loads(gzip.decompress(path.read_bytes()))
+    first = min(t for t, *_ in rows if t >= 0)
+    held, best, ever = dict.fromkeys(CATEGORIES, 0), None, set()
+    for t in sorted({max(t, first) for t, *_ in rows}):
+        for u, _, n, c in rows:
+            if max(u, first) == t:
+                held[CATEGORIES[c]] += n
+        ever |= {c for c, n in held.items() if n}
+        if best is None or sum(held.values()) > best[0]:
+            best = (sum(held.values()), t - first, {c: n for c, n in held.items() if n})
+    return (*best, ever)
+
+
+def test_memory_by_category_stacks_up_to_the_timelines_peak(tmp_path):
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = st.ingest(TIMELINE_TRAIN).run_id
+        [dev] = html_metrics.memory_categories(st, rid, None)
+    peak, at, split, ever = timeline_levels(TIMELINE_TRAIN)
+    assert (dev["peak_bytes"], dev["peak_at_ns"], dict(dev["peak_split"])) == (peak, at, split)
+    totals = [sum(c) for c in dev["columns"] if c is not None]
+    assert max(totals) == peak and len(dev["columns"]) == html_metrics.MEMORY_COLUMNS
+    top = next(c for c in dev["columns"] if c is not None and sum(c) == peak)
+    assert {n: v for n, v in zip(dev["categories"], top) if v} == split
+    svg = html_charts.memory_categories(dev)
+    bands = re.findall(r'<polygon class="band" points="[^"]+" fill="([^"]+)"', svg)
+    assert bands == [html_charts.CATEGORY_COLORS[c] for c in CATEGORIES if c in ever]  # PyTorch's stacking order
+    # every band's outline is a step: horizontal or vertical moves only
+    for pts in re.findall(r'<polygon class="band" points="([^"]+)"', svg):
+        xy = [tuple(map(float, p.split(","))) for p in pts.split()]
+        assert all(a[0] == b[0] or a[1] == b[1] for a, b in zip(xy, xy[1:]))
 
 
 def test_long_finding_ranges_are_marked_thin():
@@ -937,3 +1048,44 @@ def test_a_long_finding_is_a_thin_marker_not_a_band(browser, fixture_store, tmp_
     changed = (np.abs(after[tracks, plot] - before[tracks, plot]).max(axis=2) > 8).mean()
     assert changed < 0.12, changed  # a 2-pixel line under each track, not a tint over them
     assert near(after[header, plot], ERROR_RGB, 40) > 0.8 * (plot.stop - plot.start)
+
+
+def test_memory_plots_of_snapshots_and_a_timeline_stay_readable(browser, tmp_path):
+    """The stacked categories of a timeline and the segment maps of a small snapshot and the
+    real full-step one (1,010 segments): drawn in their colors, in rows a person can read."""
+    with Store(tmp_path / "s.duckdb") as st:
+        ids = [st.ingest(p).run_id for p in (TIMELINE_TRAIN, SNAPSHOT_OOM, shared_traces() / FULLSTEP)]
+        out = tmp_path / "memory.html"
+        out.write_text(html.render(st, load_result(st, ids)))
+    page = browser.open(out)
+    try:
+        shots = {}
+        for name, rid in zip(("timeline", "oom", "fullstep"), ids):
+            page.go(f"run-{rid}")
+            page.wait(f"document.getElementById('run-{rid}').offsetHeight > 0")
+            label = "Memory by category" if name == "timeline" else "Segment map"
+            shots[name] = page.shot(f"#run-{rid} svg.plot[aria-label^='{label}']")
+            keep(f"memory_{name}", shots[name])
+            if name == "fullstep":  # rows at least 16 px high on the page, the whole map on about one screen
+                width, height = page.eval(f"(() => {{ const r = document.querySelector(\"#run-{rid} svg.plot[aria-label^='"
+                                          f"Segment map']\").getBoundingClientRect(); return [r.width, r.height]; }})()")
+                row_px = html_charts.MAP_ROW_H * width / html_charts.W
+                assert width <= 1280 and row_px >= 16 and height < 1300, (width, height)
+        assert page.eval("document.documentElement.scrollWidth") <= 1280
+
+        def rgb(color: str) -> tuple[int, ...]:
+            return tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
+
+        colors = html_charts.CATEGORY_COLORS
+        img = shots["timeline"]
+        assert near(img, rgb(colors["activation"]), 12) > 3000 and near(img, rgb(colors["parameter"]), 12) > 3000
+        assert near(img, rgb(colors["optimizer_state"]), 12) > 3000 and near(img, (0x1d, 0x23, 0x30), 30) > 30  # peak
+        seg = html_charts.SEGMENT_COLORS
+        for name in ("oom", "fullstep"):
+            img = shots[name]
+            assert near(img, rgb(seg["active_allocated"]), 12) > 5000, name
+            assert near(img, rgb(seg["stranded"]), 12) > 300, name
+            assert near(img, rgb(html_charts.LARGEST_FREE_COLOR), 30) > 40, name  # the largest free block marked
+        assert page.problems() == []
+    finally:
+        page.close()

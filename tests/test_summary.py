@@ -1,14 +1,18 @@
 """`traceanalyzer summary`: kernel statistics as nsys's cuda_gpu_kern_sum gives them, by full or
-base name, CUDA-graph executions apart, memsets, the json and csv formats, and kernel names
-that stay apart at any width. (The numbers against an independent query on every real nsys
+base name, CUDA-graph executions apart, memsets, the json and csv formats, kernel names that
+stay apart at any width, and device memory (snapshots, memory timelines, allocator events,
+each re-derived here from the file). (The numbers against an independent query on every real nsys
 export: tests/test_budget.py, which stores that corpus once.)"""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import math
+import pickle
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,6 +25,8 @@ from traceanalyzer.cli.runs import _summary_of, print_summary
 from traceanalyzer.ingest.base import ParsedTrace
 from traceanalyzer.store import Store
 from traceanalyzer.summary import distinct_labels, graph_stats, kernel_stats
+
+from .conftest import FIXTURES, shared_traces
 
 US = 1_000
 GEMM_256 = ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x256_32x3_nn_align4>"
@@ -172,3 +178,116 @@ def test_a_label_keeps_the_word_where_two_names_differ():
     assert "128x256" in a and "128x128" in b and a.startswith("void cutlass::") and "…" in a
     split, plain = distinct_labels(NAMES[5:3:-1], 50)
     assert "split" in split and "split" not in plain
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+MEMORY_FIXTURES = {"snapshot": FIXTURES / "torch-memory" / "snapshot_oom.pickle",
+                   "timeline": FIXTURES / "torch-memory" / "timeline_train.raw.json.gz",
+                   "kineto": FIXTURES / "kineto" / "planted.json"}
+CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
+              "unknown")
+
+
+class _NoClass(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise AssertionError(f"{module}.{name}")
+
+
+def snapshot_numbers(path: Path) -> dict:
+    """Reserved, allocated (block bytes) and the largest free block at the snapshot, and the peak
+    of its history replayed in requested bytes, anchored at the snapshot's live blocks."""
+    raw = _NoClass(io.BytesIO(path.read_bytes())).load()
+    blocks = [b for s in raw["segments"] for b in s["blocks"]]
+    level, levels = 0, []
+    for e in raw["device_traces"][0]:
+        level += {"alloc": e["size"], "free_requested": -e["size"]}.get(e["action"], 0)
+        levels.append(level)
+    before = sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated") - level
+    return {"reserved_bytes": sum(s["total_size"] for s in raw["segments"]),
+            "allocated_bytes": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+            "largest_free_block_bytes": max(b["size"] for b in blocks if b["state"] == "inactive"),
+            "peak_allocated_bytes": before + max(levels)}
+
+
+def timeline_peak(path: Path) -> tuple[int, dict[str, int]]:
+    """The peak of a raw memory timeline, the level after each time step (preexisting rows at
+    the first time), and the bytes of each category then."""
+    rows = json.loads(gzip.decompress(path.read_bytes()))
+    first = min(t for t, *_ in rows if t >= 0)
+    by_time: dict[int, list] = {}
+    for t, _, n, c in rows:
+        by_time.setdefault(first if t < 0 else t, []).append((n, c))
+    level, held, best = 0, dict.fromkeys(CATEGORIES, 0), (None, None)
+    for t in sorted(by_time):
+        for n, c in by_time[t]:
+            level += n
+            held[CATEGORIES[c]] += n
+        if best[0] is None or level > best[0]:
+            best = (level, dict(held))
+    return best[0], {c: n for c, n in best[1].items() if n}
+
+
+@pytest.fixture(scope="module")
+def memory_runs(tmp_path_factory):
+    """The memory fixtures in one store, checked by `summary --format json`: name -> its run."""
+    db = tmp_path_factory.mktemp("memory") / "s.duckdb"
+    with Store(db) as st:
+        ids = {name: st.ingest(path).run_id for name, path in MEMORY_FIXTURES.items()}
+    runs = {r["run_id"]: r for r in json.loads(_cli("--store", db, "--format", "json"))}
+    return db, {name: runs[rid] for name, rid in ids.items()}
+
+
+def test_memory_of_a_snapshot_at_the_snapshot_and_over_its_history(memory_runs):
+    _, runs = memory_runs
+    [dev] = runs["snapshot"]["memory"]
+    want = snapshot_numbers(MEMORY_FIXTURES["snapshot"])
+    assert {k: dev[k] for k in want} == want
+    assert (dev["device_id"], dev["source"], dev["categories"]) == (0, "memory snapshot", None)
+    # the planted facts: 2050 MiB reserved, 62 MiB the largest free block, the peak 1 GiB of
+    # parameters from before the history plus what it allocated and kept
+    assert (want["reserved_bytes"], want["largest_free_block_bytes"]) == (2050 << 20, 62 << 20)
+
+
+def test_memory_of_a_timeline_is_its_peak_by_category(memory_runs):
+    _, runs = memory_runs
+    [dev] = runs["timeline"]["memory"]
+    peak, held = timeline_peak(MEMORY_FIXTURES["timeline"])
+    assert peak == 1426 << 20 and held["activation"] == 800 << 20  # the planted peak
+    assert dev["peak_allocated_bytes"] == peak and dev["source"] == "memory timeline"
+    assert [(c["category"], c["bytes"]) for c in dev["categories"]] == sorted(held.items(), key=lambda kv: -kv[1])
+    assert sum(c["share"] for c in dev["categories"]) == pytest.approx(1)
+    assert dev["reserved_bytes"] is dev["allocated_bytes"] is dev["largest_free_block_bytes"] is None
+
+
+def test_memory_of_kineto_allocator_events_is_m001s_peak(memory_runs):
+    _, runs = memory_runs
+    events = [e["args"] for e in json.loads(MEMORY_FIXTURES["kineto"].read_text())["traceEvents"]
+              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1]
+    [dev] = runs["kineto"]["memory"]
+    assert dev["peak_allocated_bytes"] == max(a["Total Allocated"] for a in events)
+    assert dev["peak_reserved_bytes"] == max(a["Total Reserved"] for a in events)
+    assert dev["source"] == "allocator totals" and dev["reserved_bytes"] is None and dev["categories"] is None
+
+
+def test_memory_tables_in_text_and_none_without_memory(memory_runs, planted):
+    db, runs = memory_runs
+    text = _cli("--store", db, runs["timeline"]["run_id"], runs["snapshot"]["run_id"])
+    assert "Memory (memory timeline)" in text and "Memory (memory snapshot)" in text
+    assert "at its peak (1.5 GB), by category" in text
+    assert re.search(r"activation\s*│\s*839 MB\s*│\s*56\.1%", text), text
+    assert re.search(r"│ 0\s*│\s*2\.15 GB\s*│\s*1\.63 GB\s*│\s*65 MB\s*│", text), text  # reserved, allocated, largest free
+    no_memory_db, _ = planted
+    assert "Memory" not in _cli("--store", no_memory_db)
+    assert json.loads(_cli("--store", no_memory_db, "--format", "json"))[0]["memory"] == []
+
+
+def test_the_real_full_step_snapshot_summary():
+    """The issue's numbers: 61.1 GB reserved and 54.9 GB allocated at the snapshot."""
+    path = shared_traces() / "torch-memory" / "cs336-a2-systems__memory_files__memory_ctx128_fullstep.pickle"
+    with Store(":memory:") as st:
+        run_id = st.ingest(path).run_id
+        [dev] = _summary_of(st, run_id, "name", 1)["memory"]
+    want = snapshot_numbers(path)
+    assert {k: dev[k] for k in want} == want
+    assert (dev["reserved_bytes"], dev["allocated_bytes"]) == (61_111_009_280, 54_873_829_888)

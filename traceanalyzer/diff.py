@@ -7,8 +7,11 @@ The three checks after any optimization:
 * end-to-end time: the run's span, per-step time (the `steps` view: Kineto `ProfilerStep#N`,
   else NVTX or user ranges named like a step) and every named NVTX / user-annotation range
   (`ProfilerStep#N` pooled as `ProfilerStep#*`);
-* peak device memory, the highest level of the `memory_levels` view per CUDA device (as rule
-  M001 reports it);
+* peak device memory per device, as `summary.memory` gives it (allocator events: M001's peak
+  of the `memory_levels` view; a memory snapshot: the peak of its recorded history; a memory
+  timeline: its peak, with what each category held then), and reserved memory where known;
+  when both runs split the peak by category, the change of each category (did peak memory pay
+  for the speed-up, and which part of it grew);
 
 plus the findings that are new in TEST or fixed since BASE, and a verdict.
 
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from . import summary
 from .store import views
 from .store import Store
 
@@ -70,7 +74,8 @@ class RunDiff:
     match_by: str  # "name" or "short"
     kernels: pd.DataFrame  # one row per matched kernel key
     ranges: pd.DataFrame  # one row per (side, range name)
-    memory: pd.DataFrame  # one row per device: peak allocated bytes
+    memory: pd.DataFrame  # one row per device: each run's peak allocated and peak reserved bytes
+    memory_categories: pd.DataFrame  # one row per device and category, where both runs have categories
     metrics: list[Metric]  # end-to-end numbers
     end_to_end: Metric | None  # the one the verdict and the gate use
     peak_memory: Metric
@@ -93,14 +98,45 @@ class RunDiff:
         else:
             word = "MIXED"
         parts = [_describe(self.end_to_end, f"end-to-end ({self.end_to_end.name})") if self.end_to_end
-                 else "end-to-end time: not in both runs",
-                 _describe(self.peak_memory, "peak memory") if self.peak_memory.comparable
-                 else "peak memory: not in both runs"]
+                 else "end-to-end time: not in both runs"]
+        if self.peak_memory.comparable:
+            largest = self.largest_category_change()
+            parts.append(_describe(self.peak_memory, "peak memory")
+                         + (f", {_category_change(largest)}" if largest else ""))
+        elif self.has_memory:
+            parts.append("peak memory: not in both runs")
         kernel_total = next((x for x in self.metrics if x.name == KERNEL_TIME), None)
         if kernel_total is not None and kernel_total.comparable:
             parts.append(_describe(kernel_total, "kernel time"))
         parts.append(f"findings: {len(self.new_findings)} new, {len(self.fixed_findings)} fixed")
         return word, f"{word}: " + "; ".join(parts)
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether either run has a memory peak (two runs without one say nothing about memory)."""
+        return self.peak_memory.base is not None or self.peak_memory.test is not None
+
+    def largest_category_change(self) -> dict | None:
+        """The category row whose bytes at the peak changed most (either way), or None."""
+        df = self.memory_categories
+        if df.empty or not df["delta_bytes"].abs().max():
+            return None
+        return df.loc[df["delta_bytes"].abs().idxmax()].to_dict()
+
+    def memory_line(self) -> str | None:
+        """'peak memory +12.0% (activations +1.2 GB)': the change of the peak (max over devices)
+        and of the category that changed most; None when neither run has memory data."""
+        m = self.peak_memory
+        if not self.has_memory:
+            return None
+        if not m.comparable:
+            return "peak memory: not in both runs"
+        from . import fmt
+
+        change = "n/a" if m.delta_pct is None else f"{m.delta_pct:+.1f}%"
+        largest = self.largest_category_change()
+        detail = _category_change(largest) if largest else f"{fmt.nbytes(m.base)} -> {fmt.nbytes(m.test)}"
+        return f"peak memory {change} ({detail})"
 
     def gate(self, pct: float) -> tuple[list[str], list[str]]:
         """(failures, notes): what regressed by more than `pct` percent, and what could not be judged."""
@@ -122,6 +158,7 @@ class RunDiff:
             "peak_memory": self.peak_memory.to_dict(),
             "metrics": [m.to_dict() for m in self.metrics],
             "kernels": _records(self.kernels), "ranges": _records(self.ranges), "memory": _records(self.memory),
+            "memory_categories": _records(self.memory_categories), "memory_line": self.memory_line(),
             "findings": {"new": self.new_findings, "fixed": self.fixed_findings,
                          "unchanged": self.unchanged_findings},
             "verdict": word, "verdict_line": line,
@@ -142,6 +179,20 @@ def _describe(m: Metric, label: str) -> str:
     show = fmt.ns if m.unit == "ns" else fmt.nbytes
     pct = "n/a" if m.delta_pct is None else f"{m.delta_pct:+.1f}%"
     return f"{label} {show(m.base)} -> {show(m.test)} ({pct})"
+
+
+# A memory category in a sentence ("activations +1.2 GB").
+CATEGORY_WORDS = {"parameter": "parameters", "optimizer_state": "optimizer state", "input": "inputs",
+                  "temporary": "temporaries", "activation": "activations", "gradient": "gradients",
+                  "autograd_detail": "autograd detail", "unknown": "unknown"}
+
+
+def _category_change(row: dict) -> str:
+    from . import fmt
+
+    delta = row["delta_bytes"]
+    word = CATEGORY_WORDS.get(row["category"], str(row["category"]).replace("_", " "))
+    return f"{word} {'+' if delta > 0 else '-'}{fmt.nbytes(abs(delta))}"
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -176,15 +227,6 @@ WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND name IS NOT NULL AND end_ns >
 GROUP BY ALL
 """
 
-# Peak memory per CUDA device: the highest level of the `memory_levels` view, as rule M001 reports it.
-MEMORY_SQL = """
-SELECT device_id, count(*) AS events, max(allocated_bytes) AS peak_bytes,
-       CASE WHEN any_value(has_totals) THEN 'allocator totals' ELSE 'running sum of signed sizes' END AS source
-FROM memory_levels WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0
-GROUP BY device_id ORDER BY device_id
-"""
-
-
 # The run's iterations: the `steps` view (Kineto ProfilerStep#N, else step-like NVTX ranges),
 # each range name with ProfilerStep#N pooled as in the ranges table.
 STEPS_SQL = f"""
@@ -211,7 +253,7 @@ def _side(store: Store, run_id: str, by: str) -> dict:
     return {
         "kernels": store.df(KERNELS_SQL.format(key=_kernel_key(by)), {"run_id": run_id}),
         "ranges": store.df(RANGES_SQL, {"run_id": run_id}),
-        "memory": store.df(MEMORY_SQL, {"run_id": run_id}),
+        "memory": summary.memory(store, run_id),
         "steps": store.df(STEPS_SQL, {"run_id": run_id}),
         "busy_ns": _busy_ns(store, run_id),
     }
@@ -262,10 +304,41 @@ def _range_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
             .drop(columns=["_step", "_big"]).reset_index(drop=True))
 
 
-def _memory_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
-    b = base.rename(columns={"events": "base_events", "peak_bytes": "base_peak_bytes", "source": "base_source"})
-    t = test.rename(columns={"events": "test_events", "peak_bytes": "test_peak_bytes", "source": "test_source"})
-    return b.merge(t, on="device_id", how="outer").sort_values("device_id").reset_index(drop=True)
+def _memory_side(side: str, rows: list[dict]) -> pd.DataFrame:
+    """One run's `summary.memory` rows as `<side>_source`, `<side>_peak_bytes` (allocated) and
+    `<side>_peak_reserved_bytes` per device."""
+    cols = ["device_id", f"{side}_source", f"{side}_peak_bytes", f"{side}_peak_reserved_bytes"]
+    return pd.DataFrame([(r["device_id"], r["source"], r["peak_allocated_bytes"], r["peak_reserved_bytes"])
+                         for r in rows], columns=cols).astype({cols[2]: "Float64", cols[3]: "Float64"})
+
+
+def _memory_table(base: list[dict], test: list[dict]) -> pd.DataFrame:
+    """Per device of either run: each run's source, peak allocated and peak reserved bytes, and
+    the change of the peak."""
+    out = _memory_side("base", base).merge(_memory_side("test", test), on="device_id", how="outer")
+    out["delta_bytes"] = out["test_peak_bytes"] - out["base_peak_bytes"]
+    out["delta_pct"] = 100 * out["delta_bytes"] / out["base_peak_bytes"].where(out["base_peak_bytes"] != 0)
+    return out.sort_values("device_id").reset_index(drop=True)
+
+
+def _category_table(base: list[dict], test: list[dict]) -> pd.DataFrame:
+    """Per device both runs split by category: each category's bytes at each run's peak (0 where
+    a run's peak held none of it) and the change, largest change first."""
+    cols = ["device_id", "category", "base_bytes", "test_bytes", "delta_bytes", "delta_pct"]
+    split = {side: {r["device_id"]: {c["category"]: c["bytes"] for c in r["categories"]}
+                    for r in rows if r["categories"]} for side, rows in (("base", base), ("test", test))}
+    rows = []
+    for device in sorted(split["base"].keys() & split["test"].keys()):
+        b, t = split["base"][device], split["test"][device]
+        for category in sorted(b.keys() | t.keys()):
+            nb, nt = b.get(category, 0), t.get(category, 0)
+            rows.append({"device_id": device, "category": category, "base_bytes": nb, "test_bytes": nt,
+                         "delta_bytes": nt - nb, "delta_pct": 100 * (nt - nb) / nb if nb else None})
+    df = pd.DataFrame(rows, columns=cols)
+    if df.empty:
+        return df
+    return (df.assign(_order=-df["delta_bytes"].abs()).sort_values(["device_id", "_order", "category"])
+            .drop(columns="_order").reset_index(drop=True))
 
 
 def _step_metric(ranges: pd.DataFrame, steps: tuple[pd.DataFrame, pd.DataFrame], step: str | None) -> Metric | None:
@@ -335,17 +408,21 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
     kernels = _kernel_table(b["kernels"], t["kernels"])
     ranges = _range_table(b["ranges"], t["ranges"])
     memory = _memory_table(b["memory"], t["memory"])
+    categories = _category_table(b["memory"], t["memory"])
 
     kernel_total = Metric(KERNEL_TIME, "ns",
                           _num(b["kernels"]["total_ns"].sum(min_count=1)), _num(t["kernels"]["total_ns"].sum(min_count=1)))
     span = Metric("span", "ns", _num(base["span_ns"]), _num(test["span_ns"]))
     busy = Metric("GPU busy (union of GPU work)", "ns", _num(b["busy_ns"]), _num(t["busy_ns"]))
     steps = _step_metric(ranges, (b["steps"], t["steps"]), step)
-    peak = Metric("peak allocated, max over devices", "bytes",
-                  _num(b["memory"]["peak_bytes"].max()) if not b["memory"].empty else None,
-                  _num(t["memory"]["peak_bytes"].max()) if not t["memory"].empty else None)
+    peak = Metric("peak allocated, max over devices", "bytes", _peak(b["memory"]), _peak(t["memory"]))
     metrics = [m for m in (span, steps, busy, kernel_total) if m is not None]
     end_to_end = next((m for m in (steps, span, kernel_total) if m is not None and m.comparable), None)
 
     new, fixed, same = _finding_changes(_findings(store, base_id), _findings(store, test_id))
-    return RunDiff(base, test, by, kernels, ranges, memory, metrics, end_to_end, peak, new, fixed, same)
+    return RunDiff(base, test, by, kernels, ranges, memory, categories, metrics, end_to_end, peak, new, fixed, same)
+
+
+def _peak(rows: list[dict]) -> float | None:
+    peaks = [r["peak_allocated_bytes"] for r in rows if r["peak_allocated_bytes"] is not None]
+    return float(max(peaks)) if peaks else None

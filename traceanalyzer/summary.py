@@ -1,4 +1,5 @@
-"""Per-run summary numbers: kernels, CUDA-graph executions, copies, memsets, GPU busy share.
+"""Per-run summary numbers: kernels, CUDA-graph executions, copies, memsets, GPU busy share,
+device memory.
 
 Kernel statistics are those of NVIDIA's `nsys stats --report cuda_gpu_kern_sum`: per kernel
 name (the full, demangled name, or with `by="base"` the base name without template arguments,
@@ -18,9 +19,12 @@ shortens kernel names for any of them.
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .store import Store, views
+
+if TYPE_CHECKING:  # the rules import the memory analyses: loading them stays without pandas
+    import pandas as pd
 
 # A whole-graph execution as ingest stores it (ingest/nsys.py); never a kernel's name.
 GRAPH_EXECUTION = "(graph_id IS NOT NULL AND short_name = '[CUDA graph]')"
@@ -113,7 +117,8 @@ def busy(store: Store, run_id: str) -> pd.DataFrame:
 def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = None) -> dict:
     """The run's summary as JSON-ready values: the run's fields, `by`, `busy` (per device),
     `kernels` (the `top` first rows of `kernel_stats`, all when None), `kernel_totals`
-    (`names`, `count`, `total_ns` over every kernel), `graphs`, `copies` and `memsets`."""
+    (`names`, `count`, `total_ns` over every kernel), `graphs`, `copies`, `memsets` and
+    `memory` (per device, see `memory`)."""
     def rows(sql: str, params: list) -> list[dict]:
         return store.arrow(sql, params).to_pylist()
 
@@ -129,7 +134,224 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
         "graphs": [{k: v for k, v in g.items() if k != "share"} for g in rows(_stats_sql(by, graphs=True), [run_id])],
         "copies": rows(COPIES_SQL, [run_id]),
         "memsets": rows(MEMSETS_SQL, [run_id]),
+        "memory": memory(store, run_id),
     }
+
+
+# -- memory --------------------------------------------------------------------------------
+#
+# Each memory source of a run reduced to the same numbers per device (`memory`), and the
+# analyses behind them, which the memory rules (M001-M005), `diff` and the reports share:
+#
+# * allocator events (Kineto `[memory]`, nsys memory usage events): the `memory_levels` view;
+#   the peak is its highest `allocated_bytes` on a CUDA device, first reached (M001's).
+# * a memory snapshot: the allocator's state when it was taken (`snapshot_state`), and its
+#   recorded history replayed (`HISTORY_LEVELS_SQL`). The history goes up at `alloc` and down at
+#   `free_requested`, as `torch.cuda.memory_allocated()` does, but counts the bytes requested:
+#   the history records those, not the rounded-up block sizes (at a snapshot blocks hold ~0.5%
+#   more). It is a ring buffer that starts when recording started (or where older entries fell
+#   off), so the level is anchored at its end: the bytes the snapshot's live blocks requested,
+#   minus the history's net change, were allocated before the history began. Reserved memory
+#   likewise, from `segment_alloc`/`segment_map` and `segment_free`/`segment_unmap`, anchored at
+#   the snapshot's segments.
+# * a memory timeline (`prof.export_memory_timeline`): the level after each time step, as
+#   PyTorch's own plot draws it (`TIMELINE_STEPS_SQL`); the peak is the first step at the
+#   highest level, split by category (`timeline_peaks`).
+
+SNAPSHOT_STATE_SQL = """
+WITH seg AS (
+    SELECT s.device_id, s.segment_id, s.total_bytes,
+           count(*) FILTER (WHERE b.state IN ('active_allocated', 'active_pending_free')) > 0 AS used,
+           coalesce(sum(b.bytes) FILTER (WHERE b.state = 'inactive'), 0) AS free_bytes,
+           max(b.bytes) FILTER (WHERE b.state = 'inactive') AS largest_free,
+           coalesce(sum(b.bytes) FILTER (WHERE b.state = 'active_allocated'), 0) AS allocated,
+           coalesce(sum(b.bytes) FILTER (WHERE b.state = 'active_pending_free'), 0) AS pending,
+           max(b.bytes) FILTER (WHERE b.state = 'active_allocated') AS largest_live
+    FROM memory_segments s LEFT JOIN memory_blocks b ON b.run_id = s.run_id AND b.segment_id = s.segment_id
+    WHERE s.run_id = $run_id
+    GROUP BY ALL
+), requests AS (
+    SELECT device_id, max(bytes) FILTER (WHERE action = 'alloc') AS largest_request,
+           arg_max(bytes, event_id) FILTER (WHERE action = 'oom') AS failed_request,
+           max(event_id) FILTER (WHERE action = 'oom') AS oom_event,
+           quantile_disc(bytes, 0.9) FILTER (WHERE action = 'alloc') AS p90_request
+    FROM allocator_events WHERE run_id = $run_id GROUP BY device_id
+)
+SELECT s.device_id, count(*) AS segments, sum(total_bytes) AS reserved, sum(allocated) AS allocated,
+       sum(pending) AS pending, sum(free_bytes) AS free, max(largest_free) AS largest_free,
+       sum(total_bytes) FILTER (WHERE NOT used) AS cached, count(*) FILTER (WHERE NOT used) AS cached_segments,
+       coalesce(sum(free_bytes) FILTER (WHERE used), 0) AS stranded,
+       count(*) FILTER (WHERE used AND free_bytes > 0) AS stranded_segments,
+       max(largest_free) FILTER (WHERE used) AS largest_stranded,
+       max(largest_live) AS largest_live,
+       -- segments held by live blocks a quarter of their size or less: the case max_split_size_mb is for
+       count(*) FILTER (WHERE used AND free_bytes > 0 AND allocated + pending <= total_bytes / 4) AS pinned_segments,
+       coalesce(sum(free_bytes) FILTER (WHERE used AND allocated + pending <= total_bytes / 4), 0) AS pinned_free,
+       median(total_bytes) FILTER (WHERE used AND free_bytes > 0 AND allocated + pending <= total_bytes / 4) AS pinned_segment_bytes,
+       max(largest_live) FILTER (WHERE used AND free_bytes > 0 AND allocated + pending <= total_bytes / 4) AS pinning_block_bytes,
+       any_value(r.largest_request) AS largest_request, any_value(r.failed_request) AS failed_request,
+       any_value(r.oom_event) AS oom_event, any_value(r.p90_request) AS p90_request
+FROM seg s LEFT JOIN requests r USING (device_id)
+GROUP BY s.device_id ORDER BY s.device_id
+"""
+
+HISTORY_LEVELS_SQL = """
+WITH anchor AS (  -- allocated and reserved bytes at the snapshot, per device
+    SELECT s.device_id, sum(s.total_bytes) AS reserved,
+           (SELECT coalesce(sum(coalesce(requested_bytes, bytes)), 0) FROM memory_blocks b WHERE b.run_id = $run_id
+              AND b.device_id = s.device_id AND b.state = 'active_allocated') AS allocated
+    FROM memory_segments s WHERE s.run_id = $run_id GROUP BY s.device_id
+), steps AS (
+    SELECT event_id, device_id, ts_ns, action, bytes, stack_id,
+           sum(CASE action WHEN 'alloc' THEN bytes WHEN 'free_requested' THEN -bytes ELSE 0 END)
+               OVER w AS allocated_change,
+           sum(CASE WHEN action IN ('segment_alloc', 'segment_map') THEN bytes
+                    WHEN action IN ('segment_free', 'segment_unmap') THEN -bytes ELSE 0 END) OVER w AS reserved_change
+    FROM allocator_events WHERE run_id = $run_id
+    WINDOW w AS (PARTITION BY device_id ORDER BY event_id ROWS UNBOUNDED PRECEDING)
+), ends AS (
+    SELECT device_id, arg_max(allocated_change, event_id) AS allocated_change,
+           arg_max(reserved_change, event_id) AS reserved_change FROM steps GROUP BY device_id
+)
+SELECT s.event_id, s.device_id, s.ts_ns, s.action, s.bytes, s.stack_id,
+       coalesce(a.allocated, 0) - e.allocated_change AS before_history,
+       coalesce(a.allocated, 0) - e.allocated_change + s.allocated_change AS allocated,
+       coalesce(a.reserved, 0) - e.reserved_change + s.reserved_change AS reserved,
+       lead(s.ts_ns) OVER (PARTITION BY s.device_id ORDER BY s.event_id) AS next_ts
+FROM steps s JOIN ends e USING (device_id) LEFT JOIN anchor a USING (device_id)
+"""
+
+# Per device and time step of a memory timeline: the change of each category.
+TIMELINE_STEPS_SQL = """
+SELECT device_id, ts_ns, category, sum(bytes) AS change, max(event_id) AS event_id
+FROM memory_timeline WHERE run_id = $run_id GROUP BY ALL
+"""
+
+_TIMELINE_PEAK_SQL = f"""
+WITH steps AS (
+    SELECT device_id, ts_ns, max(event_id) AS event_id, sum(change) AS change FROM ({TIMELINE_STEPS_SQL}) GROUP BY ALL
+), levels AS (
+    SELECT *, sum(change) OVER (PARTITION BY device_id ORDER BY ts_ns ROWS UNBOUNDED PRECEDING) AS total,
+           lead(ts_ns) OVER (PARTITION BY device_id ORDER BY ts_ns) AS next_ts
+    FROM steps
+), peak AS (
+    SELECT device_id, arg_min(ts_ns, ts_ns) FILTER (WHERE total = top) AS ts_ns,
+           arg_min(event_id, ts_ns) FILTER (WHERE total = top) AS event_id,
+           arg_min(next_ts, ts_ns) FILTER (WHERE total = top) AS next_ts, any_value(top) AS total,
+           arg_max(total, ts_ns) AS end_total, count(*) AS steps
+    FROM (SELECT *, max(total) OVER (PARTITION BY device_id) AS top FROM levels) GROUP BY device_id
+)
+SELECT p.device_id, p.ts_ns, p.event_id, p.next_ts, p.total, p.end_total, p.steps, t.category, sum(t.bytes) AS bytes
+FROM peak p JOIN memory_timeline t ON t.run_id = $run_id AND t.device_id = p.device_id AND t.ts_ns <= p.ts_ns
+GROUP BY ALL ORDER BY p.device_id, bytes DESC, t.category
+"""
+
+_ALLOCATOR_PEAK_SQL = """
+SELECT device_id, count(*) AS events, any_value(has_totals) AS has_totals,
+       max(allocated_bytes) AS peak_allocated, max(reserved_bytes) AS peak_reserved,
+       arg_min(ts_ns, (-allocated_bytes, seq)) AS peak_ts_ns
+FROM memory_levels WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0
+GROUP BY device_id ORDER BY device_id
+"""
+
+
+def _dicts(store: Store, sql: str, params) -> list[dict]:
+    cur = store.sql(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def snapshot_state(store: Store, run_id: str) -> list[dict]:
+    """Per device, at a memory snapshot: segments, reserved, allocated, pending-free and free
+    bytes, the largest free block, and how the free bytes lie (`SNAPSHOT_STATE_SQL`: free in
+    wholly free segments is `cached`, free beside live tensors `stranded`), with the history's
+    largest, failed (`oom`) and 90th-percentile requests."""
+    return _dicts(store, SNAPSHOT_STATE_SQL, {"run_id": run_id})
+
+
+def history_peaks(store: Store, run_id: str) -> list[dict]:
+    """Per device, the first event of a snapshot's history at which allocated memory peaked:
+    `event_id`, `allocated`, `reserved` (then), `ts_ns`, `next_ts`, `before_history`, `events`,
+    and `peak_reserved`, the highest reserved level of the history."""
+    return _dicts(store, f"""WITH l AS ({HISTORY_LEVELS_SQL})
+        SELECT device_id, arg_min(event_id, event_id) FILTER (WHERE allocated = top) AS event_id,
+               any_value(top) AS allocated, arg_min(reserved, event_id) FILTER (WHERE allocated = top) AS reserved,
+               arg_min(ts_ns, event_id) FILTER (WHERE allocated = top) AS ts_ns,
+               arg_min(next_ts, event_id) FILTER (WHERE allocated = top) AS next_ts,
+               any_value(before_history) AS before_history, count(*) AS events, max(reserved) AS peak_reserved
+        FROM (SELECT *, max(allocated) OVER (PARTITION BY device_id) AS top FROM l)
+        GROUP BY device_id ORDER BY device_id""", {"run_id": run_id})
+
+
+def history_level_at(store: Store, run_id: str, event_id: int) -> dict:
+    """Allocated and reserved bytes right after one event of a snapshot's history."""
+    [row] = _dicts(store, f"SELECT allocated, reserved, before_history, ts_ns, next_ts FROM ({HISTORY_LEVELS_SQL}) "
+                          "WHERE event_id = $e", {"run_id": run_id, "e": event_id})
+    return row
+
+
+def timeline_peaks(store: Store, run_id: str) -> list[dict]:
+    """Per device of a memory timeline, its peak: `ts_ns` and `event_id` of the first time step
+    at the highest level, `next_ts` (the next step's time), `total`, `end_total` (the level
+    after the last step), `steps`, and `categories`, the (category, bytes) it held then, most
+    bytes first (categories holding nothing left out)."""
+    out: dict[int, dict] = {}
+    for device, ts, event_id, next_ts, total, end_total, steps, category, nbytes in store.sql(
+            _TIMELINE_PEAK_SQL, {"run_id": run_id}).fetchall():
+        d = out.setdefault(device, {"device_id": device, "ts_ns": ts, "event_id": event_id, "next_ts": next_ts,
+                                    "total": int(total), "end_total": int(end_total), "steps": steps,
+                                    "categories": []})
+        if nbytes:
+            d["categories"].append((category, int(nbytes)))
+    return list(out.values())
+
+
+MEMORY_FIELDS = ("device_id", "source", "reserved_bytes", "allocated_bytes", "largest_free_block_bytes",
+                 "peak_allocated_bytes", "peak_reserved_bytes", "peak_ts_ns", "categories")
+# What each source's numbers are, as `memory` names it.
+SNAPSHOT, TIMELINE = "memory snapshot", "memory timeline"
+ALLOCATOR_TOTALS, SIGNED_SIZES = "allocator totals", "running sum of signed sizes"
+
+
+def memory(store: Store, run_id: str) -> list[dict]:
+    """Per device, the run's memory as far as its data tells (None where it does not): the
+    fields of MEMORY_FIELDS.
+
+    `reserved_bytes`, `allocated_bytes` (block bytes) and `largest_free_block_bytes` are a
+    snapshot's, at the time it was taken. `peak_allocated_bytes` is the highest allocated
+    level: over a snapshot's recorded history (requested bytes, see above; None without a
+    history), of a timeline, or of the allocator events (M001's peak); `peak_reserved_bytes`
+    the highest reserved level where the data records it; `peak_ts_ns` when the allocated
+    peak was first reached. A
+    timeline gives `categories` at its peak: `{"category", "bytes", "share"}`, most bytes first.
+    `source` says where the numbers come from: a memory snapshot, a memory timeline, or the
+    allocator events' totals or running sum of signed sizes."""
+    rows: dict[int, dict] = {}
+
+    def row(device: int, source: str) -> dict:
+        return rows.setdefault(device, {**dict.fromkeys(MEMORY_FIELDS), "device_id": device, "source": source})
+
+    for st in snapshot_state(store, run_id):
+        row(st["device_id"], SNAPSHOT).update(
+            reserved_bytes=_int(st["reserved"]), allocated_bytes=_int(st["allocated"]),
+            largest_free_block_bytes=_int(st["largest_free"]))
+    for p in history_peaks(store, run_id):  # (the history ends at the snapshot's levels: the peaks are at least those)
+        row(p["device_id"], SNAPSHOT).update(peak_allocated_bytes=_int(p["allocated"]), peak_ts_ns=p["ts_ns"],
+                                             peak_reserved_bytes=_int(p["peak_reserved"]))
+    for p in timeline_peaks(store, run_id):
+        row(p["device_id"], TIMELINE).update(
+            peak_allocated_bytes=p["total"], peak_ts_ns=p["ts_ns"],
+            categories=[{"category": c, "bytes": b, "share": b / p["total"] if p["total"] else None}
+                        for c, b in p["categories"]])
+    for p in _dicts(store, _ALLOCATOR_PEAK_SQL, {"run_id": run_id}):
+        row(p["device_id"], ALLOCATOR_TOTALS if p["has_totals"] else SIGNED_SIZES).update(
+            peak_allocated_bytes=_int(p["peak_allocated"]), peak_reserved_bytes=_int(p["peak_reserved"]),
+            peak_ts_ns=p["peak_ts_ns"])
+    return [rows[d] for d in sorted(rows)]
+
+
+def _int(x) -> int | None:
+    return None if x is None or x != x else int(x)
 
 
 # -- kernel names in a fixed width ---------------------------------------------------------

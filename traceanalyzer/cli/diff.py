@@ -1,4 +1,5 @@
-"""`traceanalyzer diff BASE TEST`: did the optimization pay? Kernels, end-to-end time, memory, findings."""
+"""`traceanalyzer diff BASE TEST`: did the optimization pay? Kernels, end-to-end time, memory
+(by category where both runs have categories), findings."""
 
 import json
 import sys
@@ -21,7 +22,8 @@ def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run befor
          top: Annotated[int, typer.Option("--top", min=1, metavar="N", help="How many rows each table shows.")] = 15,
          as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON.")] = False):
     """Compare two runs: time per kernel (matched by name, with count changes), end-to-end
-    time (span, steps, NVTX ranges), peak memory, new and fixed findings, and a verdict.
+    time (span, steps, NVTX ranges), peak memory (per device, and per category when both runs
+    have categories), new and fixed findings, and a verdict.
     Exit 0; 1 when --gate is exceeded; 2 on bad input."""
     from ..diff import DiffError, diff_runs
 
@@ -91,21 +93,23 @@ def _print(console: Console, d, top: int, noise: float) -> None:
     console.print(f"base {b['run_id']}  {b['file_name']}  ({b['format']})", markup=False)
     console.print(f"test {t['run_id']}  {t['file_name']}  ({t['format']})", markup=False)
 
-    m = Table("end to end", "base", "test", "change", "", title="End-to-end time and memory")
-    for x in [*d.metrics, d.peak_memory]:
+    m = Table("end to end", "base", "test", "change", "",
+              title="End-to-end time and memory" if d.has_memory else "End-to-end time")
+    for x in [*d.metrics, *([d.peak_memory] if d.has_memory else [])]:
         show = fmt.ns if x.unit == "ns" else fmt.nbytes
         mark = " (verdict)" if x is d.end_to_end else ""
         m.add_row(x.name + mark, show(x.base), show(x.test), _fmt_delta(x.delta, show), _fmt_pct(x.delta_pct))
     console.print(m)
 
-    k = Table(Column("kernel", overflow="fold"), "count", "base", "test", "change", "",
-              title=f"Kernels by time change (top {min(top, len(d.kernels))} of {len(d.kernels)}, matched by {d.match_by})")
-    for r in d.kernels.head(top).itertuples():
-        name = r.short_name if d.match_by == "short" else r.name
-        count = f"{fmt.num(r.base_count)} -> {fmt.num(r.test_count)}" if r.status == "both" else r.status
-        k.add_row(_clip(name), count, fmt.ns(r.base_total_ns), fmt.ns(r.test_total_ns),
-                  _fmt_delta(r.delta_ns, fmt.ns), _fmt_pct(r.delta_pct))
-    console.print(k)
+    if not d.kernels.empty:  # (memory snapshots and timelines have none)
+        k = Table(Column("kernel", overflow="fold"), "count", "base", "test", "change", "",
+                  title=f"Kernels by time change (top {min(top, len(d.kernels))} of {len(d.kernels)}, matched by {d.match_by})")
+        for r in d.kernels.head(top).itertuples():
+            name = r.short_name if d.match_by == "short" else r.name
+            count = f"{fmt.num(r.base_count)} -> {fmt.num(r.test_count)}" if r.status == "both" else r.status
+            k.add_row(_clip(name), count, fmt.ns(r.base_total_ns), fmt.ns(r.test_total_ns),
+                      _fmt_delta(r.delta_ns, fmt.ns), _fmt_pct(r.delta_pct))
+        console.print(k)
 
     if not d.ranges.empty:
         rg = Table(Column("range", overflow="fold"), "side", "count", "base mean", "test mean", "change",
@@ -115,12 +119,8 @@ def _print(console: Console, d, top: int, noise: float) -> None:
                        fmt.ns(r.base_mean_ns), fmt.ns(r.test_mean_ns), _fmt_pct(r.mean_delta_pct))
         console.print(rg)
 
-    if not d.memory.empty:
-        mt = Table("device", "base peak", "test peak", "from", title="Peak memory per device")
-        for r in d.memory.itertuples():
-            mt.add_row(str(r.device_id), fmt.nbytes(r.base_peak_bytes), fmt.nbytes(r.test_peak_bytes),
-                       fmt.text(r.test_source if fmt.text(r.test_source) != "-" else r.base_source))
-        console.print(mt)
+    if d.has_memory:
+        _print_memory(console, d)
 
     for title, rows in (("New findings", d.new_findings), ("Fixed findings", d.fixed_findings)):
         if rows:
@@ -131,6 +131,32 @@ def _print(console: Console, d, top: int, noise: float) -> None:
                 console.print(f"  ... and {len(rows) - top} more (--json lists all)", markup=False)
     word, line = d.verdict(noise)
     console.print(f"verdict: {line}", markup=False)
+
+
+def _print_memory(console: Console, d) -> None:
+    """Peak allocated (and reserved) memory per device, the peak by category where both runs
+    have categories, and the line that sums it up."""
+    from .. import fmt
+
+    reserved = d.memory[["base_peak_reserved_bytes", "test_peak_reserved_bytes"]].notna().any().any()
+    mt = Table("device", "base peak", "test peak", "change", "",
+               *(["base peak reserved", "test peak reserved"] if reserved else []), "from",
+               title="Peak memory per device (allocated; reserved where recorded)")
+    for r in d.memory.itertuples():
+        sources = dict.fromkeys(fmt.text(x) for x in (r.base_source, r.test_source) if fmt.text(x) != "-")
+        mt.add_row(str(r.device_id), fmt.nbytes(r.base_peak_bytes), fmt.nbytes(r.test_peak_bytes),
+                   _fmt_delta(r.delta_bytes, fmt.nbytes), _fmt_pct(r.delta_pct),
+                   *([fmt.nbytes(r.base_peak_reserved_bytes), fmt.nbytes(r.test_peak_reserved_bytes)] if reserved else []),
+                   " / ".join(sources) or "-")
+    console.print(mt)
+    for device in dict.fromkeys(d.memory_categories["device_id"]):
+        rows = d.memory_categories[d.memory_categories["device_id"] == device]
+        ct = Table("category", "base", "test", "change", "", title=f"Device {device} at the peak, by category")
+        for r in rows.itertuples():
+            ct.add_row(r.category.replace("_", " "), fmt.nbytes(r.base_bytes), fmt.nbytes(r.test_bytes),
+                       _fmt_delta(r.delta_bytes, fmt.nbytes), _fmt_pct(r.delta_pct))
+        console.print(ct)
+    console.print(f"memory: {d.memory_line()}", markup=False)
 
 
 def _clip(s, n: int = 90) -> str:

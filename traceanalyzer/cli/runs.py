@@ -49,7 +49,8 @@ def summary(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...",
             by: Annotated[str, typer.Option("--by", metavar="KEY", help="Group kernels by full (demangled) name, or by base name, which pools template variants: name or base.")] = "name",
             format: Annotated[str, typer.Option("--format", metavar="FORMAT", help="text, json or csv.")] = "text"):
     """Per run: time budget, GPU busy per device, kernels (count, total, avg, median, min, max,
-    stddev, share: nsys's cuda_gpu_kern_sum), CUDA-graph executions, copies and memsets."""
+    stddev, share: nsys's cuda_gpu_kern_sum), CUDA-graph executions, copies, memsets and device
+    memory (reserved, allocated, largest free block, peaks, the peak by category)."""
     for option, value, allowed in (("--format", format, SUMMARY_FORMATS), ("--by", by, GROUPINGS)):
         if value not in allowed:
             err.print(f"error: {option} must be one of {', '.join(allowed)}, not {value!r}", markup=False)
@@ -137,6 +138,36 @@ def print_summary(console: Console, s: dict) -> None:
             t.add_row(r["memory_kind"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
                       _bandwidth(r["bandwidth_gb_per_s"]))
         console.print(t)
+    if s["memory"]:
+        _memory_tables(console, s["memory"])
+
+
+MEMORY_COLUMNS = (("reserved", "reserved_bytes"), ("allocated", "allocated_bytes"),
+                  ("largest free block", "largest_free_block_bytes"), ("peak allocated", "peak_allocated_bytes"),
+                  ("peak reserved", "peak_reserved_bytes"))
+
+
+def _memory_tables(console: Console, rows: list[dict]) -> None:
+    """Per device: a snapshot's reserved, allocated and largest free block, the peaks (the
+    columns no device has left out); then, where the data has categories, what the peak held
+    by category."""
+    shown = [(h, k) for h, k in MEMORY_COLUMNS if any(r[k] is not None for r in rows)]
+    sources = ", ".join(dict.fromkeys(r["source"] for r in rows))
+    t = Table("device", *(Column(h, justify="right") for h, _ in shown), title=f"Memory ({sources})")
+    for r in rows:
+        t.add_row(str(r["device_id"]), *(fmt.nbytes(r[k]) for _, k in shown))
+    console.print(t)
+    if any(r["source"] == "memory snapshot" and r["peak_allocated_bytes"] is not None for r in rows):
+        console.print("Reserved, allocated and the largest free block are at the snapshot; the peaks are over its "
+                      "recorded history, allocated in the bytes requested (blocks round them up).",
+                      markup=False, soft_wrap=False)
+    for r in rows:
+        if r["categories"]:
+            c = Table("category", Column("bytes", justify="right"), Column("share", justify="right"),
+                      title=f"Device {r['device_id']} at its peak ({fmt.nbytes(r['peak_allocated_bytes'])}), by category")
+            for x in r["categories"]:
+                c.add_row(x["category"].replace("_", " "), fmt.nbytes(x["bytes"]), fmt.pct(x["share"]))
+            console.print(c)
 
 
 def _bandwidth(gb_per_s) -> str:

@@ -90,6 +90,9 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
                         "total_ns": _num(copies["total_ns"].sum()) if len(copies) else None,
                         "bytes": _num(copies["bytes"].sum()) if len(copies) else None},
         "memory": mem,
+        "memory_rows": summary.memory(store, rid),
+        "memory_categories": html_metrics.memory_categories(store, rid, run.get("start_ns")),
+        "segment_maps": html_metrics.segment_map(store, rid),
         "timeline": html_timeline.timeline_data(store, rid, findings, run.get("start_ns"), max_ops=max_ops),
         "roofline": html_metrics.roofline(store, rid, findings),
         "stalls": html_metrics.stalls(store, rid, findings),
@@ -326,15 +329,28 @@ def _summary_cards(p: dict) -> str:
     cards.append(_card("copy time", esc(fmt.ns(ct["total_ns"])),
                        f'{esc(fmt.num(ct["count"]))} copies, {esc(fmt.nbytes(ct["bytes"]))}') if ct["count"]
                  else _card("copy time", "-", "no copies in this trace"))
-    mem = p["memory"]
+    mem, rows = p["memory"], [r for r in p["memory_rows"] if r["peak_allocated_bytes"] is not None]
     if mem:
         gpus = [s for s in mem["series"] if s["device_type"] == "cuda"] or mem["series"]
         top = max(gpus, key=lambda s: s["peak_bytes"] or 0)
         detail = "<br>".join(f'{esc(_mem_dev(s))}: {esc(fmt.nbytes(s["peak_bytes"]))} at {esc(fmt.ns(s["peak_at_ns"]))}'
                              for s in mem["series"])
         cards.append(_card("peak memory", esc(fmt.nbytes(top["peak_bytes"])), detail))
+    elif rows:  # a memory timeline: its peak and what held it
+        top = max(rows, key=lambda r: r["peak_allocated_bytes"])
+        detail = "<br>".join(
+            f'GPU {esc(r["device_id"])}: {esc(fmt.nbytes(r["peak_allocated_bytes"]))}'
+            + "".join(f', {esc(c["category"].replace("_", " "))} {esc(fmt.pct(c["share"]))}' for c in (r["categories"] or [])[:2])
+            for r in rows)
+        cards.append(_card("peak memory", esc(fmt.nbytes(top["peak_allocated_bytes"])), detail))
     else:
         cards.append(_card("peak memory", "-", "no allocator events in this trace"))
+    snap = [r for r in p["memory_rows"] if r["reserved_bytes"] is not None]
+    if snap:  # a snapshot: the allocator's state when it was taken
+        cards.append(_card("at the snapshot", esc(fmt.nbytes(sum(r["reserved_bytes"] for r in snap))) + " reserved",
+                           "<br>".join(f'GPU {esc(r["device_id"])}: {esc(fmt.nbytes(r["allocated_bytes"]))} allocated, '
+                                       f'largest free block {esc(fmt.nbytes(r["largest_free_block_bytes"]))}'
+                                       for r in snap)))
     c = {s: sum(1 for f, _ in p["headlines"] if f["severity"] == s) for s in SEVERITY_ORDER}
     cards.append(_card("findings", " ".join(f'<span class="count sev-{s}{" zero" if not c[s] else ""}">{c[s]}</span>'
                                             for s in SEVERITY_ORDER), "error · warning · info"))
@@ -539,6 +555,17 @@ def _plots(p: dict) -> str:
     if mem:
         out.append('<h3>Memory</h3><p class="quiet">Allocated bytes over time (each column shows the lowest and highest '
                    'value in it); the dot marks the peak.</p>' + charts.memory(mem))
+    if p["memory_categories"]:
+        out.append('<h3>Memory by category</h3><p class="quiet">Device memory over time stacked by what PyTorch\'s memory '
+                   'profiler says each tensor is (each column shows the time step with the most memory in it); the '
+                   'dot marks the peak, the one rule M005 reports.</p>'
+                   + "".join(charts.memory_categories(d) for d in p["memory_categories"]))
+    if p["segment_maps"]:
+        out.append('<h3>Segment map</h3><p class="quiet">The caching allocator\'s segments at the snapshot, in address '
+                   'order, each a bar as long as its size (rows wrap; the scale is on top), its blocks colored by state. '
+                   'Free memory beside live tensors cannot serve a request larger than its block; the largest free '
+                   'block is outlined. Hover a block for its size and segment.</p>'
+                   + "".join(charts.segment_map(d) for d in p["segment_maps"]))
     return "\n".join(out)
 
 

@@ -327,7 +327,200 @@ def memory(data: dict) -> str:
         body.append(f'<circle class="peak" cx="{px:.1f}" cy="{py:.1f}" r="5" fill="{PEAK_COLOR}"><title>{esc(peak_txt)}</title></circle>')
         anchor = "end" if px > (left + right) / 2 else "start"
         body.append(_text(px + (-8 if anchor == "end" else 8), max(py - 6, top + 12), peak_txt, anchor, "peakl"))
-        what = "allocated" if s["recorded"] else "net allocations since the trace began (no allocator total recorded)"
+        what = ("allocated (bytes requested) over the snapshot's recorded history" if s.get("history")
+                else "allocated" if s["recorded"] else "net allocations since the trace began (no allocator total recorded)")
         body.append(_text(left, 12, f"{dev}: {what}, {s['events']:,} events", cls="ptitle"))
         panels.append(_svg(bottom + 24, body, f"Memory of {dev}"))
     return "".join(panels)
+
+
+# -- memory by category ----------------------------------------------------------------------------
+
+# One color per category of PyTorch's memory profiler (stable across runs); the peak is marked in black.
+CATEGORY_COLORS = {"parameter": "#4e79a7", "optimizer_state": "#f28e2b", "input": "#9c755f", "temporary": "#bab0ac",
+                   "activation": "#e15759", "gradient": "#59a14f", "autograd_detail": "#b07aa1", "unknown": "#76b7b2"}
+
+
+def _label(category: str) -> str:
+    return category.replace("_", " ")
+
+
+def memory_categories(data: dict) -> str:
+    """A stacked step plot of one device's memory by category, in PyTorch's stacking order, the
+    peak marked with what it held."""
+    left, right, top, ph = 90, W - 20, 22, 200
+    bottom = top + ph
+    cols, names = data["columns"], data["categories"]
+    n = len(cols)
+    hi = max(sum(c) for c in cols if c is not None) * 1.08 or 1.0
+    t0, span = data["t0_ns"], data["span_ns"]
+
+    def X(i: float) -> float:
+        return left + (right - left) * i / n
+
+    def Y(v: float) -> float:
+        return bottom - (bottom - top) * v / hi
+
+    body = [f'<rect class="frame" x="{left}" y="{top}" width="{right - left}" height="{ph}"/>']
+    for v in nice_ticks(0, hi, 4):
+        body.append(f'<line class="grid" x1="{left}" y1="{Y(v):.1f}" x2="{right}" y2="{Y(v):.1f}"/>')
+        body.append(_text(left - 6, Y(v) + 4, fmt.nbytes(v), "end", "tick"))
+    for v in nice_ticks(t0, t0 + span, 6):
+        body.append(_text(left + (right - left) * (v - t0) / span, bottom + 15, fmt.ns(v), "middle", "tick"))
+    # Each category's band: from the sum of those under it to that plus its own bytes, a column at a time.
+    present = [k for k in range(len(names)) if any(c is not None and c[k] for c in cols)]
+    below = [0.0] * n
+    for k in present:
+        name = names[k]
+        upper, lower = [], []
+        i = next(i for i, c in enumerate(cols) if c is not None)  # before the first step: nothing
+        while i < n:
+            a, b = below[i], below[i] + cols[i][k]
+            j = i  # the columns after it at the same level: one stretch
+            while j + 1 < n and below[j + 1] == a and cols[j + 1][k] == cols[i][k]:
+                j += 1
+            upper += [f"{X(i):.1f},{Y(b):.1f}", f"{X(j + 1):.1f},{Y(b):.1f}"]
+            lower += [f"{X(i):.1f},{Y(a):.1f}", f"{X(j + 1):.1f},{Y(a):.1f}"]  # drawn back, right to left
+            below[i:j + 1] = [b] * (j + 1 - i)
+            i = j + 1
+        body.append(f'<polygon class="band" points="{" ".join(upper + lower[::-1])}" '
+                    f'fill="{CATEGORY_COLORS.get(name, "#999")}"><title>{esc(_label(name))}</title></polygon>')
+    total = data["peak_bytes"]
+    px = left + (right - left) * (data["peak_at_ns"] - t0) / span
+    py = Y(total)
+    split = ", ".join(f"{_label(c)} {fmt.nbytes(b)} ({fmt.pct(b / total) if total else '-'})" for c, b in data["peak_split"])
+    peak_txt = f"peak {fmt.nbytes(total)} at {fmt.ns(data['peak_at_ns'])}: " + ", ".join(
+        f"{_label(c)} {fmt.pct(b / total) if total else '-'}" for c, b in data["peak_split"][:2])
+    # a guide down from the dot: a peak one time step long is a spike a pixel wide
+    body.append(f'<line class="peakline" x1="{px:.1f}" y1="{py:.1f}" x2="{px:.1f}" y2="{bottom}"/>')
+    body.append(f'<circle class="peakdot" cx="{px:.1f}" cy="{py:.1f}" r="4"><title>{esc(f"peak {fmt.nbytes(total)}: {split}")}</title></circle>')
+    anchor = "end" if px > (left + right) / 2 else "start"
+    body.append(_text(px + (-8 if anchor == "end" else 8), max(py - 6, top + 12), peak_txt, anchor, "peakk"))
+    body.append(_text(left, 14, f"GPU {data['device_id']}: memory by category, {data['steps']:,} time steps", cls="ptitle"))
+    y = bottom + 34
+    body += _swatches([(CATEGORY_COLORS.get(names[k], "#999"), _label(names[k])) for k in present], left, y)
+    return _svg(y + 14, body, f"Memory by category of GPU {data['device_id']}")
+
+
+def _swatches(items: list[tuple[str, str]], x0: float, y: float) -> list[str]:
+    """A legend: a colored square and its label each, in one line."""
+    out, x = [], x0
+    for color, label in items:
+        out.append(f'<rect x="{x:.1f}" y="{y - 9:.1f}" width="11" height="11" fill="{color}"/>'
+                   + _text(x + 15, y, label, cls="tick"))
+        x += 28 + 6.5 * len(label)
+    return out
+
+
+# -- segment map -----------------------------------------------------------------------------------
+
+# Block states as the map colors them: a live tensor, freed but still in use by a stream, and
+# free memory the allocator keeps, beside live tensors (stranded) or in a wholly free segment
+# (cached: released by torch.cuda.empty_cache() or when the allocator needs room).
+SEGMENT_COLORS = {"active_allocated": "#4e79a7", "active_pending_free": "#f28e2b", "stranded": "#f3b6b6",
+                  "cached": "#dfe3e8"}
+SEGMENT_LABELS = {"active_allocated": "allocated (live tensor)", "active_pending_free": "freed, pending on a stream",
+                  "stranded": "free, beside live tensors", "cached": "free segment (cached)"}
+LARGEST_FREE_COLOR = "#d62728"
+MAP_ROW_H, MAP_ROW_GAP, MAP_MAX_ROWS = 16, 7, 40
+
+
+def _row_bytes(segments: list[dict]) -> int:
+    """How many bytes one row of the map holds: about the square root of the segment count in
+    rows (at most MAP_MAX_ROWS), and a row no narrower than the largest segment unless that one
+    is more than half of all (then it wraps over rows itself)."""
+    total = sum(s["bytes"] for s in segments)
+    rows = min(max(round(math.sqrt(len(segments))), 1), MAP_MAX_ROWS)
+    return max(-(-total // rows), min(max(s["bytes"] for s in segments), -(-total // 2)), 1)
+
+
+def _layout(segments: list[dict], row_bytes: int) -> list[int]:
+    """Where each segment starts on one long tape of rows of `row_bytes`: one after the other,
+    a segment that fits in a row moved to the next row rather than cut at the end of one.
+    (Whole bytes: a row's end is exact.)"""
+    starts, pos = [], 0
+    for s in segments:
+        used = pos % row_bytes
+        if s["bytes"] <= row_bytes and used and used + s["bytes"] > row_bytes:
+            pos += row_bytes - used
+        starts.append(pos)
+        pos += s["bytes"]
+    return starts
+
+
+def _pieces(a: int, b: int, row_bytes: int, x0: float, width: float, y0: float) -> list[tuple[float, float, float]]:
+    """The interval [a, b) of the tape as (x, width, y) per row it lies on."""
+    out = []
+    while a < b:
+        row = a // row_bytes
+        end = min(b, (row + 1) * row_bytes)
+        out.append((x0 + width * (a - row * row_bytes) / row_bytes, width * (end - a) / row_bytes,
+                    y0 + row * (MAP_ROW_H + MAP_ROW_GAP)))
+        a = end
+    return out
+
+
+def segment_map(data: dict) -> str:
+    """Each segment of a snapshot a bar as long as its size, rows wrapped like lines of text
+    (the scale on top), its blocks colored by state; the largest free block outlined and
+    marked."""
+    segs = data["segments"]
+    left, right, top = 12, W - 12, 42
+    width = right - left
+    row_bytes = _row_bytes(segs)
+    starts = _layout(segs, row_bytes)
+    rows = -(-max(st + s["bytes"] for st, s in zip(starts, segs)) // row_bytes)
+    body = []
+    for v in nice_ticks(0, row_bytes, 6):
+        x = left + width * v / row_bytes
+        body.append(f'<line class="grid" x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" '
+                    f'y2="{top + rows * (MAP_ROW_H + MAP_ROW_GAP) - MAP_ROW_GAP}"/>')
+        body.append(_text(x, top - 9, fmt.nbytes(v), "middle" if v else "start", "tick"))
+    seen, drawn = set(), []  # drawn: [start, end, kind, tip, blocks] on the tape
+    narrow = row_bytes / width  # the bytes of a pixel: narrower blocks of one kind side by side draw as one
+    for s, at in zip(segs, starts):
+        where = (f"segment at 0x{s['address']:x}: {fmt.nbytes(s['bytes'])}, {s['type']} pool"
+                 f"{', expandable' if s['expandable'] else ''}, stream {s['stream']}"
+                 + (f", private pool {s['pool']}" if s["pool"] not in (None, "0,0") else ""))
+        for off, n, state, requested in s["blocks"]:
+            kind = state if state != "inactive" else ("stranded" if s["used"] else "cached")
+            seen.add(kind)
+            last = drawn[-1] if drawn else None
+            if last and last[1] == at + off and last[2] == kind and n < narrow and last[4] and \
+                    (last[1] - last[0]) / last[4] < narrow:
+                last[1] += n
+                last[4] += 1
+                last[3] = f"{last[4]} blocks, {SEGMENT_LABELS.get(kind, kind)}: {fmt.nbytes(last[1] - last[0])}"
+                continue
+            tip = f"{SEGMENT_LABELS.get(kind, kind)}: {fmt.nbytes(n)}"
+            if state != "inactive" and requested is not None and requested != n:
+                tip += f" (requested {fmt.nbytes(requested)})"
+            drawn.append([at + off, at + off + n, kind, tip + "\n" + where, 1])
+    for a, b, kind, tip, _ in drawn:
+        for x, w, y in _pieces(a, b, row_bytes, left, width, top):
+            body.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{MAP_ROW_H}" '
+                        f'fill="{SEGMENT_COLORS.get(kind, "#999")}"><title>{esc(tip)}</title></rect>')
+    for s, at in zip(segs, starts):
+        if s["bytes"] >= 1.5 * narrow:  # an outline on narrower ones would hide their blocks
+            for x, w, y in _pieces(at, at + s["bytes"], row_bytes, left, width, top):
+                body.append(f'<rect class="seg" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{MAP_ROW_H}"/>')
+    marked = ""
+    if data.get("largest_free_at"):
+        i, j = data["largest_free_at"]
+        off, n, _, _ = segs[i]["blocks"][j]
+        pieces = _pieces(starts[i] + off, starts[i] + off + n, row_bytes, left, width, top)
+        for x, w, y in pieces:
+            body.append(f'<rect class="largest" x="{x:.2f}" y="{y - 1}" width="{max(w, 2):.2f}" '
+                        f'height="{MAP_ROW_H + 2}"/>')
+        x, w, y = pieces[0]
+        cx = x + max(w, 2) / 2
+        body.append(f'<path class="largest-mark" d="M{cx - 5:.1f},{y - 8} L{cx + 5:.1f},{y - 8} L{cx:.1f},{y - 1} Z">'
+                    f'<title>largest free block: {esc(fmt.nbytes(n))}</title></path>')
+        marked = f"; largest free block {fmt.nbytes(n)} (▼)"
+    title = (f"GPU {data['device_id']}: {len(segs):,} segments, {fmt.nbytes(data['reserved'])} reserved, "
+             f"{fmt.nbytes(data['allocated'])} allocated{marked}; each row {fmt.nbytes(row_bytes)}")
+    body.insert(0, _text(left, 14, title, cls="ptitle"))
+    y = top + rows * (MAP_ROW_H + MAP_ROW_GAP) + 12
+    items = [(SEGMENT_COLORS[k], SEGMENT_LABELS[k]) for k in SEGMENT_COLORS if k in seen]
+    body += _swatches(items + ([(LARGEST_FREE_COLOR, "largest free block")] if marked else []), left, y)
+    return _svg(y + 10, body, f"Segment map of GPU {data['device_id']}")

@@ -6,7 +6,10 @@ evaluate (an older store, the rule ignored) show every kernel of B003's roofline
 (`kernel_roofline`), the numbers the rule classifies. Stall profiles are the `stall_profiles` analysis that rule
 I001 reports from, for every kernel with stall metrics, flagged or not. The memory curve is
 the `memory_levels` analysis (M001's) over time, a few hundred columns wide, with the peak
-M001 reports where it did.
+M001 reports where it did; for a memory snapshot, its recorded history replayed
+(`summary.HISTORY_LEVELS_SQL`, the levels M003 and M004 read). A memory timeline is stacked
+by category from `summary.TIMELINE_STEPS_SQL`, its peak the one `summary.timeline_peaks` (and
+rule M005) finds; a snapshot's segments and blocks are laid out for the segment map.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import json
 import math
 from typing import Any
 
+from .. import summary
 from ..fmt import _missing
+# The categories of PyTorch's memory profiler, in the order its own plot stacks them.
+from ..ingest.torch_memory_timeline import CATEGORIES as TIMELINE_CATEGORIES
 from ..store import Store
 
 MAX_ROOFLINE_KERNELS = 40
@@ -117,13 +123,17 @@ def stalls(store: Store, run_id: str, findings: list[dict]) -> dict | None:
     return {"kernels": kernels[:MAX_STALL_KERNELS], "kernels_total": len(kernels)}
 
 
-# Allocated memory after each allocator event, per device: the `memory_levels` view (rule M001's).
+# Allocated memory after each allocator event, per device: the `memory_levels` view (rule M001's),
+# or a snapshot's history replayed (its events without a time, PyTorch 2.0's, left out).
 _CURVE = """
 WITH curve AS (
     SELECT device_type, device_id, ts_ns, event_id, has_totals AS recorded, allocated_bytes AS allocated,
-           reserved_bytes AS reserved
+           reserved_bytes AS reserved, false AS history
     FROM memory_levels WHERE run_id = $run_id
-)"""
+    UNION ALL
+    SELECT 'cuda', device_id, ts_ns, event_id, true, allocated, reserved, true
+    FROM ({history}) WHERE ts_ns IS NOT NULL
+)""".replace("{history}", summary.HISTORY_LEVELS_SQL)
 
 MEMORY_SQL = _CURVE + """, bounds AS (SELECT min(ts_ns) AS t0, greatest(max(ts_ns) - min(ts_ns), 1) AS span FROM curve)
 SELECT device_type, device_id, any_value(recorded) AS recorded,
@@ -136,7 +146,7 @@ FROM curve, bounds GROUP BY ALL ORDER BY device_type, device_id, col
 PEAK_SQL = _CURVE + """
 SELECT device_type, device_id, any_value(recorded) AS recorded, count(*) AS events,
        max(allocated) AS peak_bytes, arg_min(ts_ns, (-allocated, ts_ns, event_id)) AS peak_ts_ns,
-       min(ts_ns) AS first_ns, max(ts_ns) AS last_ns
+       min(ts_ns) AS first_ns, max(ts_ns) AS last_ns, bool_or(history) AS history
 FROM curve GROUP BY ALL ORDER BY device_type DESC, device_id
 """
 
@@ -152,9 +162,9 @@ def memory(store: Store, run_id: str, run_start_ns: int | None, findings: list[d
     t1 = max(p[7] for p in peaks)
     origin = run_start_ns if run_start_ns is not None else t0
     series: dict[tuple, dict[str, Any]] = {}
-    for dtype, dev, recorded, n, peak, peak_ts, _, _ in peaks:
+    for dtype, dev, recorded, n, peak, peak_ts, _, _, history in peaks:
         series[(dtype, dev)] = {"device_type": dtype, "device_id": dev, "recorded": bool(recorded),
-                                "events": int(n), "peak_bytes": _f(peak),
+                                "history": bool(history), "events": int(n), "peak_bytes": _f(peak),
                                 "peak_at_ns": int(peak_ts - origin), "cols": []}
     for dtype, dev, _, col, lo, hi, last, reserved in cols:
         series[(dtype, dev)]["cols"].append([int(col), _f(lo), _f(hi), _f(last), _f(reserved)])
@@ -167,3 +177,81 @@ def memory(store: Store, run_id: str, run_start_ns: int | None, findings: list[d
                      peak_source="M001")
     return {"t0_ns": int(t0 - origin), "span_ns": int(max(t1 - t0, 1)), "columns": MEMORY_COLUMNS,
             "series": list(series.values())}
+
+
+# -- memory by category (a memory timeline) ----------------------------------------------------
+
+def memory_categories(store: Store, run_id: str, run_start_ns: int | None) -> list[dict]:
+    """Per device of a memory timeline, the bytes of each category over time in `columns`
+    columns: in each column the time step holding the most memory (so the peak shows whole),
+    a column without steps holding the level the last one left. With the peak of
+    `summary.timeline_peaks` and its split."""
+    import numpy as np
+
+    peaks = {p["device_id"]: p for p in summary.timeline_peaks(store, run_id)}
+    if not peaks:
+        return []
+    rows = store.sql(f"SELECT device_id, ts_ns, category, change FROM ({summary.TIMELINE_STEPS_SQL}) "
+                     "ORDER BY device_id, ts_ns", {"run_id": run_id}).fetchall()
+    out = []
+    for device, peak in sorted(peaks.items()):
+        mine = [r for r in rows if r[0] == device]
+        names = [c for c in TIMELINE_CATEGORIES if any(r[2] == c for r in mine)]
+        times = sorted({r[1] for r in mine})
+        at = {t: i for i, t in enumerate(times)}
+        change = np.zeros((len(times), len(names)))
+        for _, t, c, n in mine:
+            change[at[t], names.index(c)] += n
+        levels = np.cumsum(change, axis=0)  # after each time step, per category
+        t0, t1 = times[0], times[-1]
+        span = max(t1 - t0, 1)
+        col = np.minimum(((np.array(times) - t0) * MEMORY_COLUMNS // span).astype(int), MEMORY_COLUMNS - 1)
+        total = levels.sum(axis=1)
+        shown, last = [], None
+        for c in range(MEMORY_COLUMNS):
+            idx = np.flatnonzero(col == c)
+            if idx.size:
+                shown.append(levels[idx[np.argmax(total[idx])]].tolist())  # argmax: the first at the highest
+                last = levels[idx[-1]].tolist()
+            else:
+                shown.append(last)
+        origin = run_start_ns if run_start_ns is not None else t0
+        out.append({"device_id": device, "categories": names, "columns": shown, "t0_ns": int(t0 - origin),
+                    "span_ns": int(span), "peak_bytes": peak["total"], "peak_at_ns": int(peak["ts_ns"] - origin),
+                    "peak_split": peak["categories"], "steps": len(times)})
+    return out
+
+
+# -- segment map (a memory snapshot) -----------------------------------------------------------
+
+SEGMENTS_SQL = """
+SELECT s.device_id, s.segment_id, s.address, s.total_bytes, s.stream_id, s.segment_type, s.pool_id, s.is_expandable,
+       list((b.address - s.address, b.bytes, b.state, b.requested_bytes) ORDER BY b.address, b.block_id)
+         FILTER (WHERE b.block_id IS NOT NULL) AS blocks
+FROM memory_segments s LEFT JOIN memory_blocks b ON b.run_id = s.run_id AND b.segment_id = s.segment_id
+WHERE s.run_id = $run_id
+GROUP BY ALL ORDER BY s.device_id, s.address, s.segment_id
+"""
+
+
+def segment_map(store: Store, run_id: str) -> list[dict]:
+    """Per device of a snapshot, its segments in address order, each with its blocks (offset in
+    the segment, bytes, state, requested bytes), the state's numbers (`summary.snapshot_state`)
+    and where the largest free block is (segment and block index, the first of that size)."""
+    state = {st["device_id"]: st for st in summary.snapshot_state(store, run_id)}
+    devices: dict[int, dict] = {}
+    for device, _, address, total, stream, kind, pool, expandable, blocks in store.sql(
+            SEGMENTS_SQL, {"run_id": run_id}).fetchall():
+        st = state.get(device, {})
+        d = devices.setdefault(device, {"device_id": device, "segments": [], "largest_free_at": None,
+                                        **{k: _f(st.get(k)) for k in ("reserved", "allocated", "pending", "free",
+                                                                       "largest_free", "stranded", "cached")}})
+        blocks = [(int(o), int(n), state_, _f(r)) for o, n, state_, r in (blocks or [])]
+        d["segments"].append({"address": address, "bytes": int(total), "stream": stream, "type": kind, "pool": pool,
+                              "expandable": bool(expandable), "blocks": blocks,
+                              "used": any(b[2] != "inactive" for b in blocks)})
+        if d["largest_free_at"] is None and d["largest_free"]:
+            j = next((j for j, b in enumerate(blocks) if b[2] == "inactive" and b[1] == d["largest_free"]), None)
+            if j is not None:
+                d["largest_free_at"] = (len(d["segments"]) - 1, j)
+    return [devices[k] for k in sorted(devices)]
