@@ -716,7 +716,7 @@ def test_unsorted_rows_get_ids_in_start_order(tmp_path):
 # -- big tables read and stored in parts ------------------------------------------------------
 @pytest.fixture
 def small_parts(monkeypatch):
-    """Kernels and copies streamed in parts of two rows (batches of one), as a 5 M-kernel
+    """Kernels, copies and NVTX ranges streamed in parts of two rows (batches of one), as a 5 M-kernel
     export is in parts of CHUNK_ROWS: every part boundary and restart is exercised."""
     if "adbc" not in BACKENDS:
         pytest.skip("parts are streamed through ADBC")
@@ -744,6 +744,7 @@ def test_parts_give_the_tables_of_one_read(traces_dir, name, monkeypatch, small_
     path = fixture(name) if name.endswith(".sqlite") else real(traces_dir, "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite")
     parts = nsys.read(path)
     assert parts.tables["kernels"]["kernel_id"].num_chunks > 1  # it was read in parts
+    assert parts.tables["ranges"]["range_id"].num_chunks > 1
     monkeypatch.setattr(nsys, "CHUNK_ROWS", 1 << 30)
     whole = nsys.read(path)
     assert plain(parts) == plain(whole)
@@ -785,7 +786,7 @@ def test_one_read_cpu_reads_in_the_calling_thread_with_the_same_tables(traces_di
     assert (alone.metadata, alone.warnings) == (threaded.metadata, threaded.warnings)
 
 
-@pytest.mark.parametrize("table", [KERNEL, MEMCPY])
+@pytest.mark.parametrize("table", [KERNEL, MEMCPY, "NVTX_EVENTS"])
 def test_parts_out_of_order_are_read_again_whole(tmp_path, table, small_parts):
     path = reordered(tmp_path, table)
 
@@ -802,7 +803,8 @@ def test_parts_out_of_order_are_read_again_whole(tmp_path, table, small_parts):
 
     sink = Recorder()
     nsys.read(path, sink=sink)
-    output, id_col = ("kernels", "kernel_id") if table == KERNEL else ("copies", "copy_id")
+    output, id_col = {KERNEL: ("kernels", "kernel_id"), MEMCPY: ("copies", "copy_id"),
+                      "NVTX_EVENTS": ("ranges", "range_id")}[table]
     assert output in sink.discarded  # (planted.sqlite's last copy is out of order already)
     got = pa.concat_tables(sink.parts[output])
     starts = got["start_ns"].to_pylist()

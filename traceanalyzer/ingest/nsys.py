@@ -115,8 +115,9 @@ STRING_ID_COLUMNS = ("demangled_id", "short_id", "mangled_id", "name_id", "text_
 FETCH_ORDER = (RUNTIME, KERNEL, MEMCPY, GRAPH, SYNC, MEMSET, NVTX, MEMORY)
 # Tables read as a stream of parts and built part by part (when the file has them in start
 # order, as every real export seen so far does): each is never whole in memory, as source
-# or as output. Runtime calls are out of order in real exports, so they are sorted whole.
-STREAMED = (KERNEL, MEMCPY)
+# or as output. Runtime calls are out of order in real exports, so they are sorted whole;
+# NVTX rows are in start order (a push is recorded when it is made), ranges grown with the kernels.
+STREAMED = (KERNEL, MEMCPY, NVTX)
 CHUNK_ROWS = 1 << 19  # rows per part of an output table
 STREAM_BATCHES_AHEAD = 4  # batches of FETCH_BATCH_ROWS a stream reads ahead
 GPU_TABLES = {KERNEL: "kernels", MEMCPY: "copies", MEMSET: "memsets", SYNC: "syncs", GRAPH: "graph executions"}
@@ -163,6 +164,7 @@ class _Reader:
         self.call_index: arrow.CallIndex | None = None
         self.call_names: pa.Array = pa.array([], STR)  # dictionary of api_calls.name
         self.grouped_calls = False
+        self.filters: dict[str, str] = {}  # a source table's own WHERE (NVTX: the event types read)
 
     # -- orchestration -------------------------------------------------------------
     def read(self) -> ParsedTrace:
@@ -172,10 +174,12 @@ class _Reader:
             self.enums = nsys_enums.load(self.f, trace.schema_version)
             self.metadata["enum_sources"] = self.enums.sources
             nvtx_types = ", ".join(str(int(k)) for k in self.enums.nvtx) or "NULL"
+            if self.f.has(NVTX, "eventType"):
+                self.filters[NVTX] = f"eventType IN ({nvtx_types})"
             self._submit_strings()
             for table in FETCH_ORDER:  # all fetches start now; each step below waits for its own
                 if not (table in STREAMED and self._open_stream(table)):
-                    self._submit(table, f"eventType IN ({nvtx_types})" if table == NVTX else "")
+                    self._submit(table)
             self._load_strings()
             self._api_calls()
             self._given_back()  # the runtime source, before kernels are read
@@ -247,9 +251,7 @@ class _Reader:
         timed = table in GPU_TABLES and self.f.has(table, "start") and self.f.has(table, "end")
         if timed:
             where = f'NOT (start = 0 AND "end" = 0) AND {SANE_GPU_TIMES}'
-        elif table == NVTX and not self.f.has(table, "eventType"):
-            where = ""
-        return timed, where
+        return timed, where or self.filters.get(table, "")
 
     def _open_stream(self, table: str) -> bool:
         """Start reading a STREAMED table in parts; False where it must be read whole (no
@@ -259,7 +261,7 @@ class _Reader:
         total = self.f.count(table)
         if total <= CHUNK_ROWS:
             return False
-        if not self._source_filter(table, "")[0] or self.f.backend != "adbc":
+        if not (self._source_filter(table, "")[0] or table == NVTX) or self.f.backend != "adbc":
             return False
         self.metadata["source_rows"][table] = total
         self.streams[table] = (None, total)  # started by _start_stream
@@ -302,7 +304,7 @@ class _Reader:
             raise _ReadWhole() from None
         finally:
             stream.close()
-        self._account(table, stream.rows, total, True)
+        self._account(table, stream.rows, total, table in GPU_TABLES)
 
     def _in_order(self, part: pa.Table, last: int | None) -> int | None:
         start = arrow.array(part["start_ns"])
@@ -721,26 +723,49 @@ class _Reader:
                                  "syncType code: kind 'unknown'")
 
     def _ranges(self) -> None:
+        if NVTX in self.streams:
+            try:
+                emitted = 0
+                for part in self._parts(NVTX):
+                    emitted += self._range_rows(part, emitted)
+                return
+            except _ReadWhole:
+                self._restart(NVTX, "ranges")
+                self.duck.execute("DROP TABLE IF EXISTS nvtx_domains")
+        self._range_rows(self._take_source(NVTX), 0)
+
+    def _range_rows(self, data: pa.Table, first_id: int) -> int:
+        """Range rows from NVTX source rows (a part in start order, after the ones before, or
+        the whole table), stored with ids from `first_id`: the rows stored."""
         kind = nsys_enums.sql_case("n.event_type", self.enums.nvtx)
         g = "n.global_tid"
-        with self._registered(NVTX):
-            self.duck.execute(f"CREATE TEMP TABLE nvtx AS SELECT n.*, {kind} AS kind FROM {_src(NVTX)} n")
-        self._emit("ranges", f"""
-            WITH named AS (
-                SELECT n.*, COALESCE(n.text, s.value) AS name, {g} & {PROCESS_MASK} AS process
-                FROM nvtx n LEFT JOIN strings s ON s.id = n.text_id
-                WHERE n.kind IS NOT NULL
-            ), domains AS (  -- NvtxDomainCreate rows name a process's domain ids
-                SELECT process, domain_id, min(name) AS domain FROM named
-                WHERE kind = 'domain' GROUP BY process, domain_id
-            )
-            SELECT row_number() OVER (ORDER BY n.start_ns, n.src_row) - 1 AS range_id,
+        data = data.append_column("src_row", pa.array(np.arange(data.num_rows, dtype=np.int64)))
+        self.duck.register("nvtx_part", data)
+        del data
+        try:
+            self.duck.execute(f"""
+                CREATE OR REPLACE TEMP TABLE nvtx AS
+                SELECT n.*, {kind} AS kind, COALESCE(n.text, s.value) AS name, {g} & {PROCESS_MASK} AS process
+                FROM nvtx_part n LEFT JOIN strings s ON s.id = n.text_id""")
+        finally:
+            self.duck.unregister("nvtx_part")
+        # NvtxDomainCreate rows name a process's domain ids; a domain is created before its ranges
+        self.duck.execute("""
+            CREATE TEMP TABLE IF NOT EXISTS nvtx_domains (process BIGINT, domain_id BIGINT, domain VARCHAR);
+            INSERT INTO nvtx_domains SELECT process, domain_id, min(name) FROM nvtx
+            WHERE kind = 'domain' GROUP BY process, domain_id""")
+        ranges = self.duck.sql(f"""
+            WITH domains AS (SELECT process, domain_id, min(domain) AS domain FROM nvtx_domains GROUP BY ALL)
+            SELECT row_number() OVER (ORDER BY n.start_ns, n.src_row) - 1 + {int(first_id)} AS range_id,
                    n.kind, n.name, d.domain, {PID.format(g=g)} AS pid, {TID.format(g=g)} AS tid,
                    n.start_ns, CASE WHEN n.kind = 'nvtx_mark' THEN n.start_ns ELSE n.end_ns END AS end_ns
-            FROM named n
+            FROM nvtx n
             LEFT JOIN domains d ON d.process = n.process AND d.domain_id = n.domain_id
             WHERE n.kind IN ('nvtx', 'nvtx_mark')
-            ORDER BY range_id""")
+            ORDER BY range_id""").to_arrow_table()
+        self.duck.execute("DROP TABLE nvtx")
+        self._store("ranges", ranges)
+        return ranges.num_rows
 
     def _memory_events(self) -> None:
         oper = nsys_enums.sql_case("m.oper", self.enums.mem_oper)
