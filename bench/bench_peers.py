@@ -691,9 +691,9 @@ python_function stacks, memory events) repeated 1-8 times, each copy shifted in 
 linking id, written with PyTorch's 2-space indentation (whitespace is a third of a real trace's
 bytes). nsys: the real 2-GPU H100 export `nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite` (schema
 3.25.0, nsys-ai's own fixture): its CREATE TABLE text and rows copied, and the kernel, runtime,
-memcpy, memset and sync tables repeated in SQL with shifted times and correlation ids; 1x = 625 k
-kernels (1.05 M runtime calls), 8x = 5.0 M kernels (8.4 M runtime calls, 1.3 M copies). NVTX,
-strings and devices are not repeated. `python bench/gen_big.py nsys --kernels 1000000` writes the
+memcpy, memset, sync and NVTX tables repeated in SQL with shifted times and correlation ids; 1x = 625 k
+kernels (1.05 M runtime calls, 3.1 M NVTX ranges), 8x = 5.0 M kernels (8.4 M runtime calls, 1.3 M
+copies, 24 M NVTX ranges). Strings and devices are not repeated. `python bench/gen_big.py nsys --kernels 1000000` writes the
 1 M-kernel export; the table uses powers of two from 625 k so that 8x is the 5 M target.
 
 **What is timed.** Ours: `Store(path).ingest(file)` into a new DuckDB file (hashing, reading,

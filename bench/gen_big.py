@@ -11,10 +11,11 @@ Metadata events (`ph: "M"`) appear once. The file goes into a folder of its own 
 HTA loads every trace in a folder.
 
 nsys: the source export's CREATE TABLE text and all of its rows are copied; the activity
-tables that grow with the workload (kernels, runtime API calls, copies, memsets, syncs)
-are then repeated in SQL (INSERT ... SELECT over a recursive CTE of copy numbers, copy-major
+tables that grow with the workload (kernels, runtime API calls, copies, memsets, syncs,
+NVTX ranges, unless `--flat-nvtx`: a real PyTorch export carries several per kernel) are then
+repeated in SQL (INSERT ... SELECT over a recursive CTE of copy numbers, copy-major
 like a real export's time order) with `start`/`end` shifted by k periods and
-`correlationId` by k times the source's id range. Everything else (NVTX, OS runtime,
+`correlationId` by k times the source's id range. Everything else (OS runtime,
 strings, devices) stays as in the source; ANALYSIS_DETAILS gets the new duration. The
 kernel count is the smallest whole number of copies reaching `--kernels`.
 """
@@ -42,7 +43,7 @@ KINETO_ARG_IDS = ("External id", "correlation", "Ev Idx", "Python id", "Python p
 KINETO_GAP_US = 1000.0
 
 NSYS_SCALED_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                      "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
+                      "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS")
 NSYS_GAP_NS = 1_000_000
 
 
@@ -113,13 +114,14 @@ def _shift_event(e: dict, k: int, period_us: float, id_step: dict, arg_step: dic
 
 
 # -- nsys --------------------------------------------------------------------------------
-def nsys_path(kernels: int) -> Path:
-    return DATA / f"nsys_{kernels}_kernels_real.sqlite"
+def nsys_path(kernels: int, flat_nvtx: bool = False) -> Path:
+    return DATA / f"nsys_{kernels}_kernels_{'flat' if flat_nvtx else 'nvtx'}.sqlite"
 
 
-def nsys(kernels: int, source: Path = NSYS_SOURCE, force: bool = False) -> Path:
-    """Write (once) an export with at least `kernels` kernels grown from `source`; return it."""
-    out = nsys_path(kernels)
+def nsys(kernels: int, source: Path = NSYS_SOURCE, force: bool = False, flat_nvtx: bool = False) -> Path:
+    """Write (once) an export with at least `kernels` kernels grown from `source` (NVTX kept as in
+    the source with `flat_nvtx`); return it."""
+    out = nsys_path(kernels, flat_nvtx)
     if out.exists() and not force:
         return out
     DATA.mkdir(parents=True, exist_ok=True)
@@ -136,14 +138,15 @@ def nsys(kernels: int, source: Path = NSYS_SOURCE, force: bool = False) -> Path:
     for _, sql in tables:
         con.execute(sql)
     present = {name for name, _ in tables}
-    scaled = [t for t in NSYS_SCALED_TABLES if t in present]
+    scaled = [t for t in NSYS_SCALED_TABLES if t in present and not (flat_nvtx and t == "NVTX_EVENTS")]
     n_source = con.execute(f"SELECT count(*) FROM src.{scaled[0]}").fetchone()[0]
     copies = max(1, math.ceil(kernels / max(1, n_source)))
-    bounds = [con.execute(f'SELECT min(start), max("end"), min(correlationId), max(correlationId) FROM src.{t}')
-              .fetchone() for t in scaled]
+    bounds = [con.execute(f'SELECT min(start), max("end") FROM src.{t}').fetchone() for t in scaled]
     lo, hi = min(b[0] for b in bounds if b[0] is not None), max(b[1] for b in bounds if b[1] is not None)
-    clo = min(b[2] for b in bounds if b[2] is not None)
-    chi = max(b[3] for b in bounds if b[3] is not None)
+    correlated = [t for t in scaled if "correlationId" in {r[1] for r in con.execute(f'PRAGMA src.table_info("{t}")')}]
+    ids = [con.execute(f"SELECT min(correlationId), max(correlationId) FROM src.{t}").fetchone() for t in correlated]
+    clo = min(b[0] for b in ids if b[0] is not None)
+    chi = max(b[1] for b in ids if b[1] is not None)
     period_ns = hi - lo + NSYS_GAP_NS
     corr_step = chi - clo + 1
     for name, _ in tables:
@@ -177,11 +180,12 @@ def main() -> None:
     n = sub.add_parser("nsys", help="an nsys SQLite export with many kernels")
     n.add_argument("--kernels", type=int, default=5_000_000)
     n.add_argument("--source", type=Path, default=NSYS_SOURCE)
+    n.add_argument("--flat-nvtx", action="store_true", help="keep NVTX as in the source instead of growing it")
     for p in (k, n):
         p.add_argument("--force", action="store_true", help="rebuild even if the file exists")
     a = ap.parse_args()
     t = time.perf_counter()
-    path = (kineto(a.copies, a.source, a.force) if a.kind == "kineto" else nsys(a.kernels, a.source, a.force))
+    path = (kineto(a.copies, a.source, a.force) if a.kind == "kineto" else nsys(a.kernels, a.source, a.force, a.flat_nvtx))
     print(f"{path}: {path.stat().st_size / 1e6:.0f} MB ({time.perf_counter() - t:.1f} s)")
 
 
