@@ -350,3 +350,40 @@ def test_peak_reserved_per_device_where_the_allocator_records_it(db):
     change = 100 * dev["delta_bytes"] / dev["base_peak_bytes"]
     assert doc["memory_line"].startswith(f"peak memory {change:+.1f}% (")
     assert "base peak reserved" in diff(db, KINETO_CLEAN, KINETO_PLANTED).stdout
+
+
+def test_two_ncu_profiles_pair_a_renamed_kernel_in_launch_order(db):
+    """The naive vs coalesced SGEMM reports: one kernel each, under two names. Paired, with each
+    side's Speed Of Light and achieved occupancy; the stall finding both have is neither new
+    nor fixed."""
+    from traceanalyzer.store import Store
+
+    reps = shared_traces() / "ncu-rep"
+    naive, coalesced = reps / "CudaCode__gemm__reps__naive.ncu-rep", reps / "CudaCode__gemm__reps__global_mem_coalesce.ncu-rep"
+    code, doc = diff_json(db, naive, coalesced)
+    [k] = doc["kernels"]
+    assert k["status"] == "paired" and k["name"].startswith("naive_gemm(")
+    assert k["test_name"].startswith("sgemm_global_mem_coalesce(")
+    with Store(db, read_only=True) as st:
+        for side, path in (("base", naive), ("test", coalesced)):
+            rid = st.sql("SELECT run_id FROM runs WHERE file_name = $f", {"f": path.name}).fetchall()[0][0]
+            rows = st.sql("""SELECT d.value, s.value FROM kernel_metrics d JOIN kernel_metrics s USING (run_id, kernel_id)
+                             WHERE run_id = $r AND d.metric_id = 'gpu__time_duration.sum'
+                               AND s.metric_id = 'sm__throughput.avg.pct_of_peak_sustained_elapsed'""",
+                          {"r": rid}).fetchall()
+            assert k[f"{side}_count"] == len(rows) == 2
+            assert k[f"{side}_total_ns"] == pytest.approx(sum(d for d, _ in rows), abs=1)
+            assert k[f"{side}_sm_pct"] == pytest.approx(sum(d * s for d, s in rows) / sum(d for d, _ in rows))
+    rules = lambda fs: {(f["rule_id"], f["item_name"].split("(")[0]) for f in fs}  # noqa: E731
+    assert ("I001", "sgemm_global_mem_coalesce") not in rules(doc["findings"]["new"])
+    assert ("I001", "naive_gemm") not in rules(doc["findings"]["fixed"])
+    assert ("I003", "naive_gemm") in rules(doc["findings"]["fixed"])
+    text = diff(db, naive, coalesced).stdout
+    assert "naive_gemm -> sgemm_global_mem_coalesce" in text and "renamed kernels paired in launch order" in text
+    assert "SM %" in text and "occupancy %" in text
+
+
+def test_timelines_never_pair_renamed_kernels(db):
+    _, doc = diff_json(db, NSYS_CLEAN, NSYS_PLANTED)
+    assert {k["status"] for k in doc["kernels"]} <= {"both", "new", "gone"}
+    assert any(k["status"] in ("new", "gone") for k in doc["kernels"])

@@ -210,10 +210,23 @@ def _kernel_key(by: str) -> str:
     return r"regexp_replace(coalesce(k.name, k.short_name), '\s+', '', 'g')"
 
 
-KERNELS_SQL = """
-SELECT {key} AS key, min(coalesce(k.short_name, k.name)) AS short_name, min(k.name) AS name, count(*) AS count,
-       sum(k.duration_ns) AS total_ns
-FROM kernel_durations k
+# Nsight Compute's per-launch Speed Of Light and achieved occupancy (%), averaged per kernel
+# weighted by duration; NULL for a timeline.
+NCU_KERNEL_METRICS = {"sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                      "memory_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+                      "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active"}
+_NCU_PIVOT = ", ".join(f"max(value) FILTER (WHERE metric_id = '{m}') AS {c}" for c, m in NCU_KERNEL_METRICS.items())
+_NCU_MEANS = ", ".join(f"sum({c} * coalesce(k.duration_ns, 1)) / nullif(sum(coalesce(k.duration_ns, 1)) "
+                       f"FILTER (WHERE {c} IS NOT NULL), 0) AS {c}" for c in NCU_KERNEL_METRICS)
+
+KERNELS_SQL = f"""
+WITH m AS (
+    SELECT kernel_id, {_NCU_PIVOT} FROM kernel_metrics
+    WHERE run_id = $run_id AND list_contains({list(NCU_KERNEL_METRICS.values())}, metric_id) GROUP BY kernel_id
+)
+SELECT {{key}} AS key, min(coalesce(k.short_name, k.name)) AS short_name, min(k.name) AS name, count(*) AS count,
+       sum(k.duration_ns) AS total_ns, min(k.kernel_id) AS first_id, {_NCU_MEANS}
+FROM kernel_durations k LEFT JOIN m USING (kernel_id)
 WHERE k.run_id = $run_id
 GROUP BY key
 """
@@ -285,11 +298,39 @@ def _join(base: pd.DataFrame, test: pd.DataFrame, on: list[str], keep: list[str]
     return out
 
 
-def _kernel_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
+def _kernel_table(base: pd.DataFrame, test: pd.DataFrame, pair_renamed: bool = False) -> pd.DataFrame:
+    """Kernels matched by key; with `pair_renamed` (two Nsight Compute profiles of one program, the
+    kernel rewritten under another name), the ones left unmatched on both sides, as many on each,
+    are paired in launch order: status `paired`, `test_name` the name in TEST."""
+    base, test = base.copy(), test.copy()
+    paired = _renamed_pairs(base, test) if pair_renamed else {}
+    if paired:  # a test kernel takes its base partner's key; its own name is kept for the table
+        test["test_name"] = test["name"]
+        test["key"] = test["key"].map(lambda k: paired.get(k, k))
     out = _join(base, test, ["key"], ["short_name", "name"])
+    for c in NCU_KERNEL_METRICS:
+        out[f"base_{c}"] = out["key"].map(dict(zip(base["key"], base[c]))) if c in base else None
+        out[f"test_{c}"] = out["key"].map(dict(zip(test["key"], test[c]))) if c in test else None
+    out["test_name"] = None  # a paired kernel's name in TEST (`name` is BASE's)
+    if paired:
+        renamed = out["key"].isin(set(paired.values()))
+        base_names = dict(zip(base["key"], base["name"]))
+        test_names = dict(zip(test["key"], test["test_name"]))
+        out.loc[renamed, "status"] = "paired"
+        out.loc[renamed, "name"] = [base_names[k] for k in out.loc[renamed, "key"]]
+        out.loc[renamed, "test_name"] = [test_names[k] for k in out.loc[renamed, "key"]]
     order = out["test_total_ns"].fillna(0) - out["base_total_ns"].fillna(0)
     return (out.assign(_order=order.abs()).sort_values(["_order", "key"], ascending=[False, True])
             .drop(columns="_order").reset_index(drop=True))
+
+
+def _renamed_pairs(base: pd.DataFrame, test: pd.DataFrame) -> dict:
+    """Test key -> base key for the kernels only one side has, when both have as many (launch order)."""
+    gone = base[~base["key"].isin(set(test["key"]))].sort_values("first_id")
+    new = test[~test["key"].isin(set(base["key"]))].sort_values("first_id")
+    if gone.empty or len(gone) != len(new):
+        return {}
+    return dict(zip(new["key"], gone["key"]))
 
 
 def _range_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
@@ -379,10 +420,14 @@ def _findings(store: Store, run_id: str) -> list[dict]:
                        {"run_id": run_id}).to_pylist()
 
 
-def _finding_changes(base: list[dict], test: list[dict]) -> tuple[list[dict], list[dict], int]:
-    """New and fixed findings, compared as multisets of keys."""
-    new = _unmatched(test, base)
-    fixed = _unmatched(base, test)
+def _finding_changes(base: list[dict], test: list[dict], renamed: dict | None = None
+                     ) -> tuple[list[dict], list[dict], int]:
+    """New and fixed findings, compared as multisets of keys; a test finding on a kernel paired
+    with a renamed base kernel (`renamed`: test name -> base name) is keyed by the base name."""
+    as_base = [{**f, "item_name": renamed.get(f["item_name"], f["item_name"])} if renamed else f for f in test]
+    new_keys = {id(f) for f in _unmatched(as_base, base)}
+    new = [f for f, g in zip(test, as_base) if id(g) in new_keys]
+    fixed = _unmatched(base, as_base)
     return new, fixed, len(test) - len(new)
 
 
@@ -405,7 +450,10 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
         raise DiffError(f"--by must be name or short, not {by!r}")
     base, test = _run_row(store, base_id), _run_row(store, test_id)
     b, t = _side(store, base_id, by), _side(store, test_id, by)
-    kernels = _kernel_table(b["kernels"], t["kernels"])
+    profiles = base["format"].startswith("ncu") and test["format"].startswith("ncu")
+    kernels = _kernel_table(b["kernels"], t["kernels"], pair_renamed=profiles)
+    pairs = kernels[kernels["status"] == "paired"]
+    renamed = dict(zip(pairs["test_name"], pairs["name"]))
     ranges = _range_table(b["ranges"], t["ranges"])
     memory = _memory_table(b["memory"], t["memory"])
     categories = _category_table(b["memory"], t["memory"])
@@ -419,7 +467,7 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
     metrics = [m for m in (span, steps, busy, kernel_total) if m is not None]
     end_to_end = next((m for m in (steps, span, kernel_total) if m is not None and m.comparable), None)
 
-    new, fixed, same = _finding_changes(_findings(store, base_id), _findings(store, test_id))
+    new, fixed, same = _finding_changes(_findings(store, base_id), _findings(store, test_id), renamed)
     return RunDiff(base, test, by, kernels, ranges, memory, categories, metrics, end_to_end, peak, new, fixed, same)
 
 

@@ -74,6 +74,14 @@ def _prepare(st, refs: list[str]) -> list[str]:
     return ids
 
 
+_PROFILED = {"sm_pct": "SM %", "memory_pct": "memory %", "achieved_occupancy_pct": "occupancy %"}
+
+
+def _pct_pair(base, test) -> str:
+    show = lambda v: "-" if v is None or v != v else f"{v:.0f}"  # noqa: E731
+    return f"{show(base)} -> {show(test)}"
+
+
 def _fmt_pct(v) -> str:
     from .. import fmt
 
@@ -102,13 +110,26 @@ def _print(console: Console, d, top: int, noise: float) -> None:
     console.print(m)
 
     if not d.kernels.empty:  # (memory snapshots and timelines have none)
+        # Nsight Compute profiles: each kernel's Speed Of Light and achieved occupancy, base -> test
+        profiled = [c for c in ("sm_pct", "memory_pct", "achieved_occupancy_pct")
+                    if d.kernels[[f"base_{c}", f"test_{c}"]].notna().any().any()]
+        paired = (d.kernels["status"] == "paired").any()
         k = Table(Column("kernel", overflow="fold"), "count", "base", "test", "change", "",
-                  title=f"Kernels by time change (top {min(top, len(d.kernels))} of {len(d.kernels)}, matched by {d.match_by})")
+                  *(_PROFILED[c] for c in profiled),
+                  title=f"Kernels by time change (top {min(top, len(d.kernels))} of {len(d.kernels)}, matched by "
+                        f"{d.match_by}{', renamed kernels paired in launch order' if paired else ''})")
         for r in d.kernels.head(top).itertuples():
             name = r.short_name if d.match_by == "short" else r.name
-            count = f"{fmt.num(r.base_count)} -> {fmt.num(r.test_count)}" if r.status == "both" else r.status
+            if r.status == "paired":
+                from ..ingest.kineto_names import kernel_short_name
+
+                name = (f"{fmt.kernel_label(r.name, kernel_short_name(r.name))} -> "
+                        f"{fmt.kernel_label(r.test_name, kernel_short_name(r.test_name))}")
+            count = (f"{fmt.num(r.base_count)} -> {fmt.num(r.test_count)}" if r.status in ("both", "paired")
+                     else r.status)
             k.add_row(_clip(name), count, fmt.ns(r.base_total_ns), fmt.ns(r.test_total_ns),
-                      _fmt_delta(r.delta_ns, fmt.ns), _fmt_pct(r.delta_pct))
+                      _fmt_delta(r.delta_ns, fmt.ns), _fmt_pct(r.delta_pct),
+                      *(_pct_pair(getattr(r, f"base_{c}"), getattr(r, f"test_{c}")) for c in profiled))
         console.print(k)
 
     if not d.ranges.empty:
