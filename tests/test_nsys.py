@@ -726,6 +726,15 @@ def small_parts(monkeypatch):
     monkeypatch.setattr(nsys_sqlite, "FETCH_BATCH_ROWS", 1)
 
 
+def real_parts(monkeypatch) -> None:
+    """Parts for a real export (3.4 k kernels, 16.8 k NVTX ranges): several per table, not
+    thousands (a part costs a few DuckDB statements)."""
+    from traceanalyzer.ingest import nsys_sqlite
+
+    monkeypatch.setattr(nsys, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(nsys_sqlite, "FETCH_BATCH_ROWS", 100)
+
+
 def plain(trace) -> dict:
     """Tables as Python values (parts have dictionaries of their own; the values are what counts)."""
     return {name: t.to_pylist() for name, t in trace.tables.items()}
@@ -742,6 +751,8 @@ def reordered(tmp_path: Path, table: str) -> Path:
 @pytest.mark.parametrize("name", ["planted.sqlite", "h100_2gpu"])
 def test_parts_give_the_tables_of_one_read(traces_dir, name, monkeypatch, small_parts):
     path = fixture(name) if name.endswith(".sqlite") else real(traces_dir, "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite")
+    if not name.endswith(".sqlite"):
+        real_parts(monkeypatch)
     parts = nsys.read(path)
     assert parts.tables["kernels"]["kernel_id"].num_chunks > 1  # it was read in parts
     assert parts.tables["ranges"]["range_id"].num_chunks > 1
@@ -767,6 +778,8 @@ def test_one_read_cpu_reads_in_the_calling_thread_with_the_same_tables(traces_di
         path = edited_planted(tmp_path, "odd.sqlite", f"UPDATE {KERNEL} SET gridY = 'n/a' WHERE rowid = 5")
     else:
         path = fixture(name) if name.endswith(".sqlite") else real(traces_dir, "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite")
+    if name == "h100_2gpu":
+        real_parts(monkeypatch)
     threaded = nsys.read(path, resources=Resources(2))
 
     def refuse(*a, **k):

@@ -17,7 +17,7 @@ diagnosed together (`diagnose`):
    `rule_loss_ns`) and lends the headline its severity when worse. In an idle group the
    headline is a finding that names the cause the budget gives most of the idle time (sync,
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
-   covers them all; elsewhere, and among equals, the largest loss.
+   covers them all; elsewhere the most severe, and among equals, the largest loss.
 3. **Losses bounded by the budget.** A headline's loss is at most the time of its part: the
    device's idle or copy time; a kernel's own time on the device and, summed over the
    device's kernels, its compute (or communication) time, each scaled down in proportion when
@@ -231,7 +231,8 @@ def _headline_order(row: dict, main_idle_cause: str | None) -> tuple:
     """Sorts a group's findings: the headline first."""
     by_loss = (-_num(row["rule_loss_ns"]), -SEVERITIES.index(row["severity"]), row["rule_id"])
     if not isinstance(row["claims"], str) or _category(row["claims"]) != "idle":
-        return (0, 0, *by_loss)
+        # a kernel's warning before its info, however large the info's estimate
+        return (0, -SEVERITIES.index(row["severity"]), *by_loss)
     return (_named_cause(row) != main_idle_cause, row["claims"] == "idle", *by_loss)
 
 

@@ -239,6 +239,19 @@ CPU_OPS = _t(
     ("sequence_number", "BIGINT", "Autograd `Sequence number`."),
 )
 
+PYTHON_FUNCTIONS = _t(
+    "python_functions",
+    "Python frames on the host (Kineto `python_function` events, recorded with `with_stack=True`): source "
+    "lines (`model.py(42): forward`) and, with `with_modules`, `nn.Module: Name_N` frames.",
+    RUN,
+    ("function_id", "BIGINT", "Row id within the run."),
+    ("name", "VARCHAR", "Frame as the trace names it."),
+    ("pid", "BIGINT", "Process id."),
+    ("tid", "BIGINT", "Thread id."),
+    ("start_ns", "BIGINT", "Start."),
+    ("end_ns", "BIGINT", "End."),
+)
+
 MEMORY_EVENTS = _t(
     "memory_events",
     "Allocator events: Kineto `[memory]` instants, nsys `CUDA_GPU_MEMORY_USAGE_EVENTS`.",
@@ -415,7 +428,7 @@ RULE_RUNS = _t(
 )
 
 TABLES: tuple[Table, ...] = (
-    RUNS, DEVICES, KERNELS, COPIES, MEMSETS, API_CALLS, SYNCS, RANGES, CPU_OPS,
+    RUNS, DEVICES, KERNELS, COPIES, MEMSETS, API_CALLS, SYNCS, RANGES, CPU_OPS, PYTHON_FUNCTIONS,
     MEMORY_EVENTS, MEMORY_SEGMENTS, MEMORY_BLOCKS, ALLOCATOR_EVENTS, MEMORY_FRAMES, ALLOCATOR_SETTINGS,
     MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, FINDINGS, RULE_RUNS,
 )

@@ -27,8 +27,8 @@ dropped once `kineto_collect.Collector` has kept the columns its tables need, so
 is the output columns plus one chunk, not the file (odd files fall back to the whole-file
 decode, which keeps every error message and result exact). Args stay `msgspec.Raw`
 slices of the chunk and are decoded per category, in one batch per chunk, into Structs of
-just the fields that category needs, so the events nobody reads (flows, python_function,
-metadata) never have their args parsed at all. Typing every event's args in the first
+just the fields that category needs, so the events whose args nobody reads (flows,
+python_function, metadata) never have their args parsed at all. Typing every event's args in the first
 pass reads the bench file ~15% slower (building args for the events no table reads costs
 more than the second decode saves), and puts all categories under one
 Struct: one odd value type anywhere (ROCm writes `"stream": "0x0"` on runtime calls) would
@@ -246,6 +246,7 @@ def _parse(top: dict[str, Raw], c: Collector) -> ParsedTrace:
         "syncs": b.syncs(),
         "ranges": b.ranges(),
         "cpu_ops": b.cpu_ops(),
+        "python_functions": b.python_functions(),
         "memory_events": b.memory_events(),
     }
     props = needed["deviceProperties"] if "deviceProperties" in top else needed["computeProperties"]

@@ -42,6 +42,8 @@ COMPLETE_ROLES: dict[str, tuple[Any, str]] = {
     "user_annotation": (None, "user_annotation"),
     "gpu_user_annotation": (None, "gpu_user_annotation"),
     "cpu_op": (CpuOpArgs, "cpu_op"),
+    # Frames only: their args (Python ids, which time nesting makes redundant) are never decoded.
+    "python_function": (None, "python_function"),
 }
 MEMORY = "memory"
 # Names of runtime/driver calls kept to tell the vendor (hip* vs cu*).
@@ -240,6 +242,8 @@ class Collector:
 
     def _cols_user_annotation(self, events: list[Event], a: list) -> dict[str, Any]:
         return {"name": _strings([e.name for e in events]), **self._pid_tid(events)}
+
+    _cols_python_function = _cols_user_annotation
 
     def _cols_gpu_user_annotation(self, events: list[Event], a: list) -> dict[str, Any]:
         ids = self.ids

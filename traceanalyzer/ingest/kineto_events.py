@@ -135,6 +135,7 @@ CATEGORY_ROLES: dict[str, str] = {
     "operator": "cpu_op",
     "user_annotation": "user_annotation",
     "gpu_user_annotation": "gpu_user_annotation",
+    "python_function": "python_function",
     "mtia_runtime": "mtia",
     "mtia_ccp_events": "mtia",
 }

@@ -348,6 +348,16 @@ class TableBuilder:
             "external_id": c["external"], "sequence_number": c["sequence_number"],
         })
 
+    def python_functions(self) -> pa.Table | None:
+        t = self._complete("python_function")
+        if not t.n:
+            return None
+        c = t.cols
+        return make_table("python_functions", {
+            "function_id": np.arange(t.n, dtype=np.int64),
+            "name": c["name"], "pid": c["pid"], "tid": c["tid"], "start_ns": t.start_ns, "end_ns": t.end_ns,
+        })
+
     def memory_events(self) -> pa.Table | None:
         r = self.c.roles[MEMORY]
         parts = self.c.role_parts(MEMORY)

@@ -21,7 +21,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from .. import __version__, fmt, summary
+from .. import __version__, fmt, ranges, summary
 from ..rules import all_rules
 from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
@@ -96,7 +96,21 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
         "timeline": html_timeline.timeline_data(store, rid, findings, run.get("start_ns"), max_ops=max_ops),
         "roofline": html_metrics.roofline(store, rid, findings),
         "stalls": html_metrics.stalls(store, rid, findings),
+        "code": code_tree(store, rid),
     }
+
+
+CODE_DEPTH, CODE_ROWS = 4, 40  # the "where in the code" table: levels of the tree, rows with GPU time
+
+
+def code_tree(store: Store, rid: str) -> dict | None:
+    """`ranges.run_ranges` of the first of operators, NVTX ranges and modules that launched GPU
+    time in the run (None: none did), down to CODE_DEPTH levels."""
+    for by in ("op", "range", "module"):
+        r = ranges.run_ranges(store, rid, by, CODE_DEPTH)
+        if any(x["gpu_ns"] for x in r["ranges"]):
+            return r
+    return None
 
 
 # -- rendering -------------------------------------------------------------------------
@@ -236,6 +250,7 @@ def _run_section(p: dict, rules: dict, multi: bool) -> str:
     out.append(_summary_cards(p))
     out.append(_timeline(p))
     out.append(_findings(p, rules))
+    out.append(_where_in_code(p["code"]))
     out.append(_plots(p))
     out.append("</section>")
     return "\n".join(out)
@@ -525,6 +540,25 @@ def _ev_value(key: str, v, rid: str, t_origin: int, has_tl: bool, depth: int) ->
 
 
 # -- plots -----------------------------------------------------------------------------
+
+def _where_in_code(r: dict | None) -> str:
+    """The tree of `code_tree` as a table: the paths that launched GPU time, in tree order, each
+    name indented by its depth (`traceanalyzer ranges` lists them all)."""
+    if r is None:
+        return ""
+    what = ranges.WHAT[r["by"]]
+    rows = [x for x in r["ranges"] if x["gpu_ns"]][:CODE_ROWS]
+    body = "".join(
+        f'<tr><td>{"&nbsp;" * 4 * x["depth"]}{esc(clip(x["name"], 80))}</td><td>{fmt.num(x["instances"])}</td>'
+        f'<td>{fmt.num(x["kernels"])}</td><td>{fmt.ns(x["gpu_ns"])}</td><td>{fmt.ns(x["gpu_proj_ns"])}</td>'
+        f'<td>{fmt.pct(x["share"])}</td></tr>' for x in rows)
+    note = (f"GPU time by the {what} that launched it (children included), {CODE_DEPTH} levels deep; "
+            f"{fmt.ns(r['outside_ns'])} of kernel time was launched outside every {what[:-1]}. "
+            "`traceanalyzer ranges` lists every path.")
+    return (f'<h3>Where in the code</h3><p class="quiet">{esc(note)}</p><table class="ev"><tr><th>{what[:-1]}</th>'
+            "<th>instances</th><th>kernels</th><th>GPU time</th><th>GPU projection</th><th>share</th></tr>"
+            f"{body}</table>")
+
 
 def _timeline(p: dict) -> str:
     tl = p["timeline"]

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..fmt import kernel_label, ns, pct
+from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
 from .base import Rule, Threshold
@@ -31,7 +32,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         c = _configuration(r, p)
         if c is not None:
             by_kernel.setdefault((r.device_id, r.name), []).append(c)
-    return pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()])
+    return name_launchers(store, run_id, pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()]))
 
 
 def _configuration(r, p: dict) -> dict | None:
@@ -176,7 +177,7 @@ RULE = Rule(
         "`min_time_share` of the run's kernel time are skipped. Collectives (NCCL/RCCL, custom "
         "all-reduce kernels) are T007's: their grid is the channel count, not a tiling choice. For a "
         "library kernel (`kernels.library`: cuBLAS, cuDNN, ...) the hint names what the caller can "
-        "change (shape, batching, dtype, algorithm choice), never tile sizes.",
+        "change (shape, batching, dtype, algorithm choice), never tile sizes." + " " + LAUNCHER_HOW,
     fix="Size grids to whole waves (tile size, blocks per SM), use persistent kernels or "
         "stream-K style scheduling, or run small kernels concurrently.",
     requires="kernel grid and block sizes with registers and shared memory per thread/block (or ncu launch metrics)",

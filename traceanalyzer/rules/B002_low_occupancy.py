@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..fmt import kernel_label, ns, pct
+from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
 from .base import Rule, Threshold
@@ -26,6 +27,7 @@ _LIMITER_HINT = {
 CUPTI_SHARED_MEM_LIMIT_BYTES = 48 * 1024
 # NVIDIA's line between throughput- and latency-bound (Speed Of Light at 60% of peak or more).
 SOL_THROUGHPUT_BOUND = 0.6
+LOW_OCCUPANCY_BY_DESIGN = frozenset({"cublas", "cutlass", "cudnn", "attention"})
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
@@ -43,7 +45,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         c = _configuration(r, p)
         if c is not None:
             by_kernel.setdefault((r.device_id, r.name), []).append(c)
-    return pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()])
+    return name_launchers(store, run_id, pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()]))
 
 
 def _kineto_estimate(r) -> tuple[float | None, str | None]:
@@ -102,7 +104,10 @@ def _finding(configs: list[dict], p: dict) -> dict:
     shares = [c["row"].time_share for c in configs if c["row"].time_share == c["row"].time_share]
     time_share = sum(shares) if shares else None
     throughput_bound = worst["sol"] is not None and worst["sol"] >= SOL_THROUGHPUT_BOUND
-    sev = ("info" if throughput_bound or (time_share is not None and time_share < p["warning_time_share"])
+    # Library GEMM, convolution and attention kernels keep few, large blocks resident by design
+    # (big tiles, deep pipelines): low occupancy alone says nothing about them, a measurement does.
+    by_design = library_of(r) in LOW_OCCUPANCY_BY_DESIGN and worst["sol"] is None
+    sev = ("info" if throughput_bound or by_design or (time_share is not None and time_share < p["warning_time_share"])
            else "warning")
     message = f"{kernel_label(r.name, r.short_name)}: {worst['what']}"
     estimate = worst["estimate"]
@@ -114,6 +119,9 @@ def _finding(configs: list[dict], p: dict) -> dict:
                     f"{pct(r.achieved_impossible_max)}, left out)")
     if throughput_bound:
         message += f"; at {pct(worst['sol'])} of its busiest roof it is throughput-bound, so occupancy is not what limits it"
+    if by_design and worst["low_theo"]:
+        message += ("; library GEMM, convolution and attention kernels run few large blocks by design, so "
+                    "without a measurement (ncu's Speed Of Light) this is no sign of a problem")
     if len(configs) > 1:
         message += f" (the worst of {len(configs)} launch configurations)"
     if loss is not None:
@@ -190,10 +198,11 @@ RULE = Rule(
         "Little's law: a latency-bound kernel's time falls at most in proportion to the warps it "
         "lacks, to theoretical / `min_theoretical_share` (or achieved / theoretical) of its time; "
         "with ncu's Speed Of Light it is at most the headroom below the busiest roof, and a kernel "
-        "at 60% or more of a roof is throughput-bound: info. One finding per kernel (its launch "
+        "at 60% or more of a roof is throughput-bound: info. A cuBLAS, CUTLASS, cuDNN or attention "
+        "kernel without Speed Of Light is info too: those keep few large blocks resident by design. One finding per kernel (its launch "
         "configurations in `evidence.configurations`, losses summed); kernels under "
         "`warning_time_share` of kernel time are info, under `min_time_share` skipped. Collectives "
-        "are T007's; library kernels (`kernels.library`) get hints about the call, not registers.",
+        "are T007's; library kernels (`kernels.library`) get hints about the call, not registers." + " " + LAUNCHER_HOW,
     fix="Reduce the limiting resource (registers via __launch_bounds__, shared memory per block, "
         "block size) in your own kernels; for a library's, change what selects its variant (dtype, "
         "shape, algorithm search); balance work so warps retire together.",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..fmt import kernel_label, ns, pct
+from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._ncu import DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col, device_peaks, jsonable, kernel_finding, keep_hot, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
@@ -357,7 +358,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(["est_loss_ns", "value"], ascending=[False, True], na_position="last", kind="stable")
-    return df
+    return name_launchers(store, run_id, df)
 
 
 _APPLIES = f"""
@@ -403,7 +404,7 @@ RULE = Rule(
         "peak for half/bfloat16 and the FP32 peak for float: flagged as an estimate. Estimated loss, for "
         "latency-bound kernels only: time x (1 - share / (`throughput_bound_pct`/100)), the time saved if "
         "the same work ran at the throughput-bound level. Severity is warning for latency-bound kernels over "
-        "`warning_time_share` of profiled time, info otherwise.",
+        "`warning_time_share` of profiled time, info otherwise." + " " + LAUNCHER_HOW,
     fix="Memory-bound: fewer bytes (fusion, lower precision, better reuse and coalescing). Compute-bound: less "
         "or cheaper math (tensor cores). Latency-bound: more parallelism and fewer stalls (see B004, B001, "
         "B002, I001).",

@@ -1,5 +1,6 @@
 """I001 warp-stall profile: which stall reason dominates a kernel's warp cycles (ncu data)."""
 
+from ._code import named
 from .base import Rule, Threshold
 
 # What each stall reason means and what to try, from NVIDIA's CPIStall rule texts
@@ -156,7 +157,7 @@ RULE = Rule(
         Threshold("min_dominant_share", 0.3, "Share of stall cycles the top reason needs (NVIDIA CPIStall: 0.3)."),
         Threshold("max_issue_active_ratio", 0.8, "Kernels issuing on at least this share of cycles are skipped (NVIDIA CPIStall: 0.8)."),
     ),
-    sql=SQL,
+    evaluate=named(SQL),
     formats=("ncu-csv", "ncu-text", "ncu-rep"),
     references=(
         "Nsight Compute Kernel Profiling Guide: 'Warp Scheduler States' and the WarpStateStats section rules (CPIStall)",

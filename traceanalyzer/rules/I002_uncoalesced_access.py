@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..fmt import kernel_label, ns, num, pct
+from ._code import name_launchers
 from ._ncu import DURATION, MEM_SOL, as_int, col, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
@@ -143,7 +144,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                  + (" Collect smsp__sass_data_bytes_mem_global_op_ld.sum to know the access width."
                     if f["ideal_assumed"] else ""),
         ))
-    return pd.DataFrame(rows)
+    return name_launchers(store, run_id, pd.DataFrame(rows))
 
 
 _APPLIES = f"""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..fmt import kernel_label, nbytes, pct
+from ._code import name_launchers
 from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
@@ -75,7 +76,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     if not out.empty:
         out = out.sort_values(["severity", "value"], ascending=[False, True], kind="stable")
-    return out
+    return name_launchers(store, run_id, out)
 
 
 RULE = Rule(

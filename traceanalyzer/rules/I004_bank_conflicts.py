@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..fmt import kernel_label, ns, num, pct
+from ._code import name_launchers
 from ._ncu import DURATION, as_int, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
 from .base import Rule, Threshold
 
@@ -109,7 +110,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                      "with the row) so the 32 threads of a warp hit 32 different banks; for 8-byte elements "
                      "check the access width.",
             ))
-    return pd.DataFrame(rows)
+    return name_launchers(store, run_id, pd.DataFrame(rows))
 
 
 RULE = Rule(

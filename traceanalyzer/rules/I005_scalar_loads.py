@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..fmt import kernel_label, num, pct
+from ._code import name_launchers
 from ._ncu import DURATION, MEM_SOL, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
 from .base import Rule, Threshold
 
@@ -133,7 +134,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                      "aligned pointers, or process several consecutive elements per thread; check the SASS for "
                      "LDG.E.128 instead of LDG.E.",
             ))
-    return pd.DataFrame(rows)
+    return name_launchers(store, run_id, pd.DataFrame(rows))
 
 
 _DATA = [m for op in OPS for k in ("data_bytes", "used_pct", "used_bytes") for m in _ids(op)[k]]

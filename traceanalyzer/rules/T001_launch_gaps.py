@@ -1,7 +1,16 @@
 """T001 launch gaps: idle time between consecutive GPU operations on a stream."""
 
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
 from ..store.views import BLOCKING_CALL, covered_ns, idle_marks
+from ._code import around_gaps, device_key, phrase
 from .base import Rule, Threshold
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # A gap's causes, in the order its time is split in (the `how` text below says what each
 # means; copy and dependency name the same last part). The same order breaks ties.
@@ -327,6 +336,41 @@ for _key, _sql in {
 }.items():
     SQL = SQL.replace(_key, _sql)
 
+
+
+LABEL_GAPS = 5
+
+
+def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
+    """The findings of SQL, each naming the code around its gaps (`_code.around_gaps`): every gap
+    the evidence lists gets `around`, and the finding the one around most of their time."""
+    from .engine import query  # here: the engine imports every rule module
+
+    # The code around a finding's gaps is judged on the same worst gaps whatever the evidence
+    # lists (`max_examples` only shapes the evidence): at least LABEL_GAPS are fetched.
+    df = query(store, SQL, {"run_id": run_id, **p, "max_examples": max(p["max_examples"], LABEL_GAPS)})
+    if df.empty:
+        return df
+    evidence = [json.loads(e) for e in df["evidence"]]
+    gaps = [g for ev in evidence for g in ev["worst"]]
+    devices = [device_key(device) for ev, device in zip(evidence, df["device_id"]) for _ in ev["worst"]]
+    labels = around_gaps(store, run_id, [{**g, "device_id": d} for g, d in zip(gaps, devices)])
+    for g, label in zip(gaps, labels):
+        g["around"] = label
+    messages = []
+    for ev, message in zip(evidence, df["message"]):
+        by_label: dict[str, int] = {}
+        for g in ev["worst"]:
+            if g["around"] is not None:
+                by_label[g["around"]] = by_label.get(g["around"], 0) + g["gap_ns"]
+        top = min(by_label, key=lambda k: (-by_label[k], k)) if by_label else None
+        ev["around"] = top
+        listed_ns = sum(g["gap_ns"] for g in ev["worst"])
+        messages.append(message if top is None else f"{message} {phrase(top, by_label[top] / listed_ns)}")
+        ev["worst"] = ev["worst"][:p["max_examples"]]
+    return df.assign(message=messages, evidence=[json.dumps(ev) for ev in evidence])
+
+
 RULE = Rule(
     id="T001",
     name="launch-gaps",
@@ -362,7 +406,10 @@ RULE = Rule(
         "(`cause_counts`: each gap under the cause with the most of its time, the earlier in the "
         "order above among equals; a cause can have time and no gaps); the main cause, which the "
         "message and hint follow, is the one with the most device-idle time (ties: most gap time, "
-        "most gaps, then the order above).",
+        "most gaps, then the order above). Each gap listed names the code the host was in when the GPU "
+        "went idle (`around`): the innermost PyTorch operator, else NVTX range or user annotation, open at "
+        "the gap's start on the thread that launched the operation ending it; the finding names the one "
+        "around most of the listed gaps' time.",
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",
@@ -373,7 +420,7 @@ RULE = Rule(
         Threshold("error_share", 0.25, "Device-idle gap time as a share of the stream's span that makes an error."),
         Threshold("max_examples", 5, "How many of the worst gaps the evidence lists."),
     ),
-    sql=SQL,
+    evaluate=evaluate,
     formats=("nsys-sqlite", "kineto-json"),
     references=(
         "Nsight Systems `nsys analyze` rule gpu_gaps (default 500 ms; this rule looks at launch-scale gaps)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -404,6 +405,154 @@ def _budget_sweep(runs: str | None) -> str:
         )"""
 
 
+def _qualified(condition: str, alias: str) -> str:
+    """A condition on `run_id` (a runs parameter of the generators) on `alias`'s run_id; a
+    parameter named like it (`$run_id`) stays."""
+    return re.sub(r"(?<![$\w.])run_id\b", f"{alias}.run_id", condition)
+
+
+# Where host frames come from (host_frames' `source`): NVTX and user-annotation ranges, PyTorch
+# operators, the `nn.Module` frames of the Python stack, and every Python frame.
+FRAME_SOURCES = ("range", "op", "module", "python")
+# The order of a thread's frame boundaries (`phase` 0: the end of a frame that began earlier,
+# 1: a start, 2: the end of a zero-length frame): at one time, frames end before others start;
+# frames starting together open outer (longer) first; frames ending together close inner first.
+_BOUNDARY_ORDER = ("t, phase, CASE WHEN phase = 1 THEN -end_ns ELSE -start_ns END, "
+                   "CASE WHEN phase = 1 THEN frame_id ELSE -frame_id END")
+_FRAME_THREAD = "run_id, source, pid, tid"
+
+
+def host_frames_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME_SOURCES) -> str:
+    """The host_frames view's query; with `runs` (a condition on `run_id`), those runs' only.
+
+    One sweep per thread and source over the frames' starts and ends in _BOUNDARY_ORDER: a
+    frame's depth is the number of frames open when it starts (it excluded), and its parent the
+    frame of one level less that started last before it (an ASOF join on the boundary's
+    position). Exact when a thread's frames nest, as push/pop ranges and Kineto's events do; a
+    start/end range that overlaps another only in part takes the depth of those open at its start.
+    With `sources`, the frames of those sources only."""
+    of_run = runs or "true"
+    timed = "pid IS NOT NULL AND tid IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns"
+    branches = []
+    if "range" in sources:  # a range never closed lasts to the end of the run (as nsys's projection reads it)
+        branches.append(f"""
+            SELECT * FROM (
+                SELECT r.run_id, 'range' AS source, r.range_id AS frame_id, r.name, r.pid, r.tid, r.start_ns,
+                       coalesce(r.end_ns, greatest(u.end_ns, r.start_ns)) AS end_ns
+                FROM ranges r LEFT JOIN runs u ON u.run_id = r.run_id
+                WHERE r.kind IN ('nvtx', 'user_annotation'))
+            WHERE {of_run} AND {timed}""")
+    if "op" in sources:
+        branches.append(f"SELECT run_id, 'op' AS source, op_id AS frame_id, name, pid, tid, start_ns, end_ns FROM cpu_ops "
+                        f"WHERE {of_run} AND {timed}")
+    python = [x for x in ("module", "python") if x in sources]
+    if python:  # an `nn.Module` frame is a frame of both
+        kinds = f"CASE WHEN starts_with(name, 'nn.Module: ') THEN {python} ELSE {[x for x in python if x == 'python']} END"
+        branches.append(f"SELECT * FROM (SELECT run_id, unnest({kinds}) AS source, function_id AS frame_id, name, pid, tid, "
+                        "start_ns, end_ns "
+                        f"FROM python_functions WHERE {of_run} AND {timed})")
+    return f"""
+        WITH frames AS (
+            {" UNION ALL ".join(branches)}
+        ), boundaries AS (
+            SELECT *, start_ns AS t, 1 AS phase FROM frames
+            UNION ALL
+            SELECT *, end_ns, CASE WHEN end_ns > start_ns THEN 0 ELSE 2 END FROM frames
+        ), swept AS (
+            SELECT {_FRAME_THREAD}, frame_id, name, start_ns, end_ns, phase, row_number() OVER w AS seq,
+                   sum(CASE phase WHEN 1 THEN 1 ELSE -1 END) OVER (w ROWS UNBOUNDED PRECEDING) AS open
+            FROM boundaries
+            WINDOW w AS (PARTITION BY {_FRAME_THREAD} ORDER BY {_BOUNDARY_ORDER})
+        ), opened AS MATERIALIZED (  -- (read twice: computed once)
+            SELECT {_FRAME_THREAD}, frame_id, name, start_ns, end_ns, seq, open - 1 AS depth FROM swept WHERE phase = 1
+        )
+        SELECT f.run_id, f.source, f.frame_id, f.name, f.pid, f.tid, f.start_ns, f.end_ns, f.depth,
+               p.frame_id AS parent_id
+        FROM opened f ASOF LEFT JOIN opened p
+          ON p.run_id = f.run_id AND p.source = f.source AND p.pid = f.pid AND p.tid = f.tid
+         AND p.depth = f.depth - 1 AND p.seq < f.seq
+        """
+
+
+def frame_steps_sql(frames: str) -> str:
+    """The frame_steps view's query over `frames` (a relation with host_frames' columns): per
+    thread and source, at each time a frame starts or ends, the innermost frame open from then on:
+    after a start the frame itself, after an end its parent; of several boundaries at one time,
+    the last in _BOUNDARY_ORDER."""
+    return f"""
+        WITH frames AS MATERIALIZED (  -- (read twice: computed once)
+            SELECT {_FRAME_THREAD}, frame_id, start_ns, end_ns, parent_id FROM {frames}
+        ), boundaries AS (
+            SELECT {_FRAME_THREAD}, frame_id, start_ns, end_ns, start_ns AS t, 1 AS phase, frame_id AS inside
+            FROM frames
+            UNION ALL
+            SELECT {_FRAME_THREAD}, frame_id, start_ns, end_ns, end_ns, CASE WHEN end_ns > start_ns THEN 0 ELSE 2 END,
+                   parent_id
+            FROM frames
+        )
+        SELECT {_FRAME_THREAD}, t AS from_ns,
+               arg_max(inside, ({_BOUNDARY_ORDER.replace('t, ', '', 1)})) AS frame_id
+        FROM boundaries GROUP BY {_FRAME_THREAD}, t
+        """
+
+
+# Per source of host_frames: launch_context's column prefix, and the table and id of its names.
+_CONTEXT_COLUMNS = {"range": ("range", "ranges", "range_id"), "op": ("op", "cpu_ops", "op_id"),
+                    "module": ("module", "python_functions", "function_id"),
+                    "python": ("function", "python_functions", "function_id")}
+
+
+def launch_context_column(source: str) -> str:
+    """The launch_context column holding the innermost frame of `source` (`op` -> `op_id`)."""
+    return f"{_CONTEXT_COLUMNS[source][0]}_id"
+
+
+def launch_context_sql(steps: str, runs: str | None = None, sources: tuple[str, ...] = FRAME_SOURCES,
+                       names: bool = True) -> str:
+    """The launch_context view's query: `steps` is a relation with frame_steps' columns (of the
+    runs `runs` selects, a condition on `run_id`). Each GPU operation is placed at its launch
+    call's start on the call's thread (a kernel with no call found but a Kineto External id: at
+    the start of the operator with that id) and ASOF-joined to the thread's steps of each source.
+    With `sources`, those sources' columns only; without `names`, the frames' ids only."""
+    of_run = runs or "true"
+    joins, columns = [], []
+    for source in sources:
+        column, table, key = _CONTEXT_COLUMNS[source]
+        joins.append(f"""
+            ASOF LEFT JOIN (SELECT * FROM context_steps WHERE source = '{source}') s_{column}
+              ON s_{column}.run_id = p.run_id AND s_{column}.pid = p.pid AND s_{column}.tid = p.tid
+             AND s_{column}.from_ns <= p.at_ns""")
+        columns.append(f"s_{column}.frame_id AS {column}_id")
+        if names:
+            joins.append(f"""
+            LEFT JOIN (SELECT run_id, {key}, name FROM {table} WHERE {of_run}) n_{column}
+              ON n_{column}.run_id = p.run_id AND n_{column}.{key} = s_{column}.frame_id""")
+            columns.append(f"n_{column}.name AS {column}_name")
+    return f"""
+        WITH context_steps AS MATERIALIZED (  -- (read once per source: computed once)
+            SELECT * FROM {steps}
+        ), ops AS (
+            SELECT a.run_id, a.kind, a.item_id, a.device_id, a.stream_id, a.start_ns, a.end_ns, a.name,
+                   a.launch_call_id, a.external_id
+            FROM gpu_activity a WHERE {_qualified(of_run, 'a')}
+        ), op_of_external AS (  -- the operator a Kineto External id names (the first, should two share it)
+            SELECT c.run_id, c.external_id, arg_min({{'pid': c.pid, 'tid': c.tid, 'start_ns': c.start_ns}}, c.op_id) AS op
+            FROM cpu_ops c SEMI JOIN ops o ON o.launch_call_id IS NULL AND o.run_id = c.run_id
+                                          AND o.external_id = c.external_id
+            WHERE {_qualified(of_run, 'c')} GROUP BY ALL
+        ), probes AS (
+            SELECT o.*, coalesce(c.pid, x.op.pid) AS pid, coalesce(c.tid, x.op.tid) AS tid,
+                   c.start_ns AS call_start_ns, c.end_ns AS call_end_ns, coalesce(c.start_ns, x.op.start_ns) AS at_ns
+            FROM ops o
+            LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = o.run_id AND c.call_id = o.launch_call_id
+            LEFT JOIN op_of_external x ON o.launch_call_id IS NULL AND x.run_id = o.run_id AND x.external_id = o.external_id
+        )
+        SELECT p.run_id, p.kind, p.item_id, p.device_id, p.stream_id, p.start_ns, p.end_ns, p.name, p.launch_call_id,
+               p.pid, p.tid, p.call_start_ns, p.call_end_ns, {', '.join(columns)}
+        FROM probes p{''.join(joins)}
+        """
+
+
 VIEWS: dict[str, tuple[str, str]] = {
     "gpu_activity": (
         "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
@@ -552,6 +701,35 @@ VIEWS: dict[str, tuple[str, str]] = {
         "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         _time_budget(),
     ),
+    "host_frames": (
+        "Every host frame a GPU operation's launch can sit in, per run and thread, by `source`: `range` (NVTX "
+        "push/pop and start/end ranges, Kineto `user_annotation`; marks and GPU-side annotations left out; a range "
+        "never closed lasts to the run's end), `op` (PyTorch operators, `cpu_ops`), `module` (the `nn.Module: ...` "
+        "frames of the Python stack) and `python` (every Python frame, `python_functions`). `frame_id` is the "
+        "row id in its table (`range_id`, `op_id`, `function_id`); `depth` counts the frames of the same source "
+        "open on the thread when it starts (0: outermost) and `parent_id` is the innermost of them. Frames are "
+        "taken to nest on a thread, as push/pop ranges and Kineto's events do. A start/end range is on the thread "
+        "that started it (nsys's projection leaves out those ended on another thread; the store does not record "
+        "the thread that ended one).",
+        host_frames_sql(),
+    ),
+    "frame_steps": (
+        "Per run, thread (`pid`, `tid`) and `source` of `host_frames`: from each `from_ns` on (until the next "
+        "row's), the innermost frame open (`frame_id`, NULL: none). An ASOF join on `from_ns <= t` gives the "
+        "frames around any host time `t`, e.g. an allocator event's.",
+        frame_steps_sql("host_frames"),
+    ),
+    "launch_context": (
+        "Every GPU operation of `gpu_activity` (kernels, copies, memsets) with the host call that launched it "
+        "(`launch_call_id`, its thread `pid`/`tid`, `call_start_ns`, `call_end_ns`) and, of each source of "
+        "`host_frames`, the innermost frame open on that thread when the call began: `range_id`/`range_name`, "
+        "`op_id`/`op_name`, `module_id`/`module_name`, `function_id`/`function_name` (their enclosing frames "
+        "through `host_frames.parent_id`). A frame open at the call's start contains the call, as nsys's "
+        "`nvtx_gpu_proj_*` reports define it (they read runtime-API launches only; a kernel launched by a driver "
+        "call, `cuLaunchKernel` as Triton does, is placed here too). A kernel without a launch call but with a "
+        "Kineto `External id` is placed at the start of the operator of that id (HTA's link), on its thread.",
+        launch_context_sql("frame_steps"),
+    ),
     "stall_profiles": (
         "Per run and kernel (by name), the warp-stall profile from Nsight Compute's stall metrics: per "
         "launch the metrics of the most direct family it has (`family` 1-4: "
@@ -591,6 +769,9 @@ TABLE_MACROS: dict[str, str] = {
     "run_time_budget": f"(rid) AS TABLE {_time_budget('run_id = rid')}",
     "runs_time_budget": f"(rids) AS TABLE {_time_budget('list_contains(rids, run_id)')}",
     "run_step_budget": f"(rid) AS TABLE {_step_budget('run_id = rid')}",
+    "run_host_frames": f"(rid) AS TABLE {host_frames_sql('run_id = rid')}",
+    "run_frame_steps": f"(rid) AS TABLE {frame_steps_sql('run_host_frames(rid)')}",
+    "run_launch_context": f"(rid) AS TABLE {launch_context_sql('run_frame_steps(rid)', 'run_id = rid')}",
 }
 TABLE_MACRO_DOCS: dict[str, str] = {
     "run_time_budget": "`time_budget` of one run, computed from its rows only: `SELECT * FROM run_time_budget('<run id>')`.",
@@ -599,6 +780,9 @@ TABLE_MACRO_DOCS: dict[str, str] = {
                        "(`ranges.range_id`), `step` (its name), `step_start_ns`, `device_id`, `category`, `cause`, "
                        "`ns` (parts with time only), and `span_ns`, the step's window inside the device's span, "
                        "which its parts sum to.",
+    "run_host_frames": "`host_frames` of one run, computed from its rows only: `run_host_frames('<run id>')`.",
+    "run_frame_steps": "`frame_steps` of one run: `run_frame_steps('<run id>')`.",
+    "run_launch_context": "`launch_context` of one run: `run_launch_context('<run id>')`.",
 }
 
 

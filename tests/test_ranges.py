@@ -1,0 +1,304 @@
+"""Attribution of GPU work to the code that launched it (the `host_frames`, `frame_steps` and
+`launch_context` views), `traceanalyzer ranges`, and findings that name their code."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from traceanalyzer.cli import app
+from traceanalyzer.ranges import normalize_name, normalized_sql, range_rows, run_ranges
+from traceanalyzer.rules.engine import Settings, run_rules
+from traceanalyzer.store import Store, views
+
+from .conftest import FIXTURES, shared_traces
+
+sys.path.insert(0, str(FIXTURES))
+import gen_ranges  # noqa: E402
+
+NSYS, KINETO = "nsys/ranges.sqlite", "kineto/ranges.json"
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """A store holding both planted fixtures: (store, {fixture: run id})."""
+    st = Store(tmp_path_factory.mktemp("ranges") / "s.duckdb")
+    ids = {rel: st.ingest(FIXTURES / rel).run_id for rel in (NSYS, KINETO)}
+    yield st, ids
+    st.close()
+
+
+def test_fixtures_regenerate_byte_identical(tmp_path):
+    if not gen_ranges.gn.SCHEMA_DIR.exists():
+        pytest.skip(f"{gen_ranges.gn.SCHEMA_DIR} missing")
+    for new in gen_ranges.write_all(tmp_path):
+        rel = new.relative_to(tmp_path)
+        assert new.read_bytes() == (FIXTURES / rel).read_bytes(), f"{rel} is stale: run python fixtures/gen_ranges.py"
+
+
+def _by_path(rows: list[dict]) -> dict[str, dict]:
+    return {" > ".join(r["path"]): r for r in rows}
+
+
+@pytest.mark.parametrize("rel, by", [(NSYS, "range"), (KINETO, "op"), (KINETO, "module"), (KINETO, "range")])
+def test_every_path_has_the_planted_numbers(planted, rel, by):
+    st, ids = planted
+    facts = gen_ranges.planted()[rel]
+    r = run_ranges(st, ids[rel], by)
+    assert (r["kernels"], r["kernel_ns"], r["outside_ns"]) == (facts["kernels"], facts["kernel_ns"], facts["outside_ns"])
+    got = _by_path(r["ranges"])
+    want = facts[f"by_{by}"]
+    assert set(got) == set(want)
+    memory = by != "range" or rel == KINETO  # the Kineto trace has allocator events on its thread
+    for path, w in want.items():
+        g = got[path]
+        assert {k: g[k] for k in ("instances", "cpu_ns", "kernels", "gpu_ns", "gpu_ops", "gpu_proj_ns")} == {
+            k: w[k] for k in ("instances", "cpu_ns", "kernels", "gpu_ns", "gpu_ops", "gpu_proj_ns")}, path
+        assert g["share"] == pytest.approx(w["share"]) and g["depth"] == len(g["path"]) - 1
+        assert g["self_cuda_memory_bytes"] == (w["self_bytes"] if memory and rel == KINETO else None), path
+
+
+def test_the_nsys_tree_by_hand(planted):
+    """The numbers of nsys/ranges.sqlite worked out by hand (gen_ranges' plan): the emit_nvtx ids
+    and step numbers are gone from the names, the copy counts in the projection, the loader
+    thread's range holds only its own thread's kernel."""
+    st, ids = planted
+    rows = range_rows(st, ids[NSYS], "range")
+    assert [(r["depth"], r["name"]) for r in rows] == [
+        (0, "step N"), (1, "layer.0"), (2, "aten::linear"), (3, "aten::mm"), (2, "aten::relu"), (1, "layer.1"),
+        (0, "loader")]
+    t = _by_path(rows)
+    linear = t["step N > layer.0 > aten::linear"]
+    # gemm 200 us, then the copy ends 270 us after the first start: 220 us per step
+    assert (linear["kernels"], linear["gpu_ns"], linear["gpu_ops"], linear["gpu_proj_ns"]) == (2, 400_000, 4, 440_000)
+    assert t["step N"]["gpu_proj_ns"] == 2 * 250_000 and t["step N > layer.1"]["kernels"] == 0
+    assert (t["loader"]["instances"], t["loader"]["kernels"], t["loader"]["gpu_ns"]) == (1, 1, 10_000)
+    assert [r["name"] for r in range_rows(st, ids[NSYS], "range", depth=1)] == ["step N", "loader"]
+
+
+def test_launch_context_names_the_innermost_frames(planted):
+    st, ids = planted
+    rows = st.arrow("SELECT name, kind, pid, tid, range_name, op_name, module_name, function_name "
+                    "FROM run_launch_context(?) ORDER BY start_ns", [ids[KINETO]]).to_pylist()
+    assert [(r["name"][:12], r["op_name"], r["module_name"], r["function_name"], r["range_name"]) for r in rows] == [
+        ("ampere_sgemm", "aten::addmm", "nn.Module: Linear_0", "nn.Module: Linear_0", "ProfilerStep#0"),
+        ("void bmm_ker", "aten::bmm", "nn.Module: Net_0", "model.py(10): forward", "ProfilerStep#0"),
+        ("ampere_sgemm", "aten::addmm", "nn.Module: Linear_0", "nn.Module: Linear_0", "ProfilerStep#1"),
+        ("void bmm_ker", "aten::bmm", "nn.Module: Net_0", "model.py(10): forward", "ProfilerStep#1")]
+    nsys = st.arrow("SELECT name, kind, tid, range_name FROM run_launch_context(?) ORDER BY start_ns",
+                    [ids[NSYS]]).to_pylist()
+    by_name = {(r["kind"], r["name"]): r for r in nsys}
+    assert by_name[("kernel", gen_ranges.LOAD)]["range_name"] == "loader"  # its own thread's range
+    assert by_name[("kernel", gen_ranges.TAIL_KERNEL)]["range_name"] is None  # launched outside every range
+    copies = [r for r in nsys if r["kind"] == "copy"]
+    assert [r["range_name"] for r in copies] == ["aten::linear, op_id = 1000", "aten::linear, op_id = 1010"]
+    # the store-wide views agree with the per-run macros
+    assert st.sql("SELECT count(*) FROM launch_context WHERE run_id = ?", [ids[NSYS]]).fetchone()[0] == len(nsys)
+    assert (st.sql("SELECT count(*), max(depth) FROM host_frames WHERE run_id = ? AND source = 'range'", [ids[NSYS]])
+            .fetchone() == (13, 3))
+
+
+NAMES = {
+    "aten::to, op_id = 998949": "aten::to",
+    "aten::mm, seq = 12, op_id = 7, sizes = [[2, 3], [3, 4]]": "aten::mm, sizes = [[2, 3], [3, 4]]",
+    "aten::add, input_op_ids = [3, 4], op_id = 9": "aten::add",
+    "<built-in method embedding of type object at 0x7f3a9c2b1e40>": "<built-in method embedding of type object at 0x?>",
+    "ProfilerStep#12": "ProfilerStep#N",
+    "Compute & Residual 0": "Compute & Residual N",
+    "Step 0 to 10": "Step N to N",
+    "1 2 3": "N N N",
+    "layer.12.attn": "layer.12.attn",
+    "nn.Module: Linear_0": "nn.Module: Linear_0",
+    "": "",
+}
+
+
+def test_names_are_normalised_alike_in_python_and_sql():
+    import duckdb
+
+    for name, want in NAMES.items():
+        assert normalize_name(name) == want, name
+    con = duckdb.connect()
+    got = dict(con.execute(f"SELECT name, {normalized_sql('name')} FROM (SELECT unnest($n) AS name)",
+                           {"n": list(NAMES)}).fetchall())
+    assert got == NAMES
+    assert normalize_name(None) == ""
+
+
+@pytest.fixture(scope="module")
+def planted_db(tmp_path_factory):
+    """A store file holding both planted fixtures, closed for the command line: (path, ids)."""
+    db = tmp_path_factory.mktemp("ranges-cli") / "s.duckdb"
+    with Store(db) as st:
+        ids = {rel: st.ingest(FIXTURES / rel).run_id for rel in (NSYS, KINETO)}
+    return db, ids
+
+
+def _cli(*args) -> str:
+    r = CliRunner().invoke(app, ["ranges", *map(str, args)], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout
+
+
+def test_cli_json_csv_and_text(planted_db):
+    db, ids = planted_db
+    [run] = json.loads(_cli(ids[KINETO], "--store", db, "--by", "op", "--format", "json"))
+    assert run["by"] == "op" and run["kernel_ns"] == 800_000 and run["outside_ns"] == 0
+    assert set(run["ranges"][0]) >= {"name", "path", "depth", "instances", "cpu_ns", "kernels", "gpu_ns",
+                                      "gpu_proj_ns", "share"}
+    assert run["ranges"][1]["path"] == ["aten::linear", "aten::addmm"]
+    rows = list(csv.DictReader(io.StringIO(_cli(ids[NSYS], "--store", db, "--format", "csv"))))
+    assert rows[3]["path"] == "step N > layer.0 > aten::linear > aten::mm" and rows[3]["gpu_ns"] == "400000"
+    assert rows[0]["self_cuda_memory_bytes"] == ""  # no allocator events in the nsys fixture
+    text = _cli(ids[NSYS], "--store", db)
+    assert "      aten::mm " in text and "launched outside every range: 20 us of kernel time (4.3%)" in text
+    assert "self CUDA mem" not in text and "self CUDA mem" in _cli(ids[KINETO], "--store", db, "--by", "op")
+    assert "no operators in this run" in _cli(ids[NSYS], "--store", db, "--by", "op")
+    assert len(json.loads(_cli("--store", db, "--format", "json"))) == 2  # every run by default
+    for args in (["--by", "kernel"], ["--format", "xml"], ["--depth", "0"], ["nothing-like-it"]):
+        r = CliRunner().invoke(app, ["ranges", "--store", str(db), *args])
+        assert r.exit_code == 2 and "Traceback" not in r.output, args
+
+
+def test_the_html_report_has_a_where_in_the_code_tree(planted_db, tmp_path):
+    db, ids = planted_db
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(app, ["report", ids[KINETO], "--store", str(db), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    html = out.read_text()
+    section = html[html.index("<h3>Where in the code</h3>"):]
+    section = section[:section.index("</table>")]
+    assert "<td>aten::linear</td>" in section and "<td>&nbsp;&nbsp;&nbsp;&nbsp;aten::addmm</td>" in section
+    assert "aten::item" not in section  # no GPU time launched there
+
+
+def test_kernel_findings_name_their_launcher_and_gaps_the_code_around_them(planted):
+    st, ids = planted
+    run_rules(st, [ids[KINETO]], Settings(select=["B001", "T001"]))
+    rows = st.arrow("SELECT rule_id, item_kind, message, evidence FROM findings WHERE run_id = ? ORDER BY rule_id",
+                    [ids[KINETO]]).to_pylist()
+    b001 = [r for r in rows if r["rule_id"] == "B001"]
+    assert len(b001) == 1 and b001[0]["message"].endswith("(in aten::bmm)")
+    assert json.loads(b001[0]["evidence"])["launched_by"] == "aten::bmm"
+    [gaps] = [r for r in rows if r["rule_id"] == "T001" and r["item_kind"] == "stream"]
+    ev = json.loads(gaps["evidence"])
+    facts = gen_ranges.planted()[KINETO]["T001"]
+    assert ev["around"] == facts["around"] and gaps["message"].endswith(f"(in {facts['around']})")
+    assert [(g["gap_ns"], g["around"]) for g in ev["worst"]] == [
+        (facts["gap_ns"], "aten::item"), (80_000, "aten::linear"), (80_000, "aten::linear")]
+
+
+def test_launch_sites_are_computed_once_per_pass(planted, monkeypatch):
+    from traceanalyzer.rules import _code
+
+    st, ids = planted
+    calls = []
+    real = _code._launch_sites
+    monkeypatch.setattr(_code, "_launch_sites", lambda s, r: calls.append(r) or real(s, r))
+    run_rules(st, [ids[KINETO], ids[NSYS]], Settings(select=["B001", "B002", "B003"]))
+    assert sorted(calls) == sorted(ids.values())
+
+
+def test_the_joins_are_sort_based(planted):
+    """Per thread, frames are placed by window sweeps and ASOF joins, never an interval-overlap
+    join (quadratic where one thread has millions of ranges and launches)."""
+    from traceanalyzer.ranges import _tree_sql
+    from traceanalyzer.rules._code import SITES_SQL
+
+    st, ids = planted
+    for sql, params in (("SELECT * FROM run_launch_context($run_id)", {}), (_tree_sql("op"), {"max_depth": 9}),
+                        (SITES_SQL, {})):
+        plan = "\n".join(r[1] for r in st.sql(f"EXPLAIN {sql}", {"run_id": ids[KINETO], **params}).fetchall()).upper()
+        assert "ASOF" in plan
+        assert not any(op in plan for op in ("NESTED_LOOP", "PIECEWISE", "IE_JOIN", "CROSS_PRODUCT", "BLOCKWISE_NL"))
+
+
+# -- real traces --------------------------------------------------------------------------------
+
+REAL = ["nsys/nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite",
+        "torch/TraceLens__h100__gaunernst_bert-small-uncased__1016001.json.gz"]
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    traces = shared_traces()
+    st = Store(tmp_path_factory.mktemp("ranges-real") / "s.duckdb")
+    ids = {rel: st.ingest(traces / rel).run_id for rel in REAL}
+    yield st, ids
+    st.close()
+
+
+# An independent projection of the top-level ranges named like `name%`: every GPU operation
+# whose launch call lies inside a range on the same thread (nsys's nvtx_gpu_proj_trace: range
+# start <= call start, call end <= range end), ranges inside another range left out, by a plain
+# join of the tables.
+PROJECTION_SQL = """
+WITH ops AS (
+    SELECT a.kind, a.start_ns, a.end_ns, c.pid, c.tid, c.start_ns AS cs, c.end_ns AS ce
+    FROM gpu_activity a JOIN api_calls c ON c.run_id = a.run_id AND c.call_id = a.launch_call_id
+    WHERE a.run_id = $run_id
+), named AS (
+    SELECT * FROM ranges r WHERE run_id = $run_id AND kind = 'nvtx' AND starts_with(name, $name)
+      AND NOT EXISTS (SELECT 1 FROM ranges p WHERE p.run_id = r.run_id AND p.kind = 'nvtx' AND p.pid = r.pid
+                      AND p.tid = r.tid AND p.range_id <> r.range_id AND p.start_ns <= r.start_ns AND r.end_ns <= p.end_ns)
+), per_range AS (
+    SELECT r.range_id, count(o.kind) FILTER (WHERE o.kind = 'kernel') AS kernels,
+           coalesce(max(o.end_ns) - min(o.start_ns), 0) AS proj_ns, any_value(r.end_ns - r.start_ns) AS cpu_ns
+    FROM named r LEFT JOIN ops o ON o.pid = r.pid AND o.tid = r.tid AND r.start_ns <= o.cs AND o.ce <= r.end_ns
+    GROUP BY r.range_id
+)
+SELECT count(*), sum(kernels), sum(proj_ns), sum(cpu_ns) FROM per_range
+"""
+
+
+def test_real_nsys_projection_matches_a_plain_containment_join(real):
+    st, ids = real
+    rid = ids[REAL[0]]
+    rows = _by_path(range_rows(st, rid, "range"))
+    for name in ("aten::linear", "aten::mul", "aten::einsum"):
+        instances, kernels, proj, cpu = st.sql(PROJECTION_SQL, {"run_id": rid, "name": name + ", op_id = "}).fetchone()
+        r = rows[name]
+        assert (r["instances"], r["kernels"], r["gpu_proj_ns"], r["cpu_ns"]) == (instances, kernels, proj, cpu), name
+    assert rows["aten::linear"]["kernels"] > 100 and rows["aten::linear > aten::matmul > aten::mm"]["kernels"] > 100
+
+
+@pytest.mark.parametrize("rel", REAL)
+def test_real_traces_never_attribute_more_than_the_kernel_time_per_depth(real, rel):
+    st, ids = real
+    for by in ("range", "op", "module"):
+        r = run_ranges(st, ids[rel], by)
+        per_depth: dict[int, int] = {}
+        for x in r["ranges"]:
+            per_depth[x["depth"]] = per_depth.get(x["depth"], 0) + x["gpu_ns"]
+        assert all(ns <= r["kernel_ns"] for ns in per_depth.values()), (by, per_depth, r["kernel_ns"])
+        assert r["outside_ns"] >= 0 and (not r["ranges"] or r["outside_ns"] == r["kernel_ns"] - per_depth[0])
+    # every kernel of the Kineto trace was launched inside an operator, and by a launch call
+    if rel.startswith("torch"):
+        assert run_ranges(st, ids[rel], "op")["outside_ns"] == 0
+
+
+@pytest.mark.parametrize("rel", REAL)
+def test_real_launch_context_equals_a_brute_force_search(real, rel):
+    """The innermost frame of each source open at each launch call's start, found by the views'
+    sweeps, equals a plain search over every frame of the thread."""
+    st, ids = real
+    rid = ids[rel]
+    got = {(r[0], r[1]): r[2:] for r in st.sql(
+        "SELECT kind, item_id, range_id, op_id, module_id, function_id FROM run_launch_context(?)", [rid]).fetchall()}
+    ref = st.sql("""
+        WITH lc AS (SELECT kind, item_id, pid, tid, call_start_ns AS t FROM run_launch_context($1)
+                    WHERE call_start_ns IS NOT NULL),
+             f AS (SELECT * FROM run_host_frames($1))
+        SELECT lc.kind, lc.item_id, f.source, arg_max(f.frame_id, f.start_ns) AS frame_id
+        FROM lc JOIN f ON f.pid = lc.pid AND f.tid = lc.tid AND f.start_ns <= lc.t AND f.end_ns > lc.t
+        GROUP BY ALL""", [rid]).fetchall()
+    want = {key: [None, None, None, None] for key in got}
+    for kind, item, source, frame in ref:
+        want[(kind, item)][("range", "op", "module", "python").index(source)] = frame
+    assert {k: list(v) for k, v in got.items()} == want
+    assert sum(v[0] is not None or v[1] is not None for v in got.values()) > 50

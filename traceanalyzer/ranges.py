@@ -1,0 +1,180 @@
+"""Which code the GPU time came from: per NVTX range, PyTorch operator or `nn.Module`, by name path.
+
+Every GPU operation is linked to the host frames open on its launching thread when its launch
+call began (the store's `launch_context` and `host_frames` views). Here those frames are
+grouped by their path of names from the outermost frame of the same source down (`by`: `range`
+for NVTX ranges and Kineto user annotations, `op` for PyTorch operators, `module` for the
+`nn.Module` frames of the Python stack), names normalised (`normalize_name`), and per path:
+
+* `instances`, `cpu_ns` (their time on the host, children included: nsys's "Total Range Time");
+* `kernels` launched inside (children included) and `gpu_ns`, the sum of their durations;
+* `gpu_ops` (kernels, copies and memsets) and `gpu_proj_ns`, each instance's projection onto the
+  GPU summed: first GPU operation's start to last one's end, NVIDIA's `nvtx_gpu_proj_sum`
+  "Total Proj Time" (children not subtracted; projections of instances can overlap, so the
+  children's sum can exceed their parent's). nsys counts as "Range Instances" only the instances
+  that enclosed GPU work; `instances` here counts every one;
+* `self_cuda_memory_bytes`: the CUDA allocator events on the thread while an instance is the
+  innermost frame, allocations less frees (torch.profiler's `self_cuda_memory_usage`), where the
+  trace has them on a thread;
+* `share`: `gpu_ns` as a share of the run's kernel time.
+
+A kernel is launched inside at most one frame per depth of one source, so at every depth the
+`gpu_ns` add up to at most the run's kernel time; what was launched outside every frame is the
+run's `outside_ns`. Whole CUDA-graph executions are kernels here (the work the graph launch put
+on the GPU).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .store import Store, views
+
+# The sources `--by` names, as host_frames' `source`.
+BY = {"range": "range", "op": "op", "module": "module"}
+WHAT = {"range": "ranges", "op": "operators", "module": "modules"}
+
+# What is rewritten in a range or operator name before names are compared, in order, as
+# (pattern, replacement): patterns RE2 (DuckDB) and Python's `re` read alike. The ids PyTorch's
+# `emit_nvtx` adds to every range (`aten::to, op_id = 998949`, `seq = 12`, the input ops'
+# ids), addresses (`object at 0x7f3a...`), step numbers (`ProfilerStep#12`) and numbers that stand
+# alone as a word (`Residual 0`, `Step 0 to 10`: twice, since one pass skips the second of two
+# adjacent numbers); numbers inside a word stay (`layer.12.attn`, `Linear_0`).
+NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r",?\s*\b(?:op_id|seq|input_op_ids|stashed seq)\s*=\s*(?:\[[^\]]*\]|-?\d+)", ""),
+    (r"0[xX][0-9a-fA-F]+", "0x?"),
+    (r"#\d+\b", "#N"),
+    (r"(^|\s)\d+(\s|$)", r"\1N\2"),
+    (r"(^|\s)\d+(\s|$)", r"\1N\2"),
+)
+_COMPILED = tuple((re.compile(p), r) for p, r in NAME_PATTERNS)
+
+
+def normalize_name(name: str | None) -> str:
+    """`name` with per-instance parts rewritten (NAME_PATTERNS), stripped; "" for None."""
+    out = name or ""
+    for pattern, replacement in _COMPILED:
+        out = pattern.sub(replacement, out)
+    return out.strip()
+
+
+def normalized_sql(expr: str) -> str:
+    """SQL for `normalize_name(expr)`."""
+    out = f"coalesce({expr}, '')"
+    for pattern, replacement in NAME_PATTERNS:
+        out = f"regexp_replace({out}, '{pattern}', '{replacement}', 'g')"
+    return f"trim({out})"
+
+
+def _tree_sql(by: str) -> str:
+    """Per path node of `by`'s frames of run $run_id: its parent node, name, depth and numbers
+    (see the module docstring), down to depth $max_depth - 1."""
+    source = BY[by]
+    column = views.launch_context_column(source)
+    return f"""
+        WITH RECURSIVE frames AS MATERIALIZED (
+            {views.host_frames_sql("run_id = $run_id", (source,))}
+        ), steps AS MATERIALIZED (
+            {views.frame_steps_sql("frames")}
+        ), context AS (
+            {views.launch_context_sql("steps", "run_id = $run_id", (source,), names=False)}
+        ), direct AS (  -- what was launched with each frame innermost
+            SELECT {column} AS frame_id, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
+                   coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'kernel'), 0) AS gpu_ns,
+                   count(*) AS gpu_ops, min(start_ns) AS first_ns, max(end_ns) AS last_ns
+            FROM context WHERE {column} IS NOT NULL GROUP BY ALL
+        ), up AS (  -- each frame's direct numbers carried up to every frame around it
+            SELECT d.*, f.parent_id AS next_id FROM direct d JOIN frames f USING (frame_id)
+            UNION ALL
+            SELECT f.frame_id, u.kernels, u.gpu_ns, u.gpu_ops, u.first_ns, u.last_ns, f.parent_id
+            FROM up u JOIN frames f ON f.frame_id = u.next_id
+        ), inclusive AS (
+            SELECT frame_id, sum(kernels) AS kernels, sum(gpu_ns) AS gpu_ns, sum(gpu_ops) AS gpu_ops,
+                   min(first_ns) AS first_ns, max(last_ns) AS last_ns
+            FROM up GROUP BY ALL
+        ), memory AS (  -- CUDA allocator events, each to the frame innermost on its thread then
+            SELECT s.frame_id, sum(m.bytes) AS bytes
+            FROM (SELECT pid, tid, ts_ns, bytes FROM memory_events
+                  WHERE run_id = $run_id AND device_type = 'cuda' AND ts_ns IS NOT NULL AND bytes IS NOT NULL
+                    AND pid IS NOT NULL AND tid IS NOT NULL) m
+            ASOF JOIN steps s ON s.pid = m.pid AND s.tid = m.tid AND s.from_ns <= m.ts_ns
+            WHERE s.frame_id IS NOT NULL GROUP BY ALL
+        ), keys AS (
+            SELECT name, {normalized_sql("name")} AS key FROM (SELECT DISTINCT coalesce(name, '') AS name FROM frames)
+        ), nodes AS (  -- each frame's path of names as a node id: a hash of its parent's node and its name
+            SELECT f.frame_id, hash(k.key) AS node, NULL::UBIGINT AS parent_node, k.key AS name, 0 AS depth
+            FROM frames f JOIN keys k ON k.name = coalesce(f.name, '') WHERE f.parent_id IS NULL
+            UNION ALL
+            SELECT f.frame_id, hash(n.node, k.key), n.node, k.key, n.depth + 1
+            FROM nodes n JOIN frames f ON f.parent_id = n.frame_id JOIN keys k ON k.name = coalesce(f.name, '')
+            WHERE n.depth + 1 < $max_depth
+        )
+        SELECT n.node, any_value(n.parent_node) AS parent_node, any_value(n.name) AS name,
+               any_value(n.depth) AS depth, count(*) AS instances, CAST(sum(f.end_ns - f.start_ns) AS BIGINT) AS cpu_ns,
+               CAST(coalesce(sum(i.kernels), 0) AS BIGINT) AS kernels, CAST(coalesce(sum(i.gpu_ns), 0) AS BIGINT) AS gpu_ns,
+               CAST(coalesce(sum(i.gpu_ops), 0) AS BIGINT) AS gpu_ops,
+               CAST(coalesce(sum(i.last_ns - i.first_ns), 0) AS BIGINT) AS gpu_proj_ns,
+               CAST(sum(m.bytes) AS BIGINT) AS self_cuda_memory_bytes
+        FROM nodes n JOIN frames f USING (frame_id)
+        LEFT JOIN inclusive i USING (frame_id) LEFT JOIN memory m USING (frame_id)
+        GROUP BY n.node
+        """
+
+
+TOTALS_SQL = """
+SELECT count(*) AS kernels, CAST(coalesce(sum(end_ns - start_ns), 0) AS BIGINT) AS kernel_ns,
+       (SELECT EXISTS (SELECT 1 FROM memory_events WHERE run_id = $run_id AND device_type = 'cuda'
+                       AND tid IS NOT NULL AND bytes IS NOT NULL)) AS has_memory
+FROM gpu_activity WHERE run_id = $run_id AND kind = 'kernel'
+"""
+
+RUN_FIELDS = ("run_id", "file_name", "format")
+# Row fields, in the order of the JSON and CSV outputs.
+ROW_FIELDS = ("name", "path", "depth", "instances", "cpu_ns", "kernels", "gpu_ns", "gpu_proj_ns", "share",
+              "gpu_ops", "self_cuda_memory_bytes")
+
+
+def range_rows(store: Store, run_id: str, by: str = "range", depth: int | None = None) -> list[dict]:
+    """Per path of `by`'s frames (`range`, `op` or `module`), down to `depth` levels (None: all),
+    as rows with ROW_FIELDS, in tree order: each node after its parent, siblings by GPU time,
+    then CPU time, then name. `path` is the list of names from the outermost frame down."""
+    return _rows(store, run_id, by, depth, _totals(store, run_id))
+
+
+def _totals(store: Store, run_id: str) -> dict:
+    return store.arrow(TOTALS_SQL, {"run_id": run_id}).to_pylist()[0]
+
+
+def _rows(store: Store, run_id: str, by: str, depth: int | None, totals: dict) -> list[dict]:
+    if by not in BY:
+        raise ValueError(f"ranges are grouped by one of {', '.join(BY)}, not {by!r}")
+    nodes = store.arrow(_tree_sql(by), {"run_id": run_id, "max_depth": depth or 1 << 30}).to_pylist()
+    children: dict[int | None, list[dict]] = {}
+    for n in nodes:
+        children.setdefault(n["parent_node"], []).append(n)
+    for kids in children.values():
+        kids.sort(key=lambda n: (-n["gpu_ns"], -n["cpu_ns"], n["name"]))
+    rows: list[dict] = []
+    stack = [(n, [n["name"]]) for n in reversed(children.get(None, []))]
+    while stack:
+        n, path = stack.pop()
+        rows.append({"name": n["name"], "path": path, "depth": n["depth"], "instances": n["instances"],
+                     "cpu_ns": n["cpu_ns"], "kernels": n["kernels"], "gpu_ns": n["gpu_ns"],
+                     "gpu_proj_ns": n["gpu_proj_ns"],
+                     "share": n["gpu_ns"] / totals["kernel_ns"] if totals["kernel_ns"] else None,
+                     "gpu_ops": n["gpu_ops"],
+                     "self_cuda_memory_bytes": (n["self_cuda_memory_bytes"] or 0) if totals["has_memory"] else None})
+        stack += [(c, path + [c["name"]]) for c in reversed(children.get(n["node"], []))]
+    return rows
+
+
+def run_ranges(store: Store, run_id: str, by: str = "range", depth: int | None = None) -> dict:
+    """A run's `range_rows` as a JSON-ready dict: the run's fields, `by`, `kernels` and
+    `kernel_ns` (all of the run's), `outside_ns` (the kernel time launched outside every frame
+    of `by`) and `ranges`."""
+    info = store.arrow(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", [run_id]).to_pylist()[0]
+    totals = _totals(store, run_id)
+    rows = _rows(store, run_id, by, depth, totals)
+    inside = sum(r["gpu_ns"] for r in rows if r["depth"] == 0)
+    return {**info, "by": by, "kernels": totals["kernels"], "kernel_ns": totals["kernel_ns"],
+            "outside_ns": totals["kernel_ns"] - inside if rows else totals["kernel_ns"], "ranges": rows}

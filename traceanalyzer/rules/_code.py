@@ -1,0 +1,175 @@
+"""The code a finding is about: the operator or range that launched its kernel, or the one the
+host was in when the GPU went idle, so that a message can say "(in aten::bmm)".
+
+Kernel findings (B001-B003, I001-I005) go through `name_launchers`: per (device, kernel name),
+the innermost PyTorch operator open on the launching thread when the launch call began, else
+the innermost NVTX range or user annotation (the store's `launch_context`), names normalised
+(`ranges.normalize_name`), the one that launched most of the kernel's time. Computed once per
+rules pass (the run cache's memo) and only when a rule has a kernel finding to name. Runs
+without host frames name nothing: traces without NVTX or operators, and Nsight Compute exports,
+whose NVTX context (ncu `--nvtx` columns) the store does not keep; so the instruction-level
+rules, which read ncu runs only, name code only where a run of theirs has frames.
+
+Rules given as one query take `named(sql)` as their `evaluate`. Gap findings (T001) go through
+`around_gaps`: the innermost operator (else range) open on the launching thread when the GPU
+went idle.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..ranges import normalized_sql
+from ..store import Store, views
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# What a kernel rule's `how` says of it (rules/docs.py writes it into the rule's page).
+HOW = ("Where the trace has PyTorch operators or NVTX ranges, the message ends in the one that launched "
+       "most of the kernel's time, \"(in aten::bmm)\" (unless it names it already), and the evidence names it "
+       "(`launched_by`, with `launched_by_share`, the share of the kernel's time launched there).")
+# Below this share of a kernel's time, its top launcher is named as one of several.
+MOSTLY = 0.5
+LABEL_CHARS = 60  # NVTX texts can be long (DLProf writes a dict per range)
+_SOURCES = ("range", "op")
+
+HAS_FRAMES_SQL = """
+SELECT EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id)
+    OR EXISTS (SELECT 1 FROM ranges WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation') AND tid IS NOT NULL)
+"""
+
+SITES_SQL = f"""
+WITH frames AS MATERIALIZED (
+    {views.host_frames_sql("run_id = $run_id", _SOURCES)}
+), steps AS MATERIALIZED (
+    {views.frame_steps_sql("frames")}
+), context AS (
+    {views.launch_context_sql("steps", "run_id = $run_id", _SOURCES)}
+), kernels AS (
+    SELECT device_id, name, end_ns - start_ns AS ns, coalesce(op_name, range_name) AS raw
+    FROM context WHERE kind = 'kernel'
+), labels AS (
+    SELECT raw, {normalized_sql("raw")} AS label FROM (SELECT DISTINCT raw FROM kernels WHERE raw IS NOT NULL)
+), per_label AS (
+    SELECT k.device_id, k.name, l.label, sum(k.ns) AS ns, count(*) AS launches
+    FROM kernels k JOIN labels l USING (raw) GROUP BY ALL
+), totals AS (
+    SELECT device_id, name, sum(ns) AS ns FROM kernels GROUP BY ALL
+)
+SELECT p.device_id, p.name, p.label, p.ns / nullif(t.ns, 0) AS share
+FROM per_label p JOIN totals t ON t.device_id IS NOT DISTINCT FROM p.device_id AND t.name = p.name
+QUALIFY row_number() OVER (PARTITION BY p.device_id, p.name ORDER BY p.ns DESC, p.launches DESC, p.label) = 1
+"""
+
+
+def launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
+    """(device_id, kernel name) -> {"label", "share"}: the operator or range that launched most
+    of the kernel's time there, and that share of it. Once per rules pass (the run cache's memo)."""
+    cache = store.run_cache
+    if cache is None or cache.run_id != run_id:
+        return _launch_sites(store, run_id)
+    return cache.memo("launch_sites", lambda: _launch_sites(store, run_id))
+
+
+def _launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
+    if not store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
+        return {}
+    rows = store.arrow(SITES_SQL, {"run_id": run_id}).to_pylist()
+    return {(r["device_id"], r["name"]): {"label": r["label"], "share": r["share"]} for r in rows}
+
+
+def phrase(label: str, share: float | None = None) -> str:
+    """The message's words for code: "(in aten::bmm)", "(in aten::bmm and elsewhere)"; a label
+    longer than LABEL_CHARS cut (the evidence keeps it whole)."""
+    if len(label) > LABEL_CHARS:
+        label = label[:LABEL_CHARS - 1] + "…"
+    return f"(in {label}{' and elsewhere' if share is not None and share < MOSTLY else ''})"
+
+
+def name_launchers(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
+    """`findings` (a rule's, with FINDING_COLUMNS) with each kernel finding's launcher named: the
+    message ends in `phrase` (unless it names it already), the evidence gets `launched_by` and
+    `launched_by_share`."""
+    if findings is None or findings.empty or "item_kind" not in findings or not (findings["item_kind"] == "kernel").any():
+        return findings
+    sites = launch_sites(store, run_id)
+    if not sites:
+        return findings
+    out = findings.copy()
+    for i, r in out.iterrows():
+        site = sites.get((device_key(r.get("device_id")), r.get("item_name"))) if r.get("item_kind") == "kernel" else None
+        if site is None:
+            continue
+        if site["label"] not in r["message"]:  # B003 names a PyTorch GEMM's operator already
+            out.at[i, "message"] = f"{r['message']} {phrase(site['label'], site['share'])}"
+        out.at[i, "evidence"] = _with(r.get("evidence"), launched_by=site["label"], launched_by_share=site["share"])
+    return out
+
+
+def device_key(device_id):
+    """A DataFrame's device id as the sites' key (NaN and pandas NA: None)."""
+    try:
+        return None if device_id is None or device_id != device_id else int(device_id)
+    except TypeError:  # pandas NA
+        return None
+
+
+def _with(evidence, **fields) -> dict | str:
+    """The evidence with `fields` added: a dict as a dict (the engine writes it out), JSON text as
+    JSON text."""
+    if isinstance(evidence, str):
+        return json.dumps({**json.loads(evidence), **fields}, sort_keys=True)
+    return {**(evidence if isinstance(evidence, dict) else {}), **fields}
+
+
+def named(sql: str):
+    """An `evaluate` for a rule given as one SQL query: the query's findings through `name_launchers`."""
+    def evaluate(store: Store, run_id: str, params: dict) -> pd.DataFrame:
+        from .engine import query  # here: the engine imports every rule module
+
+        return name_launchers(store, run_id, query(store, sql, {"run_id": run_id, **params}))
+    return evaluate
+
+
+AROUND_SQL = f"""
+WITH gaps AS (
+    SELECT unnest($key::BIGINT[]) AS key, unnest($device::INTEGER[]) AS device_id, unnest($kind::VARCHAR[]) AS kind,
+           unnest($item::BIGINT[]) AS item_id, unnest($start::BIGINT[]) AS start_ns, unnest($end::BIGINT[]) AS end_ns
+), threads AS (  -- the thread that launched the operation ending each gap (of several, the first launched)
+    SELECT g.key, any_value(g.start_ns) AS t, arg_min(c.pid, c.start_ns) AS pid, arg_min(c.tid, c.start_ns) AS tid
+    FROM gaps g
+    JOIN gpu_activity a ON a.run_id = $run_id AND a.device_id = g.device_id AND a.start_ns = g.end_ns
+                       AND (g.kind IS NULL OR (a.kind = g.kind AND a.item_id = g.item_id))
+    JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
+    GROUP BY g.key
+), frames AS (  -- (a join on the thread: the gaps are few, and each frame is read once)
+    SELECT p.key, f.source, f.name, f.start_ns
+    FROM threads p JOIN (
+        SELECT 'op' AS source, name, pid, tid, start_ns, end_ns FROM cpu_ops WHERE run_id = $run_id
+        UNION ALL
+        SELECT 'range', name, pid, tid, start_ns, end_ns FROM ranges
+        WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')
+    ) f ON f.pid = p.pid AND f.tid = p.tid AND f.start_ns <= p.t AND (f.end_ns > p.t OR f.end_ns IS NULL)
+), innermost AS (  -- an operator before a range; of each, the one that started last
+    SELECT key, name FROM frames
+    QUALIFY row_number() OVER (PARTITION BY key ORDER BY source = 'op' DESC, start_ns DESC, name) = 1
+)
+SELECT key, {normalized_sql("name")} AS label FROM innermost
+"""
+
+
+def around_gaps(store: Store, run_id: str, gaps: list[dict]) -> list[str | None]:
+    """For each GPU idle gap (`device_id`, `start_ns`, `end_ns`, and `after_kind`/`after_id`, the
+    operation that ends it, when known): the code the host was in when the GPU went idle, on the
+    thread that launched the operation ending the gap: the normalised name of the innermost
+    operator open then, else of the innermost range; None when none is known."""
+    if not gaps or not store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
+        return [None] * len(gaps)
+    rows = store.sql(AROUND_SQL, {
+        "run_id": run_id, "key": list(range(len(gaps))), "device": [g["device_id"] for g in gaps],
+        "kind": [g.get("after_kind") for g in gaps], "item": [g.get("after_id") for g in gaps],
+        "start": [g["start_ns"] for g in gaps], "end": [g["end_ns"] for g in gaps]}).fetchall()
+    labels = dict(rows)
+    return [labels.get(i) for i in range(len(gaps))]
