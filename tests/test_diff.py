@@ -9,9 +9,9 @@ import csv
 import gzip
 import json
 import re
-import shutil
 import sqlite3
-from collections import defaultdict
+import statistics
+from collections import Counter, defaultdict
 from decimal import Decimal
 from pathlib import Path
 
@@ -61,14 +61,24 @@ def us_to_ns(x) -> int:
     return int(Decimal(str(x)) * 1000)
 
 
+def kineto_in_capture(events: list[dict]) -> list[dict]:
+    """The kernels launched inside the capture: all but those with no launch call in the trace
+    that start before its first API call."""
+    calls = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    linked = {e["args"]["correlation"] for e in calls if "correlation" in e.get("args", {})}
+    first = min((us_to_ns(e["ts"]) for e in calls), default=None)
+    return [e for e in events if e.get("cat") == "kernel"
+            and not (e["args"].get("correlation") not in linked and first is not None and us_to_ns(e["ts"]) < first)]
+
+
 def kineto_kernels(path: Path) -> dict[str, tuple[int, int]]:
-    """Full kernel name (white space removed, as diff matches) -> (count, total ns)."""
+    """Full kernel name (white space removed, as diff matches) -> (count, total ns), of the
+    kernels launched inside the capture."""
     out = defaultdict(lambda: [0, 0])
-    for e in kineto_events(path):
-        if e.get("cat") == "kernel":
-            k = re.sub(r"\s+", "", e["name"])
-            out[k][0] += 1
-            out[k][1] += us_to_ns(e["dur"])
+    for e in kineto_in_capture(kineto_events(path)):
+        k = re.sub(r"\s+", "", e["name"])
+        out[k][0] += 1
+        out[k][1] += us_to_ns(e["dur"])
     return {k: tuple(v) for k, v in out.items()}
 
 
@@ -110,14 +120,14 @@ def test_real_trace_compare_pair(db):
     def span(events):
         return max(us_to_ns(e["ts"]) + us_to_ns(e["dur"]) for e in events) - min(us_to_ns(e["ts"]) for e in events)
 
-    def steps(events):
-        durs = [us_to_ns(e["dur"]) for e in events if re.fullmatch(r"ProfilerStep#\d+", e["name"])]
-        return sum(durs) / len(durs)
+    def steps(events):  # (2 steps: no warm-up step is set apart)
+        return statistics.median(us_to_ns(e["dur"]) for e in events if re.fullmatch(r"ProfilerStep#\d+", e["name"])
+                                 and e["cat"] == "user_annotation")
 
     be, te = kineto_events(base), kineto_events(test)
     metrics = {m["name"]: m for m in doc["metrics"]}
     assert (metrics["span"]["base"], metrics["span"]["test"]) == (span(be), span(te))
-    assert doc["end_to_end"]["name"] == "mean ProfilerStep#* (host)"
+    assert doc["end_to_end"]["name"] == "median ProfilerStep#* (host)"
     assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (steps(be), steps(te))
     kernel_total = metrics["kernel time (sum)"]
     assert kernel_total["base"] == sum(t for _, t in kineto_kernels(base).values())
@@ -128,7 +138,10 @@ def test_real_trace_compare_pair(db):
     assert (nccl["base_count"], nccl["test_count"]) == tuple(
         sum(1 for e in ev if e["name"] == "nccl:all_reduce") for ev in (be, te))
     assert doc["peak_memory"]["base"] is None and doc["peak_memory"]["test"] is None  # no [memory] events
-    assert doc["verdict"] == "NO CHANGE"
+    assert doc["verdict"] == "NO CHANGE" and doc["comparable"] is True and doc["reasons"] == []
+    # the kernel running when the profiler started is not a launch of either run
+    assert doc["not_counted"] == {side: sum(1 for e in ev if e.get("cat") == "kernel") - len(kineto_in_capture(ev))
+                                  for side, ev in (("base", be), ("test", te))} == {"base": 1, "test": 1}
 
 
 # -- fixtures with planted problems --------------------------------------------------------
@@ -164,10 +177,11 @@ def test_new_and_fixed_findings_ignore_the_file_name(db, tmp_path):
 
 
 def _nvtx_step_ns(path):
-    """The mean time of the NVTX ranges named `step`, straight from the export."""
+    """The median time of the NVTX ranges named `step`, straight from the export."""
     with sqlite3.connect(path) as con:
-        return con.execute("""SELECT avg(n."end" - n.start) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
-                              WHERE coalesce(n.text, s.value) = 'step' AND n."end" IS NOT NULL""").fetchone()[0]
+        return statistics.median(d for d, in con.execute(
+            """SELECT n."end" - n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+               WHERE coalesce(n.text, s.value) = 'step' AND n."end" IS NOT NULL"""))
 
 
 def test_nsys_planted_vs_clean_with_an_nvtx_step(db):
@@ -176,7 +190,7 @@ def test_nsys_planted_vs_clean_with_an_nvtx_step(db):
     metrics = {m["name"]: m for m in doc["metrics"]}
     assert (metrics["span"]["base"], metrics["span"]["test"]) == (nsys_span_ns(NSYS_PLANTED), nsys_span_ns(NSYS_CLEAN))
 
-    assert doc["end_to_end"]["name"] == "mean step (host)"
+    assert doc["end_to_end"]["name"] == "median step (host)"
     assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (_nvtx_step_ns(NSYS_PLANTED), _nvtx_step_ns(NSYS_CLEAN))
     assert doc["verdict"] == "IMPROVED" and doc["findings"]["fixed"] and not doc["findings"]["new"]
     r = diff(db, NSYS_PLANTED, NSYS_CLEAN, "--step", "no such range")
@@ -187,7 +201,7 @@ def test_nvtx_steps_are_the_step_time_without_step(db):
     """Without --step, diff's steps are the `steps` view's: here the NVTX ranges named `step`."""
     code, doc = diff_json(db, NSYS_PLANTED, NSYS_CLEAN)
 
-    assert doc["end_to_end"]["name"] == "mean step (host)"
+    assert doc["end_to_end"]["name"] == "median step (host)"
     assert (doc["end_to_end"]["base"], doc["end_to_end"]["test"]) == (_nvtx_step_ns(NSYS_PLANTED), _nvtx_step_ns(NSYS_CLEAN))
 
 
@@ -200,7 +214,8 @@ def test_across_formats_memory_from_nsys_allocation_events(db):
     for nbytes, op in events:  # 0 = allocation, 1 = free
         level += nbytes if op == 0 else -nbytes
         peak = max(peak, level)
-    code, doc = diff_json(db, NSYS_GRAPH_MEMORY, KINETO_PLANTED, "--gate", "10000")
+    code, doc = diff_json(db, NSYS_GRAPH_MEMORY, KINETO_PLANTED, "--gate", "10000", "--allow-different-hardware")
+    assert not doc["comparable"] and doc["reasons"][0].startswith("GPU model: base NVIDIA H100")
     assert (doc["peak_memory"]["base"], doc["peak_memory"]["test"]) == (peak, kineto_peak_cuda_bytes(KINETO_PLANTED))
     assert doc["memory"][0]["base_source"] == "running sum of signed sizes"
     assert doc["memory"][0]["test_source"] == "allocator totals"
@@ -216,7 +231,8 @@ def test_ncu_runs_compare_kernel_time_from_the_duration_metric(db):
     lines = list(csv.reader(ln for ln in raw.read_text().splitlines() if not ln.startswith("==")))
     col = lines[0].index("gpu__time_duration.sum")
     raw_ns = sum(float(r[col]) * scale[lines[1][col]] for r in lines[2:])
-    code, doc = diff_json(db, raw, full, "--gate", "1")
+    code, doc = diff_json(db, raw, full, "--gate", "1", "--allow-different-hardware")
+    assert doc["reasons"] == ["SM count: base 132, test 108"]  # two GPUs of other sizes
     assert doc["end_to_end"]["name"] == "kernel time (sum)"
     assert doc["end_to_end"]["base"] == pytest.approx(raw_ns) and doc["end_to_end"]["test"] == pytest.approx(full_ns)
     assert code == 1 and doc["metrics"][0]["name"] == "span" and doc["metrics"][0]["base"] is None
@@ -255,10 +271,9 @@ def short_name(full: str) -> str:
 def test_match_by_short_name_pools_template_instances(db):
     def pooled(path):
         out = defaultdict(lambda: [0, 0])
-        for e in kineto_events(path):
-            if e.get("cat") == "kernel":
-                out[short_name(e["name"])][0] += 1
-                out[short_name(e["name"])][1] += us_to_ns(e["dur"])
+        for e in kineto_in_capture(kineto_events(path)):
+            out[short_name(e["name"])][0] += 1
+            out[short_name(e["name"])][1] += us_to_ns(e["dur"])
         return {k: tuple(v) for k, v in out.items()}
 
     root = shared_traces() / "torch"  # three instances of one template in the real pair
@@ -269,7 +284,8 @@ def test_match_by_short_name_pools_template_instances(db):
                for k in doc["kernels"]}
         assert got == expected_kernel_rows(pooled(a), pooled(b))
     assert len(diff_json(db, base, test, "--by", "short")[1]["kernels"]) == 1
-    assert len(diff_json(db, base, test)[1]["kernels"]) == 3
+    instances = {*kineto_kernels(base), *kineto_kernels(test)}  # of one template, launched in the captures
+    assert len(instances) == 2 and len(diff_json(db, base, test)[1]["kernels"]) == len(instances)
 
 
 # -- memory by category --------------------------------------------------------------------
@@ -387,3 +403,163 @@ def test_timelines_never_pair_renamed_kernels(db):
     _, doc = diff_json(db, NSYS_CLEAN, NSYS_PLANTED)
     assert {k["status"] for k in doc["kernels"]} <= {"both", "new", "gone"}
     assert any(k["status"] in ("new", "gone") for k in doc["kernels"])
+
+
+# -- like with like: capture windows, hardware, steps ----------------------------------------
+
+WINDOW_BEFORE, WINDOW_AFTER = FIXTURES / "nsys" / "window_before.sqlite", FIXTURES / "nsys" / "window_after.sqlite"
+A100_RANK3, V100_RANK1 = FIXTURES / "kineto" / "diff_a100_rank3.json", FIXTURES / "kineto" / "diff_v100_rank1.json"
+GPU_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
+def nsys_capture(path: Path) -> dict:
+    """Straight from the export: the kernels launched inside the capture per name (those with
+    no launch call that start before the first API call are not), how many were not, the
+    busy time (union of GPU work) per device, and the NVTX range names."""
+    with sqlite3.connect(path) as con:
+        calls = {c for c, in con.execute("SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME")}
+        first = con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+        kernels = con.execute("""SELECT s.value, k.correlationId, k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                 JOIN StringIds s ON s.id = k.demangledName""").fetchall()
+        tables = {t for t, in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        intervals = defaultdict(list)
+        for t in GPU_TABLES:
+            if t in tables:
+                for dev, s, e in con.execute(f'SELECT deviceId, start, "end" FROM {t}'):
+                    intervals[dev].append((s, e))
+        names = [n for n, in con.execute("""SELECT coalesce(n.text, s.value) FROM NVTX_EVENTS n
+                                            LEFT JOIN StringIds s ON s.id = n.textId""")]
+    counted = Counter(re.sub(r"\s+", "", n) for n, corr, start in kernels if corr in calls or start >= first)
+    busy = {}
+    for dev, ivs in intervals.items():
+        total, reach = 0, None
+        for s, e in sorted(ivs):
+            if reach is None or s > reach:
+                total, reach = total + e - s, e
+            elif e > reach:
+                total, reach = total + e - reach, e
+        busy[dev] = total
+    return {"launches": counted, "not_counted": len(kernels) - sum(counted.values()), "busy": busy, "names": names}
+
+
+def test_time_sliced_windows_compare_by_throughput_never_by_span(db):
+    """Two equal 3 ms windows of a 2-GPU loop: the spans are equal, but fewer iterations fit in
+    the second: the verdict is the launch rate of the kernels both have, and it regressed."""
+    before, after = nsys_capture(WINDOW_BEFORE), nsys_capture(WINDOW_AFTER)
+    spans = nsys_span_ns(WINDOW_BEFORE), nsys_span_ns(WINDOW_AFTER)
+    assert spans[0] == spans[1]
+    code, doc = diff_json(db, WINDOW_BEFORE, WINDOW_AFTER, "--gate", "5")
+    assert doc["setup"]["base"]["capture"] == doc["setup"]["test"]["capture"] == "time-sliced"
+    assert doc["comparable"] is True and doc["steps"] == {"base": None, "test": None}
+
+    matched = before["launches"].keys() & after["launches"].keys()
+    rate = [1e9 * sum(c["launches"][k] for k in matched) / span for c, span in zip((before, after), spans)]
+    e2e = doc["end_to_end"]
+    assert e2e["name"] == "matched kernel launches per second" and e2e["better"] == "higher"
+    assert (e2e["base"], e2e["test"]) == pytest.approx(rate)
+    assert e2e["delta_pct"] == pytest.approx(100 * (rate[1] - rate[0]) / rate[0]) and e2e["delta_pct"] < -10
+    assert doc["verdict"] == "REGRESSED" and code == 1 and "13.3% worse" in doc["gate"]["failures"][0]
+
+    # launches before the window are not counted
+    assert {k["name"].replace(" ", ""): (k["base_count"], k["test_count"]) for k in doc["kernels"]} == {
+        k: (before["launches"][k], after["launches"][k]) for k in matched}
+    assert doc["not_counted"] == {"base": before["not_counted"], "test": after["not_counted"]} == {"base": 1, "test": 3}
+
+    # busy time per device, never summed across devices
+    assert {r["device_id"]: (r["base_busy_ns"], r["test_busy_ns"]) for r in doc["busy"]} == {
+        d: (before["busy"][d], after["busy"][d]) for d in before["busy"]}
+    assert sum(before["busy"].values()) > spans[0]  # what a sum over devices would claim
+    metrics = {m["name"]: m for m in doc["metrics"]}
+    busiest = metrics["GPU busy, busiest device (union of its GPU work)"]
+    assert (busiest["base"], busiest["test"]) == (max(before["busy"].values()), max(after["busy"].values()))
+    idle = metrics["GPU idle share of the span, mean over devices"]
+    assert idle["base"] == pytest.approx(statistics.mean(1 - b / spans[0] for b in before["busy"].values()))
+    assert idle["test"] > idle["base"]
+
+    # range names normalised: `aten::to, op_id = N, seq = M`, unique per instance, line up
+    def normalised(names):
+        return Counter(re.sub(r",\s*(op_id|seq)\s*=\s*\d+", "", n) for n in names)
+
+    ranges = {r["range"]: (r["base_count"], r["test_count"]) for r in doc["ranges"]}
+    nb, na = normalised(before["names"]), normalised(after["names"])
+    assert len(set(before["names"])) == len(before["names"])  # every raw name unique
+    assert ranges == {k: (nb[k], na[k]) for k in nb} and set(ranges) == {"aten::mm", "aten::to"}
+
+    text = diff(db, WINDOW_BEFORE, WINDOW_AFTER).stdout
+    assert "GPU busy per device" in text and "(verdict)" in text and "REGRESSED" in text
+    assert "not counted (launched before the capture began): base 1 kernel(s), test 3 kernel(s)" in text
+
+
+def kineto_steps(path: Path) -> list[int]:
+    return [us_to_ns(e["dur"]) for e in kineto_events(path)
+            if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"])]
+
+
+def test_unlike_hardware_is_not_gated_unless_allowed(db):
+    """Rank 3 of 8 on an A100 vs rank 1 of 2 on a V100: not comparable, and the gate says why
+    instead of passing or failing."""
+    doc = json.loads(Path(A100_RANK3).read_text()), json.loads(Path(V100_RANK1).read_text())
+    (gpu_b,), (gpu_t,) = doc[0]["deviceProperties"], doc[1]["deviceProperties"]
+    dist_b, dist_t = doc[0]["distributedInfo"], doc[1]["distributedInfo"]
+    r = diff(db, A100_RANK3, V100_RANK1, "--gate", "5")
+    assert r.exit_code == 2 and "not judged: the runs are not alike" in r.stderr
+    first = r.stdout.splitlines()
+    assert first[0].startswith("NOT COMPARABLE") and f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}" in first[1]
+
+    code, out = diff_json(db, A100_RANK3, V100_RANK1, "--gate", "5", "--allow-different-hardware")
+    assert out["comparable"] is False
+    assert out["reasons"] == [f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}",
+                              f"SM count: base {gpu_b['numSms']}, test {gpu_t['numSms']}",
+                              f"world size: base {dist_b['world_size']}, test {dist_t['world_size']}",
+                              f"rank: base {dist_b['rank']}, test {dist_t['rank']}"]
+    assert code == 1 and out["gate"]["judged"] and out["gate"]["passed"] is False
+    r = runner.invoke(app, ["diff", "--store", str(db), str(A100_RANK3), str(V100_RANK1), "--gate", "5",
+                            "--format", "json"])
+    assert r.exit_code == 2 and json.loads(r.stdout)["gate"] == {**out["gate"], "passed": None, "judged": False}
+
+
+def test_per_step_distribution_sets_warm_up_apart_and_flags_outliers(db):
+    def expect(path):
+        ns = kineto_steps(path)
+        later = statistics.median(ns[1:])
+        warm = 1 if ns[0] > 1.5 * later else 0
+        steady = sorted(ns[warm:])
+        pos = (len(steady) - 1) * 0.9
+        p90 = steady[int(pos)] + (steady[min(int(pos) + 1, len(steady) - 1)] - steady[int(pos)]) * (pos - int(pos))
+        med = statistics.median(steady)
+        return {"steps": len(ns), "warmup_steps": warm, "median_ns": med, "p90_ns": pytest.approx(p90),
+                "outliers": [{"index": i, "ns": d} for i, d in enumerate(ns) if i >= warm and (d > 1.5 * med or d * 1.5 < med)]}
+
+    _, doc = diff_json(db, A100_RANK3, V100_RANK1, "--allow-different-hardware")
+    for side, path in (("base", A100_RANK3), ("test", V100_RANK1)):
+        got = doc["steps"][side]
+        assert {k: got[k] for k in ("steps", "warmup_steps", "median_ns", "p90_ns", "outliers")} == expect(path)
+    assert doc["steps"]["base"]["warmup_steps"] == 1 and doc["steps"]["test"]["outliers"][0]["index"] == 4
+    e2e = doc["end_to_end"]
+    assert e2e["name"] == "median ProfilerStep#* (host)"
+    assert (e2e["base"], e2e["test"]) == (doc["steps"]["base"]["median_ns"], doc["steps"]["test"]["median_ns"])
+    # time per step of each kernel
+    [k] = doc["kernels"]
+    assert k["base_per_step_ns"] == k["base_total_ns"] / len(kineto_steps(A100_RANK3))
+    text = diff(db, A100_RANK3, V100_RANK1).stdout
+    assert "Per-step time" in text and "#4 2.4 ms" in text
+
+
+def test_step_range_names_the_step(db):
+    _, by_step = diff_json(db, NSYS_PLANTED, NSYS_CLEAN, "--step", "step")
+    _, by_range = diff_json(db, NSYS_PLANTED, NSYS_CLEAN, "--step-range", "step")
+    assert by_range["end_to_end"] == by_step["end_to_end"]
+    assert by_range["steps"]["base"]["median_ns"] == _nvtx_step_ns(NSYS_PLANTED)
+
+
+# -- the real pairs named in the issue (skipped where the corpus lacks them) -------------------
+
+def test_summary_carries_the_step_distribution(db):
+    diff_json(db, A100_RANK3, V100_RANK1)  # both stored
+    r = runner.invoke(app, ["summary", "--store", str(db), "--format", "json", A100_RANK3.name])
+    [s] = json.loads(r.stdout)
+    ns = kineto_steps(A100_RANK3)
+    assert s["steps"]["steps"] == len(ns) and s["steps"]["median_ns"] == statistics.median(ns[1:])
+    assert s["steps"]["warmup_ns"] == ns[:1]
+    text = runner.invoke(app, ["summary", "--store", str(db), A100_RANK3.name], env={"COLUMNS": "200"}).stdout
+    assert f"steps {len(ns)} (ProfilerStep#*): median" in text and "1 warm-up set apart" in text

@@ -4,9 +4,10 @@ The three checks after any optimization:
 
 * time per kernel, matched by name across the runs (with count changes, and kernels that
   appear or disappear);
-* end-to-end time: the run's span, per-step time (the `steps` view: Kineto `ProfilerStep#N`,
-  else NVTX or user ranges named like a step) and every named NVTX / user-annotation range
-  (`ProfilerStep#N` pooled as `ProfilerStep#*`);
+* end-to-end time: the run's span, the per-step time distribution (the `steps` view: Kineto
+  `ProfilerStep#N`, else NVTX or user ranges named like a step; `step_stats`), throughput for
+  time-sliced captures, GPU busy time per device, and every named NVTX / user-annotation range
+  (names normalised, `ProfilerStep#N` pooled as `ProfilerStep#*`);
 * peak device memory per device, as `summary.memory` gives it (allocator events: M001's peak
   of the `memory_levels` view; a memory snapshot: the peak of its recorded history; a memory
   timeline: its peak, with what each category held then), and reserved memory where known;
@@ -15,10 +16,26 @@ The three checks after any optimization:
 
 plus the findings that are new in TEST or fixed since BASE, and a verdict.
 
-"End-to-end time" for the verdict and the gate is the mean step time when both runs have
-steps (the span depends on how long the profiler happened to record; a step does not), else
-the span, else (ncu, no timeline) the summed kernel time. Runs of different formats compare
-as far as both carry the data; a metric one side lacks is shown as missing, not as zero.
+First, whether the runs are alike (`comparability`: GPU model and count, SM count, world size,
+rank, capture window): `comparable` and the `reasons` they are not. The gate does not judge
+unlike runs unless told to.
+
+"End-to-end time" for the verdict and the gate is, in this order of preference:
+
+* the median step time when both runs have steps (warm-up steps left out; `step_stats`): a
+  step does not depend on how long the profiler happened to record;
+* throughput when either run is a time-sliced capture (a fixed window says nothing by its
+  length): launches per second of the kernels both runs have, higher is better;
+* the span;
+* (ncu, no timeline) the summed kernel time.
+
+Kernels count only when launched inside the capture: a kernel with no launch call in the trace
+that starts before the run's first API call was launched before the profiler started, and is
+left out (its count is in `not_counted`). Range names are matched once normalised
+(`ranges.normalize_name`: `op_id = N`, `seq = N`, addresses and per-instance numbers stripped).
+GPU busy time is the union of GPU work within each device, per device, never summed across
+devices. Runs of different formats compare as far as both carry the data; a metric one side
+lacks is shown as missing, not as zero.
 """
 
 from __future__ import annotations
@@ -29,11 +46,12 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from . import summary
+from . import comparability, step_stats, summary
+from .ranges import normalized_sql
 from .store import views
 from .store import Store
 
-STEP_KEY = "ProfilerStep#*"
+STEP_KEY = step_stats.STEP_KEY
 DEFAULT_NOISE_PCT = 1.0  # changes smaller than this are "unchanged" in the verdict
 KERNEL_TIME = "kernel time (sum)"
 
@@ -45,9 +63,10 @@ class DiffError(Exception):
 @dataclass
 class Metric:
     name: str
-    unit: str  # "ns" or "bytes"
+    unit: str  # "ns", "bytes", "per_s" or "share"
     base: float | None
     test: float | None
+    better: str = "lower"  # or "higher" (throughput)
 
     @property
     def comparable(self) -> bool:
@@ -62,6 +81,12 @@ class Metric:
         if not self.comparable or self.base == 0:
             return None
         return 100.0 * (self.test - self.base) / self.base
+
+    @property
+    def worse_pct(self) -> float | None:
+        """How much worse TEST is, in percent (negative: better)."""
+        pct = self.delta_pct
+        return None if pct is None else (pct if self.better == "lower" else -pct)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "delta": self.delta, "delta_pct": self.delta_pct}
@@ -82,6 +107,15 @@ class RunDiff:
     new_findings: list[dict] = field(default_factory=list)
     fixed_findings: list[dict] = field(default_factory=list)
     unchanged_findings: int = 0
+    setups: dict = field(default_factory=dict)  # "base"/"test" -> comparability.setup
+    reasons: list[str] = field(default_factory=list)  # why the runs are not alike
+    steps: dict = field(default_factory=dict)  # "base"/"test" -> step_stats.distribution or None
+    busy: pd.DataFrame = field(default_factory=pd.DataFrame)  # per device: busy and idle share
+    not_counted: dict = field(default_factory=dict)  # "base"/"test" -> kernels launched before the capture
+
+    @property
+    def comparable(self) -> bool:
+        return not self.reasons
 
     def verdict(self, noise_pct: float = DEFAULT_NOISE_PCT) -> tuple[str, str]:
         """(word, one line): IMPROVED, REGRESSED, MIXED, NO CHANGE or UNKNOWN."""
@@ -144,16 +178,19 @@ class RunDiff:
         for m, what in ((self.end_to_end, "end-to-end time"), (self.peak_memory, "peak memory")):
             if m is None or not m.comparable:
                 notes.append(f"{what} not gated: not in both runs")
-            elif m.delta_pct is None:
+            elif m.worse_pct is None:
                 notes.append(f"{what} not gated: base is 0")
-            elif m.delta_pct > pct:
-                failures.append(f"{what} ({m.name}) +{m.delta_pct:.1f}% > {pct:g}%")
+            elif m.worse_pct > pct:
+                failures.append(f"{what} ({m.name}) {m.delta_pct:+.1f}% ({m.worse_pct:.1f}% worse) > {pct:g}%"
+                                if m.better == "higher" else f"{what} ({m.name}) +{m.delta_pct:.1f}% > {pct:g}%")
         return failures, notes
 
     def to_dict(self, noise_pct: float = DEFAULT_NOISE_PCT) -> dict:
         word, line = self.verdict(noise_pct)
         return {
             "base": self.base, "test": self.test, "match_by": self.match_by,
+            "comparable": self.comparable, "reasons": self.reasons, "setup": self.setups,
+            "steps": self.steps, "busy": _records(self.busy), "not_counted": self.not_counted,
             "end_to_end": self.end_to_end.to_dict() if self.end_to_end else None,
             "peak_memory": self.peak_memory.to_dict(),
             "metrics": [m.to_dict() for m in self.metrics],
@@ -168,17 +205,24 @@ class RunDiff:
 def _direction(m: Metric | None, noise_pct: float) -> int | None:
     if m is None or not m.comparable:
         return None
-    if m.delta_pct is None:
-        return 0 if m.delta == 0 else 1
-    return 0 if abs(m.delta_pct) < noise_pct else (1 if m.delta_pct > 0 else -1)
+    if m.worse_pct is None:
+        return 0 if m.delta == 0 else (1 if (m.delta > 0) == (m.better == "lower") else -1)
+    return 0 if abs(m.worse_pct) < noise_pct else (1 if m.worse_pct > 0 else -1)
 
 
 def _describe(m: Metric, label: str) -> str:
-    from . import fmt
-
-    show = fmt.ns if m.unit == "ns" else fmt.nbytes
+    show = show_value(m.unit)
     pct = "n/a" if m.delta_pct is None else f"{m.delta_pct:+.1f}%"
     return f"{label} {show(m.base)} -> {show(m.test)} ({pct})"
+
+
+def show_value(unit: str):
+    """The formatter of a metric's values: time, bytes, a rate per second or a share."""
+    from . import fmt
+
+    return {"ns": fmt.ns, "bytes": fmt.nbytes,
+            "per_s": lambda v: "-" if fmt._missing(v) else f"{v:,.0f}/s",
+            "share": lambda v: "-" if fmt._missing(v) else f"{100 * v:.1f}%"}[unit]
 
 
 # A memory category in a sentence ("activations +1.2 GB").
@@ -219,6 +263,11 @@ _NCU_PIVOT = ", ".join(f"max(value) FILTER (WHERE metric_id = '{m}') AS {c}" for
 _NCU_MEANS = ", ".join(f"sum({c} * coalesce(k.duration_ns, 1)) / nullif(sum(coalesce(k.duration_ns, 1)) "
                        f"FILTER (WHERE {c} IS NOT NULL), 0) AS {c}" for c in NCU_KERNEL_METRICS)
 
+# A kernel launched before the capture began: no launch call in the trace, and it starts before
+# the run's first API call.
+BEFORE_CAPTURE = """coalesce(k.launch_call_id IS NULL AND k.start_ns <
+    (SELECT min(start_ns) FROM api_calls WHERE run_id = $run_id), false)"""
+
 KERNELS_SQL = f"""
 WITH m AS (
     SELECT kernel_id, {_NCU_PIVOT} FROM kernel_metrics
@@ -227,25 +276,25 @@ WITH m AS (
 SELECT {{key}} AS key, min(coalesce(k.short_name, k.name)) AS short_name, min(k.name) AS name, count(*) AS count,
        sum(k.duration_ns) AS total_ns, min(k.kernel_id) AS first_id, {_NCU_MEANS}
 FROM kernel_durations k LEFT JOIN m USING (kernel_id)
-WHERE k.run_id = $run_id
+WHERE k.run_id = $run_id AND NOT {BEFORE_CAPTURE}
 GROUP BY key
 """
 
+NOT_COUNTED_SQL = f"SELECT count(*) FROM kernels k WHERE k.run_id = $run_id AND {BEFORE_CAPTURE}"
+
 RANGES_SQL = f"""
 SELECT CASE WHEN kind = 'gpu_user_annotation' THEN 'gpu' ELSE 'host' END AS side,
-       regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}') AS range,
+       {normalized_sql(f"regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}')")} AS range,
        count(*) AS count, sum(end_ns - start_ns) AS total_ns
 FROM ranges
 WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND name IS NOT NULL AND end_ns >= start_ns
 GROUP BY ALL
 """
 
-# The run's iterations: the `steps` view (Kineto ProfilerStep#N, else step-like NVTX ranges),
-# each range name with ProfilerStep#N pooled as in the ranges table.
-STEPS_SQL = f"""
-SELECT regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}') AS step, count(*) AS count,
-       sum(end_ns - start_ns) AS total_ns
-FROM steps WHERE run_id = $run_id GROUP BY ALL
+# Per device: busy time (the union of its GPU work) and its idle share of the run's span.
+BUSY_SQL = """
+SELECT b.device_id, b.busy_ns, 1 - b.busy_ns / nullif(r.span_ns, 0) AS idle_share
+FROM device_busy b JOIN runs r USING (run_id) WHERE b.run_id = $run_id ORDER BY b.device_id
 """
 
 
@@ -262,19 +311,18 @@ def _scalar(store: Store, sql: str, run_id: str):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
-def _side(store: Store, run_id: str, by: str) -> dict:
+def _side(store: Store, run_id: str, by: str, step: str | None) -> dict:
+    with views.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
+        busy = store.df(BUSY_SQL, {"run_id": run_id})
     return {
         "kernels": store.df(KERNELS_SQL.format(key=_kernel_key(by)), {"run_id": run_id}),
+        "not_counted": int(_scalar(store, NOT_COUNTED_SQL, run_id) or 0),
         "ranges": store.df(RANGES_SQL, {"run_id": run_id}),
         "memory": summary.memory(store, run_id),
-        "steps": store.df(STEPS_SQL, {"run_id": run_id}),
-        "busy_ns": _busy_ns(store, run_id),
+        "steps": step_stats.run_steps(store, run_id, step),
+        "busy": busy,
+        "setup": comparability.setup(store, run_id),
     }
-
-
-def _busy_ns(store: Store, run_id: str):
-    with views.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
-        return _scalar(store, "SELECT sum(busy_ns) FROM device_busy WHERE run_id = $run_id", run_id)
 
 
 # -- the comparison ---------------------------------------------------------------------
@@ -382,23 +430,51 @@ def _category_table(base: list[dict], test: list[dict]) -> pd.DataFrame:
             .drop(columns="_order").reset_index(drop=True))
 
 
-def _step_metric(ranges: pd.DataFrame, steps: tuple[pd.DataFrame, pd.DataFrame], step: str | None) -> Metric | None:
-    """Mean time of one step: of the named range `step`, on the host side (where the step loop
-    runs) when both have it; by default of the runs' `steps` when both have some."""
-    if step is None:
-        base, test = steps
-        if base.empty or test.empty:
-            return None
-        names = set(base["step"]) | set(test["step"])
-        label = names.pop() if len(names) == 1 else "step"
-        return Metric(f"mean {label} (host)", "ns", float(base["total_ns"].sum() / base["count"].sum()),
-                      float(test["total_ns"].sum() / test["count"].sum()))
-    for side in ("host", "gpu"):
-        row = ranges[(ranges["side"] == side) & (ranges["range"] == step)]
-        if not row.empty and row["base_count"].notna().all() and row["test_count"].notna().all():
-            r = row.iloc[0]
-            return Metric(f"mean {step} ({side})", "ns", float(r.base_mean_ns), float(r.test_mean_ns))
-    raise DiffError(f"--step {step!r}: no range of that name in both runs")
+def _step_metric(steps: tuple[dict | None, dict | None], step: str | None) -> Metric | None:
+    """Median step time (warm-up steps left out) when both runs have steps: of the ranges named
+    `step`, else of the `steps` view's."""
+    base, test = steps
+    if base is None or test is None:
+        if step is not None:
+            raise DiffError(f"--step {step!r}: no range of that name in both runs")
+        return None
+    label = base["step"] if base["step"] == test["step"] else "step"
+    side = " (host)" if step is None or base.get("side", "host") == "host" else ""
+    return Metric(f"median {label}{side}", "ns", float(base["median_ns"]), float(test["median_ns"]))
+
+
+def _throughput(kernels: pd.DataFrame, base: dict, test: dict) -> Metric | None:
+    """Launches per second of the kernels both runs have, over each run's span."""
+    both = kernels[kernels["status"].isin(["both", "paired"])]
+    if both.empty or not base["span_ns"] or not test["span_ns"]:
+        return None
+    return Metric("matched kernel launches per second", "per_s", 1e9 * float(both["base_count"].sum()) / base["span_ns"],
+                  1e9 * float(both["test_count"].sum()) / test["span_ns"], better="higher")
+
+
+def _busy_metrics(b: pd.DataFrame, t: pd.DataFrame) -> list[Metric]:
+    """Busy time of the busiest device (a union within one device) and the mean idle share."""
+    def agg(df, col, how):
+        return _num(getattr(df[col], how)()) if not df.empty else None
+    return [Metric("GPU busy, busiest device (union of its GPU work)", "ns", agg(b, "busy_ns", "max"), agg(t, "busy_ns", "max")),
+            Metric("GPU idle share of the span, mean over devices", "share", agg(b, "idle_share", "mean"),
+                   agg(t, "idle_share", "mean"))]
+
+
+def _busy_table(b: pd.DataFrame, t: pd.DataFrame) -> pd.DataFrame:
+    out = b.rename(columns={"busy_ns": "base_busy_ns", "idle_share": "base_idle_share"}).merge(
+        t.rename(columns={"busy_ns": "test_busy_ns", "idle_share": "test_idle_share"}), on="device_id", how="outer")
+    return out.sort_values("device_id").reset_index(drop=True)
+
+
+def _per_step(table: pd.DataFrame, steps: tuple[dict | None, dict | None]) -> pd.DataFrame:
+    """`table` with each row's time per step (`base_per_step_ns`, `test_per_step_ns`) when both
+    runs have steps: its total over the run's step count."""
+    base, test = steps
+    if base is None or test is None or table.empty:
+        return table
+    return table.assign(base_per_step_ns=table["base_total_ns"] / base["steps"],
+                        test_per_step_ns=table["test_total_ns"] / test["steps"])
 
 
 def _num(v) -> float | None:
@@ -445,11 +521,12 @@ def _unmatched(items: list[dict], others: list[dict]) -> list[dict]:
 
 
 def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", step: str | None = None) -> RunDiff:
-    """Compare two stored runs (rules must have run on both for the findings part)."""
+    """Compare two stored runs (rules must have run on both for the findings part); `step`
+    names the range that marks one step (default: the `steps` view's)."""
     if by not in ("name", "short"):
         raise DiffError(f"--by must be name or short, not {by!r}")
     base, test = _run_row(store, base_id), _run_row(store, test_id)
-    b, t = _side(store, base_id, by), _side(store, test_id, by)
+    b, t = _side(store, base_id, by, step), _side(store, test_id, by, step)
     profiles = base["format"].startswith("ncu") and test["format"].startswith("ncu")
     kernels = _kernel_table(b["kernels"], t["kernels"], pair_renamed=profiles)
     pairs = kernels[kernels["status"] == "paired"]
@@ -461,14 +538,24 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
     kernel_total = Metric(KERNEL_TIME, "ns",
                           _num(b["kernels"]["total_ns"].sum(min_count=1)), _num(t["kernels"]["total_ns"].sum(min_count=1)))
     span = Metric("span", "ns", _num(base["span_ns"]), _num(test["span_ns"]))
-    busy = Metric("GPU busy (union of GPU work)", "ns", _num(b["busy_ns"]), _num(t["busy_ns"]))
-    steps = _step_metric(ranges, (b["steps"], t["steps"]), step)
+    steps = _step_metric((b["steps"], t["steps"]), step)
+    sliced = "time-sliced" in (b["setup"]["capture"], t["setup"]["capture"])
+    throughput = _throughput(kernels, base, test) if sliced and steps is None else None
     peak = Metric("peak allocated, max over devices", "bytes", _peak(b["memory"]), _peak(t["memory"]))
-    metrics = [m for m in (span, steps, busy, kernel_total) if m is not None]
-    end_to_end = next((m for m in (steps, span, kernel_total) if m is not None and m.comparable), None)
+    metrics = [m for m in (span, steps, throughput, *_busy_metrics(b["busy"], t["busy"]), kernel_total)
+               if m is not None]
+    # A time-sliced capture's span is the window it was cut to: never the end-to-end time.
+    order = (steps, throughput, kernel_total) if sliced else (steps, span, kernel_total)
+    end_to_end = next((m for m in order if m is not None and m.comparable), None)
+    step_pair = (b["steps"], t["steps"])
 
     new, fixed, same = _finding_changes(_findings(store, base_id), _findings(store, test_id), renamed)
-    return RunDiff(base, test, by, kernels, ranges, memory, categories, metrics, end_to_end, peak, new, fixed, same)
+    return RunDiff(base, test, by, _per_step(kernels, step_pair), _per_step(ranges, step_pair), memory, categories,
+                   metrics, end_to_end, peak, new, fixed, same,
+                   setups={"base": b["setup"], "test": t["setup"]},
+                   reasons=comparability.reasons(b["setup"], t["setup"]),
+                   steps={"base": b["steps"], "test": t["steps"]}, busy=_busy_table(b["busy"], t["busy"]),
+                   not_counted={"base": b["not_counted"], "test": t["not_counted"]})
 
 
 def _peak(rows: list[dict]) -> float | None:

@@ -118,7 +118,10 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
     """The run's summary as JSON-ready values: the run's fields, `by`, `busy` (per device),
     `kernels` (the `top` first rows of `kernel_stats`, all when None), `kernel_totals`
     (`names`, `count`, `total_ns` over every kernel), `graphs`, `copies`, `memsets` and
-    `memory` (per device, see `memory`)."""
+    `memory` (per device, see `memory`) and `steps` (the per-step time distribution,
+    `step_stats.run_steps`; None without steps)."""
+    from .step_stats import run_steps
+
     def rows(sql: str, params: list) -> list[dict]:
         return store.arrow(sql, params).to_pylist()
 
@@ -135,6 +138,7 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
         "copies": rows(COPIES_SQL, [run_id]),
         "memsets": rows(MEMSETS_SQL, [run_id]),
         "memory": memory(store, run_id),
+        "steps": run_steps(store, run_id),
     }
 
 
@@ -306,6 +310,129 @@ def timeline_peaks(store: Store, run_id: str) -> list[dict]:
     return list(out.values())
 
 
+# Kineto allocator events categorised from operator context (`kineto_category_peaks`). Each
+# allocation (an event with positive bytes and an address) ends at the next event at its address
+# on its device, normally its free (as M001 pairs them). The timeline is cut into stretches: per
+# step (`steps`, optimizer steps left out; else the whole run as one), `forward` (from the step's
+# start to the first backward operator's start), `backward` (to the last backward operator's end;
+# backward operators are the autograd engine's `autograd::engine::evaluate_function` frames and
+# operators named `*backward*`, on whatever thread runs them), `after_backward` (to the step's
+# end) and `between` (after the step, until the next); each optimizer step (`Optimizer.step#...`
+# and `optimizer.step...` ranges or operators, overlapping ones merged) is a stretch of its own,
+# whatever step it is in. An allocation is
+# * `temporary` when it ends in the stretch that made it (within one operator, or within forward,
+#   backward or the optimizer step);
+# * else `optimizer_state` when made in an optimizer step (still alive when it ends);
+# * else `gradient` when made in backward (alive at its end);
+# * else `activation` when made in forward and freed in the same step's backward;
+# * else `unknown` (made between steps, freed after the step, kept past the capture, ...).
+# What the addresses do not account for at the peak was allocated before the capture and is
+# counted as `parameter` (`Total Allocated` before the first event, less what the trace frees of
+# it). What this cannot tell: optimizer state and gradients kept from the steps before the capture
+# count as parameters; with gradient accumulation, the micro-batches after the first one's backward
+# count as backward; a forward tensor kept past its step's backward (a cache, the loss) is unknown.
+# Categories are only given for runs with a backward operator or an optimizer step, and only
+# where the addresses hold no more than the peak (within 1%; else frees do not name their blocks).
+# Backward operators: the autograd engine's frames and the operators named for backward.
+BACKWARD_OPS = "(starts_with(name, 'autograd::engine::evaluate_function') OR name ILIKE '%backward%')"
+# Optimizer steps: torch.optim's `Optimizer.step#Adam.step` frames and user ranges `optimizer.step...`.
+OPTIMIZER_STEP = "(lower(name) LIKE 'optimizer.step%')"
+# A run has the operator context the categories need: a backward operator or an optimizer step.
+TRAINING_CONTEXT_SQL = f"""(EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id AND {BACKWARD_OPS})
+    OR EXISTS (SELECT 1 FROM ranges WHERE run_id = $run_id AND kind IN ('user_annotation', 'nvtx') AND {OPTIMIZER_STEP})
+    OR EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id AND {OPTIMIZER_STEP}))"""
+
+_KINETO_PEAK_SQL = f"""
+WITH ev AS (
+    SELECT device_id, event_id, seq, ts_ns, next_ts_ns, bytes, address, allocated_bytes
+    FROM memory_levels WHERE run_id = $run_id AND device_type = 'cuda' AND device_id >= 0 AND {TRAINING_CONTEXT_SQL}
+), own_steps AS (  -- (`steps` takes an `Optimizer.step#...` range for a step when there is no ProfilerStep)
+    SELECT range_id AS step_id, start_ns, end_ns FROM steps WHERE run_id = $run_id AND NOT {OPTIMIZER_STEP}
+), windows AS (  -- the steps, or the whole run as one
+    SELECT * FROM own_steps
+    UNION ALL
+    SELECT -1, -4611686018427387904, 4611686018427387904 WHERE NOT EXISTS (SELECT 1 FROM own_steps)
+), backward AS (  -- per step, from the first backward operator's start to the last one's end
+    SELECT w.step_id, min(o.start_ns) AS bw_start, max(o.end_ns) AS bw_end
+    FROM (SELECT start_ns, end_ns FROM cpu_ops WHERE run_id = $run_id AND {BACKWARD_OPS}) o
+    ASOF JOIN windows w ON o.start_ns >= w.start_ns
+    WHERE o.start_ns <= w.end_ns GROUP BY w.step_id
+), steps_bw AS (
+    SELECT w.*, b.bw_start, b.bw_end FROM windows w LEFT JOIN backward b USING (step_id)
+), opt_frames AS (
+    SELECT start_ns, end_ns FROM ranges
+    WHERE run_id = $run_id AND kind IN ('user_annotation', 'nvtx') AND end_ns > start_ns AND {OPTIMIZER_STEP}
+    UNION
+    SELECT start_ns, end_ns FROM cpu_ops WHERE run_id = $run_id AND end_ns > start_ns AND {OPTIMIZER_STEP}
+), opt AS (  -- optimizer steps, frames that overlap (nested ones) merged
+    SELECT island AS opt_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM (
+        SELECT *, sum(new::INT) OVER (ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island FROM (
+            SELECT *, start_ns > coalesce(max(end_ns) OVER (ORDER BY start_ns, end_ns
+                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), start_ns - 1) AS new
+            FROM opt_frames))
+    GROUP BY island
+), placed AS (  -- each event's phase: a part of the timeline, the key of one stretch of it
+    SELECT e.*, CASE WHEN e.ts_ns <= o.end_ns THEN 'optimizer'
+                     WHEN s.step_id IS NULL OR e.ts_ns > s.end_ns THEN 'between'
+                     WHEN e.ts_ns >= s.bw_start AND e.ts_ns <= s.bw_end THEN 'backward'
+                     WHEN s.bw_start IS NULL OR e.ts_ns < s.bw_start THEN 'forward'
+                     ELSE 'after_backward' END AS phase,
+           coalesce(s.step_id, -2) AS step_id, o.opt_id
+    FROM ev e ASOF LEFT JOIN steps_bw s ON e.ts_ns >= s.start_ns ASOF LEFT JOIN opt o ON e.ts_ns >= o.start_ns
+), keyed AS (
+    SELECT *, CASE phase WHEN 'optimizer' THEN 'o' || opt_id ELSE phase || step_id END AS stretch FROM placed
+), paired AS (  -- an allocation ends at the next event at its address (its free)
+    SELECT *, lead(seq) OVER a AS end_seq, lead(stretch) OVER a AS end_stretch, lead(phase) OVER a AS end_phase,
+           lead(step_id) OVER a AS end_step
+    FROM keyed WINDOW a AS (PARTITION BY device_id, address ORDER BY seq)
+), allocations AS (
+    SELECT device_id, seq, end_seq, bytes,
+           CASE WHEN stretch = end_stretch THEN 'temporary'
+                WHEN phase = 'optimizer' THEN 'optimizer_state'
+                WHEN phase = 'backward' THEN 'gradient'
+                WHEN phase = 'forward' AND end_phase = 'backward' AND end_step = step_id THEN 'activation'
+                ELSE 'unknown' END AS category
+    FROM paired WHERE bytes > 0 AND address IS NOT NULL
+), peak AS (  -- the first event at the highest level, as M001 finds it
+    SELECT device_id, arg_min(seq, seq) FILTER (WHERE allocated_bytes = top) AS seq,
+           arg_min(event_id, seq) FILTER (WHERE allocated_bytes = top) AS event_id,
+           arg_min(ts_ns, seq) FILTER (WHERE allocated_bytes = top) AS ts_ns,
+           arg_min(next_ts_ns, seq) FILTER (WHERE allocated_bytes = top) AS next_ts,
+           any_value(top) AS total, arg_max(allocated_bytes, seq) AS end_total, count(*) AS events,
+           count(address) = count(*) AS has_addresses
+    FROM (SELECT *, max(allocated_bytes) OVER (PARTITION BY device_id) AS top FROM ev) GROUP BY device_id
+), held AS (  -- per category, the allocations live at the peak
+    SELECT p.device_id, a.category, sum(a.bytes) AS bytes
+    FROM peak p JOIN allocations a ON a.device_id = p.device_id AND a.seq <= p.seq AND coalesce(a.end_seq > p.seq, true)
+    GROUP BY ALL
+), checked AS (  -- addresses are trusted when what they hold fits under the peak (as M001 does)
+    SELECT p.*, coalesce(sum(h.bytes), 0) AS tracked FROM peak p LEFT JOIN held h USING (device_id)
+    WHERE p.has_addresses GROUP BY ALL HAVING coalesce(sum(h.bytes), 0) <= 1.01 * p.total
+)
+SELECT c.device_id, c.ts_ns, c.event_id, c.next_ts, c.total, c.end_total, c.events, h.category, h.bytes
+FROM checked c JOIN held h USING (device_id)
+UNION ALL  -- what the addresses do not account for was allocated before the capture
+SELECT device_id, ts_ns, event_id, next_ts, total, end_total, events, 'parameter', total - tracked
+FROM checked WHERE total > tracked
+ORDER BY device_id, bytes DESC, category
+"""
+
+
+def kineto_category_peaks(store: Store, run_id: str) -> list[dict]:
+    """Per CUDA device of a Kineto trace with operator context, the peak of allocated memory
+    (M001's: the first event at the highest level) split by the categories above, in the shape
+    of `timeline_peaks` (`steps` there is the number of allocator events here)."""
+    out: dict[int, dict] = {}
+    for device, ts, event_id, next_ts, total, end_total, events, category, nbytes in store.sql(
+            _KINETO_PEAK_SQL, {"run_id": run_id}).fetchall():
+        d = out.setdefault(device, {"device_id": device, "ts_ns": ts, "event_id": event_id, "next_ts": next_ts,
+                                    "total": int(total), "end_total": int(end_total), "steps": events,
+                                    "categories": []})
+        if nbytes:
+            d["categories"].append((category, int(nbytes)))
+    return list(out.values())
+
+
 MEMORY_FIELDS = ("device_id", "source", "reserved_bytes", "allocated_bytes", "largest_free_block_bytes",
                  "peak_allocated_bytes", "peak_reserved_bytes", "peak_ts_ns", "categories")
 # What each source's numbers are, as `memory` names it.
@@ -323,7 +450,8 @@ def memory(store: Store, run_id: str) -> list[dict]:
     history), of a timeline, or of the allocator events (M001's peak); `peak_reserved_bytes`
     the highest reserved level where the data records it; `peak_ts_ns` when the allocated
     peak was first reached. A
-    timeline gives `categories` at its peak: `{"category", "bytes", "share"}`, most bytes first.
+    timeline, or a Kineto trace with operator context (`kineto_category_peaks`), gives
+    `categories` at its peak: `{"category", "bytes", "share"}`, most bytes first.
     `source` says where the numbers come from: a memory snapshot, a memory timeline, or the
     allocator events' totals or running sum of signed sizes."""
     rows: dict[int, dict] = {}
@@ -341,13 +469,19 @@ def memory(store: Store, run_id: str) -> list[dict]:
     for p in timeline_peaks(store, run_id):
         row(p["device_id"], TIMELINE).update(
             peak_allocated_bytes=p["total"], peak_ts_ns=p["ts_ns"],
-            categories=[{"category": c, "bytes": b, "share": b / p["total"] if p["total"] else None}
-                        for c, b in p["categories"]])
+            categories=_shares(p))
     for p in _dicts(store, _ALLOCATOR_PEAK_SQL, {"run_id": run_id}):
         row(p["device_id"], ALLOCATOR_TOTALS if p["has_totals"] else SIGNED_SIZES).update(
             peak_allocated_bytes=_int(p["peak_allocated"]), peak_reserved_bytes=_int(p["peak_reserved"]),
             peak_ts_ns=p["peak_ts_ns"])
+    for p in kineto_category_peaks(store, run_id):  # (the same peak as the allocator events')
+        row(p["device_id"], ALLOCATOR_TOTALS).update(categories=_shares(p))
     return [rows[d] for d in sorted(rows)]
+
+
+def _shares(peak: dict) -> list[dict]:
+    return [{"category": c, "bytes": b, "share": b / peak["total"] if peak["total"] else None}
+            for c, b in peak["categories"]]
 
 
 def _int(x) -> int | None:

@@ -1,5 +1,6 @@
-"""`traceanalyzer diff BASE TEST`: did the optimization pay? Kernels, end-to-end time, memory
-(by category where both runs have categories), findings."""
+"""`traceanalyzer diff BASE TEST`: did the optimization pay? Whether the runs are alike, kernels,
+end-to-end time (per step, throughput or span), busy time per device, memory (by category where
+both runs have categories), findings."""
 
 import json
 import sys
@@ -17,14 +18,19 @@ def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run befor
          store: StoreOpt = None,
          gate: Annotated[Optional[float], typer.Option("--gate", min=0, metavar="PCT", help="Exit 1 when end-to-end time or peak memory grows by more than PCT percent.")] = None,
          by: Annotated[str, typer.Option("--by", metavar="name|short", help="Match kernels by full `name` (white space ignored) or `short` base name (template instances pooled).")] = "name",
-         step: Annotated[Optional[str], typer.Option("--step", metavar="RANGE", help="The range name that marks one step (e.g. an NVTX range); its mean time is the end-to-end time \\[default: the steps both runs have (ProfilerStep#N, else NVTX ranges named like steps: the `steps` view), else the span].")] = None,
+         step: Annotated[Optional[str], typer.Option("--step", "--step-range", metavar="RANGE", help="The range name that marks one step (an NVTX range or user annotation, as stored or normalised); its median time is the end-to-end time \\[default: the steps both runs have (ProfilerStep#N, else NVTX ranges named like steps: the `steps` view), else throughput for a time-sliced capture, else the span].")] = None,
          noise: Annotated[float, typer.Option("--noise", min=0, metavar="PCT", help="Changes below PCT percent count as unchanged in the verdict.")] = 1.0,
          top: Annotated[int, typer.Option("--top", min=1, metavar="N", help="How many rows each table shows.")] = 15,
-         as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON.")] = False):
-    """Compare two runs: time per kernel (matched by name, with count changes), end-to-end
-    time (span, steps, NVTX ranges), peak memory (per device, and per category when both runs
-    have categories), new and fixed findings, and a verdict.
-    Exit 0; 1 when --gate is exceeded; 2 on bad input."""
+         allow_different: Annotated[bool, typer.Option("--allow-different-hardware", help="Gate runs that are not alike (other GPUs, world size, rank or capture window) all the same.")] = False,
+         fmt_: Annotated[str, typer.Option("--format", metavar="text|json", help="Output format.")] = "text",
+         as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON (same as --format json).")] = False):
+    """Compare two runs: whether they are alike (GPU model and count, SM count, world size,
+    rank, capture window), time per kernel (matched by name, with count changes), end-to-end
+    time (median step, throughput for time-sliced captures, span), GPU busy time per device,
+    NVTX ranges, peak memory (per device, and per category when both runs have categories),
+    new and fixed findings, and a verdict.
+    Exit 0; 1 when --gate is exceeded; 2 on bad input, or with --gate when the runs are not
+    alike (unless --allow-different-hardware)."""
     from ..diff import DiffError, diff_runs
 
     with open_store(store) as st:
@@ -34,21 +40,33 @@ def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run befor
         except DiffError as e:
             err.print(f"error: {e}", markup=False)
             raise typer.Exit(2)
+    if fmt_ not in ("text", "json"):
+        err.print(f"error: --format must be text or json, not {fmt_!r}", markup=False)
+        raise typer.Exit(2)
+    as_json = as_json or fmt_ == "json"
     failures, notes = d.gate(gate) if gate is not None else ([], [])
     if gate is not None and d.end_to_end is None:
         err.print("error: --gate: no end-to-end time in both runs (no span, steps or kernel times)", markup=False)
         raise typer.Exit(2)
+    # Unlike runs: the gate neither passes nor fails (exit 2) unless told to judge them.
+    unjudged = gate is not None and not d.comparable and not allow_different
     if as_json:
         doc = d.to_dict(noise)
         if gate is not None:
-            doc["gate"] = {"pct": gate, "failures": failures, "notes": notes, "passed": not failures}
+            doc["gate"] = {"pct": gate, "failures": failures, "notes": notes,
+                           "passed": None if unjudged else not failures,
+                           "judged": not unjudged}
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     else:
         _print(out, d, top, noise)
-        if gate is not None:
+        if gate is not None and not unjudged:
             for n in notes:
                 out.print(f"note: {n}", markup=False)
             out.print(f"gate {gate:g}%: " + ("FAIL: " + "; ".join(failures) if failures else "pass"), markup=False)
+    if unjudged:
+        err.print(f"gate {gate:g}%: not judged: the runs are not alike ({'; '.join(d.reasons)}); "
+                  "--allow-different-hardware gates them all the same", markup=False)
+        raise typer.Exit(2)
     raise typer.Exit(1 if failures else 0)
 
 
@@ -97,17 +115,37 @@ def _fmt_delta(v, show) -> str:
 def _print(console: Console, d, top: int, noise: float) -> None:
     from .. import fmt
 
+    from ..diff import show_value
+
     b, t = d.base, d.test
+    if not d.comparable:
+        console.print("NOT COMPARABLE: the runs are not alike; read every number below with that in mind:",
+                      markup=False)
+        for r in d.reasons:
+            console.print(f"  {r}", markup=False)
     console.print(f"base {b['run_id']}  {b['file_name']}  ({b['format']})", markup=False)
     console.print(f"test {t['run_id']}  {t['file_name']}  ({t['format']})", markup=False)
 
     m = Table("end to end", "base", "test", "change", "",
               title="End-to-end time and memory" if d.has_memory else "End-to-end time")
     for x in [*d.metrics, *([d.peak_memory] if d.has_memory else [])]:
-        show = fmt.ns if x.unit == "ns" else fmt.nbytes
+        show = show_value(x.unit)
         mark = " (verdict)" if x is d.end_to_end else ""
         m.add_row(x.name + mark, show(x.base), show(x.test), _fmt_delta(x.delta, show), _fmt_pct(x.delta_pct))
     console.print(m)
+    _print_steps(console, d)
+    if len(d.busy) > 1:
+        bt = Table("device", "base busy", "test busy", "base idle", "test idle",
+                   title="GPU busy per device (union of its GPU work)")
+        share = show_value("share")
+        for r in d.busy.itertuples():
+            bt.add_row(str(r.device_id), fmt.ns(r.base_busy_ns), fmt.ns(r.test_busy_ns),
+                       share(r.base_idle_share), share(r.test_idle_share))
+        console.print(bt)
+    skipped = {k: v for k, v in d.not_counted.items() if v}
+    if skipped:
+        console.print("not counted (launched before the capture began): "
+                      + ", ".join(f"{k} {v} kernel(s)" for k, v in skipped.items()), markup=False)
 
     if not d.kernels.empty:  # (memory snapshots and timelines have none)
         # Nsight Compute profiles: each kernel's Speed Of Light and achieved occupancy, base -> test
@@ -152,6 +190,24 @@ def _print(console: Console, d, top: int, noise: float) -> None:
                 console.print(f"  ... and {len(rows) - top} more (--json lists all)", markup=False)
     word, line = d.verdict(noise)
     console.print(f"verdict: {line}", markup=False)
+
+
+def _print_steps(console: Console, d) -> None:
+    """Each run's per-step time distribution, when either has steps."""
+    from .. import fmt
+
+    if not any(d.steps.values()):
+        return
+    st = Table("steps", "count", "warm-up", "median", "p90", "min", "max", "outliers", title="Per-step time")
+    for side in ("base", "test"):
+        s = d.steps[side]
+        if s is None:
+            st.add_row(side, "-", "-", "-", "-", "-", "-", "-")
+            continue
+        outliers = ", ".join(f"#{o['index']} {fmt.ns(o['ns'])}" for o in s["outliers"][:5]) or "-"
+        st.add_row(f"{side} ({s['step']})", str(s["steps"]), str(s["warmup_steps"]), fmt.ns(s["median_ns"]),
+                   fmt.ns(s["p90_ns"]), fmt.ns(s["min_ns"]), fmt.ns(s["max_ns"]), outliers)
+    console.print(st)
 
 
 def _print_memory(console: Console, d) -> None:

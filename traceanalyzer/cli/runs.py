@@ -107,6 +107,13 @@ def print_summary(console: Console, s: dict) -> None:
                   markup=False)
     for line in [budget_line(d) for d in s["budget"]] or [no_budget_line(s)]:
         console.print(fmt.printable(line), markup=False)
+    st = s.get("steps")
+    if st:
+        outliers = ", ".join(f"#{o['index']} {fmt.ns(o['ns'])}" for o in st["outliers"][:5])
+        console.print(fmt.printable(
+            f"steps {st['steps']} ({st['step']}): median {fmt.ns(st['median_ns'])}, p90 {fmt.ns(st['p90_ns'])}"
+            + (f", {st['warmup_steps']} warm-up set apart" if st["warmup_steps"] else "")
+            + (f", outliers {outliers}" if outliers else "")), markup=False)
     if s["busy"]:
         t = Table("device", "name", "busy", "kernels", "copies", "memsets", "active span", "busy share",
                   "share of run", title="GPU busy")
