@@ -65,6 +65,24 @@ def open_store(store: Optional[Path], read_only: bool = False) -> Store:
 
 # -- inputs: error lines, ingest progress, runs named on the command line ----------------
 
+def check_choices(*choices: tuple[str, str, tuple]) -> None:
+    """Each (option, value, allowed): exit 2 with a one-line error on a value not allowed."""
+    for option, value, allowed in choices:
+        if value not in allowed:
+            err.print(f"error: {option} must be one of {', '.join(allowed)}, not {value!r}", markup=False)
+            raise typer.Exit(2)
+
+
+def resolve_runs(st: Store, refs: Optional[List[str]]) -> list[str]:
+    """The run ids `refs` name (ids, id prefixes or file names), every run without any; exit 2
+    with the store's one-line error on a ref it does not know."""
+    try:
+        return [st.resolve_run(r) for r in refs] if refs else st.run_ids()
+    except StoreError as e:
+        err.print(f"error: {e}", markup=False)
+        raise typer.Exit(2)
+
+
 def error_line(e: InputError, debug: bool = False) -> str:
     """The one stderr line for an input that could not be read."""
     # Names and messages come from files: one line, no terminal escapes, whatever they hold.

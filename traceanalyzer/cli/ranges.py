@@ -11,8 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from .. import fmt
-from ..store import StoreError
-from .common import StoreOpt, err, open_store, out
+from .common import StoreOpt, check_choices, open_store, out, resolve_runs
 
 FORMATS = ("text", "json", "csv")
 CSV_FIELDS = ("run_id", "name", "path", "depth", "instances", "cpu_ns", "kernels", "gpu_ns", "gpu_proj_ns", "share",
@@ -32,16 +31,9 @@ def ranges(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...", 
     allocator events, and the share of the run's kernel time."""
     from ..ranges import BY, run_ranges
 
-    for option, value, allowed in (("--format", format, FORMATS), ("--by", by, tuple(BY))):
-        if value not in allowed:
-            err.print(f"error: {option} must be one of {', '.join(allowed)}, not {value!r}", markup=False)
-            raise typer.Exit(2)
+    check_choices(("--format", format, FORMATS), ("--by", by, tuple(BY)))
     with open_store(store, read_only=True) as st:
-        try:
-            ids = [st.resolve_run(r) for r in run] if run else st.run_ids()
-        except StoreError as e:
-            err.print(f"error: {e}", markup=False)
-            raise typer.Exit(2)
+        ids = resolve_runs(st, run)
         runs_ = [run_ranges(st, rid, by, depth) for rid in ids]
     if format == "json":
         sys.stdout.write(json.dumps(runs_, indent=2) + "\n")

@@ -12,8 +12,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from .. import fmt
-from ..store import StoreError
-from .common import StoreOpt, cell, err, open_store, out
+from .common import StoreOpt, cell, check_choices, open_store, out, resolve_runs
 
 
 def runs(store: StoreOpt = None):
@@ -51,16 +50,9 @@ def summary(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...",
     """Per run: time budget, GPU busy per device, kernels (count, total, avg, median, min, max,
     stddev, share: nsys's cuda_gpu_kern_sum), CUDA-graph executions, copies, memsets and device
     memory (reserved, allocated, largest free block, peaks, the peak by category)."""
-    for option, value, allowed in (("--format", format, SUMMARY_FORMATS), ("--by", by, GROUPINGS)):
-        if value not in allowed:
-            err.print(f"error: {option} must be one of {', '.join(allowed)}, not {value!r}", markup=False)
-            raise typer.Exit(2)
+    check_choices(("--format", format, SUMMARY_FORMATS), ("--by", by, GROUPINGS))
     with open_store(store, read_only=True) as st:
-        try:
-            ids = [st.resolve_run(r) for r in run] if run else st.run_ids()
-        except StoreError as e:
-            err.print(f"error: {e}", markup=False)
-            raise typer.Exit(2)
+        ids = resolve_runs(st, run)
         runs_ = [_summary_of(st, rid, by, top or (TEXT_TOP if format == "text" else None)) for rid in ids]
     if format == "json":
         sys.stdout.write(json.dumps(runs_, indent=2) + "\n")
