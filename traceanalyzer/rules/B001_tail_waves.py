@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
-from ._launches import int_or_none, launch_groups
+from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
 from .base import Rule, Threshold
 
@@ -24,15 +24,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     # 0 waves is a grid under 0.005 waves as ncu prints it: under-filled, not unknown
     g = g[g["waves"].notna() & (g["waves"] >= 0)]
     g = not_collectives(g)  # a collective's grid is its channel count (T007)
-    if "time_share" in g:  # when durations are known, skip kernels that barely run
-        share = g.groupby(["device_id", "name"], dropna=False)["time_share"].transform("sum", min_count=1)
-        g = g[share.isna() | (share >= p["min_time_share"])]
-    by_kernel: dict[tuple, list[dict]] = {}
-    for r in g.itertuples():
-        c = _configuration(r, p)
-        if c is not None:
-            by_kernel.setdefault((r.device_id, r.name), []).append(c)
-    return name_launchers(store, run_id, pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()]))
+    by_kernel = configurations_by_kernel(g, lambda r: _configuration(r, p), p["min_time_share"])
+    return name_launchers(store, run_id, pd.DataFrame([_finding(configs, p) for configs in by_kernel]))
 
 
 def _configuration(r, p: dict) -> dict | None:
@@ -98,7 +91,7 @@ def _finding(configs: list[dict], p: dict) -> dict:
         message += f" (the worst of {len(configs)} launch configurations with a tail or small grid)"
     if loss is not None:
         message += f"; {launches} launch(es), est. {ns(loss)} lost"
-    hint = library_hint(r, "grid")
+    hint = library_hint(library_of(r), "grid")
     if hint is None and worst["kind"] == "tail":
         hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({worst['per_wave']}): "
                 "resize the tiles, or use a persistent-thread/stream-K loop so the last wave is full.")

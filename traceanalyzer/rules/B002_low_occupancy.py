@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
-from ._launches import int_or_none, launch_groups
+from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
 from .base import Rule, Threshold
 
@@ -38,14 +38,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         return g
     g = g[g["theoretical"].notna()]
     g = not_collectives(g)  # T007's: a collective's launch is NCCL's
-    share = g.groupby(["device_id", "name"], dropna=False)["time_share"].transform("sum", min_count=1)
-    g = g[share.isna() | (share >= p["min_time_share"])]
-    by_kernel: dict[tuple, list[dict]] = {}
-    for r in g.itertuples():
-        c = _configuration(r, p)
-        if c is not None:
-            by_kernel.setdefault((r.device_id, r.name), []).append(c)
-    return name_launchers(store, run_id, pd.DataFrame([_finding(configs, p) for configs in by_kernel.values()]))
+    by_kernel = configurations_by_kernel(g, lambda r: _configuration(r, p), p["min_time_share"])
+    return name_launchers(store, run_id, pd.DataFrame([_finding(configs, p) for configs in by_kernel]))
 
 
 def _kineto_estimate(r) -> tuple[float | None, str | None]:
@@ -127,7 +121,7 @@ def _finding(configs: list[dict], p: dict) -> dict:
     if loss is not None:
         message += (f" ({pct(time_share)} of kernel time; est. up to {ns(loss)}, {worst['bound']})"
                     if time_share is not None else f" (est. up to {ns(loss)}, {worst['bound']})")
-    hint = library_hint(r, "occupancy")
+    hint = library_hint(library_of(r), "occupancy")
     if hint is None and worst["low_theo"]:
         hint = "; ".join(_LIMITER_HINT[x] for x in worst["limiters"]) or "Check the launch configuration."
         hint = hint[0].upper() + hint[1:] + "."

@@ -39,11 +39,9 @@ def _limiter_names(r: dict) -> list[str]:
     return [k for k, v in limits.items() if v == low]
 
 
-class _Row:
-    """A kernel's dict as the attributes `_library` reads."""
-
-    def __init__(self, r: dict):
-        self.name, self.library = r["name"], r.get("library")
+def _library(r: dict) -> str | None:
+    lib = r.get("library")
+    return lib if isinstance(lib, str) else None  # NaN when the store has none
 
 
 def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, str]:
@@ -79,7 +77,7 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
     waves, theo, ach, issue = r.get(WAVES), r.get(THEORETICAL), r.get(ACHIEVED), r.get(ISSUE_ACTIVE)
     sol = f"SM {sm:.0f}% and memory {mem:.0f}% of peak"
     if waves == waves and waves is not None and waves < p["max_small_grid_waves"]:
-        lever = library_hint(_Row(r), "grid") or ("Launch more blocks (smaller tiles, split-K) or run independent "
+        lever = library_hint(_library(r), "grid") or ("Launch more blocks (smaller tiles, split-K) or run independent "
                                                     "work concurrently.")
         return ("latency", "small_grid",
                 f"latency-limited by a small grid: {waves:.2f} waves, {sol}",
@@ -90,7 +88,7 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
            and theo - ach > p["max_achieved_gap_pct"])
     if low_theo:
         names = _limiter_names(r)
-        library = library_hint(_Row(r), "occupancy")
+        library = library_hint(_library(r), "occupancy")
         if library:
             return ("occupancy", "theoretical",
                     f"occupancy-limited: theoretical occupancy {theo:.0f}% (limited by {' and '.join(names) or 'unknown'}), "

@@ -134,6 +134,21 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     return _plain(out)
 
 
+def configurations_by_kernel(g: pd.DataFrame, configure, min_time_share: float) -> list[list]:
+    """Per kernel (device, name) of the launch groups `g`, what `configure(row)` made of each of its
+    configurations (None: nothing), kernels under `min_time_share` of the run's kernel time (when
+    timed) left out: the rules that give one finding per kernel build it from these."""
+    if "time_share" in g and len(g):
+        share = g.groupby(["device_id", "name"], dropna=False)["time_share"].transform("sum", min_count=1)
+        g = g[share.isna() | (share >= min_time_share)]
+    by_kernel: dict[tuple, list] = {}
+    for r in g.itertuples():
+        c = configure(r)
+        if c is not None:
+            by_kernel.setdefault((r.device_id, r.name), []).append(c)
+    return list(by_kernel.values())
+
+
 def int_or_none(x):
     """A DataFrame cell as an int for a finding (None for NULL/NaN)."""
     return None if x is None or x != x else int(x)

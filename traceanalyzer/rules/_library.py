@@ -85,9 +85,8 @@ def is_collective(row) -> bool:
     return library_of(row) == "nccl" or bool(_COMM.search(str(row.name)))
 
 
-def library_hint(row, topic: str) -> str | None:
-    """The hint for a library kernel ("grid" or "occupancy"), None for the user's own kernels."""
-    lib = library_of(row)
+def library_hint(lib: str | None, topic: str) -> str | None:
+    """The hint for a kernel of library `lib` ("grid" or "occupancy"), None for the user's own."""
     if not is_library(lib):
         return None
     text = _HINTS.get(lib, _HINTS["other"])[topic]
@@ -99,8 +98,3 @@ def library_hint(row, topic: str) -> str | None:
 def not_collectives(g):
     """The launch groups that are not collectives."""
     return g[[not is_collective(r) for r in g.itertuples()]] if len(g) else g
-
-
-def label(row) -> str | None:
-    lib = library_of(row)
-    return BY_ID[lib].label if lib in BY_ID else None
