@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from . import comparability, step_stats, summary
+from .rules import _ncu as ncu
 from .ranges import normalized_sql
 from .store import views
 from .store import Store
@@ -256,9 +257,7 @@ def _kernel_key(by: str) -> str:
 
 # Nsight Compute's per-launch Speed Of Light and achieved occupancy (%), averaged per kernel
 # weighted by duration; NULL for a timeline.
-NCU_KERNEL_METRICS = {"sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-                      "memory_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-                      "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active"}
+NCU_KERNEL_METRICS = {"sm_pct": ncu.SM_SOL, "memory_pct": ncu.MEM_SOL, "achieved_occupancy_pct": ncu.ACHIEVED}
 _NCU_PIVOT = ", ".join(f"max(value) FILTER (WHERE metric_id = '{m}') AS {c}" for c, m in NCU_KERNEL_METRICS.items())
 _NCU_MEANS = ", ".join(f"sum({c} * coalesce(k.duration_ns, 1)) / nullif(sum(coalesce(k.duration_ns, 1)) "
                        f"FILTER (WHERE {c} IS NOT NULL), 0) AS {c}" for c in NCU_KERNEL_METRICS)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..fmt import kernel_label, nbytes, pct
 from ._library import library_hint
-from ._ncu import (DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
+from ._ncu import (ACHIEVED, DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
                             device_peaks, kernel_finding, ncu_launches, per_kernel)
 from .base import Rule, Threshold
 
@@ -15,7 +15,6 @@ if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays chea
 
 WAVES = "launch__waves_per_multiprocessor"
 THEORETICAL = "sm__maximum_warps_per_active_cycle_pct"
-ACHIEVED = "sm__warps_active.avg.pct_of_peak_sustained_active"
 ISSUE_ACTIVE = "smsp__issue_active.avg.per_cycle_active"
 ACTIVE_WARPS = "smsp__warps_active.avg.per_cycle_active"
 ELIGIBLE_WARPS = "smsp__warps_eligible.avg.per_cycle_active"

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays chea
 
 SM_SOL = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 MEM_SOL = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+ACHIEVED = "sm__warps_active.avg.pct_of_peak_sustained_active"  # achieved occupancy, % of peak warps
 # The column of a launch's duration in `ncu_launches`: the kernel_durations view's, which for
 # ncu is this metric.
 DURATION = "gpu__time_duration.sum"
