@@ -56,6 +56,46 @@ def traces_dir() -> Path:
     return shared_traces()
 
 
+# The folders of ../shared/traces that `real_corpus` checks: every real trace there is.
+CORPUS_FOLDERS = ("nsys", "torch", "ncu", "ncu-text", "ncu-rep", "torch-memory")
+
+
+@pytest.fixture(scope="session")
+def real_corpus(tmp_path_factory):
+    """Every real trace in ../shared/traces checked with every rule at default thresholds, in one
+    store built once per test process and opened read-only, so that no test changes what the next
+    one reads. The tests that use it run in one process (see pytest_collection_modifyitems). The
+    few real files that are no profile (an ncu log of a failed application) are not stored."""
+    from traceanalyzer.batch.check import check_file
+    from traceanalyzer.ingest import find_traces
+    from traceanalyzer.rules.engine import Settings
+    from traceanalyzer.store import Store
+
+    traces = shared_traces()
+    path = tmp_path_factory.mktemp("corpus") / "corpus.duckdb"
+    with Store(path) as st:
+        for f in find_traces([traces / folder for folder in CORPUS_FOLDERS]):
+            check_file(st, f, Settings())
+    store = Store(path, read_only=True)
+    yield store
+    store.close()
+
+
+def corpus_runs(store, *formats: str) -> list[str]:
+    """The corpus store's run ids of these formats (`nsys-sqlite`, `kineto-json`, ...), by file name."""
+    return [r for (r,) in store.sql("SELECT run_id FROM runs WHERE format IN (SELECT unnest($f)) "
+                                    "ORDER BY file_name", {"f": list(formats)}).fetchall()]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    # One process builds the corpus store and runs every test that reads it (pytest-xdist's
+    # `--dist loadgroup`), instead of each process building its own.
+    for item in items:
+        if "real_corpus" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("corpus"))
+
+
 @pytest.fixture
 def store(tmp_path):
     from traceanalyzer.store import Store

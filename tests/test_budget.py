@@ -133,15 +133,10 @@ def test_check_json_carries_the_budget_of_each_device(tmp_path):
 
 # -- every real trace -----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    """Every real nsys and PyTorch trace, stored once."""
-    traces = shared_traces()
-    store = Store(tmp_path_factory.mktemp("budget") / "real.duckdb")
-    for f in sorted((traces / "nsys").glob("*.sqlite")) + sorted((traces / "torch").glob("*.json*")):
-        store.ingest(f)
-    yield store
-    store.close()
+@pytest.fixture
+def real(real_corpus):
+    """Every real trace, checked (tests/conftest.py)."""
+    return real_corpus
 
 
 # The Python sweep is for runs this size or smaller (the few bigger ones cost seconds each).

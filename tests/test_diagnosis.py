@@ -17,20 +17,13 @@ from traceanalyzer.rules.base import SEVERITIES
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 
-from .conftest import FIXTURES, shared_traces
+from .conftest import FIXTURES
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    """Every real nsys, PyTorch and Nsight Compute CSV trace, checked with every rule."""
-    traces = shared_traces()
-    files = (sorted((traces / "nsys").glob("*.sqlite")) + sorted((traces / "torch").glob("*.json*"))
-             + sorted((traces / "ncu").glob("*.csv")))
-    store = Store(tmp_path_factory.mktemp("diagnosis") / "real.duckdb")
-    for f in files:
-        check_file(store, f, Settings())
-    yield store
-    store.close()
+@pytest.fixture
+def real(real_corpus):
+    """Every real trace, checked with every rule (tests/conftest.py)."""
+    return real_corpus
 
 
 def _findings(store: Store, run_id: str | None = None) -> list[dict]:
@@ -241,37 +234,25 @@ def test_the_rules_alone_leave_findings_undiagnosed(tmp_path):
     store.close()
 
 
-def test_no_rule_raises_on_any_real_trace(real, tmp_path):
+def test_no_rule_raises_on_any_real_trace(real):
     """Every rule on every real trace ends 'ran' or 'no-data', never 'error' (which fails a
-    check, see CheckResult.rule_errors). `real` holds the nsys, PyTorch and ncu CSV traces;
-    the other ncu exports (text logs, .ncu-rep, text reports) are checked here."""
-    from pathlib import Path
-
-    from traceanalyzer.ingest import find_traces
-
-    traces = shared_traces()
-    others = [f for f in find_traces([traces / "ncu", traces / "ncu-rep", traces / "ncu-text"])
-              if Path(f).suffix != ".csv"]
-    assert len(others) >= 10
-    with Store(tmp_path / "others.duckdb") as store:
-        for f in others:
-            assert check_file(store, f, Settings()).state == "stored", f
-        errors = store.sql("""SELECT r.file_name, o.rule_id, o.note FROM rule_runs o JOIN runs r USING (run_id)
-                              WHERE o.status = 'error' ORDER BY ALL""").fetchall()
-    errors += real.sql("""SELECT r.file_name, o.rule_id, o.note FROM rule_runs o JOIN runs r USING (run_id)
-                          WHERE o.status = 'error' ORDER BY ALL""").fetchall()
+    check, see CheckResult.rule_errors)."""
+    errors = real.sql("""SELECT r.file_name, o.rule_id, o.note FROM rule_runs o JOIN runs r USING (run_id)
+                         WHERE o.status = 'error' ORDER BY ALL""").fetchall()
     kinds = {k for (k,) in real.sql("SELECT DISTINCT format FROM runs").fetchall()}
-    assert {"nsys-sqlite", "kineto-json", "ncu-csv"} <= kinds
+    assert {"nsys-sqlite", "kineto-json", "ncu-csv", "ncu-text", "ncu-rep", "torch-memory-snapshot"} <= kinds
     assert errors == []
 
 
 def test_every_real_kernel_name_is_classified(real):
     """Counts per library over the distinct kernel names of the real corpus (each class's patterns
     reviewed on a sample in tests/test_kernel_library.py)."""
-    counts = dict(real.sql("""SELECT library, count(*) FROM (SELECT DISTINCT name, mangled_name, library FROM kernels)
+    counts = dict(real.sql("""SELECT library, count(*) FROM (
+                                  SELECT DISTINCT name, mangled_name, library FROM kernels JOIN runs USING (run_id)
+                                  WHERE format IN ('nsys-sqlite', 'kineto-json', 'ncu-csv'))
                               GROUP BY ALL""").fetchall())
     assert counts == {"aten": 320, "attention": 8, "cub": 20, "cublas": 123, "cudnn": 146, "cufft": 12,
-                      "cutlass": 73, "nccl": 5, "other": 57, "triton": 34, "user": 86}
+                      "cutlass": 73, "nccl": 5, "other": 57, "triton": 34, "user": 93}
 
 
 def test_occupancy_and_wave_findings_on_real_traces_are_actionable(real):

@@ -925,18 +925,15 @@ def test_huge_run_report_draws_in_the_browser(browser, tmp_path):
         page.close()
 
 
-def test_real_traces_report_opens_clean(browser, tmp_path):
-    traces = shared_traces()
-    st, ids = checked_store(tmp_path / "s.duckdb", [traces / p for p in REAL])
-    try:
-        out = tmp_path / "real.html"
-        out.write_text(html.render(st, load_result(st, ids)))
-        assert out.stat().st_size < 5_000_000
-        for rid, rel in zip(ids, REAL):  # each trace alone stays small too
-            one = html.render(st, load_result(st, [rid]))
-            assert len(one.encode()) < 5_000_000, rel
-    finally:
-        st.close()
+def test_real_traces_report_opens_clean(browser, real_corpus, tmp_path):
+    st = real_corpus
+    ids = [st.resolve_run(Path(rel).name) for rel in REAL]
+    out = tmp_path / "real.html"
+    out.write_text(html.render(st, load_result(st, ids)))
+    assert out.stat().st_size < 5_000_000
+    for rid, rel in zip(ids, REAL):  # each trace alone stays small too
+        one = html.render(st, load_result(st, [rid]))
+        assert len(one.encode()) < 5_000_000, rel
     page = browser.open(out)
     try:
         for anchor in run_sections(page):

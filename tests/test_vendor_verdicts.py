@@ -10,30 +10,20 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from traceanalyzer.batch.check import check_file
 from traceanalyzer.cli import app
 from traceanalyzer.report.model import load_result
 from traceanalyzer.rules import get_rule
-from traceanalyzer.rules.engine import Settings
-from traceanalyzer.store import Store
 
-from .conftest import shared_file, shared_traces
+from .conftest import corpus_runs, shared_file
 
 NAIVE = "traces/ncu-rep/CudaCode__gemm__reps__naive.ncu-rep"
 
 
 @pytest.fixture(scope="module")
-def checked(tmp_path_factory):
-    traces = shared_traces()
-    store = Store(tmp_path_factory.mktemp("vendor") / "s.duckdb")
-    ids = []
-    for folder in ("ncu", "ncu-text", "ncu-rep"):
-        for path in sorted((traces / folder).iterdir()):
-            res = check_file(store, path, Settings())
-            if res.state != "failed":
-                ids.append(res.run_id)
-    yield store, load_result(store, ids)
-    store.close()
+def checked(real_corpus):
+    """Every real Nsight Compute profile (CSV, console text, report), checked (tests/conftest.py)."""
+    ids = corpus_runs(real_corpus, "ncu-csv", "ncu-text", "ncu-rep")
+    return real_corpus, load_result(real_corpus, ids)
 
 
 def test_each_finding_with_a_counterpart_carries_nvidias_verdict(checked):
