@@ -184,7 +184,10 @@ RULE = Rule(
         "achieved more than `max_achieved_gap_pct` points below it -> occupancy-limited; scheduler issue rate "
         "under `min_issue_active_ratio` -> stalls (NVIDIA IssueSlotUtilization); else unclear. Latency- and "
         "occupancy-limited kernels over `warning_time_share` are warnings; throughput-limited ones info. No "
-        "time estimate here: B003 gives the time at stake for the same kernels.",
+        "time estimate here: B003 gives the time at stake for the same kernels. Beside NVIDIA's SOLBottleneck, "
+        "on every real report kernel it judges, the side agrees: its 'greater than 80%' and 'more heavily "
+        "utilized' messages are throughput, 'too small to fill' and 'low compute throughput and memory "
+        "bandwidth' latency (occupancy-limited kernels included) (tests/test_ncu_rules_vendor.py).",
     fix="Follow the experiment in the hint; then the matching rule: B001 (small grid), B002 (occupancy), "
         "I001 (stalls), I002-I004 (memory traffic), B003 (roofline).",
     requires="Nsight Compute Speed Of Light percentages (`sm__throughput`, `gpu__compute_memory_throughput`); "

@@ -34,6 +34,9 @@ def _ids(op: str) -> dict[str, tuple[str, ...]]:
 
 
 OPS = {"ld": "loads", "st": "stores"}
+# Distinct bytes per thread under this (a 4-byte word, less 10% for partly used sectors) say
+# sub-word elements or shared addresses, not the access width.
+SHARED_BELOW_BYTES = 3.6
 _PER_SECTOR = ("used_pct", "used_bytes", "sector_bytes")
 COUNTERS = sorted({m for op in OPS for k, ms in _ids(op).items() if k not in _PER_SECTOR for m in ms} | {ALL_INST})
 RATIOS = sorted({m for op in OPS for k in _PER_SECTOR for m in _ids(op)[k]} | {THREADS_PER_INST, MEM_SOL})
@@ -118,22 +121,34 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         for idx in g.index[hit.fillna(False)]:
             r, x = g.loc[idx], w.loc[idx]
             width = float(x["bytes_per_thread"])
+            label = kernel_label(r["name"], r["short_name"])
+            of_all = f", {pct(inst_share[idx])} of all" if inst_share[idx] == inst_share[idx] else ""
+            # Sectors count each byte once however many threads read it: under a word per thread,
+            # the elements are 1-2 bytes wide or threads of a warp share addresses, and which of the
+            # two the counters cannot tell.
+            unclear = x["data_from"] == "sector bytes x used share" and width < SHARED_BELOW_BYTES
             # Instructions left if the same bytes moved in 16-byte (128-bit) accesses.
-            saved = x["instructions"] * (1 - width / 16)
+            saved = None if unclear else x["instructions"] * (1 - width / 16)
             evidence = {**{k: x[k] for k in w.columns}, "instruction_share": inst_share[idx],
-                        "instructions_saved_at_16_bytes": saved, "memory_sol_pct": r[MEM_SOL],
-                        "launches": int(r["launches"]), "duration_ns": r["duration_ns"]}
-            rows.append(kernel_finding(
-                r, evidence,
-                value=width, value_unit="bytes", threshold=p["min_access_bytes"],
-                message=f"{kernel_label(r['name'], r['short_name'])}: global {what} move {width:.1f} bytes per thread per instruction "
-                        f"({8 * width:.0f}-bit accesses on average) over {num(x['instructions'])} instructions"
-                        + (f", {pct(inst_share[idx])} of all" if inst_share[idx] == inst_share[idx] else "")
-                        + f"; 16-byte accesses would need {pct(width / 16)} of them",
-                hint="Load and store through vector types (float4/int4, or float2 for 8-byte elements) with 16-byte "
-                     "aligned pointers, or process several consecutive elements per thread; check the SASS for "
-                     "LDG.E.128 instead of LDG.E.",
-            ))
+                        "instructions_saved_at_16_bytes": saved, "access_width_known": not unclear,
+                        "memory_sol_pct": r[MEM_SOL], "launches": int(r["launches"]), "duration_ns": r["duration_ns"]}
+            if unclear:
+                message = (f"{label}: global {what} fetch {width:.1f} distinct bytes per thread per instruction over "
+                           f"{num(x['instructions'])} instructions{of_all}: 1-2 byte elements, or threads of a warp "
+                           "reading the same addresses (broadcast); the sector counters cannot tell which")
+                hint = ("If threads of a warp read the same value (a row of A in a naive GEMM), load it once into a "
+                        "register or a shared-memory tile and reuse it; if the elements are 1-2 bytes, move several per "
+                        "thread in 16-byte vectors (half2, char4, int4). The source view (ncu --import-source) shows "
+                        "which load it is.")
+            else:
+                message = (f"{label}: global {what} move {width:.1f} bytes per thread per instruction "
+                           f"({8 * width:.0f}-bit accesses on average) over {num(x['instructions'])} instructions"
+                           f"{of_all}; 16-byte accesses would need {pct(width / 16)} of them")
+                hint = ("Load and store through vector types (float4/int4, or float2 for 8-byte elements) with 16-byte "
+                        "aligned pointers, or process several consecutive elements per thread; check the SASS for "
+                        "LDG.E.128 instead of LDG.E.")
+            rows.append(kernel_finding(r, evidence, value=width, value_unit="bytes", threshold=p["min_access_bytes"],
+                                       message=message, hint=hint))
     return name_launchers(store, run_id, pd.DataFrame(rows))
 
 
@@ -164,9 +179,16 @@ RULE = Rule(
         "else requests `l1tex__t_requests_pipe_lsu_mem_global_op_*.sum` (assumed one per warp instruction). "
         "Active threads: thread-level `smsp__sass_thread_inst_executed_op_global_*.sum` / instructions, else "
         "Avg. Active Threads Per Warp over all instructions, else 32 (assumed); the evidence says which. "
+        "When data bytes come from sectors, they count each byte once however many threads read it: under "
+        "3.6 bytes per thread the finding says the elements are 1-2 bytes wide or threads share addresses "
+        "(broadcast loads, as a naive GEMM's row of A), with no instruction estimate. "
         "Kernels whose global instructions are under `min_inst_share` of all executed instructions "
         "(`smsp__inst_executed.sum`, when present) are skipped. No time estimate: fewer instructions help only "
-        "when issue or LSU throughput limits the kernel (see B004, I001 lg_throttle).",
+        "when issue or LSU throughput limits the kernel (see B004, I001 lg_throttle). "
+        "Beside NVIDIA's MemoryCacheAccessPattern: that rule asks how much of each sector the threads use, this "
+        "one how wide each access is; they flag the same kernels on the real reports but three: 4-byte loads of "
+        "consecutive floats use whole sectors (vec_add, matrix_addition2D: I005 alone), and a strided copy "
+        "without width counters is NVIDIA's alone (tests/test_ncu_rules_vendor.py).",
     fix="Use vector types (float4, int4, __half2 pairs) on 16-byte aligned data, or have each thread handle "
         "several consecutive elements.",
     requires="Nsight Compute global data-byte (or bytes-per-sector and sector) counters with global instruction "
