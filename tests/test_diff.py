@@ -552,7 +552,72 @@ def test_step_range_names_the_step(db):
     assert by_range["steps"]["base"]["median_ns"] == _nvtx_step_ns(NSYS_PLANTED)
 
 
-# -- the real pairs named in the issue (skipped where the corpus lacks them) -------------------
+def _steps_and_top_operators(path: Path) -> tuple[list, list]:
+    """From the JSON alone, in ns: the ProfilerStep windows, and the operators not inside another
+    operator of their thread (a 2021 trace's `Operator` category holds its steps too)."""
+    events = [e for e in kineto_events(path) if e.get("ph") == "X"]
+    step = lambda e: re.fullmatch(r"ProfilerStep#\d+", e["name"]) is not None  # noqa: E731
+    steps = sorted((e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000) for e in events
+                   if step(e) and e.get("cat") in ("user_annotation", "Operator"))
+    ops = sorted(((e["pid"], e["tid"]), e["ts"] * 1000, -e["dur"] * 1000) for e in events
+                 if e.get("cat") in ("cpu_op", "Operator") and not step(e))
+    top, reach = [], {}
+    for thread, start, neg_dur in ops:
+        if thread not in reach or start >= reach[thread]:
+            top.append((start, start - neg_dur))
+        reach[thread] = max(reach.get(thread, start), start - neg_dur)
+    return steps, top
+
+
+def _host_operator_ns(path: Path, warmup: int) -> float:
+    steps, top = _steps_and_top_operators(path)
+    steady = steps[warmup:]
+    return sum(e - s for s, e in top if any(a <= s < b for a, b in steady)) / len(steady)
+
+
+def test_the_budget_per_step_and_the_host_operators_compare_like_with_like(db):
+    """Per steady step: each device's budget parts sum to the step's window inside the device's
+    span, compute is the kernel time inside it; the host time in top-level operators and every
+    operator's calls match the JSON. V100's steps are longer by host idle alone."""
+    _, doc = diff_json(db, A100_RANK3, V100_RANK1, "--allow-different-hardware")
+    metrics = {m["name"]: m for m in doc["metrics"]}
+    host = metrics["host operator time per step (mean, top-level operators)"]
+    for side, path in (("base", A100_RANK3), ("test", V100_RANK1)):
+        events = [e for e in kineto_events(path) if e.get("ph") == "X"]
+        steps, _ = _steps_and_top_operators(path)
+        steady = steps[doc["steps"][side]["warmup_steps"]:]
+        kernels = [(e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000) for e in events if e["cat"] == "kernel"]
+        first, last = min(k[0] for k in kernels), max(k[1] for k in kernels)
+        window = sum(max(0, min(e, last) - max(s, first)) for s, e in steady) / len(steady)
+        compute = sum(max(0, min(e, ke) - max(s, ks)) for s, e in steady for ks, ke in kernels) / len(steady)
+        parts = {(r["category"], r["cause"]): r[f"{side}_per_step_ns"] for r in doc["step_budget"]}
+        assert sum(parts.values()) == pytest.approx(window)
+        assert parts[("compute", None)] == pytest.approx(compute)
+        assert host[side] == pytest.approx(_host_operator_ns(path, doc["steps"][side]["warmup_steps"]))
+        calls = Counter(e["name"] for e in events if e["cat"] == "cpu_op")
+        assert {o["operator"]: o[f"{side}_count"] for o in doc["operators"]} == calls
+    grew = {(r["category"], r["cause"]): r["delta_ns"] for r in doc["step_budget"] if r["delta_ns"]}
+    assert list(grew) == [("idle", "host")] and grew[("idle", "host")] > 0
+    assert host["delta_pct"] > 10 and doc["operators"][0]["operator"] == "DataLoader"
+    text = diff(db, A100_RANK3, V100_RANK1).stdout
+    assert "Time budget per step" in text and "idle: host" in text and "PyTorch operators by host-time change" in text
+
+
+@pytest.mark.parametrize("name", ["kineto__tb_plugin__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
+                                  "hta__nccl_parser_config__nccl_data.json.gz"])
+def test_host_operator_time_per_step_on_real_traces(real_corpus, name):
+    """Nested operators (2021 `Operator` events whose steps are operators too, and 2024
+    `cpu_op`s) counted once, at the top of their thread."""
+    from traceanalyzer import step_stats
+
+    run = real_corpus.resolve_run(name)
+    dist = step_stats.run_steps(real_corpus, run)
+    assert dist is not None and dist["steps"] >= 3
+    expect = _host_operator_ns(shared_traces() / "torch" / name, dist["warmup_steps"])
+    assert step_stats.host_operator_ns(real_corpus, run) == pytest.approx(expect, rel=1e-9)
+
+
+# -- summary --------------------------------------------------------------------------------
 
 def test_summary_carries_the_step_distribution(db):
     diff_json(db, A100_RANK3, V100_RANK1)  # both stored

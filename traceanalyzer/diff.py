@@ -7,7 +7,11 @@ The three checks after any optimization:
 * end-to-end time: the run's span, the per-step time distribution (the `steps` view: Kineto
   `ProfilerStep#N`, else NVTX or user ranges named like a step; `step_stats`), throughput for
   time-sliced captures, GPU busy time per device, and every named NVTX / user-annotation range
-  (names normalised, `ProfilerStep#N` pooled as `ProfilerStep#*`);
+  (names normalised, `ProfilerStep#N` pooled as `ProfilerStep#*`); when both runs have steps,
+  each device's time budget per step (compute, communication, copy, memset, idle by cause,
+  mean over the steady steps) and the host time in top-level PyTorch operators per step;
+* every PyTorch operator (names normalised): calls and host time, per step when both runs have
+  steps;
 * peak device memory per device, as `summary.memory` gives it (allocator events: M001's peak
   of the `memory_levels` view; a memory snapshot: the peak of its recorded history; a memory
   timeline: its peak, with what each category held then), and reserved memory where known;
@@ -112,6 +116,8 @@ class RunDiff:
     reasons: list[str] = field(default_factory=list)  # why the runs are not alike
     steps: dict = field(default_factory=dict)  # "base"/"test" -> step_stats.distribution or None
     busy: pd.DataFrame = field(default_factory=pd.DataFrame)  # per device: busy and idle share
+    step_budget: pd.DataFrame = field(default_factory=pd.DataFrame)  # per device and part: mean per step
+    operators: pd.DataFrame = field(default_factory=pd.DataFrame)  # per PyTorch operator (normalised name)
     not_counted: dict = field(default_factory=dict)  # "base"/"test" -> kernels launched before the capture
 
     @property
@@ -192,6 +198,7 @@ class RunDiff:
             "base": self.base, "test": self.test, "match_by": self.match_by,
             "comparable": self.comparable, "reasons": self.reasons, "setup": self.setups,
             "steps": self.steps, "busy": _records(self.busy), "not_counted": self.not_counted,
+            "step_budget": _records(self.step_budget), "operators": _records(self.operators),
             "end_to_end": self.end_to_end.to_dict() if self.end_to_end else None,
             "peak_memory": self.peak_memory.to_dict(),
             "metrics": [m.to_dict() for m in self.metrics],
@@ -290,6 +297,14 @@ WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND name IS NOT NULL AND end_ns >
 GROUP BY ALL
 """
 
+# Per PyTorch operator (`cpu_ops`), its name normalised: calls and host time (nested operators
+# are each counted in their own row, as torch.profiler's CPU total).
+OPERATORS_SQL = f"""
+SELECT {normalized_sql('name')} AS operator, count(*) AS count, sum(end_ns - start_ns) AS total_ns
+FROM cpu_ops WHERE run_id = $run_id AND name IS NOT NULL AND end_ns >= start_ns
+GROUP BY ALL
+"""
+
 # Per device: busy time (the union of its GPU work) and its idle share of the run's span.
 BUSY_SQL = """
 SELECT b.device_id, b.busy_ns, 1 - b.busy_ns / nullif(r.span_ns, 0) AS idle_share
@@ -321,6 +336,9 @@ def _side(store: Store, run_id: str, by: str, step: str | None) -> dict:
         "steps": step_stats.run_steps(store, run_id, step),
         "busy": busy,
         "setup": comparability.setup(store, run_id),
+        "operators": store.df(OPERATORS_SQL, {"run_id": run_id}),
+        "step_budget": step_stats.step_budget(store, run_id) if step is None else [],
+        "host_operator_ns": step_stats.host_operator_ns(store, run_id) if step is None else None,
     }
 
 
@@ -476,6 +494,30 @@ def _per_step(table: pd.DataFrame, steps: tuple[dict | None, dict | None]) -> pd
                         test_per_step_ns=table["test_total_ns"] / test["steps"])
 
 
+def _operator_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
+    """Operators matched by normalised name, the largest change of total host time first."""
+    out = _join(base, test, ["operator"], [])
+    order = (out["test_total_ns"].fillna(0) - out["base_total_ns"].fillna(0)).abs()
+    return (out.assign(_order=order).sort_values(["_order", "operator"], ascending=[False, True])
+            .drop(columns="_order").reset_index(drop=True))
+
+
+def _step_budget_table(base: list[dict], test: list[dict]) -> pd.DataFrame:
+    """Per device and budget part: each run's mean time per steady step, and the change."""
+    cols = ["device_id", "category", "cause", "per_step_ns"]
+    b, t = pd.DataFrame(base, columns=cols), pd.DataFrame(test, columns=cols)
+    if b.empty or t.empty:
+        return pd.DataFrame()
+    on = ["device_id", "category", "cause"]
+    b["cause"], t["cause"] = b["cause"].fillna(""), t["cause"].fillna("")
+    out = b.rename(columns={"per_step_ns": "base_per_step_ns"}).merge(
+        t.rename(columns={"per_step_ns": "test_per_step_ns"}), on=on, how="outer")
+    out[["base_per_step_ns", "test_per_step_ns"]] = out[["base_per_step_ns", "test_per_step_ns"]].fillna(0.0)
+    out["delta_ns"] = out["test_per_step_ns"] - out["base_per_step_ns"]
+    out["cause"] = out["cause"].replace("", None)
+    return out.sort_values(on, key=lambda c: c.fillna("") if c.name == "cause" else c).reset_index(drop=True)
+
+
 def _num(v) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
 
@@ -541,7 +583,10 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
     sliced = "time-sliced" in (b["setup"]["capture"], t["setup"]["capture"])
     throughput = _throughput(kernels, base, test) if sliced and steps is None else None
     peak = Metric("peak allocated, max over devices", "bytes", _peak(b["memory"]), _peak(t["memory"]))
-    metrics = [m for m in (span, steps, throughput, *_busy_metrics(b["busy"], t["busy"]), kernel_total)
+    host_ops = (Metric("host operator time per step (mean, top-level operators)", "ns",
+                       b["host_operator_ns"], t["host_operator_ns"])
+                if b["host_operator_ns"] is not None and t["host_operator_ns"] is not None else None)
+    metrics = [m for m in (span, steps, throughput, *_busy_metrics(b["busy"], t["busy"]), kernel_total, host_ops)
                if m is not None]
     # A time-sliced capture's span is the window it was cut to: never the end-to-end time.
     order = (steps, throughput, kernel_total) if sliced else (steps, span, kernel_total)
@@ -554,7 +599,9 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
                    setups={"base": b["setup"], "test": t["setup"]},
                    reasons=comparability.reasons(b["setup"], t["setup"]),
                    steps={"base": b["steps"], "test": t["steps"]}, busy=_busy_table(b["busy"], t["busy"]),
-                   not_counted={"base": b["not_counted"], "test": t["not_counted"]})
+                   not_counted={"base": b["not_counted"], "test": t["not_counted"]},
+                   step_budget=_step_budget_table(b["step_budget"], t["step_budget"]),
+                   operators=_per_step(_operator_table(b["operators"], t["operators"]), step_pair))
 
 
 def _peak(rows: list[dict]) -> float | None:

@@ -12,6 +12,11 @@ when the run has it there, else the GPU side). The distribution:
   `max_ns` of the others;
 * outliers: steps (warm-up excluded) more than OUTLIER_FACTOR times the median, or less than
   the median over OUTLIER_FACTOR.
+
+The budget per step (`step_budget`): per device, each part of the time budget (compute,
+communication, copy, memset, idle by cause) averaged over the steady steps, from the store's
+`run_step_budget` (each step's window inside the device's span). Host operator time per step
+(`host_operator_ns`): the PyTorch operators not inside another operator of their thread, summed.
 """
 
 from __future__ import annotations
@@ -90,3 +95,58 @@ def distribution(rows: list[dict]) -> dict | None:
 def run_steps(store: Store, run_id: str, name: str | None = None) -> dict | None:
     """`distribution` of the run's steps (`step_rows`)."""
     return distribution(step_rows(store, run_id, name))
+
+
+# Each step's budget parts, the step's name pooled as in `STEPS_SQL`.
+STEP_BUDGET_SQL = f"""
+SELECT step_start_ns, device_id, category, cause, ns
+FROM run_step_budget($run_id)
+WHERE regexp_replace(step, '{views.PROFILER_STEP}', '{STEP_KEY}') = $step
+"""
+
+
+def step_budget(store: Store, run_id: str) -> list[dict]:
+    """Per device and budget part (category, idle cause): `per_step_ns`, its mean over the steady
+    steps of the `steps` view (steps with no time on a device count as 0 there)."""
+    rows = step_rows(store, run_id)
+    dist = distribution(rows)
+    if dist is None:
+        return []
+    steady = {r["start_ns"] for r in rows[dist["warmup_steps"]:]}
+    totals: dict[tuple, int] = {}
+    for r in store.arrow(STEP_BUDGET_SQL, {"run_id": run_id, "step": dist["step"]}).to_pylist():
+        if r["step_start_ns"] in steady:
+            key = (r["device_id"], r["category"], r["cause"])
+            totals[key] = totals.get(key, 0) + r["ns"]
+    return [{"device_id": d, "category": c, "cause": k, "per_step_ns": ns / len(steady)}
+            for (d, c, k), ns in sorted(totals.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or ""))]
+
+
+# Host time in PyTorch operators: those not inside another operator of the same thread (an
+# operator starting before the latest end of the earlier ones is nested in one of them),
+# starting inside the windows [$lo[i], $hi[i]).
+HOST_OPERATORS_SQL = """
+WITH w AS (SELECT unnest($lo) AS lo, unnest($hi) AS hi),
+ops AS (
+    SELECT start_ns, end_ns,
+           max(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns DESC, op_id
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS open_until
+    FROM cpu_ops WHERE run_id = $run_id AND end_ns >= start_ns)
+SELECT count(*), coalesce(sum(end_ns - start_ns), 0)
+FROM ops JOIN w ON ops.start_ns >= w.lo AND ops.start_ns < w.hi
+WHERE open_until IS NULL OR start_ns >= open_until
+"""
+
+
+def host_operator_ns(store: Store, run_id: str) -> float | None:
+    """Top-level PyTorch operator time per steady step (operators starting inside those steps);
+    None when the run has no steps or no operators in them."""
+    rows = step_rows(store, run_id)
+    dist = distribution(rows)
+    if dist is None:
+        return None
+    steady = rows[dist["warmup_steps"]:]
+    count, total = store.sql(HOST_OPERATORS_SQL, {
+        "run_id": run_id, "lo": [r["start_ns"] for r in steady],
+        "hi": [r["start_ns"] + r["ns"] for r in steady]}).fetchone()
+    return total / len(steady) if count else None

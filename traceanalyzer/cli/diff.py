@@ -134,6 +134,7 @@ def _print(console: Console, d, top: int, noise: float) -> None:
         m.add_row(x.name + mark, show(x.base), show(x.test), _fmt_delta(x.delta, show), _fmt_pct(x.delta_pct))
     console.print(m)
     _print_steps(console, d)
+    _print_step_budget(console, d)
     if len(d.busy) > 1:
         bt = Table("device", "base busy", "test busy", "base idle", "test idle",
                    title="GPU busy per device (union of its GPU work)")
@@ -178,6 +179,19 @@ def _print(console: Console, d, top: int, noise: float) -> None:
                        fmt.ns(r.base_mean_ns), fmt.ns(r.test_mean_ns), _fmt_pct(r.mean_delta_pct))
         console.print(rg)
 
+    if not d.operators.empty:
+        per_step = "base_per_step_ns" in d.operators
+        ot = Table(Column("operator", overflow="fold"), "count", "base", "test", "change", "",
+                   title=f"PyTorch operators by host-time change ({'per step, ' if per_step else ''}"
+                         f"top {min(top, len(d.operators))} of {len(d.operators)})")
+        for r in d.operators.head(top).itertuples():
+            base, test = (r.base_per_step_ns, r.test_per_step_ns) if per_step else (r.base_total_ns, r.test_total_ns)
+            change = None if fmt._missing(base) or not base or fmt._missing(test) else 100 * (test - base) / base
+            ot.add_row(_clip(r.operator), f"{fmt.num(r.base_count)} -> {fmt.num(r.test_count)}", fmt.ns(base),
+                       fmt.ns(test), _fmt_delta(None if fmt._missing(base) or fmt._missing(test) else test - base, fmt.ns),
+                       _fmt_pct(change))
+        console.print(ot)
+
     if d.has_memory:
         _print_memory(console, d)
 
@@ -208,6 +222,21 @@ def _print_steps(console: Console, d) -> None:
         st.add_row(f"{side} ({s['step']})", str(s["steps"]), str(s["warmup_steps"]), fmt.ns(s["median_ns"]),
                    fmt.ns(s["p90_ns"]), fmt.ns(s["min_ns"]), fmt.ns(s["max_ns"]), outliers)
     console.print(st)
+
+
+def _print_step_budget(console: Console, d) -> None:
+    """Each device's time budget per step, base against test, when both runs have steps."""
+    from .. import fmt
+
+    if d.step_budget.empty:
+        return
+    bt = Table("device", "part", "base per step", "test per step", "change",
+               title="Time budget per step (mean over the steady steps)")
+    for r in d.step_budget.itertuples():
+        part = r.category if fmt._missing(r.cause) else f"{r.category}: {r.cause}"
+        bt.add_row(str(r.device_id), part, fmt.ns(r.base_per_step_ns), fmt.ns(r.test_per_step_ns),
+                   _fmt_delta(r.delta_ns, fmt.ns))
+    console.print(bt)
 
 
 def _print_memory(console: Console, d) -> None:

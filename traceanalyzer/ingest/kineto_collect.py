@@ -11,6 +11,7 @@ tables once the file is read.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from itertools import chain, islice
 from typing import Any
@@ -19,6 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from .kineto_arrow import IdParser, coalesce, raw_json_text
+
+PROFILER_STEP = re.compile(r"ProfilerStep#\d+$")
+LEGACY_STEP_CATEGORIES = {"Operator"}
 from .kineto_events import (
     MEMORY_EVENT_CATEGORY, MEMORY_EVENT_NAME, CallArgs, CopyArgs, CpuOpArgs, Event, KernelArgs, MemoryArgs,
     SyncArgs, decode_args, role_of,
@@ -143,6 +147,14 @@ class Collector:
                         self._stage_memory(cat, members)
                 elif role == "mtia":
                     self.roles[role].total += len(members)
+                elif role == "cpu_op" and cat in LEGACY_STEP_CATEGORIES:
+                    # 2021 traces record ProfilerStep#N as an operator, later ones as a user
+                    # annotation: a step either way, never an operator.
+                    steps = [e for e in members if e.name and PROFILER_STEP.match(e.name)]
+                    if steps:
+                        self._stage("user_annotation", cat, steps)
+                        members = [e for e in members if not (e.name and PROFILER_STEP.match(e.name))]
+                    self._stage(role, cat, members)
                 else:
                     self._stage(role, cat, members)
             start = end
@@ -255,6 +267,7 @@ class Collector:
                 "input_dims": raw_json_text([x.input_dims if len(x.input_dims) else x.input_dims_legacy
                                              for x in a]),
                 "input_types": raw_json_text([x.input_types for x in a]),
+                "concrete_inputs": raw_json_text([x.concrete_inputs for x in a]),
                 "external": _ints(coalesce([x.external_id for x in a], [x.external_id_legacy for x in a])),
                 "sequence_number": _ints([x.sequence_number for x in a])}
 
