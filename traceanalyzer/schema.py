@@ -235,6 +235,8 @@ CPU_OPS = _t(
     ("end_ns", "BIGINT", "End."),
     ("input_dims", "VARCHAR", "JSON text of `Input Dims` when recorded."),
     ("input_types", "VARCHAR", "JSON text of `Input type` when recorded."),
+    ("concrete_inputs", "VARCHAR", "JSON text of `Concrete Inputs` when recorded: scalar arguments as the trace "
+     "writes them (`'[1, 1]'`, `'True'`, `''` for a tensor or None)."),
     ("external_id", "BIGINT", "`External id`."),
     ("sequence_number", "BIGINT", "Autograd `Sequence number`."),
 )
@@ -388,6 +390,41 @@ KERNEL_RULE_RESULTS = _t(
     ("estimated_speedup_pct", "DOUBLE", "ncu's estimated speedup."),
 )
 
+KERNEL_LINKS = _t(
+    "kernel_links",
+    "Nsight Compute launches matched to the kernels of the timeline (nsys or Kineto) of the same program "
+    "(`traceanalyzer link`, `check`/`scan` given both; `traceanalyzer/link.py`): one row per launch of the "
+    "ncu run, matched or not, and one per launch configuration of the timeline that no ncu launch matched. "
+    "Written by the store (`Store.write_links`), never guessed: a launch that matches nothing for sure is "
+    "listed unmatched, with the reason.",
+    ("run_id", "VARCHAR", "The timeline run (nsys or Kineto)."),
+    ("ncu_run_id", "VARCHAR", "The Nsight Compute run."),
+    ("side", "VARCHAR", "`both` (a matched ncu launch), `ncu` (an ncu launch no timeline kernel matched) or "
+     "`timeline` (a timeline launch configuration no ncu launch matched)."),
+    ("ncu_kernel_id", "BIGINT", "The ncu launch (`kernels.kernel_id` of the ncu run, ncu's `ID`); NULL on `timeline` rows."),
+    ("ncu_name", "VARCHAR", "The kernel name as ncu printed it; NULL on `timeline` rows."),
+    ("kernel_id", "BIGINT", "The timeline launch matched (`kernels.kernel_id` of the timeline run); on a `timeline` "
+     "row the configuration's first launch; NULL when the configuration matched but the timeline has fewer "
+     "launches of it than ncu profiled."),
+    ("device_id", "INTEGER", "The timeline kernel's device (NULL on `ncu` rows)."),
+    ("name", "VARCHAR", "The timeline kernel's name (`kernels.name` of the timeline run; NULL on `ncu` rows)."),
+    ("grid_x", "INTEGER", "Grid x of the configuration (the timeline's; ncu's on `ncu` rows)."),
+    ("grid_y", "INTEGER", "Grid y."),
+    ("grid_z", "INTEGER", "Grid z."),
+    ("block_x", "INTEGER", "Block x of the configuration."),
+    ("block_y", "INTEGER", "Block y."),
+    ("block_z", "INTEGER", "Block z."),
+    ("name_match", "VARCHAR", "How the names matched: `mangled` (the same mangled name), `name` (the same name once "
+     "normalised: spacing, `const`, casts and suffixes of template numbers, lambda and anonymous-namespace "
+     "spellings, parameters left out) or `function` (the same function name, the only timeline kernel of that "
+     "name); NULL when unmatched."),
+    ("launch_match", "VARCHAR", "How the launch was told among the kernel's: `grid and block` (the same "
+     "configuration, then the n-th ncu launch of it is the n-th timeline launch of it), `launch order` (ncu "
+     "has no grid and block: the n-th ncu launch of the kernel is its n-th timeline launch) or `only "
+     "configuration`; NULL when unmatched."),
+    ("unmatched", "VARCHAR", "Why a row is unmatched (`side` `ncu` or `timeline`); NULL on `both` rows."),
+)
+
 FINDINGS = _t(
     "findings",
     "What the rules found: one row per finding, pointing back at rows of the source trace. Written by `check`/`scan`.",
@@ -430,12 +467,13 @@ RULE_RUNS = _t(
 TABLES: tuple[Table, ...] = (
     RUNS, DEVICES, KERNELS, COPIES, MEMSETS, API_CALLS, SYNCS, RANGES, CPU_OPS, PYTHON_FUNCTIONS,
     MEMORY_EVENTS, MEMORY_SEGMENTS, MEMORY_BLOCKS, ALLOCATOR_EVENTS, MEMORY_FRAMES, ALLOCATOR_SETTINGS,
-    MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, FINDINGS, RULE_RUNS,
+    MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, KERNEL_LINKS, FINDINGS, RULE_RUNS,
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
-# Tables a reader fills (not `runs`, written from the run info, nor the rules' tables).
+# Tables a reader fills (not `runs`, written from the run info, nor the links between runs, nor
+# the rules' tables).
 DATA_TABLES: tuple[str, ...] = tuple(
-    t.name for t in TABLES if t.name not in ("runs", "findings", "rule_runs"))
+    t.name for t in TABLES if t.name not in ("runs", "kernel_links", "findings", "rule_runs"))
 
 
 def arrow_type(sql_type: str):

@@ -1,5 +1,6 @@
 """Checking files: the one way a file is read into a store and its rules are run
-(`check_file`), over many files (`check_paths`), and `traceanalyzer check` (`run_check`)."""
+(`check_file`), over many files (`check_paths`), linking the timeline and Nsight Compute runs
+among them (`link_pairs`), and `traceanalyzer check` (`run_check`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError, find_config, load_config, parse_threshold_option
-from .. import diagnosis
+from .. import diagnosis, link
 from ..diagnosis import diagnose_runs
 from ..ingest import TraceError, find_traces
 from ..report.model import Baseline, CheckResult, InputError, load_result
 from ..rules import get_rule
+from ..rules._ncu import linked_rule_ids
 from ..rules.base import SEVERITIES
 from ..rules.engine import Settings
 from ..store import Store, StoreError, file_hash, run_id_for
@@ -35,6 +37,7 @@ class CheckOptions:
     config: Path | None = None
     baseline: Path | None = None
     max_growth_pct: float | None = None  # with a baseline: fail a finding grown by more
+    link: bool = True  # link a timeline and an Nsight Compute run given together (`link.pairs`)
 
 
 @dataclass
@@ -265,6 +268,44 @@ def _checked_hashes(store: Store, settings: Settings, same_rules: bool) -> froze
         "SELECT content_hash FROM runs r WHERE EXISTS (SELECT 1 FROM rule_runs o WHERE o.run_id = r.run_id)").fetchall())
 
 
+def link_pairs(store: Store, files: list[FileResult], rules: Settings | None, *, given_together: bool,
+               on_link: Callable[[link.LinkResult], None] | None = None) -> tuple[list[link.LinkResult], list[InputError]]:
+    """Link the timeline and Nsight Compute runs of `files` that go together (`link.pairs`), and
+    run the linked rules (`rules._ncu.linked_rule_ids`, of `rules`) again on each timeline run
+    whose links changed or whose pair was read in this batch (its rules ran without the links:
+    before the ncu run was stored, or on a scan worker's store). A pair that cannot be linked is
+    an error for the ncu file; the others go on. `on_link` sees each pair linked."""
+    checked = [f for f in files if f.state != "failed" and f.run_id and f.format]
+    paths = {f.run_id: f.path for f in checked}
+    read_now = {f.run_id for f in checked if f.state in ("stored", "updated")}
+    done, errors, again = [], [], []
+    for timeline, ncu in link.pairs([(f.path, f.run_id, f.format) for f in checked], given_together=given_together):
+        try:
+            res = link.link_runs(store, timeline, ncu)
+        except Exception as e:  # a bug in linking must not stop the batch
+            error = InputError.of(paths[ncu], e)
+            errors.append(InputError(error.path, f"could not link it to {paths[timeline]}: {error.message}",
+                                     error.internal, error.detail))
+            continue
+        done.append(res)
+        if on_link:
+            on_link(res)
+        if res.changed or {timeline, ncu} & read_now:
+            again.append(timeline)
+    run_linked_rules(store, list(dict.fromkeys(again)), rules)
+    return done, errors
+
+
+def run_linked_rules(store: Store, run_ids: list[str], rules: Settings | None) -> None:
+    """Run the linked rules of `rules` (those of `rules._ncu.linked_rule_ids` it selects) on the
+    timeline runs `run_ids`, diagnosed with the runs' other findings."""
+    per_run = per_run_settings(rules) if rules is not None else None
+    selected = {r.id for r in per_run.rules()} if per_run is not None else set()
+    ids = [i for i in linked_rule_ids() if i in selected]
+    if run_ids and ids:
+        diagnose_runs(store, run_ids, Settings(select=ids, thresholds=rules.thresholds))
+
+
 def _threshold_owner(ref: str) -> str:
     """A rule's id, or the severity floor's name (`floor`)."""
     return diagnosis.FLOOR if ref.upper() == diagnosis.FLOOR else get_rule(ref).id
@@ -312,19 +353,24 @@ def read_baseline(path: Path, max_growth_pct: float | None = None) -> Baseline:
         raise UsageError(f"{path}: not a traceanalyzer JSON report usable as a baseline ({e})") from None
 
 
-def run_check(store: Store, opts: CheckOptions,
-              on_file: Callable[[FileResult], None] | None = None) -> CheckResult:
+def run_check(store: Store, opts: CheckOptions, on_file: Callable[[FileResult], None] | None = None,
+              on_link: Callable[[link.LinkResult], None] | None = None) -> CheckResult:
     """Check every file under `opts.paths` (`check_paths`: stored content is not read again,
-    its rules run again), then the cross-run rules on all their runs; gather the result."""
+    its rules run again), link the timeline and Nsight Compute runs given together (unless
+    `opts.link` is False; `link_pairs`), then run the cross-run rules on all their runs; gather
+    the result."""
     settings, fail_on = settings_from(opts)
     baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
     done = check_paths(store, opts.paths, settings, on_file=on_file)
+    link_errors: list[InputError] = []
+    if opts.link:
+        _, link_errors = link_pairs(store, done.files, settings, given_together=True, on_link=on_link)
     run_ids = done.run_ids
     cross = cross_run_settings(settings)
     if cross is not None and run_ids:
         diagnose_runs(store, run_ids, cross)
     result = load_result(store, run_ids, fail_on)
-    result.errors += done.errors
+    result.errors += done.errors + link_errors
     result.not_traces += done.not_traces
     result.baseline = baseline
     return result

@@ -15,7 +15,8 @@ How the work is split, and why:
   process waits for it (`Store.let_in_waiting`), so `runs`, `query`, ... can read the store
   mid-scan: they see the runs committed so far, each with its per-run findings.
 * Cross-run rules (scope "runs") need every run at once; they run in the main process after
-  the files are stored, on the store itself.
+  the files are stored, on the store itself. So does linking a timeline to the Nsight Compute
+  run beside it (`check.link_pairs`), and the linked rules run again on the timeline there.
 * A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): the same `check_file`, on
   the writer's store (streamed into it), between two workers' results. A dask worker given
   one (the writer cannot see a cluster's files) checks it on a store file of its own
@@ -51,7 +52,7 @@ from ..ingest import ParsedTrace, find_traces, streams
 from ..resources import Resources
 from ..rules.engine import Settings
 from ..store import DEFAULT_HASH, RuleResults, Store
-from .check import FileResult, check_file, cross_run_settings, up_to_date_hashes
+from .check import FileResult, check_file, cross_run_settings, link_pairs, up_to_date_hashes
 
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
@@ -280,6 +281,8 @@ class ScanReport:
     elapsed_s: float = 0.0
     cross_rule_error: str | None = None
     not_traces: list = field(default_factory=list)  # (path, what it is): files the folder walk passed over
+    links: list = field(default_factory=list)  # link.LinkResult of each timeline and ncu run linked
+    link_errors: list = field(default_factory=list)  # InputError of each pair that could not be linked
 
     def count(self, state: str) -> int:
         return sum(1 for f in self.files if f.state == state)
@@ -296,12 +299,15 @@ class ScanError(Exception):
 def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
          settings: Settings | None = None, scheduler: str | None = None,
          on_start: Callable[[list[str], int], None] | None = None,
-         on_file: Callable[[FileResult], None] | None = None) -> ScanReport:
+         on_file: Callable[[FileResult], None] | None = None, link: bool = True,
+         on_link: Callable | None = None) -> ScanReport:
     """Scan `paths` into `store` and run the rules (`settings`; default: all rules).
 
     `on_start(files, total_bytes)` is called once the files are known, `on_file(result)` after
     each file is handled (the CLI's progress bar). With `scheduler` (a dask scheduler address
-    or scheduler file) the workers are a dask cluster's instead of local processes.
+    or scheduler file) the workers are a dask cluster's instead of local processes. With `link`,
+    a timeline and an Nsight Compute run found side by side are linked once every file is
+    stored (`check.link_pairs`; `on_link(result)` sees each).
     """
     t0 = time.perf_counter()
     settings = settings if settings is not None else Settings()
@@ -362,6 +368,9 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
                     handled(by_writer_next())
         while by_writer:
             handled(by_writer_next())
+        if link:
+            report.links, report.link_errors = link_pairs(store, report.files, settings, given_together=False,
+                                                          on_link=on_link)
         cross = cross_run_settings(settings)
         if cross is not None and report.run_ids:
             try:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from . import check, diff, export, export_trace, ingest, query, ranges, report, rules, runs, scan
+from . import check, diff, export, export_trace, ingest, link, query, ranges, report, rules, runs, scan
 from .common import out
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -37,7 +37,7 @@ def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, call
 
 
 # The order `--help` lists the commands in.
-for _module in (ingest, runs, ranges, query, rules, check, diff, export, export_trace, report, scan):
+for _module in (ingest, runs, ranges, query, rules, check, link, diff, export, export_trace, report, scan):
     _module.register(app)
 
 

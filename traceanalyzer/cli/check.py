@@ -5,8 +5,8 @@ from typing import Annotated, List
 import typer
 
 from .common import (BaselineOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt,
-                     OutputOpt, QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, WriteBaselineOpt, check_options, emit,
-                     err, file_line, note_not_traces, open_store)
+                     NoLinkOpt, OutputOpt, QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, WriteBaselineOpt, check_options,
+                     emit, err, file_line, link_lines, note_not_traces, open_store)
 
 
 def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files or folders; what is not stored yet is ingested.")],
@@ -14,7 +14,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
           threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
           output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
           write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: CheckVerboseOpt = False,
-          debug: DebugOpt = False,
+          debug: DebugOpt = False, no_link: NoLinkOpt = False,
           show_vendor_rules: Annotated[bool, typer.Option(
               "--show-vendor-rules", help="List, per run, the results of NVIDIA's own rules (in Nsight Compute "
               "reports) that no finding matches.")] = False):
@@ -24,10 +24,12 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
     from ..batch.check import UsageError, run_check
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
+    opts.link = not no_link
     try:
         with open_store(store) as st:
             # Progress lines go to stderr so that stdout holds only the report.
-            result = run_check(st, opts, on_file=lambda r: file_line(r, debug, progress=err))
+            result = run_check(st, opts, on_file=lambda r: file_line(r, debug, progress=err),
+                               on_link=lambda r: link_lines(r, err, limit=3))
     except UsageError as e:
         err.print(f"error: {e}", markup=False)
         raise typer.Exit(2)

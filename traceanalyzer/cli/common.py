@@ -126,6 +126,14 @@ def file_line(r: "FileResult", debug: bool, progress: Console = out) -> None:
         err.print(f"warning: {r.path}: {w}", markup=False)
 
 
+def link_lines(result, console: Console = err, names: Optional[dict] = None, limit: Optional[int] = 20) -> None:
+    """The lines of a timeline and an Nsight Compute run linked (`link.describe`)."""
+    from ..link import describe
+
+    for line in describe(result, names, limit):  # kernel names come from files: shown as written
+        console.print(fmt.printable(line), markup=False)
+
+
 def settings_or_exit(opts: "CheckOptions"):
     """`check.settings_from(opts)`: (settings, fail_on), or a usage error line and exit 2."""
     from ..batch.check import UsageError, settings_from
@@ -190,6 +198,9 @@ MaxGrowthOpt = Annotated[Optional[float], typer.Option(
                                         "loss (or value, when it has no loss) grew by more than PCT percent.")]
 WriteBaselineOpt = Annotated[Optional[Path], typer.Option(
     "--write-baseline", metavar="FILE", help="Save this check's findings as a baseline file (a JSON report).")]
+NoLinkOpt = Annotated[bool, typer.Option(
+    "--no-link", help="Do not link a timeline (nsys, Kineto) to the Nsight Compute run of the same program given "
+                      "with it (or, for scan, beside it: the same stem, or a folder's only pair).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="In the text report, hide info findings and the "
                                                                 "line of rules not applicable.")]
 

@@ -10,9 +10,9 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from rich import box
 from rich.table import Column, Table
 
-from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, OutputOpt,
-                     QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt, check_options,
-                     emit, err, note_not_traces, open_store, print_input_error)
+from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, NoLinkOpt,
+                     OutputOpt, QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt,
+                     check_options, emit, err, link_lines, note_not_traces, open_store, print_input_error)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
@@ -23,7 +23,7 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
          threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
          output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
          write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
-         debug: DebugOpt = False):
+         debug: DebugOpt = False, no_link: NoLinkOpt = False):
     """Find every trace under PATHS, parse and check them in parallel, store them, and
     report one line per run; with --format, the same report as `check`.
 
@@ -67,7 +67,8 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
 
         try:
             report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
-                              on_start=on_start, on_file=on_file)
+                              on_start=on_start, on_file=on_file, link=not no_link,
+                              on_link=lambda r: link_lines(r, progress.console, limit=3))
         except ScanError as e:
             progress.stop()
             err.print(f"error: {e}", markup=False)
@@ -87,6 +88,7 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
         result.baseline = known
         result.not_traces = list(report.not_traces)
         result.errors = [InputError(f.path, f.error or "failed", f.internal, f.detail) for f in report.failed]
+        result.errors += report.link_errors
         table = _table(st, report)
     emit(result, format, output, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
          failed_internally=report.cross_rule_error is not None)

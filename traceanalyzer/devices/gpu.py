@@ -11,7 +11,9 @@ Two tables, used only where a trace does not say the value itself (``fill_device
   ``TARGET_INFO_GPU`` rows, and 10.0 matches a real ncu raw export (B200).
 * ``PRODUCTS`` - per-product peaks (vendor "up to" numbers at boost clock, dense, no
   sparsity). Each entry carries its confidence ('V' verified against a real trace or a
-  first-hand vendor table, 'P' probable, 'U' uncertain) and a source note.
+  first-hand vendor table, 'P' probable, 'U' uncertain) and a source note; the matrix peaks
+  by input type (FP8, TF32, FP32 and FP64 matrix units) have a source note of their own.
+  Vendors print tensor peaks "with sparsity" on some sheets: those are halved here.
 """
 
 from __future__ import annotations
@@ -138,6 +140,33 @@ class GpuProduct:
     confidence: str  # 'V', 'P' or 'U' (see module doc)
     source: str
     aliases: tuple[str, ...] = field(default=())
+    # Dense matrix-unit peaks by input type; None where the product lacks the unit or the
+    # number is not known to a source.
+    fp8_tensor_flops_per_s: float | None = None
+    tf32_tensor_flops_per_s: float | None = None
+    fp32_matrix_flops_per_s: float | None = None  # AMD CDNA matrix cores at FP32 (NVIDIA: none)
+    fp64_matrix_flops_per_s: float | None = None  # FP64 tensor / matrix cores
+    peaks_source: str = ""  # where the four numbers above come from
+
+    def matmul_peak(self, roof: str) -> tuple[float | None, str, str]:
+        """(dense peak FLOP/s, unit, source) a matrix multiply with inputs of type `roof` ('fp8',
+        'fp16', 'bf16', 'tf32', 'fp32', 'fp64') is judged against: the tensor (NVIDIA) or matrix
+        (AMD) unit of that type; FP32 and FP64 on matrix units where the product has them, else
+        on the vector units (CUDA cores). The peak is None where the product has no such unit."""
+        unit = "matrix-core" if self.vendor == "amd" else "tensor-core"
+        vector = "vector" if self.vendor == "amd" else "CUDA-core"
+        if roof in ("fp32", "fp64"):
+            matrix = self.fp32_matrix_flops_per_s if roof == "fp32" else self.fp64_matrix_flops_per_s
+            if matrix:
+                return matrix, f"{roof.upper()} {unit}", self.peaks_source
+            if roof == "fp32":
+                return self.fp32_flops_per_s, f"FP32 {vector}", self.source
+            return self.fp64_flops_per_s, f"FP64 {vector}", self.source
+        if roof in ("fp8", "tf32"):
+            peak = self.fp8_tensor_flops_per_s if roof == "fp8" else self.tf32_tensor_flops_per_s
+            return peak, f"{roof.upper()} {unit}", self.peaks_source
+        peak = {"fp16": self.fp16_tensor_flops_per_s, "bf16": self.bf16_tensor_flops_per_s}.get(roof)
+        return peak, f"{roof.upper()} {unit}", self.source
 
     @property
     def ridge_fp32_flop_per_byte(self) -> float | None:
@@ -147,7 +176,8 @@ class GpuProduct:
 
 
 def _p(key, name, vendor, cc, sms, mem_gb, bw_gbs, l2_mib, fp32_tf, fp16_tf, bf16_tf, fp64_tf,
-       conf, source, aliases=()) -> GpuProduct:
+       conf, source, aliases=(), fp8=None, tf32=None, fp32_matrix=None, fp64_matrix=None,
+       peaks_source="") -> GpuProduct:
     tf = lambda v: None if v is None else v * TB  # noqa: E731
     return GpuProduct(
         key=key, name=name, vendor=vendor, cc=cc, sm_count=sms,
@@ -157,6 +187,8 @@ def _p(key, name, vendor, cc, sms, mem_gb, bw_gbs, l2_mib, fp32_tf, fp16_tf, bf1
         fp32_flops_per_s=tf(fp32_tf), fp16_tensor_flops_per_s=tf(fp16_tf),
         bf16_tensor_flops_per_s=tf(bf16_tf), fp64_flops_per_s=tf(fp64_tf),
         confidence=conf, source=source, aliases=tuple(aliases),
+        fp8_tensor_flops_per_s=tf(fp8), tf32_tensor_flops_per_s=tf(tf32),
+        fp32_matrix_flops_per_s=tf(fp32_matrix), fp64_matrix_flops_per_s=tf(fp64_matrix), peaks_source=peaks_source,
     )
 
 
@@ -164,6 +196,16 @@ def _p(key, name, vendor, cc, sms, mem_gb, bw_gbs, l2_mib, fp32_tf, fp16_tf, bf1
 # product in shared/traces/nsys (SM count, memoryBandwidth, l2CacheSize); "R-kineto" =
 # deviceProperties of a real Kineto trace; "R-ncu" = a real ncu raw export. Third-party
 # spec pages found with the search tool are named where they supplied a number.
+# Matrix peaks by input type (the `peaks_source` of the products that use them).
+_A100_PEAKS = dict(tf32=156, fp64_matrix=19.5, peaks_source=(
+    "TF32 156 and FP64 tensor 19.5 TF dense: NVIDIA A100 whitepaper table (formats.md 5.3 TF32 column [S22]; "
+    "forums.developer.nvidia.com/t/218102 quotes the table)"))
+_H100_SXM_PEAKS = dict(fp8=1978.9, tf32=494.7, fp64_matrix=66.9, peaks_source=(
+    "glennklockwood.com/garden/processors/h100 theoretical table [S23]: FP8 1978.9, TF32 494.7, "
+    "FP64 matrix 66.9 TF dense"))
+_CDNA2_PEAKS_NOTE = ("ROCm docs 'AMD Instinct MI250 microarchitecture' peak table, FLOPS/clock/CU: vector FP32 128, "
+                     "matrix FP32 256, matrix FP16/BF16 1024, matrix FP64 256; x CUs x 1.7 GHz; no FP8 or TF32 units")
+
 _PRODUCTS: tuple[GpuProduct, ...] = (
     # --- Volta (CC 7.0) ---
     _p("v100 sxm2", "Tesla V100-SXM2", "nvidia", (7, 0), 80, 32, 900, 6, 15.7, 125, None, 7.8, "P",
@@ -181,17 +223,17 @@ _PRODUCTS: tuple[GpuProduct, ...] = (
        "x 2 x 1.77 GHz halved for FP32 accumulate on GeForce [U]"),
     # --- Ampere (CC 8.0) ---
     _p("a100 sxm4 40gb", "A100-SXM4-40GB", "nvidia", (8, 0), 108, 40, 1555, 40, 19.5, 312, 312, 9.7, "V",
-       "formats.md 5.3 [S22]; R-nsys: 108 SMs, 1.5552e12 B/s, 40 MiB L2", aliases=("a100",)),
+       "formats.md 5.3 [S22]; R-nsys: 108 SMs, 1.5552e12 B/s, 40 MiB L2", aliases=("a100",), **_A100_PEAKS),
     _p("a100 sxm4 80gb", "A100-SXM4-80GB", "nvidia", (8, 0), 108, 80, 2039, 40, 19.5, 312, 312, 9.7, "V",
-       "formats.md 5.3 [S22]; R-kineto: 108 SMs", aliases=("a100 80gb sxm",)),
+       "formats.md 5.3 [S22]; R-kineto: 108 SMs", aliases=("a100 80gb sxm",), **_A100_PEAKS),
     _p("a100 pcie 40gb", "A100-PCIE-40GB", "nvidia", (8, 0), 108, 40, 1555, 40, 19.5, 312, 312, 9.7, "P",
-       "A100 datasheet (same chip and HBM2 as the 40 GB SXM4)"),
+       "A100 datasheet (same chip and HBM2 as the 40 GB SXM4)", **_A100_PEAKS),
     _p("a100 80gb pcie", "A100 80GB PCIe", "nvidia", (8, 0), 108, 80, 1935, 40, 19.5, 312, 312, 9.7, "P",
-       "formats.md 5.3 (datasheet from memory)", aliases=("a100 pcie 80gb",)),
+       "formats.md 5.3 (datasheet from memory)", aliases=("a100 pcie 80gb",), **_A100_PEAKS),
     _p("a100 pg509 200", "A100-PG509-200", "nvidia", (8, 0), 108, 40, 1555, 40, 19.5, 312, 312, 9.7, "U",
-       "Meta/OEM A100 40 GB board; R-kineto: 108 SMs, 39.4 GiB; bandwidth assumed = A100 40 GB"),
+       "Meta/OEM A100 40 GB board; R-kineto: 108 SMs, 39.4 GiB; bandwidth assumed = A100 40 GB", **_A100_PEAKS),
     _p("a10", "A10", "nvidia", (8, 6), 72, 24, 600, 6, 31.2, 125, 125, 0.98, "P", "formats.md 5.3 [S26]",
-       aliases=("a10g",)),
+       aliases=("a10g",), tf32=62.5, peaks_source="formats.md 5.3 TF32 column [S26]: 62.5 TF dense"),
     # --- Ampere GA10x (CC 8.6) ---
     _p("rtx 3060", "GeForce RTX 3060", "nvidia", (8, 6), 28, 12, 360, 2.25, 12.74, 25.5, 25.5, 0.2, "P",
        "R-nsys: 28 SMs, 360.048 GB/s, 2.25 MiB L2; 3584 cores x 1.777 GHz x 2 (pcpartdb.com); tensor = "
@@ -207,7 +249,9 @@ _PRODUCTS: tuple[GpuProduct, ...] = (
     _p("rtx a5000", "RTX A5000", "nvidia", (8, 6), 64, 24, 768, 6, 27.8, 111.1, 111.1, 0.87, "P",
        "R-nsys: 64 SMs, 768.096 GB/s, 6 MiB L2; datasheet 27.8 TF FP32, 222.2 TF tensor sparse / 2"),
     # --- Ada (CC 8.9) ---
-    _p("l4", "L4", "nvidia", (8, 9), 58, 24, 300, 48, 30.3, 121, 121, 0.49, "P", "formats.md 5.3 [S25]"),
+    _p("l4", "L4", "nvidia", (8, 9), 58, 24, 300, 48, 30.3, 121, 121, 0.49, "P", "formats.md 5.3 [S25]",
+       fp8=242.5, tf32=60, peaks_source="TF32 60 TF dense: formats.md 5.3 [S25]; FP8 485 TF with sparsity, halved: "
+       "NVIDIA L4 datasheet as quoted at grokipedia.com/page/NVIDIA_L4_vs_L40S"),
     _p("rtx 4060", "GeForce RTX 4060", "nvidia", (8, 9), 24, 8, 272, 24, 15.11, 30.23, 30.23, 0.24, "P",
        "R-nsys: 24 SMs, 272.032 GB/s, 24 MiB L2; 15.11 TF FP32, 30.23 TF FP16 tensor FP32-acc "
        "(fpsbench.com, hmc-tech.com)"),
@@ -215,33 +259,45 @@ _PRODUCTS: tuple[GpuProduct, ...] = (
        "R-nsys: 34 SMs, 288.032 GB/s, 32 MiB L2; 22.06 TF FP32 (thefpsreview.com, cputronic.com); tensor "
        "scaled from RTX 4060 by SMs x clock"),
     _p("rtx 4090", "GeForce RTX 4090", "nvidia", (8, 9), 128, 24, 1008, 72, 82.6, 165.2, 165.2, 1.29, "P",
-       "formats.md 5.3 [S27]"),
+       "formats.md 5.3 [S27]", tf32=82.6, peaks_source="formats.md 5.3 TF32 column [S27]: 82.6 TF dense"),
     # --- Hopper (CC 9.0) ---
     _p("h100 80gb hbm3", "H100 80GB HBM3 (SXM5)", "nvidia", (9, 0), 132, 80, 3350, 50, 66.9, 989.4, 989.4, 33.5, "V",
        "formats.md 5.3 [S23]; R-nsys: 132 SMs, 3.35232e12 B/s, 50 MiB L2",
-       aliases=("h100 sxm5", "h100 sxm", "h100 sxm5 80gb")),
+       aliases=("h100 sxm5", "h100 sxm", "h100 sxm5 80gb"), **_H100_SXM_PEAKS),
     _p("h100 pcie", "H100 PCIe", "nvidia", (9, 0), 114, 80, 2039, 50, 51.2, 756, 756, 25.6, "P",
-       "formats.md 5.3 [S24]; R-nsys: 114 SMs, 2.03904e12 B/s, 50 MiB L2"),
+       "formats.md 5.3 [S24]; R-nsys: 114 SMs, 2.03904e12 B/s, 50 MiB L2", fp8=1513, tf32=378, fp64_matrix=51,
+       peaks_source="TF32 378: formats.md 5.3; FP8 3026 with sparsity (halved) and FP64 tensor 51 TF: NVIDIA H100 "
+       "PCIe datasheet table at archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html"),
     _p("h100 nvl", "H100 NVL", "nvidia", (9, 0), 132, 94, 3900, 50, 60.0, 835, 835, 30.0, "U",
        "datasheet from memory (per GPU of the NVL pair)"),
     _p("h100", "H100 (unspecified)", "nvidia", (9, 0), 132, 80, 3350, 50, 66.9, 989.4, 989.4, 33.5, "U",
-       "bare 'NVIDIA H100' name (R-kineto: 132 SMs, 95 GiB): SXM5 figures assumed"),
+       "bare 'NVIDIA H100' name (R-kineto: 132 SMs, 95 GiB): SXM5 figures assumed", **_H100_SXM_PEAKS),
     _p("h200", "H200", "nvidia", (9, 0), 132, 141, 4800, 60, 66.9, 989.4, 989.4, 33.5, "V",
-       "formats.md 5.3 [S23,S24]; R-nsys: 132 SMs, 4.9167e12 B/s reported, 60 MiB L2"),
+       "formats.md 5.3 [S23,S24]; R-nsys: 132 SMs, 4.9167e12 B/s reported, 60 MiB L2", **_H100_SXM_PEAKS),
     # --- Blackwell (CC 10.0) ---
-    _p("b200", "B200", "nvidia", (10, 0), 148, 180, 8000, None, 80.0, 2250, 2250, 40.0, "P",
-       "HGX B200 (1000 W) table at glennklockwood.com/garden/processors/B200 citing NVIDIA; R-ncu/R-kineto: "
-       "148 SMs, 178 GiB; hmc-tech.com lists 7.7 TB/s and 75 TF FP32 at 1.98 GHz"),
+    _p("b200", "B200", "nvidia", (10, 0), 148, 180, 7700, None, 75.0, 2250, 2250, 37.0, "P",
+       "NVIDIA's HGX B200 table, 'Individual Blackwell GPU Specifications' (quoted at "
+       "zdszero.github.io/Computer/Artificial_Intelligence/Hardware.html): 7.7 TB/s, FP32 75 TF, FP64 37 TF, "
+       "FP16/BF16 tensor 4.5 PF with sparsity (halved); R-ncu/R-kineto: 148 SMs, 178 GiB",
+       fp8=4500, tf32=1100, fp64_matrix=37.0, peaks_source=(
+           "the same NVIDIA HGX B200 table: FP8 9 PF and TF32 2.2 PF with sparsity (halved), FP64 tensor 37 TF")),
     # --- AMD (per PyTorch device; an MI250(X) package is two devices) ---
     _p("instinct mi210", "AMD Instinct MI210", "amd", None, 104, 64, 1638.4, 8, 22.6, 181, 181, 22.6, "P",
        "anandtech.com MI210 launch table (104 CUs, 1.6 TB/s, 181 TF FP16 matrix); R-kineto: 104 CUs",
-       aliases=("mi210",)),
+       aliases=("mi210",), fp32_matrix=45.3, fp64_matrix=45.3, peaks_source=_CDNA2_PEAKS_NOTE + " (104 CUs)"),
     _p("instinct mi250", "AMD Instinct MI250 (one GCD)", "amd", None, 104, 64, 1638.4, 8, 22.6, 181, 181, 22.6, "P",
-       "anandtech.com: MI250 = 2 x 104 CUs, 3.2 TB/s, 362 TF FP16; halved per GCD", aliases=("mi250",)),
+       "anandtech.com: MI250 = 2 x 104 CUs, 3.2 TB/s, 362 TF FP16; halved per GCD", aliases=("mi250",),
+       fp32_matrix=45.3, fp64_matrix=45.3, peaks_source=_CDNA2_PEAKS_NOTE + " (104 CUs per GCD; the table's "
+       "MI250 OAM: matrix FP32 90.5 TF)"),
     _p("instinct mi250x", "AMD Instinct MI250X (one GCD)", "amd", None, 110, 64, 1638.4, 8, 23.9, 191.5, 191.5, 23.9, "P",
-       "zexron.com: MI250X = 220 CUs, 3.2 TB/s, 383 TF FP16; halved per GCD", aliases=("mi250x",)),
+       "zexron.com: MI250X = 220 CUs, 3.2 TB/s, 383 TF FP16; halved per GCD", aliases=("mi250x",),
+       fp32_matrix=47.9, fp64_matrix=47.9, peaks_source=_CDNA2_PEAKS_NOTE + " (110 CUs per GCD; zexron.com: "
+       "MI250X matrix FP32/FP64 95.7 TF per package)"),
     _p("instinct mi300x", "AMD Instinct MI300X", "amd", None, 304, 192, 5300, 32, 163.4, 1307.4, 1307.4, 81.7, "P",
-       "formats.md 5.3 [S28]", aliases=("mi300x",)),
+       "formats.md 5.3 [S28]", aliases=("mi300x",), fp8=2614.9, tf32=653.7, fp32_matrix=163.4, fp64_matrix=163.4,
+       peaks_source="AMD CDNA 3 white paper Table 1, FLOPS/clock/CU: matrix FP32 256, TF32 1024, FP16/BF16 2048, "
+       "FP8 4096, matrix FP64 256; x 304 CUs x 2.1 GHz; FP8 and BF16 also in AMD's MI300X datasheet "
+       "(2614.9 / 1307.4 TF, quoted in github.com/alpharomercoma/MI300X-vs-H200 METHODOLOGY.md)"),
 )
 
 # Words that carry no product identity (vendor and brand prefixes).

@@ -108,6 +108,7 @@ class CpuOpArgs(Struct, gc=False):
     input_dims: Raw = field(default=NO_RAW, name="Input Dims")
     input_dims_legacy: Raw = field(default=NO_RAW, name="Input dims")
     input_types: Raw = field(default=NO_RAW, name="Input type")
+    concrete_inputs: Raw = field(default=NO_RAW, name="Concrete Inputs")
 
 
 class MemoryArgs(Struct, gc=False):

@@ -344,7 +344,7 @@ class TableBuilder:
             "op_id": np.arange(t.n, dtype=np.int64),
             "name": c["name"], "pid": c["pid"], "tid": c["tid"],
             "start_ns": t.start_ns, "end_ns": t.end_ns,
-            "input_dims": c["input_dims"], "input_types": c["input_types"],
+            "input_dims": c["input_dims"], "input_types": c["input_types"], "concrete_inputs": c["concrete_inputs"],
             "external_id": c["external"], "sequence_number": c["sequence_number"],
         })
 

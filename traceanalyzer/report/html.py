@@ -250,6 +250,7 @@ def _run_section(p: dict, rules: dict, multi: bool) -> str:
     out.append(_summary_cards(p))
     out.append(_timeline(p))
     out.append(_findings(p, rules))
+    out.append(_hot_kernels(run))
     out.append(_where_in_code(p["code"]))
     out.append(_plots(p))
     out.append("</section>")
@@ -540,6 +541,21 @@ def _ev_value(key: str, v, rid: str, t_origin: int, has_tl: bool, depth: int) ->
 
 
 # -- plots -----------------------------------------------------------------------------
+
+def _hot_kernels(run: dict) -> str:
+    """A timeline linked to Nsight Compute: each hot kernel's four passes (report/passes.py); "" otherwise."""
+    from .passes import lines
+
+    if not run.get("hot_kernels"):
+        return ""
+    links = "; ".join(f"ncu run {s['ncu_run_id']}: {s['both']} launch(es) matched, {s['ncu']} ncu launch(es) and "
+                      f"{s['timeline']} timeline configuration(s) unmatched" for s in run.get("links", []))
+    out = ['<h3>Hot kernels: timeline and Nsight Compute together</h3>', f'<p class="quiet">{esc(links)}</p>']
+    for k in run["hot_kernels"]:
+        rows = "".join(f"<tr><th>{esc(what)}</th><td>{esc(text)}</td></tr>" for what, text in lines(k))
+        out.append(f'<h4 title="{esc(k["name"])}">{esc(k["label"])}</h4><table class="ev">{rows}</table>')
+    return "\n".join(out)
+
 
 def _where_in_code(r: dict | None) -> str:
     """The tree of `code_tree` as a table: the paths that launched GPU time, in tree order, each

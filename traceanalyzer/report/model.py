@@ -10,6 +10,7 @@ from pathlib import Path
 from ..rules.base import SEVERITIES
 from ..store import Store
 from .budget import budgets_of
+from .passes import hot_kernels, link_summaries
 from .vendor import unmatched, vendor_results, verdict
 
 
@@ -205,6 +206,9 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
     for r in runs:
         r["budget"] = budgets[r["run_id"]]
         r["vendor_unmatched"] = unmatched(nvidia.get(r["run_id"]), [f for f in findings if f["run_id"] == r["run_id"]])
+        hot = hot_kernels(store, r["run_id"], [f for f in findings if f["run_id"] == r["run_id"]])
+        if hot:  # a timeline linked to Nsight Compute (report/passes.py)
+            r["hot_kernels"], r["links"] = hot, link_summaries(store, r["run_id"])
     return CheckResult(runs, outcomes, findings, fail_on)
 
 

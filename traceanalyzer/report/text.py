@@ -181,6 +181,22 @@ def _block(console: Console, result: CheckResult, fs: list[dict], run: dict, tit
         _line(console, ("" if len(hints) == 1 else f"[dim]{n} kernel(s):[/] ") + escape(hint), "[green]hint:[/]", INDENT)
 
 
+# -- a timeline linked to Nsight Compute: each hot kernel's four passes ----------------------
+
+def _hot_kernels(console: Console, run: dict) -> None:
+    """Per hot kernel the ncu run profiled: structure, timeline, bottleneck and instruction level
+    (report/passes.py), under one title line saying how the runs were linked."""
+    from .passes import lines
+
+    links = "; ".join(f"ncu run {s['ncu_run_id']}: {s['both']} launch(es) matched, {s['ncu']} ncu launch(es) and "
+                      f"{s['timeline']} timeline configuration(s) unmatched" for s in run.get("links", []))
+    _line(console, f"[bold]Hot kernels, timeline and Nsight Compute together[/] [dim]({escape(links)})[/]")
+    for n, k in enumerate(run["hot_kernels"], 1):
+        _line(console, f"[bold]{escape(k['label'])}[/]", f"{n}.", 2)
+        for what, text in lines(k):
+            _line(console, escape(text), f"[dim]{what:<11}[/]", 5)
+
+
 # -- a run, and the whole check ------------------------------------------------------------
 
 def _not_applicable(console: Console, result: CheckResult, rid: str, verbose: bool, quiet: bool) -> None:
@@ -221,6 +237,8 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
                 _finding(console, result, block[0], run)
             else:
                 _block(console, result, block, run, titles, verbose)
+        if run.get("hot_kernels"):
+            _hot_kernels(console, run)
         theirs = run.get("vendor_unmatched") or []
         if theirs and result.show_vendor_rules:
             _line(console, f"[bold]NVIDIA's results no rule of ours matches ({len(theirs)}):[/]")

@@ -8,6 +8,7 @@ from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
+from ._ncu import linked
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -164,7 +165,7 @@ def _config_evidence(c: dict) -> dict:
             "first_id": int_or_none(r.first_id)}
 
 
-RULE = Rule(
+RULE = linked(Rule(
     id="B002",
     name="low-occupancy",
     title="Low occupancy",
@@ -217,4 +218,4 @@ RULE = Rule(
         "Nsight Compute Occupancy section rules TheoreticalOccupancy and AchievedOccupancy",
         "CUDA C++ Best Practices Guide: 'Occupancy'",
     ),
-)
+), project=False)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..devices import gpu
 from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
-from ._ncu import DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col, device_peaks, jsonable, kernel_finding, keep_hot, ncu_launches, per_kernel
+from ._ncu import (DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col,
+                   device_peaks, keep_hot, kernel_finding, linked, ncu_launches, per_kernel)
+from ._op_cost import DTYPES, FAMILIES, FORMULAS, op_cost
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -158,7 +159,7 @@ def _ncu_findings(store, run_id: str, p: dict) -> list[dict]:
     if g.empty:
         return []
     g["bound"] = classify(g["compute_pct"], g["memory_pct"], p)
-    return [_finding(r, p, estimate=False) for r in g.to_dict("records")]
+    return [_finding(r, p) for r in g.to_dict("records")]
 
 
 def _roof_text(r: dict) -> str:
@@ -172,8 +173,7 @@ def _roof_text(r: dict) -> str:
     side = ""
     if ai == ai and ai is not None and ridge == ridge and ridge is not None:
         side = f"; intensity {ai:.3g} FLOP/B {'<' if ai < ridge else '>='} ridge {ridge:.3g}"
-    return (f"{'est. ' if r['source'] == 'estimate' else ''}{fam} {r['compute_pct']:.0f}% of peak, "
-            f"DRAM {r['memory_pct']:.0f}% of peak{side}")
+    return f"{fam} {r['compute_pct']:.0f}% of peak, DRAM {r['memory_pct']:.0f}% of peak{side}"
 
 
 _HINTS = {
@@ -188,7 +188,7 @@ _HINTS = {
 }
 
 
-def _finding(r: dict, p: dict, estimate: bool) -> dict:
+def _finding(r: dict, p: dict) -> dict:
     share = max(r["compute_pct"], r["memory_pct"]) / 100
     bound = r["bound"]
     small_grid = bound == "latency" and r.get("launch__waves_per_multiprocessor", np.nan) < 1
@@ -205,18 +205,17 @@ def _finding(r: dict, p: dict, estimate: bool) -> dict:
     hot = r["time_share"] != r["time_share"] or r["time_share"] >= p["warning_time_share"]
     severity = "warning" if bound == "latency" and hot else "info"
     launches = int(r["launches"])
-    msg = (f"{kernel_label(r['name'], r['short_name'])}: {'est. ' if estimate else ''}{what}, at {pct(share)} of the {roof} ({_roof_text(r)})"
+    msg = (f"{kernel_label(r['name'], r['short_name'])}: {what}, at {pct(share)} of the {roof} ({_roof_text(r)})"
            + (f"; {launches} launches, {ns(r['duration_ns'])}" if launches > 1 else
               f"; {ns(r['duration_ns'])}" if r["duration_ns"] == r["duration_ns"] else "")
            + (f", est. {ns(loss)} to gain" if loss else ""))
     evidence = {
-        "bound": bound, "saturated": share >= p["throughput_bound_pct"] / 100, "source": r["source"], "estimate": estimate, "compute_pct": r["compute_pct"],
+        "bound": bound, "saturated": share >= p["throughput_bound_pct"] / 100, "source": r["source"], "estimate": False, "compute_pct": r["compute_pct"],
         "memory_pct": r["memory_pct"], "launches": launches, "duration_ns": r["duration_ns"],
         "time_share": r["time_share"],
     }
     for k in ("memory_unit", "memory_unit_pct", "launch__waves_per_multiprocessor", "roof_family", "flops",
-              "dram_bytes", "intensity", "ridge", "roof_compute_pct", "roof_memory_pct", "peak_bw", "peak_bw_source",
-              "op", "shape", "dtype", "calls", "assumptions"):
+              "dram_bytes", "intensity", "ridge", "roof_compute_pct", "roof_memory_pct", "peak_bw", "peak_bw_source"):
         if k in r:
             evidence[k.replace("launch__waves_per_multiprocessor", "waves")] = r[k]
     fam = r.get("roof_family")
@@ -229,124 +228,228 @@ def _finding(r: dict, p: dict, estimate: bool) -> dict:
         value=share, value_unit="share",
         threshold=p["latency_bound_pct"] / 100 if bound == "latency" else target,
         est_loss_ns=loss, severity=severity, message=msg,
-        hint=_HINTS[bound] + (" Estimated from shapes: confirm with Nsight Compute." if estimate else ""),
+        hint=_HINTS[bound],
     )
 
 
-# -- the Kineto estimate: GEMM FLOPs from operator input shapes ----------------------------
+# -- the Kineto estimate: FLOPs and bytes from operator shapes (formulas: _op_cost) --------------
 
-DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "c10::Float8_e4m3fn": 1,
-               "c10::Float8_e5m2": 1, "int": 4, "long int": 8}
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+# The calls of the operators _op_cost models, each with the kernels that carry its External id:
+# a kernel counts once, under the innermost operator open when it was launched. An operator that
+# encloses another one of them with kernels (on its thread, within its span) is a wrapper and is
+# left out. Calls are grouped by shape (the few distinct shapes are parsed in Python, not the
+# many calls), in order of each group's earliest call.
+_CALLS_SQL = f"""
+WITH ops AS (
+    SELECT op_id, name, pid, tid, start_ns, end_ns, input_dims, input_types, concrete_inputs, external_id
+    FROM cpu_ops WHERE run_id = $run_id AND name IN {tuple(FAMILIES)} AND external_id IS NOT NULL
+), calls AS (
+    SELECT o.op_id, any_value(o.name) AS op, any_value(o.pid) AS pid, any_value(o.tid) AS tid,
+           any_value(o.start_ns) AS op_start_ns, any_value(o.end_ns) AS op_end_ns,
+           any_value(o.input_dims) AS input_dims, any_value(o.input_types) AS input_types,
+           any_value(o.concrete_inputs) AS concrete_inputs,
+           count(*) AS kernels, sum(k.end_ns - k.start_ns) AS duration_ns,
+           min(k.start_ns) AS start_ns, max(k.end_ns) AS end_ns, any_value(k.device_id) AS device_id,
+           min(k.kernel_id) AS first_kernel_id,
+           arg_max(k.name, (k.end_ns - k.start_ns, -k.kernel_id)) AS kernel,
+           arg_max(k.short_name, (k.end_ns - k.start_ns, -k.kernel_id)) AS short_name,
+           max(CAST(k.grid_x AS BIGINT) * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1)) AS max_blocks,
+           -- Kineto writes 0 where CUPTI's calculator failed (over 48 KB of shared memory): unknown
+           avg(nullif(k.est_achieved_occupancy_pct, 0)) AS occupancy_pct,
+           bool_or(regexp_matches(k.name, 'tf32|xf32', 'i')) AS tf32
+    FROM ops o JOIN kernels k ON k.run_id = $run_id AND k.external_id = o.external_id
+    WHERE k.start_ns IS NOT NULL AND k.end_ns > k.start_ns
+    GROUP BY o.op_id
+), innermost AS (
+    -- operators on one thread nest: a call encloses another iff the next call on its thread (by
+    -- start, the outer first on a tie) starts before it ends. A window, not an interval join.
+    SELECT * FROM (
+        SELECT *, lead(op_start_ns) OVER (PARTITION BY pid, tid ORDER BY op_start_ns, op_end_ns DESC, op_id)
+                  AS next_start_ns
+        FROM calls)
+    WHERE next_start_ns IS NULL OR next_start_ns >= op_end_ns
+)
+SELECT op, input_dims, input_types, concrete_inputs, device_id, tf32, count(*) AS calls,
+       sum(kernels) AS kernels, sum(duration_ns) AS duration_ns, max(max_blocks) AS max_blocks,
+       avg(occupancy_pct) AS occupancy_pct,
+       -- the earliest call's kernel, ids and times
+       arg_min(kernel, (start_ns, op_id)) AS kernel, arg_min(short_name, (start_ns, op_id)) AS short_name,
+       arg_min(first_kernel_id, (start_ns, op_id)) AS first_id,
+       min(start_ns) AS start_ns, arg_min(end_ns, (start_ns, op_id)) AS end_ns
+FROM innermost GROUP BY op, input_dims, input_types, concrete_inputs, device_id, tf32
+ORDER BY min(start_ns), arg_min(op_id, (start_ns, op_id))
+"""
 
 
-def gemm_shape(op: str, dims: list) -> tuple[float, list[list[int]]] | None:
-    """(FLOPs, operand shapes incl. the output) of one GEMM-family call; None when the dims do not fit."""
-    try:
-        mats = [d for d in dims if isinstance(d, list) and len(d) >= 2]
-        if op in ("aten::addmm", "aten::baddbmm"):
-            a, b = mats[-2], mats[-1]
-        else:
-            a, b = mats[0], mats[1]
-        if op == "aten::linear":  # weight is [N, K]
-            k, n = b[-1], b[-2]
-        else:
-            k, n = b[-2], b[-1]
-        m = a[-2]
-        batch = math.prod(a[:-2]) if len(a) > 2 else 1
-        if a[-1] != k:
-            return None
-        out = [*a[:-2], m, n]
-        return 2.0 * batch * m * n * k, [a, b, out]
-    except (IndexError, TypeError):
-        return None
+def _device_roofs(store, run_id: str) -> dict:
+    """Per device id: its peaks row (device_peaks), product, SM count and vendor."""
+    peaks = device_peaks(store, run_id)
+    devices = {d["device_id"]: d for d in store.sql(
+        "SELECT device_id, name, vendor, sm_count FROM devices WHERE run_id = $run_id", {"run_id": run_id}).df()
+        .to_dict("records")}
+    out = {}
+    for r in peaks.to_dict("records"):
+        d = devices.get(r["device_id"], {})
+        vendor = d.get("vendor") if isinstance(d.get("vendor"), str) else gpu.vendor_of(d.get("name"))
+        out[r["device_id"]] = {**r, "product": gpu.product(r["device_name"]), "sm_count": d.get("sm_count"),
+                               "vendor": vendor}
+    return out
 
 
-def _kineto_rows(store, run_id: str, peaks: pd.DataFrame) -> pd.DataFrame:
-    """GEMM calls grouped by operator, input dims and types and device (the few distinct shapes
-    are parsed in Python, not the many calls), in order of each group's earliest call."""
+def _roof(dev: dict, dtype: str, tf32: bool) -> tuple[str, float | None, str, str | None]:
+    """(roof, peak FLOP/s, unit, source) for matrix work on inputs of `dtype`: FP32 inputs run on
+    TF32 tensor cores where the kernel's name says so (cuBLAS/cuDNN `tf32`, hipBLASLt `xf32`)."""
+    roof = DTYPES[dtype][1]
+    if roof == "fp32" and tf32:
+        roof = "tf32"
+    prod = dev["product"]
+    if prod is not None:
+        peak, unit, source = prod.matmul_peak(roof)
+        return roof, peak, unit, f"product table: {prod.name} [{prod.confidence}] ({source})"
+    if roof == "fp32":  # no product: SMs x FP32 lanes x clock, where the trace gives them
+        return roof, dev["fp32"], "FP32 CUDA-core", dev["flops_source"]
+    return roof, None, roof.upper(), None
+
+
+def kineto_estimates(store, run_id: str) -> pd.DataFrame:
+    """Every (innermost) call of the operators `_op_cost` models, one row per distinct shape and
+    device: `op`, `family`, `calls`, `kernels`, `duration_ns` (its kernels' time), launch facts,
+    and either the estimate (`flops`, `dram_bytes`, `dtype`, `shape`, `counted`, `roof_family`,
+    `peak_flops`, `roof_unit`, `peak_bw` and their sources, all over every call) or the `reason`
+    it is not estimated (no formula fits the shapes, or no peak is known for its type)."""
     import pandas as pd
 
-    ops = store.sql(
-        f"""WITH calls AS (
-                SELECT o.op_id, o.name AS op, o.input_dims, o.input_types,
-                       min(k.kernel_id) AS first_kernel_id, sum(k.end_ns - k.start_ns) AS duration_ns,
-                       min(k.start_ns) AS start_ns, max(k.end_ns) AS end_ns, any_value(k.device_id) AS device_id,
-                       arg_max(k.name, (k.end_ns - k.start_ns, -k.kernel_id)) AS kernel,
-                       arg_max(k.short_name, (k.end_ns - k.start_ns, -k.kernel_id)) AS short_name
-                FROM cpu_ops o JOIN kernels k ON k.run_id = $run_id AND k.external_id = o.external_id
-                WHERE o.run_id = $run_id AND o.name IN {GEMM_OPS} AND o.input_dims IS NOT NULL
-                  AND k.start_ns IS NOT NULL AND k.end_ns > k.start_ns
-                GROUP BY o.op_id, o.name, o.input_dims, o.input_types, o.external_id
-            )
-            SELECT op, input_dims, input_types, device_id, count(*) AS calls, sum(duration_ns) AS duration_ns,
-                   -- the earliest call's kernel, ids and times
-                   arg_min(kernel, (start_ns, op_id)) AS kernel, arg_min(short_name, (start_ns, op_id)) AS short_name,
-                   arg_min(first_kernel_id, (start_ns, op_id)) AS first_id,
-                   min(start_ns) AS start_ns, arg_min(end_ns, (start_ns, op_id)) AS end_ns
-            FROM calls GROUP BY op, input_dims, input_types, device_id
-            ORDER BY start_ns, arg_min(op_id, (start_ns, op_id))""", {"run_id": run_id}).df()
+    ops = store.sql(_CALLS_SQL, {"run_id": run_id}).df()
     if ops.empty:
         return ops
+    devices = _device_roofs(store, run_id)
     rows = []
-    for o in ops.to_dict("records"):  # one row per distinct call shape: shapes are nested JSON, not columnar
-        dims, types = json.loads(o["input_dims"]), json.loads(o["input_types"] or "[]")
-        shape = gemm_shape(o["op"], dims)
-        dtype = next((t for t in types if t in DTYPE_BYTES), None)
-        if shape is None or dtype is None:
-            continue
-        flops, mats = shape
-        o.update(flops=flops * o["calls"], dram_bytes=float(sum(math.prod(m) for m in mats) * DTYPE_BYTES[dtype])
-                 * o["calls"], dtype=dtype, shape=" x ".join("[" + "x".join(map(str, m)) + "]" for m in mats[:2]))
+    for o in ops.to_dict("records"):
+        o["family"] = FAMILIES[o["op"]]
+        cost = op_cost(o["op"], o["input_dims"], o["input_types"], o["concrete_inputs"])
+        dev = devices.get(float(o["device_id"])) if pd.notna(o["device_id"]) else None
+        if isinstance(cost, str):
+            o["reason"] = cost
+        elif dev is None or dev["bw"] is None or dev["bw"] != dev["bw"]:
+            o["reason"] = "no memory bandwidth known for the device"
+        else:
+            roof, peak, unit, source = _roof(dev, cost.dtype, bool(o["tf32"]))
+            if peak is None or peak != peak:
+                name = dev["device_name"] if isinstance(dev["device_name"], str) else "the device"
+                o["reason"] = f"no {unit} peak known for {name}"
+            else:
+                n = o["calls"]
+                o.update(reason=None, flops=cost.flops * n, dram_bytes=cost.bytes * n, dtype=cost.dtype,
+                         shape=cost.shape, counted=cost.counted, roof_family=roof, roof_unit=unit,
+                         peak_flops=peak, peak_flops_source=source, peak_bw=dev["bw"],
+                         peak_bw_source=dev["bw_source"], sm_count=dev["sm_count"], vendor=dev["vendor"])
         rows.append(o)
     return pd.DataFrame(rows)
 
 
+def _latency_reasons(r: dict, p: dict) -> list[str]:
+    """What the store shows that keeps a call far from its roof, in words (none: no evidence)."""
+    reasons = []
+    blocks, sms = r["max_blocks"], r["sm_count"]
+    # A grid of B blocks keeps at most B of the S SMs busy: a reason when that alone keeps the call
+    # under the latency line. ROCm traces give some grids in work-items: no block count to compare.
+    if (r["vendor"] != "amd" and blocks == blocks and blocks is not None and sms == sms and sms
+            and blocks < sms * p["latency_bound_pct"] / 100):
+        reasons.append(f"small grid: at most {int(blocks)} blocks for {int(sms)} SMs")
+    occupancy = r["occupancy_pct"]
+    if occupancy == occupancy and occupancy is not None and occupancy < p["low_occupancy_pct"]:
+        reasons.append(f"low occupancy: Kineto's estimate {occupancy:.0f}%")
+    if r["mean_kernel_ns"] < p["short_kernel_ns"]:
+        per_call = r["kernels"] / r["calls"]
+        reasons.append(f"short kernels: {ns(r['mean_kernel_ns'])} on average"
+                       + (f", {per_call:.3g} launches per call" if per_call > 1 else ""))
+    return reasons
+
+
+_KINETO_HINTS = {
+    "memory": "On the memory side of the roof: at this intensity only fewer bytes help (fuse it with its "
+              "neighbours, lower precision, larger tiles that reuse operands).",
+    "compute": "On the compute side of the roof: less or cheaper math helps (lower precision on tensor/matrix "
+               "cores, a better-tuned kernel for this shape).",
+    "latency": "Far from its roof for a reason the trace shows: give the GPU more work per launch (batch or fuse "
+               "the small calls, CUDA graphs or torch.compile for launch overhead, split-K or smaller tiles for "
+               "small grids); B001/B002 show the launch configuration.",
+}
+
+
+def _kineto_finding(r: dict, p: dict) -> dict:
+    share = max(r["compute_pct"], r["memory_pct"]) / 100
+    target = p["throughput_bound_pct"] / 100
+    bound, side = r["bound"], r["side"]
+    saturated = share >= target
+    roof = f"{r['roof_unit']} roof" if side == "compute" else "memory roof"
+    if bound == "latency":
+        what = f"est. latency-bound ({'; '.join(r['latency_reasons'])})"
+    else:
+        what = f"est. {side} side of the roof" + ("" if saturated else ", below saturation")
+    # the time saved were the same FLOPs and bytes done at the throughput-bound share of the roof:
+    # part of the op's own kernel time
+    loss = round(r["duration_ns"] * (1 - share / target)) if bound == "latency" and share < target else None
+    hot = r["time_share"] != r["time_share"] or r["time_share"] >= p["warning_time_share"]
+    calls = int(r["calls"])
+    msg = (f"{kernel_label(r['name'], r['short_name'])}: {what}, at {pct(share)} of the {roof} "
+           f"(intensity {r['intensity']:.3g} FLOP/B {'<' if side == 'memory' else '>='} ridge {r['ridge']:.3g}; "
+           f"{r['roof_unit']} {r['compute_pct']:.0f}% of peak, DRAM {r['memory_pct']:.0f}% of peak); "
+           + (f"{calls} calls, " if calls > 1 else "") + ns(r["duration_ns"])
+           + (f", est. {ns(loss)} of that to gain" if loss else ""))
+    evidence = {
+        "bound": bound, "side": side, "saturated": saturated, "source": "estimate", "estimate": True,
+        "latency_reasons": r["latency_reasons"], "launches": int(r["kernels"]),
+        "loss_of": "the op's kernel time" if loss else None,
+        **{k: r[k] for k in ("compute_pct", "memory_pct", "duration_ns", "time_share", "op", "family", "shape",
+                             "dtype", "calls", "kernels", "counted", "roof_family", "roof_unit", "flops",
+                             "dram_bytes", "intensity", "ridge", "peak_flops", "peak_flops_source", "peak_bw",
+                             "peak_bw_source", "mean_kernel_ns", "max_blocks", "sm_count", "occupancy_pct")},
+        "assumptions": "FLOPs from the operator's shapes (formulas in the rule's doc); bytes = each operand read "
+                       "and each output written once (a lower bound); time = the kernels the call launched; "
+                       "dense vendor peaks at boost clock",
+    }
+    return kernel_finding(
+        r, evidence, start_ns=as_int(r.get("start_ns")), end_ns=as_int(r.get("end_ns")),
+        value=share, value_unit="share", threshold=p["latency_bound_pct"] / 100 if bound == "latency" else target,
+        est_loss_ns=loss, severity="warning" if bound == "latency" and hot else "info", message=msg,
+        hint=_KINETO_HINTS[bound] + " Estimated from shapes: confirm with Nsight Compute.",
+    )
+
+
 def _kineto_findings(store, run_id: str, p: dict) -> list[dict]:
-    peaks = device_peaks(store, run_id)
-    df = _kineto_rows(store, run_id, peaks)
-    if df.empty or peaks.empty:
+    est = kineto_estimates(store, run_id)
+    if est.empty or "flops" not in est:
         return []
-    df["device_id"] = df["device_id"].astype("float64")
-    df = df.merge(peaks, on="device_id", how="inner")
-    # The roof a call is judged against: tensor cores for 16-bit types, CUDA cores otherwise.
-    fam = df["dtype"].map({"c10::BFloat16": "tensor_bf16", "c10::Half": "tensor", "double": "fp64"}).fillna("fp32")
-    df["peak_flops"] = [r[f] for r, f in zip(df.to_dict("records"), fam)]
-    df["roof_family"] = fam.map({"tensor_bf16": "tensor", "tensor": "tensor", "fp64": "fp64", "fp32": "fp32"})
-    df = df[df["peak_flops"].notna() & df["bw"].notna()]
-    if df.empty:
-        return []
+    df = est[est["reason"].isna()]
     total_ns = store.sql("SELECT sum(end_ns - start_ns) FROM kernels WHERE run_id = $run_id AND end_ns > start_ns",
                          {"run_id": run_id}).fetchone()[0]
-    g = df.groupby(["op", "shape", "dtype", "device_id"], sort=False).agg(
-        name=("kernel", "first"), short_name=("short_name", "first"),
-        first_id=("first_id", "first"), start_ns=("start_ns", "first"), end_ns=("end_ns", "first"),
-        calls=("calls", "sum"), duration_ns=("duration_ns", "sum"), flops=("flops", "sum"),
-        dram_bytes=("dram_bytes", "sum"), peak_flops=("peak_flops", "first"), peak_bw=("bw", "first"),
-        roof_family=("roof_family", "first"), peak_flops_source=("flops_source", "first"),
-        peak_bw_source=("bw_source", "first")).reset_index()
+    firsts = ("family", "counted", "roof_unit", "peak_flops", "peak_flops_source", "peak_bw", "peak_bw_source",
+              "sm_count", "vendor")
+    g = df.groupby(["op", "shape", "dtype", "roof_family", "device_id"], sort=False).agg(
+        name=("kernel", "first"), short_name=("short_name", "first"), first_id=("first_id", "first"),
+        start_ns=("start_ns", "first"), end_ns=("end_ns", "first"), calls=("calls", "sum"),
+        kernels=("kernels", "sum"), duration_ns=("duration_ns", "sum"), flops=("flops", "sum"),
+        dram_bytes=("dram_bytes", "sum"), max_blocks=("max_blocks", "max"), occupancy_pct=("occupancy_pct", "mean"),
+        **{c: (c, "first") for c in firsts}).reset_index()
     secs = g["duration_ns"] / 1e9
     g["compute_pct"] = 100 * g["flops"] / secs / g["peak_flops"]
     g["memory_pct"] = 100 * g["dram_bytes"] / secs / g["peak_bw"]
     g["intensity"] = g["flops"] / g["dram_bytes"]
     g["ridge"] = g["peak_flops"] / g["peak_bw"]
+    g["side"] = np.where(g["intensity"] < g["ridge"], "memory", "compute")
+    g["mean_kernel_ns"] = g["duration_ns"] / g["kernels"]
     g["time_share"] = g["duration_ns"] / total_ns if total_ns else np.nan
-    g["launches"] = g["calls"]
-    g["source"] = "estimate"
-    g["bound"] = classify(g["compute_pct"], g["memory_pct"], p)
-    g["short_name"] = g["op"] + " " + g["shape"] + " " + g["dtype"].str.replace("c10::", "") + " via " + g["short_name"]
-    g["assumptions"] = ("FLOPs = 2*M*N*K from Input Dims; bytes = each operand read once and the output written "
-                        "once (a lower bound); time = the op's kernels; roof = "
-                        + g["roof_family"].map({"tensor": "16-bit tensor-core peak", "fp32": "FP32 CUDA-core peak "
-                                                "(TF32 tensor cores would raise it)", "fp64": "FP64 peak"}))
+    g["launches"] = g["kernels"]
+    g["short_name"] = (g["op"] + " " + g["shape"] + " " + g["dtype"].str.replace("c10::", "") + " via "
+                       + g["short_name"])
     g = keep_hot(g, p["min_time_share"])
     out = []
     for r in g.to_dict("records"):
-        f = _finding(r, p, estimate=True)
-        ev = json.loads(f["evidence"])
-        ev["peak_flops"], ev["peak_flops_source"] = r["peak_flops"], r["peak_flops_source"]
-        f["evidence"] = json.dumps(jsonable(ev), sort_keys=True)
-        out.append(f)
+        below = max(r["compute_pct"], r["memory_pct"]) < p["latency_bound_pct"]
+        r["latency_reasons"] = _latency_reasons(r, p) if below else []
+        r["bound"] = "latency" if r["latency_reasons"] else r["side"]
+        out.append(_kineto_finding(r, p))
     return out
 
 
@@ -370,11 +473,11 @@ SELECT (SELECT count(DISTINCT metric_id) FROM kernel_metrics WHERE run_id = $run
           AND metric_id IN ('dram__bytes.sum', 'dram__bytes_read.sum', 'dram__bytes.sum.per_second')) > 0
         AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND metric_id = '{DURATION}') > 0)
     OR ((SELECT count(*) FROM cpu_ops o JOIN kernels k ON k.run_id = $run_id AND k.external_id = o.external_id
-         WHERE o.run_id = $run_id AND o.name IN {GEMM_OPS} AND o.input_dims IS NOT NULL) > 0
+         WHERE o.run_id = $run_id AND o.name IN {tuple(FAMILIES)} AND o.input_dims IS NOT NULL) > 0
         AND (SELECT count(*) FROM devices WHERE run_id = $run_id AND memory_bandwidth_bytes_per_s IS NOT NULL) > 0)
 """
 
-RULE = Rule(
+RULE = linked(Rule(
     id="B003",
     name="roofline",
     title="Roofline: memory-, compute- or latency-bound, and the share of the roof reached",
@@ -383,8 +486,9 @@ RULE = Rule(
     severity="warning",
     what="Per hot kernel, which roof limits it (memory, compute, both, or neither: latency-bound) and what "
          "share of that roof it reaches. From Nsight Compute Speed Of Light percentages, or from FLOP and "
-         "DRAM-byte counters against the device's peaks; for PyTorch traces, an estimate for GEMMs from "
-         "operator input shapes.",
+         "DRAM-byte counters against the device's peaks; for PyTorch traces, an estimate for GEMM-like "
+         "operators, attention and convolutions from their recorded shapes, against the peak of their "
+         "inputs' type.",
     why="A kernel at 90% of the memory roof can only get faster by moving fewer bytes; one at 20% of both "
         "roofs is waiting, not working, and tuning its math or its memory traffic will not help. Knowing "
         "which case applies decides what to try next.",
@@ -398,13 +502,28 @@ RULE = Rule(
         "clock). The compute side is the precision family nearest its peak; intensity and ridge point are in "
         "the evidence. NVIDIA's SOLBottleneck thresholds classify: one side >= `throughput_bound_pct` -> "
         "bound by it; both < `latency_bound_pct` -> latency-bound; in between, bound by the higher side "
-        "unless within `balanced_pct` points (balanced). The share reported is the higher side. For Kineto "
-        "traces, aten::mm/addmm/bmm/baddbmm/matmul/linear calls give FLOPs = 2*M*N*K and a minimum of bytes "
-        "(operands and output once) over the time of the kernels they launched, against the 16-bit tensor "
-        "peak for half/bfloat16 and the FP32 peak for float: flagged as an estimate. Estimated loss, for "
-        "latency-bound kernels only: time x (1 - share / (`throughput_bound_pct`/100)), the time saved if "
-        "the same work ran at the throughput-bound level. Severity is warning for latency-bound kernels over "
-        "`warning_time_share` of profiled time, info otherwise." + " " + LAUNCHER_HOW,
+        "unless within `balanced_pct` points (balanced). The share reported is the higher side. Estimated "
+        "loss, for latency-bound kernels only: time x (1 - share / (`throughput_bound_pct`/100)), the time saved "
+        "if the same work ran at the throughput-bound level (part of the kernel's own time). Severity is warning "
+        "for latency-bound kernels over `warning_time_share` of profiled time, info otherwise.\n\n"
+        "**PyTorch (Kineto) traces: an estimate from operator shapes.** GEMM-like operators, attention and "
+        "convolutions get FLOPs and bytes from their recorded shapes (table below), over the time of the kernels "
+        "they launched, grouped by operator, shape, type and device. The roof is that of the inputs' type on the "
+        "device (the product table's dense peaks at boost clock, each with its source): FP8, FP16 and BF16 on "
+        "tensor (NVIDIA) or matrix (AMD) cores; FP32 on TF32 tensor cores where a kernel's name says `tf32` or "
+        "`xf32`, else on AMD's FP32 matrix cores (MI200, MI300) or NVIDIA's CUDA cores; FP64 on FP64 "
+        "tensor/matrix cores where the product has them. A call whose type has no known peak on its device is "
+        "not estimated. The side of the roof comes from the intensity (FLOPs / bytes) against the ridge point "
+        "(peak FLOP/s / bandwidth): below it the memory side, at or above it the compute side; the share "
+        "reported is that roof's (the higher of the two % of peak), saturated at `throughput_bound_pct`. A call "
+        "under `latency_bound_pct` of its roof is latency-bound only with a reason the store shows: a small grid "
+        "(its largest kernel has so few blocks that they keep under `latency_bound_pct` of the device's SMs busy; "
+        "not on AMD, whose traces give some grids in work-items), low occupancy (Kineto's "
+        "`est. achieved occupancy %` under `low_occupancy_pct`; a 0 is read as unknown) or short kernels (under `short_kernel_ns` on average; launches per call named). "
+        "Otherwise it is reported on its side of the roof, below saturation, as information with no loss. "
+        "Latency-bound calls get the loss above (part of the op's kernel time, `evidence.loss_of`) and are "
+        "warnings over `warning_time_share`. The evidence has FLOPs, bytes, intensity, ridge, peaks and their "
+        "sources, what the FLOPs count (`counted`) and the latency reasons found.\n\n" + FORMULAS + "\n" + LAUNCHER_HOW,
     fix="Memory-bound: fewer bytes (fusion, lower precision, better reuse and coalescing). Compute-bound: less "
         "or cheaper math (tensor cores). Latency-bound: more parallelism and fewer stalls (see B004, B001, "
         "B002, I001).",
@@ -417,6 +536,10 @@ RULE = Rule(
         Threshold("balanced_pct", 10, "Sides within this many points are balanced (NVIDIA SOLBottleneck: 10)."),
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled kernel time are skipped (when timed)."),
         Threshold("warning_time_share", 0.05, "Latency-bound kernels at or over this share of time are warnings, others info."),
+        Threshold("short_kernel_ns", 10_000, "Kineto estimate: kernels shorter than this on average are a latency "
+                  "reason (launch and ramp-up dominate)."),
+        Threshold("low_occupancy_pct", 10, "Kineto estimate: Kineto's estimated achieved occupancy under this % "
+                  "is a latency reason (tensor-core kernels run at 10-20% by design)."),
     ),
     evaluate=evaluate,
     formats=("ncu-csv", "ncu-text", "ncu-rep", "kineto-json"),
@@ -424,4 +547,4 @@ RULE = Rule(
         "Nsight Compute rules SOLBottleneck (80/60/10) and SOLFPRoofline; Kernel Profiling Guide 'Roofline Charts'",
         "Williams, Waterman, Patterson: 'Roofline: an insightful visual performance model' (CACM 2009)",
     ),
-)
+))

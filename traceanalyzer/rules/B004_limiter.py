@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..fmt import kernel_label, nbytes, pct
 from ._library import library_hint
 from ._ncu import (ACHIEVED, DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
-                            device_peaks, kernel_finding, ncu_launches, per_kernel)
+                   device_peaks, kernel_finding, linked, ncu_launches, per_kernel)
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -159,7 +159,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-RULE = Rule(
+RULE = linked(Rule(
     id="B004",
     name="limiter",
     title="Latency, throughput or occupancy: what limits a hot kernel, and how to confirm it",
@@ -212,4 +212,4 @@ RULE = Rule(
         "Nsight Compute rules SOLBottleneck, TheoreticalOccupancy, AchievedOccupancy, IssueSlotUtilization",
         "Nsight Compute Kernel Profiling Guide: 'Speed Of Light', 'Occupancy', 'Scheduler Statistics'",
     ),
-)
+))

@@ -1,6 +1,7 @@
 """I001 warp-stall profile: which stall reason dominates a kernel's warp cycles (ncu data)."""
 
 from ._code import named
+from ._ncu import linked
 from .base import Rule, Threshold
 
 # What each stall reason means and what to try, from NVIDIA's CPIStall rule texts
@@ -118,7 +119,7 @@ WHERE share >= $min_dominant_share
 ORDER BY est_loss_ns DESC NULLS LAST, name
 """.replace("__REASONS__", _values_sql(REASONS)).replace("__PHRASES__", _values_sql(PHRASES))
 
-RULE = Rule(
+RULE = linked(Rule(
     id="I001",
     name="warp-stalls",
     title="Dominant warp-stall reason",
@@ -162,4 +163,4 @@ RULE = Rule(
     references=(
         "Nsight Compute Kernel Profiling Guide: 'Warp Scheduler States' and the WarpStateStats section rules (CPIStall)",
     ),
-)
+))

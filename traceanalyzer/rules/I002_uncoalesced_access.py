@@ -9,7 +9,7 @@ import numpy as np
 
 from ..fmt import kernel_label, ns, num, pct
 from ._code import name_launchers
-from ._ncu import DURATION, MEM_SOL, as_int, col, kernel_finding, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, as_int, col, kernel_finding, linked, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -157,7 +157,7 @@ SELECT (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS 
           AND rule_name = 'UncoalescedGlobalAccess') > 0
 """
 
-RULE = Rule(
+RULE = linked(Rule(
     id="I002",
     name="uncoalesced-access",
     title="Uncoalesced global memory access",
@@ -200,4 +200,4 @@ RULE = Rule(
         "Nsight Compute rules UncoalescedGlobalAccess and MemoryCacheAccessPattern",
         "CUDA C++ Best Practices Guide: 'Coalesced Access to Global Memory'",
     ),
-)
+))

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..fmt import kernel_label, nbytes, pct
 from ._code import name_launchers
-from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, ncu_launches, per_kernel
+from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, linked, ncu_launches, per_kernel
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -79,7 +79,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return name_launchers(store, run_id, out)
 
 
-RULE = Rule(
+RULE = linked(Rule(
     id="I003",
     name="cache-hit-rates",
     title="Low L1/TEX or L2 hit rate on a memory-heavy kernel",
@@ -121,4 +121,4 @@ RULE = Rule(
         "Nsight Compute Kernel Profiling Guide: 'Memory Workload Analysis', 'Cache Control'",
         "CUDA C++ Best Practices Guide: 'Shared Memory', 'L2 Cache' (access policy window)",
     ),
-)
+))

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from ..fmt import kernel_label, ns, num, pct
 from ._code import name_launchers
-from ._ncu import DURATION, as_int, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
+from ._ncu import (DURATION, as_int, col, kernel_finding, linked, metrics_exist, ncu_launches, per_kernel,
+                   rule_results_exist)
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -113,7 +114,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return name_launchers(store, run_id, pd.DataFrame(rows))
 
 
-RULE = Rule(
+RULE = linked(Rule(
     id="I004",
     name="bank-conflicts",
     title="Shared-memory bank conflicts",
@@ -152,4 +153,4 @@ RULE = Rule(
         "Nsight Compute rule SharedMemoryConflicts (MemoryWorkloadAnalysis_Tables)",
         "CUDA C++ Programming Guide: 'Shared Memory' (banks)",
     ),
-)
+))

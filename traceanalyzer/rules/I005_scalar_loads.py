@@ -9,7 +9,8 @@ import numpy as np
 
 from ..fmt import kernel_label, num, pct
 from ._code import name_launchers
-from ._ncu import DURATION, MEM_SOL, col, kernel_finding, metrics_exist, ncu_launches, per_kernel, rule_results_exist
+from ._ncu import (DURATION, MEM_SOL, col, kernel_finding, linked, metrics_exist, ncu_launches, per_kernel,
+                   rule_results_exist)
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -155,7 +156,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 _DATA = [m for op in OPS for k in ("data_bytes", "used_pct", "used_bytes") for m in _ids(op)[k]]
 _INST = [m for op in OPS for k in ("inst", "requests") for m in _ids(op)[k]]
 
-RULE = Rule(
+RULE = linked(Rule(
     id="I005",
     name="scalar-loads",
     title="Scalar instead of vector global loads and stores",
@@ -207,4 +208,4 @@ RULE = Rule(
         "NVIDIA Developer Blog: 'CUDA Pro Tip: Increase Performance with Vectorized Memory Access'",
         "Nsight Compute Kernel Profiling Guide: 'Memory Workload Analysis' (sectors, requests, data bytes)",
     ),
-)
+))

@@ -3,7 +3,8 @@
 Launches are grouped by (device, kernel, grid, block, registers, shared memory) in SQL, so
 a million launches cost one occupancy computation per distinct configuration. ncu's own
 values (waves, theoretical/achieved occupancy, block limits) are kept beside the
-calculator's, and the rules prefer them: they are measured on the real device.
+calculator's, and the rules prefer them: they are measured on the real device. On a timeline
+run linked to an ncu run they are the linked launches' (`_ncu.RUN_METRICS_SQL`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..devices.occupancy import occupancy_table
 from ..store import Store
+from ._ncu import RUN_METRICS_SQL
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -46,7 +48,7 @@ GROUPS_SQL = f"""
 WITH m AS (
     SELECT kernel_id,
            {_PIVOT}
-    FROM kernel_metrics WHERE run_id = $run_id GROUP BY kernel_id
+    FROM {RUN_METRICS_SQL} GROUP BY kernel_id
 ), k AS (  -- each kernel's time from kernel_durations (the timeline's, or ncu's measured one)
     SELECT k.*, m.* EXCLUDE (kernel_id),
            coalesce(k.grid_x::BIGINT * coalesce(k.grid_y, 1) * coalesce(k.grid_z, 1), m.ncu_grid_size) AS grid_blocks,

@@ -222,3 +222,256 @@ def device_peaks(store, run_id: str) -> pd.DataFrame:
             "flops_source"]
     return pd.DataFrame(rows, columns=cols).astype({c: "float64" for c in
                                                     ("device_id", "bw", "fp32", "fp64", "half", "tensor", "tensor_bf16")})
+
+
+# -- on a timeline run linked to an Nsight Compute run --------------------------------------
+
+# The ncu metrics of a run's launches, long form (kernel_id, metric_id, value): its own, and on a
+# timeline run those of the ncu launches linked to its kernels (`kernel_links`), under the id of
+# the timeline launch each is. The launch groups (`_launches.py`) read them, so B001, B002 and
+# T005 see ncu's measured occupancy on a linked timeline.
+RUN_METRICS_SQL = """(
+    SELECT kernel_id, metric_id, value FROM kernel_metrics WHERE run_id = $run_id
+    UNION ALL
+    SELECT l.kernel_id, m.metric_id, m.value FROM kernel_links l
+    JOIN kernel_metrics m ON m.run_id = l.ncu_run_id AND m.kernel_id = l.ncu_kernel_id
+    WHERE l.run_id = $run_id AND l.side = 'both' AND l.kernel_id IS NOT NULL
+)"""
+
+# Thresholds that choose a rule's hot kernels by their share of profiled time. On a linked
+# timeline the share that counts is the timeline's: the rule runs on the ncu run without them,
+# and they are applied to its findings afterwards.
+_HOT_THRESHOLDS = {"min_time_share": 0.0, "warning_time_share": 0.0, "max_kernels_count": 1_000_000}
+
+LINKED_HOW = (
+    "On a timeline run (nsys, Kineto) linked to an Nsight Compute run (`traceanalyzer link`, or `check`/`scan` "
+    "given both): the rule runs on the ncu run and each finding is moved to the timeline kernel its launches "
+    "matched (`kernel_links`): it names that kernel and, where the timeline has them, the operator or range that "
+    "launched it; `evidence.kernel_time_ns` is the time of the kernel's matched launch configurations in the "
+    "timeline, `kernel_share` its share of the timeline's kernel time, and the estimated loss is the ncu "
+    "finding's share of its kernel's profiled time (`loss_share`) applied to `kernel_time_ns`. "
+    "`min_time_share`, `warning_time_share` and `max_kernels_count`, where the rule has them, apply to the "
+    "timeline's shares. Kernels ncu profiled that the timeline lacks are left out (see the link).")
+
+
+def linked(rule, *, project: bool = True):
+    """`rule` (an ncu-based rule) also on a timeline run linked to an ncu run.
+
+    `project`: the rule reads ncu runs only; on a linked timeline it runs on each linked ncu run
+    and its findings are moved to the timeline's kernels (`LINKED_HOW`), replacing the rule's
+    own findings on those kernels (B003's estimate from shapes). Without `project` the rule runs
+    on the timeline itself, reading ncu's values through `RUN_METRICS_SQL` (B002), and its kernel
+    findings on linked kernels get the timeline facts in their evidence."""
+    import dataclasses
+
+    from ..link import TIMELINE_FORMATS
+
+    own = rule.evaluate
+    native = rule.formats
+
+    def evaluate(store, run_id: str, p: dict):
+        ncu_runs = linked_ncu_runs(store, run_id)
+        if not ncu_runs:
+            return own(store, run_id, p)
+        if not project:
+            return _with_timeline(store, run_id, ncu_runs, own(store, run_id, p))
+        import pandas as pd
+
+        moved = [projected(store, run_id, n, own, p) for n in ncu_runs]
+        moved = [m for m in moved if m is not None and not m.empty]
+        fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+        mine = own(store, run_id, p) if fmt in native else None
+        if mine is not None and not mine.empty and moved:
+            covered = set().union(*(set(m["item_name"]) for m in moved))
+            mine = mine[~((mine["item_kind"] == "kernel") & mine["item_name"].isin(covered))]
+        parts = [f for f in (mine, *moved) if f is not None and not f.empty]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    evaluate.linked = True
+    if not project:
+        return dataclasses.replace(rule, evaluate=evaluate)
+    on_ncu = rule.applies_sql.strip().replace("$run_id", _FIRST_LINKED)
+    return dataclasses.replace(
+        rule, evaluate=evaluate, formats=tuple(dict.fromkeys((*rule.formats, *TIMELINE_FORMATS))),
+        applies_sql=f"SELECT coalesce(({rule.applies_sql.strip()}), false) OR coalesce(({on_ncu}), false)",
+        how=f"{rule.how} {LINKED_HOW}")
+
+
+# A linked ncu run of the timeline run $run_id (the first by id), for a rule's applies check.
+_FIRST_LINKED = ("(SELECT min(l.ncu_run_id) FROM kernel_links l JOIN runs r ON r.run_id = l.ncu_run_id "
+                 "WHERE l.run_id = $run_id AND l.side = 'both')")
+
+
+def linked_ncu_runs(store, run_id: str) -> list[str]:
+    """The ncu runs linked to `run_id` when it is a timeline run (else none); once per rules pass."""
+    from ..link import linked_ncu_runs as runs
+
+    cache = store.run_cache
+    if cache is None or cache.run_id != run_id:
+        return runs(store, run_id)
+    return cache.memo("linked_ncu_runs", lambda: runs(store, run_id))
+
+
+def linked_rule_ids() -> list[str]:
+    """The rules that speak of a linked timeline's kernels: run again on a timeline run once it is linked."""
+    from . import all_rules
+
+    return [r.id for r in all_rules() if getattr(r.evaluate, "linked", False)]
+
+
+_TIMELINE_CONFIGS_SQL = """
+SELECT device_id, name, grid_x, grid_y, grid_z, block_x, block_y, block_z,
+       count(*) AS launches, sum(end_ns - start_ns) AS ns,
+       arg_min(kernel_id, (start_ns, kernel_id)) AS first_id, min(start_ns) AS start_ns,
+       arg_min(end_ns, (start_ns, kernel_id)) AS end_ns, arg_min(stream_id, (start_ns, kernel_id)) AS stream_id
+FROM kernels WHERE run_id = $run_id AND end_ns >= start_ns AND list_contains($names, name)
+GROUP BY ALL
+"""
+
+
+def _timeline_facts(store, run_id: str, ncu_run_id: str):
+    """The pair's matched links with each ncu launch's name, device and duration, and the
+    timeline's time per matched configuration, and its kernel time in all."""
+    links = store.sql(
+        """SELECT l.ncu_kernel_id, coalesce(k.name, '?') AS ncu_name, k.device_id AS ncu_device_id,
+                  k.duration_ns AS ncu_ns, l.device_id, l.name, l.grid_x, l.grid_y, l.grid_z,
+                  l.block_x, l.block_y, l.block_z
+           FROM kernel_links l JOIN kernel_durations k ON k.run_id = l.ncu_run_id AND k.kernel_id = l.ncu_kernel_id
+           WHERE l.run_id = $run_id AND l.ncu_run_id = $ncu AND l.side = 'both'""",
+        {"run_id": run_id, "ncu": ncu_run_id}).df()
+    if links.empty:
+        return links, links, None, None
+    configs = store.sql(_TIMELINE_CONFIGS_SQL, {"run_id": run_id, "names": sorted(set(links["name"]))}).df()
+    ncu_ns = store.sql("SELECT coalesce(name, '?') AS ncu_name, device_id AS ncu_device_id, sum(duration_ns) AS ns "
+                       "FROM kernel_durations WHERE run_id = $r GROUP BY ALL", {"r": ncu_run_id}).df()
+    total = store.sql("SELECT sum(end_ns - start_ns) FROM kernels WHERE run_id = $r AND end_ns >= start_ns",
+                      {"r": run_id}).fetchone()[0]
+    return links, configs, ncu_ns, total
+
+
+_DIM_COLUMNS = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+
+
+def _config_key(r) -> tuple:
+    return tuple(None if r[c] != r[c] or r[c] is None else int(r[c]) for c in ("device_id", *_DIM_COLUMNS))
+
+
+def projected(store, run_id: str, ncu_run_id: str, evaluate, p: dict):
+    """The findings of `evaluate` on the ncu run `ncu_run_id`, moved to the kernels of the timeline
+    run `run_id` they are linked to (see `LINKED_HOW`); None when none is linked."""
+    import pandas as pd
+
+    from ..fmt import ns, pct
+    from ._code import name_launchers
+
+    cache = store.run_cache
+    if cache is None or cache.run_id != run_id:
+        links, configs, ncu_ns, total = _timeline_facts(store, run_id, ncu_run_id)
+    else:  # the same for every linked rule of the pass
+        links, configs, ncu_ns, total = cache.memo(("linked_facts", ncu_run_id),
+                                                   lambda: _timeline_facts(store, run_id, ncu_run_id))
+    if links.empty:
+        return None
+    found = evaluate(store, ncu_run_id, {**p, **{k: v for k, v in _HOT_THRESHOLDS.items() if k in p}})
+    if found is None or found.empty:
+        return None
+    by_config = {(r["name"], _config_key(r)): r for r in configs.to_dict("records")}
+    profiled = {(r["ncu_name"], _int(r["ncu_device_id"])): r["ns"] for r in ncu_ns.to_dict("records")}
+    rows = []
+    for f in found.to_dict("records"):
+        if f.get("item_kind") != "kernel":
+            continue
+        device = _int(f.get("device_id"))
+        mine = links[(links["ncu_name"] == f["item_name"])
+                     & (links["ncu_device_id"].map(_int) == device if device is not None else True)]
+        if mine.empty:
+            continue  # ncu profiled it, the timeline does not have it: listed in the link
+        matched = {(r["name"], _config_key(r)) for r in mine.to_dict("records")}
+        times = pd.DataFrame([by_config[k] for k in sorted(matched, key=str) if k in by_config])
+        if times.empty:
+            continue
+        name = times.groupby("name")["ns"].sum().idxmax()  # one ncu name is one timeline kernel
+        times = times[times["name"] == name]
+        kernel_ns = int(times["ns"].sum())
+        first = times.sort_values(["start_ns", "first_id"]).iloc[0]
+        share = kernel_ns / total if total else None
+        ncu_time = profiled.get((f["item_name"], device))
+        rule_loss = f.get("est_loss_ns")
+        fraction = (min(1.0, float(rule_loss) / ncu_time)
+                    if _known(rule_loss) and _known(ncu_time) and ncu_time > 0 else None)
+        loss = None if fraction is None else int(round(fraction * kernel_ns))
+        launches = int(times["launches"].sum())
+        row = dict(f)
+        row.update(device_id=_int(first["device_id"]), stream_id=_int(first["stream_id"]),
+                   item_id=int(first["first_id"]), item_name=name, start_ns=int(first["start_ns"]),
+                   end_ns=int(first["end_ns"]), est_loss_ns=loss)
+        row["message"] = (f"{f['message']}; in the timeline {ns(kernel_ns)} over {launches} launch(es), "
+                          f"{pct(share)} of kernel time" + (f", est. {ns(loss)} end to end" if loss else ""))
+        row["evidence"] = json.dumps(jsonable({
+            **_evidence(f.get("evidence")), "timeline_run_id": run_id, "ncu_run_id": ncu_run_id,
+            "ncu_item_id": _int(f.get("item_id")), "ncu_kernel_name": f["item_name"],
+            "kernel_time_ns": kernel_ns, "kernel_share": share, "timeline_launches": launches,
+            "ncu_time_ns": ncu_time, "loss_share": fraction,
+            "ncu_est_loss_ns": rule_loss if _known(rule_loss) else None,
+        }), sort_keys=True)
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return None
+    shares = out["evidence"].map(lambda e: json.loads(e)["kernel_share"])
+    if "min_time_share" in p:
+        keep = shares.isna() | (shares >= p["min_time_share"])
+        out, shares = out[keep], shares[keep]
+    if "warning_time_share" in p:
+        cold = (out["severity"] == "warning") & shares.notna() & (shares < p["warning_time_share"])
+        out.loc[cold, "severity"] = "info"
+    if "max_kernels_count" in p:
+        times = out["evidence"].map(lambda e: json.loads(e)["kernel_time_ns"])
+        hottest = times.groupby(out["item_name"]).max().nlargest(int(p["max_kernels_count"])).index
+        out = out[out["item_name"].isin(hottest)]
+    out = out.sort_values("est_loss_ns", ascending=False, na_position="last", kind="stable")
+    return name_launchers(store, run_id, out.reset_index(drop=True))
+
+
+def _with_timeline(store, run_id: str, ncu_runs: list[str], found):
+    """A rule's own findings on a linked timeline, those on linked kernels with the timeline facts
+    (`timeline_run_id`, `ncu_run_ids`, `kernel_time_ns`, `kernel_share`) in their evidence."""
+    if found is None or found.empty or "item_kind" not in found:
+        return found
+    names = [n for (n,) in store.sql(
+        "SELECT DISTINCT name FROM kernel_links WHERE run_id = ? AND side = 'both' AND list_contains(?, ncu_run_id)",
+        [run_id, ncu_runs]).fetchall()]
+    wanted = sorted(set(found.loc[found["item_kind"] == "kernel", "item_name"]) & set(names))
+    if not wanted:
+        return found
+    times = {(_int(d), n): (t, s) for d, n, t, s in store.sql(
+        """SELECT device_id, name, sum(end_ns - start_ns), sum(end_ns - start_ns) / (SELECT sum(end_ns - start_ns)
+               FROM kernels WHERE run_id = $r AND end_ns >= start_ns)
+           FROM kernels WHERE run_id = $r AND end_ns >= start_ns AND list_contains($n, name) GROUP BY ALL""",
+        {"r": run_id, "n": wanted}).fetchall()}
+    out = found.copy()
+    for i, r in out.iterrows():
+        t = times.get((_int(r.get("device_id")), r.get("item_name"))) if r.get("item_kind") == "kernel" else None
+        if t is not None:
+            out.at[i, "evidence"] = json.dumps(jsonable({
+                **_evidence(r.get("evidence")), "timeline_run_id": run_id, "ncu_run_ids": ncu_runs,
+                "kernel_time_ns": t[0], "kernel_share": t[1]}), sort_keys=True, default=str)
+    return out
+
+
+def _evidence(e) -> dict:
+    if isinstance(e, str):
+        return json.loads(e)
+    return dict(e) if isinstance(e, dict) else {}
+
+
+def _known(x) -> bool:
+    return x is not None and x == x
+
+
+def _int(x):
+    """A DataFrame cell as an int (None for NULL, NaN, pandas NA)."""
+    try:
+        return None if x is None or x != x else int(x)
+    except TypeError:  # pandas NA
+        return None

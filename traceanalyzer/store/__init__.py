@@ -385,6 +385,26 @@ class Store:
             con.execute("ROLLBACK")
             raise
 
+    def write_links(self, run_id: str, ncu_run_id: str, links: pa.Table) -> None:
+        """Replace the `kernel_links` of the timeline run `run_id` with the ncu run `ncu_run_id`
+        by `links` (its columns without the two run ids), in one transaction."""
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        drop = [c for c in ("run_id", "ncu_run_id") if c in links.column_names]
+        links = _conform("kernel_links", links.drop_columns(drop), run_id)
+        links = links.append_column("ncu_run_id", pa.array([ncu_run_id] * links.num_rows, pa.string())) \
+            .replace_schema_metadata(links.schema.metadata)
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute("DELETE FROM kernel_links WHERE run_id = ? AND ncu_run_id = ?", [run_id, ncu_run_id])
+            if links.num_rows:
+                _insert(con, "kernel_links", links)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
     def read_run(self, run_id: str, tables: Iterable[str] = schema.DATA_TABLES) -> ParsedTrace:
         """Run `run_id` as a reader's ParsedTrace: `write_run` of it stores the same rows (a
         scan's worker hands a run over this way). `tables`: those that may hold rows of it
