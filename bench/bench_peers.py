@@ -1,27 +1,33 @@
-"""Ours against the peers and the bare decode, side by side, 1x to 8x input (`python bench/bench_peers.py`).
+"""Ours against the peers, through the commands users run, 1x to 8x input (`python bench/bench_peers.py`).
 
-For each input kind and size (inputs from `bench/gen_big.py`, under bench/data/):
+For each input and size (inputs from `bench/gen_big.py`, under bench/data/):
 
-  kineto   ours: Store.ingest + run_rules (every rule)      peer: HTA TraceAnalysis(trace_dir) load
-           bare decode of the file: json / orjson / msgspec (generic), msgspec typed (the reader's
-           first pass: 8 fields per event, args left raw)
-  nsys     ours: Store.ingest + run_rules                    peer: nsys-ai `skill run gpu_idle_gaps`
-           on a fresh copy (builds its Parquet cache, then finds gaps); warm: ours run_rules on the
-           stored run vs nsys-ai's matching skills on the warm cache
-           bare decode: sqlite3 fetchmany of the reader's columns (rows only), the same into Arrow
-           (sqlite3 + fetchmany), and ADBC SQLite fetch_arrow_table
+  dense    Kineto, HTA's df_index_resolver trace repeated (155 k kernels, 339 k runtime calls at 8x)
+  kineto   Kineto, the owlv2 H100 trace repeated (mostly python_function stacks)
+           ours: `traceanalyzer check FILE --store NEW`, then `check` again on that store (the
+           rules on a stored run); peer: HTA's `TraceAnalysis(trace_dir=...)` in a fresh process
+  nsys     an nsys export grown to 625 k-5 M kernels, NVTX with them
+           ours: the same two commands, and the first with TRACEANALYZER_MEMORY_LIMIT=1GB; peer:
+           `nsys-ai skill run gpu_idle_gaps` on a fresh copy (builds its Parquet cache, then finds
+           gaps), then its four skills that match our rules, a command each, on the warm cache
 
-Every measurement is a fresh subprocess of this file (`--child TASK ...`), run by the
-right interpreter (the peers live in their own virtual environments under
-bench/data/venvs, created here with `python -m venv` + pip). A child reports the seconds
-of its task (the tool's imports included, interpreter start-up not) and its peak RSS: VmHWM
-of the child (a new address space after exec) or of any process it waited for, whichever
-is larger. The parent adds the process wall time, and samples the resident memory of the
-child and all its descendants together every 20 ms: when a tool overlaps processes (our
-two-process read of a big Kineto file, HTA's per-rank pool) the peak is that sum. Results go to stdout, bench/data/peers.json and docs/performance.md.
+With `--compare TREE` the two commands of ours also run from another checkout (before/after a
+change, in the same rounds). Ours and the peer run in rounds (ours, the peer, ours, the peer,
+...: `--repeat`), and the median run of each is shown, so that a burst of load on a shared host
+slows one round of both rather than all the runs of one. As detail, one run of the library's
+split (`Store.ingest`, then `run_rules`, imports not counted, `--child ours`), and bare decodes
+of the file as context (json / msgspec into Python objects, msgspec typed as the reader's first
+pass; for SQLite sqlite3 rows, sqlite3 into Arrow, ADBC into Arrow).
 
-    python bench/bench_peers.py                       # everything (~20 min on 2 cores)
-    python bench/bench_peers.py --kinds kineto --scales 8 --no-peers
+Every command is timed by `measure_command`: wall clock, and the peak memory of its whole
+process tree (see there). Ours runs with its modules compiled and cached, as an installed
+package has them (`bench_env`). The peers live in their own virtual environments under
+bench/data/venvs, made here with `python -m venv` + pip. Results go to stdout,
+bench/data/peers.json and docs/performance.md (with bench/performance_notes.md after the tables).
+
+    python bench/bench_peers.py --kinds dense,kineto --scales 1,8
+    python bench/bench_peers.py --kinds nsys --scales 1,8 --repeat 1
+    python bench/bench_peers.py --kinds dense --scales 8 --compare ../before --no-peers
 """
 
 from __future__ import annotations
@@ -60,13 +66,12 @@ PEERS = {
     "nsys-ai": ["nsys-ai==0.3.0", "duckdb==1.5.5", "duckdb-extension-sqlite-scanner==1.5.5"],
 }
 NSYS_AI_HOME = VENVS / "nsys-ai-home"  # HOME of nsys-ai runs: DuckDB's extension folder lives there
-# HOME of the context runs without sqlite_scanner: nsys-ai then reads through sqlite3, as it
-# does wherever the extension cannot be installed (offline, another DuckDB).
-NSYS_AI_BARE_HOME = VENVS / "nsys-ai-home-bare"
-NSYS_AI_FALLBACK = "nsys-ai, sqlite3 fallback: cache build + gaps"
 # nsys-ai skills that match our rules on an nsys run (gaps, H2D copies, syncs, launch overhead).
 NSYS_AI_WARM_SKILLS = ("gpu_idle_gaps", "memory_transfers", "sync_cost_analysis", "kernel_launch_overhead")
-KINETO_DECODERS = ("json", "orjson", "msgspec", "msgspec-typed")
+KINETO_DECODERS = ("json", "msgspec", "msgspec-typed")
+# Kineto inputs (bench/gen_big.py's `--input`) and their names in the doc.
+KINETO_INPUTS = {"dense": "dense", "kineto": "owlv2"}
+KINETO_TITLES = {"dense": "Kineto, dense (df_index_resolver)", "kineto": "Kineto, owlv2 (python_function stacks)"}
 SQLITE_DECODERS = ("sqlite3-rows", "sqlite3-arrow", "adbc-arrow")
 NSYS_BASE_KERNELS = 625_000  # 1x; 8x = 5 M kernels
 CAPPED_MEMORY = "1GB"  # TRACEANALYZER_MEMORY_LIMIT of the capped nsys row
@@ -107,18 +112,6 @@ def task_ours(path: str, store_path: str) -> dict:
             "rule_status": {o.rule_id: [o.status, o.findings] for o in outcomes}}
 
 
-def task_ours_rules(store_path: str, run_id: str) -> dict:
-    """Every rule again on a run already in the store (the warm path)."""
-    sys.path.insert(0, str(ROOT))
-    from traceanalyzer.rules.engine import run_rules
-    from traceanalyzer.store import Store
-
-    with Store(store_path) as store:
-        t0 = time.perf_counter()
-        outcomes = run_rules(store, [run_id])
-        return {"rules_s": time.perf_counter() - t0, "findings": sum(o.findings for o in outcomes)}
-
-
 def task_table_sizes(store_path: str, run_id: str) -> dict:
     """Rows and Arrow bytes of each of the run's tables (not timed: for the memory bound)."""
     sys.path.insert(0, str(ROOT))
@@ -152,43 +145,10 @@ def task_hta(trace_dir: str) -> dict:
     return {"load_s": seconds, "events": int(sum(len(analysis.t.get_trace(r)) for r in analysis.t.get_ranks()))}
 
 
-def _nsys_ai(argv: list[str]) -> int:
-    from nsys_ai.__main__ import main
-
-    sys.argv = ["nsys-ai", *argv]
-    try:
-        main()
-    except SystemExit as e:
-        return int(e.code or 0) if not isinstance(e.code, str) else 1
-    return 0
-
-
-def task_nsys_ai_cold(sqlite_path: str) -> dict:
-    """Cache build + gap finding on a copy with no cache yet: what a first `skill run` costs."""
-    rc = _nsys_ai(["skill", "run", "gpu_idle_gaps", sqlite_path])
-    cache = Path(sqlite_path).with_suffix(".nsys-cache")
-    return {"rc": rc, "cache_built": cache.is_dir(),
-            "cache_bytes": sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) if cache.is_dir() else 0}
-
-
-def task_nsys_ai_warm(sqlite_path: str) -> dict:
-    rcs = {}
-    per_skill = {}
-    for skill in NSYS_AI_WARM_SKILLS:
-        t = time.perf_counter()
-        rcs[skill] = _nsys_ai(["skill", "run", skill, sqlite_path])
-        per_skill[skill] = time.perf_counter() - t
-    return {"rc": max(rcs.values()), "skills_s": per_skill}
-
-
 def task_decode_json(method: str, path: str) -> dict:
     data = Path(path).read_bytes()
     if method == "json":
         n = len(json.loads(data)["traceEvents"])
-    elif method == "orjson":
-        import orjson
-
-        n = len(orjson.loads(data)["traceEvents"])
     elif method == "msgspec":
         import msgspec
 
@@ -257,8 +217,7 @@ def task_decode_sqlite(method: str, path: str) -> dict:
 
 
 TASKS = {
-    "ours": task_ours, "ours-rules": task_ours_rules, "table-sizes": task_table_sizes, "hta": task_hta,
-    "nsys-ai-cold": task_nsys_ai_cold, "nsys-ai-warm": task_nsys_ai_warm,
+    "ours": task_ours, "table-sizes": task_table_sizes, "hta": task_hta,
     "decode-json": task_decode_json, "decode-sqlite": task_decode_sqlite,
 }
 
@@ -282,8 +241,9 @@ def measure(python: Path | str, task: str, *args, env: dict | None = None, label
     log = LOGS / f"{label or task}.log".replace("/", "_")
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
         proc = subprocess.Popen([str(python), str(Path(__file__).resolve()), "--child", task, *map(str, args)],
-                                stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
+                                stdout=out, stderr=err, text=True, env=full_env, cwd=ROOT)
         tree_peak = 0
         while proc.poll() is None:  # the process and its children together (a helper process counts)
             tree_peak = max(tree_peak, _tree_rss_bytes(proc.pid))
@@ -305,6 +265,56 @@ def measure(python: Path | str, task: str, *args, env: dict | None = None, label
             return {**r, "peak_bytes": max(r["peak_bytes"], tree_peak), "tree_peak_bytes": tree_peak, "wall_s": wall}
     tail = [ln for ln in stderr.strip().splitlines() if ln.strip()][-1:] or [f"exit {proc.returncode}"]
     return {"error": tail[0][:300], "wall_s": wall, "log": str(log.relative_to(ROOT))}
+
+
+def bench_env(**more) -> dict:
+    """The environment changes of a measured command: compiled modules cached (under
+    bench/data/pycache) as an installed package has them, whatever PYTHONDONTWRITEBYTECODE
+    says here (compiling traceanalyzer's sources costs ~0.2 s a process), and `more`."""
+    return {"PYTHONDONTWRITEBYTECODE": None, "PYTHONPYCACHEPREFIX": str(DATA / "pycache"), **more}
+
+
+def measure_command(argv: list[str], *, env: dict | None = None, label: str = "", timeout_s: float = 1800,
+                    cwd: Path = ROOT) -> dict:
+    """Run a command as a user does (a fresh process, its stdout discarded; `env`: changes to
+    this environment, None unsetting a variable); return its wall seconds, exit code and
+    peak memory, or an `error`.
+
+    Peak memory is of the whole process tree: the larger of (a) the resident memory of the
+    process and all its descendants summed, sampled every 20 ms (what processes running at
+    once hold together: our helpers of a Kineto read in parts, HTA's per-rank pool) and (b)
+    the exact high-water mark of the largest single process of the tree (which a 20 ms sample
+    can miss), as `/usr/bin/time` reports it. (b) alone, which is what `/usr/bin/time -v` or
+    `getrusage(RUSAGE_CHILDREN)` give, is the largest process, not the tree. It is taken from
+    `/usr/bin/time` rather than from this process's own `wait4`: a child's `ru_maxrss` starts
+    from the memory of the process it was forked from, this 100-400 MB one, where `time`'s is
+    a few MB."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / f"{label or Path(argv[0]).name}.log".replace("/", "_")
+    timer = shutil.which("time", path="/usr/bin")
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    with open(log, "w") as err, tempfile.NamedTemporaryFile("r") as maxrss:
+        wrapped = [timer, "-q", "-f", "%M", "-o", maxrss.name, *argv] if timer else argv
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+                                env=full_env, cwd=cwd)
+        tree_peak = 0
+        while proc.poll() is None:
+            tree_peak = max(tree_peak, _tree_rss_bytes(proc.pid))
+            if time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                proc.wait()
+                return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
+            time.sleep(TREE_SAMPLE_S)
+        wall = time.perf_counter() - t0
+        text = maxrss.read().split()
+    largest = int(text[-1]) * 1024 if text and text[-1].isdigit() else 0  # KiB
+    rc = proc.returncode
+    if rc not in (0, 1):  # 1: the gate failed (findings at --fail-on), a finished check
+        tail = [ln for ln in log.read_text().splitlines() if ln.strip()][-1:] or [f"exit {rc}"]
+        return {"error": tail[0][:300], "wall_s": wall, "rc": rc, "log": str(log)}
+    return {"work_s": wall, "wall_s": wall, "rc": rc, "peak_bytes": max(tree_peak, largest),
+            "tree_peak_bytes": tree_peak, "largest_process_bytes": largest}
 
 
 def _tree_rss_bytes(pid: int) -> int:
@@ -405,10 +415,6 @@ def median_run(runs: list[dict]) -> dict:
     return pick
 
 
-def repeated(reps: int, fn) -> dict:
-    return median_run([fn() for _ in range(reps)])
-
-
 def interleaved(reps: int, cells: list[Callable[[], list[tuple[str, dict]]]]) -> list[tuple[str, dict]]:
     """Rounds of one run of every cell, then each row's median run.
 
@@ -430,114 +436,158 @@ def _short(r: dict) -> str:
     return f"{r['work_s']:7.2f} s  {r['peak_bytes'] / 1e6:7.0f} MB"
 
 
-def _store_path(kind: str, scale: int) -> Path:
+def _store_path(kind: str, scale: int, tag: str = "") -> Path:
     (DATA / "stores").mkdir(parents=True, exist_ok=True)
-    return DATA / "stores" / f"{kind}_{scale}x.duckdb"
+    return DATA / "stores" / f"{kind}{tag}_{scale}x.duckdb"
 
 
-def _ours_cell(kind: str, scale: int, path: Path, store: Path):
-    """Ours, one run: ingest + all rules into a fresh store, then the rules alone on it."""
+def _fresh(store: Path) -> Path:
+    for p in (store, Path(f"{store}.wal")):
+        p.unlink(missing_ok=True)
+    return store
+
+
+def _cli(tree: Path | None = None) -> tuple[list[str], Path]:
+    """The `traceanalyzer` command of this checkout (or of `tree`, another checkout's root),
+    and the folder to run it in (outside this checkout for another, so that it imports its own)."""
+    if tree is None:
+        return [sys.executable, "-m", "traceanalyzer.cli"], ROOT
+    return [sys.executable, "-m", "traceanalyzer.cli"], DATA
+
+
+def _cli_env(tree: Path | None, **more) -> dict:
+    return bench_env(**({"PYTHONPATH": str(tree)} if tree else {}), **more)
+
+
+def _check_cell(kind: str, scale: int, path: Path, label: str = "ours", tree: Path | None = None,
+                env: dict | None = None, stored: bool = True):
+    """`traceanalyzer check FILE --store NEW`, then (with `stored`) `check` again on that
+    store: the rules on a stored run, as a user runs it the second time."""
+    tag = "" if tree is None and not env else f"_{label.replace(' ', '_').replace(',', '').replace('=', '')}"
+
     def run() -> list[tuple[str, dict]]:
-        ours = measure(sys.executable, "ours", path, store, label=f"ours_{kind}_{scale}x")
-        rows = [("ours: ingest + all rules", ours)]
-        if "error" not in ours:
-            rows.append(("ours: rules on stored run", measure(
-                sys.executable, "ours-rules", store, ours["run_id"], label=f"ours_rules_{kind}_{scale}x")))
+        store = _fresh(_store_path(kind, scale, tag))
+        argv, cwd = _cli(tree)
+        e = _cli_env(tree, **(env or {}))
+        cold = measure_command([*argv, "check", str(path), "--store", str(store)], env=e, cwd=cwd,
+                               label=f"{label}_{kind}_{scale}x".replace(" ", "_"))
+        rows = [(f"{label}: check (new store)", cold)]
+        if stored and "error" not in cold:
+            rows.append((f"{label}: check of the stored run", measure_command(
+                [*argv, "check", str(path), "--store", str(store)], env=e, cwd=cwd,
+                label=f"{label}_stored_{kind}_{scale}x".replace(" ", "_"))))
         return rows
     return run
 
 
-def _table_sizes(rows: list[tuple[str, dict]], store: Path) -> None:
-    """The stored tables' sizes, kept on the ingest row (for the memory bound)."""
-    ours = dict(rows).get("ours: ingest + all rules")
-    if ours and "error" not in ours and store.exists():
-        ours["tables"] = measure(sys.executable, "table-sizes", store, ours["run_id"], label="sizes").get("tables", {})
-    store.unlink(missing_ok=True)
+def _library_split(kind: str, scale: int, path: Path) -> tuple[str, dict]:
+    """The library's split of one check (one run, detail): Store.ingest, then run_rules."""
+    store = _fresh(_store_path(kind, scale, "_library"))
+    r = measure(sys.executable, "ours", path, store, env=bench_env(), label=f"library_{kind}_{scale}x")
+    if "error" not in r:
+        r["tables"] = measure(sys.executable, "table-sizes", store, r["run_id"], label="sizes").get("tables", {})
+    _fresh(store)
+    return "library: Store.ingest + run_rules", r
 
 
 def _report(kind: str, scale: int, size: int, rows: list[tuple[str, dict]], results: list) -> None:
     for what, r in rows:
-        print(f"  {what:<32} {_short(r)}", flush=True)
-        results.append({"kind": kind, "scale": scale, "input_bytes": size, "what": what, **r})
+        print(f"  {what:<48} {_short(r)}", flush=True)
+        results.append({"kind": kind, "scale": scale, "input_bytes": size, "what": what,
+                        "load_after": round(os.getloadavg()[0], 1), **r})
 
 
 def _announce(kind: str, scale: int, path: Path, t0: float) -> int:
     size = path.stat().st_size
     print(f"\n== {kind} {scale}x: {path.relative_to(ROOT)} {size / 1e6:.0f} MB "
-          f"(ready in {time.perf_counter() - t0:.0f} s)", flush=True)
+          f"(ready in {time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
     return size
 
 
-def run_kineto(scale: int, peers: bool, results: list, reps: int = 1) -> None:
+def _hta_cell(path: Path, scale: int, kind: str):
+    def run() -> list[tuple[str, dict]]:
+        python = ensure_venv("hta")
+        return [(HTA_ROW, measure_command([str(python), str(Path(__file__).resolve()), "--child", "hta", str(path.parent)],
+                                          env={"PYTHONDONTWRITEBYTECODE": None}, label=f"hta_{kind}_{scale}x"))]
+    return run
+
+
+def run_kineto(kind: str, scale: int, opts, results: list) -> None:
     from gen_big import kineto
 
     t = time.perf_counter()
-    path = kineto(scale)
-    size = _announce("kineto", scale, path, t)
-    store = _store_path("kineto", scale)
-    cells = [_ours_cell("kineto", scale, path, store)]
-    if peers:
-        cells.append(lambda: [("HTA: TraceAnalysis load", measure(
-            ensure_venv("hta"), "hta", path.parent, label=f"hta_{scale}x"))])
-    rows = interleaved(reps, cells)
-    _table_sizes(rows, store)
-    for method in KINETO_DECODERS:  # the typed decode is a target's baseline; the others are context
-        rows.append((f"decode: {method}", repeated(reps if method == "msgspec-typed" else 1, lambda: measure(
-            sys.executable, "decode-json", method, path, label=f"decode_{method}_{scale}x"))))
-    _report("kineto", scale, size, rows, results)
+    path = kineto(scale, KINETO_INPUTS[kind])
+    size = _announce(kind, scale, path, t)
+    cells = [_check_cell(kind, scale, path)]
+    if opts.compare:
+        cells.append(_check_cell(kind, scale, path, f"ours at {opts.compare.name}", tree=opts.compare))
+    if opts.peers:
+        cells.append(_hta_cell(path, scale, kind))
+    rows = interleaved(opts.repeat, cells)
+    rows.append(_library_split(kind, scale, path))
+    for method in KINETO_DECODERS:  # context, one run each
+        rows.append((f"decode: {method}", measure(sys.executable, "decode-json", method, path,
+                                                  label=f"decode_{method}_{kind}_{scale}x")))
+    _report(kind, scale, size, rows, results)
 
 
-def run_nsys(scale: int, peers: bool, results: list, reps: int = 1) -> None:
+def run_nsys(kind: str, scale: int, opts, results: list) -> None:
     from gen_big import nsys
 
     t = time.perf_counter()
     path = nsys(NSYS_BASE_KERNELS * scale)
-    size = _announce("nsys", scale, path, t)
-    store = _store_path("nsys", scale)
-    cells = [_ours_cell("nsys", scale, path, store),
+    size = _announce(kind, scale, path, t)
+    cells = [_check_cell(kind, scale, path),
              # The same with DuckDB capped (rules spill instead of growing): the memory a user can ask for.
-             lambda: [(f"ours: ingest + all rules, {CAPPED_MEMORY} cap", measure(
-                 sys.executable, "ours", path, _store_path("nsys_capped", scale),
-                 env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY}, label=f"ours_capped_nsys_{scale}x"))]]
-    if peers:
-        def nsys_ai() -> list[tuple[str, dict]]:
-            cold, warm = _nsys_ai_once(path, scale)
-            return [("nsys-ai: cache build + gaps", cold)] + ([("nsys-ai: warm-cache skills", warm)] if warm else [])
-        cells.append(nsys_ai)
-    rows = interleaved(reps, cells)
-    _table_sizes(rows, store)
-    _store_path("nsys_capped", scale).unlink(missing_ok=True)
-    if peers:
-        rows.append((NSYS_AI_FALLBACK, _nsys_ai_once(path, scale, scanner=False)[0]))  # context: one run
-    for method in SQLITE_DECODERS:  # ADBC's is the reader's baseline
-        rows.append((f"decode: {method}", repeated(reps if method == "adbc-arrow" else 1, lambda: measure(
-            sys.executable, "decode-sqlite", method, path, label=f"decode_{method}_{scale}x"))))
-    _report("nsys", scale, size, rows, results)
+             _check_cell(kind, scale, path, f"ours, {CAPPED_MEMORY} cap", env={"TRACEANALYZER_MEMORY_LIMIT": CAPPED_MEMORY},
+                         stored=False)]
+    if opts.compare:
+        cells.append(_check_cell(kind, scale, path, f"ours at {opts.compare.name}", tree=opts.compare))
+    if opts.peers:
+        cells.append(lambda: _nsys_ai_once(path, scale))
+    rows = interleaved(opts.repeat, cells)
+    rows.append(_library_split(kind, scale, path))
+    for method in SQLITE_DECODERS:  # context, one run each
+        rows.append((f"decode: {method}", measure(sys.executable, "decode-sqlite", method, path,
+                                                  label=f"decode_{method}_{scale}x")))
+    _report(kind, scale, size, rows, results)
 
 
-def _nsys_ai_once(path: Path, scale: int, scanner: bool = True) -> tuple[dict, dict | None]:
-    """nsys-ai's cold cache build on a fresh copy of the export, then its warm skills.
-    Without `scanner`, only the cold build, with a HOME that lacks sqlite_scanner."""
+def _nsys_ai_once(path: Path, scale: int) -> list[tuple[str, dict]]:
+    """nsys-ai's first command on a fresh copy of the export (it builds its Parquet cache, then
+    finds gaps), then its four skills that match our nsys rules, a command each, on the warm cache."""
     python = ensure_venv("nsys-ai")
+    nsys_ai = str(python.parent / "nsys-ai")
     copy = DATA / "nsys-ai" / path.name
     copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(copy.with_suffix(".nsys-cache"), ignore_errors=True)
     shutil.copyfile(path, copy)  # nsys-ai may write into the export; never into ours
-    home = NSYS_AI_HOME if scanner else NSYS_AI_BARE_HOME
-    home.mkdir(parents=True, exist_ok=True)
-    env = {"HOME": str(home)}
-    tag = "" if scanner else "_fallback"
+    env = {"HOME": str(NSYS_AI_HOME), "PYTHONDONTWRITEBYTECODE": None}
     try:
-        cold = measure(python, "nsys-ai-cold", copy, env=env, label=f"nsysai_cold{tag}_{scale}x")
-        warm = (None if "error" in cold or not scanner else
-                measure(python, "nsys-ai-warm", copy, env=env, label=f"nsysai_warm_{scale}x"))
+        cold = measure_command([nsys_ai, "skill", "run", "gpu_idle_gaps", str(copy)], env=env,
+                               label=f"nsysai_cold_{scale}x")
+        rows = [(NSYS_AI_COLD_ROW, cold)]
+        if "error" not in cold:
+            warm = [measure_command([nsys_ai, "skill", "run", skill, str(copy)], env=env, label=f"nsysai_{skill}_{scale}x")
+                    for skill in NSYS_AI_WARM_SKILLS]
+            bad = next((w for w in warm if "error" in w), None)
+            rows.append((NSYS_AI_WARM_ROW, bad or {"work_s": sum(w["work_s"] for w in warm),
+                                                   "wall_s": sum(w["wall_s"] for w in warm),
+                                                   "peak_bytes": max(w["peak_bytes"] for w in warm)}))
     finally:
         copy.unlink(missing_ok=True)
         shutil.rmtree(copy.with_suffix(".nsys-cache"), ignore_errors=True)
-    return cold, warm
+    return rows
 
 
 # -- report --------------------------------------------------------------------------------
+HTA_ROW = "HTA: TraceAnalysis load (a fresh process)"
+NSYS_AI_COLD_ROW = "nsys-ai: first skill (cache build + gaps)"
+NSYS_AI_WARM_ROW = "nsys-ai: 4 skills on the warm cache (4 commands)"
+CHECK_ROW = "ours: check (new store)"
+STORED_ROW = "ours: check of the stored run"
+
+
 def _get(results, kind, scale, what):
     return next((r for r in results if r["kind"] == kind and r["scale"] == scale and r["what"] == what
                  and "error" not in r), None)
@@ -547,100 +597,64 @@ def _fmt_cell(r: dict | None) -> str:
     return "—" if r is None else f"{r['work_s']:.2f} s / {r['peak_bytes'] / 1e6:,.0f} MB"
 
 
-def targets(results: list, scales: list[int]) -> list[str]:
-    """The issue's targets, checked at the largest size measured."""
+def _verdict(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+def targets(results: list) -> list[str]:
+    """The issue's targets, each at the largest size of its input measured."""
     lines = []
-    top = max(scales)
-
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
-
-    ours = _get(results, "kineto", top, "ours: ingest + all rules")
-    hta = _get(results, "kineto", top, "HTA: TraceAnalysis load")
-    decodes = [r for r in results if r["kind"] == "kineto" and r["scale"] == top and r["what"].startswith("decode:")
-               and "error" not in r]
-    if ours and hta:
-        speed, mem = hta["work_s"] / ours["work_s"], ours["peak_bytes"] / hta["peak_bytes"]
-        lines.append(f"| Kineto {top}x: ≥ 10x faster than HTA's load | {speed:.1f}x | {verdict(speed >= 10)} |")
-        lines.append(f"| Kineto {top}x: ≤ 1/3 of HTA's peak memory | {mem:.2f} of it | {verdict(mem <= 1 / 3)} |")
-    if ours and decodes:
-        best = min(decodes, key=lambda r: r["work_s"])
-        generic = min((r for r in decodes if r["what"] != "decode: msgspec-typed"), key=lambda r: r["work_s"],
-                      default=best)
-        x = ours["work_s"] / best["work_s"]
-        lines.append(f"| Kineto {top}x: within 2x of the fastest bare decode ({best['what'][8:]}) | "
-                     f"{x:.1f}x its time | {verdict(x <= 2)} |")
-        if generic is not best:
-            lines.append(f"| (context) the fastest generic decode into Python objects ({generic['what'][8:]}) | "
-                         f"ours takes {ours['work_s'] / generic['work_s']:.1f}x its time | |")
-    ours = _get(results, "nsys", top, "ours: ingest + all rules")
-    cold = _get(results, "nsys", top, "nsys-ai: cache build + gaps")
-    if ours and cold:
-        speed, mem = cold["work_s"] / ours["work_s"], ours["peak_bytes"] / cold["peak_bytes"]
-        lines.append(f"| nsys {top}x: ≥ 5x faster than nsys-ai's cache build | {speed:.1f}x | {verdict(speed >= 5)} |")
-        lines.append(f"| nsys {top}x: ≤ 1/4 of nsys-ai's peak memory | {mem:.2f} of it | {verdict(mem <= 0.25)} |")
-        capped = _get(results, "nsys", top, f"ours: ingest + all rules, {CAPPED_MEMORY} cap")
-        if capped:
-            cm = capped["peak_bytes"] / cold["peak_bytes"]
-            lines.append(f"| nsys {top}x, TRACEANALYZER_MEMORY_LIMIT={CAPPED_MEMORY}: ≤ 1/4 of nsys-ai's peak memory | "
-                         f"{cm:.2f} of it ({cold['work_s'] / capped['work_s']:.1f}x its speed) | {verdict(cm <= 0.25)} |")
-    fallback = _get(results, "nsys", top, NSYS_AI_FALLBACK)
-    if ours and fallback:
-        lines.append(f"| (context) nsys {top}x against nsys-ai reading through sqlite3 (no sqlite_scanner) | "
-                     f"{fallback['work_s'] / ours['work_s']:.1f}x faster, {ours['peak_bytes'] / fallback['peak_bytes']:.2f} "
-                     "of its peak memory | |")
-    warm_ours = _get(results, "nsys", top, "ours: rules on stored run")
-    warm_peer = _get(results, "nsys", top, "nsys-ai: warm-cache skills")
-    if warm_ours and warm_peer:
-        x = warm_ours["work_s"] / warm_peer["work_s"]
-        lines.append(f"| nsys {top}x: rules on a stored run no slower than nsys-ai's warm skills | "
-                     f"{x:.2f}x its time | {verdict(x <= 1)} |")
-    a = _get(results, "nsys", top, "decode: adbc-arrow")
-    s = _get(results, "nsys", top, "decode: sqlite3-arrow")
-    if a and s:
-        lines.append(f"| nsys {top}x: ADBC beats sqlite3 + fetchmany (reader uses ADBC) | "
-                     f"{s['work_s'] / a['work_s']:.1f}x faster | {verdict(a['work_s'] < s['work_s'])} |")
-    scan_jobs = DATA / "scan_jobs.json"  # from bench/bench_scan_jobs.py, if it was run
-    if scan_jobs.exists():
-        j = json.loads(scan_jobs.read_text())
-        lines.append(f"| `scan --jobs 2` ≥ 1.7x faster than `--jobs 1` on {j['runs']} small runs "
-                     f"(bench_scan_jobs.py, {j['measured']}, load {j['load_before']:.1f}) | "
-                     f"{j['speedup']:.2f}x ({j['jobs1_s']:.0f} s → {j['jobs2_s']:.0f} s) | {verdict(j['speedup'] >= 1.7)} |")
-    for kind in ("kineto", "nsys"):
-        for what in ("ours: ingest + all rules", "ours: rules on stored run"):
-            pts = [(sc, _get(results, kind, sc, what)) for sc in sorted(scales)]
-            pts = [(sc, r) for sc, r in pts if r]
-            if len(pts) < 2:
-                continue
-            # Worst step: a fixed cost can hide a quadratic part over the whole range.
-            steps = [(b[1]["work_s"] / a[1]["work_s"]) / (b[0] / a[0]) for a, b in zip(pts, pts[1:])]
-            (s0, r0), (s1, r1) = pts[0], pts[-1]
-            lines.append(f"| {kind}, {what[6:]}: time linear in input ({s0}x→{s1}x) | grew "
-                         f"{r1['work_s'] / r0['work_s']:.1f}x for {s1 / s0:.0f}x input; worst step "
-                         f"{max(steps):.2f}x of linear | {verdict(max(steps) <= 1.25)} |")
-        pts = [(sc, _get(results, kind, sc, "ours: ingest + all rules")) for sc in sorted(scales)]
-        pts = [(sc, r) for sc, r in pts if r]
-        if len(pts) >= 2:
-            # Bounded by the largest table: from the smallest to the largest input, the peak
-            # grows by at most twice what the largest table grows (the table, and its copy
-            # into the store), whatever the file does. The fixed cost (interpreter, DuckDB,
-            # pandas) is in both peaks and cancels out.
-            (s0, r0), (s1, r1) = pts[0], pts[-1]
-            big0, big1 = (max((v[1] for v in r.get("tables", {}).values()), default=0) for r in (r0, r1))
-            if big0 and big1 > big0:
-                grew = r1["peak_bytes"] - r0["peak_bytes"]
-                lines.append(f"| {kind}, ingest + all rules: memory bounded by the largest table, not the file "
-                             f"({s0}x→{s1}x: peak growth ≤ 2x the largest table's) | peak {r0['peak_bytes'] / 1e6:,.0f} → "
-                             f"{r1['peak_bytes'] / 1e6:,.0f} MB: +{grew / 1e6:,.0f} MB for +{(big1 - big0) / 1e6:,.0f} MB "
-                             f"of largest table ({grew / (big1 - big0):.1f}x) and +{(r1['input_bytes'] - r0['input_bytes']) / 1e6:,.0f} "
-                             f"MB of file | {verdict(grew <= 2 * (big1 - big0))} |")
+    for kind in ("dense", "kineto"):
+        scales = sorted({r["scale"] for r in results if r["kind"] == kind})
+        if not scales:
+            continue
+        top = scales[-1]
+        ours, hta = _get(results, kind, top, CHECK_ROW), _get(results, kind, top, HTA_ROW)
+        if ours and hta:
+            speed, mem = hta["work_s"] / ours["work_s"], ours["peak_bytes"] / hta["peak_bytes"]
+            goal = kind == "dense"  # the target's input; the owlv2 trace is context
+            name = KINETO_TITLES[kind]
+            lines.append(f"| {name} {top}x: `check` ≥ 10x faster than HTA's load | {speed:.1f}x | "
+                         f"{_verdict(speed >= 10) if goal else '(context)'} |")
+            lines.append(f"| {name} {top}x: `check` ≤ 1/4 of HTA's peak memory | {mem:.2f} of it | "
+                         f"{_verdict(mem <= 0.25) if goal else '(context)'} |")
+    scales = sorted({r["scale"] for r in results if r["kind"] == "nsys"})
+    if scales:
+        top, bottom = scales[-1], scales[0]
+        ours, cold = _get(results, "nsys", top, CHECK_ROW), _get(results, "nsys", top, NSYS_AI_COLD_ROW)
+        if ours and cold:
+            speed, mem = cold["work_s"] / ours["work_s"], ours["peak_bytes"] / cold["peak_bytes"]
+            lines.append(f"| nsys {top}x: `check` ≥ 2x faster than nsys-ai's cache build | {speed:.1f}x | {_verdict(speed >= 2)} |")
+            lines.append(f"| nsys {top}x: `check` ≤ 1/4 of nsys-ai's peak memory | {mem:.2f} of it | {_verdict(mem <= 0.25)} |")
+        if ours:
+            gb = ours["peak_bytes"] / 1e9
+            lines.append(f"| nsys {top}x: `check` peak ≤ 1.5 GB | {gb:.2f} GB | {_verdict(gb <= 1.5)} |")
+            base = _get(results, "nsys", bottom, CHECK_ROW)
+            if base and bottom != top:
+                x = ours["peak_bytes"] / base["peak_bytes"]
+                lines.append(f"| nsys {top}x: `check` peak ≤ 2x the {bottom}x peak | {x:.2f}x | {_verdict(x <= 2)} |")
+        capped = _get(results, "nsys", top, f"ours, {CAPPED_MEMORY} cap: check (new store)")
+        if capped and ours:
+            lines.append(f"| nsys {top}x, TRACEANALYZER_MEMORY_LIMIT={CAPPED_MEMORY}: `check` peak | "
+                         f"{capped['peak_bytes'] / 1e9:.2f} GB ({capped['work_s']:.1f} s) against "
+                         f"{ours['peak_bytes'] / 1e9:.2f} GB uncapped | (context) |")
+    for kind in ("dense", "kineto", "nsys"):
+        for scale in sorted({r["scale"] for r in results if r["kind"] == kind})[-1:]:
+            now = _get(results, kind, scale, STORED_ROW)
+            then = next((r for r in results if r["kind"] == kind and r["scale"] == scale and "error" not in r
+                         and r["what"].startswith("ours at ") and r["what"].endswith("check of the stored run")), None)
+            if now and then:
+                x = then["work_s"] / now["work_s"]
+                lines.append(f"| {KINETO_TITLES.get(kind, 'nsys')} {scale}x: rules on a stored run ≥ 2x faster than "
+                             f"{then['what'][8:].split(':')[0]} | {x:.2f}x ({then['work_s']:.2f} s → {now['work_s']:.2f} s) | "
+                             f"{_verdict(x >= 2)} |")
     return lines
 
 
-def write_doc(results: list, info: dict, scales: list[int], argv: list[str], notes: str) -> None:
+def write_doc(results: list, info: dict, argv: list[str], notes: str) -> None:
     out = ["# Performance", "",
-           "Generated by `python bench/bench_peers.py` (do not edit the tables by hand; rerun it). "
-           "Inputs are grown from real traces by `bench/gen_big.py` (see its docstring).", "",
+           "Tables generated by `python bench/bench_peers.py` (rerun it rather than edit them); inputs "
+           "grown from real traces by `bench/gen_big.py`.", "",
            f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['ram_gb']} GB RAM, "
            f"{info['os']}; Python {info['python']}, DuckDB {info['duckdb']}, pyarrow {info['pyarrow']}, "
            f"msgspec {info['msgspec']}; peers: {info.get('peers', 'not run')}. Load average at start: "
@@ -648,20 +662,20 @@ def write_doc(results: list, info: dict, scales: list[int], argv: list[str], not
            + "".join(f" The {k} rows were measured {d} (kept with `--keep-others`)." for k, d in
                      sorted(info.get("kept", {}).items())), "",
            "**The machine is shared** (other jobs ran during these measurements): absolute seconds are "
-           "noisy; ratios within one run are what counts. Each cell is a run in a fresh process (the "
-           "median of 3 for the cells a target reads, see *What is timed*): work seconds (the tool's imports included, interpreter start-up not) / peak resident memory "
-           "of that process and its children together (sampled every 20 ms).", "",
-           f"Command: `python bench/bench_peers.py {' '.join(argv)}`".rstrip() + "", "",
-           "## Targets (largest size measured)", "", "| target | measured | |", "|---|---|---|",
-           *targets(results, scales), ""]
-    for kind, title in (("kineto", "Kineto JSON"), ("nsys", "nsys SQLite")):
+           "noisy; ratios within one run are what counts. Each cell is a command run as a user runs it, in "
+           "a fresh process: wall seconds (interpreter start-up included) / peak memory of its process "
+           f"tree (see *What is timed*); the cells of ours and the peers are the median of {info.get('repeat', REPEAT)} "
+           "rounds.", "",
+           f"Command: `python bench/bench_peers.py {' '.join(argv)}`".rstrip(), "",
+           "## Targets", "", "| target | measured | |", "|---|---|---|", *targets(results), ""]
+    for kind in ("dense", "kineto", "nsys"):
         rs = [r for r in results if r["kind"] == kind]
         if not rs:
             continue
         sizes = {r["scale"]: r["input_bytes"] for r in rs}
         whats = list(dict.fromkeys(r["what"] for r in rs))
         cols = sorted(sizes)
-        out += [f"## {title}: time / peak memory, 1x to 8x", "",
+        out += [f"## {KINETO_TITLES.get(kind, 'nsys SQLite')}: time / peak memory", "",
                 "| | " + " | ".join(f"{s}x ({sizes[s] / 1e6:,.0f} MB)" for s in cols) + " |",
                 "|---|" + "---|" * len(cols)]
         for what in whats:
@@ -670,144 +684,37 @@ def write_doc(results: list, info: dict, scales: list[int], argv: list[str], not
                 r = next((x for x in rs if x["scale"] == s and x["what"] == what), None)
                 cells.append("—" if r is None else (f"error: {r['error'][:60]}" if "error" in r else _fmt_cell(r)))
             out.append(f"| {what} | " + " | ".join(cells) + " |")
-        ours = [x for x in rs if x["what"] == "ours: ingest + all rules" and "error" not in x]
-        if ours:
-            out += ["", "Ours split: " + "; ".join(
-                f"{x['scale']}x ingest {x['ingest_s']:.2f} s + rules {x['rules_s']:.2f} s" for x in ours) + "."]
-            top = ours[-1]
+        lib = [x for x in rs if x["what"].startswith("library:") and "error" not in x]
+        if lib:
+            out += ["", "Library split (one run each, imports not counted): " + "; ".join(
+                f"{x['scale']}x ingest {x['ingest_s']:.2f} s + rules {x['rules_s']:.2f} s" for x in lib) + "."]
+            top = lib[-1]
             if top.get("tables"):
                 out += ["", f"Tables at {top['scale']}x (rows, Arrow MB): " + ", ".join(
                     f"{t} {n:,} / {b / 1e6:,.0f}" for t, (n, b) in
                     sorted(top["tables"].items(), key=lambda kv: -kv[1][1])) + "."]
         out.append("")
-    out += ["## Notes", "", notes.strip(), ""]
+    out += [notes.strip(), ""]
     DOC.write_text("\n".join(out))
 
 
-NOTES = """
-**Inputs** (`bench/gen_big.py`). Kineto: the real 56 MB H100 trace
-`TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz` (132 k events, 4 330 kernels,
-python_function stacks, memory events) repeated 1-8 times, each copy shifted in time and in every
-linking id, written with PyTorch's 2-space indentation (whitespace is a third of a real trace's
-bytes). nsys: the real 2-GPU H100 export `nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite` (schema
-3.25.0, nsys-ai's own fixture): its CREATE TABLE text and rows copied, and the kernel, runtime,
-memcpy, memset, sync and NVTX tables repeated in SQL with shifted times and correlation ids; 1x = 625 k
-kernels (1.05 M runtime calls, 3.1 M NVTX ranges), 8x = 5.0 M kernels (8.4 M runtime calls, 1.3 M
-copies, 24 M NVTX ranges). Strings and devices are not repeated. `python bench/gen_big.py nsys --kernels 1000000` writes the
-1 M-kernel export; the table uses powers of two from 625 k so that 8x is the 5 M target.
-
-**What is timed.** Ours: `Store(path).ingest(file)` into a new DuckDB file (hashing, reading,
-writing) plus `run_rules` with every rule, and again `run_rules` alone on the stored run (the warm
-path). A run of 200 k GPU operations or more keeps its per-run cache (the islands, `stream_ops`, `kernel_launches`)
-in the store from its first rules pass (`views.KEEP_MIN_GPU_OPS`), as nsys-ai keeps its Parquet
-cache, and the warm pass reads it: the nsys runs here (0.8-6.3 M operations) do, the Kineto runs
-(at most 41 k) do not. HTA: `TraceAnalysis(trace_dir=...)` (parse plus its per-rank preprocessing; nothing else).
-nsys-ai: `nsys-ai skill run gpu_idle_gaps` on a fresh copy of the export (this builds its Parquet
-cache first, as the first command on any profile does), then, with the cache warm, the four skills
-that match our nsys rules (gpu_idle_gaps, memory_transfers, sync_cost_analysis,
-kernel_launch_overhead) in one process. Bare decode: the whole file into Python objects (json,
-orjson, msgspec), msgspec decoding only the 8 event fields the reader uses (args left raw: the
-fastest decode found), and for SQLite the reader's columns of every activity table plus StringIds
-as Python rows (sqlite3 + fetchmany), as Arrow built from those rows, and as Arrow from the ADBC
-SQLite driver. Every cell a target reads (ours, HTA, nsys-ai, the typed and the ADBC decodes) is
-run 3 times (`--repeat`) and the median run is shown, its time and its peak memory; all three
-times are in `bench/data/peers.json` (`runs_s`). Ours and the peer run in rounds (ours, the peer,
-ours, the peer, ...), so a burst of load on the shared host slows one round of both rather than
-all the runs of one. The other decodes (context) are one run each.
-
-**Peers, as installed here.** `HolisticTraceAnalysis==0.5.0` needs `pandas<3` (its current PyPI
-name is `traceinsight`, 0.6.1; not used). `nsys-ai==0.3.0` reads SQLite through DuckDB's
-`sqlite_scanner`; offline that only works with `duckdb==1.5.5` plus the
-`duckdb-extension-sqlite-scanner==1.5.5` wheel, whose extension file this script `INSTALL`s into
-DuckDB's extension folder under `bench/data/venvs/nsys-ai-home` (nsys-ai runs with that HOME).
-Without it nsys-ai falls back to sqlite3 and writes indexes into the export, so it always gets a
-copy. That fallback is measured once per size as context (`nsys-ai, sqlite3 fallback`, HOME
-without the extension): it builds no cache and answers gaps from the export itself, slower and
-leaner. Both live in their own virtual environments under `bench/data/venvs`, made by this script.
-
-**How the time and memory are kept down.** Each of these stores the same rows and findings
-on every real and fixture trace (`bench/equivalence.py` compares every table between two
-checkouts).
-* Rules read "how much of [a, b] was busy or idle" as the difference of two running totals,
-  each found by an ASOF join (T001, T002, T004, T007): DuckDB runs "interval overlaps interval"
-  as an inequality join, quadratic on long runs. Worst-N evidence lists come from bounded
-  `arg_max(x, key, n)` heaps, not a sorted list of every row per group; name patterns are
-  matched once per distinct name and GEMM shapes parsed once per distinct shape. S002 sums
-  doubles in a fixed order and T002 breaks ties by id, so two checks of a run agree to the digit.
-* Work shared by rules is done once per run: `views.scoped_to_run` materializes the busy and
-  idle views, `stream_ops` (every GPU operation in stream order with the previous one's
-  fields), `kernel_names` (an integer key per distinct name) and `kernel_launches` (every
-  kernel with its launch call). A run of 200 k GPU operations or more keeps this cache in the
-  store (`_ta_kept_<run_id>_*` tables, versioned with the cache's SQL and the run's ingest,
-  dropped with the run), so later passes, read-only ones too, read it. It is built in slices of
-  ~1 M operations by start time (`views._build_in_slices`), and the pass that builds it cuts
-  DuckDB's buffer pool to 256 MB before each rule (`Store.drop_cached_blocks`), so the first
-  pass stays under the reader's peak: at nsys 8x the 1,460 MB peak above is the reader's, and
-  `TRACEANALYZER_MEMORY_LIMIT=1GB` (the capped row) gives the same peak.
-* nsys ingest: ADBC fetches the columns (it releases the GIL) on 2-3 threads, or in the reading
-  thread with one read CPU; names stay StringIds ids through the joins and become
-  dictionary-encoded columns of the strings used; GPU rows find their launch call by a binary
-  search over the calls' sorted (process, correlation id) keys (`nsys_arrow.CallIndex`). The run
-  is streamed into the store: `Store.ingest` hands the reader a `RunWriter` that inserts each
-  table part by part inside the run's one transaction, kernels and copies read from the file
-  as an ADBC stream in parts of 512 k rows (a table out of start order is read whole). Freed
-  memory is handed back between steps (`traceanalyzer/os_memory.py`): Arrow's pool and glibc's
-  malloc keep it otherwise, and DuckDB's allocator cannot reuse it.
-* Kineto ingest: `traceEvents` is decoded in ~4 MB chunks (`kineto_stream.py`; an odd file is
-  decoded whole), typed with msgspec with args kept raw and decoded per category
-  (`kineto_events.py`), kept as per-category columns (`kineto_collect.py`) and made into tables
-  once at the end (`kineto_tables.py`). A plain file of 64 MB or more is read by two processes
-  (`kineto_split.py`): a helper interpreter reads from an event boundary 58% into the file and
-  hands its columns over in an unnamed temporary file (JSON + Arrow IPC, `kineto_wire.py`); this
-  process proves the boundary by decoding its own last events up to it, and anything odd is read
-  again in one pass. pyarrow's pandas import (~0.15-0.2 s) is kept out of the read
-  (`prefetch.pandas_deferred`).
-* Around the readers: the content hash is XXH3-128, computed on a thread while the file is
-  read; the rules' modules and pandas are imported on a thread while DuckDB stores the run
-  (`traceanalyzer/prefetch.py`); a run of up to 1 M GPU operations has its rules spread over two
-  threads, two DuckDB cursors on the per-run cache (above that each query keeps both cores busy
-  already).
-
-**Measured and not used.** Typing every event's args in the first Kineto pass reads 15%
-slower (it builds args for the python_function events no table reads). A pipe instead of the
-temporary file moves the helper's 35 MB at 8x in 0.18-0.2 s instead of 0.03 s. DuckDB's
-`read_json` over the file takes 4.0 s for the 1x Kineto file, against ~0.7 s. Arrow on the
-system allocator holds the same memory and page-faults on every large buffer.
-
-**Targets missed, and why.**
-* nsys 8x, 5x faster than nsys-ai's cache build: out of reach on this machine class. nsys-ai
-  builds its cache in ~28 s at 8x, so 5x leaves ~5.6 s for reading, storing and every rule.
-  Fetching only the columns the reader needs with ADBC, the fastest reader measured
-  (`decode: adbc-arrow`, 12.7 s at 8x; sqlite3 is 2-5x slower, and DuckDB's sqlite_scanner has
-  no build for DuckDB 2.x), takes longer than that on one core and ~6 s split perfectly over
-  both, before anything is stored. Against the reference figure given for nsys-ai (165 s,
-  7.5 GB), ours (44 s, 1.5 GB) is 3.7x faster.
-* Kineto, memory bounded by the largest table: at 8x the peak is this process storing the run
-  (while reading, this process holds ~250 MB and the helper ~175 MB). The growth from 1x to 8x
-  is the run's collected columns (strings are held per chunk: 82 MB at 8x for 34 MB of tables)
-  and DuckDB's copy of them during the insert. Bounding it by the largest table needs a Kineto
-  reader that stores tables in parts as it reads, as the nsys one does.
-
-**Thin margins.** Kineto against HTA's load and nsys rules on a stored run against
-nsys-ai's warm skills meet their targets by about 10% (see the targets table), within the
-host's noise: a busy host moves either tool by 10-20% between runs, and slows ours (two reading
-processes, then two rule threads) more than a one-process peer. Ratios of two tools in the same
-round are what to read.
-"""
+NOTES_FILE = Path(__file__).with_name("performance_notes.md")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kinds", default="kineto,nsys")
+    ap.add_argument("--kinds", default="dense,kineto,nsys", help="dense, kineto (the owlv2 trace), nsys")
     ap.add_argument("--scales", default="1,2,4,8")
     ap.add_argument("--no-peers", action="store_true", help="skip HTA and nsys-ai")
+    ap.add_argument("--compare", type=Path, metavar="TREE",
+                    help="also time `check` of another checkout (the folder that holds its traceanalyzer/)")
     ap.add_argument("--no-doc", action="store_true", help=f"do not rewrite {DOC.relative_to(ROOT)}")
     ap.add_argument("--doc-only", action="store_true",
                     help="rewrite the doc from the last run's bench/data/peers.json, measuring nothing")
     ap.add_argument("--keep-others", action="store_true",
                     help="keep the saved results of the kinds not measured now (the doc says when each was measured)")
     ap.add_argument("--repeat", type=int, default=REPEAT,
-                    help="runs of each cell a target reads; the median run is shown")
+                    help="rounds of the cells of ours and the peers; the median run is shown")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -815,14 +722,16 @@ def main() -> None:
         return
     if a.doc_only:
         saved = json.loads((DATA / "peers.json").read_text())
-        results = saved["results"]
-        write_doc(results, saved["machine"], sorted({r["scale"] for r in results}), saved.get("argv", []), NOTES)
+        write_doc(saved["results"], saved["machine"], saved.get("argv", []), NOTES_FILE.read_text())
         print(f"wrote {DOC.relative_to(ROOT)}")
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    a.peers = not a.no_peers
+    a.compare = a.compare.resolve() if a.compare else None
     scales = [int(s) for s in a.scales.split(",")]
     info = machine()
-    if not a.no_peers:
+    info["repeat"] = a.repeat
+    if a.peers:
         info["peers"] = (f"HolisticTraceAnalysis {package_version(ensure_venv('hta'), 'HolisticTraceAnalysis')}, "
                          f"nsys-ai {package_version(ensure_venv('nsys-ai'), 'nsys-ai')} "
                          f"(duckdb {package_version(ensure_venv('nsys-ai'), 'duckdb')} + sqlite_scanner)")
@@ -837,13 +746,13 @@ def main() -> None:
         info["kept"] = {k: d for k, d in kept.items() if k not in kinds}  # measured now: not kept
     for kind in kinds:
         for scale in scales:
-            (run_kineto if kind == "kineto" else run_nsys)(scale, not a.no_peers, results, a.repeat)
+            (run_nsys if kind == "nsys" else run_kineto)(kind, scale, a, results)
             # Saved after every size, so that an interrupted run keeps what it measured.
             (DATA / "peers.json").write_text(json.dumps({"machine": info, "argv": sys.argv[1:],
                                                         "results": results}, indent=1, default=str))
-    print("\n" + "\n".join(targets(results, scales)))
+    print("\n" + "\n".join(targets(results)))
     if not a.no_doc:
-        write_doc(results, info, scales, sys.argv[1:], NOTES)
+        write_doc(results, info, sys.argv[1:], NOTES_FILE.read_text())
         print(f"wrote {DOC.relative_to(ROOT)}")
 
 

@@ -1,9 +1,14 @@
 """Big benchmark inputs grown from real traces (written under bench/data/, which git ignores).
 
     python bench/gen_big.py kineto --copies 8        # ~445 MB: 8 copies of a 56 MB H100 trace
+    python bench/gen_big.py kineto --input dense     # ~380 MB: 8 copies of a trace dense in kernels
     python bench/gen_big.py nsys --kernels 5000000   # ~5 M kernels from a real 3.25.0 export
 
-Kineto: the source trace's events are repeated `copies` times. Copy k is shifted by k
+Kineto: the source trace's events are repeated `copies` times. Two sources (`--input`):
+`owlv2`, a 56 MB H100 inference trace that is mostly `python_function` stacks (4.3 k kernels),
+and `dense`, HTA's `df_index_resolver` V100 training trace (19.4 k kernels, 42 k runtime calls,
+57 k operators: at 8 copies 155 k kernels and 339 k runtime calls), the kind of trace every
+event of which the reader keeps. Copy k is shifted by k
 periods (the source's span plus 1 ms) and every id that links events (`External id`,
 `correlation`, flow `id`, python/record-function ids, `Ev Idx`) by k times that id's
 range, so the copies read as consecutive iterations of one job rather than as duplicates.
@@ -33,7 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
 TRACES = ROOT.parent / "shared" / "traces"
-KINETO_SOURCE = TRACES / "torch" / "TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz"
+# Each source and how its events are written: `2`, indented 2 spaces a level as PyTorch's
+# exporter writes them (whitespace is a third of such a trace's bytes, and decoders pay for
+# it); `0`, one event a line with a space after each `,` and `:`, as Kineto's own writer
+# lays them out (the 8x dense file is then 377 MB, the size issue #26 measured).
+KINETO_SOURCES = {
+    "owlv2": (TRACES / "torch" / "TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz", 2),
+    "dense": (TRACES / "torch" / "hta__df_index_resolver__df_index_resolver.json.gz", 0),
+}
 NSYS_SOURCE = TRACES / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"
 
 # Kineto ids shifted per copy: top-level keys and keys inside `args`.
@@ -48,16 +60,17 @@ NSYS_GAP_NS = 1_000_000
 
 
 # -- Kineto ------------------------------------------------------------------------------
-def kineto_path(copies: int) -> Path:
-    return DATA / f"kineto_{copies}x" / "trace.json"
+def kineto_path(copies: int, input: str = "owlv2") -> Path:
+    folder = f"kineto_{copies}x" if input == "owlv2" else f"kineto_{input}_{copies}x"
+    return DATA / folder / "trace.json"
 
 
-def kineto(copies: int, source: Path = KINETO_SOURCE, force: bool = False) -> Path:
-    """Write (once) the source's events repeated `copies` times; return the file."""
+def kineto(copies: int, input: str = "owlv2", force: bool = False) -> Path:
+    """Write (once) the events of source `input` repeated `copies` times; return the file."""
     import msgspec
-    import orjson
 
-    out = kineto_path(copies)
+    source, indent = KINETO_SOURCES[input]
+    out = kineto_path(copies, input)
     if out.exists() and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -76,19 +89,22 @@ def kineto(copies: int, source: Path = KINETO_SOURCE, force: bool = False) -> Pa
         for key, value in top.items():
             f.write(json.dumps(key).encode() + b": " + msgspec.json.encode(value) + b",\n")
         f.write(b'"traceEvents": [\n')
-        f.write(_indented(orjson, meta))
+        f.write(_laid_out(meta, indent))
         for k in range(copies):
             shifted = body if k == 0 else [_shift_event(e, k, period_us, id_step, arg_step) for e in body]
-            f.write(b",\n" + _indented(orjson, shifted))
+            f.write(b",\n" + _laid_out(shifted, indent))
         f.write(b"\n]}")
     tmp.replace(out)
     return out
 
 
-def _indented(orjson, events: list) -> bytes:
-    """The events without their list brackets, indented like PyTorch writes them (2 spaces a
-    level): whitespace is a third of a real trace's bytes and decoders pay for it."""
-    return orjson.dumps(events, option=orjson.OPT_INDENT_2)[1:-1].strip(b"\n")
+def _laid_out(events: list, indent: int) -> bytes:
+    """The events without their list brackets, laid out as `KINETO_SOURCES` says."""
+    import msgspec
+
+    if indent:
+        return msgspec.json.format(msgspec.json.encode(events), indent=indent)[1:-1].strip(b"\n")
+    return b",\n".join(msgspec.json.format(msgspec.json.encode(e), indent=0) for e in events)
 
 
 def _id_range(values) -> int:
@@ -176,7 +192,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="kind", required=True)
     k = sub.add_parser("kineto", help="a replicated Kineto JSON trace")
     k.add_argument("--copies", type=int, default=8)
-    k.add_argument("--source", type=Path, default=KINETO_SOURCE)
+    k.add_argument("--input", choices=sorted(KINETO_SOURCES), default="owlv2", help="the trace repeated")
     n = sub.add_parser("nsys", help="an nsys SQLite export with many kernels")
     n.add_argument("--kernels", type=int, default=5_000_000)
     n.add_argument("--source", type=Path, default=NSYS_SOURCE)
@@ -185,7 +201,7 @@ def main() -> None:
         p.add_argument("--force", action="store_true", help="rebuild even if the file exists")
     a = ap.parse_args()
     t = time.perf_counter()
-    path = (kineto(a.copies, a.source, a.force) if a.kind == "kineto" else nsys(a.kernels, a.source, a.force, a.flat_nvtx))
+    path = (kineto(a.copies, a.input, a.force) if a.kind == "kineto" else nsys(a.kernels, a.source, a.force, a.flat_nvtx))
     print(f"{path}: {path.stat().st_size / 1e6:.0f} MB ({time.perf_counter() - t:.1f} s)")
 
 

@@ -146,7 +146,7 @@ try:
     out = "read: " + (rows or "no rows; " + "; ".join(trace.warnings[:1]))
 except TraceError as e:
     out = "error: " + str(e)
-# The reader's process plus its largest child (the helper of a split Kineto read): an upper
+# The reader's process plus its largest child (a helper of a Kineto read in parts): an upper
 # bound, as the two overlap only in part.
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 print(json.dumps({"seconds": time.perf_counter() - t0, "outcome": out, "rss_mb": rss / 1024}))
@@ -332,8 +332,7 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         lines.append(f"| `{lim.env}` | {limits.show(lim.name, lim.default)} | {lim.doc} |")
     lines += [
         "| `TRACEANALYZER_LOCK_TIMEOUT_S` | 30 | Seconds to wait for another process's lock on the store. |",
-        "| `TRACEANALYZER_MEMORY_LIMIT` | DuckDB's (80% of RAM) | Memory DuckDB may hold for the store's sorts, joins and cached blocks (DuckDB's syntax: `2GB`, `40%`); past it, rules spill to a temp folder next to the store instead of growing. |",
-        "| `TRACEANALYZER_READ_PROCESSES` | 2 | Processes that read one big (64 MB or more) plain Kineto JSON file: 2 splits it between this process and a helper process that starts from an event near the middle (only with two usable CPUs, and in `scan` only where one worker has two or more of the `--jobs` CPUs: never with `--jobs 1`); 1 reads it in one pass. A split that cannot be proven right is read again in one pass. |",
+        "| `TRACEANALYZER_MEMORY_LIMIT` | DuckDB's (80% of RAM) | Memory each DuckDB connection may hold (the store's, and the nsys reader's own) for sorts, joins and cached blocks (DuckDB's syntax: `2GB`, `40%`); past it, rules spill to a temp folder next to the store instead of growing. |",
         "",
         "Fixed bounds (not settings): times beyond ±2^62 ns (146 years from the clock's zero) are "
         "corrupt (GPU rows with them, or ending before they start, are dropped with a warning; "
@@ -390,7 +389,7 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         "## 2. Resource bombs",
         "",
         "Each read in its own process with the default limits. Peak RSS is that process's plus its "
-        "largest child's (the helper process of a split Kineto read): an upper bound.",
+        "largest child's (a helper process of a Kineto read in parts): an upper bound.",
         "",
         "| file | size on disk | what it would take | time | peak RSS | outcome |",
         "|---|---:|---|---:|---:|---|",

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# Imported on first use, so that a process needing one reader (the helper process of a
-# split Kineto read, see ingest/kineto_split.py) does not pay for DuckDB and pandas.
+# Imported on first use, so that a process needing one reader (a helper process of a Kineto
+# read in parts, see ingest/kineto_parts.py) does not pay for DuckDB and pandas.
 _LAZY = {"ParsedTrace": ".ingest.base", "TraceError": ".ingest.base", "IngestResult": ".store",
          "Store": ".store", "StoreError": ".store", "check_file": ".batch.check", "FileResult": ".batch.check",
          "Resources": ".resources", "Settings": ".rules.engine"}

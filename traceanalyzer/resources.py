@@ -1,20 +1,57 @@
-"""The CPUs one piece of work may use: decided once by its caller, then passed down.
+"""The CPUs and memory one piece of work may use: decided once by its caller, then passed down.
 
 `check` and `report` give one file every usable CPU; `scan` splits its `--jobs` cores between
 its workers (`scan.JobPlan`) and gives each worker's store its share. Everything below reads
-the value it was handed: the reader (nsys fetch threads, Kineto's split read), the store's
-DuckDB threads, and the rules engine's threads. Nothing reads a setting back from DuckDB or
-from a context variable.
+the value it was handed: the reader (nsys fetch threads, Kineto's parts), the store's DuckDB
+threads, and the rules engine's threads. Nothing reads a setting back from DuckDB or from a
+context variable.
+
+Memory: every DuckDB connection traceanalyzer opens, the store's and a reader's own, goes
+through `connect_duckdb`, which gives it TRACEANALYZER_MEMORY_LIMIT (`limit_memory`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-# TRACEANALYZER_READ_PROCESSES=1 keeps a Kineto read to one process (no split read) where
-# starting a helper process is not wanted; any other value allows the split.
-READ_PROCESSES_ENV = "TRACEANALYZER_READ_PROCESSES"
+if TYPE_CHECKING:
+    import duckdb
+
+# DuckDB's syntax: `2GB`, `512MiB`, `40%`. Unset: DuckDB's own default (80% of RAM).
+MEMORY_LIMIT_ENV = "TRACEANALYZER_MEMORY_LIMIT"
+
+
+class MemoryLimitError(ValueError):
+    """TRACEANALYZER_MEMORY_LIMIT holds something DuckDB does not take as a memory size."""
+
+
+def limit_memory(con: duckdb.DuckDBPyConnection) -> None:
+    """Cap what DuckDB holds on `con`'s database (sorts, joins, cached blocks) at
+    TRACEANALYZER_MEMORY_LIMIT; past it, work spills to DuckDB's temp folder instead of growing.
+    Unset: DuckDB's default again (after a `SET memory_limit` of the caller's)."""
+    import duckdb
+
+    text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    try:
+        con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'" if text else "RESET memory_limit")
+    except duckdb.Error as e:
+        raise MemoryLimitError(f"{MEMORY_LIMIT_ENV}={text!r} is not a memory size DuckDB accepts "
+                               f"({str(e).splitlines()[0]})") from None
+
+
+def connect_duckdb(database: str = ":memory:", *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with `limit_memory` applied: the one way traceanalyzer connects."""
+    import duckdb
+
+    con = duckdb.connect(database, read_only=read_only)
+    try:
+        limit_memory(con)
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def usable_cpus() -> int:
@@ -27,24 +64,19 @@ def usable_cpus() -> int:
 
 @dataclass(frozen=True)
 class Resources:
-    """`cpus` cores for one file's work at a time, and whether its read may start a second
-    process (Kineto's split read). The derived values are the one place each is decided."""
+    """`cpus` cores for one file's work at a time. The derived values are the one place each
+    is decided."""
 
     cpus: int
-    read_processes: int = 2
 
     def __post_init__(self) -> None:
-        if self.cpus < 1 or self.read_processes < 1:
-            raise ValueError(f"resources need at least one CPU and one read process, not {self}")
+        if self.cpus < 1:
+            raise ValueError(f"resources need at least one CPU, not {self}")
 
     @classmethod
     def available(cls, cpus: int | None = None) -> Resources:
-        """`cpus` (default: every usable CPU), read processes from TRACEANALYZER_READ_PROCESSES."""
-        try:
-            processes = max(1, int(os.environ.get(READ_PROCESSES_ENV, "2")))
-        except ValueError:
-            processes = 1
-        return cls(max(1, cpus or usable_cpus()), processes)
+        """`cpus` (default: every usable CPU)."""
+        return cls(max(1, cpus or usable_cpus()))
 
     @property
     def duckdb_threads(self) -> int:
@@ -53,13 +85,8 @@ class Resources:
 
     @property
     def read_cpus(self) -> int:
-        """CPUs a reader may use for one file (nsys fetch threads; two for a split Kineto read)."""
+        """CPUs a reader may use for one file (nsys fetch threads; Kineto parts, a process each)."""
         return self.cpus
-
-    @property
-    def split_read(self) -> bool:
-        """Whether a Kineto read may run in two processes."""
-        return self.cpus >= 2 and self.read_processes >= 2
 
     @property
     def rule_threads(self) -> int:

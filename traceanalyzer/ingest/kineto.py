@@ -32,10 +32,9 @@ python_function, metadata) never have their args parsed at all. Typing every eve
 pass reads the bench file ~15% slower (building args for the events no table reads costs
 more than the second decode saves), and puts all categories under one
 Struct: one odd value type anywhere (ROCm writes `"stream": "0x0"` on runtime calls) would
-fail the whole chunk, where per-category batches only lose the offending events. A plain file of 64 MB or more
-is read by two processes when two CPUs are free (`kineto_split`: a helper reads from an
-event near the middle and sends its columns back): the 404 MB bench file's read drops from
-~1.95 s to ~1.4 s, with the same tables.
+fail the whole chunk, where per-category batches only lose the offending events. A big plain
+file is read in parts, a process a part, when the caller gives the read more than one CPU
+(`kineto_parts`), with the same tables; docs/performance.md has what that saves.
 
 Format facts used (docs/formats.md §4, checked against the files in shared/traces/torch):
 times are µs, `ts` relative to `baseTimeNanoseconds` when that key exists (absolute ns =
@@ -53,7 +52,7 @@ from typing import Any
 import msgspec
 from msgspec import Raw
 
-from .. import input_limits, prefetch
+from .. import input_limits
 from ..resources import Resources
 from .base import ParsedTrace, TraceError, as_path
 from .detect import GZIP_MAGIC, KINETO
@@ -61,7 +60,7 @@ from .kineto_devices import device_map, devices_table, remap_devices
 from .kineto_events import Event
 from .kineto_stream import EventStream, Unstreamable
 from .kineto_collect import Collector
-from . import kineto_split
+from . import kineto_parts
 from .kineto_tables import TableBuilder
 
 # Top-level keys whose JSON text is longer than this stay out of runs.metadata.
@@ -82,25 +81,23 @@ SHARED_MEMORY_NOTE = (
 )
 
 
-def read(path: str | Path, *, resources: Resources | None = None,
-         split_min_bytes: int = kineto_split.MIN_SPLIT_BYTES) -> ParsedTrace:
-    """Streamed (`kineto_stream`), in two processes for a big plain file when `resources`
-    allow it (`kineto_split`; default: `Resources.available()`); an odd file is decoded
-    whole, which gives the exact error or result."""
+def read(path: str | Path, *, resources: Resources | None = None) -> ParsedTrace:
+    """Streamed (`kineto_stream`), in parts on the read CPUs `resources` give (`kineto_parts`;
+    default: `Resources.available()`); an odd file is decoded whole, which gives the exact
+    error or result."""
     path = as_path(path)
     resources = resources or Resources.available()
     try:
         with input_limits.json_depth():  # msgspec counts nesting against the recursion limit
-            split = (kineto_split.split_point(path, split_min_bytes) if kineto_split.allowed(resources)
-                     else None)
-            readers = [lambda: _read_split(path, split)] if split is not None else []
-            # A split that fails is read again in one pass: the reference result (or error).
+            plan = kineto_parts.plan(path, resources)
+            readers = [lambda: kineto_parts.read(path, plan)] if plan is not None else []
+            # A read in parts that fails is read again in one pass: the reference result (or error).
             for reader in readers + [lambda: _read_streamed(EventStream(path))]:
                 try:
-                    parts = reader()
+                    top, collector = reader()
                 except Unstreamable:
                     continue  # (outside the except block the failed read's frames are freed)
-                return _parse(*parts)
+                return _parse(top, collector)
             # The whole file at once.
             top, events = _decode(_unpack(_read(path)))
             collector = Collector()
@@ -114,25 +111,9 @@ def read(path: str | Path, *, resources: Resources | None = None,
 
 def _read_streamed(stream: EventStream) -> tuple[dict[str, Raw], Collector]:
     collector = Collector()
-    with prefetch.pandas_deferred():  # pandas's import (pyarrow's) after the read, not in it
-        for events in stream:
-            collector.add(events)
+    for events in stream:
+        collector.add(events)
     return stream.top, collector
-
-
-def _read_split(path: Path, split: kineto_split.Split) -> tuple[dict[str, Raw], Collector]:
-    helper = kineto_split.Helper(path, split)
-    try:
-        stream = EventStream(path, stop=split.offset)
-        top, collector = _read_streamed(stream)
-        if stream.bare_array != split.bare_array:
-            raise Unstreamable
-        later, after = helper.result()
-    finally:
-        helper.stop()
-    collector.merge(later)
-    top.update(after)  # the keys after the array, as a one-pass read adds them
-    return top, collector
 
 
 def _read(path: Path) -> bytes:

@@ -47,7 +47,7 @@ BOM = b"\xef\xbb\xbf"
 _KEY = b'"traceEvents"'
 _AFTER_KEY = re.compile(rb"\s*:\s*\[")
 _KEY_SO_FAR = re.compile(rb"\s*(:\s*)?")
-_CUT = re.compile(rb"\}\s*,\s*\{")
+CUT = re.compile(rb"\}\s*,\s*\{")
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 # Chunks are decoded with a depth limit this much below MAX_JSON_DEPTH, so that nothing
 # the whole-file decode would refuse as too deep streams through.
@@ -73,10 +73,11 @@ class EventStream:
 
     def __init__(self, path: Path, *, stop: int | None = None, start: int = 0,
                  bare_array: bool = False):
-        """`stop` (a file offset where an event starts): read only up to it, the text
-        before it ending in `,`; the events from there on are another reader's. `start`:
-        begin at this offset, inside the array (`bare_array` says which kind of file it
-        is), and read to the end. Both only for plain files (see `kineto_split`)."""
+        """`start` (a file offset where an event starts): begin there, inside the array
+        (`bare_array` says which kind of file it is). `stop` (another such offset): read
+        only up to it, the text before it ending in `,`; the events from there on are
+        another reader's. Without `stop`, read to the end of the array and the top-level
+        keys after it. Both only for plain files (see `kineto_parts`)."""
         self.path = path
         self.top: dict[str, Raw] = {}
         self.bare_array = bare_array
@@ -92,7 +93,7 @@ class EventStream:
         with f:
             if self.start:
                 f.seek(self.start)
-            left = self.stop  # bytes still to read, or None for all
+            left = None if self.stop is None else self.stop - self.start  # bytes still to read, or None for all
             raw = f.read(READ_BYTES if left is None else min(READ_BYTES, left))
             if raw[:2] != GZIP_MAGIC:
                 while raw:
@@ -171,7 +172,7 @@ class EventStream:
             buf += block
             return True
 
-        if self.start:  # inside the array already (a split read's second part)
+        if self.start:  # inside the array already (a part after the first, see kineto_parts)
             yield from self._events(blocks, [], 0)
             return
         # The opening: BOM, whitespace, `{` or `[`.
@@ -211,7 +212,7 @@ class EventStream:
                 return
             pending.append(block)
             size += len(block)
-            if _CUT.search(block) is not None:
+            if CUT.search(block) is not None:
                 text = b"".join(pending)
                 events, pos = self._cut(text, 0)
                 if events is not None:
@@ -228,9 +229,9 @@ class EventStream:
     def _cut(buf: bytes, pos: int) -> tuple[list[Event] | None, int]:
         """Decode the events from `pos` to the last cut in `buf` that gives a valid chunk
         (the last few cuts are tried); return them and where the next event starts."""
-        cuts = list(_CUT.finditer(buf, max(pos, len(buf) - CUT_WINDOW_BYTES)))
+        cuts = list(CUT.finditer(buf, max(pos, len(buf) - CUT_WINDOW_BYTES)))
         if not cuts:
-            cuts = list(_CUT.finditer(buf, pos))
+            cuts = list(CUT.finditer(buf, pos))
         for m in reversed(cuts[-MAX_BAD_CUTS:]):
             try:
                 return _decode(_EVENTS, b"".join((b"[", memoryview(buf)[pos:m.start() + 1], b"]"))), m.end() - 1

@@ -53,7 +53,7 @@ from . import nsys_arrow as arrow
 from . import nsys_enums
 from .. import input_limits, os_memory
 from ..input_limits import MAX_ABS_TIME_NS
-from ..resources import Resources
+from ..resources import Resources, connect_duckdb
 from .base import CollectedTables, ParsedTrace, TableSink, TraceError, as_path
 from .nsys_devices import read_devices
 from .nsys_sqlite import Col, NsysFile, StreamFailed, arrow_schema, one_line, quote
@@ -147,7 +147,7 @@ def read(path: str | Path, backend: str | None = None, sink: TableSink | None = 
 class _Reader:
     def __init__(self, f: NsysFile, sink: TableSink | None = None):
         self.f = f
-        self.duck = duckdb.connect()
+        self.duck = connect_duckdb()  # TRACEANALYZER_MEMORY_LIMIT holds here too
         self.warnings: list[str] = []
         self.sink = sink
         self.out: TableSink = CollectedTables() if sink is None else sink

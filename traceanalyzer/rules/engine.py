@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import re
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -13,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from .. import prefetch, schema
+from .. import schema
 from ..store import views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
 from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
 
-if TYPE_CHECKING:  # imported where used: see `prefetch` (the store imports it while it writes)
+if TYPE_CHECKING:  # imported where first used: commands that run no rule do not pay for it
     import pandas as pd
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -64,8 +66,7 @@ def bind(sql: str, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def query(store: Store, sql: str, values: dict[str, Any]) -> pd.DataFrame:
-    result = store.sql(sql, bind(sql, values))  # DuckDB runs the query here, without the GIL
-    return result.df()  # imports pandas, or waits for the thread importing it
+    return store.sql(sql, bind(sql, values)).df()
 
 
 def evaluate_rule(store: Store, rule: Rule, run_id: str, params: dict[str, Any]) -> pd.DataFrame:
@@ -76,7 +77,7 @@ def evaluate_rule(store: Store, rule: Rule, run_id: str, params: dict[str, Any])
         frames.append(query(store, rule.sql, values))
     if rule.evaluate is not None:
         frames.append(rule.evaluate(store, run_id, params))
-    import pandas as pd  # after the query ran: a run's first rules run while pandas is imported (run_rules)
+    import pandas as pd
     frames = [f for f in frames if f is not None and not f.empty]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return _normalize(df, rule, run_id, store)
@@ -276,6 +277,26 @@ def _error_note(e: Exception) -> str:
 Diagnose = Callable[[Store, str, "pd.DataFrame"], "pd.DataFrame"]
 
 
+def _import_pandas_meanwhile() -> None:
+    """Start importing pandas on a thread of its own, unless it is imported already.
+
+    The rules need it first for the first rule's result, which comes after the run's cache is
+    built (DuckDB's work, which lets go of the GIL); importing it (~0.5 s) meanwhile takes
+    ~0.4 s off every `check`: of the stored 8x owlv2 bench run, 3.26 s against 3.71 s
+    (`bench/bench_peers.py --compare`, docs/performance.md). Python's import lock makes the
+    rule threads that need pandas wait for this import rather than start another; a failure
+    here is ignored, as the same import fails where pandas is used, with its real error."""
+    if "pandas" not in sys.modules:
+        threading.Thread(target=_import_quietly, args=("pandas",), name="pandas-import").start()
+
+
+def _import_quietly(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except Exception:  # reported where the module is used
+        pass
+
+
 def run_rules(store: Store, run_ids: Iterable[str] | None = None,
               settings: Settings | None = None, *, diagnose: Diagnose | None = None) -> list[RuleOutcome]:
     """Evaluate the selected rules on each run and replace their stored findings.
@@ -284,9 +305,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     rank of a multi-rank job) see every run given here that carries their data. `diagnose`:
     given every finding of a run (the stored ones of rules not run here too), what to store.
     """
-    # pandas (~0.25 s to import) is first needed for the first rule's result: import it on a
-    # thread meanwhile (see prefetch.py; a rules pass right after an ingest started it already)
-    prefetch.rules_engine()
+    _import_pandas_meanwhile()
     settings = settings or Settings()
     rules = settings.rules()
     params = {r.id: settings.params_for(r) for r in rules}

@@ -38,15 +38,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from .. import input_limits, kernel_library, os_memory, prefetch, schema
+from .. import input_limits, kernel_library, os_memory, schema
 from ..ingest.base import ParsedTrace
-from ..resources import Resources
+from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory
 from . import migrations, views
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
 LOCK_TIMEOUT_ENV = "TRACEANALYZER_LOCK_TIMEOUT_S"
-MEMORY_LIMIT_ENV = "TRACEANALYZER_MEMORY_LIMIT"
 DEFAULT_LOCK_TIMEOUT_S = 30.0  # a writer's wait for another writer
 
 # A process waiting for a locked store touches `<store>.waiting` at each try and removes it
@@ -155,14 +154,13 @@ class Store:
 
     def _open(self, lock_timeout_s: float | None, *, create: bool = False) -> duckdb.DuckDBPyConnection:
         """Connect, and give the connection what every connection of this store has: the
-        memory limit, the schema (`create`), the views, and what `set` set."""
+        memory limit (`connect_duckdb`), the schema (`create`), the views, and what `set` set."""
         con = self._connect(lock_timeout_s)
         if self._outdated_for_reading(con):
             con.close()
             self._upgrade_for_reading(lock_timeout_s)
             con = self._connect(lock_timeout_s)
         try:
-            _limit_memory(con)
             if create:
                 self._upgrade(con)
             _set_up(con)
@@ -207,7 +205,9 @@ class Store:
         delay, asked, noted = 0.02, False, False
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=self.read_only)
+                con = connect_duckdb(str(self.path), read_only=self.read_only)
+            except MemoryLimitError as e:
+                raise StoreError(str(e)) from None
             except duckdb.IOException as e:
                 msg = str(e)
                 if "lock" not in msg.lower():
@@ -533,7 +533,6 @@ class RunWriter:
         if self.run_id is not None:
             return
         run_id = self._ask_run_id()
-        prefetch.rules_engine()  # while DuckDB writes (see prefetch.py)
         self.con.execute("BEGIN TRANSACTION")
         self.run_id, self._open = run_id, True
         # fetchall: DuckDB 2 refuses a register() on a connection with a half-read result
@@ -622,15 +621,12 @@ def _span_union(a: tuple[int | None, int | None], b: tuple[int | None, int | Non
 
 
 def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
-    """TRACEANALYZER_MEMORY_LIMIT (DuckDB's syntax: `2GB`, `512MiB`, `40%`) caps what DuckDB
-    holds for sorts, joins and cached blocks; past it, work spills to a temp folder next to
-    the store instead of growing. Unset: DuckDB's own default (80% of RAM)."""
-    text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    """`resources.limit_memory` (TRACEANALYZER_MEMORY_LIMIT; past it, work spills to a temp
+    folder next to the store), its error a StoreError."""
     try:
-        con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'" if text else "RESET memory_limit")
-    except duckdb.Error as e:
-        raise StoreError(f"{MEMORY_LIMIT_ENV}={text!r} is not a memory size DuckDB accepts "
-                         f"({str(e).splitlines()[0]})") from None
+        limit_memory(con)
+    except MemoryLimitError as e:
+        raise StoreError(str(e)) from None
 
 
 def _sql_literal(value: str | int) -> str:

@@ -1,0 +1,76 @@
+"""TRACEANALYZER_MEMORY_LIMIT holds on every DuckDB connection traceanalyzer opens: the store's
+(commands, scan workers' scratch stores) and a reader's own (nsys)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import traceanalyzer
+from traceanalyzer import resources
+from traceanalyzer.ingest import nsys
+from traceanalyzer.resources import MEMORY_LIMIT_ENV, MemoryLimitError, connect_duckdb
+
+PACKAGE = Path(traceanalyzer.__file__).resolve().parent
+FIXTURES = PACKAGE.parent / "fixtures"
+SETTING = "SELECT current_setting('memory_limit')"
+
+
+def test_every_duckdb_connection_goes_through_connect_duckdb():
+    """A new place that connects to DuckDB on its own would not get the limit."""
+    calls = re.compile(r"\bduckdb\s*\.\s*connect\s*\(")
+    found = [f"{p.relative_to(PACKAGE)}:{n}" for p in PACKAGE.rglob("*.py") if p.name != "resources.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if calls.search(line)]
+    assert found == []
+
+
+def test_connect_duckdb_sets_the_limit_and_names_a_bad_value(monkeypatch):
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, "1GB")
+    with connect_duckdb() as con:
+        assert con.execute(SETTING).fetchall()[0][0] == "953.6 MiB"
+    monkeypatch.delenv(MEMORY_LIMIT_ENV)
+    with connect_duckdb() as con:
+        default = con.execute(SETTING).fetchall()[0][0]
+    assert default != "953.6 MiB"
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, "lots")
+    with pytest.raises(MemoryLimitError, match="TRACEANALYZER_MEMORY_LIMIT='lots' is not a memory size"):
+        connect_duckdb()
+
+
+def test_the_nsys_readers_own_connection_is_limited(monkeypatch):
+    seen = []
+    real = nsys._Reader.read
+
+    def read(self):
+        seen.append(self.duck.execute(SETTING).fetchall()[0][0])
+        return real(self)
+
+    monkeypatch.setattr(nsys._Reader, "read", read)
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, "512MiB")
+    trace = nsys.read(FIXTURES / "nsys" / "planted.sqlite")
+    assert seen == ["512.0 MiB"] and trace.tables
+
+
+def test_a_scan_workers_store_is_limited(tmp_path, monkeypatch):
+    """A scan worker checks its file on a scratch store of its own (`batch.scan.process_file`)."""
+    from traceanalyzer.batch import scan
+    from traceanalyzer.batch.scan import WorkContext, process_file
+    from traceanalyzer.store import Store
+
+    seen = []
+    real_ingest = Store.ingest
+
+    def ingest(self, path, **kw):
+        seen.append(self.sql(SETTING).fetchall()[0][0])
+        return real_ingest(self, path, **kw)
+
+    monkeypatch.setattr(Store, "ingest", ingest)
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, "700MiB")
+    # a worker thread keeps its scratch store between files: an earlier test's, opened without
+    # the limit, is not the one this test is about
+    monkeypatch.setattr(scan._local, "store", None, raising=False)
+    out = process_file(str(FIXTURES / "nsys" / "planted.sqlite"),
+                       WorkContext(frozenset(), None, resources=resources.Resources(1)))
+    assert out.result.error is None and seen == ["700.0 MiB"]
