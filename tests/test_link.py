@@ -275,6 +275,12 @@ def test_json_report_carries_the_timeline_facts(store):
     doc = json.loads(render_json(load_result(store, [run_id])))
     linked = [f for f in doc["findings"] if f["rule_id"] in ("B003", "I001", "I002", "I004")]
     assert linked and all({"timeline_run_id", "kernel_time_ns", "kernel_share"} <= set(f["evidence"]) for f in linked)
+    for f in linked:  # and at the top of the finding, as the report's readers look for them
+        assert (f["timeline_run_id"], f["kernel_time_ns"], f["kernel_share"]) == (
+            run_id, f["evidence"]["kernel_time_ns"], f["evidence"]["kernel_share"])
+        assert 0 < f["kernel_share"] <= 1 and f["kernel_time_ns"] > 0
+    assert all("timeline_run_id" not in f for f in doc["findings"] if f["rule_id"] not in
+               ("B002", "B003", "B004", "I001", "I002", "I003", "I004", "I005"))
 
 
 def test_scan_links_files_side_by_side_once(tmp_path):

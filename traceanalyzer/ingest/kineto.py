@@ -20,7 +20,7 @@ the 404 MB bench file, `bench/gen_big.py kineto --copies 8`: read() 1.9 s of CPU
 310-340 MB peak RSS, imports included, where the whole-file decode took 3.3 s and 1,060 MB.)
 
 A generic decode builds a dict per event and per args object (python_function stacks,
-`Input Strides`, `Concrete Inputs` ...) that the schema never uses; typed decoding into
+`Input Strides` ...) that the schema never uses; typed decoding into
 `kineto_events.Event` skips those keys in C. The file is not read whole: `kineto_stream`
 cuts `traceEvents` at event boundaries into ~4 MB chunks, each decoded on its own and
 dropped once `kineto_collect.Collector` has kept the columns its tables need, so the peak

@@ -37,8 +37,16 @@ def rule_errors(result: CheckResult) -> list[dict]:
              "rule_id": o["rule_id"], "message": o["note"]} for o in result.rule_errors()]
 
 
+# A finding an Nsight Compute rule made on a linked timeline's kernel (rules/_ncu.py `linked`)
+# says which timeline and how much of it the kernel is, beside its ncu evidence.
+LINKED_KEYS = ("timeline_run_id", "kernel_time_ns", "kernel_share")
+
+
 def _finding(result: CheckResult, f: dict) -> dict:
     out = {**f, "new": result.is_new(f)}
+    evidence = f.get("evidence")
+    if isinstance(evidence, dict) and "timeline_run_id" in evidence:
+        out.update({k: evidence.get(k) for k in LINKED_KEYS})
     if result.baseline is not None and not out["new"]:
         g = result.growth(f)
         out["growth_pct"] = None if g is None or math.isinf(g) else round(g, 3)
