@@ -244,14 +244,9 @@ def measure(python: Path | str, task: str, *args, env: dict | None = None, label
         full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
         proc = subprocess.Popen([str(python), str(Path(__file__).resolve()), "--child", task, *map(str, args)],
                                 stdout=out, stderr=err, text=True, env=full_env, cwd=ROOT)
-        tree_peak = 0
-        while proc.poll() is None:  # the process and its children together (a helper process counts)
-            tree_peak = max(tree_peak, _tree_rss_bytes(proc.pid))
-            if time.perf_counter() - t0 > timeout_s:
-                proc.kill()
-                proc.wait()
-                return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
-            time.sleep(TREE_SAMPLE_S)
+        tree_peak = _watch(proc, t0, timeout_s)
+        if tree_peak is None:
+            return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
         wall = time.perf_counter() - t0
         out.seek(0)
         err.seek(0)
@@ -298,14 +293,9 @@ def measure_command(argv: list[str], *, env: dict | None = None, label: str = ""
         t0 = time.perf_counter()
         proc = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
                                 env=full_env, cwd=cwd)
-        tree_peak = 0
-        while proc.poll() is None:
-            tree_peak = max(tree_peak, _tree_rss_bytes(proc.pid))
-            if time.perf_counter() - t0 > timeout_s:
-                proc.kill()
-                proc.wait()
-                return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
-            time.sleep(TREE_SAMPLE_S)
+        tree_peak = _watch(proc, t0, timeout_s)
+        if tree_peak is None:
+            return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
         wall = time.perf_counter() - t0
         text = maxrss.read().split()
     largest = int(text[-1]) * 1024 if text and text[-1].isdigit() else 0  # KiB
@@ -315,6 +305,20 @@ def measure_command(argv: list[str], *, env: dict | None = None, label: str = ""
         return {"error": tail[0][:300], "wall_s": wall, "rc": rc, "log": str(log)}
     return {"work_s": wall, "wall_s": wall, "rc": rc, "peak_bytes": max(tree_peak, largest),
             "tree_peak_bytes": tree_peak, "largest_process_bytes": largest}
+
+
+def _watch(proc: subprocess.Popen, t0: float, timeout_s: float) -> int | None:
+    """Wait for `proc`, sampling the resident memory of it and its children together (a helper
+    process counts); their peak, or None once it ran past `timeout_s` (then it is killed)."""
+    tree_peak = 0
+    while proc.poll() is None:
+        tree_peak = max(tree_peak, _tree_rss_bytes(proc.pid))
+        if time.perf_counter() - t0 > timeout_s:
+            proc.kill()
+            proc.wait()
+            return None
+        time.sleep(TREE_SAMPLE_S)
+    return tree_peak
 
 
 def _tree_rss_bytes(pid: int) -> int:
