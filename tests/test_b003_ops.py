@@ -13,7 +13,6 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from traceanalyzer.batch.check import check_file
 from traceanalyzer.devices import gpu
 from traceanalyzer.rules._op_cost import Cost, op_cost
 from traceanalyzer.rules.B003_roofline import kineto_estimates
@@ -323,14 +322,10 @@ H100 = ["TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz",
         "TraceLens__h100__Falconsai_nsfw_image_detection__1016002.json.gz"]
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    """The ROCm traces of the corpus and three H100 ones, checked with B003."""
-    traces = shared_traces() / "torch"
-    with Store(tmp_path_factory.mktemp("real") / "real.duckdb") as st:
-        for name in (*ROCM, *H100):
-            assert check_file(st, traces / name, Settings(select=["B003"])).state == "stored"
-        yield st
+@pytest.fixture
+def real(real_corpus):
+    """The corpus store (tests/conftest.py): the ROCm traces and the H100 ones among them."""
+    return real_corpus
 
 
 def _family_counts(st, name):
@@ -385,7 +380,9 @@ def test_sd35_addmm_out_calls_match_the_json(real):
 
 def test_real_verdicts_have_evidence(real):
     # rule_loss_ns: the rule's own figure (the diagnosis relates findings on one kernel to a headline)
-    rows = real.sql("SELECT evidence, rule_loss_ns FROM findings WHERE rule_id = 'B003'").fetchall()
+    rows = real.sql("SELECT evidence, rule_loss_ns FROM findings JOIN runs USING (run_id) WHERE rule_id = 'B003' "
+                    "AND file_name IN (SELECT unnest($names))", {"names": [*ROCM, *H100]}).fetchall()
+    assert rows
     bounds = Counter()
     for evidence, loss in rows:
         ev = json.loads(evidence)
