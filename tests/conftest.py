@@ -96,6 +96,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("corpus"))
 
 
+def pytest_collection_finish(session):
+    # A pytest-xdist that could not group them lets every process build the corpus store: slower,
+    # and nothing else would say so.
+    if getattr(session.config.option, "loadgroup", False) and any(
+            "real_corpus" in getattr(item, "fixturenames", ()) and not item.nodeid.endswith("@corpus")
+            for item in session.items):
+        raise pytest.UsageError("pytest-xdist did not group the real-corpus tests (--dist loadgroup): "
+                                "install the versions pyproject.toml's test extra names")
+
+
 @pytest.fixture
 def store(tmp_path):
     from traceanalyzer.store import Store
