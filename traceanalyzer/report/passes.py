@@ -1,7 +1,7 @@
 """The four passes over each hot kernel of a timeline linked to Nsight Compute, in one place.
 
 The method reads a kernel four ways: its structure (the operator or range that launched it, the
-shapes it ran on), its place in the timeline (launches, the idle time around them), its
+shapes it ran on, the unfused element-wise chain it is part of), its place in the timeline (launches, the idle time around them), its
 bottleneck (roofline, limiter, occupancy as ncu measured it) and its instructions (stalls,
 wasted sectors, bank conflicts). For a timeline run linked to an ncu run (`link.py`) the report
 gathers them per kernel, the kernels the ncu run profiled, hottest first: from the timeline's
@@ -79,6 +79,7 @@ def hot_kernels(store: Store, run_id: str, findings: list[dict], top: int = TOP)
     shapes: dict[str, list] = {}
     for r in store.arrow(_SHAPES_SQL, {"r": run_id, "names": names}).to_pylist():
         shapes.setdefault(r["name"], []).append(r["input_dims"])
+    chains = _chains(store, run_id, findings)
     measured: dict[tuple, dict] = {}
     for r in store.arrow(_METRICS_SQL, {"r": run_id, "ids": list(METRICS.values())}).to_pylist():
         m = measured.setdefault((r["device_id"], r["name"]), {"ncu_launches": 0})
@@ -96,7 +97,8 @@ def hot_kernels(store: Store, run_id: str, findings: list[dict], top: int = TOP)
                             if isinstance(f.get("evidence"), dict) and f["evidence"].get("launched_by")), None)
         out.append({
             "name": k["name"], "label": fmt.kernel_label(k["name"], _short(k["name"])), "device_id": k["device_id"],
-            "structure": {"launched_by": launched_by, "shapes": shapes.get(k["name"], [])[:3]},
+            "structure": {"launched_by": launched_by, "shapes": shapes.get(k["name"], [])[:3],
+                          "fusion_chain": chains.get((k["device_id"], k["name"]))},
             "timeline": {"launches": k["launches"], "ns": k["ns"], "median_ns": k["median_ns"],
                          "share": k["ns"] / k["total_ns"] if k["total_ns"] else None,
                          "idle_before_ns": k["idle_before_ns"], "idle_after_ns": k["idle_after_ns"]},
@@ -114,6 +116,24 @@ def hot_kernels(store: Store, run_id: str, findings: list[dict], top: int = TOP)
                           "loss_ns": f.get("rule_loss_ns") if f.get("rule_loss_ns") is not None else f.get("est_loss_ns")}
                          for f in mine],
         })
+    return out
+
+
+def _chains(store: Store, run_id: str, findings: list[dict]) -> dict[tuple, dict]:
+    """(device, kernel name) -> the unfused element-wise chain (an S002 finding) the kernel is in.
+    The chains of one finding have the same kernels in the same order, so the first one it lists
+    names them all."""
+    out: dict[tuple, dict] = {}
+    for f in findings:
+        ev = f.get("evidence")
+        if f["rule_id"] != "S002" or not isinstance(ev, dict) or not ev.get("worst"):
+            continue
+        chain = {"name": f["item_name"], "finding_no": f.get("finding_no"), "chains": ev["chains"],
+                 "kernels_per_chain": ev["kernels_per_chain"], "saving_ns": f.get("est_loss_ns")}
+        names = store.arrow("SELECT DISTINCT name FROM kernels WHERE run_id = $r AND list_contains($ids, kernel_id)",
+                            {"r": run_id, "ids": ev["worst"][0]["kernel_ids"]}).column("name").to_pylist()
+        for name in names:
+            out.setdefault((f["device_id"], name), chain)
     return out
 
 
@@ -147,6 +167,9 @@ def lines(k: dict) -> list[tuple[str, str]]:
     where = s["launched_by"] or "no operator or range recorded"
     if s["shapes"]:
         where += "; shapes " + ", ".join(s["shapes"])
+    if chain := s.get("fusion_chain"):
+        where += (f"; in {chain['chains']} unfused chain(s) of {chain['kernels_per_chain']} element-wise kernels "
+                  f"({chain['name']}, #{chain['finding_no']} S002: fusing saves about {fmt.ns(chain['saving_ns'])})")
     timeline = (f"{t['launches']} launch(es), {fmt.ns(t['ns'])} ({fmt.pct(t['share'])} of kernel time), median "
                 f"{fmt.ns(t['median_ns'])}; device idle {fmt.ns(t['idle_before_ns'])} before and "
                 f"{fmt.ns(t['idle_after_ns'])} after (median)")

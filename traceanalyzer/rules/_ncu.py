@@ -249,7 +249,9 @@ LINKED_HOW = (
     "matched (`kernel_links`): it names that kernel and, where the timeline has them, the operator or range that "
     "launched it; `evidence.kernel_time_ns` is the time of the kernel's matched launch configurations in the "
     "timeline, `kernel_share` its share of the timeline's kernel time, and the estimated loss is the ncu "
-    "finding's share of its kernel's profiled time (`loss_share`) applied to `kernel_time_ns`. "
+    "finding's share of its kernel's profiled time (`loss_share`, over every launch ncu profiled of the "
+    "kernel, configurations the timeline lacks included) applied to `kernel_time_ns`. The rule applies when it "
+    "applies to any linked ncu run. "
     "`min_time_share`, `warning_time_share` and `max_kernels_count`, where the rule has them, apply to the "
     "timeline's shares. Kernels ncu profiled that the timeline lacks are left out (see the link).")
 
@@ -290,16 +292,16 @@ def linked(rule, *, project: bool = True):
     evaluate.linked = True
     if not project:
         return dataclasses.replace(rule, evaluate=evaluate)
-    on_ncu = rule.applies_sql.strip().replace("$run_id", _FIRST_LINKED)
+    # the rule applies to a timeline when it applies to the timeline itself or to any linked ncu
+    # run: its own check, correlated on each of them
+    on_ncu = rule.applies_sql.strip().replace("$run_id", "linked_ncu_run.ncu_run_id")
     return dataclasses.replace(
         rule, evaluate=evaluate, formats=tuple(dict.fromkeys((*rule.formats, *TIMELINE_FORMATS))),
-        applies_sql=f"SELECT coalesce(({rule.applies_sql.strip()}), false) OR coalesce(({on_ncu}), false)",
+        applies_sql=f"""SELECT coalesce(({rule.applies_sql.strip()}), false) OR coalesce((
+            SELECT bool_or(coalesce(({on_ncu}), false))
+            FROM (SELECT DISTINCT l.ncu_run_id FROM kernel_links l JOIN runs r ON r.run_id = l.ncu_run_id
+                  WHERE l.run_id = $run_id AND l.side = 'both') linked_ncu_run), false)""",
         how=f"{rule.how} {LINKED_HOW}")
-
-
-# A linked ncu run of the timeline run $run_id (the first by id), for a rule's applies check.
-_FIRST_LINKED = ("(SELECT min(l.ncu_run_id) FROM kernel_links l JOIN runs r ON r.run_id = l.ncu_run_id "
-                 "WHERE l.run_id = $run_id AND l.side = 'both')")
 
 
 def linked_ncu_runs(store, run_id: str) -> list[str]:
