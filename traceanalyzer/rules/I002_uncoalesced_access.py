@@ -9,7 +9,8 @@ import numpy as np
 
 from ..fmt import kernel_label, ns, num, pct
 from ._code import name_launchers
-from ._ncu import DURATION, MEM_SOL, as_int, col, kernel_finding, linked, ncu_launches, per_kernel
+from ._ncu import (DURATION, MEM_SOL, as_int, col, kernel_finding, linked, ncu_launches, per_kernel,
+                   sector_use_from_messages, sector_use_metric)
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -36,6 +37,9 @@ def _ids(op: str) -> dict[str, str]:
 COUNTERS = [m for op in OPS for k, m in _ids(op).items() if k in ("sectors", "requests", "data_bytes")]
 COUNTERS += [L2_SECTORS, L2_IDEAL, L2_EXCESS, *L2_CYCLES["sum"]]
 RATIOS = [m for op in OPS for k, m in _ids(op).items() if k in ("spr", "bytes_per_sector_pct")]
+# bytes used per sector quoted by NVIDIA's MemoryCacheAccessPattern message, and the sector size
+MESSAGE_RATIOS = {op: tuple(f"message_{m}" for m in sector_use_metric(op)) for op in OPS}
+RATIOS += [m for op in OPS for m in (*sector_use_metric(op), *MESSAGE_RATIOS[op])]
 RATIOS += [MEM_SOL, *L2_CYCLES["avg"], "rule_speedup_pct"]
 
 # ncu's own UncoalescedGlobalAccess message (2023-2025 wording), kept in kernel_rule_results.
@@ -63,6 +67,11 @@ def _measure(g: pd.DataFrame, op: str, assumed_bytes: float) -> pd.DataFrame:
     spr = (sectors / requests.where(requests > 0)).fillna(col(g, m["spr"]))
     data = col(g, m["data_bytes"])
     used_pct = col(g, m["bytes_per_sector_pct"]).fillna(100 * data / (32 * sectors.where(sectors > 0)))
+    used, ceiling = sector_use_metric(op)  # the full section set's form
+    used_pct = used_pct.fillna(100 * col(g, used) / col(g, ceiling).where(lambda x: x > 0))
+    quoted, quoted_ceiling = MESSAGE_RATIOS[op]  # else NVIDIA's words
+    by_message = used_pct.isna() & col(g, quoted).notna()
+    used_pct = used_pct.fillna(100 * col(g, quoted) / col(g, quoted_ceiling).where(lambda x: x > 0))
     # Ideal sectors per request: the bytes a request asks for, in 32-byte sectors (aligned access).
     ideal_spr = np.ceil(data / requests.where(requests > 0) / 32 - 1e-9)
     assumed = ideal_spr.isna()
@@ -71,7 +80,9 @@ def _measure(g: pd.DataFrame, op: str, assumed_bytes: float) -> pd.DataFrame:
     by_spr = (1 - ideal_spr / spr).clip(lower=0)
     out = pd.DataFrame({
         "op": op, "excess_share": by_used.fillna(by_spr),
-        "method": np.where(by_used.notna(), "bytes per sector", np.where(by_spr.notna(), "sectors per request", None)),
+        "method": np.where(by_message & by_used.notna(), "ncu MemoryCacheAccessPattern message",
+                           np.where(by_used.notna(), "bytes per sector",
+                                    np.where(by_spr.notna(), "sectors per request", None))),
         "sectors_per_request": spr, "ideal_sectors_per_request": ideal_spr.where(by_spr.notna()),
         "ideal_assumed": assumed & by_used.isna(), "bytes_used_per_sector_pct": used_pct,
         "sectors": sectors, "requests": requests,
@@ -83,6 +94,10 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
     df = ncu_launches(store, run_id, [DURATION, *COUNTERS, *RATIOS])
+    quoted = sector_use_from_messages(store, run_id)
+    if not df.empty and not quoted.empty:
+        df = df.merge(quoted.rename(columns=lambda c: c if c == "kernel_id" else f"message_{c}"),
+                      on="kernel_id", how="left")
     rr = _rule_rows(store, run_id)
     if not rr.empty:
         df = store.sql("SELECT kernel_id, device_id, coalesce(name, '?') AS name, coalesce(short_name, name, '?') "
@@ -122,7 +137,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         what = OPS.get(f["op"], "accesses")
         if f["method"] in ("L2 theoretical sectors", "ncu UncoalescedGlobalAccess message"):
             detail = f"{num(f['excess_sectors'])} of {num(f['total_sectors'])} L2 sectors are excess"
-        elif f["method"] == "bytes per sector":
+        elif f["method"] in ("bytes per sector", "ncu MemoryCacheAccessPattern message"):
             detail = f"only {f['bytes_used_per_sector_pct'] * 0.32:.1f} of every 32 bytes fetched are used"
         else:
             detail = (f"{f['sectors_per_request']:.1f} sectors per request where "
@@ -154,7 +169,7 @@ SELECT (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS 
                                        || 'l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_(ld|st)\\.ratio|'
                                        || 'smsp__sass_average_data_bytes_per_sector_mem_global_op_(ld|st)\\.pct)$'))) > 0
     OR (SELECT count(*) FROM kernel_rule_results WHERE run_id = $run_id
-          AND rule_name = 'UncoalescedGlobalAccess') > 0
+          AND rule_name IN ('UncoalescedGlobalAccess', 'MemoryCacheAccessPattern')) > 0
 """
 
 RULE = linked(Rule(
@@ -163,7 +178,8 @@ RULE = linked(Rule(
     title="Uncoalesced global memory access",
     phase="instruction",
     claims="compute",
-    nvidia=(("UncoalescedGlobalAccess", ""),),
+    # MemoryCacheAccessPattern: the bytes of each sector the threads use, this rule's measure too
+    nvidia=(("UncoalescedGlobalAccess", ""), ("MemoryCacheAccessPattern", r"for global (loads|stores)")),
     severity="warning",
     what="Kernels whose global loads or stores fetch more 32-byte sectors than the bytes their threads use: "
          "strided, misaligned or scattered accesses.",
@@ -175,14 +191,21 @@ RULE = linked(Rule(
         "- `_ideal`, over the total, as NVIDIA's UncoalescedGlobalAccess; or the excess quoted in that rule's "
         "message in the details page); else, for loads and stores apart, the used share of each fetched "
         "sector (`smsp__sass_average_data_bytes_per_sector_mem_global_op_*.pct`, or data bytes / (32 x "
-        "`l1tex__t_sectors_pipe_lsu_mem_global_op_*.sum`)); else sectors per request "
+        "`l1tex__t_sectors_pipe_lsu_mem_global_op_*.sum`), or the full section set's `.ratio` / `.max_rate`, or "
+        "the bytes per sector NVIDIA's MemoryCacheAccessPattern message quotes for L1TEX); else sectors per request "
         "(`l1tex__t_sectors_...` / `l1tex__t_requests_...`, or the `.ratio`) against the ideal: the bytes a "
         "request asks for in 32-byte sectors, or, when the file lacks the data bytes, `assumed_access_bytes` "
         "per thread (4 sectors per request for 32-bit accesses; then the finding is info, since wide vector "
         "loads legitimately use more). Reported at `min_excess_share` of sectors wasted (NVIDIA reports any "
         "excess). Estimated loss: time x excess share x L2 busy share (`lts__cycles_active` / "
         "`lts__cycles_elapsed`, NVIDIA's estimate), or x the memory SOL share when those cycles are missing; "
-        "when the excess comes from ncu's message, ncu's own estimated speedup.",
+        "when the excess comes from ncu's UncoalescedGlobalAccess message, ncu's own estimated speedup. "
+        "NVIDIA's counterparts: UncoalescedGlobalAccess (the Source Counters excess) and MemoryCacheAccessPattern "
+        "for global accesses (bytes used per sector). They flag the same kernels on the real reports but two "
+        "SGEMMs, where a warp's threads read one word of A together: few bytes of each sector are used per "
+        "thread, so MemoryCacheAccessPattern flags them, but no sector is fetched beyond the ideal, so "
+        "neither UncoalescedGlobalAccess nor I002 does (I005 says broadcast loads; "
+        "tests/test_ncu_rules_vendor.py).",
     fix="Coalesce: consecutive threads on consecutive addresses (threadIdx.x in the contiguous dimension), "
         "structure-of-arrays layouts, transposes through shared memory, aligned base addresses.",
     requires="Nsight Compute global-access sector counters (Memory Workload Analysis tables / Source Counters, "

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..fmt import kernel_label, num, pct
 from ._code import name_launchers
-from ._ncu import (DURATION, MEM_SOL, col, kernel_finding, linked, metrics_exist, ncu_launches, per_kernel,
-                   rule_results_exist)
+from ._ncu import (DURATION, MEM_SOL, col, fill_missing, kernel_finding, linked, metrics_exist, ncu_launches,
+                   per_kernel, rule_results_exist, sector_use_from_messages, sector_use_metric)
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -25,8 +24,8 @@ def _ids(op: str) -> dict[str, tuple[str, ...]]:
         "data_bytes": (f"smsp__sass_data_bytes_mem_global_op_{op}.sum",),
         "used_pct": (f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.pct",),
         # bytes used per sector and its ceiling (32): the full section set's form of used_pct
-        "used_bytes": (f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.ratio",),
-        "sector_bytes": (f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.max_rate",),
+        "used_bytes": (sector_use_metric(op)[0],),
+        "sector_bytes": (sector_use_metric(op)[1],),
         "sectors": (f"l1tex__t_sectors_pipe_lsu_mem_global_op_{op}.sum",),
         "inst": (f"smsp__sass_inst_executed_op_global_{op}.sum", f"smsp__inst_executed_op_global_{op}.sum"),
         "requests": (f"l1tex__t_requests_pipe_lsu_mem_global_op_{op}.sum",),
@@ -41,30 +40,6 @@ SHARED_BELOW_BYTES = 3.6
 _PER_SECTOR = ("used_pct", "used_bytes", "sector_bytes")
 COUNTERS = sorted({m for op in OPS for k, ms in _ids(op).items() if k not in _PER_SECTOR for m in ms} | {ALL_INST})
 RATIOS = sorted({m for op in OPS for k in _PER_SECTOR for m in _ids(op)[k]} | {THREADS_PER_INST, MEM_SOL})
-
-# NVIDIA's MemoryCacheAccessPattern message at L1TEX ("The memory access pattern for global loads
-# from L1TEX might not be optimal. On average, only 26.4 of the 32 bytes transmitted per sector are
-# utilized by each thread."): bytes used per sector, for reports without the metric.
-_RULE_TEXT = re.compile(r"global (load|store)s (?:from|to) L1TEX might not be optimal\. On average, only "
-                        r"([\d.]+) of the ([\d.]+) bytes transmitted per sector are utilized")
-_RULE_OP = {"load": "ld", "store": "st"}
-
-
-def _rule_ratios(store, run_id: str) -> pd.DataFrame:
-    """Per launch, bytes used per sector and the sector size from NVIDIA's messages."""
-    import pandas as pd
-
-    rr = store.sql("""SELECT kernel_id, description FROM kernel_rule_results
-                      WHERE run_id = $run_id AND rule_name = 'MemoryCacheAccessPattern'""", {"run_id": run_id}).df()
-    rows: dict[int, dict[str, float]] = {}
-    for kernel_id, text in zip(rr["kernel_id"], rr["description"]):
-        m = _RULE_TEXT.search(" ".join(str(text).split()))
-        if m is not None:
-            ids = _ids(_RULE_OP[m.group(1)])
-            rows.setdefault(int(kernel_id), {}).update(
-                {ids["used_bytes"][0]: float(m.group(2)), ids["sector_bytes"][0]: float(m.group(3))})
-    return pd.DataFrame([{"kernel_id": k, **v} for k, v in rows.items()])
-
 
 def _widths(g: pd.DataFrame, op: str) -> pd.DataFrame:
     """Bytes per active thread per instruction, and how each input was obtained."""
@@ -102,12 +77,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
     df = ncu_launches(store, run_id, [DURATION, *COUNTERS, *RATIOS])
-    rule = _rule_ratios(store, run_id)
-    if not df.empty and not rule.empty:  # the file's own bytes per sector first, else the message's
-        df = df.merge(rule, on="kernel_id", how="left", suffixes=("", "_rule"))
-        for c in rule.columns.drop("kernel_id"):
-            if c + "_rule" in df.columns:
-                df[c] = df[c].fillna(df.pop(c + "_rule"))
+    df = fill_missing(df, sector_use_from_messages(store, run_id))  # the file's own bytes per sector first
     if df.empty:
         return df
     g = per_kernel(df, sums=COUNTERS, means=RATIOS, weight=DURATION)
@@ -162,7 +132,6 @@ RULE = linked(Rule(
     title="Scalar instead of vector global loads and stores",
     phase="instruction",
     claims="compute",
-    nvidia=(("MemoryCacheAccessPattern", ""),),
     severity="info",
     what="Kernels whose global loads or stores move under `min_access_bytes` per thread per instruction: "
          "4-byte (or smaller) scalar accesses where 8- or 16-byte vector accesses would move the same bytes "
@@ -186,10 +155,9 @@ RULE = linked(Rule(
         "Kernels whose global instructions are under `min_inst_share` of all executed instructions "
         "(`smsp__inst_executed.sum`, when present) are skipped. No time estimate: fewer instructions help only "
         "when issue or LSU throughput limits the kernel (see B004, I001 lg_throttle). "
-        "Beside NVIDIA's MemoryCacheAccessPattern: that rule asks how much of each sector the threads use, this "
-        "one how wide each access is; they flag the same kernels on the real reports but three: 4-byte loads of "
-        "consecutive floats use whole sectors (vec_add, matrix_addition2D: I005 alone), and a strided copy "
-        "without width counters is NVIDIA's alone (tests/test_ncu_rules_vendor.py).",
+        "Nsight Compute has no rule on the access width: its MemoryCacheAccessPattern asks how much of each "
+        "sector the threads use, which is I002's question (4-byte loads of consecutive floats use whole sectors "
+        "and are I005's alone).",
     fix="Use vector types (float4, int4, __half2 pairs) on 16-byte aligned data, or have each thread handle "
         "several consecutive elements.",
     requires="Nsight Compute global data-byte (or bytes-per-sector and sector) counters with global instruction "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -172,6 +173,50 @@ def rule_results_exist(rule_name: str) -> str:
     """SQL condition: the run stores NVIDIA's results of this rule (kernel_rule_results)."""
     return (f"EXISTS (SELECT 1 FROM kernel_rule_results WHERE run_id = $run_id "
             f"AND rule_name = {_sql_text(rule_name)})")
+
+
+# NVIDIA's MemoryCacheAccessPattern message at L1TEX ("The memory access pattern for global loads
+# from L1TEX might not be optimal. On average, only 26.4 of the 32 bytes transmitted per sector are
+# utilized by each thread."): bytes used per sector, for reports without the metric.
+_SECTOR_USE_TEXT = re.compile(r"global (load|store)s (?:from|to) L1TEX might not be optimal\. On average, only "
+                              r"([\d.]+) of the ([\d.]+) bytes transmitted per sector are utilized")
+_SECTOR_USE_OP = {"load": "ld", "store": "st"}
+
+
+def sector_use_metric(op: str) -> tuple[str, str]:
+    """The metrics of bytes used per sector of global `op` ("ld", "st") and their ceiling (32): the
+    full section set's form of `smsp__sass_average_data_bytes_per_sector_mem_global_op_*.pct`."""
+    base = f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}"
+    return f"{base}.ratio", f"{base}.max_rate"
+
+
+def sector_use_from_messages(store, run_id: str) -> pd.DataFrame:
+    """Per launch (kernel_id), bytes used per sector and the sector size that NVIDIA's
+    MemoryCacheAccessPattern messages quote for global loads and stores, under the metric ids
+    `sector_use_metric` names; no rows when the run has none."""
+    import pandas as pd
+
+    rr = store.sql("""SELECT kernel_id, description FROM kernel_rule_results
+                      WHERE run_id = $run_id AND rule_name = 'MemoryCacheAccessPattern'""", {"run_id": run_id}).df()
+    rows: dict[int, dict[str, float]] = {}
+    for kernel_id, text in zip(rr["kernel_id"], rr["description"]):
+        m = _SECTOR_USE_TEXT.search(" ".join(str(text).split()))
+        if m is not None:
+            used, ceiling = sector_use_metric(_SECTOR_USE_OP[m.group(1)])
+            rows.setdefault(int(kernel_id), {}).update({used: float(m.group(2)), ceiling: float(m.group(3))})
+    return pd.DataFrame([{"kernel_id": k, **v} for k, v in rows.items()])
+
+
+def fill_missing(df: pd.DataFrame, extra: pd.DataFrame, key: str = "kernel_id") -> pd.DataFrame:
+    """`df` with the cells it lacks taken from `extra` (same key, same column names); its own
+    values first."""
+    if df.empty or extra.empty:
+        return df
+    out = df.merge(extra, on=key, how="left", suffixes=("", "_extra"))
+    for c in extra.columns.drop(key):
+        if c + "_extra" in out.columns:
+            out[c] = out[c].fillna(out.pop(c + "_extra"))
+    return out
 
 
 def _sql_text(value: str) -> str:
