@@ -267,3 +267,18 @@ def test_folder_scan_passes_over_other_text(tmp_path):
     skipped: list = []
     assert list(find_traces([tmp_path], skipped)) == [tmp_path / "report.txt"]
     assert sorted(p.name for p, _ in skipped) == ["build.log", "notes.txt", "requirements.txt"]
+
+
+def test_rule_names_told_from_wording_agree_with_the_real_reports_identifiers(real_corpus):
+    """The text report prints no rule identifier; the CSV exports and .ncu-rep reports print both.
+    On every real rule row of those, the wording gives the identifier they pair it with, or none."""
+    from traceanalyzer.ingest.ncu_text import RULE_NAMES, rule_name_of
+
+    rows = real_corpus.sql("""SELECT rr.rule_name, rr.description FROM kernel_rule_results rr JOIN runs r USING (run_id)
+                              WHERE r.format IN ('ncu-csv', 'ncu-rep') AND rr.description IS NOT NULL""").fetchall()
+    told = [(name, rule_name_of(" ".join(text.split()))) for name, text in rows]
+    assert [(name, got) for name, got in told if got is not None and got != name] == []
+    confirmed = {got for _, got in told if got is not None}
+    # every identifier the reader knows but WorkloadImbalance (no real report has it) is seen
+    assert confirmed == {name for name, _ in RULE_NAMES} - {"WorkloadImbalance"}
+    assert [name for name, got in told if got is None] == []  # and every real rule row is told

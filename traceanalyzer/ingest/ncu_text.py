@@ -63,25 +63,35 @@ _TOKEN = re.compile(r"\S+")
 TEXT_REPORT = re.compile(r"^(?:    Section: \S.*|  \S.*, Context \d+, Stream \d+.*)\r?\n    -{3,}", re.MULTILINE)
 
 # NVIDIA rule identifier <- the wording of its messages, as the CSV exports' rule rows and the
-# .ncu-rep reports pair them (the SiLU text report and its .ncu-rep agree on every one). First
+# .ncu-rep reports pair them (tests/test_ncu_text.py checks every real rule row against it). First
 # match wins.
 RULE_NAMES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(pattern)) for name, pattern in (
+    # 2023.1's one occupancy rule, before it was split into theoretical and achieved
+    ("Occupancy", r"^This kernel's theoretical occupancy is not impacted by any block limit"),
     ("AchievedOccupancy", r"difference between calculated theoretical \([\d.]+%\) and measured achieved occupancy"),
     ("TheoreticalOccupancy", r"theoretical warps per scheduler this kernel can issue|"
                              r"theoretical occupancy \([\d.]+%\) is limited by"),
     ("SOLBottleneck", r"^(?:This kernel exhibits low compute throughput|Compute is more heavily utilized|"
                       r"Memory is more heavily utilized|This (?:workload|kernel) is utilizing greater than|"
+                      r"The kernel is utilizing greater than|"
                       r"This kernel grid is too small to fill)"),
     ("SOLFPRoofline", r"^The ratio of peak float"),
     ("LaunchConfiguration", r"^(?:The grid for this launch is configured|A wave of thread blocks is defined|"
                             r"Threads are executed in groups of 32 threads)"),
     ("WorkloadImbalance", r"^One or more \S+(?: Slices)? have a much (?:lower|higher)"),
-    ("HighPipeUtilization", r"^All compute pipelines are under-utilized"),
+    ("HighPipeUtilization", r"^(?:All compute pipelines are under-utilized|\S+ is the highest-utilized pipeline)"),
     ("IssueSlotUtilization", r"^Every scheduler is capable of issuing one instruction per cycle"),
-    ("CPIStall", r"^On average, each warp of this kernel spends"),
+    ("CPIStall", r"^(?:On average, each warp of this kernel spends|Check the Warp Stall Sampling)"),
     ("UncoalescedGlobalAccess", r"^This kernel has uncoalesced global accesses"),
     ("MemoryCacheAccessPattern", r"^The memory access pattern for global (?:loads|stores)"),
+    ("FPInstructions", r"^This kernel executes \d+ fused and \d+ non-fused"),
+    ("MemoryL2Compression", r"lts__average_gcomp_input_sector_success_rate"),
 ))
+
+
+def rule_name_of(message: str) -> str | None:
+    """The NVIDIA rule a console message is the result of (`RULE_NAMES`), None when unknown."""
+    return next((name for name, pattern in RULE_NAMES if pattern.search(message)), None)
 
 
 @dataclass
@@ -239,7 +249,7 @@ class _Parser:
         message = " ".join(lines)
         self.launches[-1].rules.append({
             "section": rule["section"],
-            "rule_name": next((name for name, pattern in RULE_NAMES if pattern.search(message)), None),
+            "rule_name": rule_name_of(message),
             "rule_type": rule["type"], "description": message, "speedup_type": kind, "speedup": pct,
         })
 
