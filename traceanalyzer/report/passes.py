@@ -1,13 +1,13 @@
 """The four passes over each hot kernel of a timeline linked to Nsight Compute, in one place.
 
 The method reads a kernel four ways: its structure (the operator or range that launched it, the
-shapes it ran on, the unfused element-wise chain it is part of), its place in the timeline (launches, the idle time around them), its
-bottleneck (roofline, limiter, occupancy as ncu measured it) and its instructions (stalls,
-wasted sectors, bank conflicts). For a timeline run linked to an ncu run (`link.py`) the report
-gathers them per kernel, the kernels the ncu run profiled, hottest first: from the timeline's
-own rows, the linked ncu launches' metrics (averaged over the launches matched) and the findings
-the rules stored on the kernel. The text and HTML reports show them (`lines`); JSON carries them
-in `runs[].hot_kernels`.
+shapes it ran on, the unfused element-wise chain it is part of), its place in the timeline
+(launches, the idle time around them), its bottleneck (roofline, limiter, occupancy as ncu
+measured it) and its instructions (stalls, wasted sectors, bank conflicts). For a timeline run
+linked to an ncu run (`link.py`) the report gathers them per kernel, the kernels the ncu run
+profiled, hottest first: from the timeline's own rows, the linked ncu launches' metrics
+(averaged over the launches matched) and the findings the rules stored on the kernel. The text
+and HTML reports show them (`lines`); JSON carries them in `runs[].hot_kernels`.
 """
 
 from __future__ import annotations
