@@ -282,23 +282,30 @@ def test_real_traces_never_attribute_more_than_the_kernel_time_per_depth(real, r
         assert run_ranges(st, ids[rel], "op")["outside_ns"] == 0
 
 
-@pytest.mark.parametrize("rel", REAL)
-def test_real_launch_context_equals_a_brute_force_search(real, rel):
-    """The innermost frame of each source open at each launch call's start, found by the views'
-    sweeps, equals a plain search over every frame of the thread."""
-    st, ids = real
-    rid = ids[rel]
-    got = {(r[0], r[1]): r[2:] for r in st.sql(
-        "SELECT kind, item_id, range_id, op_id, module_id, function_id FROM run_launch_context(?)", [rid]).fetchall()}
-    ref = st.sql("""
-        WITH lc AS (SELECT kind, item_id, pid, tid, call_start_ns AS t FROM run_launch_context($1)
-                    WHERE call_start_ns IS NOT NULL),
-             f AS (SELECT * FROM run_host_frames($1))
-        SELECT lc.kind, lc.item_id, f.source, arg_max(f.frame_id, f.start_ns) AS frame_id
-        FROM lc JOIN f ON f.pid = lc.pid AND f.tid = lc.tid AND f.start_ns <= lc.t AND f.end_ns > lc.t
-        GROUP BY ALL""", [rid]).fetchall()
+# Per GPU operation with a launch call, of each source, the innermost frame open on the call's
+# thread at the call's start by a plain search over every frame: of the frames containing it
+# (start <= t < end), the one that started last, of those starting together the shortest.
+BRUTE_FORCE_SQL = """
+WITH lc AS (SELECT run_id, kind, item_id, pid, tid, call_start_ns AS t FROM launch_context
+            WHERE call_start_ns IS NOT NULL),
+     ref AS (SELECT lc.run_id, lc.kind, lc.item_id, f.source,
+                    arg_max(f.frame_id, (f.start_ns, -f.end_ns, f.frame_id)) AS frame_id
+             FROM lc JOIN host_frames f ON f.run_id = lc.run_id AND f.pid = lc.pid AND f.tid = lc.tid
+                                       AND f.start_ns <= lc.t AND f.end_ns > lc.t
+             GROUP BY ALL)
+SELECT run_id, kind, item_id, source, frame_id FROM ref
+"""
+
+
+def test_real_launch_context_equals_a_brute_force_search(real_corpus):
+    """The innermost frame of each source open at each launch call's start, found by the view's
+    sweep, equals a plain search over every frame of the thread, on every run of the corpus
+    (nested operators that end together, and zero-length ones, included)."""
+    got = {(r[0], r[1], r[2]): list(r[3:]) for r in real_corpus.sql(
+        "SELECT run_id, kind, item_id, range_id, op_id, module_id, function_id FROM launch_context "
+        "WHERE call_start_ns IS NOT NULL").fetchall()}
     want = {key: [None, None, None, None] for key in got}
-    for kind, item, source, frame in ref:
-        want[(kind, item)][("range", "op", "module", "python").index(source)] = frame
-    assert {k: list(v) for k, v in got.items()} == want
-    assert sum(v[0] is not None or v[1] is not None for v in got.values()) > 50
+    for run_id, kind, item, source, frame in real_corpus.sql(BRUTE_FORCE_SQL).fetchall():
+        want[(run_id, kind, item)][("range", "op", "module", "python").index(source)] = frame
+    assert got == want
+    assert sum(any(v is not None for v in values) for values in got.values()) > 50_000

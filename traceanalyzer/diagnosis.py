@@ -146,8 +146,8 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
 def _budget(store: Store, run_id: str) -> dict[tuple, int]:
     """The run's time budget: (device, category) and (device, "idle:" + cause) -> ns."""
     out: dict[tuple, int] = {}
-    for device, category, cause, ns in store.sql(
-            "SELECT device_id, category, cause, ns FROM run_time_budget($r)", {"r": run_id}).fetchall():
+    for r in store.time_budget([run_id]):
+        device, category, cause, ns = r["device_id"], r["category"], r["cause"], r["ns"]
         out[(device, category)] = out.get((device, category), 0) + ns
         if cause is not None:
             out[(device, f"idle:{cause}")] = ns

@@ -77,7 +77,7 @@ def _tree_sql(by: str) -> str:
         ), steps AS MATERIALIZED (
             {views.frame_steps_sql("frames")}
         ), context AS (
-            {views.launch_context_sql("steps", "run_id = $run_id", (source,), names=False)}
+            {views.launch_context_sql("run_id = $run_id", (source,), names=False)}
         ), direct AS (  -- what was launched with each frame innermost
             SELECT {column} AS frame_id, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
                    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'kernel'), 0) AS gpu_ns,

@@ -26,12 +26,12 @@ def budget_of(store: Store, run_id: str) -> list[dict]:
 
 def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
     """`budget_of` of each run, in one query."""
-    rows = store.sql("SELECT run_id, device_id, span_ns, category, cause, ns FROM runs_time_budget(?::VARCHAR[]) "
-                     "ORDER BY run_id, device_id NULLS LAST, category, cause", [list(run_ids)]).fetchall()
+    rows = sorted(store.time_budget(list(run_ids)), key=lambda r: (
+        r["run_id"], r["device_id"] is None, r["device_id"] or 0, r["category"], r["cause"] is None, r["cause"] or ""))
     out: dict[str, dict] = {r: {} for r in run_ids}
-    for run_id, device_id, span_ns, category, cause, ns in rows:
-        d = out[run_id].setdefault(device_id, {"device_id": device_id, "span_ns": span_ns, "parts": []})
-        d["parts"].append({"category": category, "cause": cause, "ns": ns})
+    for r in rows:
+        d = out[r["run_id"]].setdefault(r["device_id"], {"device_id": r["device_id"], "span_ns": r["span_ns"], "parts": []})
+        d["parts"].append({"category": r["category"], "cause": r["cause"], "ns": r["ns"]})
     for devices in out.values():
         for d in devices.values():
             d["parts"].sort(key=_part_order)

@@ -41,12 +41,8 @@ SELECT EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id)
 """
 
 SITES_SQL = f"""
-WITH frames AS MATERIALIZED (
-    {views.host_frames_sql("run_id = $run_id", _SOURCES)}
-), steps AS MATERIALIZED (
-    {views.frame_steps_sql("frames")}
-), context AS (
-    {views.launch_context_sql("steps", "run_id = $run_id", _SOURCES)}
+WITH context AS (
+    {views.launch_context_sql("run_id = $run_id", _SOURCES)}
 ), kernels AS (
     SELECT device_id, name, end_ns - start_ns AS ns, coalesce(op_name, range_name) AS raw
     FROM context WHERE kind = 'kernel'
@@ -76,7 +72,7 @@ def launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
 def _launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
     if not store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
         return {}
-    rows = store.arrow(SITES_SQL, {"run_id": run_id}).to_pylist()
+    rows = store.kept_rows(run_id, "launch_sites", SITES_SQL, {"run_id": run_id})
     return {(r["device_id"], r["name"]): {"label": r["label"], "share": r["share"]} for r in rows}
 
 

@@ -322,10 +322,7 @@ class Store:
         return self.sql(query, params).df()
 
     def arrow(self, query: str, params=None) -> pa.Table:
-        # DuckDB 2.x refuses new work while an execute() result is half-read (a fetchone()
-        # elsewhere); abort() drops that leftover, and is a no-op when there is none.
-        if hasattr(self.con, "abort"):
-            self.con.abort()
+        self._drop_pending()
         rel = self.con.sql(query, params=params)
         # DuckDB 2.x names it to_arrow_table; in 1.x .arrow() returns the table.
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
@@ -485,6 +482,24 @@ class Store:
         """Whether a big run's rules keep their per-run cache in this store (see
         `views.scoped_to_run`): a writable store in a file."""
         return not self.read_only and str(self.path) != ":memory:"
+
+    def kept_rows(self, run_id: str, name: str, sql: str, params: dict | None = None) -> list[dict]:
+        """`sql`'s rows for one run, kept with a big run's kept cache (`views.kept_rows`), and
+        written there when this store keeps caches."""
+        self._drop_pending()
+        return views.kept_rows(self.con, run_id, name, sql, params, write=self.keeps_caches)
+
+    def time_budget(self, run_ids: list[str]) -> list[dict]:
+        """The time budget's rows of these runs (`views.time_budget_rows`): run_id, device_id,
+        span_ns, category, cause, ns."""
+        self._drop_pending()
+        return views.time_budget_rows(self.con, list(run_ids), write=self.keeps_caches)
+
+    def _drop_pending(self) -> None:
+        # DuckDB 2.x refuses new work while an execute() result is half-read (a fetchone()
+        # elsewhere); abort() drops that leftover, and is a no-op when there is none.
+        if hasattr(self.con, "abort"):
+            self.con.abort()
 
     def cursor(self, *, set_up: bool = True) -> "Store":
         """This store on a new cursor of the same database, for another thread (a DuckDB

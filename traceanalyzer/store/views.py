@@ -7,6 +7,7 @@ connection, not the file, so a store written by an older version gets the curren
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import re
@@ -422,15 +423,9 @@ _BOUNDARY_ORDER = ("t, phase, CASE WHEN phase = 1 THEN -end_ns ELSE -start_ns EN
 _FRAME_THREAD = "run_id, source, pid, tid"
 
 
-def host_frames_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME_SOURCES) -> str:
-    """The host_frames view's query; with `runs` (a condition on `run_id`), those runs' only.
-
-    One sweep per thread and source over the frames' starts and ends in _BOUNDARY_ORDER: a
-    frame's depth is the number of frames open when it starts (it excluded), and its parent the
-    frame of one level less that started last before it (an ASOF join on the boundary's
-    position). Exact when a thread's frames nest, as push/pop ranges and Kineto's events do; a
-    start/end range that overlaps another only in part takes the depth of those open at its start.
-    With `sources`, the frames of those sources only."""
+def _frame_rows_sql(runs: str | None, sources: tuple[str, ...]) -> str:
+    """The host frames of `sources` (of the runs `runs` selects), one row each: run_id, source,
+    frame_id, name, pid, tid, start_ns, end_ns."""
     of_run = runs or "true"
     timed = "pid IS NOT NULL AND tid IS NOT NULL AND start_ns IS NOT NULL AND end_ns >= start_ns"
     branches = []
@@ -451,9 +446,21 @@ def host_frames_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME_SO
         branches.append(f"SELECT * FROM (SELECT run_id, unnest({kinds}) AS source, function_id AS frame_id, name, pid, tid, "
                         "start_ns, end_ns "
                         f"FROM python_functions WHERE {of_run} AND {timed})")
+    return " UNION ALL ".join(branches)
+
+
+def host_frames_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME_SOURCES) -> str:
+    """The host_frames view's query; with `runs` (a condition on `run_id`), those runs' only.
+
+    One sweep per thread and source over the frames' starts and ends in _BOUNDARY_ORDER: a
+    frame's depth is the number of frames open when it starts (it excluded), and its parent the
+    frame of one level less that started last before it (an ASOF join on the boundary's
+    position). Exact when a thread's frames nest, as push/pop ranges and Kineto's events do; a
+    start/end range that overlaps another only in part takes the depth of those open at its start.
+    With `sources`, the frames of those sources only."""
     return f"""
         WITH frames AS (
-            {" UNION ALL ".join(branches)}
+            {_frame_rows_sql(runs, sources)}
         ), boundaries AS (
             SELECT *, start_ns AS t, 1 AS phase FROM frames
             UNION ALL
@@ -507,31 +514,35 @@ def launch_context_column(source: str) -> str:
     return f"{_CONTEXT_COLUMNS[source][0]}_id"
 
 
-def launch_context_sql(steps: str, runs: str | None = None, sources: tuple[str, ...] = FRAME_SOURCES,
+def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME_SOURCES,
                        names: bool = True) -> str:
-    """The launch_context view's query: `steps` is a relation with frame_steps' columns (of the
-    runs `runs` selects, a condition on `run_id`). Each GPU operation is placed at its launch
-    call's start on the call's thread (a kernel with no call found but a Kineto External id: at
-    the start of the operator with that id) and ASOF-joined to the thread's steps of each source.
+    """The launch_context view's query; with `runs` (a condition on `run_id`), those runs' only.
+
+    Each GPU operation is placed at its launch call's start on the call's thread (a kernel with
+    no call found but a Kineto External id: at the start of the operator with that id). Then one
+    sweep per thread and source over the frames' starts and ends and these launch points
+    together, in _BOUNDARY_ORDER with a launch after the boundaries at its time: the innermost
+    frame open at a launch is the last frame to start at the launch's depth (the count of frames
+    open) before it. With frames that nest, a frame that started later at that depth closed
+    before the launch (it could not start while the innermost one was open). Where frames
+    overlap only in part, the frame found may have closed already: then none is named.
+    Zero-length frames contain no launch and are left out of the sweep.
     With `sources`, those sources' columns only; without `names`, the frames' ids only."""
     of_run = runs or "true"
-    joins, columns = [], []
+    columns, joins = [], []
     for source in sources:
         column, table, key = _CONTEXT_COLUMNS[source]
-        joins.append(f"""
-            ASOF LEFT JOIN (SELECT * FROM context_steps WHERE source = '{source}') s_{column}
-              ON s_{column}.run_id = p.run_id AND s_{column}.pid = p.pid AND s_{column}.tid = p.tid
-             AND s_{column}.from_ns <= p.at_ns""")
-        columns.append(f"s_{column}.frame_id AS {column}_id")
+        columns.append(f"x.{column}_id")
         if names:
             joins.append(f"""
             LEFT JOIN (SELECT run_id, {key}, name FROM {table} WHERE {of_run}) n_{column}
-              ON n_{column}.run_id = p.run_id AND n_{column}.{key} = s_{column}.frame_id""")
+              ON n_{column}.run_id = p.run_id AND n_{column}.{key} = x.{column}_id""")
             columns.append(f"n_{column}.name AS {column}_name")
+    pivot = ", ".join(f"any_value(frame_id) FILTER (WHERE source = '{source}') AS {_CONTEXT_COLUMNS[source][0]}_id"
+                      for source in sources)
+    listed = ", ".join(f"'{source}'" for source in sources)
     return f"""
-        WITH context_steps AS MATERIALIZED (  -- (read once per source: computed once)
-            SELECT * FROM {steps}
-        ), ops AS (
+        WITH ops AS (
             SELECT a.run_id, a.kind, a.item_id, a.device_id, a.stream_id, a.start_ns, a.end_ns, a.name,
                    a.launch_call_id, a.external_id
             FROM gpu_activity a WHERE {_qualified(of_run, 'a')}
@@ -540,16 +551,42 @@ def launch_context_sql(steps: str, runs: str | None = None, sources: tuple[str, 
             FROM cpu_ops c SEMI JOIN ops o ON o.launch_call_id IS NULL AND o.run_id = c.run_id
                                           AND o.external_id = c.external_id
             WHERE {_qualified(of_run, 'c')} GROUP BY ALL
-        ), probes AS (
+        ), probes AS MATERIALIZED (  -- (read twice: computed once)
             SELECT o.*, coalesce(c.pid, x.op.pid) AS pid, coalesce(c.tid, x.op.tid) AS tid,
                    c.start_ns AS call_start_ns, c.end_ns AS call_end_ns, coalesce(c.start_ns, x.op.start_ns) AS at_ns
             FROM ops o
             LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = o.run_id AND c.call_id = o.launch_call_id
             LEFT JOIN op_of_external x ON o.launch_call_id IS NULL AND x.run_id = o.run_id AND x.external_id = o.external_id
+        ), frames AS (
+            SELECT run_id, source, frame_id, pid, tid, start_ns, end_ns
+            FROM ({_frame_rows_sql(runs, sources)}) WHERE end_ns > start_ns
+        ), points AS (  -- a boundary (phase 0: an end, 1: a start) or a launch (2), per thread and source
+            SELECT run_id, source, pid, tid, start_ns AS t, 1 AS phase, -end_ns AS tie, frame_id AS ord,
+                   frame_id, end_ns, NULL AS kind, NULL::BIGINT AS item_id FROM frames
+            UNION ALL
+            SELECT run_id, source, pid, tid, end_ns, 0, -start_ns, -frame_id, NULL, NULL, NULL, NULL FROM frames
+            UNION ALL
+            SELECT p.run_id, s.source, p.pid, p.tid, p.at_ns, 2, 0, 0, NULL, NULL, p.kind, p.item_id
+            FROM probes p, (SELECT unnest([{listed}]) AS source) s
+            WHERE p.pid IS NOT NULL AND p.tid IS NOT NULL AND p.at_ns IS NOT NULL
+        ), swept AS (
+            SELECT *, row_number() OVER w AS seq,
+                   sum(CASE phase WHEN 1 THEN 1 WHEN 0 THEN -1 ELSE 0 END) OVER (w ROWS UNBOUNDED PRECEDING) AS open
+            FROM points WINDOW w AS (PARTITION BY {_FRAME_THREAD} ORDER BY t, phase, tie, ord)
+        ), starts AS (
+            SELECT {_FRAME_THREAD}, open, seq, frame_id, end_ns FROM swept WHERE phase = 1
+        ), placed AS (
+            SELECT l.run_id, l.kind, l.item_id, l.source, CASE WHEN s.end_ns > l.t THEN s.frame_id END AS frame_id
+            FROM (SELECT * FROM swept WHERE phase = 2 AND open > 0) l
+            ASOF JOIN starts s ON s.run_id = l.run_id AND s.source = l.source AND s.pid = l.pid AND s.tid = l.tid
+                              AND s.open = l.open AND s.seq < l.seq
+        ), innermost AS (
+            SELECT run_id, kind, item_id, {pivot} FROM placed GROUP BY ALL
         )
         SELECT p.run_id, p.kind, p.item_id, p.device_id, p.stream_id, p.start_ns, p.end_ns, p.name, p.launch_call_id,
                p.pid, p.tid, p.call_start_ns, p.call_end_ns, {', '.join(columns)}
-        FROM probes p{''.join(joins)}
+        FROM probes p
+        LEFT JOIN innermost x ON x.run_id = p.run_id AND x.kind = p.kind AND x.item_id = p.item_id{''.join(joins)}
         """
 
 
@@ -728,7 +765,7 @@ VIEWS: dict[str, tuple[str, str]] = {
         "`nvtx_gpu_proj_*` reports define it (they read runtime-API launches only; a kernel launched by a driver "
         "call, `cuLaunchKernel` as Triton does, is placed here too). A kernel without a launch call but with a "
         "Kineto `External id` is placed at the start of the operator of that id (HTA's link), on its thread.",
-        launch_context_sql("frame_steps"),
+        launch_context_sql(),
     ),
     "stall_profiles": (
         "Per run and kernel (by name), the warp-stall profile from Nsight Compute's stall metrics: per "
@@ -771,7 +808,7 @@ TABLE_MACROS: dict[str, str] = {
     "run_step_budget": f"(rid) AS TABLE {_step_budget('run_id = rid')}",
     "run_host_frames": f"(rid) AS TABLE {host_frames_sql('run_id = rid')}",
     "run_frame_steps": f"(rid) AS TABLE {frame_steps_sql('run_host_frames(rid)')}",
-    "run_launch_context": f"(rid) AS TABLE {launch_context_sql('run_frame_steps(rid)', 'run_id = rid')}",
+    "run_launch_context": f"(rid) AS TABLE {launch_context_sql('run_id = rid')}",
 }
 TABLE_MACRO_DOCS: dict[str, str] = {
     "run_time_budget": "`time_budget` of one run, computed from its rows only: `SELECT * FROM run_time_budget('<run id>')`.",
@@ -1100,11 +1137,69 @@ def drop_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Drop `run_id`'s kept cache, of any version (in the caller's transaction, if any)."""
     if not _registry_columns(con):
         return
-    for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-                                "AND schema_name = 'main' AND starts_with(table_name, $1)",
-                                [_kept_prefix(run_id)]).fetchall():
+    for table in _tables_named(con, _kept_prefix(run_id)):
         con.execute(f'DROP TABLE "{table}"')
     con.execute(f"DELETE FROM {KEPT_REGISTRY} WHERE run_id = $1", [run_id])
+
+
+def kept_rows(con: duckdb.DuckDBPyConnection, run_id: str, name: str, sql: str, params: dict | None = None,
+              *, write: bool = False) -> list[dict]:
+    """The rows of `sql`, a small result of one run (`params` its parameters), kept beside the
+    run's kept cache (`KEEP_MIN_GPU_OPS`): read from the store when there; else computed and,
+    with `write` (a writable store), stored there for the next pass (the launch sites and the
+    time budget: work a check of a stored run would otherwise redo). Without a current kept
+    cache, computed each time. The table's name carries a digest of the query and of every
+    view's and macro's definition, so a result of another version is never read; replacing or
+    dropping the run drops it with the cache."""
+    if _kept_version(con, run_id) != CACHE_VERSION:
+        return _rows(con, sql, params)
+    stem = f"{_kept_prefix(run_id)}result_{name}_"
+    table = stem + _result_digest(sql)
+    tables = _tables_named(con, stem)
+    if table in tables:
+        return _rows(con, f'SELECT * FROM "{table}"')
+    if write:
+        try:
+            for old in tables:  # of another version
+                con.execute(f'DROP TABLE IF EXISTS "{old}"')
+            con.execute(f'CREATE TABLE "{table}" AS {sql}', params)
+            return _rows(con, f'SELECT * FROM "{table}"')
+        except duckdb.Error:  # a store another writer changed meanwhile: compute as without a cache
+            pass
+    return _rows(con, sql, params)
+
+
+def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, write: bool = False) -> list[dict]:
+    """`time_budget`'s rows of these runs (run_id, device_id, span_ns, category, cause, ns): a run
+    with a kept cache's from its kept result (`kept_rows`), the others' in one query."""
+    out, rest = [], []
+    for run_id in run_ids:
+        if _kept_version(con, run_id) == CACHE_VERSION:
+            out += [{"run_id": run_id, **r} for r in kept_rows(
+                con, run_id, "time_budget", "SELECT device_id, span_ns, category, cause, ns FROM run_time_budget($rid)",
+                {"rid": run_id}, write=write)]
+        else:
+            rest.append(run_id)
+    if rest:
+        out += _rows(con, "SELECT run_id, device_id, span_ns, category, cause, ns FROM runs_time_budget($rids::VARCHAR[])",
+                     {"rids": rest})
+    return out
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) -> list[dict]:
+    result = con.execute(sql, params) if params else con.execute(sql)
+    names = [d[0] for d in result.description]
+    return [dict(zip(names, row)) for row in result.fetchall()]
+
+
+@functools.cache
+def _result_digest(sql: str) -> str:
+    return hashlib.sha1(repr((sql, VIEWS, MACROS, TABLE_MACROS)).encode()).hexdigest()[:16]
+
+
+def _tables_named(con: duckdb.DuckDBPyConnection, prefix: str) -> list[str]:
+    return [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+                                      "AND schema_name = 'main' AND starts_with(table_name, $1)", [prefix]).fetchall()]
 
 
 def use_run_cache(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
