@@ -1153,6 +1153,12 @@ def kept_rows(con: duckdb.DuckDBPyConnection, run_id: str, name: str, sql: str, 
     dropping the run drops it with the cache."""
     if _kept_version(con, run_id) != CACHE_VERSION:
         return _rows(con, sql, params)
+    return _kept_result(con, run_id, name, sql, params, write)
+
+
+def _kept_result(con: duckdb.DuckDBPyConnection, run_id: str, name: str, sql: str, params: dict | None,
+                 write: bool) -> list[dict]:
+    """`kept_rows` of a run whose kept cache is current."""
     stem = f"{_kept_prefix(run_id)}result_{name}_"
     table = stem + _result_digest(sql)
     tables = _tables_named(con, stem)
@@ -1175,9 +1181,9 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
     out, rest = [], []
     for run_id in run_ids:
         if _kept_version(con, run_id) == CACHE_VERSION:
-            out += [{"run_id": run_id, **r} for r in kept_rows(
+            out += [{"run_id": run_id, **r} for r in _kept_result(
                 con, run_id, "time_budget", "SELECT device_id, span_ns, category, cause, ns FROM run_time_budget($rid)",
-                {"rid": run_id}, write=write)]
+                {"rid": run_id}, write)]
         else:
             rest.append(run_id)
     if rest:
