@@ -26,8 +26,7 @@ def budget_of(store: Store, run_id: str) -> list[dict]:
 
 def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
     """`budget_of` of each run, in one query."""
-    rows = sorted(store.time_budget(list(run_ids)), key=lambda r: (
-        r["run_id"], r["device_id"] is None, r["device_id"] or 0, r["category"], r["cause"] is None, r["cause"] or ""))
+    rows = sorted(store.time_budget(list(run_ids)), key=lambda r: (r["device_id"] is None, r["device_id"] or 0))
     out: dict[str, dict] = {r: {} for r in run_ids}
     for r in rows:
         d = out[r["run_id"]].setdefault(r["device_id"], {"device_id": r["device_id"], "span_ns": r["span_ns"], "parts": []})
@@ -65,9 +64,10 @@ def step_budgets_of(store: Store, run_id: str) -> dict:
 
 
 def _part_order(p: dict) -> tuple:
-    """Busy parts in priority order, then idle by time."""
+    """Busy parts in priority order, then idle by time; ties by name, so the order is total."""
     return (p["category"] == "idle",
-            BUDGET_CATEGORIES.index(p["category"]) if p["category"] in BUDGET_CATEGORIES else 0, -p["ns"])
+            BUDGET_CATEGORIES.index(p["category"]) if p["category"] in BUDGET_CATEGORIES else 0, -p["ns"],
+            p["category"], p["cause"] is None, p["cause"] or "")
 
 
 def busy_split(device: dict) -> dict[str, int]:
