@@ -1,0 +1,132 @@
+"""Where a `check` spends its time and memory, phase by phase (`python bench/profile_check.py FILE`).
+
+Runs `traceanalyzer check FILE --store STORE` in this process, as the CLI does, and prints
+for each phase its wall seconds and the peak resident memory reached within it (Linux: the
+process's high-water mark is reset at each phase's start by writing 5 to
+/proc/self/clear_refs). The phases are the functions a check goes through: the read into the
+store, the run's shared views (`views.scoped_to_run`), the rules (each rule's wall time,
+rules running on two threads overlap), the diagnosis, writing the findings, loading the
+result and the report. A phase inside another is printed indented.
+
+    python bench/profile_check.py bench/data/nsys_5000000_kernels_nvtx.sqlite
+    python bench/profile_check.py bench/data/kineto_dense_8x/trace.json --store S.duckdb  # S kept: a stored check
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+_depth = threading.local()
+_lock = threading.Lock()
+rows: list[tuple[float, int, str, float, int]] = []  # (start, depth, phase, seconds, peak bytes)
+
+
+def _rss_peak() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak() -> None:
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+@contextlib.contextmanager
+def phase(name: str, peak: bool = True, depth: int | None = None):
+    """Time the block; with `peak`, the process's peak memory within it (an inner phase
+    resets the high-water mark, so an outer one's peak is the larger of its own and its inner
+    phases')."""
+    outer = getattr(_depth, "n", 0)
+    depth = outer if depth is None else depth
+    _depth.n = outer + 1
+    if peak:
+        _reset_peak()
+    first = len(rows)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _depth.n = outer
+        with _lock:
+            inner = max((r[4] for r in rows[first:]), default=0)
+            rows.append((t0, depth, name, time.perf_counter() - t0, max(_rss_peak(), inner) if peak else 0))
+
+
+def wrap(owner, attr: str, name: str | None = None, peak: bool = True, label=None, depth: int | None = None) -> None:
+    fn = getattr(owner, attr)
+    is_cm = attr == "scoped_to_run"
+
+    if is_cm:
+        @contextlib.contextmanager
+        def wrapped(*a, **k):
+            with phase(name or attr, peak, depth):
+                cm = fn(*a, **k)
+                value = cm.__enter__()
+            try:
+                yield value
+            except BaseException:
+                if not cm.__exit__(*sys.exc_info()):
+                    raise
+            else:
+                cm.__exit__(None, None, None)
+    else:
+        @functools.wraps(fn)
+        def wrapped(*a, **k):
+            with phase(label(*a, **k) if label else (name or attr), peak, depth):
+                return fn(*a, **k)
+    setattr(owner, attr, wrapped)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--store", default=None, help="default: a new store in a temporary folder")
+    ap.add_argument("args", nargs="*", help="more arguments for `check` (after --)")
+    a = ap.parse_args()
+
+    t_import = time.perf_counter()
+    from traceanalyzer import diagnosis
+    from traceanalyzer.batch import check as batch_check
+    from traceanalyzer.cli import check as cli_check
+    from traceanalyzer.cli import main as cli_main
+    from traceanalyzer.rules import engine
+    from traceanalyzer.store import Store, views
+    imports_s = time.perf_counter() - t_import
+
+    wrap(Store, "ingest", "read and store (Store.ingest)")
+    wrap(views, "scoped_to_run", "the run's shared views (scoped_to_run, entered)")
+    # The rules run on worker threads too: shown inside the rules pass, without a peak of their own.
+    wrap(engine, "evaluate_rule", peak=False, label=lambda st, rule, *a, **k: f"rule {rule.id}", depth=2)
+    wrap(diagnosis, "diagnose", "diagnosis")
+    wrap(Store, "write_findings", "write findings")
+    wrap(batch_check, "diagnose_runs", "rules pass (diagnose_runs)")
+    wrap(batch_check, "run_check", "run_check")
+    wrap(cli_check, "emit", "report (emit)")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = a.store or str(Path(tmp) / "store.duckdb")
+        sys.argv = ["traceanalyzer", "check", a.file, "--store", store, *a.args]
+        out = io.StringIO()
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            cli_main()
+        total = time.perf_counter() - t0
+
+    sys.stderr.flush()
+    print(f"{a.file}: check {total:.2f} s, peak {max(r[4] for r in rows) / 1e6:,.0f} MB; imports {imports_s:.2f} s")
+    for _, depth, name, s, peak in sorted(rows):
+        print(f"  {'  ' * depth}{name:<{56 - 2 * depth}} {s:8.2f} s" + (f" {peak / 1e6:9,.0f} MB" if peak else ""))
+
+
+if __name__ == "__main__":
+    main()
