@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from traceanalyzer.cli import app
 from traceanalyzer.ingest.base import ParsedTrace
-from traceanalyzer.store import Store
+from traceanalyzer.store import Store, views
 from traceanalyzer.store.views import BLOCKING_CALL, COMM_PATTERN, IDLE_CAUSES
 
 from .conftest import FIXTURES, shared_traces
@@ -55,7 +55,16 @@ def _budget(store: Store, trace: ParsedTrace, name: str = "t") -> dict:
     rows = store.sql("SELECT category, cause, ns, span_ns FROM run_time_budget(?)", [run_id]).fetchall()
     assert sorted(rows) == sorted(store.sql("SELECT category, cause, ns, span_ns FROM time_budget WHERE run_id = ?",
                                             [run_id]).fetchall())
+    assert sorted(rows) == _in_windows(store, run_id, 1)  # each operation a window of its own
     return {(c if cause is None else f"idle:{cause}"): ns / US for c, cause, ns, _ in rows} | {"span": rows[0][3] / US}
+
+
+def _in_windows(store: Store, run_id: str, ops: int) -> list[tuple]:
+    """The run's budget as a big run's is computed: in windows of about `ops` operations."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(views, "BUDGET_WINDOW_GPU_OPS", ops)
+        rows = views.time_budget_rows(store.con, [run_id])
+    return sorted((r["category"], r["cause"], r["ns"], r["span_ns"]) for r in rows)
 
 
 def test_overlap_between_streams_goes_to_the_part_of_highest_priority(store):
@@ -238,6 +247,24 @@ def test_on_every_real_trace_the_parts_partition_the_span_as_a_sweep_in_python_f
         timed += bool(got)
     assert swept >= 40
     assert timed >= 40  # the corpus's timed runs all have a budget
+
+
+def test_on_every_real_trace_the_budget_in_windows_is_the_whole_sweeps(real):
+    """A big run's budget is summed over windows of each device's time (`run_window_time_budget`):
+    in about four windows a device, every real run of 1,000 operations or more has the whole
+    sweep's rows (a window costs ~50 ms to plan; the planted cases cut at every operation)."""
+    windowed = 0
+    for run_id, ops in real.sql("SELECT run_id, count(*) FROM gpu_activity GROUP BY ALL HAVING count(*) >= 1000 "
+                                "ORDER BY ALL").fetchall():
+        rows = sorted((d if d is not None else -1, c, cause or "", ns, span) for d, c, cause, ns, span in real.sql(
+            "SELECT device_id, category, cause, ns, span_ns FROM run_time_budget(?)", [run_id]).fetchall())
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(views, "BUDGET_WINDOW_GPU_OPS", ops // 4)
+            got = views.time_budget_rows(real.con, [run_id])
+        assert sorted((r["device_id"] if r["device_id"] is not None else -1, r["category"], r["cause"] or "", r["ns"],
+                       r["span_ns"]) for r in got) == rows, run_id
+        windowed += 1
+    assert windowed >= 15
 
 
 def test_on_every_real_trace_with_steps_each_steps_parts_fill_its_window(real):
