@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -105,26 +106,30 @@ def is_library(lib_id: str | None) -> bool:
 
 
 def classify_arrow(names: pa.ChunkedArray | pa.Array, mangled: pa.ChunkedArray | pa.Array | None = None) -> pa.Array:
-    """`classify` over a column, once per distinct (name, mangled name); dictionary-encoded."""
-    names = _plain(names)
+    """`classify` over a column, once per distinct (name, mangled name); dictionary-encoded.
+    The pairs are told apart by their dictionary codes: the rows' strings are never copied
+    (a part of 500 k long kernel names, decoded and joined per row, took 400 MB and 0.1 s)."""
+    name_codes, name_values = _codes(names)
     if mangled is None:
-        keys = pc.dictionary_encode(names)
-        ids = [classify(n) for n in keys.dictionary.to_pylist()]
+        mangled_codes, mangled_values = np.zeros(len(name_codes), np.int64), [None]
     else:
-        keys = pc.dictionary_encode(pc.binary_join_element_wise(
-            pc.fill_null(names, ""), pc.fill_null(_plain(mangled), ""), "\x1f"))
-        ids = [classify(*(part or None for part in k.split("\x1f", 1))) for k in keys.dictionary.to_pylist()]
+        mangled_codes, mangled_values = _codes(mangled)
+    width = len(mangled_values)
+    pairs, per_row = np.unique(name_codes * width + mangled_codes, return_inverse=True)
+    ids = [classify(name_values[int(p) // width], mangled_values[int(p) % width]) for p in pairs]
     libraries = sorted({i for i in ids if i is not None})
     code = {lib: n for n, lib in enumerate(libraries)}
-    per_key = pa.array([code.get(i) for i in ids], pa.int32())
-    return pa.DictionaryArray.from_arrays(per_key.take(keys.indices), pa.array(libraries, pa.string()))
+    per_pair = pa.array([code.get(i) for i in ids], pa.int32())
+    return pa.DictionaryArray.from_arrays(per_pair.take(pa.array(per_row.reshape(-1))), pa.array(libraries, pa.string()))
 
 
-def _plain(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str | None]]:
+    """Per row a code, and the values the codes stand for: code 0 for NULL."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(col.type):
-        col = col.dictionary_decode()
-    return col.cast(pa.string())
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col.cast(pa.string()))
+    codes = pc.fill_null(pc.add(col.indices.cast(pa.int64()), 1), 0).to_numpy()
+    return codes, [None, *col.dictionary.cast(pa.string()).to_pylist()]
 
 
 def markdown() -> str:
