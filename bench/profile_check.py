@@ -1,9 +1,9 @@
 """Where a `check` spends its time and memory, phase by phase (`python bench/profile_check.py FILE`).
 
 Runs `traceanalyzer check FILE --store STORE` in this process, as the CLI does, and prints
-for each phase its wall seconds and the peak resident memory reached within it (Linux: the
+for each phase its wall seconds, the peak resident memory reached within it (Linux: the
 process's high-water mark is reset at each phase's start by writing 5 to
-/proc/self/clear_refs). The phases are the functions a check goes through: the read into the
+/proc/self/clear_refs) and the resident memory at its start. The phases are the functions a check goes through: the read into the
 store, the run's shared views (`views.scoped_to_run`), the rules (each rule's wall time,
 rules running on two threads overlap), the diagnosis, writing the findings, loading the
 result and the report. A phase inside another is printed indented.
@@ -26,14 +26,22 @@ from pathlib import Path
 
 _depth = threading.local()
 _lock = threading.Lock()
-rows: list[tuple[float, int, str, float, int]] = []  # (start, depth, phase, seconds, peak bytes)
+rows: list[tuple[float, int, str, float, int, int]] = []  # (start, depth, phase, seconds, peak, held at start)
+
+
+NSYS_STEPS = ("_load_strings", "_api_calls", "_kernels", "_copies", "_memsets", "_syncs", "_ranges",
+              "_memory_events", "_devices")
+
+
+def _status_bytes(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _rss_peak() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return _status_bytes("VmHWM:")
 
 
 def _reset_peak() -> None:
@@ -51,6 +59,7 @@ def phase(name: str, peak: bool = True, depth: int | None = None):
     _depth.n = outer + 1
     if peak:
         _reset_peak()
+    held = _status_bytes("VmRSS:") if peak else 0
     first = len(rows)
     t0 = time.perf_counter()
     try:
@@ -59,7 +68,7 @@ def phase(name: str, peak: bool = True, depth: int | None = None):
         _depth.n = outer
         with _lock:
             inner = max((r[4] for r in rows[first:]), default=0)
-            rows.append((t0, depth, name, time.perf_counter() - t0, max(_rss_peak(), inner) if peak else 0))
+            rows.append((t0, depth, name, time.perf_counter() - t0, max(_rss_peak(), inner) if peak else 0, held))
 
 
 def wrap(owner, attr: str, name: str | None = None, peak: bool = True, label=None, depth: int | None = None) -> None:
@@ -99,11 +108,14 @@ def main() -> None:
     from traceanalyzer.batch import check as batch_check
     from traceanalyzer.cli import check as cli_check
     from traceanalyzer.cli import main as cli_main
+    from traceanalyzer.ingest import nsys
     from traceanalyzer.rules import engine
     from traceanalyzer.store import Store, views
     imports_s = time.perf_counter() - t_import
 
     wrap(Store, "ingest", "read and store (Store.ingest)")
+    for step in NSYS_STEPS:  # the nsys reader's steps, in the order it takes them
+        wrap(nsys._Reader, step, f"nsys {step.strip('_')}", depth=2)
     wrap(views, "scoped_to_run", "the run's shared views (scoped_to_run, entered)")
     # The rules run on worker threads too: shown inside the rules pass, without a peak of their own.
     wrap(engine, "evaluate_rule", peak=False, label=lambda st, rule, *a, **k: f"rule {rule.id}", depth=2)
@@ -111,6 +123,9 @@ def main() -> None:
     wrap(Store, "write_findings", "write findings")
     wrap(batch_check, "diagnose_runs", "rules pass (diagnose_runs)")
     wrap(batch_check, "run_check", "run_check")
+    wrap(batch_check, "file_hash", "hash the file (file_hash)")
+    wrap(batch_check, "link_pairs", "link timeline and ncu runs (link_pairs)")
+    wrap(batch_check, "load_result", "load the result (load_result)")
     wrap(cli_check, "emit", "report (emit)")
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,8 +139,10 @@ def main() -> None:
 
     sys.stderr.flush()
     print(f"{a.file}: check {total:.2f} s, peak {max(r[4] for r in rows) / 1e6:,.0f} MB; imports {imports_s:.2f} s")
-    for _, depth, name, s, peak in sorted(rows):
-        print(f"  {'  ' * depth}{name:<{56 - 2 * depth}} {s:8.2f} s" + (f" {peak / 1e6:9,.0f} MB" if peak else ""))
+    print(f"  {'phase':<56} {'wall':>10} {'peak':>12} {'at start':>12}")
+    for _, depth, name, s, peak, held in sorted(rows):
+        print(f"  {'  ' * depth}{name:<{56 - 2 * depth}} {s:8.2f} s"
+              + (f" {peak / 1e6:9,.0f} MB {held / 1e6:9,.0f} MB" if peak else ""))
 
 
 if __name__ == "__main__":
