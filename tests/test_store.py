@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -208,6 +211,30 @@ def test_not_a_store(tmp_path):
     p.write_bytes(b"not a database at all" * 100)
     with pytest.raises(StoreError, match="cannot open store"):
         Store(p)
+
+
+def test_a_store_another_process_is_creating_is_waited_for(tmp_path):
+    """A writer that opens the file while another is still writing DuckDB's headers finds
+    it short: it tries again, and opens the store once the headers are there."""
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(b"")
+    made = tmp_path / "made.duckdb"
+    Store(made).close()
+
+    def finish():
+        time.sleep(0.3)
+        os.replace(made, path)
+
+    t = threading.Thread(target=finish)
+    t.start()
+    try:
+        Store(path).close()
+    finally:
+        t.join()
+    short = tmp_path / "short.duckdb"
+    short.write_bytes(b"x")
+    with pytest.raises(StoreError, match="cannot open store"):  # still short after the wait
+        Store(short)
 
 
 def test_dictionary_strings_are_stored_as_plain_varchar(store):

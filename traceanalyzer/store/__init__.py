@@ -56,6 +56,10 @@ DEFAULT_LOCK_TIMEOUT_S = 30.0  # a writer's wait for another writer
 WAITING_SUFFIX = ".waiting"
 RETRY_MAX_S = 0.2  # the longest pause between two tries to open a locked store
 NOTE_AFTER_S = 1.0  # a wait this long gets a note on stderr
+# A file shorter than DuckDB's headers may be a store another process is creating right now:
+# tried again for this long before it counts as not a store.
+HEADER_BYTES = 3 * 4096
+CREATING_WAIT_S = 2.0
 HANDOVER_S = 3.0  # how long a writer that let go waits for the waiting process to get in
 
 # Columns that hold a point in time on the run's clock (used to compute the run's span).
@@ -195,6 +199,13 @@ class Store:
                              "(no write access): copy it somewhere writable, or open it once with write access")
         Store(self.path, lock_timeout_s=lock_timeout_s).close()
 
+    def _being_created(self, since: float) -> bool:
+        try:
+            short = self.path.stat().st_size < HEADER_BYTES
+        except OSError:
+            short = True  # gone again: try once more
+        return short and time.monotonic() - since < CREATING_WAIT_S
+
     def _connect(self, lock_timeout_s: float | None) -> duckdb.DuckDBPyConnection:
         """Open the file, waiting while another process holds it: up to `lock_timeout_s` (None:
         no limit) for a writer, and with no limit when only readers hold it (DuckDB says so
@@ -210,6 +221,10 @@ class Store:
                 raise StoreError(str(e)) from None
             except duckdb.IOException as e:
                 msg = str(e)
+                if "not a valid DuckDB database" in msg and self._being_created(start):
+                    time.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+                    continue
                 if "lock" not in msg.lower():
                     raise StoreError(f"{self.path}: cannot open store: {msg.splitlines()[0]}") from None
                 readers = not self.read_only and "read-only mode" in msg
