@@ -1212,18 +1212,16 @@ def _kept_result(con: duckdb.DuckDBPyConnection, run_id: str, name: str, key: st
 # against 0.95 GB for 14.1 s in windows of 1 M (the same rows).
 BUDGET_WINDOW_GPU_OPS = SLICE_GPU_OPS
 _BUDGET = "SELECT device_id, span_ns, category, cause, ns FROM run_time_budget($rid)"
-_WINDOW_BUDGET = ("SELECT device_id, category, cause, ns FROM run_window_time_budget($rid, $device_id, $lo_ns, $hi_ns)")
+_WINDOW_BUDGET = "SELECT device_id, category, cause, ns FROM run_window_time_budget($rid, $device_id, $lo_ns, $hi_ns)"
 
 
 def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, write: bool = False) -> list[dict]:
     """`time_budget`'s rows of these runs (run_id, device_id, span_ns, category, cause, ns): a
     run with a kept cache's from its kept result (`kept_rows`), a run of more than
     BUDGET_WINDOW_GPU_OPS operations computed in windows, the others' in one query."""
-    ops = dict(con.execute("SELECT run_id, count(*) FROM gpu_activity WHERE list_contains($1, run_id) GROUP BY ALL",
-                           [list(run_ids)]).fetchall())
     out, rest = [], []
     for run_id in run_ids:
-        big = ops.get(run_id, 0) > BUDGET_WINDOW_GPU_OPS
+        big = _gpu_ops(con, run_id) > BUDGET_WINDOW_GPU_OPS
         if big:
             compute = functools.partial(_budget_in_windows, con, run_id)
         else:
