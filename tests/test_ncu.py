@@ -488,6 +488,55 @@ def test_raw_nvtx_columns_are_not_metrics(tmp_path):
     assert trace.metadata["nvtx_columns"] == [nvtx]
     assert trace.tables["kernel_metrics"].num_rows == 3 * 29
     assert nvtx not in set(trace.tables["kernel_metrics"]["metric_name"].to_pylist())
+    # an entry without the six payload fields: the domain, then the name
+    assert [(r["kernel_id"], r["name"], r["tid"]) for r in trace.tables["launch_ranges"].to_pylist()] == \
+        [(0, "step", 51234), (1, "step", 51234), (2, "step", 51234)]
+
+
+# -- --nvtx columns -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cell, parsed", [
+    ('69459  "<default domain>:compute:none:none:none:none:none:none" ',
+     (69459, [("<default domain>", "compute")])),
+    # nested: one quoted entry per level, outermost first; colons inside the range text stay
+    ('7  "<default domain>:step:none:none:none:none:none:none" "model:aten::mm, op_id = 3:none:none:none:none:none:none"',
+     (7, [("<default domain>", "step"), ("model", "aten::mm, op_id = 3")])),
+    ("", (None, [])),
+    ("  ", (None, [])),
+    ('5  "<default domain>::none:none:none:none:none:none"', (5, [])),  # a range without text
+])
+def test_nvtx_cells_parse(cell, parsed):
+    from traceanalyzer.ingest.ncu_nvtx import parse_cell
+
+    assert parse_cell(cell) == parsed
+
+
+def test_fixture_nvtx_lists_each_launch_stack():
+    trace = read(NCU_FIXTURES / "details_nvtx.csv")
+    assert trace.warnings == [] and len(trace.metadata["nvtx_columns"]) == 2
+    check_kernel_identity(trace, GEN.PLANTED["details_stalls.csv"]["kernels"])
+    stacks: dict[int, list] = {}
+    for r in trace.tables["launch_ranges"].to_pylist():
+        assert (r["kind"], r["domain"], r["tid"]) == ("push_pop", "<default domain>", int(GEN.NVTX_TID))
+        stacks.setdefault(r["kernel_id"], []).append((r["depth"], r["name"]))
+    assert {k: [n for _, n in sorted(v)] for k, v in stacks.items()} == GEN.PLANTED["details_nvtx.csv"]["ranges"]
+    # the metrics are those of the same launches without --nvtx
+    plain = read(NCU_FIXTURES / "details_stalls.csv")
+    assert trace.tables["kernel_metrics"].equals(plain.tables["kernel_metrics"])
+
+
+@pytest.mark.parametrize("name", ["PolyFHE__ckks_HMult__ncu-memory-evalkey-1.csv",
+                                  "PolyFHE__ckks_HMult__ncu-ntt12-A4090-1.csv"])
+def test_real_nvtx_columns(traces_dir, name):
+    """PolyFHE's exports: every launch inside the push/pop range `compute`, on the process's
+    main thread (its id is the process id); the start/end column empty."""
+    trace = read(traces_dir / "ncu" / name)
+    ranges = trace.tables["launch_ranges"].to_pylist()
+    pids = {r["kernel_id"]: r for r in trace.tables["kernels"].to_pylist()}
+    assert sorted(r["kernel_id"] for r in ranges) == sorted(pids)
+    assert {(r["kind"], r["depth"], r["name"], r["domain"]) for r in ranges} == \
+        {("push_pop", 0, "compute", "<default domain>")}
+    assert all(r["tid"] == pids[r["kernel_id"]]["pid"] for r in ranges)
 
 
 # -- store round trip -----------------------------------------------------------------------------

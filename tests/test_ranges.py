@@ -309,3 +309,41 @@ def test_real_launch_context_equals_a_brute_force_search(real_corpus):
         want[(run_id, kind, item)][("range", "op", "module", "python").index(source)] = frame
     assert got == want
     assert sum(any(v is not None for v in values) for values in got.values()) > 50_000
+
+
+# -- Nsight Compute: the ranges its --nvtx columns list per launch -----------------------------
+
+def test_ncu_ranges_from_the_nvtx_columns(tmp_path):
+    """details_nvtx.csv: three launches in `train_step`, the two gather launches also inside
+    `aten::index_select, op_id = N` (N differs per launch: one node once normalised); GPU time
+    from the duration metric; ncu records no instances, host times or projections."""
+    from traceanalyzer.ingest.ncu import read
+
+    st = Store(tmp_path / "s.duckdb")
+    rid = st.ingest(FIXTURES / "ncu" / "details_nvtx.csv").run_id
+    durations = {r["kernel_id"]: r["value"] for r in read(FIXTURES / "ncu" / "details_nvtx.csv")
+                 .tables["kernel_metrics"].to_pylist() if r["metric_id"] == "gpu__time_duration.sum"}
+    r = run_ranges(st, rid, "range")
+    total = sum(durations.values())
+    assert (r["kernels"], r["kernel_ns"], r["outside_ns"]) == (3, total, 0)
+    rows = {" > ".join(x["path"]): x for x in r["ranges"]}
+    assert list(rows) == ["train_step", "train_step > aten::index_select"]
+    assert (rows["train_step"]["kernels"], rows["train_step"]["gpu_ns"], rows["train_step"]["share"]) == (3, total, 1.0)
+    inner = rows["train_step > aten::index_select"]
+    assert (inner["kernels"], inner["gpu_ns"], inner["depth"]) == (2, durations[0] + durations[2], 1)
+    assert all(x[f] is None for x in rows.values() for f in ("instances", "cpu_ns", "gpu_proj_ns"))
+    assert [x["name"] for x in run_ranges(st, rid, "range", depth=1)["ranges"]] == ["train_step"]
+    assert run_ranges(st, rid, "op")["ranges"] == []
+    st.close()
+
+
+def test_ncu_ranges_without_durations_say_no_time(traces_dir, tmp_path):
+    """PolyFHE's export has memory metrics only: the launches are counted, no time is made up."""
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = st.ingest(traces_dir / "ncu" / "PolyFHE__ckks_HMult__ncu-ntt12-A4090-1.csv").run_id
+        r = run_ranges(st, rid, "range")
+    assert (r["kernels"], r["kernel_ns"], r["outside_ns"]) == (14, None, None)
+    [row] = r["ranges"]
+    assert (row["name"], row["kernels"], row["gpu_ns"], row["share"]) == ("compute", 14, None, None)
+    out = _cli(rid, "--store", tmp_path / "s.duckdb")
+    assert "compute" in out and "launched outside" not in out

@@ -22,6 +22,12 @@ A kernel is launched inside at most one frame per depth of one source, so at eve
 `gpu_ns` add up to at most the run's kernel time; what was launched outside every frame is the
 run's `outside_ns`. Whole CUDA-graph executions are kernels here (the work the graph launch put
 on the GPU).
+
+A Nsight Compute run has no timeline: its ranges are those its `--nvtx` columns list per
+profiled launch (the store's `launch_ranges`; `by` `range` only). A launch's path is its
+launching thread's push/pop stack, else the start/end ranges ncu lists for it; `kernels` counts
+the profiled launches inside and `gpu_ns` sums their duration metric (`gpu__time_duration.sum`).
+ncu records no range instances, host times or projections: those fields are None.
 """
 
 from __future__ import annotations
@@ -121,6 +127,27 @@ def _tree_sql(by: str) -> str:
         """
 
 
+NCU_TOTALS_SQL = """
+SELECT count(*) AS kernels, CAST(sum(duration_ns) AS BIGINT) AS kernel_ns, false AS has_memory
+FROM kernel_durations WHERE run_id = $run_id
+"""
+
+# Per profiled launch of an ncu run with ranges: its path of (normalised) range names,
+# outermost first, and its duration (NULL where the export has no duration metric).
+NCU_PATHS_SQL = f"""
+WITH listed AS (
+    SELECT *, bool_or(kind = 'push_pop') OVER (PARTITION BY kernel_id) AS has_stack
+    FROM launch_ranges WHERE run_id = $run_id
+), paths AS (
+    SELECT kernel_id, list({normalized_sql("name")} ORDER BY kind, depth) AS path
+    FROM listed WHERE kind = 'push_pop' OR NOT has_stack GROUP BY kernel_id
+)
+SELECT p.path, CAST(k.duration_ns AS BIGINT) AS ns
+FROM paths p JOIN kernel_durations k ON k.run_id = $run_id AND k.kernel_id = p.kernel_id
+"""
+
+HAS_LAUNCH_RANGES_SQL = "SELECT EXISTS (SELECT 1 FROM launch_ranges WHERE run_id = $run_id)"
+
 TOTALS_SQL = """
 SELECT count(*) AS kernels, CAST(coalesce(sum(end_ns - start_ns), 0) AS BIGINT) AS kernel_ns,
        (SELECT EXISTS (SELECT 1 FROM memory_events WHERE run_id = $run_id AND device_type = 'cuda'
@@ -141,19 +168,50 @@ def range_rows(store: Store, run_id: str, by: str = "range", depth: int | None =
     return _rows(store, run_id, by, depth, _totals(store, run_id))
 
 
+def _from_launches(store: Store, run_id: str) -> bool:
+    """Whether the run's ranges are ncu's per-launch lists (`launch_ranges`)."""
+    return bool(store.sql(HAS_LAUNCH_RANGES_SQL, {"run_id": run_id}).fetchone()[0])
+
+
 def _totals(store: Store, run_id: str) -> dict:
-    return store.arrow(TOTALS_SQL, {"run_id": run_id}).to_pylist()[0]
+    sql = NCU_TOTALS_SQL if _from_launches(store, run_id) else TOTALS_SQL
+    return store.arrow(sql, {"run_id": run_id}).to_pylist()[0]
+
+
+def _launch_nodes(store: Store, run_id: str, max_depth: int) -> list[dict]:
+    """The nodes `_tree_sql` gives, from an ncu run's per-launch range paths: per path prefix
+    (down to `max_depth` levels), the launches inside it and their durations summed (None when
+    none of them has one)."""
+    nodes: dict[tuple, dict] = {}
+    for launch in store.arrow(NCU_PATHS_SQL, {"run_id": run_id}).to_pylist():
+        path = tuple(launch["path"])
+        for depth in range(min(len(path), max_depth)):
+            prefix = path[:depth + 1]
+            n = nodes.get(prefix)
+            if n is None:
+                n = nodes[prefix] = {"node": prefix, "parent_node": prefix[:-1] or None, "name": prefix[-1],
+                                     "depth": depth, "instances": None, "cpu_ns": None, "kernels": 0,
+                                     "gpu_ns": None, "gpu_ops": 0, "gpu_proj_ns": None,
+                                     "self_cuda_memory_bytes": None}
+            n["kernels"] += 1
+            n["gpu_ops"] += 1
+            if launch["ns"] is not None:
+                n["gpu_ns"] = (n["gpu_ns"] or 0) + launch["ns"]
+    return list(nodes.values())
 
 
 def _rows(store: Store, run_id: str, by: str, depth: int | None, totals: dict) -> list[dict]:
     if by not in BY:
         raise ValueError(f"ranges are grouped by one of {', '.join(BY)}, not {by!r}")
-    nodes = store.arrow(_tree_sql(by), {"run_id": run_id, "max_depth": depth or 1 << 30}).to_pylist()
+    if _from_launches(store, run_id):
+        nodes = _launch_nodes(store, run_id, depth or 1 << 30) if by == "range" else []
+    else:
+        nodes = store.arrow(_tree_sql(by), {"run_id": run_id, "max_depth": depth or 1 << 30}).to_pylist()
     children: dict[int | None, list[dict]] = {}
     for n in nodes:
         children.setdefault(n["parent_node"], []).append(n)
     for kids in children.values():
-        kids.sort(key=lambda n: (-n["gpu_ns"], -n["cpu_ns"], n["name"]))
+        kids.sort(key=lambda n: (-(n["gpu_ns"] or 0), -(n["cpu_ns"] or 0), n["name"]))
     rows: list[dict] = []
     stack = [(n, [n["name"]]) for n in reversed(children.get(None, []))]
     while stack:
@@ -161,7 +219,7 @@ def _rows(store: Store, run_id: str, by: str, depth: int | None, totals: dict) -
         rows.append({"name": n["name"], "path": path, "depth": n["depth"], "instances": n["instances"],
                      "cpu_ns": n["cpu_ns"], "kernels": n["kernels"], "gpu_ns": n["gpu_ns"],
                      "gpu_proj_ns": n["gpu_proj_ns"],
-                     "share": n["gpu_ns"] / totals["kernel_ns"] if totals["kernel_ns"] else None,
+                     "share": n["gpu_ns"] / totals["kernel_ns"] if totals["kernel_ns"] and n["gpu_ns"] is not None else None,
                      "gpu_ops": n["gpu_ops"],
                      "self_cuda_memory_bytes": (n["self_cuda_memory_bytes"] or 0) if totals["has_memory"] else None})
         stack += [(c, path + [c["name"]]) for c in reversed(children.get(n["node"], []))]
@@ -175,6 +233,7 @@ def run_ranges(store: Store, run_id: str, by: str = "range", depth: int | None =
     info = store.arrow(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", [run_id]).to_pylist()[0]
     totals = _totals(store, run_id)
     rows = _rows(store, run_id, by, depth, totals)
-    inside = sum(r["gpu_ns"] for r in rows if r["depth"] == 0)
+    inside = sum(r["gpu_ns"] or 0 for r in rows if r["depth"] == 0)
+    outside = None if totals["kernel_ns"] is None else totals["kernel_ns"] - inside
     return {**info, "by": by, "kernels": totals["kernels"], "kernel_ns": totals["kernel_ns"],
-            "outside_ns": totals["kernel_ns"] - inside if rows else totals["kernel_ns"], "ranges": rows}
+            "outside_ns": outside, "ranges": rows}

@@ -390,6 +390,20 @@ KERNEL_RULE_RESULTS = _t(
     ("estimated_speedup_pct", "DOUBLE", "ncu's estimated speedup."),
 )
 
+LAUNCH_RANGES = _t(
+    "launch_ranges",
+    "Nsight Compute `--nvtx`: the NVTX ranges open around each profiled launch, as ncu lists them per "
+    "launch (its launches are on no timeline, so they cannot be placed among `ranges` by time): one row per "
+    "launch and range (`ingest/ncu_nvtx.py`).",
+    RUN,
+    ("kernel_id", "BIGINT", "The launch (`kernels.kernel_id`, ncu's `ID`)."),
+    ("kind", "VARCHAR", "`push_pop` (the launching thread's push/pop stack) or `start_end` (a start/end range open then)."),
+    ("depth", "INTEGER", "Place in ncu's list, 0 the outermost (for `push_pop`, the bottom of the stack)."),
+    ("name", "VARCHAR", "Range text."),
+    ("domain", "VARCHAR", "NVTX domain (`<default domain>` when the range named none)."),
+    ("tid", "BIGINT", "The thread whose push/pop stack it is, as ncu prints it (`push_pop` rows)."),
+)
+
 KERNEL_LINKS = _t(
     "kernel_links",
     "Nsight Compute launches matched to the kernels of the timeline (nsys or Kineto) of the same program "
@@ -467,7 +481,7 @@ RULE_RUNS = _t(
 TABLES: tuple[Table, ...] = (
     RUNS, DEVICES, KERNELS, COPIES, MEMSETS, API_CALLS, SYNCS, RANGES, CPU_OPS, PYTHON_FUNCTIONS,
     MEMORY_EVENTS, MEMORY_SEGMENTS, MEMORY_BLOCKS, ALLOCATOR_EVENTS, MEMORY_FRAMES, ALLOCATOR_SETTINGS,
-    MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, KERNEL_LINKS, FINDINGS, RULE_RUNS,
+    MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, LAUNCH_RANGES, KERNEL_LINKS, FINDINGS, RULE_RUNS,
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 # Tables a reader fills (not `runs`, written from the run info, nor the links between runs, nor

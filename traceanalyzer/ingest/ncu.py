@@ -14,8 +14,9 @@ What real ncu CSV files look like (all seen in shared/traces/ncu):
   units row right under the header (its ID cell is empty).
 
 Output: `kernels` (one per ID, times NULL), `kernel_metrics` (values in base units, see
-``ncu_units``; details labels mapped to metric ids, see ``ncu_labels``), `devices`, and
-`kernel_rule_results` (2025 rule rows).
+``ncu_units``; details labels mapped to metric ids, see ``ncu_labels``), `devices`,
+`kernel_rule_results` (2025 rule rows) and `launch_ranges` (the ``--nvtx`` columns, see
+``ncu_nvtx``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..resources import Resources
 from .base import ParsedTrace, TraceError, as_path
 from .ncu_labels import METRIC_ID, metric_ids
 from .ncu_launches import build_devices, build_kernels
+from .ncu_nvtx import launch_ranges
 from .ncu_units import convert, parse_ints, parse_numbers
 
 FORMAT = "ncu-csv"
@@ -79,13 +81,16 @@ def read(path: str | Path, *, resources: Resources | None = None) -> ParsedTrace
     text = _drop_truncated_tail(text, start, header, is_details, warnings)
     table = _parse(text, start, header, metadata, warnings)
     if is_details:
-        dialect, tables, ident = _details(header, table, warnings)
+        dialect, tables, ident = _details(header, table, metadata, warnings)
     else:
         dialect, tables, ident = _raw(header, table, metadata, warnings)
     if ident.num_rows == 0:
         raise TraceError("ncu CSV has a header but no kernel rows")
     tables["kernels"] = build_kernels(ident, tables["kernel_metrics"])
     tables["devices"] = build_devices(ident, tables["kernel_metrics"])
+    ranges = launch_ranges(ident, metadata["nvtx_columns"])
+    if ranges is not None:
+        tables["launch_ranges"] = ranges
     hosts = pc.unique(ident["Host Name"]).to_pylist() if "Host Name" in ident.column_names else []
     metadata["hosts"] = hosts
     if "Kernel Time" in ident.column_names:
@@ -236,11 +241,12 @@ def _skip_garbage(table: pa.Table, good: pa.Array, what: str, warnings: list[str
     return table.filter(good)
 
 
-def _identity(rows: pa.Table) -> pa.Table:
-    """First row of each launch ID, identity columns only, sorted by kernel_id."""
+def _identity(rows: pa.Table, metadata: dict) -> pa.Table:
+    """First row of each launch ID, identity and NVTX columns only, sorted by kernel_id."""
     ids = rows["kernel_id"].to_numpy()
     _, first = np.unique(ids, return_index=True)
-    cols = ["kernel_id"] + [c for c in IDENTITY if c in rows.column_names and c != "ID"]
+    cols = ["kernel_id"] + [c for c in IDENTITY if c in rows.column_names and c != "ID"] + \
+        [c for c in metadata["nvtx_columns"] if c in rows.column_names]
     return rows.select(cols).take(pa.array(first))
 
 
@@ -254,7 +260,7 @@ def _dialect(header: list[str]) -> str:
     return "details-2020"
 
 
-def _details(header: list[str], table: pa.Table, warnings: list[str]):
+def _details(header: list[str], table: pa.Table, metadata: dict, warnings: list[str]):
     kernel_id = parse_ints(table["ID"].combine_chunks())
     table = table.append_column("kernel_id", kernel_id)
     has_rules = "Rule Name" in header
@@ -278,7 +284,7 @@ def _details(header: list[str], table: pa.Table, warnings: list[str]):
     })}
     if has_rules:
         tables["kernel_rule_results"] = _rule_results(table.filter(pc.not_equal(table["Rule Name"], "")))
-    return _dialect(header), tables, _identity(table)
+    return _dialect(header), tables, _identity(table, metadata)
 
 
 def _warn_mixed_ids(table: pa.Table, warnings: list[str]) -> None:
@@ -344,4 +350,4 @@ def _raw(header: list[str], table: pa.Table, metadata: dict, warnings: list[str]
         "metric_name": names, "metric_id": names, "unit": units, "value": values,
         "raw_unit": raw_units, "raw_value": raw_values,
     })}
-    return "raw", tables, _identity(table)
+    return "raw", tables, _identity(table, metadata)

@@ -4,11 +4,12 @@ host was in when the GPU went idle, so that a message can say "(in aten::bmm)".
 Kernel findings (B001-B003, I001-I005) go through `name_launchers`: per (device, kernel name),
 the innermost PyTorch operator open on the launching thread when the launch call began, else
 the innermost NVTX range or user annotation (the store's `launch_context`), names normalised
-(`ranges.normalize_name`), the one that launched most of the kernel's time. Computed once per
-rules pass (the run cache's memo) and only when a rule has a kernel finding to name. Runs
-without host frames name nothing: traces without NVTX or operators, and Nsight Compute exports,
-whose NVTX context (ncu `--nvtx` columns) the store does not keep; so the instruction-level
-rules, which read ncu runs only, name code only where a run of theirs has frames.
+(`ranges.normalize_name`), the one that launched most of the kernel's time. For a Nsight
+Compute run, whose launches are on no timeline, the innermost range ncu's `--nvtx` columns list
+for each launch (the store's `launch_ranges`), weighted by the launch's duration metric.
+Computed once per rules pass (the run cache's memo) and only when a rule has a kernel finding to
+name. Runs without host frames name nothing: traces without NVTX or operators, and ncu exports
+made without `--nvtx`.
 
 Rules given as one query take `named(sql)` as their `evaluate`. Gap findings (T001) go through
 `around_gaps`: the innermost operator (else range) open on the launching thread when the GPU
@@ -39,13 +40,15 @@ HAS_FRAMES_SQL = """
 SELECT EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id)
     OR EXISTS (SELECT 1 FROM ranges WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation') AND tid IS NOT NULL)
 """
+HAS_LAUNCH_RANGES_SQL = "SELECT EXISTS (SELECT 1 FROM launch_ranges WHERE run_id = $run_id)"
 
-SITES_SQL = f"""
-WITH context AS (
-    {views.launch_context_sql("run_id = $run_id", _SOURCES)}
-), kernels AS (
-    SELECT device_id, name, end_ns - start_ns AS ns, coalesce(op_name, range_name) AS raw
-    FROM context WHERE kind = 'kernel'
+
+def _sites_sql(kernels: str) -> str:
+    """Per (device, kernel name), the label that launched most of its time, and that share of
+    it, over `kernels`: a query of (device_id, name, ns, raw), `raw` the launcher's name or NULL."""
+    return f"""
+WITH kernels AS (
+    {kernels}
 ), labels AS (
     SELECT raw, {normalized_sql("raw")} AS label FROM (SELECT DISTINCT raw FROM kernels WHERE raw IS NOT NULL)
 ), per_label AS (
@@ -60,6 +63,25 @@ QUALIFY row_number() OVER (PARTITION BY p.device_id, p.name ORDER BY p.ns DESC, 
 """
 
 
+# A timeline's kernels, each with the innermost operator (else range) open at its launch call.
+SITES_SQL = _sites_sql(f"""
+    WITH context AS (
+        {views.launch_context_sql("run_id = $run_id", _SOURCES)}
+    )
+    SELECT device_id, name, end_ns - start_ns AS ns, coalesce(op_name, range_name) AS raw
+    FROM context WHERE kind = 'kernel'""")
+
+# Nsight Compute's launches, each with the innermost range ncu listed for it (`launch_ranges`):
+# of the launching thread's push/pop stack, else of the start/end ranges; time from the
+# duration metric (a launch without it counts as a launch, not as time).
+NCU_SITES_SQL = _sites_sql("""
+    SELECT k.device_id, coalesce(k.name, '?') AS name, coalesce(k.duration_ns, 0) AS ns, i.raw
+    FROM kernel_durations k
+    LEFT JOIN (SELECT kernel_id, arg_max(name, (kind = 'push_pop')::INTEGER * 1000000 + depth) AS raw
+               FROM launch_ranges WHERE run_id = $run_id GROUP BY kernel_id) i USING (kernel_id)
+    WHERE k.run_id = $run_id""")
+
+
 def launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
     """(device_id, kernel name) -> {"label", "share"}: the operator or range that launched most
     of the kernel's time there, and that share of it. Once per rules pass (the run cache's memo)."""
@@ -70,9 +92,13 @@ def launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
 
 
 def _launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
-    if not store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
+    if store.sql(HAS_LAUNCH_RANGES_SQL, {"run_id": run_id}).fetchone()[0]:
+        sql = NCU_SITES_SQL
+    elif store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
+        sql = SITES_SQL
+    else:
         return {}
-    rows = store.kept_rows(run_id, "launch_sites", SITES_SQL, {"run_id": run_id})
+    rows = store.kept_rows(run_id, "launch_sites", sql, {"run_id": run_id})
     return {(r["device_id"], r["name"]): {"label": r["label"], "share": r["share"]} for r in rows}
 
 
