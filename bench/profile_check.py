@@ -49,16 +49,24 @@ def _reset_peak() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
+_open: list[list[int]] = []  # the peak so far of each phase open now, outermost first
+
+
 @contextlib.contextmanager
 def phase(name: str, peak: bool = True, depth: int | None = None):
-    """Time the block; with `peak`, the process's peak memory within it (an inner phase
-    resets the high-water mark, so an outer one's peak is the larger of its own and its inner
-    phases')."""
+    """Time the block; with `peak`, the process's peak memory within it. An inner phase
+    resets the high-water mark, first handing the mark so far to the phases open around it:
+    an outer one's peak is the larger of what it saw between its inner phases and theirs."""
     outer = getattr(_depth, "n", 0)
     depth = outer if depth is None else depth
     _depth.n = outer + 1
+    seen = [0]
     if peak:
+        mark = _rss_peak()
+        for p in _open:
+            p[0] = max(p[0], mark)
         _reset_peak()
+        _open.append(seen)
     held = _status_bytes("VmRSS:") if peak else 0
     first = len(rows)
     t0 = time.perf_counter()
@@ -66,12 +74,15 @@ def phase(name: str, peak: bool = True, depth: int | None = None):
         yield
     finally:
         _depth.n = outer
+        if peak:
+            _open[:] = [p for p in _open if p is not seen]  # by identity: equal marks are other phases'
         with _lock:
             inner = max((r[4] for r in rows[first:]), default=0)
-            rows.append((t0, depth, name, time.perf_counter() - t0, max(_rss_peak(), inner) if peak else 0, held))
+            top = max(_rss_peak(), seen[0], inner) if peak else 0
+            rows.append((t0, depth, name, time.perf_counter() - t0, top, held))
 
 
-def wrap(owner, attr: str, name: str | None = None, peak: bool = True, label=None, depth: int | None = None) -> None:
+def wrap(owner, attr: str, name: str | None = None, peak: bool | str = True, label=None, depth: int | None = None) -> None:
     fn = getattr(owner, attr)
     is_cm = attr == "scoped_to_run"
 
@@ -91,7 +102,8 @@ def wrap(owner, attr: str, name: str | None = None, peak: bool = True, label=Non
     else:
         @functools.wraps(fn)
         def wrapped(*a, **k):
-            with phase(label(*a, **k) if label else (name or attr), peak, depth):
+            on_main = threading.current_thread() is threading.main_thread()
+            with phase(label(*a, **k) if label else (name or attr), peak == "main" and on_main or peak is True, depth):
                 return fn(*a, **k)
     setattr(owner, attr, wrapped)
 
@@ -117,8 +129,9 @@ def main() -> None:
     for step in NSYS_STEPS:  # the nsys reader's steps, in the order it takes them
         wrap(nsys._Reader, step, f"nsys {step.strip('_')}", depth=2)
     wrap(views, "scoped_to_run", "the run's shared views (scoped_to_run, entered)")
-    # The rules run on worker threads too: shown inside the rules pass, without a peak of their own.
-    wrap(engine, "evaluate_rule", peak=False, label=lambda st, rule, *a, **k: f"rule {rule.id}", depth=2)
+    # Rules on worker threads (runs under engine.PARALLEL_MAX_GPU_OPS) overlap: their peaks are
+    # the rules pass's; a rule on the main thread has its own.
+    wrap(engine, "evaluate_rule", peak="main", label=lambda st, rule, *a, **k: f"rule {rule.id}", depth=2)
     wrap(diagnosis, "diagnose", "diagnosis")
     wrap(Store, "write_findings", "write findings")
     wrap(batch_check, "diagnose_runs", "rules pass (diagnose_runs)")

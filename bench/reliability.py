@@ -332,7 +332,7 @@ def render(f: dict, bombs_: list[dict], conc: list[dict], k: dict, args, seconds
         lines.append(f"| `{lim.env}` | {limits.show(lim.name, lim.default)} | {lim.doc} |")
     lines += [
         "| `TRACEANALYZER_LOCK_TIMEOUT_S` | 30 | Seconds to wait for another process's lock on the store. |",
-        "| `TRACEANALYZER_MEMORY_LIMIT` | DuckDB's (80% of RAM) | Memory each DuckDB connection may hold (the store's, and the nsys reader's own) for sorts, joins and cached blocks (DuckDB's syntax: `2GB`, `40%`); past it, rules spill to a temp folder next to the store instead of growing. |",
+        "| `TRACEANALYZER_MEMORY_LIMIT` | DuckDB's (80% of RAM); 1GB in the rules pass of a run of over 1 M GPU operations | Memory each DuckDB connection may hold (the store's, and the nsys reader's own) for sorts, joins and cached blocks (DuckDB's syntax: `2GB`, `40%`); past it, rules spill to a temp folder next to the store instead of growing. Set, it holds everywhere, a big run's rules pass too. |",
         "",
         "Fixed bounds (not settings): times beyond ±2^62 ns (146 years from the clock's zero) are "
         "corrupt (GPU rows with them, or ending before they start, are dropped with a warning; "

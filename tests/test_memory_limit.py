@@ -74,3 +74,51 @@ def test_a_scan_workers_store_is_limited(tmp_path, monkeypatch):
     out = process_file(str(FIXTURES / "nsys" / "planted.sqlite"),
                        WorkContext(frozenset(), None, resources=resources.Resources(1)))
     assert out.result.error is None and seen == ["700.0 MiB"]
+
+
+@pytest.mark.parametrize("env, during", [(None, "953.6 MiB"), ("700MiB", "700.0 MiB")])
+def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, env, during):
+    """The rules pass of a run above `engine.PARALLEL_MAX_GPU_OPS`, its kept cache's build and
+    the drops of cached blocks between rules included, runs under `engine.BIG_RUN_MEMORY`
+    (1GB) where TRACEANALYZER_MEMORY_LIMIT sets none, under that limit where it does; the
+    limit before the pass holds again after it, and a smaller run's pass is not held."""
+    from traceanalyzer.rules import engine
+    from traceanalyzer.rules.engine import run_rules
+    from traceanalyzer.store import Store, views
+
+    if env is None:
+        monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(MEMORY_LIMIT_ENV, env)
+    seen = {"build": [], "rules": []}
+    real_build, real_evaluate = views._build, engine.evaluate_rule
+
+    def build(con, *a):
+        seen["build"].append(con.execute(SETTING).fetchall()[0][0])
+        return real_build(con, *a)
+
+    def evaluate(st, *a, **k):
+        seen["rules"].append(st.sql(SETTING).fetchall()[0][0])
+        return real_evaluate(st, *a, **k)
+
+    monkeypatch.setattr(views, "_build", build)
+    monkeypatch.setattr(engine, "evaluate_rule", evaluate)
+    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    with Store(tmp_path / "s.duckdb") as st:
+        st.ingest(FIXTURES / "nsys" / "planted.sqlite")
+        before = st.sql(SETTING).fetchall()[0][0]
+        run_rules(st)  # a small run
+        assert set(seen["build"] + seen["rules"]) == {before}
+        seen["build"].clear(), seen["rules"].clear()
+        drop_kept_caches(st)
+        monkeypatch.setattr(engine, "PARALLEL_MAX_GPU_OPS", 0)  # every run is big
+        run_rules(st)
+        assert seen["build"] == [during] and set(seen["rules"]) == {during} and len(seen["rules"]) > 1
+        assert st.sql(SETTING).fetchall()[0][0] == before
+
+
+def drop_kept_caches(st) -> None:
+    from traceanalyzer.store import views
+
+    for (run_id,) in st.sql("SELECT run_id FROM runs").fetchall():
+        views.drop_kept(st.con, run_id)

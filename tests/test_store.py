@@ -314,7 +314,7 @@ def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, mo
     sliced = views._RUN_CACHE_SLICED
     whole = {n: store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in sliced}
     for run_id in store.run_ids():
-        monkeypatch.setattr(views, "SLICE_GPU_OPS", -(-views._gpu_ops(store.con, run_id) // slices))
+        monkeypatch.setattr(views, "SLICE_GPU_OPS", -(-views.gpu_ops(store.con, run_id) // slices))
         assert len(views._slices(store.con, run_id)) >= slices // 2
         with views.scoped_to_run(store.con, run_id):
             for n in sliced:

@@ -19,12 +19,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import duckdb
 
-# DuckDB's syntax: `2GB`, `512MiB`, `40%`. Unset: DuckDB's own default (80% of RAM).
+# DuckDB's syntax: `2GB`, `512MiB`, `40%`. Unset: DuckDB's own default (80% of RAM), but for
+# the rules pass of a big run (`rules.engine.BIG_RUN_MEMORY`).
 MEMORY_LIMIT_ENV = "TRACEANALYZER_MEMORY_LIMIT"
 
 
 class MemoryLimitError(ValueError):
     """TRACEANALYZER_MEMORY_LIMIT holds something DuckDB does not take as a memory size."""
+
+
+def memory_limit_text() -> str:
+    """TRACEANALYZER_MEMORY_LIMIT as set ('' when unset)."""
+    return os.environ.get(MEMORY_LIMIT_ENV, "").strip()
 
 
 def limit_memory(con: duckdb.DuckDBPyConnection) -> None:
@@ -33,7 +39,7 @@ def limit_memory(con: duckdb.DuckDBPyConnection) -> None:
     Unset: DuckDB's default again (after a `SET memory_limit` of the caller's)."""
     import duckdb
 
-    text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    text = memory_limit_text()
     try:
         con.execute(f"SET memory_limit = '{text.replace(chr(39), '')}'" if text else "RESET memory_limit")
     except duckdb.Error as e:

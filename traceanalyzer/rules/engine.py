@@ -178,6 +178,12 @@ def rule_threads(store: Store) -> int:
 # work then, which already uses every core inside each query, and two big queries at once
 # only add memory (5 M kernels: 3 % faster, 0.9 GB more at the peak).
 PARALLEL_MAX_GPU_OPS = 1_000_000
+# DuckDB's memory limit in the rules pass of a run above PARALLEL_MAX_GPU_OPS (its kept cache's
+# build too), where TRACEANALYZER_MEMORY_LIMIT sets none (`Store.memory_held`). Rule after rule
+# adds the blocks it reads to DuckDB's buffer pool, and the pass peaked at the sum (5 M kernels,
+# a stored run's check: 1.89 GB, T004 alone ~1.1 GB of working memory); held to this, blocks
+# are let go and the rest spills: 1.26 GB, for ~1 s of a ~10 s check.
+BIG_RUN_MEMORY = "1GB"
 
 
 # The pass that has just built a big run's kept cache (views.KEEP_MIN_GPU_OPS) starts with all of
@@ -333,8 +339,10 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
 
         if per_run:  # run by run, so the views the rules share are computed once per run (views.scoped_to_run)
             cursors = _Cursors(store, threads) if threads > 1 and len(rules) > 1 else None
+            big = views.gpu_ops(store.con, run_id) > PARALLEL_MAX_GPU_OPS
             try:
-                with views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
+                with store.memory_held(BIG_RUN_MEMORY if big else None), \
+                        views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
                     results = _map_rules(store, cache, rules, check, cursors)
             finally:
                 if cursors is not None:

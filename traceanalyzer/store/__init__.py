@@ -40,7 +40,7 @@ import xxhash
 
 from .. import input_limits, kernel_library, os_memory, schema
 from ..ingest.base import ParsedTrace
-from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory
+from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
 from . import migrations, views
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
@@ -315,6 +315,21 @@ class Store:
         self._settings[name] = value
         self.con.execute(f"SET {name} = {_sql_literal(value)}")
 
+    @contextlib.contextmanager
+    def memory_held(self, limit: str | None) -> Iterator[None]:
+        """DuckDB's memory limit on this store at `limit` (DuckDB's syntax) within the block,
+        where TRACEANALYZER_MEMORY_LIMIT sets none (that one holds where it does; None: no
+        change). Past it, cached blocks are let go and work spills to the temp folder."""
+        if limit is None or memory_limit_text():
+            yield
+            return
+        self.set("memory_limit", limit)
+        try:
+            yield
+        finally:
+            self._settings.pop("memory_limit", None)
+            _limit_memory(self.con)
+
     def drop_cached_blocks(self, keep: str = "256MB") -> None:
         """Let DuckDB drop the blocks of the store it keeps in memory after reading or writing
         them (its buffer pool keeps them up to its memory limit, 80% of RAM by default) down to
@@ -326,6 +341,8 @@ class Store:
             pass
         finally:
             _limit_memory(self.con)
+            if "memory_limit" in self._settings:  # held by `memory_held`
+                self.con.execute(f"SET memory_limit = {_sql_literal(self._settings['memory_limit'])}")
 
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):

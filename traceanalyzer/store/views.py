@@ -1006,7 +1006,7 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     (TEMP tables where that fails: a read-only store). The RunCache yielded also holds the
     block's `memo` of other results the run's rules share."""
     current = _kept_version(con, run_id) == CACHE_VERSION
-    built = not current and keep and _gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)
+    built = not current and keep and gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)
     if current or built:
         with _on_kept(con, run_id) as cache:
             cache.built = built
@@ -1081,7 +1081,7 @@ def _build(con: duckdb.DuckDBPyConnection, run_id: str, cache: RunCache, temp: s
 def _slices(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[int, int | None]]:
     """`run_id`'s GPU operations cut by start time into slices of about SLICE_GPU_OPS each, as
     (start, end) bounds for `_in_slice`: the first from the smallest BIGINT, the last open (None)."""
-    count = -(-_gpu_ops(con, run_id) // SLICE_GPU_OPS)
+    count = -(-gpu_ops(con, run_id) // SLICE_GPU_OPS)
     bounds: list[int] = []
     if count > 1:  # approximate quantiles: slices need only be disjoint and in order, not equal
         (quantiles,) = con.execute("SELECT approx_quantile(start_ns, $2::FLOAT[]) FROM gpu_activity "
@@ -1137,7 +1137,8 @@ def _registry_columns(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
         "AND table_name = $1 ORDER BY column_index", [KEPT_REGISTRY]).fetchall())
 
 
-def _gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+def gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """`run_id`'s kernels, copies and memsets."""
     return con.execute("SELECT (SELECT count(*) FROM kernels WHERE run_id = $1) + (SELECT count(*) FROM copies "
                        "WHERE run_id = $1) + (SELECT count(*) FROM memsets WHERE run_id = $1)", [run_id]).fetchall()[0][0]
 
@@ -1223,7 +1224,7 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
     BUDGET_WINDOW_GPU_OPS operations computed in windows, the others' in one query."""
     out, rest = [], []
     for run_id in run_ids:
-        big = _gpu_ops(con, run_id) > BUDGET_WINDOW_GPU_OPS
+        big = gpu_ops(con, run_id) > BUDGET_WINDOW_GPU_OPS
         if big:
             compute = functools.partial(_budget_in_windows, con, run_id)
         else:
