@@ -11,6 +11,9 @@ LOAD_TEST = " OR ".join(f"starts_with(name, '{p}')" for p in LOAD_CALLS)
 # Annotated ranges (NVTX, Kineto user annotations) that are compilation or autotuning work.
 # `compile[^d]`: compilation, not the execution of compiled code (`Call CompiledFxGraph`).
 COMPILE_RANGES = r"(?i)(compile[^d]|compile$|nvrtc|autotun|\bjit\b|dynamo_timed)"
+# Words every COMPILE_RANGES match contains: ILIKE tests on them go first, as a case-insensitive
+# regex over every NVTX range costs ~3x more (24 M ranges: 2.0 s against 0.6 s).
+COMPILE_WORDS = " OR ".join(f"name ILIKE '%{w}%'" for w in ("compile", "nvrtc", "autotun", "jit", "dynamo_timed"))
 
 # "Instances" are the things that can be slow the first time a shape is seen:
 #  - a framework operator call (cpu_ops), its shape being its `Input Dims`; a torch.compile
@@ -49,7 +52,8 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (views
         WHERE run_id = $run_id AND ({LOAD_TEST}) AND end_ns >= start_ns
         UNION ALL
         SELECT pid, tid, start_ns, end_ns FROM ranges
-        WHERE run_id = $run_id AND tid IS NOT NULL AND end_ns > start_ns AND regexp_matches(name, '{COMPILE_RANGES}'))
+        WHERE run_id = $run_id AND tid IS NOT NULL AND end_ns > start_ns
+              AND ({COMPILE_WORDS}) AND regexp_matches(name, '{COMPILE_RANGES}'))
 ), prep AS (
     -- Counted once: not inside another load/compile (nested NVTX compile ranges), nor inside
     -- a launch call (a lazy load within cudaLaunchKernel is already in the call's time).

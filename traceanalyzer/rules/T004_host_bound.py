@@ -12,13 +12,13 @@ WITH stretches AS (
     SELECT row_number() OVER (ORDER BY start_ns) AS sid, start_ns, end_ns, gap_ns
     FROM run_idle_gaps WHERE run_id = $run_id AND gap_ns >= $min_stretch_ns
 ), host AS (
-    SELECT 'cpu_op' AS kind, op_id AS id, name, pid, tid, start_ns, end_ns FROM cpu_ops
+    SELECT 'cpu_op' AS kind, op_id AS id, pid, tid, start_ns, end_ns FROM cpu_ops
     WHERE run_id = $run_id AND end_ns > start_ns
     UNION ALL
-    SELECT 'range', range_id, name, pid, tid, start_ns, end_ns FROM ranges
+    SELECT 'range', range_id, pid, tid, start_ns, end_ns FROM ranges
     WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation') AND end_ns > start_ns
     UNION ALL
-    SELECT 'api_call', call_id, name, pid, tid, start_ns, end_ns FROM api_calls
+    SELECT 'api_call', call_id, pid, tid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND end_ns > start_ns
 ), -- Most host events (millions of API calls) fall in busy time. A cheap exact prefilter keeps
    -- those that may overlap a stretch: time is cut into buckets of width w (about 100k buckets
@@ -48,7 +48,7 @@ host_reach AS (
     ASOF JOIN stretches l ON h.end_ns > l.start_ns
     WHERE f.sid <= l.sid
 ), inside AS (  -- host events clipped to the stretches they overlap
-    SELECT s.sid, s.gap_ns, h.kind, h.id, h.name, h.end_ns - h.start_ns AS dur_ns,
+    SELECT s.sid, s.gap_ns, h.kind, h.id, h.end_ns - h.start_ns AS dur_ns,
            greatest(h.start_ns, s.start_ns) AS c_start, least(h.end_ns, s.end_ns) AS c_end
     FROM (SELECT *, unnest(range(first_sid, last_sid + 1)) AS sid FROM host_reach) h
     JOIN stretches s USING (sid)
@@ -63,13 +63,16 @@ host_reach AS (
                   FROM inside))
         GROUP BY sid, isl)
     GROUP BY sid
-), main AS (  -- innermost event covering half the stretch, else the one covering most
-    SELECT sid,
-           arg_min(kind, (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS main_kind,
-           arg_min(id, (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS main_id,
-           arg_min(regexp_replace(name, '([#\s_:.-])\d+$', '\1N'),
-                   (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS main_name
+), main_event AS (  -- innermost event covering half the stretch, else the one covering most
+    SELECT sid, arg_min({'kind': kind, 'id': id}, (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS e
     FROM inside GROUP BY sid
+), main AS (  -- named only now: the names of millions of host events are never read
+    SELECT m.sid, m.e.kind AS main_kind, m.e.id AS main_id,
+           regexp_replace(coalesce(o.name, r.name, c.name), '([#\s_:.-])\d+$', '\1N') AS main_name
+    FROM main_event m
+    LEFT JOIN cpu_ops o ON m.e.kind = 'cpu_op' AND o.run_id = $run_id AND o.op_id = m.e.id
+    LEFT JOIN ranges r ON m.e.kind = 'range' AND r.run_id = $run_id AND r.range_id = m.e.id
+    LEFT JOIN api_calls c ON m.e.kind = 'api_call' AND c.run_id = $run_id AND c.call_id = m.e.id
 ), bound AS (
     SELECT s.*, c.busy_ns / s.gap_ns AS host_busy_share, m.main_kind, m.main_id, m.main_name
     FROM stretches s JOIN covered c USING (sid) JOIN main m USING (sid)
