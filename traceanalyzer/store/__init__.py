@@ -328,7 +328,7 @@ class Store:
             yield
         finally:
             self._settings.pop("memory_limit", None)
-            _limit_memory(self.con)
+            self._reset_memory_limit()
 
     def drop_cached_blocks(self, keep: str = "256MB") -> None:
         """Let DuckDB drop the blocks of the store it keeps in memory after reading or writing
@@ -340,9 +340,14 @@ class Store:
         except duckdb.Error:  # nothing to drop, or not now: not worth failing for
             pass
         finally:
+            self._reset_memory_limit()
+
+    def _reset_memory_limit(self) -> None:
+        """The limit `memory_held` holds, else TRACEANALYZER_MEMORY_LIMIT's (or DuckDB's default)."""
+        if "memory_limit" in self._settings:
+            self.con.execute(f"SET memory_limit = {_sql_literal(self._settings['memory_limit'])}")
+        else:
             _limit_memory(self.con)
-            if "memory_limit" in self._settings:  # held by `memory_held`
-                self.con.execute(f"SET memory_limit = {_sql_literal(self._settings['memory_limit'])}")
 
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):
