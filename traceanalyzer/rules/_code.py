@@ -49,13 +49,15 @@ def _sites_sql(kernels: str) -> str:
     return f"""
 WITH kernels AS (
     {kernels}
+), by_raw AS (  -- (kernel names run to hundreds of characters: the launches grouped once, first)
+    SELECT device_id, name, raw, sum(ns) AS ns, count(*) AS launches FROM kernels GROUP BY ALL
 ), labels AS (
-    SELECT raw, {normalized_sql("raw")} AS label FROM (SELECT DISTINCT raw FROM kernels WHERE raw IS NOT NULL)
+    SELECT raw, {normalized_sql("raw")} AS label FROM (SELECT DISTINCT raw FROM by_raw WHERE raw IS NOT NULL)
 ), per_label AS (
-    SELECT k.device_id, k.name, l.label, sum(k.ns) AS ns, count(*) AS launches
-    FROM kernels k JOIN labels l USING (raw) GROUP BY ALL
+    SELECT k.device_id, k.name, l.label, sum(k.ns) AS ns, sum(k.launches) AS launches
+    FROM by_raw k JOIN labels l USING (raw) GROUP BY ALL
 ), totals AS (
-    SELECT device_id, name, sum(ns) AS ns FROM kernels GROUP BY ALL
+    SELECT device_id, name, sum(ns) AS ns FROM by_raw GROUP BY ALL
 )
 SELECT p.device_id, p.name, p.label, p.ns / nullif(t.ns, 0) AS share
 FROM per_label p JOIN totals t ON t.device_id IS NOT DISTINCT FROM p.device_id AND t.name = p.name

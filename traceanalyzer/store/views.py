@@ -544,6 +544,9 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
     before the launch (it could not start while the innermost one was open). Where frames
     overlap only in part, the frame found may have closed already: then none is named.
     Zero-length frames contain no launch and are left out of the sweep.
+    The sweep carries numbers only (a thread-and-source number, a launch's number, a frame's
+    id): the operations' columns, kernel names of hundreds of characters among them, join on
+    at the end, so the sort holds a few integers a row.
     With `sources`, those sources' columns only; without `names`, the frames' ids only."""
     of_run = runs or "true"
     columns, joins = [], []
@@ -553,11 +556,10 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
         if names:
             joins.append(f"""
             LEFT JOIN (SELECT run_id, {key}, name FROM {table} WHERE {of_run}) n_{column}
-              ON n_{column}.run_id = p.run_id AND n_{column}.{key} = x.{column}_id""")
+              ON n_{column}.run_id = o.run_id AND n_{column}.{key} = x.{column}_id""")
             columns.append(f"n_{column}.name AS {column}_name")
-    pivot = ", ".join(f"any_value(frame_id) FILTER (WHERE source = '{source}') AS {_CONTEXT_COLUMNS[source][0]}_id"
+    pivot = ", ".join(f"any_value(p.frame_id) FILTER (WHERE h.source = '{source}') AS {_CONTEXT_COLUMNS[source][0]}_id"
                       for source in sources)
-    listed = ", ".join(f"'{source}'" for source in sources)
     return f"""
         WITH ops AS (
             SELECT a.run_id, a.kind, a.item_id, a.device_id, a.stream_id, a.start_ns, a.end_ns, a.name,
@@ -568,8 +570,9 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
             FROM cpu_ops c SEMI JOIN ops o ON o.launch_call_id IS NULL AND o.run_id = c.run_id
                                           AND o.external_id = c.external_id
             WHERE {_qualified(of_run, 'c')} GROUP BY ALL
-        ), probes AS MATERIALIZED (  -- (read twice: computed once)
-            SELECT o.*, coalesce(c.pid, x.op.pid) AS pid, coalesce(c.tid, x.op.tid) AS tid,
+        ), probes AS MATERIALIZED (  -- each operation's launch point, numbered (read twice: computed once)
+            SELECT o.run_id, o.kind, o.item_id, row_number() OVER () AS probe,
+                   coalesce(c.pid, x.op.pid) AS pid, coalesce(c.tid, x.op.tid) AS tid,
                    c.start_ns AS call_start_ns, c.end_ns AS call_end_ns, coalesce(c.start_ns, x.op.start_ns) AS at_ns
             FROM ops o
             LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = o.run_id AND c.call_id = o.launch_call_id
@@ -577,33 +580,37 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
         ), frames AS (
             SELECT run_id, source, frame_id, pid, tid, start_ns, end_ns
             FROM ({_frame_rows_sql(runs, sources)}) WHERE end_ns > start_ns
+        ), threads AS (  -- each thread and source with frames, numbered
+            SELECT {_FRAME_THREAD}, row_number() OVER () AS thread FROM (SELECT DISTINCT {_FRAME_THREAD} FROM frames)
+        ), numbered AS MATERIALIZED (  -- (read twice: computed once)
+            SELECT h.thread, f.frame_id, f.start_ns, f.end_ns FROM frames f JOIN threads h USING ({_FRAME_THREAD})
         ), points AS (  -- a boundary (phase 0: an end, 1: a start) or a launch (2), per thread and source
-            SELECT run_id, source, pid, tid, start_ns AS t, 1 AS phase, -end_ns AS tie, frame_id AS ord,
-                   frame_id, end_ns, NULL AS kind, NULL::BIGINT AS item_id FROM frames
+            SELECT thread, start_ns AS t, 1 AS phase, -end_ns AS tie, frame_id AS ord, frame_id AS ref, end_ns
+            FROM numbered
             UNION ALL
-            SELECT run_id, source, pid, tid, end_ns, 0, -start_ns, -frame_id, NULL, NULL, NULL, NULL FROM frames
+            SELECT thread, end_ns, 0, -start_ns, -frame_id, NULL, NULL FROM numbered
             UNION ALL
-            SELECT p.run_id, s.source, p.pid, p.tid, p.at_ns, 2, 0, 0, NULL, NULL, p.kind, p.item_id
-            FROM probes p, (SELECT unnest([{listed}]) AS source) s
-            WHERE p.pid IS NOT NULL AND p.tid IS NOT NULL AND p.at_ns IS NOT NULL
+            SELECT h.thread, p.at_ns, 2, 0, 0, p.probe, NULL
+            FROM probes p JOIN threads h ON h.run_id = p.run_id AND h.pid = p.pid AND h.tid = p.tid
+            WHERE p.at_ns IS NOT NULL
         ), swept AS (
             SELECT *, row_number() OVER w AS seq,
                    sum(CASE phase WHEN 1 THEN 1 WHEN 0 THEN -1 ELSE 0 END) OVER (w ROWS UNBOUNDED PRECEDING) AS open
-            FROM points WINDOW w AS (PARTITION BY {_FRAME_THREAD} ORDER BY t, phase, tie, ord)
+            FROM points WINDOW w AS (PARTITION BY thread ORDER BY t, phase, tie, ord)
         ), starts AS (
-            SELECT {_FRAME_THREAD}, open, seq, frame_id, end_ns FROM swept WHERE phase = 1
+            SELECT thread, open, seq, ref AS frame_id, end_ns FROM swept WHERE phase = 1
         ), placed AS (
-            SELECT l.run_id, l.kind, l.item_id, l.source, CASE WHEN s.end_ns > l.t THEN s.frame_id END AS frame_id
+            SELECT l.thread, l.ref AS probe, CASE WHEN s.end_ns > l.t THEN s.frame_id END AS frame_id
             FROM (SELECT * FROM swept WHERE phase = 2 AND open > 0) l
-            ASOF JOIN starts s ON s.run_id = l.run_id AND s.source = l.source AND s.pid = l.pid AND s.tid = l.tid
-                              AND s.open = l.open AND s.seq < l.seq
+            ASOF JOIN starts s ON s.thread = l.thread AND s.open = l.open AND s.seq < l.seq
         ), innermost AS (
-            SELECT run_id, kind, item_id, {pivot} FROM placed GROUP BY ALL
+            SELECT p.probe, {pivot} FROM placed p JOIN threads h USING (thread) GROUP BY ALL
         )
-        SELECT p.run_id, p.kind, p.item_id, p.device_id, p.stream_id, p.start_ns, p.end_ns, p.name, p.launch_call_id,
+        SELECT o.run_id, o.kind, o.item_id, o.device_id, o.stream_id, o.start_ns, o.end_ns, o.name, o.launch_call_id,
                p.pid, p.tid, p.call_start_ns, p.call_end_ns, {', '.join(columns)}
-        FROM probes p
-        LEFT JOIN innermost x ON x.run_id = p.run_id AND x.kind = p.kind AND x.item_id = p.item_id{''.join(joins)}
+        FROM ops o
+        JOIN probes p ON p.run_id = o.run_id AND p.kind = o.kind AND p.item_id = o.item_id
+        LEFT JOIN innermost x ON x.probe = p.probe{''.join(joins)}
         """
 
 
