@@ -580,7 +580,7 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
         ), frames AS (
             SELECT run_id, source, frame_id, pid, tid, start_ns, end_ns
             FROM ({_frame_rows_sql(runs, sources)}) WHERE end_ns > start_ns
-        ), threads AS (  -- each thread and source with frames, numbered
+        ), threads AS MATERIALIZED (  -- each thread and source with frames, numbered once for all three readers
             SELECT {_FRAME_THREAD}, row_number() OVER () AS thread FROM (SELECT DISTINCT {_FRAME_THREAD} FROM frames)
         ), numbered AS MATERIALIZED (  -- (read twice: computed once)
             SELECT h.thread, f.frame_id, f.start_ns, f.end_ns FROM frames f JOIN threads h USING ({_FRAME_THREAD})
