@@ -558,7 +558,7 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
             LEFT JOIN (SELECT run_id, {key}, name FROM {table} WHERE {of_run}) n_{column}
               ON n_{column}.run_id = o.run_id AND n_{column}.{key} = x.{column}_id""")
             columns.append(f"n_{column}.name AS {column}_name")
-    pivot = ", ".join(f"any_value(p.frame_id) FILTER (WHERE h.source = '{source}') AS {_CONTEXT_COLUMNS[source][0]}_id"
+    pivot = ", ".join(f"any_value(pl.frame_id) FILTER (WHERE h.source = '{source}') AS {_CONTEXT_COLUMNS[source][0]}_id"
                       for source in sources)
     return f"""
         WITH ops AS (
@@ -604,7 +604,7 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
             FROM (SELECT * FROM swept WHERE phase = 2 AND open > 0) l
             ASOF JOIN starts s ON s.thread = l.thread AND s.open = l.open AND s.seq < l.seq
         ), innermost AS (
-            SELECT p.probe, {pivot} FROM placed p JOIN threads h USING (thread) GROUP BY ALL
+            SELECT pl.probe, {pivot} FROM placed pl JOIN threads h USING (thread) GROUP BY ALL
         )
         SELECT o.run_id, o.kind, o.item_id, o.device_id, o.stream_id, o.start_ns, o.end_ns, o.name, o.launch_call_id,
                p.pid, p.tid, p.call_start_ns, p.call_end_ns, {', '.join(columns)}
