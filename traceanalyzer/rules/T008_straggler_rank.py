@@ -104,16 +104,23 @@ def _int(x):
     return None if x is None or x != x else int(x)
 
 
+# The runs given, as `_jobs` groups them: the kernels are read only for runs of a job of two
+# ranks or more (a single run, or unrelated ones, cost one look at the runs table).
+RUNS_SQL = """
+SELECT run_id, file_name, rank, world_size, clock, start_ns AS run_start_ns, end_ns AS run_end_ns FROM runs
+WHERE list_contains($run_ids, run_id) ORDER BY rank, run_id
+"""
+
+
 def evaluate(store, run_ids: list[str], p: dict) -> pd.DataFrame:
     import pandas as pd
 
-    rows = store.sql(SQL, {"run_ids": list(run_ids)}).df()
-    if rows.empty:
-        return rows
-    runs = rows.drop_duplicates("run_id")[["run_id", "file_name", "rank", "world_size", "clock",
-                                          "run_start_ns", "run_end_ns"]]
+    jobs = _jobs(store.sql(RUNS_SQL, {"run_ids": list(run_ids)}).df())
+    if not jobs:
+        return pd.DataFrame()
+    rows = store.sql(SQL, {"run_ids": [r for job in jobs for r in job["run_id"]]}).df()
     findings = []
-    for job in _jobs(runs.reset_index(drop=True)):
+    for job in jobs:
         ranks = _per_rank(rows, job)
         by_comm = bool((ranks["comm_ns"] > 0).all())
         if by_comm:  # the others wait in collectives for the rank that arrives last
