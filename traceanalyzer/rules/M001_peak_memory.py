@@ -66,12 +66,15 @@ WITH level AS (  -- allocated (and reserved) memory after each event, the `memor
     LEFT JOIN trough t USING (device_id)
     WHERE NOT m.by_address AND l.bytes > 0 AND l.seq <= p.seq AND l.seq > coalesce(t.trough_seq, 0)
 ), charged AS (  -- the innermost enclosing operator on the allocating thread, past allocator-only ones
+    -- The join is on time alone, a range join (sorted, or an IEJoin for many allocations), the
+    -- thread tested after it: coalesce() keeps that test out of the join's keys, where a hash
+    -- join on the thread would compare each allocation with every operator of its thread.
     SELECT h.event_id,
            coalesce(list(o.name ORDER BY o.start_ns DESC, o.end_ns, o.op_id DESC)
                         FILTER (WHERE o.name NOT IN ({ALLOCATOR_OPS}))[1],
                     list(o.name ORDER BY o.start_ns DESC, o.end_ns, o.op_id DESC)[1]) AS op
-    FROM held h JOIN cpu_ops o
-      ON o.run_id = $run_id AND o.pid = h.pid AND o.tid = h.tid AND o.start_ns <= h.ts_ns AND o.end_ns >= h.ts_ns
+    FROM held h JOIN cpu_ops o ON o.start_ns <= h.ts_ns AND o.end_ns >= h.ts_ns
+    WHERE o.run_id = $run_id AND coalesce(o.pid = h.pid AND o.tid = h.tid, false)
     GROUP BY h.event_id
 ), held_ops AS (
     SELECT h.*, coalesce(c.op, '(no operator)') AS op FROM held h LEFT JOIN charged c USING (event_id)
