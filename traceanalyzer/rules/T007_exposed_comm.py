@@ -5,23 +5,22 @@ from ..store.views import COMM_PATTERN, covered_ns, islands
 from .base import Rule, Threshold
 
 SQL = r"""
-WITH run_names AS MATERIALIZED (  -- materialized: DuckDB would push the pattern below DISTINCT, onto every launch
-    SELECT DISTINCT name FROM kernels WHERE run_id = $run_id
-), comm_names AS (  -- the pattern is matched once per distinct name, not per launch
-    SELECT name FROM run_names WHERE regexp_matches(name, '__COMM__')
-), k AS (
-    SELECT kernel_id, device_id, stream_id, start_ns, end_ns, name, coalesce(short_name, name) AS short_name,
-           name IN (SELECT name FROM comm_names) AS is_comm
-    FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL AND end_ns > start_ns
+WITH comm_keys AS (  -- the pattern is matched once per distinct name (views.kernel_names), not per launch
+    SELECT name_key FROM kernel_names WHERE run_id = $run_id AND regexp_matches(name, '__COMM__')
+), k AS (  -- the run's kernels as its cache holds them (views.stream_ops), their names by key
+    SELECT item_id AS kernel_id, device_id, stream_id, start_ns, end_ns,
+           name_key IN (SELECT name_key FROM comm_keys) AS is_comm
+    FROM stream_ops WHERE run_id = $run_id AND kind = 'kernel' AND end_ns > start_ns
 ), comm_islands AS (  -- disjoint collective-busy intervals per device
     __COMM_ISLANDS__
 ), compute_cum AS (  -- disjoint compute-busy intervals, each with the compute time up to its end
     SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM (__COMPUTE_ISLANDS__)
 ), overlap AS (  -- collective time with some compute kernel running on the same device
     SELECT device_id, sum(covered_ns) AS overlap_ns FROM (__ISLAND_OVERLAP__) GROUP BY device_id
-), per_kernel AS (
-    SELECT k.*, k.end_ns - k.start_ns - o.covered_ns AS exposed_ns
+), per_kernel AS (  -- the collectives, named only now
+    SELECT k.*, coalesce(n.short_name, n.name) AS short_name, k.end_ns - k.start_ns - o.covered_ns AS exposed_ns
     FROM k JOIN (__KERNEL_OVERLAP__) o USING (kernel_id)
+    JOIN kernels n ON n.run_id = $run_id AND n.kernel_id = k.kernel_id
 ), by_name AS (
     SELECT device_id, to_json(list({'kernel': short_name, 'launches': n, 'ns': ns, 'exposed_ns': exposed}
                                    ORDER BY exposed DESC, short_name)[1:$max_examples]) AS names
