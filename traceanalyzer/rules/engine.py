@@ -241,7 +241,7 @@ def _in_pass(stores: list[Store], cache: views.RunCache) -> Iterator[None]:
 def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cursors: _Cursors | None) -> list:
     """`check(store, rule)` for every rule, in order; on the `cursors`, a thread each, when
     there are some and the run's cached views are readable from them (else on this one)."""
-    if cursors is None or not cache.shared or cache.rows(store.con, "stream_ops") > PARALLEL_MAX_GPU_OPS:
+    if cursors is None or not cache.shared:
         results = []
         with _in_pass([store], cache):
             for r in rules:
@@ -338,8 +338,8 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             return oc, df
 
         if per_run:  # run by run, so the views the rules share are computed once per run (views.scoped_to_run)
-            cursors = _Cursors(store, threads) if threads > 1 and len(rules) > 1 else None
-            big = views.gpu_ops(store.con, run_id) > PARALLEL_MAX_GPU_OPS
+            big = views.gpu_ops(store.con, run_id) > PARALLEL_MAX_GPU_OPS  # its rules one at a time
+            cursors = _Cursors(store, threads) if threads > 1 and len(rules) > 1 and not big else None
             try:
                 with store.memory_held(BIG_RUN_MEMORY if big else None), \
                         views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:

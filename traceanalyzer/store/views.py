@@ -989,12 +989,6 @@ class RunCache:
     def shared(self) -> bool:
         return self.database != "temp" and bool(self.cached)
 
-    def rows(self, con: duckdb.DuckDBPyConnection, name: str) -> int:
-        """Rows of the cached view `name` (0 when it is not cached)."""
-        if name not in self.cached:
-            return 0
-        return con.execute(f"SELECT count(*) FROM {self.prefix}{name}").fetchall()[0][0]
-
 
 @contextmanager
 def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = False,
