@@ -663,7 +663,9 @@ def targets(results: list) -> list[str]:
 
 def write_doc(results: list, info: dict, argv: list[str], notes: str) -> None:
     """docs/performance.md: today's figures. Rows of another checkout (`--compare`) stay in
-    bench/data/peers.json and on stdout."""
+    bench/data/peers.json and on stdout; the doc has only the targets read from them."""
+    goals = targets(results)
+    compared = sorted({r["what"][8:].split(":")[0] for r in results if r["what"].startswith("ours at ")})
     results = [r for r in results if not r["what"].startswith("ours at ")]
     commands = list(dict.fromkeys(r.get("argv") or _shown_argv(argv) for r in results))
     out = ["# Performance", "",
@@ -681,7 +683,10 @@ def write_doc(results: list, info: dict, argv: list[str], notes: str) -> None:
            "tree (see *What is timed*); the cells of ours and the peers are the median of `--repeat` rounds "
            f"({REPEAT} unless the command says).", "",
            "Commands: " + "; ".join(f"`{c}`" for c in commands) + ".", "",
-           "## Targets", "", "| target | measured | |", "|---|---|---|", *targets(results), ""]
+           "## Targets", "", "| target | measured | |", "|---|---|---|", *goals, ""]
+    if compared:
+        out += [f"A stored run's rules are timed against a checkout of {', '.join(compared)} in the same rounds "
+                "(`--compare TREE`, TREE that checkout): the code before the scale work began.", ""]
     for kind in ("dense", "kineto", "nsys"):
         rs = [r for r in results if r["kind"] == kind]
         if not rs:
