@@ -484,6 +484,50 @@ def test_ingest_planted_into_a_store(store):
     assert sm == P["device"]["sm_count"]
 
 
+def _rocm_memory_trace(path: Path) -> Path:
+    """A ROCm build's allocator events (c10 device type HIP, 6) around one kernel, and a CPU one (0)."""
+    k = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10.0, "dur": 100.0,
+         "args": {"device": 0, "stream": 7, "correlation": 5}}
+    mem = [{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+            "args": {"Device Type": dtype, "Device Id": did, "Addr": addr, "Bytes": nbytes,
+                     "Total Allocated": total, "Total Reserved": 1 << 24}}
+           for ts, dtype, did, addr, nbytes, total in [(5.0, 6, 0, 4096, 1 << 20, 1 << 20),
+                                                      (20.0, 6, 0, 8192, 1 << 21, 3 << 20),
+                                                      (30.0, 0, -1, 16, 64, 64),
+                                                      (90.0, 6, 0, 8192, -(1 << 21), 1 << 20)]]
+    path.write_bytes(_events(k, *mem))
+    return path
+
+
+def test_rocm_allocator_events_are_gpu_memory(tmp_path, store):
+    from traceanalyzer.rules.engine import Settings, run_rules
+
+    path = _rocm_memory_trace(tmp_path / "rocm.json")
+    assert Counter(_col(read(path), "memory_events", "device_type")) == {"cuda": 3, "cpu": 1}
+    run_id = store.ingest(path).run_id
+    (oc,) = run_rules(store, [run_id], Settings(select=["M001"]))
+    assert oc.status == "ran" and oc.findings == 1
+    peak = store.sql("SELECT value FROM findings WHERE run_id = ? AND rule_id = 'M001'", [run_id]).fetchone()[0]
+    assert peak == 3 << 20
+
+
+def test_a_store_of_schema_3_calls_rocm_allocator_events_gpu_memory(tmp_path):
+    import duckdb
+
+    from traceanalyzer.store import Store, migrations
+
+    path = tmp_path / "s.duckdb"
+    with Store(path) as st:
+        st.ingest(_rocm_memory_trace(tmp_path / "rocm.json"))
+    with duckdb.connect(str(path)) as con:  # as the reader stored them before, in a store of version 3
+        con.execute("UPDATE memory_events SET device_type = '6' WHERE device_type = 'cuda'")
+        con.execute("UPDATE store_info SET value = '3' WHERE key = 'schema_version'")
+    with Store(path) as st:
+        assert migrations.version(st.con) == migrations.SCHEMA_VERSION
+        rows = st.sql("SELECT device_type, count(*) FROM memory_events GROUP BY ALL ORDER BY ALL").fetchall()
+        assert rows == [("cpu", 1), ("cuda", 3)]
+
+
 # ---- chunked decoding ------------------------------------------------------------------------
 
 def _snapshot(t) -> tuple:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Raised with each change a store needs a step for (`migrations.MIGRATIONS`); a new table or
 # column needs none.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ MEMORY_EVENTS = _t(
     RUN,
     ("event_id", "BIGINT", "Row id within the run."),
     ("ts_ns", "BIGINT", "When it happened."),
-    ("device_type", "VARCHAR", "`cuda`, `cpu` or the raw code."),
+    ("device_type", "VARCHAR", "`cuda` (a GPU: CUDA, or HIP on ROCm, which PyTorch calls `cuda` too), `cpu` or the raw code."),
     ("device_id", "INTEGER", "Device index (-1 for CPU)."),
     ("address", "BIGINT", "Address allocated or freed."),
     ("bytes", "BIGINT", "Signed size: positive for an allocation, negative for a free."),

@@ -33,8 +33,9 @@ from .kineto_events import (
 MAX_TIME_US = 4.6e15
 # Kineto writes "no stream" as -1 or as its uint32 image.
 _NO_STREAM = {-1, 0xFFFFFFFF}
-# c10::DeviceType codes the schema names; others are kept as the raw code.
-_DEVICE_TYPES = {0: "cpu", 1: "cuda"}
+# c10::DeviceType codes the schema names; others are kept as the raw code. ROCm builds of
+# PyTorch write their GPUs' allocator events as HIP (6), devices PyTorch itself calls `cuda`.
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "cuda"}
 # Roles whose events become rows: (args shape, name used in warnings).
 COMPLETE_ROLES: dict[str, tuple[Any, str]] = {
     "runtime": (CallArgs, "runtime API"),

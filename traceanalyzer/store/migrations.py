@@ -63,9 +63,16 @@ def _kernel_libraries(con: duckdb.DuckDBPyConnection) -> None:
         con.unregister("_ta_libraries")
 
 
+def _hip_memory_events(con: duckdb.DuckDBPyConnection) -> None:
+    # A Kineto trace of PyTorch's ROCm build writes its GPUs' allocator events as HIP (c10
+    # device type 6), which the reader kept as the raw code: the memory rules passed them by.
+    con.execute("UPDATE memory_events SET device_type = 'cuda' WHERE device_type = '6'")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "finding fingerprints name what a finding is about, not the file", _fingerprints_without_file_names),
     Migration(3, "kernels name the library they come from", _kernel_libraries),
+    Migration(4, "allocator events of ROCm (HIP) devices are GPU memory", _hip_memory_events),
 )
 
 
