@@ -481,6 +481,22 @@ def test_t008_no_data_for_single_rank_runs(check):
     # rank without a world size, and no rank at all
     assert check("torch/hta__critical_path__cuda_event_sync__event_sync_trace.json.gz", "T008") == ([], "no-data")
     assert check("nsys/Rodinia_Gaussian__report2.sqlite", "T008") == ([], "no-data")
+    # one rank of a job of 128, checked alone: no other rank to compare it with
+    assert check(SAMPLED[0], "T008") == ([], "no-data")
+
+
+def test_t008_no_data_for_a_rank_whose_job_has_no_other_rank_given(tmp_path):
+    """A run of a multi-rank job is judged only beside another rank of its job: alone, or beside
+    ranks of another job, T008 has no data for it (not a clean "ran")."""
+    job = [FIXTURES / "kineto" / f"timeline_rank{r}.json" for r in range(4)]
+    lone = FIXTURES / "kineto" / "timeline_balanced_rank0.json"  # rank 0 of a job of 2
+    with Store(tmp_path / "s.duckdb") as store:
+        ids = [store.ingest(p).run_id for p in [*job, lone]]
+        [alone] = run_rules(store, [ids[2]], Settings(select=["T008"]))
+        assert (alone.status, alone.findings, alone.note) == ("no-data", 0, f"needs {get_rule('T008').requires}")
+        outcomes = run_rules(store, ids, Settings(select=["T008"]))
+        assert [(o.status, o.findings) for o in outcomes] == [("ran", 0), ("ran", 0), ("ran", 1), ("ran", 0),
+                                                              ("no-data", 0)]
 
 
 def test_t008_jobs_are_split_by_world_size_and_time():

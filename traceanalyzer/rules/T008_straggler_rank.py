@@ -112,10 +112,19 @@ WHERE list_contains($run_ids, run_id) ORDER BY rank, run_id
 """
 
 
+def _given_jobs(store, run_ids: list[str]) -> list[pd.DataFrame]:
+    return _jobs(store.sql(RUNS_SQL, {"run_ids": list(run_ids)}).df())
+
+
+def groups(store, run_ids: list[str]) -> list[list[str]]:
+    """The jobs among `run_ids`, as lists of their runs."""
+    return [list(job["run_id"]) for job in _given_jobs(store, run_ids)]
+
+
 def evaluate(store, run_ids: list[str], p: dict) -> pd.DataFrame:
     import pandas as pd
 
-    jobs = _jobs(store.sql(RUNS_SQL, {"run_ids": list(run_ids)}).df())
+    jobs = _given_jobs(store, run_ids)
     if not jobs:
         return pd.DataFrame()
     rows = store.sql(SQL, {"run_ids": [r for job in jobs for r in job["run_id"]]}).df()
@@ -200,6 +209,7 @@ RULE = Rule(
     ),
     evaluate=evaluate,
     scope="runs",
+    groups=groups,
     formats=("kineto-json",),
     references=(
         "Nsight Systems recipe nccl_straggler",

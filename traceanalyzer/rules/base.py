@@ -165,6 +165,9 @@ class Rule:
     # "run": sql/evaluate see one run ($run_id). "runs": evaluate(store, run_ids, params) sees
     # every checked run that carries the data and returns findings with a run_id column.
     scope: str = "run"
+    # With scope "runs": (store, run_ids) -> the sets of those runs the rule compares (the ranks
+    # of one job); a run in none has nothing to be compared with, so no data for the rule.
+    groups: Optional[Callable[..., list[list[str]]]] = None
     # Thresholds of other rules this one's query reads too, as "RULE.name": one value, owned and
     # set by that rule (`--threshold RULE.name`), bound here under its own name.
     shared: tuple[str, ...] = ()
@@ -185,6 +188,8 @@ class Rule:
             raise ValueError(f"{self.id}: a rule needs sql or evaluate")
         if self.scope not in ("run", "runs") or (self.scope == "runs" and (self.evaluate is None or self.sql)):
             raise ValueError(f"{self.id}: scope must be 'run', or 'runs' with evaluate and no sql")
+        if self.groups is not None and self.scope != "runs":
+            raise ValueError(f"{self.id}: groups are for scope 'runs'")
         if self.claims is not None and self.claims not in CLAIMS:
             raise ValueError(f"{self.id}: claims must be one of {', '.join(CLAIMS)}")
 

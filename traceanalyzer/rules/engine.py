@@ -308,7 +308,8 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     """Evaluate the selected rules on each run and replace their stored findings.
 
     Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
-    rank of a multi-rank job) see every run given here that carries their data. `diagnose`:
+    rank of a multi-rank job) see every run given here that carries their data and that their
+    `groups` put beside another (the others: no data). `diagnose`:
     given every finding of a run (the stored ones of rules not run here too), what to store.
     """
     _import_pandas_meanwhile()
@@ -356,10 +357,19 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             elif df is not None and not df.empty:
                 frames[run_id].append(df)
 
-    for rule in rules:  # cross-run rules, on every run that carries their data
+    for rule in rules:  # cross-run rules, on every run that carries their data and has runs to compare with
         if rule.scope != "runs" or not applicable[rule.id]:
             continue
         try:
+            if rule.groups is not None:
+                grouped = {r for group in rule.groups(store, applicable[rule.id]) for r in group}
+                for run_id in applicable[rule.id]:
+                    if run_id not in grouped:
+                        outcomes[(run_id, rule.id)].status = "no-data"
+                        outcomes[(run_id, rule.id)].note = f"needs {rule.requires}"
+                applicable[rule.id] = [r for r in applicable[rule.id] if r in grouped]
+                if not applicable[rule.id]:
+                    continue
             df = evaluate_across(store, rule, applicable[rule.id], params[rule.id])
             for run_id, part in df.groupby("run_id"):
                 frames[run_id].append(part)
