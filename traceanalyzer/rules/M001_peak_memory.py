@@ -149,8 +149,9 @@ FROM described
 UNION ALL
 SELECT device_id, NULL, 'memory', pr_id, 'reserved but unallocated memory', pr_start, pr_end,
        unused_share, 'share', $min_fragmentation_share, NULL, 'warning',
-       printf('device %d: the caching allocator reserved %s at its peak but at most %s was ever allocated: '
-              || '%s (%s) reserved and never used (fragmentation or cached free blocks); %s allocated at the reserved peak',
+       printf('device %d: the caching allocator reserved %s at its peak but at most %s was allocated in the trace: '
+              || '%s (%s) reserved and not allocated at any time of it (fragmentation, or free blocks cached from '
+              || 'before); %s allocated at the reserved peak',
               device_id, fmt_bytes(peak_reserved), fmt_bytes(peak_allocated), fmt_bytes(peak_reserved - peak_allocated),
               fmt_pct(unused_share), fmt_bytes(allocated_at_reserved_peak)),
        'Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of fragmenting), keep tensor '
@@ -170,7 +171,7 @@ RULE = Rule(
     severity="info",
     what="Per device: the peak of allocated memory and of reserved memory and when they happened, "
          "the operators that hold most of it at the peak, and reserved memory far above what was "
-         "ever allocated (allocator fragmentation).",
+         "allocated at any time of the trace (allocator fragmentation, or blocks cached from before).",
     why="The peak decides whether a batch size fits and what to cut to fit a bigger one; the "
         "operators holding memory at that moment are where to cut. PyTorch's caching allocator "
         "keeps freed blocks reserved; when reserved memory runs far above allocated memory, the "
