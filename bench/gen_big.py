@@ -2,6 +2,7 @@
 
     python bench/gen_big.py kineto --copies 8        # ~445 MB: 8 copies of a 56 MB H100 trace
     python bench/gen_big.py kineto --input dense     # ~380 MB: 8 copies of a trace dense in kernels
+    python bench/gen_big.py kineto --input trace_diff  # 8 copies of a second one
     python bench/gen_big.py nsys --kernels 5000000   # ~5 M kernels from a real 3.25.0 export
 
 Kineto: the source trace's events are repeated `copies` times. Two sources (`--input`):
@@ -21,7 +22,8 @@ NVTX ranges, unless `--flat-nvtx`: a real PyTorch export carries several per ker
 repeated in SQL (INSERT ... SELECT over a recursive CTE of copy numbers, copy-major
 like a real export's time order) with `start`/`end` shifted by k periods and
 `correlationId` by k times the source's id range. Everything else (OS runtime,
-strings, devices) stays as in the source; ANALYSIS_DETAILS gets the new duration. The
+strings, devices) stays as in the source, and a source without TARGET_INFO_GPU gets the
+description of another real export's H100 for each of its devices (`NSYS_GPU_SOURCE`); ANALYSIS_DETAILS gets the new duration. The
 kernel count is the smallest whole number of copies reaching `--kernels`.
 """
 
@@ -45,8 +47,16 @@ TRACES = ROOT.parent / "shared" / "traces"
 KINETO_SOURCES = {
     "owlv2": (TRACES / "torch" / "TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz", 2),
     "dense": (TRACES / "torch" / "hta__df_index_resolver__df_index_resolver.json.gz", 0),
+    # a second trace dense in kernels, so that a target met on one is seen on another: HTA's
+    # trace_diff test trace (V100, 9.9 k kernels, 21 k runtime calls, 31 k operators)
+    "trace_diff": (TRACES / "torch" / "hta__trace_diff__test__test.json.gz", 0),
 }
 NSYS_SOURCE = TRACES / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"
+# The source was cut from a real export by a script that dropped TARGET_INFO_GPU; an export
+# straight from nsys describes its GPUs, and with their limits the bottleneck rules (waves,
+# occupancy) find kernels to name and so compute their launch sites. The description comes from
+# another real export of the same GPU model (H100 80GB HBM3), one row per device the kernels name.
+NSYS_GPU_SOURCE = TRACES / "nsys" / "Fuser__df8f397__report2.sqlite"
 
 # Kineto ids shifted per copy: top-level keys and keys inside `args`.
 KINETO_TOP_IDS = ("id",)
@@ -131,7 +141,7 @@ def _shift_event(e: dict, k: int, period_us: float, id_step: dict, arg_step: dic
 
 # -- nsys --------------------------------------------------------------------------------
 def nsys_path(kernels: int, flat_nvtx: bool = False) -> Path:
-    return DATA / f"nsys_{kernels}_kernels_{'flat' if flat_nvtx else 'nvtx'}.sqlite"
+    return DATA / f"nsys_{kernels}_kernels_{'flat' if flat_nvtx else 'nvtx'}_gpus.sqlite"
 
 
 def nsys(kernels: int, source: Path = NSYS_SOURCE, force: bool = False, flat_nvtx: bool = False) -> Path:
@@ -182,9 +192,27 @@ def nsys(kernels: int, source: Path = NSYS_SOURCE, force: bool = False, flat_nvt
                     [end, end])
     con.execute("COMMIT")
     con.execute("DETACH DATABASE src")
+    if "TARGET_INFO_GPU" not in present:
+        _describe_gpus(con)
     con.close()
     tmp.replace(out)
     return out
+
+
+def _describe_gpus(con: sqlite3.Connection) -> None:
+    """TARGET_INFO_GPU of NSYS_GPU_SOURCE, one row per device id of the kernels (`id` and
+    `cuDevice` set to it), as the export's own description of its GPUs."""
+    con.execute("ATTACH DATABASE ? AS gpu", [f"file:{NSYS_GPU_SOURCE}?mode=ro"])
+    con.execute("BEGIN")
+    sql = con.execute("SELECT sql FROM gpu.sqlite_master WHERE name = 'TARGET_INFO_GPU'").fetchone()[0]
+    con.execute(sql)
+    cols = [r[1] for r in con.execute('PRAGMA gpu.table_info("TARGET_INFO_GPU")')]
+    exprs = ", ".join("d.id" if c in ("id", "cuDevice", "pwGpuId") else f'g."{c}"' for c in cols)
+    con.execute(f"""INSERT INTO main.TARGET_INFO_GPU SELECT {exprs}
+                    FROM (SELECT DISTINCT deviceId AS id FROM main.CUPTI_ACTIVITY_KIND_KERNEL) d,
+                         (SELECT * FROM gpu.TARGET_INFO_GPU ORDER BY id LIMIT 1) g""")
+    con.execute("COMMIT")
+    con.execute("DETACH DATABASE gpu")
 
 
 def main() -> None:

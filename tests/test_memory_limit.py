@@ -112,7 +112,7 @@ def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, e
         seen["build"].clear(), seen["rules"].clear()
         drop_kept_caches(st)
         monkeypatch.setattr(engine, "PARALLEL_MAX_GPU_OPS", 0)  # every run is big
-        run_rules(st)
+        run_rules(st, settings=engine.Settings(reuse=False))
         assert seen["build"] == [during] and set(seen["rules"]) == {during} and len(seen["rules"]) > 1
         assert st.sql(SETTING).fetchall()[0][0] == before
 

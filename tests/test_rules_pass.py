@@ -102,3 +102,80 @@ def test_findings_keep_every_nanosecond_whatever_type_a_rule_returns(tmp_path):
     assert table.column("end_ns").to_pylist() == [None, None, t + 2]
     assert table.column("est_loss_ns").to_pylist() == [None, 3, 7]
     st.close()
+
+
+# -- a stored outcome is taken where it was computed from the same inputs ----------------------
+
+def _evaluated(monkeypatch) -> list[tuple[str, str]]:
+    """(run id, rule id) of every rule evaluated from here on."""
+    from traceanalyzer.rules import engine
+
+    seen: list[tuple[str, str]] = []
+    real = engine.evaluate_rule
+    monkeypatch.setattr(engine, "evaluate_rule", lambda st, rule, run_id, p: seen.append((run_id, rule.id))
+                        or real(st, rule, run_id, p))
+    return seen
+
+
+def _results(st: Store) -> tuple:
+    return (st.sql("SELECT * FROM findings ORDER BY ALL").fetchall(),
+            st.sql("SELECT * EXCLUDE (evaluated_at) FROM rule_runs ORDER BY ALL").fetchall())
+
+
+def test_a_stored_outcome_is_reused_only_for_the_same_code_data_and_thresholds(tmp_path, monkeypatch):
+    from traceanalyzer import link
+    from traceanalyzer.rules import engine
+
+    seen = _evaluated(monkeypatch)
+    with Store(tmp_path / "s.duckdb") as st:
+        nsys_id = st.ingest(FIXTURES / "linked" / "mlp_step.sqlite").run_id
+        ncu_id = st.ingest(FIXTURES / "linked" / "mlp_step.ncu.csv").run_id
+        run_rules(st, [nsys_id])
+        first = _results(st)
+        ran = {rule for _, rule in seen}
+        assert {"T001", "B001"} <= ran
+        seen.clear()
+        outcomes = run_rules(st, [nsys_id])  # the same again: nothing computed, the same answer
+        assert seen == [] and _results(st) == first
+        assert {(o.rule_id, o.status) for o in outcomes} == set(
+            st.sql("SELECT rule_id, status FROM rule_runs WHERE run_id = $1", [nsys_id]).fetchall())
+
+        run_rules(st, [nsys_id], Settings(thresholds={"T001": {"min_gap_ns": 1}}))  # T001's thresholds only
+        assert seen == [(nsys_id, "T001")]
+        seen.clear()
+        run_rules(st, [nsys_id], Settings(reuse=False))  # asked to compute: every rule that applies
+        assert {rule for _, rule in seen} == ran
+        seen.clear()
+        monkeypatch.setattr(engine, "code_digest", lambda: "other code")
+        run_rules(st, [nsys_id])
+        assert {rule for _, rule in seen} == ran
+        seen.clear()
+        link.link_runs(st, nsys_id, ncu_id)  # the run's links changed: its kernel rules read them
+        run_rules(st, [nsys_id])
+        assert {rule for _, rule in seen} >= ran | {"B003", "I001"}  # the linked ncu run's metrics apply now
+        seen.clear()
+        st.ingest(FIXTURES / "linked" / "mlp_step.sqlite")  # stored again: its rows are new
+        run_rules(st, [nsys_id])
+        assert {rule for _, rule in seen} >= ran
+
+
+def test_an_error_is_computed_again(tmp_path, monkeypatch):
+    from traceanalyzer.rules import engine
+
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(FIXTURES / "nsys" / "planted.sqlite").run_id
+        real = engine.evaluate_rule
+
+        def broken(store, rule, rid, p):
+            if rule.id == "T001":
+                raise RuntimeError("boom")
+            return real(store, rule, rid, p)
+
+        monkeypatch.setattr(engine, "evaluate_rule", broken)
+        run_rules(st, [run_id])
+        assert st.sql("SELECT status FROM rule_runs WHERE rule_id = 'T001'").fetchone()[0] == "error"
+        monkeypatch.setattr(engine, "evaluate_rule", real)
+        seen = _evaluated(monkeypatch)
+        run_rules(st, [run_id])
+        assert seen == [(run_id, "T001")]
+        assert st.sql("SELECT status FROM rule_runs WHERE rule_id = 'T001'").fetchone()[0] == "ran"

@@ -159,11 +159,14 @@ def _kernel_ns(store: Store, run_id: str, df: pd.DataFrame) -> dict[tuple, int]:
     ids = [int(i) for i, k in zip(df["item_id"], df["item_kind"]) if k == "kernel" and i == i and i is not None]
     if not ids:
         return {}
+    # the names first, then a filter on that short list: a semi join against every kernel's
+    # name builds a table of millions of long names
+    names = [n for (n,) in store.sql("SELECT DISTINCT name FROM kernels WHERE run_id = $r AND list_contains($ids, kernel_id)",
+                                     {"r": run_id, "ids": ids}).fetchall()]
     return {(d, n): ns for d, n, ns in store.sql(
         """SELECT device_id, name, CAST(sum(end_ns - start_ns) AS BIGINT) FROM kernels
-           WHERE run_id = $r AND end_ns >= start_ns
-             AND name IN (SELECT name FROM kernels WHERE run_id = $r AND list_contains($ids, kernel_id))
-           GROUP BY ALL""", {"r": run_id, "ids": ids}).fetchall()}
+           WHERE run_id = $r AND end_ns >= start_ns AND list_contains($names, name)
+           GROUP BY ALL""", {"r": run_id, "names": names}).fetchall()}
 
 
 def _category(claims: str) -> str:

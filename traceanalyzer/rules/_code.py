@@ -65,13 +65,15 @@ QUALIFY row_number() OVER (PARTITION BY p.device_id, p.name ORDER BY p.ns DESC, 
 """
 
 
-# A timeline's kernels, each with the innermost operator (else range) open at its launch call.
-SITES_SQL = _sites_sql(f"""
-    WITH context AS (
-        {views.launch_context_sql("run_id = $run_id", _SOURCES)}
-    )
-    SELECT device_id, name, end_ns - start_ns AS ns, coalesce(op_name, range_name) AS raw
-    FROM context WHERE kind = 'kernel'""")
+# A timeline's kernels, each with the innermost operator (else range) open at its launch call
+# (`Store.launch_frames`: the launch_context view's frames, by sorting instead of a window).
+SITES_SQL = _sites_sql("""
+    SELECT a.device_id, a.name, a.end_ns - a.start_ns AS ns, coalesce(o.name, r.name) AS raw
+    FROM gpu_activity a
+    LEFT JOIN _ta_launch_frames f ON f.kind = 'kernel' AND f.item_id = a.item_id
+    LEFT JOIN (SELECT op_id, name FROM cpu_ops WHERE run_id = $run_id) o ON o.op_id = f.op_id
+    LEFT JOIN (SELECT range_id, name FROM ranges WHERE run_id = $run_id) r ON r.range_id = f.range_id
+    WHERE a.run_id = $run_id AND a.kind = 'kernel'""")
 
 # Nsight Compute's launches, each with the innermost range ncu listed for it (`launch_ranges`):
 # of the launching thread's push/pop stack, else of the start/end ranges; time from the
@@ -95,12 +97,17 @@ def launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
 
 def _launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
     if store.sql(HAS_LAUNCH_RANGES_SQL, {"run_id": run_id}).fetchone()[0]:
-        sql = NCU_SITES_SQL
+        rows = store.kept_rows(run_id, "launch_sites", NCU_SITES_SQL, {"run_id": run_id})
     elif store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
-        sql = SITES_SQL
+        def compute():
+            store.con.register("_ta_launch_frames", store.launch_frames(run_id, _SOURCES, ("kernel",)))
+            return store.con.sql(SITES_SQL, params={"run_id": run_id})
+        try:
+            rows = store.kept_result(run_id, "launch_sites", SITES_SQL, compute)
+        finally:
+            store.con.unregister("_ta_launch_frames")
     else:
         return {}
-    rows = store.kept_rows(run_id, "launch_sites", sql, {"run_id": run_id})
     return {(r["device_id"], r["name"]): {"label": r["label"], "share": r["share"]} for r in rows}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -11,6 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
@@ -35,6 +37,8 @@ class Settings:
     select: list[str] = field(default_factory=list)  # rule ids or names; empty = all
     ignore: list[str] = field(default_factory=list)
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)  # rule id -> {name: value}
+    # take a rule's stored outcome where it was computed from the same code, data and thresholds
+    reuse: bool = True
 
     def rules(self) -> list[Rule]:
         from . import get_rule
@@ -273,6 +277,38 @@ def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cu
     return results
 
 
+@functools.cache
+def code_digest() -> str:
+    """A digest of the package's Python sources: any change of code gives another."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha1()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def inputs_digest(store: Store, run_id: str) -> str:
+    """`rule_runs.inputs` of a pass over run `run_id` now: the code's digest, when the run was
+    stored and its links to Nsight Compute runs (the one thing a per-run rule reads of other runs)."""
+    stored, links = store.sql(
+        "SELECT (SELECT CAST(ingested_at AS VARCHAR) FROM runs WHERE run_id = $r), "
+        "(SELECT CAST(count(*) AS VARCHAR) || ':' || CAST(coalesce(sum(hash(ncu_run_id, side, kernel_id)), 0) AS VARCHAR) "
+        " FROM kernel_links WHERE run_id = $r OR ncu_run_id = $r)", {"r": run_id}).fetchone()
+    return hashlib.sha1(f"{code_digest()}|{stored}|{links}".encode()).hexdigest()[:16]
+
+
+def _stored_outcomes(store: Store, run_id: str, rules: list[Rule], params: dict, inputs: str) -> dict[str, RuleOutcome]:
+    """The per-run rules of `rules` whose stored outcome on the run was computed from `inputs`
+    with the same thresholds, and ran or found no data: rule id -> that outcome."""
+    per_run = {r.id: json.dumps(params[r.id], sort_keys=True) for r in rules if r.scope == "run"}
+    rows = store.sql("SELECT rule_id, status, findings, note, CAST(params AS VARCHAR) FROM rule_runs "
+                     "WHERE run_id = $r AND inputs = $i AND status IN ('ran', 'no-data')",
+                     {"r": run_id, "i": inputs}).fetchall()
+    return {rule_id: RuleOutcome(rule_id, run_id, status, findings or 0, note or "")
+            for rule_id, status, findings, note, thresholds in rows
+            if rule_id in per_run and json.loads(thresholds) == json.loads(per_run[rule_id])}
+
+
 def _error_note(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
@@ -307,6 +343,10 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
               settings: Settings | None = None, *, diagnose: Diagnose | None = None) -> list[RuleOutcome]:
     """Evaluate the selected rules on each run and replace their stored findings.
 
+    A per-run rule whose stored outcome on a run was computed from the same inputs (the code
+    and the run's data, `inputs_digest`) with the same thresholds keeps it, findings and all,
+    instead of being computed again (`Settings.reuse`).
+
     Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
     rank of a multi-rank job) see every run given here that carries their data and that their
     `groups` put beside another (the others: no data). `diagnose`:
@@ -323,8 +363,13 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
 
     applicable: dict[str, list[str]] = {r.id: [] for r in rules}
     threads = rule_threads(store)
-    per_run = any(r.scope == "run" for r in rules)
+    inputs = {rid: inputs_digest(store, rid) for rid in run_ids}
+    evaluated: dict[str, list[Rule]] = {}  # per run, the rules computed in this pass
     for run_id in run_ids:
+        reused = _stored_outcomes(store, run_id, rules, params, inputs[run_id]) if settings.reuse else {}
+        outcomes.update({(run_id, rule_id): oc for rule_id, oc in reused.items()})
+        todo = evaluated[run_id] = [r for r in rules if r.id not in reused]
+        per_run = any(r.scope == "run" for r in todo)
         def check(st: Store, rule: Rule, run_id=run_id):
             oc = RuleOutcome(rule.id, run_id, "ran")
             df = None
@@ -340,17 +385,17 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
 
         if per_run:  # run by run, so the views the rules share are computed once per run (views.scoped_to_run)
             big = views.gpu_ops(store.con, run_id) > PARALLEL_MAX_GPU_OPS  # its rules one at a time
-            cursors = _Cursors(store, threads) if threads > 1 and len(rules) > 1 and not big else None
+            cursors = _Cursors(store, threads) if threads > 1 and len(todo) > 1 and not big else None
             try:
                 with store.memory_held(BIG_RUN_MEMORY if big else None), \
                         views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
-                    results = _map_rules(store, cache, rules, check, cursors)
+                    results = _map_rules(store, cache, todo, check, cursors)
             finally:
                 if cursors is not None:
                     cursors.close()  # unused (a run read on this thread), or an error
         else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
-            results = [check(store, rule) for rule in rules]
-        for rule, (oc, df) in zip(rules, results):
+            results = [check(store, rule) for rule in todo]
+        for rule, (oc, df) in zip(todo, results):
             outcomes[(run_id, rule.id)] = oc
             if oc.status == "ran" and rule.scope == "runs":
                 applicable[rule.id].append(run_id)
@@ -385,9 +430,10 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
         statuses = pa.Table.from_pylist(
             [{"rule_id": r.id, "status": outcomes[(run_id, r.id)].status,
               "findings": outcomes[(run_id, r.id)].findings, "note": outcomes[(run_id, r.id)].note,
-              "params": json.dumps(params[r.id], sort_keys=True), "evaluated_at": utcnow()} for r in rules],
+              "params": json.dumps(params[r.id], sort_keys=True), "evaluated_at": utcnow(), "inputs": inputs[run_id]}
+             for r in evaluated[run_id]],
             schema=arrow_schema("rule_runs").remove(0))
-        rule_ids = [r.id for r in rules]
+        rule_ids = [r.id for r in evaluated[run_id]]
         found = [f for f in frames[run_id] if not f.empty]
         # A pass whose rules found nothing where they had found nothing before (the cross-run
         # pass on most runs) leaves the run's diagnosis as it is: only their outcomes are written.

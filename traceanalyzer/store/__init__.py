@@ -41,7 +41,7 @@ import xxhash
 from .. import input_limits, kernel_library, os_memory, schema
 from ..ingest.base import ParsedTrace
 from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
-from . import migrations, views
+from . import launch_sweep, migrations, views
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
@@ -525,6 +525,17 @@ class Store:
         written there when this store keeps caches."""
         self._drop_pending()
         return views.kept_rows(self.con, run_id, name, sql, params, write=self.keeps_caches)
+
+    def kept_result(self, run_id: str, name: str, key: str, compute) -> list[dict]:
+        """The rows of the relation `compute()` gives for one run, kept as `kept_rows` keeps a
+        query's (`key`: the text that decides what they are)."""
+        self._drop_pending()
+        return views.kept_result(self.con, run_id, name, key, compute, write=self.keeps_caches)
+
+    def launch_frames(self, run_id: str, sources: tuple[str, ...], kinds: tuple[str, ...]) -> pa.Table:
+        """Per GPU operation of `kinds` with a launch point, the innermost frame of each of
+        `sources` open at its launch (`launch_sweep.innermost_frames`: launch_context's ids)."""
+        return launch_sweep.innermost_frames(self.con, run_id, sources, kinds)
 
     def time_budget(self, run_ids: list[str]) -> list[dict]:
         """The time budget's rows of these runs (`views.time_budget_rows`): run_id, device_id,

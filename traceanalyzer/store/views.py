@@ -440,7 +440,7 @@ _BOUNDARY_ORDER = ("t, phase, CASE WHEN phase = 1 THEN -end_ns ELSE -start_ns EN
 _FRAME_THREAD = "run_id, source, pid, tid"
 
 
-def _frame_rows_sql(runs: str | None, sources: tuple[str, ...]) -> str:
+def frame_rows_sql(runs: str | None, sources: tuple[str, ...]) -> str:
     """The host frames of `sources` (of the runs `runs` selects), one row each: run_id, source,
     frame_id, name, pid, tid, start_ns, end_ns."""
     of_run = runs or "true"
@@ -477,7 +477,7 @@ def host_frames_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME_SO
     With `sources`, the frames of those sources only."""
     return f"""
         WITH frames AS (
-            {_frame_rows_sql(runs, sources)}
+            {frame_rows_sql(runs, sources)}
         ), boundaries AS (
             SELECT *, start_ns AS t, 1 AS phase FROM frames
             UNION ALL
@@ -531,6 +531,30 @@ def launch_context_column(source: str) -> str:
     return f"{_CONTEXT_COLUMNS[source][0]}_id"
 
 
+def launch_probes_sql(runs: str | None = None) -> str:
+    """Each GPU operation's launch point (of the runs `runs` selects): run_id, kind, item_id, the
+    launching thread's pid and tid, its launch call's start and end and `at_ns`, the time it is
+    placed at: the call's start, else (a Kineto kernel with no call but an External id) the start
+    of the operator of that id, on that operator's thread."""
+    of_run = runs or "true"
+    return f"""
+        WITH ops AS (
+            SELECT a.run_id, a.kind, a.item_id, a.launch_call_id, a.external_id
+            FROM gpu_activity a WHERE {_qualified(of_run, 'a')}
+        ), op_of_external AS (  -- the operator a Kineto External id names (the first, should two share it)
+            SELECT c.run_id, c.external_id, arg_min({{'pid': c.pid, 'tid': c.tid, 'start_ns': c.start_ns}}, c.op_id) AS op
+            FROM cpu_ops c SEMI JOIN ops o ON o.launch_call_id IS NULL AND o.run_id = c.run_id
+                                          AND o.external_id = c.external_id
+            WHERE {_qualified(of_run, 'c')} GROUP BY ALL
+        )
+        SELECT o.run_id, o.kind, o.item_id, coalesce(c.pid, x.op.pid) AS pid, coalesce(c.tid, x.op.tid) AS tid,
+               c.start_ns AS call_start_ns, c.end_ns AS call_end_ns, coalesce(c.start_ns, x.op.start_ns) AS at_ns
+        FROM ops o
+        LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = o.run_id AND c.call_id = o.launch_call_id
+        LEFT JOIN op_of_external x ON o.launch_call_id IS NULL AND x.run_id = o.run_id AND x.external_id = o.external_id
+        """
+
+
 def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME_SOURCES,
                        names: bool = True) -> str:
     """The launch_context view's query; with `runs` (a condition on `run_id`), those runs' only.
@@ -565,21 +589,11 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
             SELECT a.run_id, a.kind, a.item_id, a.device_id, a.stream_id, a.start_ns, a.end_ns, a.name,
                    a.launch_call_id, a.external_id
             FROM gpu_activity a WHERE {_qualified(of_run, 'a')}
-        ), op_of_external AS (  -- the operator a Kineto External id names (the first, should two share it)
-            SELECT c.run_id, c.external_id, arg_min({{'pid': c.pid, 'tid': c.tid, 'start_ns': c.start_ns}}, c.op_id) AS op
-            FROM cpu_ops c SEMI JOIN ops o ON o.launch_call_id IS NULL AND o.run_id = c.run_id
-                                          AND o.external_id = c.external_id
-            WHERE {_qualified(of_run, 'c')} GROUP BY ALL
         ), probes AS MATERIALIZED (  -- each operation's launch point, numbered (read twice: computed once)
-            SELECT o.run_id, o.kind, o.item_id, row_number() OVER () AS probe,
-                   coalesce(c.pid, x.op.pid) AS pid, coalesce(c.tid, x.op.tid) AS tid,
-                   c.start_ns AS call_start_ns, c.end_ns AS call_end_ns, coalesce(c.start_ns, x.op.start_ns) AS at_ns
-            FROM ops o
-            LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = o.run_id AND c.call_id = o.launch_call_id
-            LEFT JOIN op_of_external x ON o.launch_call_id IS NULL AND x.run_id = o.run_id AND x.external_id = o.external_id
+            SELECT *, row_number() OVER () AS probe FROM ({launch_probes_sql(runs)})
         ), frames AS (
             SELECT run_id, source, frame_id, pid, tid, start_ns, end_ns
-            FROM ({_frame_rows_sql(runs, sources)}) WHERE end_ns > start_ns
+            FROM ({frame_rows_sql(runs, sources)}) WHERE end_ns > start_ns
         ), threads AS MATERIALIZED (  -- each thread and source with frames, numbered once for all three readers
             SELECT {_FRAME_THREAD}, row_number() OVER () AS thread FROM (SELECT DISTINCT {_FRAME_THREAD} FROM frames)
         ), numbered AS MATERIALIZED (  -- (read twice: computed once)
@@ -1185,9 +1199,16 @@ def kept_rows(con: duckdb.DuckDBPyConnection, run_id: str, name: str, sql: str, 
     cache, computed each time. The table's name carries a digest of the query and of every
     view's and macro's definition, so a result of another version is never read; replacing or
     dropping the run drops it with the cache."""
+    return kept_result(con, run_id, name, sql, lambda: con.sql(sql, params=params), write=write)
+
+
+def kept_result(con: duckdb.DuckDBPyConnection, run_id: str, name: str, key: str,
+                compute: Callable[[], duckdb.DuckDBPyRelation], *, write: bool = False) -> list[dict]:
+    """`kept_rows` of the relation `compute()` gives (`key`: the query or text that decides what
+    it holds)."""
     if _kept_version(con, run_id) != CACHE_VERSION:
-        return _rows(con, sql, params)
-    return _kept_result(con, run_id, name, sql, lambda: con.sql(sql, params=params), write)
+        return _relation_rows(compute())
+    return _kept_result(con, run_id, name, key, compute, write)
 
 
 def _kept_result(con: duckdb.DuckDBPyConnection, run_id: str, name: str, key: str,
