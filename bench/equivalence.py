@@ -4,7 +4,8 @@ A refactoring made for speed must not change what is stored. `save DIR` ingests 
 trace (../shared/traces) and every bundled fixture into a fresh store, runs every rule, and
 writes each table, sorted on all of its columns, as Parquet under DIR; `check DIR` does the
 same with the working tree and reports every table whose rows differ (first differing rows
-shown). Times that record *when* (ingested_at, evaluated_at) and the source path are left out.
+shown). Times that record *when* (ingested_at, evaluated_at), the source path and the digest of
+the code a rule ran (rule_runs.inputs) are left out.
 
     python bench/equivalence.py save /tmp/before     # on the old code
     python bench/equivalence.py check /tmp/before    # on the new code: exit 1 on a difference
@@ -29,7 +30,7 @@ from traceanalyzer.rules.engine import run_rules  # noqa: E402
 from traceanalyzer.store import Store  # noqa: E402
 
 SOURCES = (ROOT.parent / "shared" / "traces", ROOT / "fixtures")
-VOLATILE = {"ingested_at", "evaluated_at", "source_path"}
+VOLATILE = {"ingested_at", "evaluated_at", "source_path", "inputs"}  # inputs: a digest of the code
 
 
 def snapshot(out: Path, only: str | None = None) -> dict[str, pa.Table]:
