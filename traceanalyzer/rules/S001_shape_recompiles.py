@@ -140,14 +140,14 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (views
     SELECT outer_key, list(DISTINCT group_key ORDER BY group_key) AS inner FROM folded GROUP BY outer_key
 ), examples AS (
     SELECT s.kind, s.group_key,
-           list(s.first_id ORDER BY s.excess_ns DESC, s.first_start)[1] AS worst_id,
-           list(s.first_start ORDER BY s.excess_ns DESC, s.first_start)[1] AS worst_start,
-           list(s.first_end ORDER BY s.excess_ns DESC, s.first_start)[1] AS worst_end,
+           list(s.first_id ORDER BY s.excess_ns DESC, s.first_start, s.first_id)[1] AS worst_id,
+           list(s.first_start ORDER BY s.excess_ns DESC, s.first_start, s.first_id)[1] AS worst_start,
+           list(s.first_end ORDER BY s.excess_ns DESC, s.first_start, s.first_id)[1] AS worst_end,
            any_value(s.device_id) AS device_id,
            max(s.first_ns / nullif(s.later_ns, 0)) AS max_ratio,
            to_json(list({{'shape': s.shape, 'calls': s.calls, 'first_ns': s.first_ns, 'later_median_ns': s.later_ns,
                           'excess_ns': s.excess_ns, 'item_id': s.first_id, 'start_ns': s.first_start,
-                          'end_ns': s.first_end}} ORDER BY s.excess_ns DESC, s.first_start)[1:$max_examples]) AS worst
+                          'end_ns': s.first_end}} ORDER BY s.excess_ns DESC, s.first_start, s.first_id)[1:$max_examples]) AS worst
     FROM slow_first s JOIN reported r USING (kind, group_key) GROUP BY s.kind, s.group_key
 )
 SELECT e.device_id, NULL::BIGINT AS stream_id, r.kind AS item_kind, e.worst_id AS item_id,
