@@ -140,8 +140,13 @@ def test_a_stored_outcome_is_reused_only_for_the_same_code_data_and_thresholds(t
         assert {(o.rule_id, o.status) for o in outcomes} == set(
             st.sql("SELECT rule_id, status FROM rule_runs WHERE run_id = $1", [nsys_id]).fetchall())
 
-        run_rules(st, [nsys_id], Settings(thresholds={"T001": {"min_gap_ns": 1}}))  # T001's thresholds only
-        assert seen == [(nsys_id, "T001")]
+        run_rules(st, [nsys_id], Settings(thresholds={"T001": {"min_gap_ns": 1}}))  # other thresholds
+        assert {rule for _, rule in seen} == ran
+        seen.clear()
+        run_rules(st, [nsys_id], Settings(thresholds={"T001": {"min_gap_ns": 1}}))
+        assert seen == []
+        run_rules(st, [nsys_id], Settings(thresholds={"T001": {"min_gap_ns": 1}, "FLOOR": {"min_loss_ns": 1}}))
+        assert {rule for _, rule in seen} == ran  # the diagnosis's floors decide what is stored too
         seen.clear()
         run_rules(st, [nsys_id], Settings(reuse=False))  # asked to compute: every rule that applies
         assert {rule for _, rule in seen} == ran

@@ -476,9 +476,9 @@ RULE_RUNS = _t(
     ("note", "VARCHAR", "For `no-data`/`error`: what is missing or what failed."),
     ("params", "JSON", "Thresholds used."),
     ("evaluated_at", "TIMESTAMP", "When (UTC)."),
-    ("inputs", "VARCHAR", "A digest of what the outcome was computed from: the package's code and the run's data "
-     "(its storing, its links to other runs). A later pass with the same digest and thresholds takes the stored "
-     "outcome and findings instead of computing them again."),
+    ("inputs", "VARCHAR", "A digest of what the outcome was computed from: the package's code, the run's data "
+     "(its storing, its links to other runs) and every threshold given. A later pass with the same digest takes "
+     "the stored outcome and findings instead of computing them again."),
 )
 
 TABLES: tuple[Table, ...] = (

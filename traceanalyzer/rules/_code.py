@@ -19,10 +19,11 @@ went idle.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..ranges import normalized_sql
-from ..store import Store, views
+from ..store import Store, launch_sweep, views
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,6 +76,9 @@ SITES_SQL = _sites_sql("""
     LEFT JOIN (SELECT range_id, name FROM ranges WHERE run_id = $run_id) r ON r.range_id = f.range_id
     WHERE a.run_id = $run_id AND a.kind = 'kernel'""")
 
+# The sweep's code is part of what the kept launch sites were computed from.
+_SWEEP_SOURCE = Path(launch_sweep.__file__).read_text()
+
 # Nsight Compute's launches, each with the innermost range ncu listed for it (`launch_ranges`):
 # of the launching thread's push/pop stack, else of the start/end ranges; time from the
 # duration metric (a launch without it counts as a launch, not as time).
@@ -103,7 +107,7 @@ def _launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
             store.con.register("_ta_launch_frames", store.launch_frames(run_id, _SOURCES, ("kernel",)))
             return store.con.sql(SITES_SQL, params={"run_id": run_id})
         try:
-            rows = store.kept_result(run_id, "launch_sites", SITES_SQL, compute)
+            rows = store.kept_result(run_id, "launch_sites", SITES_SQL + _SWEEP_SOURCE, compute)
         finally:
             store.con.unregister("_ta_launch_frames")
     else:

@@ -287,14 +287,16 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def inputs_digest(store: Store, run_id: str) -> str:
+def inputs_digest(store: Store, run_id: str, thresholds: dict) -> str:
     """`rule_runs.inputs` of a pass over run `run_id` now: the code's digest, when the run was
-    stored and its links to Nsight Compute runs (the one thing a per-run rule reads of other runs)."""
+    stored, its links to Nsight Compute runs (the one thing a per-run rule reads of other runs)
+    and every threshold given (the diagnosis's too, which decides what is stored)."""
     stored, links = store.sql(
         "SELECT (SELECT CAST(ingested_at AS VARCHAR) FROM runs WHERE run_id = $r), "
         "(SELECT CAST(count(*) AS VARCHAR) || ':' || CAST(coalesce(sum(hash(ncu_run_id, side, kernel_id)), 0) AS VARCHAR) "
         " FROM kernel_links WHERE run_id = $r OR ncu_run_id = $r)", {"r": run_id}).fetchone()
-    return hashlib.sha1(f"{code_digest()}|{stored}|{links}".encode()).hexdigest()[:16]
+    given = json.dumps(thresholds, sort_keys=True, default=str)
+    return hashlib.sha1(f"{code_digest()}|{stored}|{links}|{given}".encode()).hexdigest()[:16]
 
 
 def _stored_outcomes(store: Store, run_id: str, rules: list[Rule], params: dict, inputs: str) -> dict[str, RuleOutcome]:
@@ -343,9 +345,9 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
               settings: Settings | None = None, *, diagnose: Diagnose | None = None) -> list[RuleOutcome]:
     """Evaluate the selected rules on each run and replace their stored findings.
 
-    A per-run rule whose stored outcome on a run was computed from the same inputs (the code
-    and the run's data, `inputs_digest`) with the same thresholds keeps it, findings and all,
-    instead of being computed again (`Settings.reuse`).
+    A per-run rule whose stored outcome on a run was computed from the same inputs (the code,
+    the run's data and the thresholds, `inputs_digest`) keeps it, findings and all, instead of
+    being computed again (`Settings.reuse`).
 
     Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
     rank of a multi-rank job) see every run given here that carries their data and that their
@@ -363,7 +365,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
 
     applicable: dict[str, list[str]] = {r.id: [] for r in rules}
     threads = rule_threads(store)
-    inputs = {rid: inputs_digest(store, rid) for rid in run_ids}
+    inputs = {rid: inputs_digest(store, rid, settings.thresholds) for rid in run_ids}
     evaluated: dict[str, list[Rule]] = {}  # per run, the rules computed in this pass
     for run_id in run_ids:
         reused = _stored_outcomes(store, run_id, rules, params, inputs[run_id]) if settings.reuse else {}
