@@ -466,8 +466,9 @@ def test_time_sliced_windows_compare_by_throughput_never_by_span(db):
     assert doc["not_counted"] == {"base": before["not_counted"], "test": after["not_counted"]} == {"base": 1, "test": 3}
 
     # busy time per device, never summed across devices
-    assert {r["device_id"]: (r["base_busy_ns"], r["test_busy_ns"]) for r in doc["busy"]} == {
+    assert {r["base_device_id"]: (r["base_busy_ns"], r["test_busy_ns"]) for r in doc["busy"]} == {
         d: (before["busy"][d], after["busy"][d]) for d in before["busy"]}
+    assert all(r["base_device_id"] == r["test_device_id"] == r["gpu"] for r in doc["busy"])
     assert sum(before["busy"].values()) > spans[0]  # what a sum over devices would claim
     metrics = {m["name"]: m for m in doc["metrics"]}
     busiest = metrics["GPU busy, busiest device (union of its GPU work)"]
@@ -495,27 +496,37 @@ def kineto_steps(path: Path) -> list[int]:
             if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"])]
 
 
-def test_unlike_hardware_is_not_gated_unless_allowed(db):
-    """Rank 3 of 8 on an A100 vs rank 1 of 2 on a V100: not comparable, and the gate says why
-    instead of passing or failing."""
+def test_unlike_hardware_is_inconclusive_and_fails_the_gate_unless_allowed(db):
+    """Rank 3 of 8 on an A100 vs rank 1 of 2 on a V100: not comparable. The verdict is
+    INCONCLUSIVE with the reasons (never better or worse), and the gate fails on it (exit 1,
+    the reasons on stderr) unless --allow-different-hardware."""
     doc = json.loads(Path(A100_RANK3).read_text()), json.loads(Path(V100_RANK1).read_text())
     (gpu_b,), (gpu_t,) = doc[0]["deviceProperties"], doc[1]["deviceProperties"]
     dist_b, dist_t = doc[0]["distributedInfo"], doc[1]["distributedInfo"]
+    reasons = [f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}",
+               f"SM count: base {gpu_b['numSms']}, test {gpu_t['numSms']}",
+               f"world size: base {dist_b['world_size']}, test {dist_t['world_size']}",
+               f"rank: base {dist_b['rank']}, test {dist_t['rank']}"]
     r = diff(db, A100_RANK3, V100_RANK1, "--gate", "5")
-    assert r.exit_code == 2 and "not judged: the runs are not alike" in r.stderr
+    assert r.exit_code == 1, r.stdout + r.stderr
+    assert "gate 5%: inconclusive: the runs are not alike (" + "; ".join(reasons) in r.stderr
     first = r.stdout.splitlines()
-    assert first[0].startswith("NOT COMPARABLE") and f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}" in first[1]
+    assert first[0].startswith("INCONCLUSIVE") and first[1:5] == [f"  {x}" for x in reasons]
+    assert "gate 5%: FAIL: inconclusive comparison" in r.stdout
+    verdict = [ln for ln in r.stdout.splitlines() if ln.startswith("verdict: ")]
+    assert verdict == [ln for ln in verdict if ln.startswith("verdict: INCONCLUSIVE: the runs are not alike (")]
+    assert not re.search(r"REGRESSED|IMPROVED|NO CHANGE|MIXED", r.stdout)
+
+    code, out = diff_json(db, A100_RANK3, V100_RANK1, "--gate", "5")
+    assert code == 1 and out["comparable"] is False and out["reasons"] == reasons
+    assert out["verdict"] == "INCONCLUSIVE" and "REGRESSED" not in json.dumps(out)
+    assert out["gate"]["judged"] is False and out["gate"]["passed"] is False and out["gate"]["failures"] == []
 
     code, out = diff_json(db, A100_RANK3, V100_RANK1, "--gate", "5", "--allow-different-hardware")
-    assert out["comparable"] is False
-    assert out["reasons"] == [f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}",
-                              f"SM count: base {gpu_b['numSms']}, test {gpu_t['numSms']}",
-                              f"world size: base {dist_b['world_size']}, test {dist_t['world_size']}",
-                              f"rank: base {dist_b['rank']}, test {dist_t['rank']}"]
-    assert code == 1 and out["gate"]["judged"] and out["gate"]["passed"] is False
-    r = runner.invoke(app, ["diff", "--store", str(db), str(A100_RANK3), str(V100_RANK1), "--gate", "5",
-                            "--format", "json"])
-    assert r.exit_code == 2 and json.loads(r.stdout)["gate"] == {**out["gate"], "passed": None, "judged": False}
+    assert out["verdict"] == "INCONCLUSIVE"  # judged by the gate, still not alike
+    assert code == 1 and out["gate"]["judged"] and out["gate"]["passed"] is False and out["gate"]["failures"]
+    code, out = diff_json(db, A100_RANK3, V100_RANK1, "--gate", "1000", "--allow-different-hardware")
+    assert code == 0 and out["gate"]["passed"] is True
 
 
 def test_per_step_distribution_sets_warm_up_apart_and_flags_outliers(db):
