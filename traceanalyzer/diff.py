@@ -64,7 +64,7 @@ from .store import Store
 STEP_KEY = step_stats.STEP_KEY
 DEFAULT_NOISE_PCT = 1.0  # changes smaller than this are "unchanged" in the verdict
 SIGNIFICANCE = 0.05  # a step-time change whose `median_test_p` is this high or more is "unchanged"
-MIN_STEPS = 3  # steady steps each run needs before their spread is told apart from a change
+MIN_STEPS = 5  # steady steps each run needs: fewer say too little of their spread
 KERNEL_TIME = "kernel time (sum)"
 
 

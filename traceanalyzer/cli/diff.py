@@ -63,7 +63,7 @@ def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run befor
                 doc["gate"] = result
             (fh or sys.stdout).write(json.dumps(doc, indent=2, default=str) + "\n")
         else:
-            console = Console(file=fh, width=PIPED_WIDTH, no_color=True, highlight=False) if fh else out
+            console = Console(file=fh, width=PIPED_WIDTH, no_color=True, highlight=False, soft_wrap=True) if fh else out
             _print(console, d, top, noise)
             if result is not None:
                 for n in result["notes"]:
