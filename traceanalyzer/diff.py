@@ -38,6 +38,11 @@ Per-device tables (busy time, step budget, memory) and the findings match device
 * the span;
 * (ncu, no timeline) the summed kernel time.
 
+A median step time that changed by less than its standard error allows (`median_test_p`,
+with MIN_STEPS steady steps or more in each run) is no change in the verdict: the steps of
+one run spread too, and a median that moved within that spread says nothing. The gate
+compares the numbers alone.
+
 Kernels count only when launched inside the capture: a kernel with no launch call in the trace
 that starts before the run's first API call was launched before the profiler started, and is
 left out (its count is in `not_counted`). Range names are matched once normalised
