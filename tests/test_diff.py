@@ -417,10 +417,12 @@ def nsys_capture(path: Path) -> dict:
     no launch call that start before the first API call are not), how many were not, the
     busy time (union of GPU work) per device, and the NVTX range names."""
     with sqlite3.connect(path) as con:
-        calls = {c for c, in con.execute("SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME")}
+        # correlation ids are per process: (process, id), the process in globalTid's upper bits
+        calls = set(con.execute("SELECT globalTid >> 24, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"))
         first = con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
-        kernels = con.execute("""SELECT s.value, k.correlationId, k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k
-                                 JOIN StringIds s ON s.id = k.demangledName""").fetchall()
+        kernels = [(name, (pid, corr), start) for name, pid, corr, start in con.execute(
+            """SELECT s.value, k.globalPid >> 24, k.correlationId, k.start
+               FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName""")]
         tables = {t for t, in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         intervals = defaultdict(list)
         for t in GPU_TABLES:
@@ -466,8 +468,9 @@ def test_time_sliced_windows_compare_by_throughput_never_by_span(db):
     assert doc["not_counted"] == {"base": before["not_counted"], "test": after["not_counted"]} == {"base": 1, "test": 3}
 
     # busy time per device, never summed across devices
-    assert {r["device_id"]: (r["base_busy_ns"], r["test_busy_ns"]) for r in doc["busy"]} == {
+    assert {r["base_device_id"]: (r["base_busy_ns"], r["test_busy_ns"]) for r in doc["busy"]} == {
         d: (before["busy"][d], after["busy"][d]) for d in before["busy"]}
+    assert all(r["base_device_id"] == r["test_device_id"] == r["gpu"] for r in doc["busy"])
     assert sum(before["busy"].values()) > spans[0]  # what a sum over devices would claim
     metrics = {m["name"]: m for m in doc["metrics"]}
     busiest = metrics["GPU busy, busiest device (union of its GPU work)"]
@@ -495,27 +498,37 @@ def kineto_steps(path: Path) -> list[int]:
             if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"])]
 
 
-def test_unlike_hardware_is_not_gated_unless_allowed(db):
-    """Rank 3 of 8 on an A100 vs rank 1 of 2 on a V100: not comparable, and the gate says why
-    instead of passing or failing."""
+def test_unlike_hardware_is_inconclusive_and_fails_the_gate_unless_allowed(db):
+    """Rank 3 of 8 on an A100 vs rank 1 of 2 on a V100: not comparable. The verdict is
+    INCONCLUSIVE with the reasons (never better or worse), and the gate fails on it (exit 1,
+    the reasons on stderr) unless --allow-different-hardware."""
     doc = json.loads(Path(A100_RANK3).read_text()), json.loads(Path(V100_RANK1).read_text())
     (gpu_b,), (gpu_t,) = doc[0]["deviceProperties"], doc[1]["deviceProperties"]
     dist_b, dist_t = doc[0]["distributedInfo"], doc[1]["distributedInfo"]
+    reasons = [f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}",
+               f"SM count: base {gpu_b['numSms']}, test {gpu_t['numSms']}",
+               f"world size: base {dist_b['world_size']}, test {dist_t['world_size']}",
+               f"rank: base {dist_b['rank']}, test {dist_t['rank']}"]
     r = diff(db, A100_RANK3, V100_RANK1, "--gate", "5")
-    assert r.exit_code == 2 and "not judged: the runs are not alike" in r.stderr
+    assert r.exit_code == 1, r.stdout + r.stderr
+    assert "gate 5%: inconclusive: the runs are not alike (" + "; ".join(reasons) in r.stderr
     first = r.stdout.splitlines()
-    assert first[0].startswith("NOT COMPARABLE") and f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}" in first[1]
+    assert first[0].startswith("INCONCLUSIVE") and first[1:5] == [f"  {x}" for x in reasons]
+    assert "gate 5%: FAIL: inconclusive comparison" in r.stdout
+    verdict = [ln for ln in r.stdout.splitlines() if ln.startswith("verdict: ")]
+    assert verdict == [ln for ln in verdict if ln.startswith("verdict: INCONCLUSIVE: the runs are not alike (")]
+    assert not re.search(r"REGRESSED|IMPROVED|NO CHANGE|MIXED", r.stdout)
+
+    code, out = diff_json(db, A100_RANK3, V100_RANK1, "--gate", "5")
+    assert code == 1 and out["comparable"] is False and out["reasons"] == reasons
+    assert out["verdict"] == "INCONCLUSIVE" and "REGRESSED" not in json.dumps(out)
+    assert out["gate"]["judged"] is False and out["gate"]["passed"] is False and out["gate"]["failures"] == []
 
     code, out = diff_json(db, A100_RANK3, V100_RANK1, "--gate", "5", "--allow-different-hardware")
-    assert out["comparable"] is False
-    assert out["reasons"] == [f"GPU model: base {gpu_b['name']}, test {gpu_t['name']}",
-                              f"SM count: base {gpu_b['numSms']}, test {gpu_t['numSms']}",
-                              f"world size: base {dist_b['world_size']}, test {dist_t['world_size']}",
-                              f"rank: base {dist_b['rank']}, test {dist_t['rank']}"]
-    assert code == 1 and out["gate"]["judged"] and out["gate"]["passed"] is False
-    r = runner.invoke(app, ["diff", "--store", str(db), str(A100_RANK3), str(V100_RANK1), "--gate", "5",
-                            "--format", "json"])
-    assert r.exit_code == 2 and json.loads(r.stdout)["gate"] == {**out["gate"], "passed": None, "judged": False}
+    assert out["verdict"] == "INCONCLUSIVE"  # judged by the gate, still not alike
+    assert code == 1 and out["gate"]["judged"] and out["gate"]["passed"] is False and out["gate"]["failures"]
+    code, out = diff_json(db, A100_RANK3, V100_RANK1, "--gate", "1000", "--allow-different-hardware")
+    assert code == 0 and out["gate"]["passed"] is True
 
 
 def test_per_step_distribution_sets_warm_up_apart_and_flags_outliers(db):
@@ -628,3 +641,183 @@ def test_summary_carries_the_step_distribution(db):
     assert s["steps"]["warmup_ns"] == ns[:1]
     text = runner.invoke(app, ["summary", "--store", str(db), A100_RANK3.name], env={"COLUMNS": "200"}).stdout
     assert f"steps {len(ns)} (ProfilerStep#*): median" in text and "1 warm-up set apart" in text
+
+
+# -- real pairs: a regression, hardware not alike, repeat runs, a real improvement ----------
+
+def _torch(name: str) -> Path:
+    return shared_traces() / "torch" / name
+
+
+MFU_BEFORE, MFU_AFTER = "nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite", "nsys-ai__tests__fixtures__mfu_2gpu_after.sqlite"
+RESNET = "kineto__tb_plugin__resnet50_num_workers_{}__worker0.{}.pt.trace.json.gz"
+WORKERS_0 = (RESNET.format(0, 1623143089861), RESNET.format(0, 1623143566756))
+WORKERS_4 = (RESNET.format(4, 1623212756351), RESNET.format(4, 1623213129365))
+
+
+def _block_period_ms(path: Path) -> float:
+    """The median time from one transformer block's forward to the next's, on each thread, from
+    the `FSDP::pre_forward (blocks.N...)` NVTX ranges: one iteration's pace."""
+    with sqlite3.connect(path) as con:
+        rows = con.execute("""SELECT coalesce(n.text, s.value), n.start, n.globalTid FROM NVTX_EVENTS n
+                              LEFT JOIN StringIds s ON s.id = n.textId""").fetchall()
+    starts = defaultdict(list)
+    for name, start, tid in rows:
+        m = re.match(r"FSDP::pre_forward \(blocks\.(\d+)\.", name or "")
+        if m:
+            starts[tid].append((start, int(m.group(1))))
+    gaps = [(b[0] - a[0]) / 1e6 for v in starts.values() for a, b in zip(sorted(v), sorted(v)[1:]) if b[1] == a[1] + 1]
+    return statistics.median(gaps)
+
+
+def _nsys_span(path: Path) -> int:
+    """First to last event over the CUPTI activity tables that have times, and NVTX ranges/marks."""
+    with sqlite3.connect(path) as con:
+        tables = [t for t, in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                  if t.startswith("CUPTI_ACTIVITY_KIND_") or t == "NVTX_EVENTS"]
+        timed = [t for t in tables if "start" in {c[1] for c in con.execute(f"PRAGMA table_info({t})")}]
+        parts = [f'SELECT start, coalesce("end", start) AS stop FROM {t}'
+                 + (" WHERE eventType IN (34, 59, 60)" if t == "NVTX_EVENTS" else "") for t in timed]
+        lo, hi = con.execute(f"SELECT min(start), max(stop) FROM ({' UNION ALL '.join(parts)})").fetchone()
+    return hi - lo
+
+
+def test_real_mfu_pair_the_slower_iterations_are_a_regression(db):
+    """Two 0.3 s time-sliced windows of a 2-GPU FSDP run before and after a change: each block's
+    forward comes about 17% later after it (16.7 -> 19.5 ms, from the NVTX ranges), so fewer
+    launches fit the window: REGRESSED by the launch rate, and the gate fails."""
+    before, after = shared_traces() / "nsys" / MFU_BEFORE, shared_traces() / "nsys" / MFU_AFTER
+    assert _block_period_ms(after) > 1.1 * _block_period_ms(before)
+    code, doc = diff_json(db, before, after, "--gate", "5")
+    assert doc["comparable"] is True and doc["setup"]["base"]["capture"] == doc["setup"]["test"]["capture"] == "time-sliced"
+    b, a = nsys_capture(before), nsys_capture(after)
+    matched = b["launches"].keys() & a["launches"].keys()
+    rate = [1e9 * sum(c["launches"][k] for k in matched) / _nsys_span(p) for c, p in ((b, before), (a, after))]
+    e2e = doc["end_to_end"]
+    assert e2e["name"] == "matched kernel launches per second" and (e2e["base"], e2e["test"]) == pytest.approx(rate)
+    assert e2e["delta_pct"] < -5 and doc["verdict"] == "REGRESSED" and code == 1
+    assert {(r["gpu"], r["base_device_id"], r["test_device_id"]) for r in doc["busy"]} == {(0, 0, 0), (1, 1, 1)}
+    # an idle share's change is in percentage points
+    idle = next(m for m in doc["metrics"] if m["unit"] == "share")
+    assert idle["delta_pp"] == pytest.approx(100 * (idle["test"] - idle["base"]))
+    text = diff(db, before, after).stdout
+    row = next(ln for ln in text.splitlines() if "GPU idle share" in ln)
+    assert f"+{idle['delta_pp']:.1f} pp" in row and f"+{idle['delta_pp']:.1f}%" not in row
+
+
+def test_real_a100_vs_v100_is_inconclusive_and_devices_pair_by_role(db):
+    """HTA's trace_diff pair: rank 3 of 8 on an A100 (device 3) against rank 1 of 2 on a V100
+    (device 1). INCONCLUSIVE with the four reasons; the busy table pairs device 3 with device 1
+    (each run's GPU 0), busy time as the union of each device's GPU work in the JSON; findings
+    are matched across the two device ids."""
+    from traceanalyzer.store import Store
+
+    base, test = _torch("hta__trace_diff__control__control.json.gz"), _torch("hta__trace_diff__test__test.json.gz")
+    raw = []
+    for path in (base, test):
+        with gzip.open(path, "rt") as f:
+            raw.append(json.load(f))
+    db_, dt = raw[0]["distributedInfo"], raw[1]["distributedInfo"]
+    gb = next(p for p in raw[0]["deviceProperties"] if p["id"] == 3)  # the device its kernels ran on (below)
+    gt = next(p for p in raw[1]["deviceProperties"] if p["id"] == 1)
+    code, doc = diff_json(db, base, test, "--gate", "5")
+    assert code == 1 and doc["verdict"] == "INCONCLUSIVE" and doc["comparable"] is False
+    assert doc["reasons"] == [f"GPU model: base {gb['name']}, test {gt['name']}",
+                              f"SM count: base {gb['numSms']}, test {gt['numSms']}",
+                              f"world size: base {db_['world_size']}, test {dt['world_size']}",
+                              f"rank: base {db_['rank']}, test {dt['rank']}"]
+    assert doc["gate"]["passed"] is False and doc["gate"]["judged"] is False
+
+    def busy(events):
+        per = defaultdict(list)
+        for e in events:
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X":
+                per[e["args"]["device"]].append((us_to_ns(e["ts"]), us_to_ns(e["ts"]) + us_to_ns(e["dur"])))
+        (device, ivs), = per.items()
+        total, reach = 0, None
+        for s, e in sorted(ivs):
+            if reach is None or s > reach:
+                total, reach = total + e - s, e
+            elif e > reach:
+                total, reach = total + e - reach, e
+        return device, total
+
+    (db_dev, b_busy), (dt_dev, t_busy) = busy(raw[0]["traceEvents"]), busy(raw[1]["traceEvents"])
+    assert (db_dev, dt_dev) == (3, 1)
+    assert [(r["gpu"], r["base_device_id"], r["test_device_id"], r["base_busy_ns"], r["test_busy_ns"])
+            for r in doc["busy"]] == [(0, 3, 1, b_busy, t_busy)]
+    assert {(r["gpu"], r["base_device_id"], r["test_device_id"]) for r in doc["step_budget"]} == {(0, 3, 1)}
+
+    with Store(db, read_only=True) as st:  # one GPU each: a finding is the same whatever its device id
+        keys = []
+        for path in (base, test):
+            rows = st.sql("""SELECT rule_id, device_id, stream_id, item_kind, item_name FROM findings
+                             WHERE run_id = (SELECT run_id FROM runs WHERE file_name = $f)""",
+                          {"f": path.name}).fetchall()
+            keys.append(Counter(r[:1] + r[2:] for r in rows))
+            assert {r[1] for r in rows} <= {None, (3, 1)[len(keys) - 1]}
+    assert doc["findings"]["unchanged"] == sum((keys[0] & keys[1]).values()) > 0
+
+    text = diff(db, base, test).stdout
+    assert "verdict: INCONCLUSIVE: the runs are not alike" in text and "REGRESSED" not in text
+    assert re.search(r"│ 3 -> 1 +│ +\d", text)
+
+
+def _resnet_steps(name: str) -> tuple[float, int]:
+    """(median of the steady steps in ns, warm-up steps) from the ProfilerStep#N events: leading
+    steps over 1.5 times the median of the steps after the first are warm-up (at most half)."""
+    ns = [us_to_ns(e["dur"]) for e in kineto_events(_torch(name))
+          if e.get("ph") == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
+    later, warm = statistics.median(ns[1:]), 0
+    while warm < len(ns) // 2 and ns[warm] > 1.5 * later:
+        warm += 1
+    return statistics.median(ns[warm:]), warm
+
+
+def test_real_repeat_runs_with_4_workers_are_no_change(db):
+    """The same config twice: median step 127 -> 125 ms (-1.2%, more than the 1% noise), but
+    each run's steps spread over 116-207 ms (a worker stalls now and then): within that spread,
+    NO CHANGE, and the gate passes."""
+    a, b = WORKERS_4
+    code, doc = diff_json(db, _torch(a), _torch(b), "--gate", "5")
+    e2e = doc["end_to_end"]
+    assert (e2e["base"], e2e["test"]) == (_resnet_steps(a)[0], _resnet_steps(b)[0])
+    assert abs(e2e["delta_pct"]) > 1 and e2e["p_value"] > 0.05
+    assert doc["verdict"] == "NO CHANGE" and code == 0 and doc["comparable"] is True
+    assert "within the step-to-step spread" in doc["verdict_line"]
+
+
+def test_real_repeat_runs_with_no_workers_differ_in_data_loading(db):
+    """The same config twice, recorded 8 minutes apart, do differ: loading the data in the main
+    thread took 69 ms a step in the first run and 45 ms in the second (the
+    `_SingleProcessDataLoaderIter.__next__` ranges), so every step of the second run (149-159
+    ms) is shorter than every step of the first (164-181 ms), while the GPU work is the same
+    (kernel time within 1%). diff says what the traces hold: 13.5% faster, not noise."""
+    a, b = WORKERS_0
+    code, doc = diff_json(db, _torch(a), _torch(b))
+    e2e = doc["end_to_end"]
+    assert (e2e["base"], e2e["test"]) == (_resnet_steps(a)[0], _resnet_steps(b)[0])
+    loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    per_step = [sum(us_to_ns(e["dur"]) for e in kineto_events(_torch(n)) if e.get("name") == loader) / 6
+                for n in (a, b)]
+    row = next(r for r in doc["operators"] if r["operator"] == loader)
+    assert (row["base_per_step_ns"], row["test_per_step_ns"]) == pytest.approx(per_step)
+    assert per_step[1] < 0.7 * per_step[0]
+    kernel = next(m for m in doc["metrics"] if m["name"] == "kernel time (sum)")
+    assert abs(kernel["delta_pct"]) < 1
+    assert doc["verdict"] == "IMPROVED" and e2e["p_value"] < 0.05
+
+
+@pytest.mark.parametrize("base", WORKERS_0)
+@pytest.mark.parametrize("test", WORKERS_4)
+def test_real_dataloader_workers_0_to_4_is_an_improvement(db, base, test):
+    """DataLoader workers 0 -> 4: the main thread no longer loads the data (45-69 ms a step ->
+    under 5 ms), the median step drops 17-29%: IMPROVED, whichever repeat run of each."""
+    code, doc = diff_json(db, _torch(base), _torch(test), "--gate", "5")
+    e2e = doc["end_to_end"]
+    (mb, _), (mt, _) = _resnet_steps(base), _resnet_steps(test)
+    assert (e2e["base"], e2e["test"]) == (mb, mt) and mt < 0.85 * mb
+    assert doc["verdict"] == "IMPROVED" and code == 0 and doc["comparable"] is True
+    loader = {r["operator"]: r for r in doc["operators"] if r["operator"].startswith("enumerate(DataLoader)")}
+    assert loader["enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"]["test_per_step_ns"] < 5e6
+    assert loader["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"]["base_per_step_ns"] > 40e6

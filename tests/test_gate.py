@@ -68,6 +68,43 @@ def test_diff_with_an_unreadable_input_exits_2(tmp_path, bad):
     assert r.exit_code == 2 and "error:" in r.stderr
 
 
+DIFF_A100, DIFF_V100 = FIXTURES / "kineto" / "diff_a100_rank3.json", FIXTURES / "kineto" / "diff_v100_rank1.json"
+
+
+def test_diff_keeps_exit_2_for_bad_input_and_fails_the_gate_on_an_inconclusive_comparison(tmp_path):
+    """Exit 2: input or usage. Exit 1: the gate, which fails on what it cannot judge (runs not
+    alike, no end-to-end time in both), the reasons on stderr."""
+    store = tmp_path / "s.duckdb"
+    r = run("diff", "--store", store, "--format", "xml", CLEAN, PLANTED)
+    assert r.exit_code == 2 and "--format must be text or json" in r.stderr
+    r = run("diff", "--store", store, "--gate", "5", DIFF_A100, DIFF_V100)
+    assert r.exit_code == 1 and "gate 5%: FAIL: inconclusive comparison" in r.stdout, r.stdout + r.stderr
+    assert re.search(r"gate 5%: inconclusive: the runs are not alike \(GPU model: base .*A100.*, test .*V100", r.stderr)
+    assert run("diff", "--store", store, "--gate", "1000", "--allow-different-hardware", DIFF_A100,
+               DIFF_V100).exit_code == 0
+    assert run("diff", "--store", store, DIFF_A100, DIFF_V100).exit_code == 0  # no gate: nothing fails
+    ncu, timeline = FIXTURES / "ncu" / "raw_waves.csv", FIXTURES / "torch-memory" / "timeline_train.raw.json.gz"
+    r = run("diff", "--store", store, "--gate", "5", ncu, timeline)
+    assert r.exit_code == 1 and "inconclusive: no end-to-end time in both runs" in r.stderr, r.stdout + r.stderr
+
+
+def test_diff_writes_the_comparison_to_a_file_and_the_verdict_to_the_log(tmp_path):
+    store = tmp_path / "s.duckdb"
+    slower = _trace(KINETO, tmp_path / "slower.json", stretch=1.5)
+    out = tmp_path / "diff.json"
+    r = run("diff", "--store", store, "--format", "json", "-o", out, "--gate", "5", KINETO, slower)
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "REGRESSED" and doc["gate"]["pct"] == 5 and doc["gate"]["failures"]
+    assert r.exit_code == 1 and r.stdout.splitlines() == [f"verdict: {doc['verdict_line']}",
+                                                          "gate 5%: FAIL: " + "; ".join(doc["gate"]["failures"])]
+    text = tmp_path / "diff.txt"
+    r = run("diff", "--store", store, "-o", text, KINETO, slower)
+    assert r.exit_code == 0 and r.stdout == f"verdict: {doc['verdict_line']}\n"
+    assert "End-to-end time" in text.read_text() and f"verdict: {doc['verdict_line']}" in text.read_text()
+    r = run("diff", "--store", store, "-o", tmp_path / "no such folder" / "x.txt", KINETO, slower)
+    assert r.exit_code == 2 and "cannot write" in r.stderr
+
+
 @pytest.mark.parametrize("args", [("check", "--format", "xml"), ("scan", "--fail-on", "sometimes"),
                                   ("check", "--max-growth", "10"), ("scan", "--threshold", "T001.nope=1")])
 def test_a_usage_error_exits_2(tmp_path, args):

@@ -6,13 +6,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from traceanalyzer.cli import app
-from traceanalyzer.ranges import normalize_name, normalized_sql, range_rows, run_ranges
+from traceanalyzer.ranges import normalize_name, normalized_sql, range_rows, run_ops, run_ranges
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store, views
 
@@ -157,7 +158,7 @@ def test_cli_json_csv_and_text(planted_db):
     assert rows[0]["self_cuda_memory_bytes"] == ""  # no allocator events in the nsys fixture
     text = _cli(ids[NSYS], "--store", db)
     assert "      aten::mm " in text and "launched outside every range: 20 us of kernel time (4.3%)" in text
-    assert "self CUDA mem" not in text and "self CUDA mem" in _cli(ids[KINETO], "--store", db, "--by", "op")
+    assert "self CUDA mem" not in text and "self CUDA mem" in _cli(ids[KINETO], "--store", db, "--by", "module")
     assert "no operators in this run" in _cli(ids[NSYS], "--store", db, "--by", "op")
     assert len(json.loads(_cli("--store", db, "--format", "json"))) == 2  # every run by default
     for args in (["--by", "kernel"], ["--format", "xml"], ["--depth", "0"], ["nothing-like-it"]):
@@ -345,3 +346,158 @@ def test_ncu_ranges_without_durations_say_no_time(traces_dir, tmp_path):
     assert (row["name"], row["kernels"], row["gpu_ns"], row["share"]) == ("compute", 14, None, None)
     out = _cli(rid, "--store", tmp_path / "s.duckdb")
     assert "compute" in out and "launched outside" not in out
+
+
+# -- per operator, as torch.profiler's key_averages() ------------------------------------------
+
+def raw_key_averages(path) -> dict[str, dict]:
+    """Per operator name (normalised), straight from a Kineto JSON: calls, host time, self host
+    time (less the operators directly inside it on its thread), and the kernels' time launched
+    by it directly (self) or through its children (total): each kernel to the innermost operator
+    open on its launch call's thread at the call's start. `ProfilerStep#N` events (operators in
+    2021 traces) are steps, not operators: left out."""
+    import bisect
+    import gzip
+    import re
+    from collections import defaultdict
+    from decimal import Decimal
+
+    def ns(x):
+        return int(Decimal(str(x)) * 1000)
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    ops = defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "Operator") and not re.fullmatch(r"ProfilerStep#\d+", e["name"]):
+            ops[(e["pid"], e["tid"])].append((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), normalize_name(e["name"])))
+    rows = defaultdict(lambda: dict.fromkeys(("calls", "self_cpu_ns", "cpu_ns", "self_gpu_ns", "gpu_ns"), 0))
+    parent, starts = {}, {}
+    for thread, frames in ops.items():
+        frames.sort(key=lambda f: (f[0], -f[1]))
+        stack = []
+        for i, (start, end, name) in enumerate(frames):
+            while stack and frames[stack[-1]][1] <= start:
+                stack.pop()
+            parent[(thread, i)] = (thread, stack[-1]) if stack else None
+            rows[name]["calls"] += 1
+            rows[name]["cpu_ns"] += end - start
+            rows[name]["self_cpu_ns"] += end - start
+            if stack:
+                rows[frames[stack[-1]][2]]["self_cpu_ns"] -= end - start
+            stack.append(i)
+        starts[thread] = [f[0] for f in frames]
+    calls = {e["args"]["correlation"]: e for e in events
+             if e.get("cat") in ("cuda_runtime", "Runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    for k in (e for e in events if e.get("cat") in ("kernel", "Kernel")):
+        call = calls[k["args"]["correlation"]]
+        thread, t = (call["pid"], call["tid"]), ns(call["ts"])
+        i = bisect.bisect_right(starts.get(thread, []), t) - 1
+        node = (thread, i) if i >= 0 else None
+        while node is not None and not ops[thread][node[1]][0] <= t < ops[thread][node[1]][1]:
+            node = parent[node]
+        if node is not None:
+            rows[ops[thread][node[1]][2]]["self_gpu_ns"] += ns(k["dur"])
+        while node is not None:
+            rows[ops[thread][node[1]][2]]["gpu_ns"] += ns(k["dur"])
+            node = parent[node]
+    return dict(rows)
+
+
+def _table(result: dict) -> dict[str, dict]:
+    return {o["name"]: {k: o[k] for k in ("calls", "self_cpu_ns", "cpu_ns", "self_gpu_ns", "gpu_ns")}
+            for o in result["operators"]}
+
+
+def test_the_operator_table_of_the_planted_trace(planted):
+    """aten::linear (10-290 us of each step) holds aten::addmm (20-200 us), which launched the
+    200 us SGEMM: linear's self CPU is 2 x 100 us, its self GPU 0 and its GPU total 400 us."""
+    st, ids = planted
+    r = run_ops(st, ids[KINETO])
+    got = _table(r)
+    assert got == raw_key_averages(FIXTURES / KINETO)
+    assert got["aten::linear"] == {"calls": 2, "self_cpu_ns": 200_000, "cpu_ns": 560_000, "self_gpu_ns": 0,
+                                   "gpu_ns": 400_000}
+    assert got["aten::addmm"]["self_gpu_ns"] == got["aten::bmm"]["self_gpu_ns"] == 400_000
+    assert r["self_gpu_ns"] == r["kernel_ns"] == 800_000 and r["self_cpu_ns"] == sum(x["self_cpu_ns"] for x in got.values())
+    assert [o["name"] for o in r["operators"]][:2] == ["aten::bmm", "aten::addmm"]  # equal self GPU: more self CPU first
+    assert [o["name"] for o in run_ops(st, ids[KINETO], "self_cpu")["operators"]][0] == "aten::item"
+    assert [o["name"] for o in run_ops(st, ids[KINETO], "name")["operators"]] == sorted(got)
+    assert run_ops(st, ids[NSYS])["operators"] == []  # NVTX ranges named like operators are no operators
+
+
+KEY_AVERAGES = ["torch/kineto__tb_plugin__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
+                "torch/hta__trace_diff__control__control.json.gz"]
+
+
+@pytest.fixture(scope="module")
+def key_averages_store(tmp_path_factory):
+    traces = shared_traces()
+    st = Store(tmp_path_factory.mktemp("ops-real") / "s.duckdb")
+    ids = {rel: st.ingest(traces / rel).run_id for rel in KEY_AVERAGES}
+    yield st, ids
+    st.close()
+
+
+@pytest.mark.parametrize("rel", KEY_AVERAGES)
+def test_real_operator_tables_match_the_raw_trace(key_averages_store, rel):
+    """A 2021 trace (`Operator` and `Runtime` events) and a 2024 one (`cpu_op`, `cuda_runtime`):
+    every operator's calls, self and total CPU and GPU time as recomputed from the JSON."""
+    st, ids = key_averages_store
+    r = run_ops(st, ids[rel])
+    assert _table(r) == raw_key_averages(shared_traces() / rel)
+    assert sum(o["self_gpu_ns"] for o in r["operators"]) <= r["kernel_ns"]
+    assert any(o["self_cpu_ns"] < o["cpu_ns"] for o in r["operators"])
+    assert any(o["self_gpu_ns"] < o["gpu_ns"] for o in r["operators"])
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_real_tables_keep_every_number_whole_at_80_and_200_columns(key_averages_store, width):
+    from rich.console import Console
+
+    from traceanalyzer import fmt
+    from traceanalyzer.cli.ranges import print_ops, print_ranges
+
+    st, ids = key_averages_store
+    rid = ids[KEY_AVERAGES[1]]
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, no_color=True, highlight=False)
+    ops = run_ops(st, rid)
+    ops["operators"] = ops["operators"][:20]
+    print_ops(console, ops)
+    tree = run_ranges(st, rid, "range")
+    print_ranges(console, tree, 20)
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    lines = text.splitlines()
+    for o in ops["operators"]:  # each operator's row (its name's first line) holds its numbers, whole
+        row = next(ln for ln in lines if ln.split() and o["name"].startswith(ln.split()[0])
+                   and len(ln.split()[0]) >= min(len(o["name"]), 12))
+        cells = [fmt.ns(o["self_cpu_ns"]), fmt.ns(o["cpu_ns"]), fmt.ns(o["self_gpu_ns"]), fmt.ns(o["gpu_ns"]),
+                 fmt.num(o["calls"])]
+        assert re.search(r"\s+".join(re.escape(c) for c in cells) + r"$", row.replace(" " + fmt.pct(o["self_gpu_share"]), "")
+                         .replace(" " + fmt.pct(o["self_cpu_share"]), "").rstrip()), row
+    header = next(ln for ln in lines if ln.startswith("operator "))
+    assert ("self CPU %" in header) == (width == 200)
+    assert ("(not shown at this width: self CPU %, self GPU %;" in text) == (width == 80)
+    for x in tree["ranges"][:20]:
+        row = next(ln for ln in lines if ln.lstrip().startswith(x["name"][:12]) and fmt.pct(x["share"]) in ln)
+        assert re.search(re.escape(fmt.ns(x["cpu_ns"])) + r"\s+" + re.escape(fmt.num(x["kernels"])) + r"\s+"
+                         + re.escape(fmt.ns(x["gpu_ns"])), row), row
+    assert "…" not in "".join(ln[30:] for ln in lines if "ms" in ln)
+
+
+def test_cli_operator_table_sort_top_and_formats(planted_db):
+    db, ids = planted_db
+    text = _cli(ids[KINETO], "--store", db, "--by", "op", "--top", "2", "--sort", "self_cpu")
+    assert "PyTorch operators by self CPU time" in text and "... and 2 more operators" in text
+    names = [ln.split()[0] for ln in text.splitlines() if ln.startswith("aten::")]
+    assert names == ["aten::item", "aten::bmm"]  # 540 us and 400 us of self CPU time
+    rows = list(csv.DictReader(io.StringIO(_cli(ids[KINETO], "--store", db, "--by", "op", "--format", "csv"))))
+    assert len(rows) == 4 and rows[0]["name"] == "aten::bmm" and rows[0]["self_gpu_ns"] == "400000"
+    [run] = json.loads(_cli(ids[KINETO], "--store", db, "--by", "op", "--format", "json", "--top", "1"))
+    assert len(run["operators"]) == len(run["ranges"]) == 1 and run["operators"][0]["name"] == "aten::bmm"
+    for args in (["--by", "op", "--sort", "speed"], ["--sort", "calls"], ["--top", "-1"]):
+        r = CliRunner().invoke(app, ["ranges", "--store", str(db), *args])
+        assert r.exit_code == 2 and "Traceback" not in r.output, args

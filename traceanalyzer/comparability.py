@@ -1,13 +1,18 @@
 """Can two runs be compared at all? What each ran on, and how it was captured.
 
 Per run (`setup`): the GPUs it used (the devices its kernels and GPU operations ran on; all the
-devices it lists when it has no GPU work), their product names and SM counts, the job's world
+devices it lists when it has no GPU work; `device_ids` in id order), their product names and SM counts, the job's world
 size and the run's rank, and its capture window: `time-sliced` when the file says it was cut
 to a fixed window (an Nsight Systems export derived to a window: `DERIVED_WINDOW_NS` in its
 export metadata), else `as recorded`.
 
 `reasons` lists every fact both runs know and differ in. A fact one run does not carry is no
 reason: two traces of one program often differ in what the profiler wrote down.
+
+`roles` numbers a run's devices by role, the local GPU index: the used devices in id order
+(0, 1, ...), then any other device the run's tables name. Two runs' devices are matched by
+role, never by id: rank 3 of one job ran on device 3, rank 1 of another on device 1, and each
+is its run's GPU 0.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ def setup(store: Store, run_id: str) -> dict:
     window = _window_ns(run["metadata"])
     names = [d["name"] for d in devices]
     sms = [d["sm_count"] for d in devices]
-    return {"gpus": sorted(names) if devices and all(names) else None,
+    return {"device_ids": [d["device_id"] for d in devices],
+            "gpus": sorted(names) if devices and all(names) else None,
             "gpu_count": len(devices) or None,
             "sm_counts": sorted(sms) if devices and all(s is not None for s in sms) else None,
             "world_size": run["world_size"], "rank": run["rank"],
@@ -74,4 +80,14 @@ def reasons(base: dict, test: dict) -> list[str]:
         def window(s: dict) -> str:
             return f"time-sliced to {s['window_ns'] / 1e6:g} ms" if s["window_ns"] else "as recorded"
         out.append(f"capture window: base {window(base)}, test {window(test)}")
+    return out
+
+
+def roles(setup: dict, *others) -> dict:
+    """Device id -> role (local GPU index) for a run: `setup["device_ids"]` in order, then the
+    other device ids in `others` (iterables of ids; None is left out) in id order."""
+    out = {d: i for i, d in enumerate(setup["device_ids"])}
+    extra = sorted({d for ids in others for d in ids if d is not None and d == d and d not in out})
+    for d in extra:
+        out[d] = len(out)
     return out

@@ -21,8 +21,13 @@ The three checks after any optimization:
 plus the findings that are new in TEST or fixed since BASE, and a verdict.
 
 First, whether the runs are alike (`comparability`: GPU model and count, SM count, world size,
-rank, capture window): `comparable` and the `reasons` they are not. The gate does not judge
-unlike runs unless told to.
+rank, capture window): `comparable` and the `reasons` they are not. The numbers of unlike runs
+are shown as measured, but the verdict is INCONCLUSIVE (never better or worse), and the gate
+fails on it unless told to judge them all the same.
+
+Per-device tables (busy time, step budget, memory) and the findings match devices by role
+(`comparability.roles`: the local GPU index), not by id: each row has `gpu` and each run's
+`base_device_id` / `test_device_id`.
 
 "End-to-end time" for the verdict and the gate is, in this order of preference:
 
@@ -32,6 +37,11 @@ unlike runs unless told to.
   length): launches per second of the kernels both runs have, higher is better;
 * the span;
 * (ncu, no timeline) the summed kernel time.
+
+A median step time that changed by less than its standard error allows (`median_test_p`,
+with MIN_STEPS steady steps or more in each run) is no change in the verdict: the steps of
+one run spread too, and a median that moved within that spread says nothing. The gate
+compares the numbers alone.
 
 Kernels count only when launched inside the capture: a kernel with no launch call in the trace
 that starts before the run's first API call was launched before the profiler started, and is
@@ -58,6 +68,8 @@ from .store import Store
 
 STEP_KEY = step_stats.STEP_KEY
 DEFAULT_NOISE_PCT = 1.0  # changes smaller than this are "unchanged" in the verdict
+SIGNIFICANCE = 0.05  # a step-time change whose `median_test_p` is this high or more is "unchanged"
+MIN_STEPS = 5  # steady steps each run needs: fewer say too little of their spread
 KERNEL_TIME = "kernel time (sum)"
 
 
@@ -72,6 +84,7 @@ class Metric:
     base: float | None
     test: float | None
     better: str = "lower"  # or "higher" (throughput)
+    p_value: float | None = None  # of the median steps' difference (`median_test_p`), given enough steps
 
     @property
     def comparable(self) -> bool:
@@ -94,7 +107,10 @@ class Metric:
         return None if pct is None else (pct if self.better == "lower" else -pct)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "delta": self.delta, "delta_pct": self.delta_pct}
+        out = {**asdict(self), "delta": self.delta, "delta_pct": self.delta_pct}
+        if self.unit == "share":  # a change of a share is in percentage points
+            out["delta_pp"] = None if self.delta is None else 100 * self.delta
+        return out
 
 
 @dataclass
@@ -125,10 +141,13 @@ class RunDiff:
         return not self.reasons
 
     def verdict(self, noise_pct: float = DEFAULT_NOISE_PCT) -> tuple[str, str]:
-        """(word, one line): IMPROVED, REGRESSED, MIXED, NO CHANGE or UNKNOWN."""
+        """(word, one line): IMPROVED, REGRESSED, MIXED, NO CHANGE or UNKNOWN; INCONCLUSIVE, with
+        the reasons and the changes as measured, when the runs are not alike."""
         t = _direction(self.end_to_end, noise_pct)
         m = _direction(self.peak_memory, noise_pct)
-        if t is None:
+        if not self.comparable:
+            word = "INCONCLUSIVE"
+        elif t is None:
             word = "UNKNOWN"
         elif t == 0 and (m or 0) == 0:
             word = "NO CHANGE"
@@ -150,6 +169,9 @@ class RunDiff:
         if kernel_total is not None and kernel_total.comparable:
             parts.append(_describe(kernel_total, "kernel time"))
         parts.append(f"findings: {len(self.new_findings)} new, {len(self.fixed_findings)} fixed")
+        if not self.comparable:
+            return word, (f"{word}: the runs are not alike ({'; '.join(self.reasons)}); as measured: "
+                          + "; ".join(parts))
         return word, f"{word}: " + "; ".join(parts)
 
     @property
@@ -179,7 +201,28 @@ class RunDiff:
         detail = _category_change(largest) if largest else f"{fmt.nbytes(m.base)} -> {fmt.nbytes(m.test)}"
         return f"peak memory {change} ({detail})"
 
-    def gate(self, pct: float) -> tuple[list[str], list[str]]:
+    def gate(self, pct: float, allow_different: bool = False) -> dict:
+        """The gate at `pct` percent: `failures` (what regressed by more than `pct`), `notes` (what
+        could not be judged), `inconclusive` (why the comparison cannot be judged at all: no
+        end-to-end time in both runs, or runs not alike unless `allow_different`), `passed`
+        (neither failures nor inconclusive reasons) and `judged` (no inconclusive reason; a
+        comparison not judged lists no failures)."""
+        failures, notes = self._gate_numbers(pct)
+        inconclusive = []
+        if self.end_to_end is None:
+            inconclusive.append("no end-to-end time in both runs (no steps, span or kernel times)")
+        if not self.comparable:
+            if allow_different:
+                notes.append("judged although the runs are not alike (--allow-different-hardware)")
+            else:
+                inconclusive.append(f"the runs are not alike ({'; '.join(self.reasons)}); "
+                                    "--allow-different-hardware gates them all the same")
+        if inconclusive:  # the numbers of a comparison that cannot be judged fail nothing on their own
+            failures = []
+        return {"pct": pct, "failures": failures, "notes": notes, "inconclusive": inconclusive,
+                "passed": not failures and not inconclusive, "judged": not inconclusive}
+
+    def _gate_numbers(self, pct: float) -> tuple[list[str], list[str]]:
         """(failures, notes): what regressed by more than `pct` percent, and what could not be judged."""
         failures, notes = [], []
         for m, what in ((self.end_to_end, "end-to-end time"), (self.peak_memory, "peak memory")):
@@ -193,6 +236,7 @@ class RunDiff:
         return failures, notes
 
     def to_dict(self, noise_pct: float = DEFAULT_NOISE_PCT) -> dict:
+        """Everything as JSON-ready values (the gate is the caller's to add)."""
         word, line = self.verdict(noise_pct)
         return {
             "base": self.base, "test": self.test, "match_by": self.match_by,
@@ -213,6 +257,8 @@ class RunDiff:
 def _direction(m: Metric | None, noise_pct: float) -> int | None:
     if m is None or not m.comparable:
         return None
+    if m.p_value is not None and m.p_value >= SIGNIFICANCE:
+        return 0  # the two runs' steps are not told apart: within their step-to-step spread
     if m.worse_pct is None:
         return 0 if m.delta == 0 else (1 if (m.delta > 0) == (m.better == "lower") else -1)
     return 0 if abs(m.worse_pct) < noise_pct else (1 if m.worse_pct > 0 else -1)
@@ -221,7 +267,31 @@ def _direction(m: Metric | None, noise_pct: float) -> int | None:
 def _describe(m: Metric, label: str) -> str:
     show = show_value(m.unit)
     pct = "n/a" if m.delta_pct is None else f"{m.delta_pct:+.1f}%"
-    return f"{label} {show(m.base)} -> {show(m.test)} ({pct})"
+    spread = (f", within the step-to-step spread (p = {m.p_value:.2f})"
+              if m.p_value is not None and m.p_value >= SIGNIFICANCE else "")
+    return f"{label} {show(m.base)} -> {show(m.test)} ({pct}{spread})"
+
+
+def median_test_p(a: list[float], b: list[float]) -> float | None:
+    """Two-sided p-value that the medians of `a` and `b` (two runs' steady step times) are
+    equal: their difference over its standard error, each median's 1.2533 * sigma / sqrt(n)
+    (the sample median's large-sample error) with sigma estimated robustly as 1.4826 * MAD, so
+    that a few stalled steps widen it little. None with fewer than MIN_STEPS steps in either."""
+    if len(a) < MIN_STEPS or len(b) < MIN_STEPS:
+        return None
+
+    def median(v):
+        return step_stats.percentile(v, 50)
+
+    def se2(v):
+        mad = median([abs(x - median(v)) for x in v])
+        return (1.2533 * 1.4826 * mad) ** 2 / len(v)
+
+    delta = abs(median(a) - median(b))
+    se = math.sqrt(se2(a) + se2(b))
+    if se == 0:
+        return 1.0 if delta == 0 else 0.0
+    return math.erfc(delta / se / math.sqrt(2))
 
 
 def show_value(unit: str):
@@ -231,6 +301,18 @@ def show_value(unit: str):
     return {"ns": fmt.ns, "bytes": fmt.nbytes,
             "per_s": lambda v: "-" if fmt._missing(v) else f"{v:,.0f}/s",
             "share": lambda v: "-" if fmt._missing(v) else f"{100 * v:.1f}%"}[unit]
+
+
+def show_delta(unit: str):
+    """The formatter of a change of a metric's value, signed: a share's in percentage points
+    ("+7.6 pp": 9.8% -> 17.4% is no 7.6% change)."""
+    from . import fmt
+
+    if unit == "share":
+        show = lambda v: f"{100 * v:.1f} pp"  # noqa: E731
+    else:
+        show = show_value(unit)
+    return lambda v: "-" if fmt._missing(v) else ("+" if v > 0 else "") + show(v)
 
 
 # A memory category in a sentence ("activations +1.2 GB").
@@ -328,16 +410,27 @@ def _scalar(store: Store, sql: str, run_id: str):
 def _side(store: Store, run_id: str, by: str, step: str | None) -> dict:
     with views.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
         busy = store.df(BUSY_SQL, {"run_id": run_id})
+    setup = comparability.setup(store, run_id)
+    step_list = step_stats.step_rows(store, run_id, step)
+    dist = step_stats.distribution(step_list)
+    memory = summary.memory(store, run_id)
+    budget = step_stats.step_budget(store, run_id) if step is None else []
+    findings = _findings(store, run_id)
     return {
         "kernels": store.df(KERNELS_SQL.format(key=_kernel_key(by)), {"run_id": run_id}),
         "not_counted": int(_scalar(store, NOT_COUNTED_SQL, run_id) or 0),
         "ranges": store.df(RANGES_SQL, {"run_id": run_id}),
-        "memory": summary.memory(store, run_id),
-        "steps": step_stats.run_steps(store, run_id, step),
+        "memory": memory,
+        "steps": dist,
+        "steady_ns": [r["ns"] for r in step_list[dist["warmup_steps"]:]] if dist else [],
         "busy": busy,
-        "setup": comparability.setup(store, run_id),
+        "setup": setup,
+        "roles": comparability.roles(setup, [int(d) for d in busy["device_id"].dropna()],
+                                     [r["device_id"] for r in memory], [r["device_id"] for r in budget],
+                                     [f["device_id"] for f in findings]),
+        "findings": findings,
         "operators": store.df(OPERATORS_SQL, {"run_id": run_id}),
-        "step_budget": step_stats.step_budget(store, run_id) if step is None else [],
+        "step_budget": budget,
         "host_operator_ns": step_stats.host_operator_ns(store, run_id) if step is None else None,
     }
 
@@ -410,6 +503,22 @@ def _range_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
             .drop(columns=["_step", "_big"]).reset_index(drop=True))
 
 
+def _by_role(base: pd.DataFrame, test: pd.DataFrame, roles: tuple[dict, dict], on: tuple[str, ...] = ()
+             ) -> pd.DataFrame:
+    """Outer join of two per-device tables (each with `device_id`) on the device's role (`gpu`)
+    and `on`: each run's id kept as `base_device_id` / `test_device_id`."""
+    sides = []
+    for df, side, role in ((base, "base", roles[0]), (test, "test", roles[1])):
+        df = df.copy()
+        df["gpu"] = pd.array([role.get(d) if not pd.isna(d) else None for d in df["device_id"]], dtype="Int64")
+        sides.append(df.rename(columns={"device_id": f"{side}_device_id"}))
+    out = sides[0].merge(sides[1], on=["gpu", *on], how="outer")
+    cols = ["gpu", "base_device_id", "test_device_id"]
+    for c in cols[1:]:
+        out[c] = out[c].astype("Int64")
+    return out[cols + [c for c in out.columns if c not in cols]]
+
+
 def _memory_side(side: str, rows: list[dict]) -> pd.DataFrame:
     """One run's `summary.memory` rows as `<side>_source`, `<side>_peak_bytes` (allocated) and
     `<side>_peak_reserved_bytes` per device."""
@@ -418,38 +527,43 @@ def _memory_side(side: str, rows: list[dict]) -> pd.DataFrame:
                          for r in rows], columns=cols).astype({cols[2]: "Float64", cols[3]: "Float64"})
 
 
-def _memory_table(base: list[dict], test: list[dict]) -> pd.DataFrame:
-    """Per device of either run: each run's source, peak allocated and peak reserved bytes, and
-    the change of the peak."""
-    out = _memory_side("base", base).merge(_memory_side("test", test), on="device_id", how="outer")
+def _memory_table(base: list[dict], test: list[dict], roles: tuple[dict, dict]) -> pd.DataFrame:
+    """Per device (by role) of either run: each run's source, peak allocated and peak reserved
+    bytes, and the change of the peak."""
+    out = _by_role(_memory_side("base", base), _memory_side("test", test), roles)
     out["delta_bytes"] = out["test_peak_bytes"] - out["base_peak_bytes"]
     out["delta_pct"] = 100 * out["delta_bytes"] / out["base_peak_bytes"].where(out["base_peak_bytes"] != 0)
-    return out.sort_values("device_id").reset_index(drop=True)
+    return out.sort_values("gpu").reset_index(drop=True)
 
 
-def _category_table(base: list[dict], test: list[dict]) -> pd.DataFrame:
-    """Per device both runs split by category: each category's bytes at each run's peak (0 where
-    a run's peak held none of it) and the change, largest change first."""
-    cols = ["device_id", "category", "base_bytes", "test_bytes", "delta_bytes", "delta_pct"]
-    split = {side: {r["device_id"]: {c["category"]: c["bytes"] for c in r["categories"]}
-                    for r in rows if r["categories"]} for side, rows in (("base", base), ("test", test))}
+def _category_table(base: list[dict], test: list[dict], roles: tuple[dict, dict]) -> pd.DataFrame:
+    """Per device (by role) both runs split by category: each category's bytes at each run's peak
+    (0 where a run's peak held none of it) and the change, largest change first."""
+    cols = ["gpu", "base_device_id", "test_device_id", "category", "base_bytes", "test_bytes", "delta_bytes",
+            "delta_pct"]
+    split = {side: {role.get(r["device_id"]): (r["device_id"], {c["category"]: c["bytes"] for c in r["categories"]})
+                    for r in rows if r["categories"]}
+             for side, rows, role in (("base", base, roles[0]), ("test", test, roles[1]))}
     rows = []
-    for device in sorted(split["base"].keys() & split["test"].keys()):
-        b, t = split["base"][device], split["test"][device]
+    for gpu in sorted(split["base"].keys() & split["test"].keys(), key=lambda g: (g is None, g)):
+        (bd, b), (td, t) = split["base"][gpu], split["test"][gpu]
         for category in sorted(b.keys() | t.keys()):
             nb, nt = b.get(category, 0), t.get(category, 0)
-            rows.append({"device_id": device, "category": category, "base_bytes": nb, "test_bytes": nt,
+            rows.append({"gpu": gpu, "base_device_id": bd, "test_device_id": td, "category": category,
+                         "base_bytes": nb, "test_bytes": nt,
                          "delta_bytes": nt - nb, "delta_pct": 100 * (nt - nb) / nb if nb else None})
     df = pd.DataFrame(rows, columns=cols)
     if df.empty:
         return df
-    return (df.assign(_order=-df["delta_bytes"].abs()).sort_values(["device_id", "_order", "category"])
+    return (df.assign(_order=-df["delta_bytes"].abs()).sort_values(["gpu", "_order", "category"])
             .drop(columns="_order").reset_index(drop=True))
 
 
-def _step_metric(steps: tuple[dict | None, dict | None], step: str | None) -> Metric | None:
+def _step_metric(steps: tuple[dict | None, dict | None], step: str | None,
+                 steady: tuple[list, list] = ([], [])) -> Metric | None:
     """Median step time (warm-up steps left out) when both runs have steps: of the ranges named
-    `step`, else of the `steps` view's."""
+    `step`, else of the `steps` view's; with the p-value of the medians' difference over the
+    steady steps (`steady`: `median_test_p`)."""
     base, test = steps
     if base is None or test is None:
         if step is not None:
@@ -457,7 +571,8 @@ def _step_metric(steps: tuple[dict | None, dict | None], step: str | None) -> Me
         return None
     label = base["step"] if base["step"] == test["step"] else "step"
     side = " (host)" if step is None or base.get("side", "host") == "host" else ""
-    return Metric(f"median {label}{side}", "ns", float(base["median_ns"]), float(test["median_ns"]))
+    return Metric(f"median {label}{side}", "ns", float(base["median_ns"]), float(test["median_ns"]),
+                  p_value=median_test_p(*steady))
 
 
 def _throughput(kernels: pd.DataFrame, base: dict, test: dict) -> Metric | None:
@@ -478,10 +593,10 @@ def _busy_metrics(b: pd.DataFrame, t: pd.DataFrame) -> list[Metric]:
                    agg(t, "idle_share", "mean"))]
 
 
-def _busy_table(b: pd.DataFrame, t: pd.DataFrame) -> pd.DataFrame:
-    out = b.rename(columns={"busy_ns": "base_busy_ns", "idle_share": "base_idle_share"}).merge(
-        t.rename(columns={"busy_ns": "test_busy_ns", "idle_share": "test_idle_share"}), on="device_id", how="outer")
-    return out.sort_values("device_id").reset_index(drop=True)
+def _busy_table(b: pd.DataFrame, t: pd.DataFrame, roles: tuple[dict, dict]) -> pd.DataFrame:
+    out = _by_role(b.rename(columns={"busy_ns": "base_busy_ns", "idle_share": "base_idle_share"}),
+                   t.rename(columns={"busy_ns": "test_busy_ns", "idle_share": "test_idle_share"}), roles)
+    return out.sort_values("gpu").reset_index(drop=True)
 
 
 def _per_step(table: pd.DataFrame, steps: tuple[dict | None, dict | None]) -> pd.DataFrame:
@@ -502,31 +617,39 @@ def _operator_table(base: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
             .drop(columns="_order").reset_index(drop=True))
 
 
-def _step_budget_table(base: list[dict], test: list[dict]) -> pd.DataFrame:
-    """Per device and budget part: each run's mean time per steady step, and the change."""
+def _step_budget_table(base: list[dict], test: list[dict], roles: tuple[dict, dict]) -> pd.DataFrame:
+    """Per device (by role) and budget part: each run's mean time per steady step, and the change."""
     cols = ["device_id", "category", "cause", "per_step_ns"]
     b, t = pd.DataFrame(base, columns=cols), pd.DataFrame(test, columns=cols)
     if b.empty or t.empty:
         return pd.DataFrame()
-    on = ["device_id", "category", "cause"]
+    on = ("category", "cause")
     b["cause"], t["cause"] = b["cause"].fillna(""), t["cause"].fillna("")
-    out = b.rename(columns={"per_step_ns": "base_per_step_ns"}).merge(
-        t.rename(columns={"per_step_ns": "test_per_step_ns"}), on=on, how="outer")
+    out = _by_role(b.rename(columns={"per_step_ns": "base_per_step_ns"}),
+                   t.rename(columns={"per_step_ns": "test_per_step_ns"}), roles, on)
+    # A device one run has and the other lacks keeps its own id on both sides' parts.
+    for side in ("base", "test"):
+        ids = out.groupby("gpu")[f"{side}_device_id"].transform("first")
+        out[f"{side}_device_id"] = out[f"{side}_device_id"].fillna(ids)
     out[["base_per_step_ns", "test_per_step_ns"]] = out[["base_per_step_ns", "test_per_step_ns"]].fillna(0.0)
     out["delta_ns"] = out["test_per_step_ns"] - out["base_per_step_ns"]
     out["cause"] = out["cause"].replace("", None)
-    return out.sort_values(on, key=lambda c: c.fillna("") if c.name == "cause" else c).reset_index(drop=True)
+    order = ["gpu", *on]
+    return out.sort_values(order, key=lambda c: c.fillna("") if c.name == "cause" else c).reset_index(drop=True)
 
 
 def _num(v) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
 
 
-def _finding_key(f: dict) -> tuple:
+def _finding_key(f: dict, role: dict) -> tuple:
     """A finding is "the same" in BASE and TEST when rule, place and subject are: the
-    fingerprint without the run's rank, since two runs compared may be other ranks of a job."""
-    return tuple(None if f[k] is None or (isinstance(f[k], float) and math.isnan(f[k])) else f[k]
-                 for k in ("rule_id", "device_id", "stream_id", "item_kind", "item_name"))
+    fingerprint without the run's rank, and its device by role (`role`: device id -> local GPU
+    index), since two runs compared may be other ranks of a job."""
+    key = [None if f[k] is None or (isinstance(f[k], float) and math.isnan(f[k])) else f[k]
+           for k in ("rule_id", "device_id", "stream_id", "item_kind", "item_name")]
+    key[1] = role.get(key[1], key[1]) if key[1] is not None else None
+    return tuple(key)
 
 
 def _findings(store: Store, run_id: str) -> list[dict]:
@@ -537,23 +660,24 @@ def _findings(store: Store, run_id: str) -> list[dict]:
                        {"run_id": run_id}).to_pylist()
 
 
-def _finding_changes(base: list[dict], test: list[dict], renamed: dict | None = None
+def _finding_changes(base: list[dict], test: list[dict], roles: tuple[dict, dict], renamed: dict | None = None
                      ) -> tuple[list[dict], list[dict], int]:
-    """New and fixed findings, compared as multisets of keys; a test finding on a kernel paired
-    with a renamed base kernel (`renamed`: test name -> base name) is keyed by the base name."""
+    """New and fixed findings, compared as multisets of keys (devices by role: `roles`, each
+    run's device id -> local GPU index); a test finding on a kernel paired with a renamed base
+    kernel (`renamed`: test name -> base name) is keyed by the base name."""
     as_base = [{**f, "item_name": renamed.get(f["item_name"], f["item_name"])} if renamed else f for f in test]
-    new_keys = {id(f) for f in _unmatched(as_base, base)}
+    new_keys = {id(f) for f in _unmatched(as_base, roles[1], base, roles[0])}
     new = [f for f, g in zip(test, as_base) if id(g) in new_keys]
-    fixed = _unmatched(base, as_base)
+    fixed = _unmatched(base, roles[0], as_base, roles[1])
     return new, fixed, len(test) - len(new)
 
 
-def _unmatched(items: list[dict], others: list[dict]) -> list[dict]:
+def _unmatched(items: list[dict], role: dict, others: list[dict], others_role: dict) -> list[dict]:
     """The findings of `items` left over once each is paired with an equal-keyed one of `others`."""
-    left = Counter(_finding_key(f) for f in others)
+    left = Counter(_finding_key(f, others_role) for f in others)
     out = []
     for f in items:
-        k = _finding_key(f)
+        k = _finding_key(f, role)
         if left[k] > 0:
             left[k] -= 1
         else:
@@ -573,13 +697,14 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
     pairs = kernels[kernels["status"] == "paired"]
     renamed = dict(zip(pairs["test_name"], pairs["name"]))
     ranges = _range_table(b["ranges"], t["ranges"])
-    memory = _memory_table(b["memory"], t["memory"])
-    categories = _category_table(b["memory"], t["memory"])
+    roles = (b["roles"], t["roles"])
+    memory = _memory_table(b["memory"], t["memory"], roles)
+    categories = _category_table(b["memory"], t["memory"], roles)
 
     kernel_total = Metric(KERNEL_TIME, "ns",
                           _num(b["kernels"]["total_ns"].sum(min_count=1)), _num(t["kernels"]["total_ns"].sum(min_count=1)))
     span = Metric("span", "ns", _num(base["span_ns"]), _num(test["span_ns"]))
-    steps = _step_metric((b["steps"], t["steps"]), step)
+    steps = _step_metric((b["steps"], t["steps"]), step, (b["steady_ns"], t["steady_ns"]))
     sliced = "time-sliced" in (b["setup"]["capture"], t["setup"]["capture"])
     throughput = _throughput(kernels, base, test) if sliced and steps is None else None
     peak = Metric("peak allocated, max over devices", "bytes", _peak(b["memory"]), _peak(t["memory"]))
@@ -593,14 +718,14 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
     end_to_end = next((m for m in order if m is not None and m.comparable), None)
     step_pair = (b["steps"], t["steps"])
 
-    new, fixed, same = _finding_changes(_findings(store, base_id), _findings(store, test_id), renamed)
+    new, fixed, same = _finding_changes(b["findings"], t["findings"], roles, renamed)
     return RunDiff(base, test, by, _per_step(kernels, step_pair), _per_step(ranges, step_pair), memory, categories,
                    metrics, end_to_end, peak, new, fixed, same,
                    setups={"base": b["setup"], "test": t["setup"]},
                    reasons=comparability.reasons(b["setup"], t["setup"]),
-                   steps={"base": b["steps"], "test": t["steps"]}, busy=_busy_table(b["busy"], t["busy"]),
+                   steps={"base": b["steps"], "test": t["steps"]}, busy=_busy_table(b["busy"], t["busy"], roles),
                    not_counted={"base": b["not_counted"], "test": t["not_counted"]},
-                   step_budget=_step_budget_table(b["step_budget"], t["step_budget"]),
+                   step_budget=_step_budget_table(b["step_budget"], t["step_budget"], roles),
                    operators=_per_step(_operator_table(b["operators"], t["operators"]), step_pair))
 
 

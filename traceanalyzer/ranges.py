@@ -237,3 +237,73 @@ def run_ranges(store: Store, run_id: str, by: str = "range", depth: int | None =
     outside = None if totals["kernel_ns"] is None else totals["kernel_ns"] - inside
     return {**info, "by": by, "kernels": totals["kernels"], "kernel_ns": totals["kernel_ns"],
             "outside_ns": outside, "ranges": rows}
+
+
+# -- per operator, as torch.profiler's key_averages() -------------------------------------
+
+def _ops_sql() -> str:
+    """Per operator name (normalised) of run $run_id: calls, host time (`cpu_ns`) and self host
+    time (less the time of the operators directly inside it on its thread), the kernels launched
+    inside it (children included: `kernels`, `gpu_ns`) and directly by it (`self_gpu_ns`)."""
+    column = views.launch_context_column("op")
+    return f"""
+        WITH RECURSIVE frames AS MATERIALIZED (
+            {views.host_frames_sql("run_id = $run_id", ("op",))}
+        ), context AS (
+            {views.launch_context_sql("run_id = $run_id", ("op",), names=False)}
+        ), direct AS (  -- the kernels launched with each operator innermost
+            SELECT {column} AS frame_id, count(*) AS kernels, sum(end_ns - start_ns) AS gpu_ns
+            FROM context WHERE {column} IS NOT NULL AND kind = 'kernel' GROUP BY ALL
+        ), up AS (  -- carried up to every operator around it
+            SELECT d.frame_id, d.kernels, d.gpu_ns, f.parent_id AS next_id FROM direct d JOIN frames f USING (frame_id)
+            UNION ALL
+            SELECT f.frame_id, u.kernels, u.gpu_ns, f.parent_id FROM up u JOIN frames f ON f.frame_id = u.next_id
+        ), inclusive AS (
+            SELECT frame_id, sum(kernels) AS kernels, sum(gpu_ns) AS gpu_ns FROM up GROUP BY ALL
+        ), children AS (
+            SELECT parent_id AS frame_id, sum(end_ns - start_ns) AS child_ns
+            FROM frames WHERE parent_id IS NOT NULL GROUP BY ALL
+        )
+        SELECT {normalized_sql("f.name")} AS name, count(*) AS calls,
+               CAST(sum(f.end_ns - f.start_ns - coalesce(c.child_ns, 0)) AS BIGINT) AS self_cpu_ns,
+               CAST(sum(f.end_ns - f.start_ns) AS BIGINT) AS cpu_ns,
+               CAST(coalesce(sum(d.gpu_ns), 0) AS BIGINT) AS self_gpu_ns,
+               CAST(coalesce(sum(i.gpu_ns), 0) AS BIGINT) AS gpu_ns,
+               CAST(coalesce(sum(i.kernels), 0) AS BIGINT) AS kernels
+        FROM frames f LEFT JOIN children c USING (frame_id) LEFT JOIN direct d USING (frame_id)
+        LEFT JOIN inclusive i USING (frame_id)
+        GROUP BY ALL
+        """
+
+
+# `--sort` keys of the operator table: the row field each sorts by, largest first ("name": A-Z).
+OP_SORT = {"self_cpu": "self_cpu_ns", "cpu": "cpu_ns", "self_gpu": "self_gpu_ns", "gpu": "gpu_ns",
+           "calls": "calls", "name": "name"}
+OP_FIELDS = ("name", "calls", "self_cpu_ns", "self_cpu_share", "cpu_ns", "self_gpu_ns", "self_gpu_share", "gpu_ns",
+             "kernels")
+
+
+def run_ops(store: Store, run_id: str, sort: str = "self_gpu") -> dict:
+    """A run's PyTorch operators as torch.profiler's `key_averages().table()`: per operator
+    name (normalised), OP_FIELDS, sorted by `sort` (OP_SORT; ties by self GPU, self CPU, then
+    name). Self CPU is the operator's own host time, its child operators' (on its thread) left
+    out, as torch's `self_cpu_time_total`; self GPU the kernels it launched itself, not through
+    a child operator (torch's `self_device_time_total`). `self_cpu_share` and `self_gpu_share`
+    are shares of the run's summed self times (`self_cpu_ns`, `self_gpu_ns`); nested operators
+    each count their own calls and totals, as in torch's table."""
+    if sort not in OP_SORT:
+        raise ValueError(f"--sort must be one of {', '.join(OP_SORT)}, not {sort!r}")
+    info = store.arrow(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", [run_id]).to_pylist()[0]
+    totals = _totals(store, run_id)
+    rows = [] if _from_launches(store, run_id) else store.arrow(_ops_sql(), {"run_id": run_id}).to_pylist()
+    self_cpu = sum(r["self_cpu_ns"] for r in rows)
+    self_gpu = sum(r["self_gpu_ns"] for r in rows)
+    for r in rows:
+        r["self_cpu_share"] = r["self_cpu_ns"] / self_cpu if self_cpu else None
+        r["self_gpu_share"] = r["self_gpu_ns"] / self_gpu if self_gpu else None
+    key = OP_SORT[sort]
+    rows.sort(key=lambda r: (-r["self_gpu_ns"], -r["self_cpu_ns"], r["name"]))
+    rows.sort(key=lambda r: r[key] if key == "name" else -r[key])
+    return {**info, "by": "op", "sort": sort, "kernels": totals["kernels"], "kernel_ns": totals["kernel_ns"],
+            "self_cpu_ns": self_cpu, "self_gpu_ns": self_gpu,
+            "operators": [{k: r[k] for k in OP_FIELDS} for r in rows]}

@@ -2,37 +2,45 @@
 end-to-end time (per step, throughput or span), busy time per device, memory (by category where
 both runs have categories), findings."""
 
+import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from .common import StoreOpt, err, open_store, out
+from .common import PIPED_WIDTH, StoreOpt, err, open_store, out
 
 
 def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run before: a trace file (ingested and checked if needed), or a stored run id, id prefix or file name.")],
          test: Annotated[str, typer.Argument(metavar="TEST", help="The run after, in the same forms.")],
          store: StoreOpt = None,
-         gate: Annotated[Optional[float], typer.Option("--gate", min=0, metavar="PCT", help="Exit 1 when end-to-end time or peak memory grows by more than PCT percent.")] = None,
+         gate: Annotated[Optional[float], typer.Option("--gate", min=0, metavar="PCT", help="Exit 1 when end-to-end time or peak memory grows by more than PCT percent, or when the comparison is inconclusive (runs not alike, no end-to-end time in both).")] = None,
          by: Annotated[str, typer.Option("--by", metavar="name|short", help="Match kernels by full `name` (white space ignored) or `short` base name (template instances pooled).")] = "name",
          step: Annotated[Optional[str], typer.Option("--step", "--step-range", metavar="RANGE", help="The range name that marks one step (an NVTX range or user annotation, as stored or normalised); its median time is the end-to-end time \\[default: the steps both runs have (ProfilerStep#N, else NVTX ranges named like steps: the `steps` view), else throughput for a time-sliced capture, else the span].")] = None,
          noise: Annotated[float, typer.Option("--noise", min=0, metavar="PCT", help="Changes below PCT percent count as unchanged in the verdict.")] = 1.0,
          top: Annotated[int, typer.Option("--top", min=1, metavar="N", help="How many rows each table shows.")] = 15,
          allow_different: Annotated[bool, typer.Option("--allow-different-hardware", help="Gate runs that are not alike (other GPUs, world size, rank or capture window) all the same.")] = False,
          fmt_: Annotated[str, typer.Option("--format", metavar="text|json", help="Output format.")] = "text",
-         as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON (same as --format json).")] = False):
+         as_json: Annotated[bool, typer.Option("--json", help="Write the whole comparison as JSON (same as --format json).")] = False,
+         output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the comparison to this file; standard output then gets the verdict line (and the gate's).")] = None):
     """Compare two runs: whether they are alike (GPU model and count, SM count, world size,
     rank, capture window), time per kernel (matched by name, with count changes), end-to-end
-    time (median step, throughput for time-sliced captures, span), GPU busy time per device,
-    NVTX ranges, peak memory (per device, and per category when both runs have categories),
-    new and fixed findings, and a verdict.
-    Exit 0; 1 when --gate is exceeded; 2 on bad input, or with --gate when the runs are not
-    alike (unless --allow-different-hardware)."""
+    time (median step, throughput for time-sliced captures, span), GPU busy time per device
+    (devices matched by role: local GPU index), NVTX ranges, peak memory (per device, and per
+    category when both runs have categories), new and fixed findings, and a verdict:
+    IMPROVED, REGRESSED, MIXED, NO CHANGE, UNKNOWN, or INCONCLUSIVE with the reasons when the
+    runs are not alike.
+    Exit 0; 1 when --gate is exceeded or the comparison is inconclusive (unless
+    --allow-different-hardware for runs not alike); 2 on unreadable input or a usage error."""
     from ..diff import DiffError, diff_runs
 
+    if fmt_ not in ("text", "json"):
+        err.print(f"error: --format must be text or json, not {fmt_!r}", markup=False)
+        raise typer.Exit(2)
     with open_store(store) as st:
         try:
             base_id, test_id = _prepare(st, [base, test])
@@ -40,34 +48,44 @@ def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run befor
         except DiffError as e:
             err.print(f"error: {e}", markup=False)
             raise typer.Exit(2)
-    if fmt_ not in ("text", "json"):
-        err.print(f"error: --format must be text or json, not {fmt_!r}", markup=False)
-        raise typer.Exit(2)
     as_json = as_json or fmt_ == "json"
-    failures, notes = d.gate(gate) if gate is not None else ([], [])
-    if gate is not None and d.end_to_end is None:
-        err.print("error: --gate: no end-to-end time in both runs (no span, steps or kernel times)", markup=False)
+    result = d.gate(gate, allow_different) if gate is not None else None
+    gate_line = None if result is None else f"gate {gate:g}%: " + _gate_words(result)
+    try:
+        fh = open(output, "w") if output else None
+    except OSError as e:
+        err.print(f"error: {output}: cannot write: {e.strerror or e}", markup=False)
         raise typer.Exit(2)
-    # Unlike runs: the gate neither passes nor fails (exit 2) unless told to judge them.
-    unjudged = gate is not None and not d.comparable and not allow_different
-    if as_json:
-        doc = d.to_dict(noise)
-        if gate is not None:
-            doc["gate"] = {"pct": gate, "failures": failures, "notes": notes,
-                           "passed": None if unjudged else not failures,
-                           "judged": not unjudged}
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
-    else:
-        _print(out, d, top, noise)
-        if gate is not None and not unjudged:
-            for n in notes:
-                out.print(f"note: {n}", markup=False)
-            out.print(f"gate {gate:g}%: " + ("FAIL: " + "; ".join(failures) if failures else "pass"), markup=False)
-    if unjudged:
-        err.print(f"gate {gate:g}%: not judged: the runs are not alike ({'; '.join(d.reasons)}); "
-                  "--allow-different-hardware gates them all the same", markup=False)
-        raise typer.Exit(2)
-    raise typer.Exit(1 if failures else 0)
+    with fh or contextlib.nullcontext():
+        if as_json:
+            doc = d.to_dict(noise)
+            if result is not None:
+                doc["gate"] = result
+            (fh or sys.stdout).write(json.dumps(doc, indent=2, default=str) + "\n")
+        else:
+            console = Console(file=fh, width=PIPED_WIDTH, no_color=True, highlight=False, soft_wrap=True) if fh else out
+            _print(console, d, top, noise)
+            if result is not None:
+                for n in result["notes"]:
+                    console.print(f"note: {n}", markup=False)
+                console.print(gate_line, markup=False)
+    if output:  # the log still says how it came out
+        out.print(f"verdict: {d.verdict(noise)[1]}", markup=False)
+        if gate_line:
+            out.print(gate_line, markup=False)
+    if result is not None and result["inconclusive"]:
+        err.print(f"gate {gate:g}%: inconclusive: {'; '.join(result['inconclusive'])}", markup=False)
+    raise typer.Exit(0 if result is None or result["passed"] else 1)
+
+
+def _gate_words(result: dict) -> str:
+    """'pass', or 'FAIL: ' and what failed it (an inconclusive comparison fails)."""
+    if result["passed"]:
+        return "pass"
+    why = list(result["failures"])
+    if result["inconclusive"]:
+        why.insert(0, "inconclusive comparison (reasons on stderr)")
+    return "FAIL: " + "; ".join(why)
 
 
 def _prepare(st, refs: list[str]) -> list[str]:
@@ -115,11 +133,11 @@ def _fmt_delta(v, show) -> str:
 def _print(console: Console, d, top: int, noise: float) -> None:
     from .. import fmt
 
-    from ..diff import show_value
+    from ..diff import show_delta, show_value
 
     b, t = d.base, d.test
     if not d.comparable:
-        console.print("NOT COMPARABLE: the runs are not alike; read every number below with that in mind:",
+        console.print("INCONCLUSIVE: the runs are not alike; the numbers below are as measured, not judged:",
                       markup=False)
         for r in d.reasons:
             console.print(f"  {r}", markup=False)
@@ -131,16 +149,16 @@ def _print(console: Console, d, top: int, noise: float) -> None:
     for x in [*d.metrics, *([d.peak_memory] if d.has_memory else [])]:
         show = show_value(x.unit)
         mark = " (verdict)" if x is d.end_to_end else ""
-        m.add_row(x.name + mark, show(x.base), show(x.test), _fmt_delta(x.delta, show), _fmt_pct(x.delta_pct))
+        m.add_row(x.name + mark, show(x.base), show(x.test), show_delta(x.unit)(x.delta), _fmt_pct(x.delta_pct))
     console.print(m)
     _print_steps(console, d)
     _print_step_budget(console, d)
-    if len(d.busy) > 1:
+    if len(d.busy) > 1 or (d.busy["base_device_id"] != d.busy["test_device_id"]).any():
         bt = Table("device", "base busy", "test busy", "base idle", "test idle",
                    title="GPU busy per device (union of its GPU work)")
         share = show_value("share")
         for r in d.busy.itertuples():
-            bt.add_row(str(r.device_id), fmt.ns(r.base_busy_ns), fmt.ns(r.test_busy_ns),
+            bt.add_row(_device(r), fmt.ns(r.base_busy_ns), fmt.ns(r.test_busy_ns),
                        share(r.base_idle_share), share(r.test_idle_share))
         console.print(bt)
     skipped = {k: v for k, v in d.not_counted.items() if v}
@@ -234,7 +252,7 @@ def _print_step_budget(console: Console, d) -> None:
                title="Time budget per step (mean over the steady steps)")
     for r in d.step_budget.itertuples():
         part = r.category if fmt._missing(r.cause) else f"{r.category}: {r.cause}"
-        bt.add_row(str(r.device_id), part, fmt.ns(r.base_per_step_ns), fmt.ns(r.test_per_step_ns),
+        bt.add_row(_device(r), part, fmt.ns(r.base_per_step_ns), fmt.ns(r.test_per_step_ns),
                    _fmt_delta(r.delta_ns, fmt.ns))
     console.print(bt)
 
@@ -250,19 +268,32 @@ def _print_memory(console: Console, d) -> None:
                title="Peak memory per device (allocated; reserved where recorded)")
     for r in d.memory.itertuples():
         sources = dict.fromkeys(fmt.text(x) for x in (r.base_source, r.test_source) if fmt.text(x) != "-")
-        mt.add_row(str(r.device_id), fmt.nbytes(r.base_peak_bytes), fmt.nbytes(r.test_peak_bytes),
+        mt.add_row(_device(r), fmt.nbytes(r.base_peak_bytes), fmt.nbytes(r.test_peak_bytes),
                    _fmt_delta(r.delta_bytes, fmt.nbytes), _fmt_pct(r.delta_pct),
                    *([fmt.nbytes(r.base_peak_reserved_bytes), fmt.nbytes(r.test_peak_reserved_bytes)] if reserved else []),
                    " / ".join(sources) or "-")
     console.print(mt)
-    for device in dict.fromkeys(d.memory_categories["device_id"]):
-        rows = d.memory_categories[d.memory_categories["device_id"] == device]
-        ct = Table("category", "base", "test", "change", "", title=f"Device {device} at the peak, by category")
+    for gpu in dict.fromkeys(d.memory_categories["gpu"]):
+        rows = d.memory_categories[d.memory_categories["gpu"] == gpu]
+        ct = Table("category", "base", "test", "change", "",
+                   title=f"Device {_device(next(rows.itertuples()))} at the peak, by category")
         for r in rows.itertuples():
             ct.add_row(r.category.replace("_", " "), fmt.nbytes(r.base_bytes), fmt.nbytes(r.test_bytes),
                        _fmt_delta(r.delta_bytes, fmt.nbytes), _fmt_pct(r.delta_pct))
         console.print(ct)
     console.print(f"memory: {d.memory_line()}", markup=False)
+
+
+def _device(row) -> str:
+    """A per-device row's device: its id, or 'BASE -> TEST' where the runs' ids for the role differ."""
+    from .. import fmt
+
+    b, t = row.base_device_id, row.test_device_id
+    if fmt._missing(b) and fmt._missing(t):
+        return "-"
+    if fmt._missing(b) or fmt._missing(t):
+        return f"{t} (test only)" if fmt._missing(b) else f"{b} (base only)"
+    return str(b) if b == t else f"{b} -> {t}"
 
 
 def _clip(s, n: int = 90) -> str:
