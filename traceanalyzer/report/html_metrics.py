@@ -56,11 +56,11 @@ def roofline(store: Store, run_id: str, findings: list[dict]) -> list[dict]:
 
 
 def _analysed_kernels(store: Store, run_id: str) -> list[tuple[str, dict]]:
-    """(kernel, evidence-like numbers) per kernel of B003's roofline analysis of an ncu run."""
+    """(kernel, evidence-like numbers) per kernel of B003's roofline analysis of a run with ncu metrics."""
     from ..rules.B003_roofline import kernel_roofline
+    from ..rules._ncu import has_ncu_metrics
 
-    fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    if not fmt or not fmt[0][0].startswith("ncu"):
+    if not has_ncu_metrics(store, run_id):
         return []
     g = kernel_roofline(store, run_id)
     out = []

@@ -158,6 +158,12 @@ FP32_LANES_PER_SM = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (7, 0): 64, (7, 2): 6
                      (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
 
 
+def has_ncu_metrics(store, run_id: str) -> bool:
+    """Whether the run holds Nsight Compute metrics of its launches (whatever file they came from)."""
+    return store.sql("SELECT EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id)",
+                     {"run_id": run_id}).fetchone()[0]
+
+
 def has_metrics(*id_groups) -> str:
     """A rule's applies check: the run has a value for at least one metric of each group."""
     return "SELECT " + " AND ".join(metrics_exist(ids) for ids in id_groups)
@@ -314,7 +320,7 @@ def linked(rule, *, project: bool = True):
     from ..link import TIMELINE_FORMATS
 
     own = rule.evaluate
-    native = rule.formats
+    own_data = rule.applies_sql
 
     def evaluate(store, run_id: str, p: dict):
         ncu_runs = linked_ncu_runs(store, run_id)
@@ -326,8 +332,8 @@ def linked(rule, *, project: bool = True):
 
         moved = [projected(store, run_id, n, own, p) for n in ncu_runs]
         moved = [m for m in moved if m is not None and not m.empty]
-        fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
-        mine = own(store, run_id, p) if fmt in native else None
+        # the rule's own findings too where the timeline carries its data (B003's estimate from shapes)
+        mine = own(store, run_id, p) if store.sql(own_data, {"run_id": run_id}).fetchone()[0] else None
         if mine is not None and not mine.empty and moved:
             covered = set().union(*(set(m["item_name"]) for m in moved))
             mine = mine[~((mine["item_kind"] == "kernel") & mine["item_name"].isin(covered))]
