@@ -275,12 +275,12 @@ def test_a_rule_applies_when_any_linked_ncu_run_has_its_data(store, tmp_path):
         if run_id_for(file_hash(partial)) < run_id_for(file_hash(NCU)):
             break
     run_id, partial_id, ncu_id = _ingest(store, NSYS, partial, NCU)
-    assert partial_id < ncu_id and not applies(store, I004, partial_id, "ncu-csv")
-    assert not applies(store, I004, run_id, "nsys-sqlite")
+    assert partial_id < ncu_id and not applies(store, I004, partial_id)
+    assert not applies(store, I004, run_id)
     link.link_runs(store, run_id, partial_id)
-    assert not applies(store, I004, run_id, "nsys-sqlite")
+    assert not applies(store, I004, run_id)
     link.link_runs(store, run_id, ncu_id)
-    assert applies(store, I004, run_id, "nsys-sqlite")
+    assert applies(store, I004, run_id)
 
 
 def test_without_the_link_the_timeline_has_no_ncu_findings(store):

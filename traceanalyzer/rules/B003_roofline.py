@@ -550,7 +550,6 @@ RULE = linked(Rule(
                   "is a latency reason (tensor-core kernels run at 10-20% by design)."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "ncu-text", "ncu-rep", "kineto-json"),
     references=(
         "Nsight Compute rules SOLBottleneck (80/60/10) and SOLFPRoofline; Kernel Profiling Guide 'Roofline Charts'",
         "Williams, Waterman, Patterson: 'Roofline: an insightful visual performance model' (CACM 2009)",

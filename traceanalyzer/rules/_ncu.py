@@ -317,8 +317,6 @@ def linked(rule, *, project: bool = True):
     findings on linked kernels get the timeline facts in their evidence."""
     import dataclasses
 
-    from ..link import TIMELINE_FORMATS
-
     own = rule.evaluate
     own_data = rule.applies_sql
 
@@ -347,7 +345,7 @@ def linked(rule, *, project: bool = True):
     # run: its own check, correlated on each of them
     on_ncu = rule.applies_sql.strip().replace("$run_id", "linked_ncu_run.ncu_run_id")
     return dataclasses.replace(
-        rule, evaluate=evaluate, formats=tuple(dict.fromkeys((*rule.formats, *TIMELINE_FORMATS))),
+        rule, evaluate=evaluate,
         applies_sql=f"""SELECT coalesce(({rule.applies_sql.strip()}), false) OR coalesce((
             SELECT bool_or(coalesce(({on_ncu}), false))
             FROM (SELECT DISTINCT l.ncu_run_id FROM kernel_links l JOIN runs r ON r.run_id = l.ncu_run_id
