@@ -303,7 +303,9 @@ def link_pairs(store: Store, files: list[FileResult], rules: Settings | None, *,
     paths = {f.run_id: f.path for f in checked}
     read_now = {f.run_id for f in checked if f.state in ("stored", "updated")}
     done, errors, again = [], [], []
-    for timeline, ncu in link.pairs([(f.path, f.run_id, f.format) for f in checked], given_together=given_together):
+    roles = link.run_roles(store, list(paths))
+    for timeline, ncu in link.pairs([(f.path, f.run_id, roles.get(f.run_id)) for f in checked],
+                                    given_together=given_together):
         try:
             res = link.link_runs(store, timeline, ncu)
         except Exception as e:  # a bug in linking must not stop the batch
