@@ -363,7 +363,8 @@ class LinkResult:
 
 
 def run_roles(store: Store, run_ids: list[str]) -> dict[str, str]:
-    """Per stored run of `run_ids`: `timeline`, `ncu` or `neither` (a run no link can use)."""
+    """Per stored run of `run_ids`: `timeline`, `ncu` or `neither` (a run no link can use). The one
+    answer to "is this an Nsight Compute run?" that reports and diffs ask too."""
     return dict(store.sql(_ROLES_SQL, {"ids": list(run_ids)}).fetchall())
 
 

@@ -158,12 +158,6 @@ FP32_LANES_PER_SM = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (7, 0): 64, (7, 2): 6
                      (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
 
 
-def has_ncu_metrics(store, run_id: str) -> bool:
-    """Whether the run holds Nsight Compute metrics of its launches (whatever file they came from)."""
-    return store.sql("SELECT EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id)",
-                     {"run_id": run_id}).fetchone()[0]
-
-
 def has_metrics(*id_groups) -> str:
     """A rule's applies check: the run has a value for at least one metric of each group."""
     return "SELECT " + " AND ".join(metrics_exist(ids) for ids in id_groups)
