@@ -364,3 +364,14 @@ def test_a_scan_table_gives_each_run_its_budget_in_a_cell(tmp_path):
                            env={"COLUMNS": "250"})
     assert r.exit_code == 0, r.output
     assert re.search(r"\d+% compute · \d+% idle, (sync|host|dependency|unknown)", r.stdout)
+
+
+def test_a_run_without_a_budget_says_why_from_its_times(tmp_path):
+    from traceanalyzer.report.budget import no_budget_line
+
+    with Store(tmp_path / "s.duckdb") as st:
+        ids = [st.ingest(FIXTURES / f).run_id for f in ("ncu-rep/synthetic.ncu-rep", "ncu-text/text_2023.txt")]
+        runs = st.arrow("SELECT * FROM runs WHERE list_contains(?, run_id)", [ids]).to_pylist()
+    for run in runs:  # no event times, whichever file the ncu values came from
+        assert no_budget_line({**run, "format": "?"}).startswith("no timeline:")
+    assert no_budget_line({"span_ns": 0}) == "no timed GPU operations: no time budget"

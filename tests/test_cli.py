@@ -217,6 +217,18 @@ def test_report_of_a_run_never_checked_runs_its_rules(db):
     assert json.loads(q.stdout)[0]["n"] > 0
 
 
+def test_check_takes_a_stored_run_by_id_prefix_or_file_name(db):
+    assert run("ingest", "--store", db, PLANTED).exit_code == 0
+    (rid,) = _run_ids(db)
+    r = run("check", "--store", db, "--format", "json", "--fail-on", "never", rid[:6])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [x["run_id"] for x in doc["runs"]] == [rid] and any(f["rule_id"] == "T002" for f in doc["findings"])
+    assert run("check", "--store", db, "--fail-on", "never", PLANTED.name).exit_code == 0
+    missing = run("check", "--store", db, "nope")
+    assert missing.exit_code == 2 and "nope: no such file, and no run matches 'nope'" in missing.stderr
+
+
 def test_check_refuses_an_unknown_or_bad_severity_floor(tmp_path):
     trace = str(FIXTURES / "kineto" / "bottleneck_library.json")
     store = str(tmp_path / "s.duckdb")

@@ -192,6 +192,17 @@ def test_linking_refuses_two_timelines(store):
         link.link_runs(store, a, b)
 
 
+def test_what_a_run_is_to_a_link_comes_from_its_data(store):
+    files = {"timeline": [NSYS, KINETO], "ncu": [NCU, FIXTURES / "ncu-rep" / "synthetic.ncu-rep",
+                                                FIXTURES / "ncu-text" / "text_2023.txt"],
+             "neither": [FIXTURES / "torch-memory" / "snapshot_oom.pickle"]}
+    ids = {role: _ingest(store, *paths) for role, paths in files.items()}
+    roles = link.run_roles(store, [i for group in ids.values() for i in group] + ["not-stored"])
+    assert roles == {i: role for role, group in ids.items() for i in group}
+    with pytest.raises(link.LinkError, match="is neither"):
+        link.link_runs(store, ids["neither"][0], ids["ncu"][1])
+
+
 def test_replacing_the_timeline_run_drops_its_links(store):
     run_id, ncu_id = _ingest(store, NSYS, NCU)
     link.link_runs(store, run_id, ncu_id)
@@ -201,9 +212,10 @@ def test_replacing_the_timeline_run_drops_its_links(store):
 
 def test_pairs_side_by_side_and_given_together(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    runs = [(str(a / "step.sqlite"), "t1", "nsys-sqlite"), (str(a / "step.pt.trace.json"), "t2", "kineto-json"),
-            (str(a / "step.ncu.csv"), "n1", "ncu-csv"), (str(a / "other.ncu-rep"), "n2", "ncu-rep"),
-            (str(b / "x.sqlite"), "t3", "nsys-sqlite"), (str(b / "kernels.csv"), "n3", "ncu-csv")]
+    runs = [(str(a / "step.sqlite"), "t1", "timeline"), (str(a / "step.pt.trace.json"), "t2", "timeline"),
+            (str(a / "step.ncu.csv"), "n1", "ncu"), (str(a / "other.ncu-rep"), "n2", "ncu"),
+            (str(b / "x.sqlite"), "t3", "timeline"), (str(b / "kernels.csv"), "n3", "ncu"),
+            (str(b / "snapshot.pickle"), "m1", "neither")]
     assert sorted(link.pairs(runs)) == [("t1", "n1"), ("t2", "n1"), ("t3", "n3")]
     assert link.pairs([runs[4], runs[2]]) == []  # different folders, different stems
     assert link.pairs([runs[4], runs[2]], given_together=True) == [("t3", "n1")]
@@ -275,12 +287,12 @@ def test_a_rule_applies_when_any_linked_ncu_run_has_its_data(store, tmp_path):
         if run_id_for(file_hash(partial)) < run_id_for(file_hash(NCU)):
             break
     run_id, partial_id, ncu_id = _ingest(store, NSYS, partial, NCU)
-    assert partial_id < ncu_id and not applies(store, I004, partial_id, "ncu-csv")
-    assert not applies(store, I004, run_id, "nsys-sqlite")
+    assert partial_id < ncu_id and not applies(store, I004, partial_id)
+    assert not applies(store, I004, run_id)
     link.link_runs(store, run_id, partial_id)
-    assert not applies(store, I004, run_id, "nsys-sqlite")
+    assert not applies(store, I004, run_id)
     link.link_runs(store, run_id, ncu_id)
-    assert applies(store, I004, run_id, "nsys-sqlite")
+    assert applies(store, I004, run_id)
 
 
 def test_without_the_link_the_timeline_has_no_ncu_findings(store):

@@ -16,7 +16,7 @@ import pytest
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 
-from .conftest import FIXTURES, shared_traces
+from .conftest import FIXTURES, SHARED_TRACES, shared_traces
 
 MY_RULES = ("B003", "B004", "I002", "I003", "I004", "I005")
 XP_CFD = "ncu/XPlacer__cfd__lassen__nsight_cfd_097K.log"
@@ -46,7 +46,11 @@ def check(tmp_path_factory):
             row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else None
         return rows, outcome.status
 
-    yield lambda rel, rule: run(shared_traces() / rel, rule)
+    def check(rel, rule):
+        return run(shared_traces() / rel, rule)
+
+    check.store = store  # the store the findings are in, for the values a test re-derives from it
+    yield check
     store.close()
 
 
@@ -207,6 +211,77 @@ def test_b003_kineto_gemm_estimates_h100(check):
         assert f["evidence"]["bound"] == side or (f["evidence"]["bound"] == "latency" and f["evidence"]["latency_reasons"])
     # the big MLP GEMMs run near the tensor roof, so the run has compute-bound GEMMs
     assert any(f["evidence"]["bound"] == "compute" for f in findings)
+
+
+def _expected_sol(kernels: dict[str, dict]) -> dict[str, tuple[str, float]]:
+    """name -> (verdict, share) of the kernels over 1% of the time, from duration-weighted SOL %."""
+    total = sum(k["_dur"] for k in kernels.values())
+    return {n: (sol_verdict(k["sm"], k["mem"]), max(k["sm"], k["mem"]) / 100)
+            for n, k in kernels.items() if k["_dur"] / total >= 0.01}
+
+
+def _check_sol_findings(findings: list[dict], expected: dict[str, tuple[str, float]]) -> None:
+    got = {f["item_name"]: f for f in findings}
+    assert set(got) == set(expected) and expected
+    for name, (bound, share) in expected.items():
+        assert got[name]["evidence"]["bound"] == bound and got[name]["evidence"]["source"] == "sol"
+        assert got[name]["value"] == pytest.approx(share, rel=1e-9)
+
+
+def test_b003_real_ncu_console_text(check):
+    """B003 on a console text report: its verdicts from the Speed Of Light lines of the raw text."""
+    rel = "ncu-text/cs599k__silu__triton__silu-pytorch-ncu-report.txt"
+    launches, cur = [], None
+    for line in (shared_traces() / rel).read_text().splitlines():
+        if re.match(r"^  \S", line):  # a launch's header line: name (grid)x(block), Context ...
+            cur = {"name": line.strip()}
+            launches.append(cur)
+        m = re.match(r"\s+(Memory Throughput|Compute \(SM\) Throughput|Duration)\s+(%|us)\s+([\d.,]+)$", line)
+        if m and cur is not None:
+            cur.setdefault(m.group(1), float(m.group(3).replace(",", "")))
+    kernels: dict[str, dict] = defaultdict(lambda: {"_dur": 0.0, "sm": 0.0, "mem": 0.0})
+    for launch in launches:
+        k = kernels[re.sub(r" \(\d+, \d+, \d+\)x\(.*$", "", launch["name"])]
+        d = launch["Duration"]
+        k["_dur"] += d
+        k["sm"] += launch["Compute (SM) Throughput"] * d
+        k["mem"] += launch["Memory Throughput"] * d
+    for k in kernels.values():
+        k["sm"], k["mem"] = k["sm"] / k["_dur"], k["mem"] / k["_dur"]
+    findings, status = check(rel, "B003")
+    assert status == "ran" and len(findings) == 2
+    expected = _expected_sol(kernels)
+    # the report's names are NVIDIA's demangled ones cut short; match a finding by its start
+    short = {next(n for n in expected if f["item_name"].startswith(n[:40])): f for f in findings}
+    assert set(short) == set(expected)
+    _check_sol_findings([{**f, "item_name": n} for n, f in short.items()], expected)
+
+
+_REP_SOL_SQL = """
+SELECT k.name, sum(k.duration_ns) AS dur,
+       sum(m.sm * k.duration_ns) / sum(k.duration_ns) AS sm, sum(m.mem * k.duration_ns) / sum(k.duration_ns) AS mem
+FROM kernel_durations k JOIN (
+    SELECT kernel_id, max(value) FILTER (metric_id = 'sm__throughput.avg.pct_of_peak_sustained_elapsed') AS sm,
+           max(value) FILTER (metric_id = 'gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed') AS mem
+    FROM kernel_metrics WHERE run_id = $run_id GROUP BY kernel_id) m USING (kernel_id)
+WHERE k.run_id = $run_id AND m.sm IS NOT NULL AND m.mem IS NOT NULL GROUP BY k.name
+"""
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (SHARED_TRACES / "ncu-rep").glob("*.ncu-rep"))
+                         or ["(no ../shared)"])
+def test_b003_real_ncu_rep(check, name):
+    """B003 on every real .ncu-rep: the reports whose launches carry both Speed Of Light shares get
+    NVIDIA's verdict per kernel (from the stored shares, weighted by duration); the others no data."""
+    rel = f"ncu-rep/{name}"
+    findings, status = check(rel, "B003")
+    rid = check.store.sql("SELECT run_id FROM runs WHERE file_name = ?", [name]).fetchone()[0]
+    rows = check.store.sql(_REP_SOL_SQL, {"run_id": rid}).fetchall()
+    if not rows:
+        assert (findings, status) == ([], "no-data")
+        return
+    assert status == "ran"
+    _check_sol_findings(findings, _expected_sol({n: {"_dur": d, "sm": sm, "mem": mem} for n, d, sm, mem in rows}))
 
 
 @pytest.mark.parametrize("path", [B200_FLASH, POLY_MEM, POLY_STALL, "nsys/Rodinia_Gaussian__report2.sqlite",

@@ -162,6 +162,15 @@ def test_busy_views(store):
     assert store.sql("SELECT start_ns, end_ns, gap_ns FROM run_idle_gaps ORDER BY 1").fetchall() == [(20_000, 26_000, 6_000)]
 
 
+def test_a_run_id_prefix_is_matched_literally(store):
+    ids = [store.ingest(FIXTURES / f).run_id for f in ("nsys/planted.sqlite", "kineto/planted.json")]
+    assert store.resolve_run(ids[0][:4]) == ids[0]
+    assert store.resolve_run("planted.json") == ids[1]  # a file name
+    for ref in ("%", "_", ids[0][:3] + "_", "_" * 16):  # LIKE's wildcards match nothing here
+        with pytest.raises(StoreError, match="no run matches"):
+            store.resolve_run(ref)
+
+
 def test_rules_replace_their_findings_and_record_no_data(store):
     r = store.write_run(_trace(), Path("/x/a"), "a" * 64, 1)
     run_rules(store, [r.run_id], Settings(select=["T001"]))

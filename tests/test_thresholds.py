@@ -23,8 +23,8 @@ from traceanalyzer.store import Store
 from .conftest import FIXTURES, ROOT
 
 THRESHOLDS = [pytest.param(r, t, id=f"{r.id}.{t.name}") for r in all_rules() for t in r.thresholds]
-TRACES = sorted(f"{d}/{p.name}" for d in ("nsys", "kineto", "ncu", "torch-memory") for p in (FIXTURES / d).iterdir()
-                if p.is_file())
+TRACES = sorted(f"{d}/{p.name}" for d in ("nsys", "kineto", "ncu", "ncu-text", "ncu-rep", "torch-memory")
+                for p in (FIXTURES / d).iterdir() if p.is_file())
 # Every rule at its edges on these (every per-run rule applies to one of them at least: see
 # test_the_edge_traces_cover_every_rule), old and new layouts of each format; all of TRACES
 # take ~3 s a fixture, a minute and a half of the suite for little more.
@@ -89,12 +89,11 @@ def test_the_command_line_refuses_a_value_out_of_range(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def fixtures_store(tmp_path_factory):
-    """Every bundled fixture in one store: trace (as under fixtures/) -> (store, run id, format)."""
+    """Every bundled fixture in one store: (store, trace (as under fixtures/) -> run id)."""
     store = Store(tmp_path_factory.mktemp("edges") / "s.duckdb")
     runs = {}
     for trace in TRACES:
-        run_id = store.ingest(FIXTURES / trace).run_id
-        runs[trace] = (run_id, store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchone()[0])
+        runs[trace] = store.ingest(FIXTURES / trace).run_id
     yield store, runs
     store.close()
 
@@ -109,7 +108,7 @@ def test_the_edge_traces_cover_every_rule(fixtures_store):
     store, runs = fixtures_store
     assert set(EDGE_TRACES) <= set(TRACES)
     covered = {r.id for t in EDGE_TRACES for r in all_rules()
-               if r.scope == "run" and applies(store, r, runs[t][0], runs[t][1])}
+               if r.scope == "run" and applies(store, r, runs[t])}
     assert covered == {r.id for r in all_rules() if r.scope == "run"}
 
 
@@ -119,11 +118,11 @@ def test_rules_run_at_their_edges_and_display_changes_no_finding(trace, fixtures
     lowest (finding the most) and its display ones at their highest (listing the most), and the
     other way round; with a display threshold at 0 it finds what its defaults find."""
     store, runs = fixtures_store
-    run_id, fmt = runs[trace]
+    run_id = runs[trace]
     checked = 0
     with views.scoped_to_run(store.con, run_id):
         for rule in all_rules():
-            if rule.scope != "run" or not applies(store, rule, run_id, fmt):
+            if rule.scope != "run" or not applies(store, rule, run_id):
                 continue
             for side in (0, 1):
                 evaluate_rule(store, rule, run_id, rule.params(
@@ -162,10 +161,10 @@ def test_each_threshold_alone_at_its_edges(rule, fixtures_store):
     for traces in sets:
         if rule.scope == "runs":
             for changed in values:
-                evaluate_across(store, rule, [runs[t][0] for t in traces], rule.params(changed))
+                evaluate_across(store, rule, [runs[t] for t in traces], rule.params(changed))
             continue
-        run_id, fmt = runs[traces[0]]
-        if not applies(store, rule, run_id, fmt):
+        run_id = runs[traces[0]]
+        if not applies(store, rule, run_id):
             continue
         with views.scoped_to_run(store.con, run_id):
             for changed in values:

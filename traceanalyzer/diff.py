@@ -61,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from . import comparability, step_stats, summary
+from .link import run_roles
 from .rules import _ncu as ncu
 from .ranges import normalized_sql
 from .store import views
@@ -692,7 +693,8 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
         raise DiffError(f"--by must be name or short, not {by!r}")
     base, test = _run_row(store, base_id), _run_row(store, test_id)
     b, t = _side(store, base_id, by, step), _side(store, test_id, by, step)
-    profiles = base["format"].startswith("ncu") and test["format"].startswith("ncu")
+    roles = run_roles(store, [base_id, test_id])
+    profiles = roles.get(base_id) == roles.get(test_id) == "ncu"
     kernels = _kernel_table(b["kernels"], t["kernels"], pair_renamed=profiles)
     pairs = kernels[kernels["status"] == "paired"]
     renamed = dict(zip(pairs["test_name"], pairs["name"]))

@@ -45,8 +45,15 @@ from . import schema
 from .ingest.kineto_names import kernel_short_name
 from .store import Store
 
-TIMELINE_FORMATS = ("nsys-sqlite", "kineto-json")
-NCU_FORMATS = ("ncu-csv", "ncu-text", "ncu-rep")
+# What a run is to a link, from what it holds, whichever file it came from: an Nsight Compute
+# run has metrics of its launches; a timeline has kernels with timestamps (a CPU-only profile
+# has nothing to match).
+_ROLES_SQL = """
+SELECT run_id, CASE WHEN run_id IN (SELECT run_id FROM kernel_metrics WHERE list_contains($ids, run_id)) THEN 'ncu'
+                    WHEN run_id IN (SELECT run_id FROM kernels WHERE list_contains($ids, run_id)
+                                    AND start_ns IS NOT NULL) THEN 'timeline'
+                    ELSE 'neither' END
+FROM runs WHERE list_contains($ids, run_id)"""
 
 # -- names --------------------------------------------------------------------------------
 
@@ -355,20 +362,22 @@ class LinkResult:
                 f"configuration(s) unmatched")
 
 
-def run_format(store: Store, run_id: str) -> str | None:
-    rows = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    return rows[0][0] if rows else None
+def run_roles(store: Store, run_ids: list[str]) -> dict[str, str]:
+    """Per stored run of `run_ids`: `timeline`, `ncu` or `neither` (a run no link can use). The one
+    answer to "is this an Nsight Compute run?" that reports and diffs ask too."""
+    return dict(store.sql(_ROLES_SQL, {"ids": list(run_ids)}).fetchall())
 
 
 def link_runs(store: Store, run_id: str, ncu_run_id: str) -> LinkResult:
     """Match the launches of the ncu run `ncu_run_id` to the kernels of the timeline run `run_id`
     and store the links (replacing those of the pair). LinkError when the runs are not a
     timeline and an ncu run."""
-    formats = (run_format(store, run_id), run_format(store, ncu_run_id))
-    if formats[0] not in TIMELINE_FORMATS or formats[1] not in NCU_FORMATS:
-        raise LinkError(f"a link joins a timeline run ({' or '.join(TIMELINE_FORMATS)}) to an Nsight Compute run "
-                        f"({', '.join(NCU_FORMATS)}); {run_id} is {formats[0] or 'not stored'} and "
-                        f"{ncu_run_id} is {formats[1] or 'not stored'}")
+    known = run_roles(store, [run_id, ncu_run_id])
+    roles = (known.get(run_id), known.get(ncu_run_id))
+    if roles != ("timeline", "ncu"):
+        words = {"timeline": "a timeline", "ncu": "an Nsight Compute run", "neither": "neither", None: "not stored"}
+        raise LinkError(f"a link joins a timeline run (kernels with timestamps) to an Nsight Compute run (metrics "
+                        f"per launch); {run_id} is {words[roles[0]]} and {ncu_run_id} is {words[roles[1]]}")
     ncu = store.arrow(NCU_SQL, {"run_id": ncu_run_id}).to_pylist()
     configs = store.arrow(CONFIGS_SQL, {"run_id": run_id}).to_pylist()
     launches = store.arrow(LAUNCHES_SQL, {"run_id": run_id, "n": max(1, len(ncu))}).to_pylist()
@@ -412,13 +421,13 @@ def stem(path: str | Path) -> str:
 
 
 def pairs(runs: Iterable[tuple[str, str, str]], *, given_together: bool = False) -> list[tuple[str, str]]:
-    """The (timeline run, ncu run) pairs to link among `runs` (path, run id, format): in each
+    """The (timeline run, ncu run) pairs to link among `runs` (path, run id, `run_role`): in each
     folder, every timeline with every ncu run of the same stem, then the folder's only timeline
     with its only ncu run when both are left unpaired; with `given_together` (files named on one
     command line), also the only timeline with the only ncu run of them all."""
     runs = list(dict.fromkeys(runs))
-    timelines = [r for r in runs if r[2] in TIMELINE_FORMATS]
-    ncus = [r for r in runs if r[2] in NCU_FORMATS]
+    timelines = [r for r in runs if r[2] == "timeline"]
+    ncus = [r for r in runs if r[2] == "ncu"]
     if given_together and len(timelines) == 1 and len(ncus) == 1:
         return [(timelines[0][1], ncus[0][1])]
     out: list[tuple[str, str]] = []

@@ -203,6 +203,30 @@ def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_
     return done
 
 
+def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
+               on_file: Callable[[FileResult], None] | None = None) -> Checked:
+    """`check_paths` on the refs that are files or folders; a ref that is neither but names a
+    stored run (id, id prefix or file name) has that run's rules run again, as a stored file
+    has (`kept`), after the files. A ref that names nothing is a failed result."""
+    paths = [ref for ref in refs if Path(ref).exists()]
+    done = check_paths(store, paths, rules, on_file=on_file) if paths else Checked()
+    rules = per_run_settings(rules) if rules is not None else None
+    for ref in refs:
+        if ref in paths:
+            continue
+        try:
+            res = _stored_ref(store, ref)
+        except StoreError as e:
+            done.add(FileResult(ref, error=f"no such file, and {e}"), on_file)
+            continue
+        res.state = "kept"
+        if rules is not None:
+            diagnose_runs(store, [res.run_id], rules)
+            res.rule_ids = [r.id for r in rules.rules()]
+        done.add(res, on_file)
+    return done
+
+
 def runs_for(store: Store, refs: list[str], settings: Settings, *, same_rules: bool = False,
              on_file: Callable[[FileResult], None] | None = None) -> Checked:
     """The runs `refs` name, each with findings (for a report or a diff, which read them): a
@@ -279,7 +303,9 @@ def link_pairs(store: Store, files: list[FileResult], rules: Settings | None, *,
     paths = {f.run_id: f.path for f in checked}
     read_now = {f.run_id for f in checked if f.state in ("stored", "updated")}
     done, errors, again = [], [], []
-    for timeline, ncu in link.pairs([(f.path, f.run_id, f.format) for f in checked], given_together=given_together):
+    roles = link.run_roles(store, list(paths))
+    for timeline, ncu in link.pairs([(f.path, f.run_id, roles.get(f.run_id)) for f in checked],
+                                    given_together=given_together):
         try:
             res = link.link_runs(store, timeline, ncu)
         except Exception as e:  # a bug in linking must not stop the batch
@@ -355,13 +381,13 @@ def read_baseline(path: Path, max_growth_pct: float | None = None) -> Baseline:
 
 def run_check(store: Store, opts: CheckOptions, on_file: Callable[[FileResult], None] | None = None,
               on_link: Callable[[link.LinkResult], None] | None = None) -> CheckResult:
-    """Check every file under `opts.paths` (`check_paths`: stored content is not read again,
-    its rules run again), link the timeline and Nsight Compute runs given together (unless
-    `opts.link` is False; `link_pairs`), then run the cross-run rules on all their runs; gather
-    the result."""
+    """Check every file under `opts.paths` and the stored runs named there (`check_refs`:
+    stored content is not read again, its rules run again), link the timeline and Nsight
+    Compute runs given together (unless `opts.link` is False; `link_pairs`), then run the
+    cross-run rules on all their runs; gather the result."""
     settings, fail_on = settings_from(opts)
     baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
-    done = check_paths(store, opts.paths, settings, on_file=on_file)
+    done = check_refs(store, opts.paths, settings, on_file=on_file)
     link_errors: list[InputError] = []
     if opts.link:
         _, link_errors = link_pairs(store, done.files, settings, given_together=True, on_link=on_link)

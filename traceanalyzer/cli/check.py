@@ -9,7 +9,7 @@ from .common import (BaselineOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt,
                      emit, err, file_line, link_lines, note_not_traces, open_store)
 
 
-def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files or folders; what is not stored yet is ingested.")],
+def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files or folders (what is not stored yet is ingested), or stored runs: id, id prefix or file name.")],
           store: StoreOpt = None, fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
           threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
           output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,

@@ -126,6 +126,7 @@ def budget_cell(budget: list[dict]) -> str:
 
 def no_budget_line(run: dict) -> str:
     """What a run without a budget says instead."""
-    if str(run.get("format") or "").startswith("ncu"):
-        return "no timeline: Nsight Compute profiles kernels one at a time, so there is no time budget"
+    if run.get("span_ns") is None:  # no event times at all: Nsight Compute's runs, untimed snapshots
+        return ("no timeline: the trace holds no event times (Nsight Compute profiles kernels one at a time), "
+                "so there is no time budget")
     return "no timed GPU operations: no time budget"

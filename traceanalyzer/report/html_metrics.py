@@ -22,6 +22,7 @@ from .. import summary
 from ..fmt import _missing
 # The categories of PyTorch's memory profiler, in the order its own plot stacks them.
 from ..ingest.torch_memory_timeline import CATEGORIES as TIMELINE_CATEGORIES
+from ..link import run_roles
 from ..store import Store
 
 MAX_ROOFLINE_KERNELS = 40
@@ -56,11 +57,10 @@ def roofline(store: Store, run_id: str, findings: list[dict]) -> list[dict]:
 
 
 def _analysed_kernels(store: Store, run_id: str) -> list[tuple[str, dict]]:
-    """(kernel, evidence-like numbers) per kernel of B003's roofline analysis of an ncu run."""
+    """(kernel, evidence-like numbers) per kernel of B003's roofline analysis of a run with ncu metrics."""
     from ..rules.B003_roofline import kernel_roofline
 
-    fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    if not fmt or not fmt[0][0].startswith("ncu"):
+    if run_roles(store, [run_id]).get(run_id) != "ncu":
         return []
     g = kernel_roofline(store, run_id)
     out = []

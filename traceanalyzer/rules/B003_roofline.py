@@ -456,26 +456,34 @@ def _kineto_findings(store, run_id: str, p: dict) -> list[dict]:
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
-    fmt = store.sql("SELECT format FROM runs WHERE run_id = $run_id", {"run_id": run_id}).fetchone()[0]
-    rows = _ncu_findings(store, run_id, p) if fmt == "ncu-csv" else _kineto_findings(store, run_id, p)
+    # measured ncu values when the run has them, whatever file they came from; else the estimate
+    # from operator shapes
+    measured = store.sql(_NCU_APPLIES, {"run_id": run_id}).fetchone()[0]
+    rows = _ncu_findings(store, run_id, p) if measured else _kineto_findings(store, run_id, p)
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(["est_loss_ns", "value"], ascending=[False, True], na_position="last", kind="stable")
     return name_launchers(store, run_id, df)
 
 
-_APPLIES = f"""
-SELECT (SELECT count(DISTINCT metric_id) FROM kernel_metrics WHERE run_id = $run_id
-          AND metric_id IN ('{SM_SOL}', '{MEM_SOL}')) = 2
-    OR ((SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
-          AND regexp_matches(metric_id, '^s(m|msp)__sass_thread_inst_executed_op_[dfh](add|mul|fma)_pred_on|^sm__ops_path_tensor_')) > 0
-        AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
-          AND metric_id IN ('dram__bytes.sum', 'dram__bytes_read.sum', 'dram__bytes.sum.per_second')) > 0
-        AND (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND metric_id = '{DURATION}') > 0)
-    OR ((SELECT count(*) FROM cpu_ops o JOIN kernels k ON k.run_id = $run_id AND k.external_id = o.external_id
-         WHERE o.run_id = $run_id AND o.name IN {tuple(FAMILIES)} AND o.input_dims IS NOT NULL) > 0
-        AND (SELECT count(*) FROM devices WHERE run_id = $run_id AND memory_bandwidth_bytes_per_s IS NOT NULL) > 0)
+# The ncu metrics the rule reads: Speed Of Light shares, or FLOP counters with DRAM bytes and
+# durations.
+_NCU_APPLIES = f"""
+SELECT (EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND metric_id = '{SM_SOL}')
+        AND EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND metric_id = '{MEM_SOL}'))
+    OR (EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
+          AND regexp_matches(metric_id, '^s(m|msp)__sass_thread_inst_executed_op_[dfh](add|mul|fma)_pred_on|^sm__ops_path_tensor_'))
+        AND EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL
+          AND metric_id IN ('dram__bytes.sum', 'dram__bytes_read.sum', 'dram__bytes.sum.per_second'))
+        AND EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND metric_id = '{DURATION}'))
 """
+# What the estimate reads: operator shapes linked to kernels, and the device's bandwidth.
+_SHAPES_APPLIES = f"""
+SELECT EXISTS (SELECT 1 FROM cpu_ops o JOIN kernels k ON k.run_id = $run_id AND k.external_id = o.external_id
+               WHERE o.run_id = $run_id AND o.name IN {tuple(FAMILIES)} AND o.input_dims IS NOT NULL)
+    AND EXISTS (SELECT 1 FROM devices WHERE run_id = $run_id AND memory_bandwidth_bytes_per_s IS NOT NULL)
+"""
+_APPLIES = f"SELECT ({_NCU_APPLIES.strip()}) OR ({_SHAPES_APPLIES.strip()})"
 
 RULE = linked(Rule(
     id="B003",
@@ -542,7 +550,6 @@ RULE = linked(Rule(
                   "is a latency reason (tensor-core kernels run at 10-20% by design)."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "ncu-text", "ncu-rep", "kineto-json"),
     references=(
         "Nsight Compute rules SOLBottleneck (80/60/10) and SOLFPRoofline; Kernel Profiling Guide 'Roofline Charts'",
         "Williams, Waterman, Patterson: 'Roofline: an insightful visual performance model' (CACM 2009)",

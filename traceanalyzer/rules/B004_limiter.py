@@ -207,7 +207,6 @@ RULE = linked(Rule(
         Threshold("warning_time_share", 0.1, "Latency/occupancy-limited kernels at or over this share of time are warnings."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "ncu-text", "ncu-rep"),
     references=(
         "Nsight Compute rules SOLBottleneck, TheoreticalOccupancy, AchievedOccupancy, IssueSlotUtilization",
         "Nsight Compute Kernel Profiling Guide: 'Speed Of Light', 'Occupancy', 'Scheduler Statistics'",

@@ -159,7 +159,6 @@ RULE = linked(Rule(
         Threshold("max_issue_active_ratio", 0.8, "Kernels issuing on at least this share of cycles are skipped (NVIDIA CPIStall: 0.8)."),
     ),
     evaluate=named(SQL),
-    formats=("ncu-csv", "ncu-text", "ncu-rep"),
     references=(
         "Nsight Compute Kernel Profiling Guide: 'Warp Scheduler States' and the WarpStateStats section rules (CPIStall)",
     ),

@@ -218,7 +218,6 @@ RULE = linked(Rule(
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "ncu-text", "ncu-rep"),
     references=(
         "Nsight Compute rules UncoalescedGlobalAccess and MemoryCacheAccessPattern",
         "CUDA C++ Best Practices Guide: 'Coalesced Access to Global Memory'",

@@ -116,7 +116,6 @@ RULE = linked(Rule(
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "ncu-text", "ncu-rep"),
     references=(
         "Nsight Compute Kernel Profiling Guide: 'Memory Workload Analysis', 'Cache Control'",
         "CUDA C++ Best Practices Guide: 'Shared Memory', 'L2 Cache' (access policy window)",

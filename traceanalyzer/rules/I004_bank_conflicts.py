@@ -148,7 +148,6 @@ RULE = linked(Rule(
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "ncu-text", "ncu-rep"),
     references=(
         "Nsight Compute rule SharedMemoryConflicts (MemoryWorkloadAnalysis_Tables)",
         "CUDA C++ Programming Guide: 'Shared Memory' (banks)",

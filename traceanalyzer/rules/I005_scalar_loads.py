@@ -171,7 +171,6 @@ RULE = linked(Rule(
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
     ),
     evaluate=evaluate,
-    formats=("ncu-csv", "ncu-text", "ncu-rep"),
     references=(
         "NVIDIA Developer Blog: 'CUDA Pro Tip: Increase Performance with Vectorized Memory Access'",
         "Nsight Compute Kernel Profiling Guide: 'Memory Workload Analysis' (sectors, requests, data bytes)",

@@ -201,7 +201,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many operators and blocks the evidence lists."),
     ),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "PyTorch: 'CUDA memory management' (caching allocator, memory_reserved vs memory_allocated, expandable_segments)",
         "PyTorch profiler: profile_memory=True ([memory] events with Total Allocated / Total Reserved)",

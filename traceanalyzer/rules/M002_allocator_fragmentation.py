@@ -176,7 +176,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many allocation sites pinning stranded segments the evidence lists."),
     ),
     evaluate=evaluate,
-    formats=("torch-memory-snapshot",),
     references=(
         "PyTorch, CUDA semantics: 'Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF' (expandable_segments, max_split_size_mb)",
         "PyTorch: 'Understanding CUDA Memory Usage' (torch.cuda.memory._record_memory_history, _dump_snapshot)",

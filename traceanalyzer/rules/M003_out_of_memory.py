@@ -101,7 +101,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many sites holding memory at the OOM the evidence lists."),
     ),
     evaluate=evaluate,
-    formats=("torch-memory-snapshot",),
     references=(
         "PyTorch: 'Understanding CUDA Memory Usage' (the oom action of the allocator history)",
         "PyTorch, CUDA semantics: 'Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF'",

@@ -71,7 +71,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many sites the evidence lists."),
     ),
     evaluate=evaluate,
-    formats=("torch-memory-snapshot",),
     references=(
         "PyTorch: 'Understanding CUDA Memory Usage' (memory snapshots, the active memory timeline)",
     ),

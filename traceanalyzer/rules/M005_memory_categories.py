@@ -111,7 +111,6 @@ RULE = Rule(
         Threshold("min_activation_share", 0.5, "Activations at this share of the peak are named, and their fixes lead the hint."),
     ),
     evaluate=evaluate,
-    formats=("torch-memory-timeline", "kineto-json"),
     references=(
         "PyTorch: torch.profiler._memory_profiler (categories), profile.export_memory_timeline",
         "PyTorch blog: 'Understanding GPU Memory 1: Visualizing All Allocations over Time'",

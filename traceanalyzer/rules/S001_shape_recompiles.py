@@ -226,7 +226,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many of the slowest first calls the evidence lists."),
     ),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "PyTorch: torch.compiler troubleshooting, 'Recompilations' and dynamic shapes (mark_dynamic, dynamic=True)",
         "CUDA C++ Programming Guide: 'Lazy Loading' (CUDA_MODULE_LOADING), modules loaded at first launch",

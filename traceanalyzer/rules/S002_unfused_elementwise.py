@@ -272,7 +272,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many chains the evidence lists."),
     ),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "PyTorch Performance Tuning Guide: 'Fuse pointwise operations' (torch.compile / TorchInductor)",
         "NVIDIA Deep Learning Performance Guide: 'Memory-Limited Layers' (element-wise operations are memory-bound)",

@@ -421,7 +421,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many of the worst gaps the evidence lists."),
     ),
     evaluate=evaluate,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "Nsight Systems `nsys analyze` rule gpu_gaps (default 500 ms; this rule looks at launch-scale gaps)",
         "CUDA C++ Best Practices Guide: 'Asynchronous and Overlapping Transfers with Computation'",

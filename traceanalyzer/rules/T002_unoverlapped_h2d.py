@@ -160,7 +160,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many of the most exposed copies the evidence lists."),
     ),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "Nsight Systems `nsys analyze` rules cuda_memcpy_async (pageable memory) and cuda_memcpy_sync",
         "CUDA C++ Best Practices Guide: 'Pinned Memory' and 'Asynchronous and Overlapping Transfers with Computation'",

@@ -163,7 +163,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many of the worst calls the evidence lists."),
     ),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "Nsight Systems `nsys analyze` rules cuda_api_sync, cuda_memcpy_sync and cuda_memset_sync",
         "CUDA Runtime API: 'API synchronization behavior'",

@@ -155,7 +155,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many stretches and activities the evidence lists."),
     ),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "Nsight Systems `nsys analyze` rules gpu_gaps and gpu_time_util",
         "PyTorch performance tuning guide: 'Enable async data loading and augmentation'",

@@ -218,7 +218,6 @@ RULE = Rule(
     # What counts as small, and T002's batches: one setting for both rules.
     shared=("T002.small_copy_bytes", "T002.max_batch_gap_ns", "T002.min_batch_count"),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "Nsight Systems `nsys analyze` rules cuda_memcpy_async (pageable memory) and cuda_memcpy_sync",
         "CUDA Runtime API: 'API synchronization behavior' (pageable memory makes Async copies synchronous)",

@@ -113,7 +113,6 @@ RULE = Rule(
         Threshold("max_examples", 5, "How many kernels and collective names the evidence lists."),
     ),
     sql=SQL,
-    formats=("nsys-sqlite", "kineto-json"),
     references=(
         "Nsight Systems recipe nccl_gpu_overlap_trace (compute vs nccl kernel overlap)",
         "Holistic Trace Analysis: comm/comp overlap",

@@ -210,7 +210,6 @@ RULE = Rule(
     evaluate=evaluate,
     scope="runs",
     groups=groups,
-    formats=("kineto-json",),
     references=(
         "Nsight Systems recipe nccl_straggler",
         "Holistic Trace Analysis: temporal breakdown and straggler analysis across ranks",

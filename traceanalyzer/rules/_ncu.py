@@ -311,10 +311,8 @@ def linked(rule, *, project: bool = True):
     findings on linked kernels get the timeline facts in their evidence."""
     import dataclasses
 
-    from ..link import TIMELINE_FORMATS
-
     own = rule.evaluate
-    native = rule.formats
+    own_data = rule.applies_sql
 
     def evaluate(store, run_id: str, p: dict):
         ncu_runs = linked_ncu_runs(store, run_id)
@@ -326,8 +324,8 @@ def linked(rule, *, project: bool = True):
 
         moved = [projected(store, run_id, n, own, p) for n in ncu_runs]
         moved = [m for m in moved if m is not None and not m.empty]
-        fmt = store.sql("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
-        mine = own(store, run_id, p) if fmt in native else None
+        # the rule's own findings too where the timeline carries its data (B003's estimate from shapes)
+        mine = own(store, run_id, p) if store.sql(own_data, {"run_id": run_id}).fetchone()[0] else None
         if mine is not None and not mine.empty and moved:
             covered = set().union(*(set(m["item_name"]) for m in moved))
             mine = mine[~((mine["item_kind"] == "kernel") & mine["item_name"].isin(covered))]
@@ -341,7 +339,7 @@ def linked(rule, *, project: bool = True):
     # run: its own check, correlated on each of them
     on_ncu = rule.applies_sql.strip().replace("$run_id", "linked_ncu_run.ncu_run_id")
     return dataclasses.replace(
-        rule, evaluate=evaluate, formats=tuple(dict.fromkeys((*rule.formats, *TIMELINE_FORMATS))),
+        rule, evaluate=evaluate,
         applies_sql=f"""SELECT coalesce(({rule.applies_sql.strip()}), false) OR coalesce((
             SELECT bool_or(coalesce(({on_ncu}), false))
             FROM (SELECT DISTINCT l.ncu_run_id FROM kernel_links l JOIN runs r ON r.run_id = l.ncu_run_id

@@ -160,7 +160,6 @@ class Rule:
     sql: Optional[str] = None
     evaluate: Optional[Callable[..., pd.DataFrame]] = None  # (store, run_id, params) -> findings
     references: tuple[str, ...] = ()
-    formats: tuple[str, ...] = ("nsys-sqlite", "kineto-json", "ncu-csv", "ncu-text", "ncu-rep")
     example: str = ""
     # "run": sql/evaluate see one run ($run_id). "runs": evaluate(store, run_ids, params) sees
     # every checked run that carries the data and returns findings with a run_id column.

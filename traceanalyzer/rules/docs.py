@@ -18,7 +18,6 @@ def rule_markdown(rule: Rule) -> str:
         f"# {rule.id} `{rule.name}`: {rule.title}",
         "",
         f"Phase: **{rule.phase}** · default severity: **{rule.severity}** · "
-        f"formats: {', '.join(rule.formats)} · "
         f"claims: {f'**{rule.claims}** time of the budget' if rule.claims else 'no time of the budget'}"
         + (f" · NVIDIA's counterpart: {', '.join(f'`{n}`' for n, _ in rule.nvidia)}" if rule.nvidia else ""),
         "",

@@ -155,9 +155,8 @@ def _as_int(v):
     return int(v) if isinstance(v, float) and v == v and v.is_integer() else v
 
 
-def applies(store: Store, rule: Rule, run_id: str, fmt: str) -> bool:
-    if fmt not in rule.formats:
-        return False
+def applies(store: Store, rule: Rule, run_id: str) -> bool:
+    """Whether the run carries the data the rule needs (its `applies_sql`), whatever file it came from."""
     row = store.sql(rule.applies_sql, bind(rule.applies_sql, {"run_id": run_id})).fetchone()
     return bool(row and row[0])
 
@@ -359,7 +358,6 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     rules = settings.rules()
     params = {r.id: settings.params_for(r) for r in rules}
     run_ids = list(run_ids) if run_ids is not None else store.run_ids()
-    formats = dict(store.sql("SELECT run_id, format FROM runs WHERE list_contains(?, run_id)", [run_ids]).fetchall())
     outcomes: dict[tuple[str, str], RuleOutcome] = {}
     frames: dict[str, list[pd.DataFrame]] = {rid: [] for rid in run_ids}
 
@@ -376,7 +374,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             oc = RuleOutcome(rule.id, run_id, "ran")
             df = None
             try:
-                if not applies(st, rule, run_id, formats[run_id]):
+                if not applies(st, rule, run_id):
                     oc.status, oc.note = "no-data", f"needs {rule.requires}"
                 elif rule.scope == "run":
                     df = evaluate_rule(st, rule, run_id, params[rule.id])

@@ -379,9 +379,10 @@ class Store:
         return self.sql("SELECT 1 FROM runs WHERE content_hash = ?", [content_hash]).fetchone() is not None
 
     def resolve_run(self, ref: str) -> str:
-        """A run id, a unique prefix of one, or a source file name/path."""
+        """A run id, a unique prefix of one (taken literally: `%` and `_` are no wildcards), or a
+        source file name/path."""
         rows = self.sql(
-            "SELECT run_id FROM runs WHERE run_id LIKE ? || '%' OR source_path = ? OR file_name = ?",
+            "SELECT run_id FROM runs WHERE starts_with(run_id, ?) OR source_path = ? OR file_name = ?",
             [ref, str(Path(ref).resolve()), ref]).fetchall()
         if len(rows) == 1:
             return rows[0][0]
