@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError, find_config, load_config, parse_threshold_option
-from .. import diagnosis, link
+from .. import diagnosis, interrupt, link
 from ..diagnosis import diagnose_runs
 from ..ingest import TraceError, find_traces
 from ..report.model import Baseline, CheckResult, InputError, load_result
@@ -154,6 +154,7 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
                 diagnose_runs(store, [res.run_id], rules)
                 res.rule_ids = [r.id for r in rules.rules()]
     except Exception as e:  # a reader bug must not stop the batch either
+        interrupt.stop_if_interrupted(e)
         res.fail(e)
     res.work_s = time.perf_counter() - t0
     return res
@@ -283,6 +284,7 @@ def link_pairs(store: Store, files: list[FileResult], rules: Settings | None, *,
         try:
             res = link.link_runs(store, timeline, ncu)
         except Exception as e:  # a bug in linking must not stop the batch
+            interrupt.stop_if_interrupted(e)
             error = InputError.of(paths[ncu], e)
             errors.append(InputError(error.path, f"could not link it to {paths[timeline]}: {error.message}",
                                      error.internal, error.detail))
@@ -359,6 +361,11 @@ def run_check(store: Store, opts: CheckOptions, on_file: Callable[[FileResult], 
     its rules run again), link the timeline and Nsight Compute runs given together (unless
     `opts.link` is False; `link_pairs`), then run the cross-run rules on all their runs; gather
     the result."""
+    with interrupt.watching():
+        return _run_check(store, opts, on_file, on_link)
+
+
+def _run_check(store: Store, opts: CheckOptions, on_file, on_link) -> CheckResult:
     settings, fail_on = settings_from(opts)
     baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
     done = check_paths(store, opts.paths, settings, on_file=on_file)

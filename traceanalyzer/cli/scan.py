@@ -36,6 +36,7 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     from ..batch.check import UsageError, read_baseline, settings_from
     from ..report.model import InputError, load_result
     from ..batch.scan import ScanError, scan as run_scan
+    from .. import interrupt
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
     try:
@@ -46,50 +47,51 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
         raise typer.Exit(2)
     if scheduler and jobs:
         err.print("note: --jobs is ignored with --scheduler (the cluster's workers do the work)", markup=False)
-    with open_store(store) as st, _progress(err) as progress:
-        task = None
-        lines = PlainProgress(err) if not err.is_terminal else None
+    # Ctrl-C: DuckDB's work is interrupted too, and the workers ended (`interrupt`); the runs
+    # stored so far (each whole) stay.
+    try:
+        with interrupt.watching(), open_store(store) as st, _progress(err) as progress:
+            task = None
+            lines = PlainProgress(err) if not err.is_terminal else None
 
-        def on_start(files, total_bytes):
-            nonlocal task
-            task = progress.add_task("scanning", total=total_bytes or None, files=f"0/{len(files)}",
-                                     n_files=len(files), n_done=0)
-            if lines:
-                lines.start(len(files), total_bytes)
+            def on_start(files, total_bytes):
+                nonlocal task
+                task = progress.add_task("scanning", total=total_bytes or None, files=f"0/{len(files)}",
+                                         n_files=len(files), n_done=0)
+                if lines:
+                    lines.start(len(files), total_bytes)
 
-        def on_file(r):
-            t = progress.tasks[task]
-            done = t.fields["n_done"] + 1
-            progress.update(task, advance=r.size_bytes, n_done=done, files=f"{done}/{t.fields['n_files']}")
-            _print_file_line(progress.console, r, debug)
-            if lines:
-                lines.file_done(r.size_bytes)
+            def on_file(r):
+                t = progress.tasks[task]
+                done = t.fields["n_done"] + 1
+                progress.update(task, advance=r.size_bytes, n_done=done, files=f"{done}/{t.fields['n_files']}")
+                _print_file_line(progress.console, r, debug)
+                if lines:
+                    lines.file_done(r.size_bytes)
 
-        try:
-            report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
-                              on_start=on_start, on_file=on_file, link=not no_link,
-                              on_link=lambda r: link_lines(r, progress.console, limit=3))
-        except ScanError as e:
+            try:
+                report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
+                                  on_start=on_start, on_file=on_file, link=not no_link,
+                                  on_link=lambda r: link_lines(r, progress.console, limit=3))
+            except ScanError as e:
+                progress.stop()
+                err.print(f"error: {e}", markup=False)
+                raise typer.Exit(2)
             progress.stop()
-            err.print(f"error: {e}", markup=False)
-            raise typer.Exit(2)
-        except KeyboardInterrupt:
-            progress.stop()
-            err.print("interrupted: the runs stored so far are kept; run the same scan again to finish",
-                      markup=False)
-            raise typer.Exit(130)
-        progress.stop()
-        if lines:
-            lines.finish()
-        note_not_traces(report.not_traces, verbose)
-        if report.cross_rule_error:
-            err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
-        result = load_result(st, report.run_ids, fail_on)
-        result.baseline = known
-        result.not_traces = list(report.not_traces)
-        result.errors = [InputError(f.path, f.error or "failed", f.internal, f.detail) for f in report.failed]
-        result.errors += report.link_errors
-        table = _table(st, report)
+            if lines:
+                lines.finish()
+            note_not_traces(report.not_traces, verbose)
+            if report.cross_rule_error:
+                err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
+            result = load_result(st, report.run_ids, fail_on)
+            result.baseline = known
+            result.not_traces = list(report.not_traces)
+            result.errors = [InputError(f.path, f.error or "failed", f.internal, f.detail) for f in report.failed]
+            result.errors += report.link_errors
+            table = _table(st, report)
+    except KeyboardInterrupt:
+        err.print("interrupted: the runs stored so far are kept; run the same scan again to finish", markup=False)
+        raise typer.Exit(130)
     emit(result, format, output, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
          failed_internally=report.cross_rule_error is not None)
 

@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from .. import input_limits, kernel_library, os_memory, schema
+from ..interrupt import interruptible
 from ..ingest.base import ParsedTrace
 from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
 from . import migrations, views
@@ -555,7 +556,7 @@ class Store:
         `set_up` is False: then call `set_up` before using it, on any one thread). Close it
         when done; the database stays open."""
         clone = copy.copy(self)
-        clone.con = self.con.cursor()
+        clone.con = interruptible(self.con.cursor())
         if set_up:
             clone.set_up()
         return clone
