@@ -10,9 +10,10 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from rich import box
 from rich.table import Column, Table
 
-from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, NoLinkOpt,
-                     OutputOpt, QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt,
-                     check_options, emit, err, link_lines, note_not_traces, open_store, print_input_error)
+from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
+                     NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
+                     WriteBaselineOpt, check_options, emit, err, link_lines, note_not_traces, open_store,
+                     print_input_error, report_targets)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
@@ -21,7 +22,8 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
          scheduler: Annotated[Optional[str], typer.Option("--scheduler", metavar="ADDRESS", help="A Dask scheduler address (tcp://host:8786) or scheduler JSON file: parse and check on that cluster's workers (needs traceanalyzer\\[dask]).")] = None,
          fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
          threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
-         output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
+         output: OutputOpt = None, sarif: SarifOpt = None, junit: JunitOpt = None, json_file: JsonOpt = None,
+         baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
          write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
          debug: DebugOpt = False, no_link: NoLinkOpt = False):
     """Find every trace under PATHS, parse and check them in parallel, store them, and
@@ -39,6 +41,7 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     from .. import interrupt
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
+    targets = report_targets(format, output, sarif, junit, json_file)
     try:
         settings, fail_on = settings_from(opts)
         known = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
@@ -92,7 +95,7 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     except KeyboardInterrupt:
         err.print("interrupted: the runs stored so far are kept; run the same scan again to finish", markup=False)
         raise typer.Exit(130)
-    emit(result, format, output, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
+    emit(result, targets, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
          failed_internally=report.cross_rule_error is not None)
 
 
