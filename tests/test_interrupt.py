@@ -10,10 +10,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from traceanalyzer import interrupt
+from traceanalyzer.resources import connect_duckdb
 from traceanalyzer.rules import all_rules
 from traceanalyzer.store import Store
 
@@ -156,3 +159,26 @@ def test_ctrl_c_ends_a_scan_at_once_and_keeps_only_whole_runs(tmp_path, point, j
     assert counts, again.stdout
     assert [int(n) for n in counts.groups()] == [N_FILES, N_FILES - stored, 0, stored, 0, 0]
     assert _whole_runs(db) == (N_FILES, N_FILES)
+
+
+def test_sigint_stops_a_duckdb_query_and_is_taken_for_no_ordinary_error():
+    """DuckDB alone may not look at SIGINT for the whole of a long task, and turns it into a
+    RuntimeError when it does: while watching, the query is interrupted at once, and the
+    error an except block catches is turned back into the interrupt."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's here")
+    con = connect_duckdb()
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    taken = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt.watching():
+            timer.start()
+            try:  # about 1e10 rows: far longer than the timer
+                con.execute("SELECT sum(a.range * b.range) FROM range(1000000) a, range(10000) b").fetchall()
+            except Exception as e:  # as a scan's handler of a file's error
+                interrupt.stop_if_interrupted(e)
+                taken.append(e)
+    timer.join()
+    assert not taken
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and not interrupt.interrupted()
+    assert con.execute("SELECT 42").fetchall() == [(42,)]  # the connection still works

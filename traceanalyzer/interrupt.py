@@ -132,3 +132,4 @@ def watching() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
             if watcher is not None:
                 watcher.stop()
+            _hit.clear()  # what comes after (a notebook's next call) starts afresh

@@ -198,9 +198,10 @@ def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_
     if not files:
         done.add(FileResult(" ".join(map(str, paths)), error="no trace files here"), on_file)
     seen: dict[str, str] = {}
-    for f in files:
-        store.let_in_waiting()  # a reader of this store gets in between two files
-        done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen), on_file)
+    with interrupt.watching():  # Ctrl-C is no file's error
+        for f in files:
+            store.let_in_waiting()  # a reader of this store gets in between two files
+            done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen), on_file)
     return done
 
 
@@ -214,6 +215,11 @@ def runs_for(store: Store, refs: list[str], settings: Settings, *, same_rules: b
     thresholds; else with any (a report shows what its check found). A ref that names
     nothing is a failed result. `on_file` sees the result of each file, and each ref that
     named nothing."""
+    with interrupt.watching():  # Ctrl-C is no file's error
+        return _runs_for(store, refs, settings, same_rules, on_file)
+
+
+def _runs_for(store: Store, refs: list[str], settings: Settings, same_rules: bool, on_file) -> Checked:
     fresh = _checked_hashes(store, settings, same_rules)
     done = Checked()
     for ref in refs:
