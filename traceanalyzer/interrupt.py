@@ -66,8 +66,13 @@ class _Watcher:
         self.stopping = False
 
     def start(self) -> bool:
-        """False, and nothing started, when the wakeup fd is someone else's (an event loop)."""
-        previous = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        """False, and nothing started, when the wakeup fd is someone else's (an event loop) or
+        a pipe cannot be one (Windows takes sockets only)."""
+        try:
+            previous = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            self._close()
+            return False
         if previous != -1:
             signal.set_wakeup_fd(previous)
             self._close()
