@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import datetime as dt
 import pkgutil
 import shutil
+from xml.etree import ElementTree as ET
 
 import duckdb
 import pytest
@@ -129,7 +131,10 @@ def test_select_threshold_and_config_file(tmp_path, db, monkeypatch):
 
 def test_baseline_fails_only_on_new_findings(tmp_path, db):
     base = tmp_path / "baseline.json"
-    assert run("check", "--store", db, PLANTED, "--write-baseline", base).exit_code == 1
+    # Recording a baseline is no gate: its findings are what it records (exit 0, not 1).
+    r = run("check", "--store", db, PLANTED, "--write-baseline", base)
+    assert r.exit_code == 0 and f"baseline: wrote 7 finding(s) to {base}" in r.stderr, r.stderr
+    assert len(json.loads(base.read_text())["findings"]) == 7
     assert run("check", "--store", db, PLANTED, "--baseline", base).exit_code == 0
     # A different trace brings findings the baseline does not have.
     assert run("check", "--store", db, PLANTED, STALLS, "--baseline", base, "--fail-on", "warning").exit_code == 1
@@ -175,7 +180,60 @@ def test_junit_validates_against_ant_schema(tmp_path, db):
     assert r.exit_code == 1
     xmlschema.XMLSchema(str(xsd)).validate(str(out))
     text = out.read_text()
-    assert "<failure" in text and "<skipped" in text
+    assert "<failure" in text
+    # A rule that does not apply is no case: the suite's property names it instead.
+    root = ET.parse(out).getroot()
+    for suite in root.iter("testsuite"):
+        assert suite.get("skipped") == "0" and suite.find("testcase/skipped") is None
+        props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+        cases = {c.get("name").split()[0] for c in suite.iter("testcase")}
+        assert int(suite.get("tests")) == len(cases) and not cases & set(props["rules_not_applicable"].split())
+
+
+def test_one_check_writes_the_text_log_and_every_artifact(tmp_path, db):
+    """What a CI job asks of one run: the text report in the log, and SARIF, JUnit and JSON
+    files (`--sarif`, `--junit`, `--json`, or `-o FORMAT=FILE`, repeatable)."""
+    missing = tmp_path / "gone.sqlite"
+    f = {name: tmp_path / f"r.{name}" for name in ("sarif", "junit", "json", "text", "json2")}
+    r = run("check", "--store", db, PLANTED, missing, "--sarif", f["sarif"], "--junit", f["junit"],
+            "-o", f"json={f['json']}", "-o", f"text={f['text']}", "--json", f["json2"])
+    assert r.exit_code == 2  # the missing input
+    assert "hint:" in r.stdout and "FAIL: 1 input(s) could not be read" in r.stdout  # the log: the text report
+    for name, path in f.items():
+        assert f"wrote {path} ({name.rstrip('2')})" in r.stderr
+    sarif = json.loads(f["sarif"].read_text())
+    assert sarif["runs"][0]["results"] and not list(_sarif_validator().iter_errors(sarif))
+    doc = json.loads(f["json"].read_text())
+    assert doc == json.loads(f["json2"].read_text()) and len(doc["findings"]) == 7
+    assert "FAIL: 1 input(s) could not be read" in f["text"].read_text()
+    suites = {s.get("name"): s for s in ET.parse(f["junit"]).getroot().iter("testsuite")}
+    # The suite of the inputs that could not be read is stamped now, not 1970-01-01.
+    stamp = dt.datetime.fromisoformat(suites["traceanalyzer.inputs"].get("timestamp"))
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    assert abs((now - stamp).total_seconds()) < 3600
+    assert suites["traceanalyzer.inputs"].find("testcase").get("name") == str(missing)
+
+
+def test_the_verdict_is_in_the_log_wherever_the_report_goes(tmp_path, db):
+    verdict = "1 run(s) checked: 1 error, 2 warning, 1 info (3 related finding(s) under them). FAIL: 1 finding(s)"
+    r = run("check", "--store", db, PLANTED, "--format", "sarif", "-o", tmp_path / "f.sarif")
+    assert r.exit_code == 1 and r.stdout == "" and verdict in r.stderr.splitlines()[-1]
+    r = run("check", "--store", db, PLANTED, "--format", "json")  # standard output: the JSON alone
+    assert r.exit_code == 1 and json.loads(r.stdout)["findings"] and verdict in r.stderr
+    r = run("check", "--store", db, PLANTED, "--fail-on", "never", "--format", "junit", "-o", tmp_path / "f.xml")
+    assert r.exit_code == 0 and "OK: nothing at or above 'never'" in r.stderr.splitlines()[-1]
+    r = run("check", "--store", db, PLANTED, "--sarif", tmp_path / "g.sarif")  # the text report holds it
+    assert r.exit_code == 1 and verdict in r.stdout and verdict not in r.stderr
+
+
+def test_report_options_that_cannot_work_are_usage_errors(tmp_path, db):
+    r = run("check", "--store", db, PLANTED, "-o", f"html={tmp_path / 'r.html'}")
+    assert r.exit_code == 2 and "the format must be one of text, json, sarif, junit, not 'html'" in r.stderr
+    r = run("check", "--store", db, PLANTED, "--sarif", tmp_path / "r.x", "-o", f"json={tmp_path / 'r.x'}")
+    assert r.exit_code == 2 and "more than one report would be written to this file" in r.stderr
+    r = run("check", "--store", db, PLANTED, "--json", tmp_path / "no" / "such" / "folder.json")
+    assert r.exit_code == 2 and "cannot write the json report" in r.stderr and "Traceback" not in r.stderr
+    assert not db.exists() or run("runs", "--store", db).exit_code == 0
 
 
 def test_text_report_to_file_has_no_color_codes(tmp_path, db):
@@ -202,9 +260,12 @@ def test_report_of_checked_runs_needs_no_write_access(db):
     # While this process holds the store read-only, DuckDB refuses it a writable connection:
     # the report fails unless it opens the store read-only (chmod alone does not stop root).
     with duckdb.connect(str(db), read_only=True):
-        r = run("report", "--store", db, "--markdown", rid)
+        r = run("report", "--store", db, "--format", "markdown", rid)
         assert r.exit_code == 0, r.stderr
         assert "### planted.sqlite" in r.stdout
+        assert run("report", "--store", db, "--markdown", rid).stdout == r.stdout  # the older spelling
+        bad = run("report", "--store", db, "--format", "pdf", rid)
+        assert bad.exit_code == 2 and "--format must be one of html, markdown, not 'pdf'" in bad.stderr
         assert run("ingest", "--store", db, CLEAN).exit_code == 2  # the hold does stop a writer
 
 

@@ -406,3 +406,80 @@ def test_a_released_store_opens_again_as_it_was(tmp_path, monkeypatch):
         waiting.touch()  # one that waited and was killed: let go once, and the sign is cleared
         assert s.let_in_waiting() and not waiting.exists()
         assert s.con is not con and s.run_ids() == [run_id]
+
+
+
+
+# A child of the store-creation race, on a fresh store path each round. The conductor
+# ("lead") starts a round once every opener is ready for it. Even rounds: the writers create
+# the store at once (DuckDB makes the file, then takes its lock and writes the headers).
+# Odd rounds: the lead creates it slowly: it leaves the file empty for a while, then puts a
+# whole store in its place, as a creator descheduled mid-way would. Writers and readers open
+# it meanwhile (readers once the file is there). An opener pauses a little after a failed
+# open, as a loaded machine may pause it, so that the file often changes between the failed
+# open and the look at the file that follows it.
+OPEN_RACE_CHILD = r"""
+import os, random, sys, time
+from pathlib import Path
+import traceanalyzer.store as S
+folder, me, rounds, openers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
+real_connect = S.connect_duckdb
+def connect(*args, **kwargs):
+    try:
+        return real_connect(*args, **kwargs)
+    except Exception:
+        time.sleep(random.uniform(0, 0.01))
+        raise
+S.connect_duckdb = connect
+def wait_for(path):
+    while not path.exists():
+        time.sleep(0.0002)
+if me == "lead":
+    made = folder / "made.duckdb"
+    S.Store(made).close()
+failures = 0
+for r in range(rounds):
+    path, go = folder / f"s{r}.duckdb", folder / f"go{r}"
+    try:
+        if me == "lead":
+            for o in openers:
+                wait_for(folder / f"ready{r}.{o}")
+            if r % 2:
+                path.write_bytes(b"")
+                time.sleep(random.uniform(0.002, 0.02))
+                tmp = folder / "made.tmp"
+                tmp.write_bytes(made.read_bytes())
+                os.replace(tmp, path)
+            else:
+                go.touch()
+            continue
+        (folder / f"ready{r}.{me}").touch()
+        reader = me.startswith("read")
+        wait_for(path if reader or r % 2 else go)
+        S.Store(path, read_only=reader).close()
+    except Exception as e:
+        failures += 1
+        print(f"round {r}: {type(e).__name__}: {e}", flush=True)
+print(f"FAILURES {failures}", flush=True)
+"""
+
+
+def test_many_processes_opening_a_store_being_created_all_get_in(tmp_path):
+    """Writers and readers in several processes open a store while it is being created
+    (`OPEN_RACE_CHILD`): every open gets in, and every store is whole after."""
+    rounds = 40
+    openers = ["write1", "write2", "write3", "read1", "read2"]
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_RACE_CHILD, str(tmp_path), me, str(rounds), ",".join(openers)],
+                              cwd=ROOT, env=_reader_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for me in ["lead", *openers]]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        results.append((p.returncode, out, err))
+    failed = [line for _, out, _ in results for line in out.splitlines() if line.startswith("round ")]
+    assert not failed, failed
+    for code, out, err in results:
+        assert code == 0 and out.rstrip().endswith("FAILURES 0"), (out, err)
+    for r in range(rounds):
+        with Store(tmp_path / f"s{r}.duckdb", read_only=True) as s:
+            assert s.run_ids() == []

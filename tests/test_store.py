@@ -246,6 +246,37 @@ def test_a_store_another_process_is_creating_is_waited_for(tmp_path):
         Store(short)
 
 
+def test_a_store_made_whole_right_after_a_failed_open_is_opened(tmp_path, monkeypatch):
+    """The open fails on the empty file, and the creator puts the whole store in place before
+    the opener looks at the file again: the file changed, so it is tried again."""
+    import traceanalyzer.store as S
+
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(b"")
+    made = tmp_path / "made.duckdb"
+    Store(made).close()
+    real, tries = S.connect_duckdb, []
+
+    def connect(*args, **kwargs):
+        tries.append(path.stat().st_size)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            if made.exists():
+                os.replace(made, path)
+
+    monkeypatch.setattr(S, "connect_duckdb", connect)
+    with Store(path) as s:
+        assert s.run_ids() == []
+    assert tries[0] == 0 and tries[1] >= S.HEADER_BYTES
+    whole = tmp_path / "whole.duckdb"  # a whole file that is no store fails at once, unchanged
+    whole.write_bytes(b"x" * 2 * S.HEADER_BYTES)
+    tries.clear()
+    with pytest.raises(StoreError, match="cannot open store"):
+        Store(whole)
+    assert len(tries) == 1
+
+
 def test_dictionary_strings_are_stored_as_plain_varchar(store):
     """Readers may hand over dictionary-encoded strings: stored as VARCHAR, same values;
     run_id and absent columns are filled by the INSERT."""

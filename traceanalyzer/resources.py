@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .interrupt import interruptible
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -48,10 +50,11 @@ def limit_memory(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def connect_duckdb(database: str = ":memory:", *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with `limit_memory` applied: the one way traceanalyzer connects."""
+    """A DuckDB connection with `limit_memory` applied, that Ctrl-C interrupts (see
+    `interrupt`): the one way traceanalyzer connects."""
     import duckdb
 
-    con = duckdb.connect(database, read_only=read_only)
+    con = interruptible(duckdb.connect(database, read_only=read_only))
     try:
         limit_memory(con)
     except BaseException:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError, find_config, load_config, parse_threshold_option
-from .. import diagnosis, link
+from .. import diagnosis, interrupt, link
 from ..diagnosis import diagnose_runs
 from ..ingest import TraceError, find_traces
 from ..report.model import Baseline, CheckResult, InputError, load_result
@@ -154,6 +154,7 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
                 diagnose_runs(store, [res.run_id], rules)
                 res.rule_ids = [r.id for r in rules.rules()]
     except Exception as e:  # a reader bug must not stop the batch either
+        interrupt.stop_if_interrupted(e)
         res.fail(e)
     res.work_s = time.perf_counter() - t0
     return res
@@ -197,9 +198,10 @@ def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_
     if not files:
         done.add(FileResult(" ".join(map(str, paths)), error="no trace files here"), on_file)
     seen: dict[str, str] = {}
-    for f in files:
-        store.let_in_waiting()  # a reader of this store gets in between two files
-        done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen), on_file)
+    with interrupt.watching():  # Ctrl-C is no file's error
+        for f in files:
+            store.let_in_waiting()  # a reader of this store gets in between two files
+            done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen), on_file)
     return done
 
 
@@ -237,6 +239,11 @@ def runs_for(store: Store, refs: list[str], settings: Settings, *, same_rules: b
     thresholds; else with any (a report shows what its check found). A ref that names
     nothing is a failed result. `on_file` sees the result of each file, and each ref that
     named nothing."""
+    with interrupt.watching():  # Ctrl-C is no file's error
+        return _runs_for(store, refs, settings, same_rules, on_file)
+
+
+def _runs_for(store: Store, refs: list[str], settings: Settings, same_rules: bool, on_file) -> Checked:
     fresh = _checked_hashes(store, settings, same_rules)
     done = Checked()
     for ref in refs:
@@ -309,6 +316,7 @@ def link_pairs(store: Store, files: list[FileResult], rules: Settings | None, *,
         try:
             res = link.link_runs(store, timeline, ncu)
         except Exception as e:  # a bug in linking must not stop the batch
+            interrupt.stop_if_interrupted(e)
             error = InputError.of(paths[ncu], e)
             errors.append(InputError(error.path, f"could not link it to {paths[timeline]}: {error.message}",
                                      error.internal, error.detail))
@@ -385,6 +393,11 @@ def run_check(store: Store, opts: CheckOptions, on_file: Callable[[FileResult], 
     stored content is not read again, its rules run again), link the timeline and Nsight
     Compute runs given together (unless `opts.link` is False; `link_pairs`), then run the
     cross-run rules on all their runs; gather the result."""
+    with interrupt.watching():
+        return _run_check(store, opts, on_file, on_link)
+
+
+def _run_check(store: Store, opts: CheckOptions, on_file, on_link) -> CheckResult:
     settings, fail_on = settings_from(opts)
     baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
     done = check_refs(store, opts.paths, settings, on_file=on_file)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -46,7 +47,7 @@ from typing import Callable, Iterable, Iterator
 
 import pandas as pd
 
-from .. import os_memory
+from .. import interrupt, os_memory
 from ..diagnosis import diagnose_runs
 from ..ingest import ParsedTrace, find_traces, streams
 from ..resources import Resources
@@ -179,6 +180,7 @@ def process_file(path: str, ctx: WorkContext) -> FileOutcome:
                         _scratch_used(sum(res.counts.values()))
                 res.work_s += time.perf_counter() - t0
     except Exception as e:  # the worker's own store failed (check_file itself never raises)
+        interrupt.stop_if_interrupted(e)
         out = FileOutcome(FileResult(path))
         out.result.fail(e)
     return out
@@ -196,6 +198,10 @@ _pool_ctx: WorkContext | None = None
 
 def _init_pool_worker(ctx: WorkContext) -> None:
     global _pool_ctx
+    # Ctrl-C in a terminal reaches every process of the scan. A worker leaves it to the
+    # writer, which ends the workers (`local_outcomes`): else each would print the traceback
+    # of its interrupted file, or, interrupted inside DuckDB, hand it back as failed.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _pool_ctx = ctx
 
 
@@ -233,6 +239,7 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
                                    initargs=(ctx,))
         in_flight: dict = {}
         clean_exit = False
+        workers: list = []
         try:
             while pending or suspects or in_flight:
                 # Suspects of an earlier crash run alone (nothing else in flight, so a crash
@@ -245,6 +252,7 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
                         and len(in_flight) < IN_FLIGHT_PER_WORKER * jobs:
                     f = pending.popleft()
                     in_flight[pool.submit(task, f)] = (f, False)
+                workers = list((pool._processes or {}).values())  # started as work is submitted
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                 broken = False
                 for fut in done:
@@ -268,8 +276,13 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
                     break
             clean_exit = not (pending or suspects)
         finally:
-            # On an interruption do not wait for running files; their results are not needed.
+            # On an interruption do not wait for running files; their results are not needed,
+            # and a big one may take minutes: its worker is ended.
             pool.shutdown(wait=clean_exit, cancel_futures=True)
+            if not clean_exit:
+                for p in workers:
+                    with contextlib.suppress(Exception):
+                        p.terminate()
 
 
 # -- the writer -------------------------------------------------------------------------
@@ -309,6 +322,11 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
     a timeline and an Nsight Compute run found side by side are linked once every file is
     stored (`check.link_pairs`; `on_link(result)` sees each).
     """
+    with interrupt.watching():
+        return _scan(store, paths, jobs, settings, scheduler, on_start, on_file, link, on_link)
+
+
+def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, link, on_link) -> ScanReport:
     t0 = time.perf_counter()
     settings = settings if settings is not None else Settings()
     # Resolved like `Store.ingest` does, so `source_path` and run lookups by path agree.
@@ -376,6 +394,7 @@ def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
             try:
                 diagnose_runs(store, report.run_ids, cross)
             except Exception as e:  # the stored runs stay; say what failed
+                interrupt.stop_if_interrupted(e)
                 report.cross_rule_error = _one_line(e)
     report.elapsed_s = time.perf_counter() - t0
     return report
@@ -411,6 +430,7 @@ def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> Fil
     try:
         stored = store.write_run(o.trace, Path(res.path), res.content_hash, res.size_bytes, findings=o.findings)
     except Exception as e:  # e.g. a reader's table that does not fit the schema
+        interrupt.stop_if_interrupted(e)
         res.state, res.error, res.internal, res.detail = "failed", _one_line(e), True, traceback.format_exc()
         return res
     written[res.content_hash] = res.path

@@ -4,15 +4,17 @@ from typing import Annotated, List
 
 import typer
 
-from .common import (BaselineOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt,
-                     NoLinkOpt, OutputOpt, QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, WriteBaselineOpt, check_options,
-                     emit, err, file_line, link_lines, note_not_traces, open_store)
+from .common import (BaselineOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt,
+                     JunitOpt, MaxGrowthOpt, NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt,
+                     WriteBaselineOpt, check_options, emit, err, file_line, link_lines, note_not_traces, open_store,
+                     report_targets)
 
 
 def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files or folders (what is not stored yet is ingested), or stored runs: id, id prefix or file name.")],
           store: StoreOpt = None, fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
           threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
-          output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
+          output: OutputOpt = None, sarif: SarifOpt = None, junit: JunitOpt = None, json_file: JsonOpt = None,
+          baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
           write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: CheckVerboseOpt = False,
           debug: DebugOpt = False, no_link: NoLinkOpt = False,
           show_vendor_rules: Annotated[bool, typer.Option(
@@ -24,6 +26,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
     from ..batch.check import UsageError, run_check
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
+    targets = report_targets(format, output, sarif, junit, json_file)
     opts.link = not no_link
     try:
         with open_store(store) as st:
@@ -35,7 +38,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
         raise typer.Exit(2)
     result.show_vendor_rules = show_vendor_rules
     note_not_traces(result.not_traces, verbose)
-    emit(result, format, output, write_baseline, quiet, verbose=verbose)
+    emit(result, targets, write_baseline, quiet, verbose=verbose)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,8 @@ command line, so that every command module can import it."""
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, List, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, List, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -189,15 +190,26 @@ ConfigOpt = Annotated[Optional[Path], typer.Option(
                                      "\\[default: looked up from the current folder upwards].")]
 FormatOpt = Annotated[str, typer.Option(
     "--format", metavar="FORMAT", help=f"The report's format: {', '.join(list(FORMATS)[:-1])} or {list(FORMATS)[-1]}.")]
-OutputOpt = Annotated[Optional[Path], typer.Option(
-    "--output", "-o", metavar="FILE", help="Write the report to this file instead of standard output.")]
+OutputOpt = Annotated[Optional[List[str]], typer.Option(
+    "--output", "-o", metavar="[FORMAT=]FILE",
+    help=f"FORMAT=FILE: also write the report in FORMAT ({', '.join(FORMATS)}) to FILE (repeat for several; "
+         "standard output keeps the --format report). FILE alone: write the --format report there instead of "
+         "standard output.")]
+SarifOpt = Annotated[Optional[Path], typer.Option(
+    "--sarif", metavar="FILE", help="Also write the SARIF report to FILE (as -o sarif=FILE).")]
+JunitOpt = Annotated[Optional[Path], typer.Option(
+    "--junit", metavar="FILE", help="Also write the JUnit XML report to FILE (as -o junit=FILE).")]
+JsonOpt = Annotated[Optional[Path], typer.Option(
+    "--json", metavar="FILE", help="Also write the JSON report to FILE (as -o json=FILE).")]
 BaselineOpt = Annotated[Optional[Path], typer.Option(
     "--baseline", metavar="FILE", help="A JSON report of an earlier check: only findings not in it fail the gate.")]
 MaxGrowthOpt = Annotated[Optional[float], typer.Option(
     "--max-growth", metavar="PCT", help="With --baseline: a finding in it also fails the gate when its estimated "
                                         "loss (or value, when it has no loss) grew by more than PCT percent.")]
 WriteBaselineOpt = Annotated[Optional[Path], typer.Option(
-    "--write-baseline", metavar="FILE", help="Save this check's findings as a baseline file (a JSON report).")]
+    "--write-baseline", metavar="FILE", help="Save this check's findings as a baseline file (a JSON report); the "
+                                             "findings do not fail this run (exit 0 unless an input or a rule "
+                                             "failed).")]
 NoLinkOpt = Annotated[bool, typer.Option(
     "--no-link", help="Do not link a timeline (nsys, Kineto) to the Nsight Compute run of the same program given "
                       "with it (or, for scan, beside it: the same stem, or a folder's only pair).")]
@@ -222,33 +234,84 @@ def check_options(paths: List[str], fail_on, select, ignore, threshold, config, 
                         thresholds=threshold or [], config=config, baseline=baseline, max_growth_pct=max_growth)
 
 
-def emit(result, format: str, output: Optional[Path], write_baseline: Optional[Path], quiet: bool,
+@dataclass
+class ReportTargets:
+    """Where a check's reports go: `stdout`, the format written to standard output (None: none
+    is), and `files`, (format, file) each."""
+
+    stdout: Optional[str]
+    files: list
+
+
+def report_targets(format: str, output: Optional[List[str]], sarif: Optional[Path] = None,
+                   junit: Optional[Path] = None, json_file: Optional[Path] = None) -> ReportTargets:
+    """The reports `--format`, `-o` (repeatable: FORMAT=FILE, or FILE for the --format report),
+    `--sarif`, `--junit` and `--json` ask for; a usage error line and exit 2 on a bad one."""
+    targets = ReportTargets(format, [])
+    for value in output or []:
+        name, sep, rest = value.partition("=")
+        if sep and name in FORMATS:
+            if not rest:
+                _usage_error(f"-o {value}: give a file after '='")
+            targets.files.append((name, Path(rest)))
+        elif sep and name.isalpha():
+            _usage_error(f"-o {value}: the format must be one of {', '.join(FORMATS)}, not {name!r}")
+        else:
+            targets.files.append((format, Path(value)))
+            targets.stdout = None
+    for name, path in (("sarif", sarif), ("junit", junit), ("json", json_file)):
+        if path is not None:
+            targets.files.append((name, path))
+    paths = [str(path.resolve()) for _, path in targets.files]
+    for path in {p for p in paths if paths.count(p) > 1}:
+        _usage_error(f"{path}: more than one report would be written to this file")
+    return targets
+
+
+def _usage_error(message: str) -> NoReturn:
+    err.print(f"error: {message}", markup=False)
+    raise typer.Exit(2)
+
+
+def emit(result, targets: ReportTargets, write_baseline: Optional[Path], quiet: bool,
          text_body=None, failed_internally: bool = False, verbose: bool = False) -> None:
-    """Write the report of a check or scan in `format` to `output` (or stdout), the baseline
-    file if asked for, then exit with the result's code (2 at least when `failed_internally`).
+    """Write the reports of a check or scan (`targets`) and the baseline file if asked for,
+    then exit with the result's code (2 at least when `failed_internally`; a gate failure is
+    0 while recording a baseline). The log always ends with the verdict: the text report's
+    last line, or, when standard output holds no text report, that line on stderr.
     `text_body(console)` prints what the text format shows before the verdict (default: the
     findings; `quiet` and `verbose` as `text.print_result` takes them)."""
     from ..report import render
-    from ..report.text import print_result
+    from ..report.text import print_result, verdict_line
 
+    def text(console: Console) -> None:
+        if text_body is None:
+            print_result(result, console, show_info=not quiet, verbose=verbose)
+        else:
+            text_body(console)
+            print_result(result, console, show_info=not quiet, findings=False)
+
+    for fmt, path in targets.files:
+        try:
+            if fmt == "text":
+                with open(path, "w") as fh:
+                    text(Console(file=fh, width=120, no_color=True, highlight=False))
+            else:
+                path.write_text(render(result, fmt))
+        except OSError as e:
+            _usage_error(f"{path}: cannot write the {fmt} report: {e.strerror or e}")
+        err.print(f"wrote {path} ({fmt})", markup=False)
+    if targets.stdout == "text":
+        text(out)
+    elif targets.stdout is not None:
+        sys.stdout.write(render(result, targets.stdout))
+    if targets.stdout != "text":
+        err.print(Text.from_markup(verdict_line(result)))
+    code = max(result.exit_code(), 2 if failed_internally else 0)
     if write_baseline:
         write_baseline.write_text(render(result, "json"))
-    if format == "text":
-        def body(console: Console) -> None:
-            if text_body is None:
-                print_result(result, console, show_info=not quiet, verbose=verbose)
-            else:
-                text_body(console)
-                print_result(result, console, show_info=not quiet, findings=False)
-        if output:
-            with open(output, "w") as fh:
-                body(Console(file=fh, width=120, no_color=True, highlight=False))
-        else:
-            body(out)
-    else:
-        text = render(result, format)
-        if output:
-            output.write_text(text)
-        else:
-            sys.stdout.write(text)
-    raise typer.Exit(max(result.exit_code(), 2 if failed_internally else 0))
+        if code == 1:  # the findings are what is being recorded, not a failure of this run
+            code = 0
+        err.print(f"baseline: wrote {len(result.findings)} finding(s) to {write_baseline}; they do not fail "
+                  "this run", markup=False)
+    raise typer.Exit(code)

@@ -10,9 +10,10 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from rich import box
 from rich.table import Column, Table
 
-from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, MaxGrowthOpt, NoLinkOpt,
-                     OutputOpt, QuietOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt, WriteBaselineOpt,
-                     check_options, emit, err, link_lines, note_not_traces, open_store, print_input_error)
+from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
+                     NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
+                     WriteBaselineOpt, check_options, emit, err, link_lines, note_not_traces, open_store,
+                     print_input_error, report_targets)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
@@ -21,7 +22,8 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
          scheduler: Annotated[Optional[str], typer.Option("--scheduler", metavar="ADDRESS", help="A Dask scheduler address (tcp://host:8786) or scheduler JSON file: parse and check on that cluster's workers (needs traceanalyzer\\[dask]).")] = None,
          fail_on: FailOpt = None, select: SelectOpt = None, ignore: IgnoreOpt = None,
          threshold: ThresholdOpt = None, config: ConfigOpt = None, format: FormatOpt = "text",
-         output: OutputOpt = None, baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
+         output: OutputOpt = None, sarif: SarifOpt = None, junit: JunitOpt = None, json_file: JsonOpt = None,
+         baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
          write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
          debug: DebugOpt = False, no_link: NoLinkOpt = False):
     """Find every trace under PATHS, parse and check them in parallel, store them, and
@@ -36,8 +38,10 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     from ..batch.check import UsageError, read_baseline, settings_from
     from ..report.model import InputError, load_result
     from ..batch.scan import ScanError, scan as run_scan
+    from .. import interrupt
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
+    targets = report_targets(format, output, sarif, junit, json_file)
     try:
         settings, fail_on = settings_from(opts)
         known = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
@@ -46,51 +50,52 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
         raise typer.Exit(2)
     if scheduler and jobs:
         err.print("note: --jobs is ignored with --scheduler (the cluster's workers do the work)", markup=False)
-    with open_store(store) as st, _progress(err) as progress:
-        task = None
-        lines = PlainProgress(err) if not err.is_terminal else None
+    # Ctrl-C: DuckDB's work is interrupted too, and the workers ended (`interrupt`); the runs
+    # stored so far (each whole) stay.
+    try:
+        with interrupt.watching(), open_store(store) as st, _progress(err) as progress:
+            task = None
+            lines = PlainProgress(err) if not err.is_terminal else None
 
-        def on_start(files, total_bytes):
-            nonlocal task
-            task = progress.add_task("scanning", total=total_bytes or None, files=f"0/{len(files)}",
-                                     n_files=len(files), n_done=0)
-            if lines:
-                lines.start(len(files), total_bytes)
+            def on_start(files, total_bytes):
+                nonlocal task
+                task = progress.add_task("scanning", total=total_bytes or None, files=f"0/{len(files)}",
+                                         n_files=len(files), n_done=0)
+                if lines:
+                    lines.start(len(files), total_bytes)
 
-        def on_file(r):
-            t = progress.tasks[task]
-            done = t.fields["n_done"] + 1
-            progress.update(task, advance=r.size_bytes, n_done=done, files=f"{done}/{t.fields['n_files']}")
-            _print_file_line(progress.console, r, debug)
-            if lines:
-                lines.file_done(r.size_bytes)
+            def on_file(r):
+                t = progress.tasks[task]
+                done = t.fields["n_done"] + 1
+                progress.update(task, advance=r.size_bytes, n_done=done, files=f"{done}/{t.fields['n_files']}")
+                _print_file_line(progress.console, r, debug)
+                if lines:
+                    lines.file_done(r.size_bytes)
 
-        try:
-            report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
-                              on_start=on_start, on_file=on_file, link=not no_link,
-                              on_link=lambda r: link_lines(r, progress.console, limit=3))
-        except ScanError as e:
+            try:
+                report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
+                                  on_start=on_start, on_file=on_file, link=not no_link,
+                                  on_link=lambda r: link_lines(r, progress.console, limit=3))
+            except ScanError as e:
+                progress.stop()
+                err.print(f"error: {e}", markup=False)
+                raise typer.Exit(2)
             progress.stop()
-            err.print(f"error: {e}", markup=False)
-            raise typer.Exit(2)
-        except KeyboardInterrupt:
-            progress.stop()
-            err.print("interrupted: the runs stored so far are kept; run the same scan again to finish",
-                      markup=False)
-            raise typer.Exit(130)
-        progress.stop()
-        if lines:
-            lines.finish()
-        note_not_traces(report.not_traces, verbose)
-        if report.cross_rule_error:
-            err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
-        result = load_result(st, report.run_ids, fail_on)
-        result.baseline = known
-        result.not_traces = list(report.not_traces)
-        result.errors = [InputError(f.path, f.error or "failed", f.internal, f.detail) for f in report.failed]
-        result.errors += report.link_errors
-        table = _table(st, report)
-    emit(result, format, output, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
+            if lines:
+                lines.finish()
+            note_not_traces(report.not_traces, verbose)
+            if report.cross_rule_error:
+                err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
+            result = load_result(st, report.run_ids, fail_on)
+            result.baseline = known
+            result.not_traces = list(report.not_traces)
+            result.errors = [InputError(f.path, f.error or "failed", f.internal, f.detail) for f in report.failed]
+            result.errors += report.link_errors
+            table = _table(st, report)
+    except KeyboardInterrupt:
+        err.print("interrupted: the runs stored so far are kept; run the same scan again to finish", markup=False)
+        raise typer.Exit(130)
+    emit(result, targets, write_baseline, quiet, text_body=lambda console: _print_table(console, *table),
          failed_internally=report.cross_rule_error is not None)
 
 

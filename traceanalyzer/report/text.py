@@ -260,6 +260,13 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
             _line(console, _rule_error_line(o, files.get(o["run_id"], o["run_id"])))
     for e in result.errors:
         _line(console, f"{escape(e.path)}: {escape(e.message)}", "[red]input error:[/]")
+    console.print()
+    _line(console, verdict_line(result))
+
+
+def verdict_line(result: CheckResult) -> str:
+    """The last line of a check's text report (rich markup): what was checked, and whether the
+    gate passed and why not. A check that writes its report elsewhere prints it to the log."""
     total = result.counts()
     failing = result.failing()
     rule_errors = result.rule_errors()
@@ -278,6 +285,5 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
         verdict += f" (findings in the baseline do not count{grown})"
     related = len(result.findings) - len(result.headlines())
     under = f" ({related} related finding(s) under them)" if related else ""
-    console.print()
-    _line(console, f"{len(result.runs)} run(s) checked: {total['error']} error, {total['warning']} warning, "
-                   f"{total['info']} info{under}. {verdict}")
+    return (f"{len(result.runs)} run(s) checked: {total['error']} error, {total['warning']} warning, "
+            f"{total['info']} info{under}. {verdict}")

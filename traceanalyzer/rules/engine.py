@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from .. import schema
+from .. import interrupt, schema
 from ..store import views
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
@@ -255,9 +255,10 @@ def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cu
     results: list = [None] * len(rules)
     todo = iter(range(len(rules)))  # next() on a shared iterator: each rule taken once
     lock = threading.Lock()
+    stop = threading.Event()
 
     def worker(st: Store) -> None:
-        while True:
+        while not stop.is_set():
             with lock:
                 i = next(todo, None)
             if i is None:
@@ -269,8 +270,14 @@ def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cu
         for st in clones:
             views.use_run_cache(st.con, cache)
         with _in_pass(clones, cache), ThreadPoolExecutor(len(clones), thread_name_prefix="rules") as pool:
-            for f in [pool.submit(worker, st) for st in clones]:
-                f.result()
+            try:
+                for f in [pool.submit(worker, st) for st in clones]:
+                    f.result()
+            except BaseException:  # Ctrl-C, or a rule thread's error: the others stop now
+                stop.set()
+                for st in clones:
+                    st.con.interrupt()
+                raise
     finally:
         cursors.close()  # before the cache they read is dropped
     return results
@@ -380,6 +387,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
                     df = evaluate_rule(st, rule, run_id, params[rule.id])
                     oc.findings = len(df)
             except Exception as e:  # one broken rule must not hide the others' findings
+                interrupt.stop_if_interrupted(e)
                 oc.status, oc.note, df = "error", _error_note(e), None
             return oc, df
 
@@ -420,6 +428,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
                 frames[run_id].append(part)
                 outcomes[(run_id, rule.id)].findings = len(part)
         except Exception as e:
+            interrupt.stop_if_interrupted(e)
             for run_id in applicable[rule.id]:
                 outcomes[(run_id, rule.id)].status = "error"
                 outcomes[(run_id, rule.id)].note = _error_note(e)

@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from .. import input_limits, kernel_library, os_memory, schema
+from ..interrupt import interruptible
 from ..ingest.base import ParsedTrace
 from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
 from . import launch_sweep, migrations, views
@@ -199,12 +200,22 @@ class Store:
                              "(no write access): copy it somewhere writable, or open it once with write access")
         Store(self.path, lock_timeout_s=lock_timeout_s).close()
 
-    def _being_created(self, since: float) -> bool:
+    def _file_state(self) -> tuple[int, int, int] | None:
+        """What says the file changed: (inode, size, mtime); None when there is none."""
         try:
-            short = self.path.stat().st_size < HEADER_BYTES
+            st = self.path.stat()
         except OSError:
-            short = True  # gone again: try once more
-        return short and time.monotonic() - since < CREATING_WAIT_S
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _being_created(self, before: tuple[int, int, int] | None, since: float) -> bool:
+        """Whether an open that found no DuckDB file may have met one another process is
+        creating: the file was missing or short of DuckDB's headers when the open began, or
+        it changed since (made whole, or put in place, meanwhile). Tried again for
+        CREATING_WAIT_S; a whole file that stayed as it was is no store."""
+        if time.monotonic() - since >= CREATING_WAIT_S:
+            return False
+        return before is None or before[1] < HEADER_BYTES or self._file_state() != before
 
     def _connect(self, lock_timeout_s: float | None) -> duckdb.DuckDBPyConnection:
         """Open the file, waiting while another process holds it: up to `lock_timeout_s` (None:
@@ -215,13 +226,14 @@ class Store:
         start = time.monotonic()
         delay, asked, noted = 0.02, False, False
         while True:
+            before = self._file_state()
             try:
                 con = connect_duckdb(str(self.path), read_only=self.read_only)
             except MemoryLimitError as e:
                 raise StoreError(str(e)) from None
             except duckdb.IOException as e:
                 msg = str(e)
-                if "not a valid DuckDB database" in msg and self._being_created(start):
+                if "not a valid DuckDB database" in msg and self._being_created(before, start):
                     time.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
                     continue
@@ -556,7 +568,7 @@ class Store:
         `set_up` is False: then call `set_up` before using it, on any one thread). Close it
         when done; the database stays open."""
         clone = copy.copy(self)
-        clone.con = self.con.cursor()
+        clone.con = interruptible(self.con.cursor())
         if set_up:
             clone.set_up()
         return clone
