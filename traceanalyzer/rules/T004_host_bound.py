@@ -11,9 +11,9 @@ from .base import Rule, Threshold
 # the GPU had work and waited for something else (the budget's `dependency`); with no launch
 # call known, nobody can tell (`unknown`). So a stretch's host time is at most the budget's
 # `host` time of it on every device whose span holds it.
-# Host work is the leaf host activity: framework ops, API calls, and CPU ranges (NVTX,
-# record_function) that enclose no other recorded event of their thread; ranges that merely
-# enclose work (ProfilerStep#N, an annotation around a step) say nothing of what the host did.
+# Host work is the host activity outside blocking calls: framework ops, API calls, CPU ranges
+# (NVTX, record_function) but ProfilerStep#N, which only says a step is running, not that the
+# host works: a range around a step covers the time the host waits for the GPU too.
 # What the host was doing in a stretch is the innermost of those events (shortest) with at
 # least half of its host work (time outside blocking calls), else the one with most of it.
 ISSUED = idle_marks("e.d_start", "e.d_end", "e.call_start", "e.call_end", "b.reach_ns")[0]
@@ -90,27 +90,23 @@ bucket AS (
     SELECT h.* FROM host_all h, bucket b
     WHERE h.end_ns // b.w - h.start_ns // b.w > 1
        OR h.start_ns // b.w + h.end_ns // b.w IN (SELECT key FROM near_keys)
-), enclosing AS (  -- ranges that hold another event of their thread: they enclose work, not do it
-    SELECT DISTINCT r.id FROM host_near r
-    JOIN host_near h ON h.pid IS NOT DISTINCT FROM r.pid AND h.tid IS NOT DISTINCT FROM r.tid
-                    AND h.start_ns >= r.start_ns AND h.end_ns <= r.end_ns AND NOT (h.kind = 'range' AND h.id = r.id)
-    WHERE r.kind = 'range'
-), host AS (
-    SELECT * FROM host_near WHERE kind <> 'range' OR id NOT IN (SELECT id FROM enclosing)
 ), -- Stretches are disjoint and numbered in time order, so the ones a host event overlaps are
    -- a run of numbers: from the first stretch ending after the event starts to the last one
    -- starting before it ends (two ASOF joins). An interval-overlap join is quadratic here.
 host_reach AS (
     SELECT h.*, f.sid AS first_sid, l.sid AS last_sid
-    FROM host h
+    FROM host_near h
     ASOF JOIN stretches f ON h.start_ns < f.end_ns
     ASOF JOIN stretches l ON h.end_ns > l.start_ns
     WHERE f.sid <= l.sid
-), clipped AS (  -- host events clipped to the stretches they overlap
-    SELECT s.sid, h.kind, h.id, h.end_ns - h.start_ns AS dur_ns,
-           greatest(h.start_ns, s.start_ns) AS c_start, least(h.end_ns, s.end_ns) AS c_end
+), overlapping AS (  -- host events with the stretches they overlap
+    SELECT h.*, s.start_ns AS s_start, s.end_ns AS s_end
     FROM (SELECT *, unnest(range(first_sid, last_sid + 1)) AS sid FROM host_reach) h
     JOIN stretches s USING (sid)
+), clipped AS (  -- host events clipped to the stretches they overlap
+    SELECT o.sid, o.kind, o.id, o.end_ns - o.start_ns AS dur_ns,
+           greatest(o.start_ns, o.s_start) AS c_start, least(o.end_ns, o.s_end) AS c_end
+    FROM overlapping o
 ), clipped_from AS (
     SELECT c.*, __BLOCKED_AT_C_START__ AS blocked_before FROM clipped c
     ASOF LEFT JOIN run_blocking b ON b.start_ns <= c.c_start
@@ -138,7 +134,7 @@ host_reach AS (
     FROM inside i JOIN covered c USING (sid) WHERE i.work_ns > 0 GROUP BY i.sid
 ), main AS (  -- named only now: the names of millions of host events are never read
     SELECT m.sid, m.e.kind AS main_kind, m.e.id AS main_id,
-           regexp_replace(coalesce(o.name, r.name, c.name), '([#\s_:.-])\d+$', 'N') AS main_name
+           regexp_replace(coalesce(o.name, r.name, c.name), '([#\s_:.-])\d+$', '\1N') AS main_name
     FROM main_event m
     LEFT JOIN cpu_ops o ON m.e.kind = 'cpu_op' AND o.run_id = $run_id AND o.op_id = m.e.id
     LEFT JOIN ranges r ON m.e.kind = 'range' AND r.run_id = $run_id AND r.range_id = m.e.id
@@ -220,9 +216,9 @@ RULE = Rule(
         "copy or memset: waiting, not working). That is the stretch's host time; per device it is "
         "at most the budget's `idle:host` time of the stretch. A stretch is host-bound when its host "
         "time is at least `min_stretch_ns` and the host's work covers at least `min_host_busy_share` "
-        "of it. The host's work is the leaf host activity outside blocking calls: framework ops, API "
-        "calls, and NVTX or record_function ranges that hold no other recorded event of their thread "
-        "(ranges that merely enclose work, and `ProfilerStep#N`, say nothing of what the host did). "
+        "of it. The host's work is the recorded host activity outside blocking calls: framework ops, "
+        "API calls, and NVTX or record_function ranges but `ProfilerStep#N` (a step is running, "
+        "which says nothing of what the host does). "
         "The host activity of a stretch is the innermost event (shortest) with at least half of its "
         "work, else the event with most of it (`#N` suffixes are merged). The finding's value is the "
         "host time of the host-bound stretches as a share of the run's span (wall time); it is "
