@@ -336,7 +336,8 @@ for _key, _sql in {
     "__DEVICE_SPLIT__": _split("false"), "__GAP_CAUSE__": GAP_CAUSE,
     "__CAUSE_SUMS__": CAUSE_SUMS, "__CAUSE_IDLE_SUMS__": CAUSE_IDLE_SUMS, "__STREAM_IDLE__": STREAM_IDLE,
     "__STREAM_PER_CAUSE__": _per_cause("_idle_ns"), "__DEVICE_PER_CAUSE__": _per_cause("_ns"),
-    "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"), "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
+    "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"),
+    "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
     "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
     # Device-idle time within the gaps of multi-stream devices, per stream and cause: the
     # covered_ns of each cause's device segments, a key per device and cause.
