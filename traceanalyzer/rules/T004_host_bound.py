@@ -56,7 +56,8 @@ WITH gpu_idle AS (
 ), host_start AS (
     SELECT h.*, __BLOCKED_AT_START__ AS blocked_before
     FROM host_end h ASOF LEFT JOIN run_blocking b ON b.start_ns <= h.start_ns
-), stretches AS (  -- the host parts with at least min_stretch_ns of time outside blocking calls
+), stretches AS MATERIALIZED (  -- the host parts with at least min_stretch_ns of time outside
+    -- blocking calls (read by several CTEs: computed once)
     SELECT * FROM (
         SELECT h.sid, h.start_ns, h.end_ns, h.end_ns - h.start_ns AS part_ns, h.gap_ns AS idle_ns,
                h.end_ns - h.start_ns - (__BLOCKED_AT_END__ - h.blocked_before) AS host_ns
@@ -68,20 +69,20 @@ WITH gpu_idle AS (
     UNION ALL
     SELECT 'range', range_id, pid, tid, start_ns, end_ns FROM ranges
     WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation') AND end_ns > start_ns
-      AND NOT regexp_matches(coalesce(name, ''), '__PROFILER_STEP__')
+      AND NOT (coalesce(name, '') LIKE 'ProfilerStep#%' AND regexp_matches(name, '__PROFILER_STEP__'))
     UNION ALL
     SELECT 'api_call', call_id, pid, tid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND end_ns > start_ns
 ), -- Most host events (millions of API calls) fall in busy time. A cheap exact prefilter keeps
    -- those that may overlap a stretch: time is cut into buckets of width w (about 100k buckets
-   -- over all stretches at most), and an event is kept if it spans more than two buckets or
+   -- over the GPU-idle stretches at most), and an event is kept if it spans more than two buckets or
    -- one of its end buckets holds part of a stretch. An overlap lies in a bucket of both.
    -- Both end buckets are looked up at once, by their sum (one hash probe per event, not two:
    -- 8 M API calls, 0.2 s): 2k for an event within bucket k, 2k + 1 for one that crosses from
    -- k into k + 1. So the sums to keep are 2k - 1, 2k and 2k + 1 for each bucket k that holds
    -- part of a stretch.
 bucket AS (
-    SELECT CAST(greatest(coalesce(sum(part_ns), 0) // 100000, 1000) AS BIGINT) AS w FROM stretches
+    SELECT CAST(greatest(coalesce(sum(gap_ns), 0) // 100000, 1000) AS BIGINT) AS w FROM gpu_idle
 ), idle_buckets AS (
     SELECT DISTINCT unnest(range(s.start_ns // b.w, s.end_ns // b.w + 1)) AS k FROM stretches s, bucket b
 ), near_keys AS (
