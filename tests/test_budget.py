@@ -168,15 +168,31 @@ def _python_budget(store: Store, run_id: str) -> dict:
     for pid, tid, s, e in sorted(store.sql(f"SELECT pid, tid, start_ns, end_ns FROM api_calls WHERE run_id = ? AND "
                                            f"{BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns",
                                            [run_id]).fetchall(), key=lambda c: c[2]):
-        starts, reach = blocking.setdefault((pid, tid), ([], []))
+        starts, reach, ends = blocking.setdefault((pid, tid), ([], [], []))
         starts.append(s)
         reach.append(max(e, reach[-1]) if reach else e)
+        ends.append(e)
 
     def blocked_until(pid, tid, t) -> int:
         """When the thread's blocking call in progress at t returned (t: none in progress)."""
-        starts, reach = blocking.get((pid, tid), ([], []))
+        starts, reach, _ = blocking.get((pid, tid), ([], [], []))
         i = bisect.bisect_right(starts, t)
         return max(reach[i - 1], t) if i > 0 else t
+
+    def blocked_in(pid, tid, a, b) -> int:
+        """How long the thread was in blocking calls within [a, b] (their union)."""
+        starts, reach, ends = blocking.get((pid, tid), ([], [], []))
+        pieces, i = [], bisect.bisect_right(starts, b) - 1
+        while i >= 0 and reach[i] > a:  # earlier calls all ended by a
+            if ends[i] > a:
+                pieces.append((max(starts[i], a), min(ends[i], b)))
+            i -= 1
+        total, last = 0, a
+        for s, e in sorted(pieces):
+            if e > last:
+                total += e - max(s, last)
+                last = e
+        return total
 
     links: dict = {}  # (device, start) -> launch calls of the operations starting then
     for d, s, call in store.sql("SELECT device_id, start_ns, launch_call_id FROM gpu_activity WHERE run_id = ?",
@@ -207,9 +223,12 @@ def _python_budget(store: Store, run_id: str) -> dict:
                 if first is None:
                     pieces = {"idle:unknown": nxt - t}
                 else:
-                    sync_end = min(blocked_until(first[0], first[1], t), nxt)
-                    issued = min(max(first[3] if first[3] is not None else first[2], sync_end), nxt)
-                    pieces = {"idle:sync": sync_end - t, "idle:host": issued - sync_end, "idle:dependency": nxt - issued}
+                    # the thread's blocking calls up to the launch (one in progress at t, then
+                    # those it entered before the launch call) until the work was issued
+                    reached = min(blocked_until(first[0], first[1], t), nxt)
+                    issued = min(max(first[3] if first[3] is not None else first[2], reached), nxt)
+                    sync = blocked_in(first[0], first[1], t, min(max(reached, first[2]), issued))
+                    pieces = {"idle:sync": sync, "idle:host": issued - t - sync, "idle:dependency": nxt - issued}
                 for k, v in pieces.items():
                     parts[k] = parts.get(k, 0) + v
                 continue

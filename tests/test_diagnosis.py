@@ -109,6 +109,82 @@ def test_headline_losses_fit_the_budget_on_every_real_trace(real):
     assert not {k: v for k, v in heads.items() if len(v) > 1}
 
 
+# T001's causes as the budget names them (diagnosis._T001_CAUSE).
+_AS_BUDGET = {"sync": "sync", "late_launch": "host", "copy": "dependency", "dependency": "dependency",
+              "unknown": "unknown"}
+
+
+def _idle_budget(store: Store) -> dict[tuple, dict[str, int]]:
+    """(run, device) -> the budget's idle time by cause."""
+    out: dict[tuple, dict[str, int]] = defaultdict(dict)
+    for run_id, device, cause, ns in store.sql(
+            "SELECT run_id, device_id, cause, ns FROM time_budget WHERE category = 'idle'").fetchall():
+        out[(run_id, device)][cause] = ns
+    return out
+
+
+def _named_idle(f: dict) -> dict[str, int]:
+    """The device-idle time a finding gives each cause, in the budget's names: T001's per cause
+    (a stream's device-idle part, a device's idle stretches), another idle rule's all to the
+    cause it claims."""
+    if f["rule_id"] == "T001":
+        ev = f["evidence"]
+        out: dict[str, int] = defaultdict(int)
+        for cause, ns in (ev["cause_idle_ns"] if "cause_idle_ns" in ev else ev["cause_ns"]).items():
+            out[_AS_BUDGET[cause]] += ns
+        return dict(out)
+    return {f["claims"].split(":", 1)[1]: f["rule_loss_ns"]} if ":" in f["claims"] else {}
+
+
+def _device_parts(f: dict, idle: dict) -> list[dict[str, int]]:
+    """The budget idle parts a finding's time lies in: its device's, or for a finding on no
+    device (T004: every GPU idle at once), each of its run's devices'."""
+    keys = [(f["run_id"], f["device_id"])] if f["device_id"] is not None else [k for k in idle if k[0] == f["run_id"]]
+    return [idle[k] for k in keys if k in idle]
+
+
+def test_t004_is_at_most_the_budgets_host_idle_on_every_real_trace(real):
+    """T004's host time is each stretch's part before the work was issued, less blocking calls: the
+    budget's `host` part of it on every device whose span holds it (the same marks, so no
+    tolerance: to the nanosecond). Runs with several devices are bounded by the device with the
+    most host time (a stretch outside a device's span is in none of its budget)."""
+    idle = _idle_budget(real)
+    found = [f for f in _findings(real) if f["rule_id"] == "T004"]
+    assert len(found) >= 5
+    for f in found:
+        parts = _device_parts(f, idle)
+        assert parts, f["message"]
+        assert f["rule_loss_ns"] <= max(p.get("host", 0) for p in parts), (f["run_id"], f["message"], parts)
+
+
+# The idle rules whose causes are read with the budget's own marks (views.idle_marks).
+_BUDGET_MARKED = ("T001", "T004")
+
+
+def test_no_related_finding_names_a_cause_its_budget_does_not_hold_on_every_real_trace(real):
+    """One story per root cause: a related finding of an idle headline gives each cause at most
+    the idle time the budget gives it on that device (a T001 stream's device-idle time takes
+    the causes of the device's idle stretches), so it never names a cause for nanoseconds the
+    headline's budget part gives another. Exact (the same marks): no tolerance."""
+    idle = _idle_budget(real)
+    rows = _findings(real)
+    heads = {(f["run_id"], f["finding_no"]): f for f in rows}
+    checked, wrong = 0, []
+    for f in rows:
+        if f["related_to"] is None or f["rule_id"] not in _BUDGET_MARKED:
+            continue
+        head = heads[(f["run_id"], f["related_to"])]
+        assert (head["claims"] or "").startswith("idle"), (f["message"], head["message"])
+        parts = _device_parts(f, idle)
+        for cause, ns in _named_idle(f).items():
+            held = max((p.get(cause, 0) for p in parts), default=0)
+            if ns > held:
+                wrong.append((f["rule_id"], f["run_id"], cause, ns, held, f["message"], head["message"]))
+            checked += 1
+    assert checked > 50
+    assert not wrong, "\n".join(map(str, wrong))
+
+
 def test_copy_claims_are_bounded_by_the_kernel_time_that_could_hide_them(real):
     for f in _findings(real):
         if f["rule_id"] == "T002" and f["related_to"] is None and f["est_loss_ns"]:

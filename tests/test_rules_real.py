@@ -40,8 +40,9 @@ def _sqlite(rel_path: str) -> sqlite3.Connection:
 
 def test_t001_rodinia_gaussian_gaps_after_each_device_sync(check):
     """8190 kernels, each launched after a cudaThreadSynchronize that waits for the one before:
-    each gap is split in time (one launching thread here) into the sync's wait after the device
-    went idle, then the next launch call (late launch), then the rest (dependency)."""
+    each gap is split in time (one launching thread here): up to the next launch's return, the
+    time in blocking calls (the sync's wait after the device went idle, and any entered before
+    the launch call) and the rest (late launch), then the rest (dependency)."""
     path = "nsys/Rodinia_Gaussian__report2.sqlite"
     con = _sqlite(path)
     assert con.execute("SELECT count(DISTINCT globalTid) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] == 1
@@ -60,6 +61,18 @@ def test_t001_rodinia_gaussian_gaps_after_each_device_sync(check):
     starts, reach = [s for s, _ in blocking], []
     for _, end in blocking:  # the latest end of the calls started so far
         reach.append(max(end, reach[-1]) if reach else end)
+
+    def blocked(a, b) -> int:
+        """Time in blocking calls within [a, b]."""
+        i, pieces = bisect.bisect_right(starts, b) - 1, []
+        while i >= 0 and reach[i] > a:
+            pieces.append((max(blocking[i][0], a), min(blocking[i][1], b)))
+            i -= 1
+        total, last = 0, a
+        for s, e in sorted(pieces):
+            if e > last:
+                total, last = total + e - max(s, last), e
+        return total
     per_stream = defaultdict(list)
     for dev, stream, start, end, corr in ops:
         per_stream[(dev, stream)].append((start, end, calls.get(corr)))
@@ -72,14 +85,14 @@ def test_t001_rodinia_gaussian_gaps_after_each_device_sync(check):
                 g0, g1 = max_end, start
                 i = bisect.bisect_right(starts, g0) - 1
                 waited = reach[i] if i >= 0 else g0
-                sync_end = min(max(waited, g0), g1)
                 issued = min(max(call[1], waited, g0), g1) if call else None
-                parts = ({"sync": sync_end - g0, "late_launch": issued - sync_end, "dependency": g1 - issued}
+                sync = blocked(g0, min(max(waited, call[0], g0), issued)) if call else 0
+                parts = ({"sync": sync, "late_launch": issued - g0 - sync, "dependency": g1 - issued}
                          if call else {"unknown": g1 - g0})
                 for cause, part in parts.items():
                     ns[cause] += part
                 counts[max(parts, key=lambda c: (parts[c], -list(ns).index(c)))] += 1
-                n, in_sync = n + 1, in_sync + (sync_end > g0)
+                n, in_sync = n + 1, in_sync + (waited > g0)
             max_end = end if max_end is None else max(max_end, end)
         shown = [c for c in ns if ns[c] or counts[c]]
         expected[key] = (n, {c: ns[c] for c in shown}, {c: counts[c] for c in shown}, in_sync,

@@ -160,47 +160,91 @@ def test_t003_quiet_and_no_data(check):
 
 # -- T004 ----------------------------------------------------------------------------------
 
-def _host_bound(busy, host, min_ns=100_000):
-    """Host-bound stretches and, per stretch, the innermost host event covering half of it."""
-    stretches = [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= min_ns]
-    host = sorted(host, key=lambda h: h[2])
-    ends = [h[2] for h in host]
+def _is_blocking(name: str) -> bool:
+    """views.BLOCKING_CALL: a synchronize, or a copy or memset call that is not Async."""
+    n = name.lower()
+    return "synchronize" in n or (("memcpy" in n or "memset" in n) and "async" not in n)
+
+
+def _union_in(intervals, a, b) -> int:
+    """The length of the union of `intervals` within [a, b]."""
+    return sum(e - s for s, e in gen_timeline.union((max(s, a), min(e, b)) for s, e in intervals if s < b and e > a))
+
+
+def _host_bound(ops, calls, host, min_ns=100_000):
+    """Host-bound stretches of one device, re-derived: (start, end of the host part, host time,
+    the activity named). `ops`: (start, end, call key or None) of its GPU operations; `calls`:
+    {key: (name, start, end, tid)} of the API calls; `host`: (name, start, end, tid, kind) of the
+    host events (ranges without ProfilerStep#N).
+
+    A GPU-idle stretch's host part runs up to the return of the launch call of the operation
+    ending it (the first launched of those starting then; later if its thread was in a blocking
+    call when the stretch began); its host time is that less the time any thread was in a
+    blocking call. Its work: the host events outside blocking calls."""
+    busy = gen_timeline.union((s, e) for s, e, _ in ops)
+    at = defaultdict(list)
+    for s, _, key in ops:
+        at[s].append(key)
+    blocking = [(s, e, tid) for name, s, e, tid in calls.values() if _is_blocking(name)]
+    waits = [(s, e) for s, e, _ in blocking]
     out = []
-    for s0, e0 in stretches:
-        inside = [h for h in host[bisect.bisect_right(ends, s0):] if h[1] < e0]
-        cov = sum(e - s for s, e in gen_timeline.union((max(h[1], s0), min(h[2], e0)) for h in inside))
-        if cov < 0.5 * (e0 - s0):
+    for s0, e0 in ((a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= min_ns):
+        linked = [calls[k] for k in at[e0] if k in calls]
+        if not linked:
             continue
-        half = [h for h in inside if min(h[2], e0) - max(h[1], s0) >= (e0 - s0) / 2]
-        main = (min(half, key=lambda h: h[2] - h[1]) if half
-                else max(inside, key=lambda h: min(h[2], e0) - max(h[1], s0)))
-        out.append((s0, e0, re.sub(r"([#\s_:.-])\d+$", r"\1N", main[0])))
+        _, c_start, c_end, tid = min(linked, key=lambda c: c[1])
+        reach = max([e for s, e, t in blocking if t == tid and s <= s0] + [s0])
+        issued = min(max(c_end, reach, s0), e0)
+        host_ns = issued - s0 - _union_in(waits, s0, issued)
+        if host_ns < min_ns or host_ns <= 0:
+            continue
+        near = [h for h in host if h[1] < issued and h[2] > s0]
+
+        def work(a, b):
+            return b - a - _union_in(waits, a, b)
+
+        total = sum(work(a, b) for a, b in gen_timeline.union((max(h[1], s0), min(h[2], issued)) for h in near))
+        mine = [(h, work(max(h[1], s0), min(h[2], issued))) for h in near]
+        mine = [(h, w) for h, w in mine if w > 0]
+        if not mine or total < 0.5 * host_ns:
+            continue
+        half = [h for h, w in mine if w >= total / 2]
+        main = min(half, key=lambda h: h[2] - h[1]) if half else max(mine, key=lambda x: x[1])[0]
+        out.append((s0, issued, host_ns, re.sub(r"([#\s_:.-])\d+$", r"\1N", main[0])))
     return out
 
 
 def _top(bound) -> str:
     by_name = defaultdict(int)
-    for s, e, name in bound:
-        by_name[name] += e - s
+    for _, _, ns, name in bound:
+        by_name[name] += ns
     return max(by_name, key=by_name.get)
 
 
 def test_t004_nsys_power_iteration(check):
     path = "nsys/nsightful__power_iteration__baseline.sqlite"
     con = _sqlite(path)
-    busy = _nsys_busy(con)
-    host = [(n, s, e) for n, s, e, _ in _nsys_calls(con) if e > s]
-    host += con.execute("""SELECT coalesce(n.text, s.value), n.start, n."end" FROM NVTX_EVENTS n
-                           LEFT JOIN StringIds s ON s.id = n.textId
-                           WHERE n.eventType IN (59, 60) AND n."end" > n.start""").fetchall()
-    bound = _host_bound(busy, host)
+    assert con.execute("SELECT count(DISTINCT deviceId) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == 1
+    calls = {c: (re.sub(r"_v\d+$", "", n), s, e, t) for n, s, e, c, t in con.execute(
+        "SELECT st.value, r.start, r.end, r.correlationId, r.globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "JOIN StringIds st ON st.id = r.nameId")}
+    ops = con.execute("SELECT start, end, correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+                      "SELECT start, end, correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchall()
+    if con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_MEMSET'").fetchone()[0]:
+        ops += con.execute("SELECT start, end, correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET").fetchall()
+    host = [(n, s, e, t, "call") for n, s, e, t in calls.values() if e > s]
+    host += [(n, s, e, t, "range") for n, s, e, t in con.execute(
+        """SELECT coalesce(n.text, s.value), n.start, n."end", n.globalTid FROM NVTX_EVENTS n
+           LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType IN (59, 60) AND n."end" > n.start""")]
+    bound = _host_bound(ops, calls, host)
     # the run's span covers every timed record, sync records included
-    times = [t for _, s, e in host for t in (s, e)] + [busy[0][0], busy[-1][1]]
+    busy = _nsys_busy(con)
+    times = [t for _, s, e, _, _ in host for t in (s, e)] + [busy[0][0], busy[-1][1]]
     times += [t for row in con.execute('SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION') for t in row]
     span = max(times) - min(times)
     findings, _ = check(path, "T004")
     [f] = findings
-    total = sum(e - s for s, e, _ in bound)
+    total = sum(ns for _, _, ns, _ in bound)
     assert f["evidence"]["stretches"] == len(bound) > 40 and f["est_loss_ns"] == total
     assert f["evidence"]["top_activity"][0]["name"] == _top(bound) == "IO N"
     assert f["value"] == pytest.approx(total / span) and f["severity"] == _severity(total / span, 0.05, 0.25)
@@ -209,13 +253,18 @@ def test_t004_nsys_power_iteration(check):
 def test_t004_kineto_dataloader(check):
     path = "torch/TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz"
     _, ev = _kineto(path)
-    busy = gen_timeline.union((e["start"], e["end"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
-    host = [(e["name"], e["start"], e["end"]) for e in ev
-            if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver") and e["end"] > e["start"]]
-    bound = _host_bound(busy, host)
+    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    assert len({e["args"].get("device") for e in gpu}) == 1
+    ops = [(e["start"], e["end"], e["args"].get("correlation")) for e in gpu]
+    calls = {e["args"]["correlation"]: (e["name"], e["start"], e["end"], (e["pid"], e["tid"])) for e in ev
+             if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    host = [(e["name"], e["start"], e["end"], (e["pid"], e["tid"]), "range" if e["cat"] == "user_annotation" else "op")
+            for e in ev if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+            and e["end"] > e["start"] and not re.match(r"ProfilerStep#\d+$", e["name"])]
+    bound = _host_bound(ops, calls, host)
     findings, _ = check(path, "T004")
     [f] = findings
-    assert f["evidence"]["stretches"] == len(bound) and f["est_loss_ns"] == sum(e - s for s, e, _ in bound)
+    assert f["evidence"]["stretches"] == len(bound) and f["est_loss_ns"] == sum(ns for _, _, ns, _ in bound)
     assert f["evidence"]["top_activity"][0]["name"] == _top(bound) == \
         "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
@@ -223,9 +272,11 @@ def test_t004_kineto_dataloader(check):
 def test_t004_quiet_and_no_data(check):
     path = "torch/TraceLens__mi210__gpu_only_trace__gpu_only_trace.json.gz"
     _, ev = _kineto(path)
-    busy = gen_timeline.union((e["start"], e["end"]) for e in ev if e.get("cat") == "kernel")
-    host = [(e["name"], e["start"], e["end"]) for e in ev if e.get("cat") == "cuda_runtime" and e["end"] > e["start"]]
-    assert host and _host_bound(busy, host) == []  # launch calls only, never covering an idle stretch
+    ops = [(e["start"], e["end"], e["args"].get("correlation")) for e in ev if e.get("cat") == "kernel"]
+    calls = {e["args"]["correlation"]: (e["name"], e["start"], e["end"], e["tid"]) for e in ev
+             if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    host = [(n, s, e, t, "call") for n, s, e, t in calls.values() if e > s]
+    assert host and _host_bound(ops, calls, host) == []  # launch calls only, never covering an idle stretch
     assert check(path, "T004") == ([], "ran")
     assert check("nsys/DynamicViT__nsys_profile.sqlite", "T004") == ([], "no-data")
 

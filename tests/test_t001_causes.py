@@ -84,7 +84,8 @@ def _idle_by_cause(ev: dict) -> dict[str, int]:
 def _expected_main(ev: dict) -> str:
     """Most device-idle time, then gap time, then gaps, then the earlier cause in CAUSES."""
     idle = _idle_by_cause(ev)
-    return max(ev["cause_counts"], key=lambda c: (idle[c], ev["cause_ns"][c], ev["cause_counts"][c], -CAUSES.index(c)))
+    return max({*ev["cause_counts"], *idle}, key=lambda c: (idle.get(c, 0), ev["cause_ns"].get(c, 0),
+                                                            ev["cause_counts"].get(c, 0), -CAUSES.index(c)))
 
 
 def _as_budget(cause_ns: dict[str, int]) -> dict[str, int]:
@@ -120,18 +121,19 @@ CALLS = [("cudaLaunchKernel", 1, 1, 2), ("cudaLaunchKernel", 1, 3, 4), ("cudaLau
          ("cudaLaunchKernel", 2, 7, 8)]
 KERNELS = [(7, 5, 10, 0), (7, 30, 40, 1), (7, 100, 110, 2), (7, 120, 130, 3), (7, 140, 150, None)]
 PLANTED_NS = {"sync": 55 * US, "late_launch": 4 * US, "dependency": 31 * US, "unknown": 10 * US}
-# With a kernel on stream 8 in [45, 95] (launched by thread 2), only [40, 45] of the sync part
-# of gap [40, 100] and [95, 100] of its dependency part are device-idle.
+# With a kernel on stream 8 in [45, 95] (launched by thread 2), only [40, 45] and [95, 100] of
+# gap [40, 100] are device-idle; the stream's device-idle time takes the causes of the device's
+# idle stretches (below), as the budget does.
 SIDE_KERNEL = (8, 45, 95, 8)
-PLANTED_IDLE_NS = {"sync": 10 * US, "late_launch": 0, "dependency": 30 * US, "unknown": 10 * US}
+PLANTED_IDLE_NS = {"sync": 10 * US, "dependency": 30 * US, "unknown": 10 * US}
 # The device's idle stretches: [10, 30] dependency, [40, 45] sync (ended by the side kernel,
 # whose thread 2 was in cudaDeviceSynchronize until 45), [95, 100] dependency, [110, 120] sync
 # and dependency 5 each, [130, 140] unknown.
 PLANTED_DEVICE_NS = {"sync": 10 * US, "dependency": 30 * US, "unknown": 10 * US}
 
 
-def _planted(store: Store, name: str, kernels: list[tuple]) -> str:
-    """kernels: (stream, start, end, call index or None); CALLS: (name, tid, start, end)."""
+def _planted(store: Store, name: str, kernels: list[tuple], calls: list[tuple] = CALLS) -> str:
+    """kernels: (stream, start, end, call index or None); calls: (name, tid, start, end)."""
     trace = ParsedTrace(format="nsys-sqlite", tables={
         "kernels": pa.table({
             "kernel_id": list(range(len(kernels))), "device_id": [0] * len(kernels),
@@ -139,9 +141,9 @@ def _planted(store: Store, name: str, kernels: list[tuple]) -> str:
             "start_ns": [int(k[1] * US) for k in kernels], "end_ns": [int(k[2] * US) for k in kernels],
             "launch_call_id": [k[3] for k in kernels], "pid": [1] * len(kernels)}),
         "api_calls": pa.table({
-            "call_id": list(range(len(CALLS))), "name": [c[0] for c in CALLS], "pid": [1] * len(CALLS),
-            "tid": [c[1] for c in CALLS], "start_ns": [int(c[2] * US) for c in CALLS],
-            "end_ns": [int(c[3] * US) for c in CALLS]})})
+            "call_id": list(range(len(calls))), "name": [c[0] for c in calls], "pid": [1] * len(calls),
+            "tid": [c[1] for c in calls], "start_ns": [int(c[2] * US) for c in calls],
+            "end_ns": [int(c[3] * US) for c in calls]})})
     return store.write_run(trace, Path(f"/planted/{name}"), (name * 64)[:64], 1).run_id
 
 
@@ -171,6 +173,27 @@ def test_planted_device_idle_time_per_cause_on_several_streams(store):
     assert device["cause_ns"] == PLANTED_DEVICE_NS and device["main_cause"] == "dependency"
     assert device["cause_counts"] == {"sync": 2, "dependency": 2, "unknown": 1}
     assert _budget_idle(store, run_id) == {0: _as_budget(PLANTED_DEVICE_NS)}
+
+
+# Thread 1 enters blocking calls after the gaps began. Gap [10, 100]: a cudaStreamSynchronize in
+# [20, 80] and another in [84, 86], K1's launch in [90, 95]: sync 62, late launch 23, dependency
+# 5. Gap [110, 200]: K2's launch call is itself a synchronous cudaMemcpy [150, 205]: the launch,
+# not a wait before it (late launch 90).
+LATE_SYNC_CALLS = [("cudaLaunchKernel", 1, 1, 2), ("cudaStreamSynchronize", 1, 20, 80),
+                   ("cudaStreamSynchronize", 1, 84, 86), ("cudaLaunchKernel", 1, 90, 95), ("cudaMemcpy", 1, 150, 205)]
+LATE_SYNC_KERNELS = [(7, 0, 10, 0), (7, 100, 110, 3), (7, 200, 210, 4)]
+
+
+def test_planted_a_blocking_call_entered_during_the_gap_is_sync(store):
+    """The time the launching thread spends in blocking calls before it launches is sync, wherever
+    in the gap it entered them (not only a call in progress when the gap began)."""
+    run_id = _planted(store, "t001c", LATE_SYNC_KERNELS, LATE_SYNC_CALLS)
+    [f] = _findings(store, run_id, min_gap_ns=0)
+    ev = f["evidence"]
+    assert ev["cause_ns"] == {"sync": 62 * US, "late_launch": 113 * US, "dependency": 5 * US}
+    assert ev["cause_counts"] == {"sync": 1, "late_launch": 1, "dependency": 0}
+    assert [(w["gap_ns"], w["cause"]) for w in ev["worst"]] == [(90 * US, "sync"), (90 * US, "late_launch")]
+    assert _budget_idle(store, run_id) == {0: {"sync": 62 * US, "host": 113 * US, "dependency": 5 * US}}
 
 
 # -- real traces -----------------------------------------------------------------------------
@@ -232,9 +255,10 @@ def test_time_per_cause_adds_up_and_names_the_main_cause(t001, rel):
         assert all(ns > 0 for ns in ev["cause_ns"].values())
         if f["item_kind"] == "stream":
             assert ev["total_of"] == "stream gaps"
-            assert set(ev["cause_idle_ns"]) == set(ev["cause_ns"])
-            assert sum(ev["cause_idle_ns"].values()) == ev["device_idle_ns"] == f["est_loss_ns"]
-            assert all(ev["cause_idle_ns"][c] <= ev["cause_ns"][c] for c in ev["cause_ns"])
+            # its device-idle time takes the device's causes (device_idle_within_the_devices_causes)
+            assert set(ev["cause_idle_ns"]) <= set(CAUSES) - {"copy"}
+            assert all(ns > 0 for ns in ev["cause_idle_ns"].values())
+            assert sum(ev["cause_idle_ns"].values()) == ev["device_idle_ns"] == f["est_loss_ns"] <= ev["total_ns"]
         else:
             assert ev["total_of"] == "device idle" and ev["total_ns"] == f["est_loss_ns"]
             assert "copy" not in ev["cause_ns"]  # no timed copy runs while the whole device is idle
@@ -280,4 +304,9 @@ def test_cause_times_are_the_budgets_idle_parts(t001, store, rel):
         assert len(mine) <= 1
         assert (_as_budget(mine[0]["evidence"]["cause_ns"]) if mine else {}) == budget.get(device, {}), (device, kind)
         checked += bool(mine)
+        # a stream's device-idle time is the device's, cause by cause: never a cause the budget
+        # does not give that time
+        for f in (f for f in findings if f["device_id"] == device and f["item_kind"] == "stream"):
+            for cause, ns in _as_budget(f["evidence"]["cause_idle_ns"]).items():
+                assert ns <= budget[device].get(cause, 0), (f["message"], cause)
     assert checked

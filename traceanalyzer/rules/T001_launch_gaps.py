@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..store.views import BLOCKING_CALL, covered_ns, idle_marks
+from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks
 from ._code import around_gaps, device_key, phrase
 from .base import Rule, Threshold
 
@@ -29,8 +29,12 @@ HINTS = {
 }
 
 # Where the host stopped waiting in a gap or stretch `g` of the `marks` CTEs, from the launch
-# call of the operation that ends it and that thread's blocking calls (`sh.reach_ns`).
-SYNC_END, ISSUED = idle_marks("g.gap_start", "g.gap_end", "g.call_start", "g.call_end", "sh.reach_ns")
+# call of the operation that ends it and that thread's blocking calls (`sh.reach_ns`): the work
+# was issued, and the `sync` part ends (its time, `sh.sync_ns`, counted first in the gap).
+ISSUED = idle_marks("g.gap_start", "g.gap_end", "g.call_start", "g.call_end", "sh.reach_ns")[0]
+SYNC_END = "g.gap_start + coalesce(sh.sync_ns, 0)"
+# In `sync_hits`: a probe `p` with the blocking call its thread was in when the gap began (`b`).
+PROBE_SYNC_UNTIL = idle_marks("p.gap_start", "p.gap_end", "p.call_start", "p.call_end", "b.reach_ns")[1]
 
 
 def _split(copy_hit: str) -> str:
@@ -76,13 +80,15 @@ def _per_cause(idle: str) -> str:
 
 # Of the causes with time: the main one's struct (see _per_cause), and {cause: field} as JSON
 # (CAUSES order). A cause can have time but no gaps of its own (a short sync at the start of a
-# long late launch): it is listed, with 0 gaps.
+# long late launch): it is listed, with 0 gaps. A stream's device-idle time takes its causes from
+# the device's idle stretches, so a cause can have device-idle time and no gap time of the
+# stream's own: it is the main one when it has the most device-idle time.
 SHOWN = "list_filter(per_cause, lambda x: x.ns > 0 OR x.n > 0)"
-MAIN_CAUSE = f"list_sort({SHOWN}, 'DESC')[1]"
+MAIN_CAUSE = "list_sort(list_filter(per_cause, lambda x: x.idle_ns > 0 OR x.ns > 0 OR x.n > 0), 'DESC')[1]"
 
 
-def _by_cause(field: str) -> str:
-    return f"to_json(map_from_entries(list_transform({SHOWN}, lambda x: (x.cause, x.{field}))))"
+def _by_cause(field: str, shown: str = SHOWN) -> str:
+    return f"to_json(map_from_entries(list_transform({shown}, lambda x: (x.cause, x.{field}))))"
 
 
 def _quoted(text: str) -> str:
@@ -135,22 +141,26 @@ WITH gaps AS (
     GROUP BY d.device_id, d.start_ns, d.end_ns, d.gap_ns
 ), probes AS (  -- the gaps and stretches whose launching thread is known, where its blocking
     -- calls are read (on_device: a device-idle stretch, named by its start, unique per device)
-    SELECT false AS on_device, device_id, stream_id, seq, pid, tid, gap_start FROM gaps
+    SELECT false AS on_device, device_id, stream_id, seq, pid, tid, gap_start, gap_end, call_start, call_end FROM gaps
     WHERE call_start IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
     UNION ALL
-    SELECT true, device_id, NULL, gap_start, next_op.pid, next_op.tid, gap_start FROM device_gaps
+    SELECT true, device_id, NULL, gap_start, next_op.pid, next_op.tid, gap_start, gap_end, next_op.call_start,
+           next_op.call_end FROM device_gaps
     WHERE next_op.call_start IS NOT NULL AND next_op.pid IS NOT NULL AND next_op.tid IS NOT NULL
 ), blocking AS (
-    -- Per thread, the latest end so far of its blocking calls (views.BLOCKING_CALL), as the time
-    -- budget reads them: a running max and an ASOF join (sync_hits) find the call a thread was
-    -- in when a gap began, in O(n log n); an interval-overlap join is quadratic on long runs.
-    SELECT pid, tid, start_ns, max(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns) AS reach_ns
-    FROM api_calls
-    WHERE run_id = $run_id AND __BLOCKING_CALL__ AND start_ns IS NOT NULL AND end_ns >= start_ns
-      AND pid IS NOT NULL AND tid IS NOT NULL
-), sync_hits AS (  -- an ASOF join sorts its probes, so they get only the columns it needs
-    SELECT p.on_device, p.device_id, p.stream_id, p.seq, b.reach_ns
-    FROM probes p ASOF JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.gap_start
+    -- Per thread, the latest end so far of its blocking calls and its time in them, as the time
+    -- budget reads them (views.blocking_calls): ASOF joins (sync_hits) find the call a thread
+    -- was in when a gap began and its time in blocking calls up to any point, in O(n log n);
+    -- an interval-overlap join is quadratic on long runs.
+    __BLOCKING__
+), reached AS (  -- an ASOF join sorts its probes, so they get only the columns it needs
+    SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.pid, p.tid, p.gap_start, b.reach_ns,
+           __PROBE_SYNC_UNTIL__ AS sync_until, __BLOCKED_AT_START__ AS blocked_at_start
+    FROM probes p ASOF LEFT JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.gap_start
+), sync_hits AS (  -- with the thread's time in blocking calls from the gap's start up to the launch
+    SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.reach_ns,
+           __BLOCKED_AT_UNTIL__ - p.blocked_at_start AS sync_ns
+    FROM reached p ASOF LEFT JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.sync_until
 ), marks AS (  -- each gap with where the host stopped waiting in it (see SYNC_END, ISSUED)
     SELECT g.*, g.call_start IS NOT NULL AS linked, __SYNC_END__ AS sync_end, __ISSUED__ AS issued,
            g.device_id IN (SELECT device_id FROM one_stream) AS one_stream
@@ -160,9 +170,6 @@ WITH gaps AS (
 ), multi_marks AS (  -- the gaps of devices with several streams
     SELECT device_id, stream_id, seq, gap_start, gap_end, linked, sync_end, issued FROM marks
     WHERE device_id IS NOT NULL AND NOT one_stream
-), idle_cum AS (  -- disjoint device-idle stretches with the idle time up to each one's end
-    SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS to_end_ns
-    FROM device_idle_gaps WHERE run_id = $run_id AND device_id IS NOT NULL
 ), copy_reach AS (
     -- Every timed copy of the device: one on the gap's own stream cannot overlap the gap
     -- (it is one of the stream's operations, so it ends by the gap's start or starts at
@@ -193,25 +200,6 @@ WITH gaps AS (
                           AND ch.seq = g.seq
     LEFT JOIN odd_copy_hits oc ON oc.device_id = g.device_id AND oc.stream_id IS NOT DISTINCT FROM g.stream_id
                               AND oc.seq = g.seq
-), segments AS (  -- each cause's part of each gap of a multi-stream device, for its device-idle
-    -- time: the last part from copy_hits, which has it, the others from the marks
-    SELECT * FROM (
-        SELECT device_id, stream_id,
-               unnest(CASE WHEN linked THEN ['sync', 'late_launch'] ELSE ['unknown'] END) AS cause,
-               unnest(CASE WHEN linked THEN [gap_start, sync_end] ELSE [gap_start] END) AS start_ns,
-               unnest(CASE WHEN linked THEN [sync_end, issued] ELSE [gap_end] END) AS end_ns
-        FROM multi_marks)
-    WHERE end_ns > start_ns
-    UNION ALL
-    SELECT ch.device_id, ch.stream_id, CASE WHEN ch.copy_hit OR oc.seq IS NOT NULL THEN 'copy' ELSE 'dependency' END,
-           ch.issued, ch.gap_end
-    FROM copy_hits ch
-    LEFT JOIN odd_copy_hits oc ON oc.device_id = ch.device_id AND oc.stream_id IS NOT DISTINCT FROM ch.stream_id
-                              AND oc.seq = ch.seq
-), stream_idle AS (  -- per stream, the part of each cause's time during which no stream of the
-    -- device worked (covered_ns sums over the segments of a key: one small group per cause)
-    SELECT device_id, stream_id, __CAUSE_IDLE_SUMS__
-    FROM (__SEGMENT_IDLE__) GROUP BY device_id, stream_id
 ), classified AS (
     SELECT *, __GAP_CAUSE__ AS cause FROM split
 ), device_marks AS (
@@ -221,6 +209,25 @@ WITH gaps AS (
     LEFT JOIN sync_hits sh ON sh.on_device AND sh.device_id = g.device_id AND sh.seq = g.gap_start
 ), device_split AS (  -- (no timed copy runs while a whole device is idle)
     SELECT device_id, gap_start, gap_end, gap_ns, __DEVICE_SPLIT__ FROM device_marks g
+), device_segments AS (  -- each cause's part of each device-idle stretch, as the device finding splits it
+    SELECT * FROM (
+        SELECT device_id,
+               unnest(CASE WHEN linked THEN ['sync', 'late_launch', 'dependency'] ELSE ['unknown'] END) AS cause,
+               unnest(CASE WHEN linked THEN [gap_start, sync_end, issued] ELSE [gap_start] END) AS start_ns,
+               unnest(CASE WHEN linked THEN [sync_end, issued, gap_end] ELSE [gap_end] END) AS end_ns
+        FROM device_marks)
+    WHERE end_ns > start_ns
+), cause_cum AS (  -- per device and cause (one key: `part`), the segments with their time up to each one's end
+    SELECT __PART__ AS part, start_ns, end_ns,
+           sum(end_ns - start_ns) OVER (PARTITION BY device_id, cause ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS to_end_ns
+    FROM device_segments
+), stream_probes AS (  -- each gap of a multi-stream device, once per cause a device-idle stretch has
+    SELECT g.device_id AS dev, g.stream_id, c.cause, __PART__ AS part, g.gap_start AS start_ns, g.gap_end AS end_ns
+    FROM multi_marks g, (SELECT unnest(__CAUSES__) AS cause) c
+), stream_idle AS (  -- per stream, the device-idle time in its gaps, by the cause the device's
+    -- stretches give it (covered_ns sums over the probes of a key: one small group per cause)
+    SELECT dev AS device_id, stream_id, __CAUSE_IDLE_SUMS__
+    FROM (__SEGMENT_IDLE__) GROUP BY dev, stream_id
 ), device_classified AS (
     SELECT *, __GAP_CAUSE__ AS cause FROM device_split
 ), spans AS (
@@ -321,18 +328,23 @@ FROM per_device  -- (stretches keeps only devices with several streams: with one
 ORDER BY item_kind DESC, device_id, stream_id
 """
 for _key, _sql in {
-    "__BLOCKING_CALL__": BLOCKING_CALL, "__SYNC_END__": SYNC_END, "__ISSUED__": ISSUED,
+    "__BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
+    "__PROBE_SYNC_UNTIL__": PROBE_SYNC_UNTIL, "__BLOCKED_AT_START__": blocked_at("b", "p.gap_start"),
+    "__BLOCKED_AT_UNTIL__": blocked_at("b", "p.sync_until"),
+    "__SYNC_END__": SYNC_END, "__ISSUED__": ISSUED,
     "__STREAM_SPLIT__": _split("(coalesce(ch.copy_hit, false) OR oc.seq IS NOT NULL)"),
     "__DEVICE_SPLIT__": _split("false"), "__GAP_CAUSE__": GAP_CAUSE,
     "__CAUSE_SUMS__": CAUSE_SUMS, "__CAUSE_IDLE_SUMS__": CAUSE_IDLE_SUMS, "__STREAM_IDLE__": STREAM_IDLE,
     "__STREAM_PER_CAUSE__": _per_cause("_idle_ns"), "__DEVICE_PER_CAUSE__": _per_cause("_ns"),
-    "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"), "__CAUSE_IDLE_NS__": _by_cause("idle_ns"),
+    "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"),
+    "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
     "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
-    # Device-idle time within the segments of multi-stream devices, per stream and cause. Only
-    # the devices probed are read: an ASOF join sorts its right side even for no probes.
-    "__SEGMENT_IDLE__": covered_ns(
-        "SELECT * FROM segments", ("device_id", "stream_id", "cause"),
-        "SELECT * FROM idle_cum WHERE device_id IN (SELECT device_id FROM segments)"),
+    # Device-idle time within the gaps of multi-stream devices, per stream and cause: the
+    # covered_ns of each cause's device segments, a key per device and cause.
+    "__SEGMENT_IDLE__": covered_ns("SELECT * FROM stream_probes", ("dev", "stream_id", "cause"),
+                                   "SELECT * FROM cause_cum", device="part"),
+    "__PART__": f"device_id * {len(CAUSES)} + list_position({list(CAUSES)}, cause)",
+    "__CAUSES__": str([c for c in CAUSES if c != "copy"]),  # no timed copy runs while a whole device is idle
 }.items():
     SQL = SQL.replace(_key, _sql)
 
@@ -387,17 +399,22 @@ RULE = Rule(
     how="Operations are ordered per device and stream; a gap is the time from the latest end "
         "so far to the next start. Each gap's time is split in time between causes, read from the "
         "launch call of the operation that ends it and that call's thread, as the time budget "
-        "(`time_budget`) splits an idle stretch: from the gap's start until a blocking call (a "
-        "synchronize, or a synchronous copy or memset) that thread was in when the gap began "
-        "returned (`sync`); then until the launch call returned (`late_launch`, the budget's `host`: "
-        "the host had not issued the work, a CPU-bound launch); the rest `copy` when a copy on another "
-        "stream of the device ran in it, else `dependency` (issued, the work waited: another stream, "
-        "an event, the launch latency); all `unknown` when no launch call is linked. The estimated "
-        "loss is the part of the gaps during which the whole device was idle; severity is by that "
-        "loss as a share of the stream's span (first start to last end), and a stream whose gaps "
-        "were all covered by other streams' work is not reported. A device-wide finding reports idle "
-        "stretches across all streams when a device has several, each stretch split the same way "
-        "from the operation that ends it (of those starting then, the first launched). With every "
+        "(`time_budget`) splits an idle stretch: until the launch call returned (or a blocking call "
+        "the thread was in when the gap began, if later) the host had not issued the work; of that "
+        "time, the time the thread spent in blocking calls (a synchronize, or a synchronous copy or "
+        "memset: one in progress when the gap began or entered before the launch call, however late "
+        "in the gap) is `sync`, the rest `late_launch` (the budget's `host`: a CPU-bound launch); "
+        "the rest of the gap is `copy` when a copy on another stream of the device ran in it, else "
+        "`dependency` (issued, the work waited: another stream, an event, the launch latency); all "
+        "`unknown` when no launch call is linked. A gap's sync time is counted first in it. The "
+        "estimated loss is the part of the gaps during which the whole device was idle; severity is "
+        "by that loss as a share of the stream's span (first start to last end), and a stream whose "
+        "gaps were all covered by other streams' work is not reported. A device-wide finding reports "
+        "idle stretches across all streams when a device has several, each stretch split the same "
+        "way from the operation that ends it (of those starting then, the first launched). On such "
+        "a device a stream's device-idle time is the part of its gaps inside those stretches (over "
+        "`min_gap_ns`), with the causes the stretches give it: the device was idle for the reason "
+        "its own next operation gives, whatever the stream waited for. With every "
         "gap counted (`min_gap_ns` = 0), the time per cause of a one-stream device's stream, or of a "
         "device-wide finding, is the budget's idle split of the device (unified-memory page "
         "migrations aside: streams leave them out). The evidence gives time per cause (`cause_ns`, "

@@ -1,41 +1,94 @@
-"""T004 host-bound stretches: every GPU of the run idle while the host is busy."""
+"""T004 host-bound stretches: every GPU of the run idle while the host works on what it has not issued yet."""
 
+from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks
 from .base import Rule, Threshold
 
 # The stretches are the gaps in the union of GPU work over all devices (views.run_idle_gaps:
-# idle on every GPU, computed once per run and kept with a big run's cache). Host activity is
-# any recorded host event: framework ops, CPU ranges (NVTX, record_function) and API calls.
-# What the host was doing in a stretch is the innermost event (shortest) covering at least
-# half of it; enclosing ranges such as ProfilerStep#N only win when nothing finer covers it.
+# idle on every GPU, computed once per run and kept with a big run's cache). Of each, only its
+# host part can be host-bound: up to where some device was given the work that ends its idle
+# stretch (its launch call returned, as the time budget reads it: views.idle_marks), less the
+# time threads spent in blocking calls (waiting, not working: the budget's `sync`). After that
+# the GPU had work and waited for something else (the budget's `dependency`); with no launch
+# call known, nobody can tell (`unknown`). So a stretch's host time is at most the budget's
+# `host` time of it on every device whose span holds it.
+# Host work is the host activity outside blocking calls: framework ops, API calls, CPU ranges
+# (NVTX, record_function) but ProfilerStep#N, which only says a step is running, not that the
+# host works: a range around a step covers the time the host waits for the GPU too.
+# What the host was doing in a stretch is the innermost of those events (shortest) with at
+# least half of its host work (time outside blocking calls), else the one with most of it.
+ISSUED = idle_marks("e.d_start", "e.d_end", "e.call_start", "e.call_end", "b.reach_ns")[0]
+
 SQL = r"""
-WITH stretches AS (
+WITH gpu_idle AS (
     SELECT row_number() OVER (ORDER BY start_ns) AS sid, start_ns, end_ns, gap_ns
     FROM run_idle_gaps WHERE run_id = $run_id AND gap_ns >= $min_stretch_ns
-), host AS (
+), devices AS (
+    SELECT DISTINCT coalesce(device_id, -1) AS dkey FROM device_idle_gaps WHERE run_id = $run_id
+), device_stretch AS (  -- per stretch, each device's idle stretch that holds it (a device whose span
+    -- does not hold it has none: none of its budget is idle then)
+    SELECT i.sid, g.dkey, g.start_ns AS d_start, g.end_ns AS d_end
+    FROM (SELECT * FROM gpu_idle, devices) i
+    ASOF JOIN (SELECT coalesce(device_id, -1) AS dkey, start_ns, end_ns FROM device_idle_gaps WHERE run_id = $run_id) g
+      ON g.dkey = i.dkey AND g.start_ns <= i.start_ns
+    WHERE g.end_ns >= i.end_ns
+), ending AS (  -- the operation that ends each device's idle stretch: of those starting then, the
+    -- first launched (as the budget reads it)
+    SELECT d.sid, d.dkey, d.d_start, d.d_end,
+           arg_min({'call_start': c.start_ns, 'call_end': c.end_ns, 'pid': c.pid, 'tid': c.tid},
+                   coalesce(c.start_ns, 9223372036854775807)) AS first
+    FROM device_stretch d
+    JOIN gpu_activity a ON a.run_id = $run_id AND coalesce(a.device_id, -1) = d.dkey AND a.start_ns = d.d_end
+    LEFT JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
+    GROUP BY ALL
+), thread_blocking AS (
+    __THREAD_BLOCKING__
+), issued AS (  -- per stretch and device, where the device's work was issued (the stretch's start
+    -- when no launch call is known: the host's share cannot be told)
+    SELECT e.sid, CASE WHEN e.call_start IS NULL THEN e.d_start ELSE __ISSUED__ END AS issued_ns
+    FROM (SELECT sid, dkey, d_start, d_end, first.call_start, first.call_end, first.pid, first.tid FROM ending) e
+    ASOF LEFT JOIN thread_blocking b ON b.pid = e.pid AND b.tid = e.tid AND b.start_ns <= e.d_start
+), host_end AS (  -- the host part of each stretch ends where the first device had its work
+    SELECT s.sid, s.start_ns, s.gap_ns,
+           greatest(least(coalesce(min(i.issued_ns), s.start_ns), s.end_ns), s.start_ns) AS end_ns
+    FROM gpu_idle s LEFT JOIN issued i USING (sid) GROUP BY s.sid, s.start_ns, s.end_ns, s.gap_ns
+), run_blocking AS (  -- every thread's blocking calls together: time some thread waited
+    __RUN_BLOCKING__
+), host_start AS (
+    SELECT h.*, __BLOCKED_AT_START__ AS blocked_before
+    FROM host_end h ASOF LEFT JOIN run_blocking b ON b.start_ns <= h.start_ns
+), stretches AS MATERIALIZED (  -- the host parts with at least min_stretch_ns of time outside
+    -- blocking calls (read by several CTEs: computed once)
+    SELECT * FROM (
+        SELECT h.sid, h.start_ns, h.end_ns, h.end_ns - h.start_ns AS part_ns, h.gap_ns AS idle_ns,
+               h.end_ns - h.start_ns - (__BLOCKED_AT_END__ - h.blocked_before) AS host_ns
+        FROM host_start h ASOF LEFT JOIN run_blocking b ON b.start_ns <= h.end_ns)
+    WHERE host_ns >= $min_stretch_ns AND host_ns > 0
+), host_all AS (
     SELECT 'cpu_op' AS kind, op_id AS id, pid, tid, start_ns, end_ns FROM cpu_ops
     WHERE run_id = $run_id AND end_ns > start_ns
     UNION ALL
     SELECT 'range', range_id, pid, tid, start_ns, end_ns FROM ranges
     WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation') AND end_ns > start_ns
+      AND NOT (coalesce(name, '') LIKE 'ProfilerStep#%' AND regexp_matches(name, '__PROFILER_STEP__'))
     UNION ALL
     SELECT 'api_call', call_id, pid, tid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND end_ns > start_ns
 ), -- Most host events (millions of API calls) fall in busy time. A cheap exact prefilter keeps
    -- those that may overlap a stretch: time is cut into buckets of width w (about 100k buckets
-   -- over all stretches at most), and an event is kept if it spans more than two buckets or
+   -- over the GPU-idle stretches at most), and an event is kept if it spans more than two buckets or
    -- one of its end buckets holds part of a stretch. An overlap lies in a bucket of both.
    -- Both end buckets are looked up at once, by their sum (one hash probe per event, not two:
    -- 8 M API calls, 0.2 s): 2k for an event within bucket k, 2k + 1 for one that crosses from
    -- k into k + 1. So the sums to keep are 2k - 1, 2k and 2k + 1 for each bucket k that holds
    -- part of a stretch.
 bucket AS (
-    SELECT CAST(greatest(coalesce(sum(gap_ns), 0) // 100000, 1000) AS BIGINT) AS w FROM stretches
+    SELECT CAST(greatest(coalesce(sum(gap_ns), 0) // 100000, 1000) AS BIGINT) AS w FROM gpu_idle
 ), idle_buckets AS (
     SELECT DISTINCT unnest(range(s.start_ns // b.w, s.end_ns // b.w + 1)) AS k FROM stretches s, bucket b
 ), near_keys AS (
     SELECT DISTINCT unnest([2 * k - 1, 2 * k, 2 * k + 1]) AS key FROM idle_buckets
 ), host_near AS (
-    SELECT h.* FROM host h, bucket b
+    SELECT h.* FROM host_all h, bucket b
     WHERE h.end_ns // b.w - h.start_ns // b.w > 1
        OR h.start_ns // b.w + h.end_ns // b.w IN (SELECT key FROM near_keys)
 ), -- Stretches are disjoint and numbered in time order, so the ones a host event overlaps are
@@ -47,25 +100,39 @@ host_reach AS (
     ASOF JOIN stretches f ON h.start_ns < f.end_ns
     ASOF JOIN stretches l ON h.end_ns > l.start_ns
     WHERE f.sid <= l.sid
-), inside AS (  -- host events clipped to the stretches they overlap
-    SELECT s.sid, s.gap_ns, h.kind, h.id, h.end_ns - h.start_ns AS dur_ns,
-           greatest(h.start_ns, s.start_ns) AS c_start, least(h.end_ns, s.end_ns) AS c_end
+), overlapping AS (  -- host events with the stretches they overlap
+    SELECT h.*, s.start_ns AS s_start, s.end_ns AS s_end
     FROM (SELECT *, unnest(range(first_sid, last_sid + 1)) AS sid FROM host_reach) h
     JOIN stretches s USING (sid)
-), covered AS (  -- union of the clipped host events per stretch
-    SELECT sid, sum(i_end - i_start) AS busy_ns FROM (
-        SELECT sid, min(c_start) AS i_start, max(c_end) AS i_end FROM (
-            SELECT *, sum(CASE WHEN prev_end IS NULL OR c_start > prev_end THEN 1 ELSE 0 END)
-                      OVER (PARTITION BY sid ORDER BY c_start, c_end ROWS UNBOUNDED PRECEDING) AS isl
-            FROM (SELECT sid, c_start, c_end,
-                         max(c_end) OVER (PARTITION BY sid ORDER BY c_start, c_end
-                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-                  FROM inside))
-        GROUP BY sid, isl)
-    GROUP BY sid
-), main_event AS (  -- innermost event covering half the stretch, else the one covering most
-    SELECT sid, arg_min({'kind': kind, 'id': id}, (c_end - c_start < gap_ns / 2, dur_ns, -(c_end - c_start), kind, id)) AS e
-    FROM inside GROUP BY sid
+), clipped AS (  -- host events clipped to the stretches they overlap
+    SELECT o.sid, o.kind, o.id, o.end_ns - o.start_ns AS dur_ns,
+           greatest(o.start_ns, o.s_start) AS c_start, least(o.end_ns, o.s_end) AS c_end
+    FROM overlapping o
+), clipped_from AS (
+    SELECT c.*, __BLOCKED_AT_C_START__ AS blocked_before FROM clipped c
+    ASOF LEFT JOIN run_blocking b ON b.start_ns <= c.c_start
+), inside AS (  -- with each one's time outside blocking calls
+    SELECT c.*, c.c_end - c.c_start - (__BLOCKED_AT_C_END__ - c.blocked_before) AS work_ns
+    FROM clipped_from c ASOF LEFT JOIN run_blocking b ON b.start_ns <= c.c_end
+), islands AS (  -- the union of the clipped host events per stretch
+    SELECT sid, min(c_start) AS i_start, max(c_end) AS i_end FROM (
+        SELECT *, sum(CASE WHEN prev_end IS NULL OR c_start > prev_end THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY sid ORDER BY c_start, c_end ROWS UNBOUNDED PRECEDING) AS isl
+        FROM (SELECT sid, c_start, c_end,
+                     max(c_end) OVER (PARTITION BY sid ORDER BY c_start, c_end
+                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+              FROM inside))
+    GROUP BY sid, isl
+), islands_from AS (
+    SELECT i.*, __BLOCKED_AT_I_START__ AS blocked_before FROM islands i
+    ASOF LEFT JOIN run_blocking b ON b.start_ns <= i.i_start
+), covered AS (  -- per stretch, the host's work: the union less the time in blocking calls
+    SELECT i.sid, sum(i.i_end - i.i_start - (__BLOCKED_AT_I_END__ - i.blocked_before)) AS work_ns
+    FROM islands_from i ASOF LEFT JOIN run_blocking b ON b.start_ns <= i.i_end
+    GROUP BY i.sid
+), main_event AS (  -- innermost event with half the stretch's work, else the one with most
+    SELECT i.sid, arg_min({'kind': i.kind, 'id': i.id}, (i.work_ns < c.work_ns / 2, i.dur_ns, -i.work_ns, i.kind, i.id)) AS e
+    FROM inside i JOIN covered c USING (sid) WHERE i.work_ns > 0 GROUP BY i.sid
 ), main AS (  -- named only now: the names of millions of host events are never read
     SELECT m.sid, m.e.kind AS main_kind, m.e.id AS main_id,
            regexp_replace(coalesce(o.name, r.name, c.name), '([#\s_:.-])\d+$', '\1N') AS main_name
@@ -74,23 +141,23 @@ host_reach AS (
     LEFT JOIN ranges r ON m.e.kind = 'range' AND r.run_id = $run_id AND r.range_id = m.e.id
     LEFT JOIN api_calls c ON m.e.kind = 'api_call' AND c.run_id = $run_id AND c.call_id = m.e.id
 ), bound AS (
-    SELECT s.*, c.busy_ns / s.gap_ns AS host_busy_share, m.main_kind, m.main_id, m.main_name
+    SELECT s.*, c.work_ns / s.host_ns AS host_busy_share, m.main_kind, m.main_id, m.main_name
     FROM stretches s JOIN covered c USING (sid) JOIN main m USING (sid)
-    WHERE c.busy_ns >= $min_host_busy_share * s.gap_ns
+    WHERE c.work_ns >= $min_host_busy_share * s.host_ns
 ), idle_total AS (
-    SELECT count(*) AS n_all, coalesce(sum(gap_ns), 0) AS all_ns FROM stretches
+    SELECT count(*) AS n_all, coalesce(sum(gap_ns), 0) AS all_ns FROM gpu_idle
 ), top AS (
     SELECT to_json(list({'name': main_name, 'kind': main_kind, 'stretches': n, 'ns': ns}
                         ORDER BY ns DESC, main_name)[1:$max_examples]) AS top_json,
            arg_max(main_name, (ns, -n)) AS top_name
-    FROM (SELECT main_name, main_kind, count(*) AS n, sum(gap_ns) AS ns FROM bound GROUP BY ALL)
+    FROM (SELECT main_name, main_kind, count(*) AS n, sum(host_ns) AS ns FROM bound GROUP BY ALL)
 ), summary AS (
-    SELECT count(*) AS n, sum(gap_ns) AS total_ns, max(gap_ns) AS max_ns, median(gap_ns) AS median_ns,
-           arg_max(start_ns, (gap_ns, -start_ns)) AS worst_start, arg_max(end_ns, (gap_ns, -start_ns)) AS worst_end,
-           to_json(arg_max({'start_ns': start_ns, 'end_ns': end_ns, 'gap_ns': gap_ns,
+    SELECT count(*) AS n, sum(host_ns) AS total_ns, max(host_ns) AS max_ns, median(host_ns) AS median_ns,
+           arg_max(start_ns, (host_ns, -start_ns)) AS worst_start, arg_max(end_ns, (host_ns, -start_ns)) AS worst_end,
+           to_json(arg_max({'start_ns': start_ns, 'end_ns': end_ns, 'host_ns': host_ns, 'gpu_idle_ns': idle_ns,
                             'host_busy_share': round(host_busy_share, 4), 'main': main_name,
                             'main_kind': main_kind, 'main_id': main_id},
-                           (gap_ns, -start_ns), heap_size($max_examples))[1:$max_examples]) AS worst
+                           (host_ns, -start_ns), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM bound
 ), run AS (
     SELECT span_ns FROM runs WHERE run_id = $run_id
@@ -100,8 +167,8 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
        total_ns / span_ns AS value, 'share' AS value_unit, $min_share AS threshold,
        total_ns AS est_loss_ns,
        CASE WHEN total_ns / span_ns >= $error_share THEN 'error' END AS severity,
-       printf('every GPU idle while the host worked: %d stretch(es) of %s or more, %s in all (%s of the run''s '
-              || 'wall time, longest %s); most of it in %s',
+       printf('every GPU idle while the host worked before issuing the work: %d stretch(es) of %s or more, %s in all '
+              || '(%s of the run''s wall time, longest %s); most of it in %s',
               n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns), fmt_ns(max_ns),
               top_name) AS message,
        -- The advice follows what the host did most: waiting for data is not launch overhead.
@@ -116,6 +183,15 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
 FROM summary, top, run, idle_total
 WHERE n > 0 AND total_ns >= $min_share * span_ns
 """
+for _key, _sql in {
+    "__THREAD_BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
+    "__RUN_BLOCKING__": blocking_calls("run_id = $run_id", "run_id"),
+    "__ISSUED__": ISSUED, "__PROFILER_STEP__": PROFILER_STEP,
+    "__BLOCKED_AT_START__": blocked_at("b", "h.start_ns"), "__BLOCKED_AT_END__": blocked_at("b", "h.end_ns"),
+    "__BLOCKED_AT_C_START__": blocked_at("b", "c.c_start"), "__BLOCKED_AT_C_END__": blocked_at("b", "c.c_end"),
+    "__BLOCKED_AT_I_START__": blocked_at("b", "i.i_start"), "__BLOCKED_AT_I_END__": blocked_at("b", "i.i_end"),
+}.items():
+    SQL = SQL.replace(_key, _sql)
 
 RULE = Rule(
     id="T004",
@@ -124,21 +200,32 @@ RULE = Rule(
     phase="timeline",
     claims="idle:host",
     severity="warning",
-    what="Stretches of at least `min_stretch_ns` during which no GPU of the run has any work while "
-         "the host is busy (framework ops, NVTX or record_function ranges, API calls), with their "
-         "share of the run's wall time and what the host was doing in them.",
+    what="Stretches during which no GPU of the run has any work while the host works on what it "
+         "has not issued yet (framework ops, NVTX or record_function ranges, API calls): their host "
+         "time (outside blocking calls, up to the launch of the work that ends them), its share of "
+         "the run's wall time, and what the host was doing.",
     why="When every GPU waits and the host is working, the bottleneck is not in any kernel: data "
         "loading, preprocessing, Python overhead or host-side bookkeeping decide the run's speed, "
         "and optimizing kernels gains nothing until the host keeps the GPUs fed.",
     how="GPU operations of all devices are merged into busy intervals; the gaps between them of at "
         "least `min_stretch_ns` are GPU-idle stretches (time before the first and after the last "
-        "GPU operation is not counted). A stretch is host-bound when recorded host events cover at "
-        "least `min_host_busy_share` of it. The host activity of a stretch is the innermost event "
-        "(shortest) covering at least half of it (enclosing ranges such as `ProfilerStep#N` win "
-        "only when nothing finer does; `#N` suffixes are merged), else the event covering most of "
-        "it. The finding's value is the host-bound time as a share of the run's span (wall time); "
-        "it is reported at `min_share` and becomes an error at `error_share`. The estimated loss is "
-        "the host-bound time itself (an upper bound: the GPU could have worked through all of it).",
+        "GPU operation is not counted). Of each stretch only its host part counts: up to where the "
+        "first device was given the work that ends its idle stretch (the return of that work's "
+        "launch call, or of a blocking call its thread was in when the device went idle, as the "
+        "time budget reads it; none where no launch call is known, or where no device's span holds "
+        "the stretch), less the time any thread spent in blocking calls (a synchronize, a synchronous "
+        "copy or memset: waiting, not working). That is the stretch's host time; per device it is "
+        "at most the budget's `idle:host` time of the stretch. A stretch is host-bound when its host "
+        "time is at least `min_stretch_ns` and the host's work covers at least `min_host_busy_share` "
+        "of it. The host's work is the recorded host activity outside blocking calls: framework ops, "
+        "API calls, and NVTX or record_function ranges but `ProfilerStep#N` (a step is running, "
+        "which says nothing of what the host does). "
+        "The host activity of a stretch is the innermost event (shortest) with at least half of its "
+        "work, else the event with most of it (`#N` suffixes are merged). The finding's value is the "
+        "host time of the host-bound stretches as a share of the run's span (wall time); it is "
+        "reported at `min_share` and becomes an error at `error_share`. The estimated loss is that "
+        "host time (an upper bound: the GPU could have worked through all of it). The evidence lists "
+        "the stretches with the most host time (`host_ns`, the GPU-idle stretch's `gpu_idle_ns`).",
     fix="Move data loading and preprocessing off the training thread (DataLoader workers, pinned "
         "memory, prefetching), do preprocessing on the GPU, reduce per-step Python work "
         "(torch.compile, CUDA graphs), avoid host-side bookkeeping between launches.",
@@ -148,8 +235,8 @@ RULE = Rule(
                 "EXISTS (SELECT 1 FROM api_calls WHERE run_id = $run_id) OR "
                 "EXISTS (SELECT 1 FROM ranges WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')))",
     thresholds=(
-        Threshold("min_stretch_ns", 100000, "GPU-idle stretches shorter than this are left to T001 (100 us)."),
-        Threshold("min_host_busy_share", 0.5, "Share of a stretch that host events must cover for it to count as host-bound."),
+        Threshold("min_stretch_ns", 100000, "Stretches with less host time than this are left to T001 (100 us)."),
+        Threshold("min_host_busy_share", 0.5, "Share of a stretch's host time that the host's work must cover for it to count as host-bound."),
         Threshold("min_share", 0.05, "Host-bound time as a share of the run's wall time that is reported."),
         Threshold("error_share", 0.25, "Share that makes an error."),
         Threshold("max_examples", 5, "How many stretches and activities the evidence lists."),

@@ -182,7 +182,7 @@ def next_busy_candidates(probes: str) -> str:
         """
 
 
-def covered_ns(probes: str, keys: tuple[str, ...], stretches: str) -> str:
+def covered_ns(probes: str, keys: tuple[str, ...], stretches: str, device: str = "device_id") -> str:
     """How much of each probe interval some stretch covers: columns `keys` + `covered_ns`.
 
     `probes`: a query with the columns `keys` (naming a probe), `device_id`, `start_ns` and
@@ -193,16 +193,17 @@ def covered_ns(probes: str, keys: tuple[str, ...], stretches: str) -> str:
     Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read
     from the last stretch starting by t. Both ends go through one ASOF join (one sort of the
     stretches), where an interval-overlap join is quadratic on long runs. A probe with no
-    stretch on its device gets 0."""
+    stretch on its device gets 0. `device` names the column that plays `device_id` in both
+    (any key the stretches are disjoint per)."""
     key_list = ", ".join(f"p.{k}" for k in keys)
-    cols = ", ".join(dict.fromkeys((*keys, "device_id")))
+    cols = ", ".join(dict.fromkeys((*keys, device)))
     ends = f"SELECT {cols}, end_ns AS t, 1 AS sign FROM ({probes})"
     starts = f"SELECT {cols}, start_ns AS t, -1 AS sign FROM ({probes})"
     return f"""
         SELECT {key_list},
                CAST(sum(p.sign * coalesce(c.to_end_ns - c.end_ns + least(p.t, c.end_ns), 0)) AS BIGINT) AS covered_ns
         FROM ({ends} UNION ALL {starts}) p
-        ASOF LEFT JOIN ({stretches}) c ON c.device_id = p.device_id AND c.start_ns <= p.t
+        ASOF LEFT JOIN ({stretches}) c ON c.{device} = p.{device} AND c.start_ns <= p.t
         GROUP BY {key_list}
         """
 
@@ -274,15 +275,47 @@ IDLE_CAUSES = ("sync", "host", "dependency", "unknown")
 _MIN_BIGINT, _MAX_BIGINT = -(1 << 63), (1 << 63) - 1
 
 
+def blocking_calls(where: str, keys: str) -> str:
+    """The blocking calls (BLOCKING_CALL) of the api_calls `where` selects, per thread (`keys`,
+    e.g. "run_id, pid, tid"), one row per start time: `start_ns`, `reach_ns` (the latest end so
+    far) and `blocked_ns` (the time the thread spent in blocking calls up to `reach_ns`: their
+    union, as calls can nest). What an idle stretch's `sync` part is read from (`blocked_at`)."""
+    w = f"PARTITION BY {keys} ORDER BY start_ns"
+    return f"""
+        SELECT {keys}, start_ns, reach_ns,
+               CAST(sum(greatest(end_ns - greatest(start_ns, coalesce(prev_reach_ns, start_ns)), 0))
+                    OVER ({w} ROWS UNBOUNDED PRECEDING) AS BIGINT) AS blocked_ns
+        FROM (SELECT *, max(end_ns) OVER ({w} ROWS UNBOUNDED PRECEDING) AS reach_ns,
+                     max(end_ns) OVER ({w} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_reach_ns
+              FROM (SELECT {keys}, start_ns, max(end_ns) AS end_ns FROM api_calls
+                    WHERE {where} AND {BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns
+                    GROUP BY ALL))
+        """
+
+
+def blocked_at(row: str, t: str) -> str:
+    """The time a thread spent in blocking calls up to `t`, from `row`, its row of `blocking_calls`
+    found by an ASOF join on `start_ns <= t` (NULL: none): the calls up to that row cover all of
+    [`row`.start_ns, `row`.reach_ns] (they are merged into islands), so up to `t` the union lacks
+    only what lies after `t`."""
+    return f"coalesce({row}.blocked_ns - greatest({row}.reach_ns - {t}, 0), 0)"
+
+
 def idle_marks(start: str, end: str, call_start: str, call_end: str, reach: str) -> tuple[str, str]:
-    """Where an idle stretch [`start`, `end`] stops being `sync` and stops being `host`, as SQL:
-    the return of the blocking calls the launching thread was in when the stretch began (`reach`:
-    the latest end of those it started by `start`; NULL: none), then the return of the launch
-    call (`call_start`, `call_end`), each clamped to the stretch. The time budget splits its idle
-    stretches with it and rule T001 its gaps, so the two agree."""
-    sync_end = f"least(greatest(coalesce({reach}, {start}), {start}), {end})"
+    """Where an idle stretch [`start`, `end`] stops being host time, and up to where its
+    launching thread's blocking calls count as `sync`, as SQL (`issued`, `sync_until`).
+
+    `issued`: the return of the launch call (`call_start`, `call_end`) or of the blocking call the
+    thread was in when the stretch began (`reach`: the latest end of those it started by `start`;
+    NULL: none), whichever is later, clamped to the stretch; after it the work was issued.
+    `sync_until`: the blocking calls that count are the one in progress at `start` and those the
+    thread entered before the launch call (the launch call itself, a synchronous copy, is the
+    launch); of [`start`, `issued`], the time in them is `sync` (`blocked_at` at `sync_until`
+    minus at `start`), the rest `host`. The time budget splits its idle stretches with it and
+    rule T001 its gaps, so the two agree."""
     issued = f"least(greatest(coalesce({call_end}, {call_start}), coalesce({reach}, {start}), {start}), {end})"
-    return sync_end, issued
+    sync_until = f"least(greatest(coalesce({reach}, {start}), coalesce({call_start}, {start}), {start}), {issued})"
+    return issued, sync_until
 
 
 def _time_budget(runs: str | None = None, window: bool = False) -> str:
@@ -353,9 +386,10 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
     communication > copy > memset), or idle. So the parts partition the device's span (first
     start to last end) exactly. An idle stretch is read from the operation that ends it (of
     those starting then, the one whose launch call started first) and that call's thread, and
-    split in time: up to the return of a blocking call the thread was in when the device went
-    idle (`sync`), then up to the return of the launch call (`host`: not issued yet), then the
-    rest (`dependency`: issued, the work waited); all `unknown` without a launch call.
+    split in time: up to the return of the launch call (or of a blocking call the thread was in
+    when the device went idle, if later), the time the thread spent in blocking calls (`sync`,
+    see `idle_marks`; counted first in the stretch) and the rest (`host`: not issued yet), then
+    the rest (`dependency`: issued, the work waited); all `unknown` without a launch call.
 
     With `window`, the sweep of one device (`win_device_id`, a parameter of the table macro)
     within [`win_lo_ns`, `win_hi_ns`): the operations overlapping it clipped to it, and an
@@ -371,7 +405,7 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
         starts_in_window = f"{device} AND a.start_ns BETWEEN win_lo_ns AND win_hi_ns"  # what can end its stretches
         clip_start, clip_end = "greatest(a.start_ns, win_lo_ns)", "least(a.end_ns, win_hi_ns)"
         bound = f"UNION ALL SELECT rid, win_device_id, win_hi_ns, 0 WHERE win_hi_ns < {_MAX_BIGINT}"
-    sync_end, issued = idle_marks("i.start_ns", "i.end_ns", "i.call_start_ns", "i.call_end_ns", "b.reach_ns")
+    issued, sync_until = idle_marks("i.start_ns", "i.end_ns", "i.call_start_ns", "i.call_end_ns", "b.reach_ns")
     # The four counts ride in one running sum, 15 bits each (far more operations than one device
     # runs at once): one window aggregate instead of four, for a fraction of the sweep's memory.
     category = " ".join(f"WHEN (counts >> {15 * i}) & 32767 > 0 THEN '{c}'" for i, c in enumerate(BUDGET_CATEGORIES))
@@ -412,14 +446,19 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
                          arg_min({{'call_start_ns': call_start_ns, 'call_end_ns': call_end_ns, 'pid': pid, 'tid': tid}},
                                  coalesce(call_start_ns, 9223372036854775807)) AS first
                   FROM idle_next GROUP BY ALL)
-        ), blocking AS (  -- per thread, the latest end of its blocking calls so far
-            SELECT run_id, pid, tid, start_ns, max(end_ns) OVER (PARTITION BY run_id, pid, tid ORDER BY start_ns) AS reach_ns
-            FROM api_calls WHERE {of_run} AND {BLOCKING_CALL} AND start_ns IS NOT NULL AND end_ns >= start_ns
-        ), marks AS (  -- where in each idle stretch the thread's blocking call, then the launch call, returned
-            SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, i.call_start_ns IS NOT NULL AS linked,
-                   {sync_end} AS sync_end_ns, {issued} AS issued_ns
+        ), blocking AS (  -- per thread, the latest end of its blocking calls so far, and its time in them
+            {blocking_calls(of_run, "run_id, pid, tid")}
+        ), reached AS (  -- each idle stretch with the blocking call its thread was in when it began
+            SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, i.call_start_ns IS NOT NULL AS linked, i.pid, i.tid,
+                   {issued} AS issued_ns, {sync_until} AS sync_until_ns, {blocked_at("b", "i.start_ns")} AS blocked_ns
             FROM idle i ASOF LEFT JOIN blocking b
               ON b.run_id = i.run_id AND b.pid = i.pid AND b.tid = i.tid AND b.start_ns <= i.start_ns
+        ), marks AS (  -- where in each idle stretch the `sync` part ends (its time counted first), then
+            -- the `host` part (the launch)
+            SELECT r.run_id, r.device_id, r.start_ns, r.end_ns, r.linked,
+                   r.start_ns + {blocked_at("b", "r.sync_until_ns")} - r.blocked_ns AS sync_end_ns, r.issued_ns
+            FROM reached r ASOF LEFT JOIN blocking b
+              ON b.run_id = r.run_id AND b.pid = r.pid AND b.tid = r.tid AND b.start_ns <= r.sync_until_ns
         )"""
 
 
@@ -778,10 +817,10 @@ VIEWS: dict[str, tuple[str, str]] = {
         "went: every nanosecond counted once, as `compute` (kernels), `communication` (collective "
         "kernels: NCCL, RCCL, all-reduce), `copy`, `memset` (overlap between streams resolved in that "
         "order of priority) or `idle`; idle split by `cause`, from the operation that ends each idle "
-        "stretch and its launch call, in time: `sync` (until the blocking call, a synchronize or a "
-        "synchronous copy, that the launching thread was in when the device went idle returned: "
-        "nothing was queued), then `host` (until the launch call returned: the work was not issued "
-        "yet), then `dependency` (the rest: issued, the work waited on something else: another "
+        "stretch and its launch call: until the launch call returned (the work was not issued yet), "
+        "`sync` (the time the launching thread spent in blocking calls, a synchronize or a synchronous "
+        "copy, one it was in when the device went idle or entered before the launch) and `host` (the "
+        "rest); then `dependency` (the rest: issued, the work waited on something else: another "
         "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         _time_budget(),
     ),
