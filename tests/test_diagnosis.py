@@ -321,14 +321,17 @@ def test_no_rule_raises_on_any_real_trace(real):
 
 
 def test_every_real_kernel_name_is_classified(real):
-    """Counts per library over the distinct kernel names of the real corpus (each class's patterns
-    reviewed on a sample in tests/test_kernel_library.py)."""
-    counts = dict(real.sql("""SELECT library, count(*) FROM (
+    """Every distinct kernel name of the real corpus gets a library, every class is met, and no
+    more than a tenth of the names fall to `other` (each class's patterns are reviewed on a sample
+    in tests/test_kernel_library.py; the corpus grows, so no count is fixed here)."""
+    counts = dict(real.sql("""SELECT coalesce(library, 'NULL'), count(*) FROM (
                                   SELECT DISTINCT name, mangled_name, library FROM kernels JOIN runs USING (run_id)
                                   WHERE format IN ('nsys-sqlite', 'kineto-json', 'ncu-csv'))
                               GROUP BY ALL""").fetchall())
-    assert counts == {"aten": 320, "attention": 8, "cub": 20, "cublas": 123, "cudnn": 146, "cufft": 12,
-                      "cutlass": 73, "nccl": 5, "other": 57, "triton": 34, "user": 93}
+    assert "NULL" not in counts
+    assert set(counts) == {"aten", "attention", "cub", "cublas", "cudnn", "cufft", "cutlass", "nccl", "other",
+                           "triton", "user"}
+    assert counts["other"] <= 0.1 * sum(counts.values()), counts
 
 
 def test_occupancy_and_wave_findings_on_real_traces_are_actionable(real):
