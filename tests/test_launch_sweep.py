@@ -63,7 +63,7 @@ def _compare(st_: Store, run_id: str, slice_frames: int) -> int:
     return sum(v != (None, None) for v in got.values())
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31), slice_frames=st.sampled_from([1, 2, 3, 7, 1000]))
 def test_the_sweep_places_launches_as_the_view_does(tmp_path, seed, slice_frames):
     path = tmp_path / f"t{seed}.json"

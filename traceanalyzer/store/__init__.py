@@ -215,7 +215,19 @@ class Store:
         CREATING_WAIT_S; a whole file that stayed as it was is no store."""
         if time.monotonic() - since >= CREATING_WAIT_S:
             return False
-        return before is None or before[1] < HEADER_BYTES or self._file_state() != before
+        return (before is None or before[1] < HEADER_BYTES or self._file_state() != before
+                or self._headers_unwritten())
+
+    def _headers_unwritten(self) -> bool:
+        """Whether one of DuckDB's three 4 KB header blocks is still all zeros: a creator has
+        made the file that long and not yet written it (its writes can land within one tick
+        of the file's modification time, so the stat above may not see them)."""
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(HEADER_BYTES)
+        except OSError:
+            return True
+        return any(not head[i:i + 4096].strip(b"\0") for i in range(0, HEADER_BYTES, 4096))
 
     def _connect(self, lock_timeout_s: float | None) -> duckdb.DuckDBPyConnection:
         """Open the file, waiting while another process holds it: up to `lock_timeout_s` (None:
