@@ -216,10 +216,8 @@ def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
     for ref in refs:
         if ref in paths:
             continue
-        try:
-            res = _stored_ref(store, ref)
-        except StoreError as e:
-            done.add(FileResult(ref, error=f"no such file, and {e}"), on_file)
+        res = _named_run(store, ref, done, on_file)
+        if res is None:
             continue
         res.state = "kept"
         if rules is not None:
@@ -227,6 +225,15 @@ def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
             res.rule_ids = [r.id for r in rules.rules()]
         done.add(res, on_file)
     return done
+
+
+def _named_run(store: Store, ref: str, done: Checked, on_file) -> FileResult | None:
+    """The stored run `ref` names (`_stored_ref`), or None with a failed result added to `done`."""
+    try:
+        return _stored_ref(store, ref)
+    except StoreError as e:
+        done.add(FileResult(ref, error=f"no such file, and {e}"), on_file)
+        return None
 
 
 def runs_for(store: Store, refs: list[str], settings: Settings, *, same_rules: bool = False,
@@ -254,10 +261,8 @@ def _runs_for(store: Store, refs: list[str], settings: Settings, same_rules: boo
             for f in files:
                 done.add(check_file(store, f, settings, up_to_date=fresh), on_file)
             continue
-        try:
-            res = _stored_ref(store, ref)
-        except StoreError as e:
-            done.add(FileResult(ref, error=f"no such file, and {e}"), on_file)
+        res = _named_run(store, ref, done, on_file)
+        if res is None:
             continue
         rules = per_run_settings(settings)
         if res.content_hash not in fresh and rules is not None:
