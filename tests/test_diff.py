@@ -432,16 +432,19 @@ def nsys_capture(path: Path) -> dict:
         names = [n for n, in con.execute("""SELECT coalesce(n.text, s.value) FROM NVTX_EVENTS n
                                             LEFT JOIN StringIds s ON s.id = n.textId""")]
     counted = Counter(re.sub(r"\s+", "", n) for n, corr, start in kernels if corr in calls or start >= first)
-    busy = {}
-    for dev, ivs in intervals.items():
-        total, reach = 0, None
-        for s, e in sorted(ivs):
-            if reach is None or s > reach:
-                total, reach = total + e - s, e
-            elif e > reach:
-                total, reach = total + e - reach, e
-        busy[dev] = total
+    busy = {dev: union_ns(ivs) for dev, ivs in intervals.items()}
     return {"launches": counted, "not_counted": len(kernels) - sum(counted.values()), "busy": busy, "names": names}
+
+
+def union_ns(intervals) -> int:
+    """The time covered by the union of (start, end) intervals."""
+    total, reach = 0, None
+    for s, e in sorted(intervals):
+        if reach is None or s > reach:
+            total, reach = total + e - s, e
+        elif e > reach:
+            total, reach = total + e - reach, e
+    return total
 
 
 def test_time_sliced_windows_compare_by_throughput_never_by_span(db):
@@ -734,13 +737,7 @@ def test_real_a100_vs_v100_is_inconclusive_and_devices_pair_by_role(db):
             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X":
                 per[e["args"]["device"]].append((us_to_ns(e["ts"]), us_to_ns(e["ts"]) + us_to_ns(e["dur"])))
         (device, ivs), = per.items()
-        total, reach = 0, None
-        for s, e in sorted(ivs):
-            if reach is None or s > reach:
-                total, reach = total + e - s, e
-            elif e > reach:
-                total, reach = total + e - reach, e
-        return device, total
+        return device, union_ns(ivs)
 
     (db_dev, b_busy), (dt_dev, t_busy) = busy(raw[0]["traceEvents"]), busy(raw[1]["traceEvents"])
     assert (db_dev, dt_dev) == (3, 1)

@@ -223,13 +223,18 @@ REAL = ["nsys/nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite",
         "torch/TraceLens__h100__gaunernst_bert-small-uncased__1016001.json.gz"]
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory):
+def _real_store(tmp_path_factory, name: str, rels: list[str]):
+    """A store of these real traces (paths under ../shared/traces), with their run ids by path."""
     traces = shared_traces()
-    st = Store(tmp_path_factory.mktemp("ranges-real") / "s.duckdb")
-    ids = {rel: st.ingest(traces / rel).run_id for rel in REAL}
+    st = Store(tmp_path_factory.mktemp(name) / "s.duckdb")
+    ids = {rel: st.ingest(traces / rel).run_id for rel in rels}
     yield st, ids
     st.close()
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    yield from _real_store(tmp_path_factory, "ranges-real", REAL)
 
 
 # An independent projection of the top-level ranges named like `name%`: every GPU operation
@@ -433,11 +438,7 @@ KEY_AVERAGES = ["torch/kineto__tb_plugin__resnet50_num_workers_0__worker0.162314
 
 @pytest.fixture(scope="module")
 def key_averages_store(tmp_path_factory):
-    traces = shared_traces()
-    st = Store(tmp_path_factory.mktemp("ops-real") / "s.duckdb")
-    ids = {rel: st.ingest(traces / rel).run_id for rel in KEY_AVERAGES}
-    yield st, ids
-    st.close()
+    yield from _real_store(tmp_path_factory, "ops-real", KEY_AVERAGES)
 
 
 @pytest.mark.parametrize("rel", KEY_AVERAGES)
