@@ -305,16 +305,15 @@ def inputs_digest(store: Store, run_id: str, thresholds: dict) -> str:
     return hashlib.sha1(f"{code_digest()}|{stored}|{links}|{given}".encode()).hexdigest()[:16]
 
 
-def _stored_outcomes(store: Store, run_id: str, rules: list[Rule], params: dict, inputs: str) -> dict[str, RuleOutcome]:
+def _stored_outcomes(store: Store, run_id: str, rules: list[Rule], inputs: str) -> dict[str, RuleOutcome]:
     """The per-run rules of `rules` whose stored outcome on the run was computed from `inputs`
-    with the same thresholds, and ran or found no data: rule id -> that outcome."""
-    per_run = {r.id: json.dumps(params[r.id], sort_keys=True) for r in rules if r.scope == "run"}
-    rows = store.sql("SELECT rule_id, status, findings, note, CAST(params AS VARCHAR) FROM rule_runs "
+    (which holds the thresholds) and ran or found no data: rule id -> that outcome."""
+    per_run = {r.id for r in rules if r.scope == "run"}
+    rows = store.sql("SELECT rule_id, status, findings, note FROM rule_runs "
                      "WHERE run_id = $r AND inputs = $i AND status IN ('ran', 'no-data')",
                      {"r": run_id, "i": inputs}).fetchall()
     return {rule_id: RuleOutcome(rule_id, run_id, status, findings or 0, note or "")
-            for rule_id, status, findings, note, thresholds in rows
-            if rule_id in per_run and json.loads(thresholds) == json.loads(per_run[rule_id])}
+            for rule_id, status, findings, note in rows if rule_id in per_run}
 
 
 def _error_note(e: Exception) -> str:
@@ -373,7 +372,7 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
     inputs = {rid: inputs_digest(store, rid, settings.thresholds) for rid in run_ids}
     evaluated: dict[str, list[Rule]] = {}  # per run, the rules computed in this pass
     for run_id in run_ids:
-        reused = _stored_outcomes(store, run_id, rules, params, inputs[run_id]) if settings.reuse else {}
+        reused = _stored_outcomes(store, run_id, rules, inputs[run_id]) if settings.reuse else {}
         outcomes.update({(run_id, rule_id): oc for rule_id, oc in reused.items()})
         todo = evaluated[run_id] = [r for r in rules if r.id not in reused]
         per_run = any(r.scope == "run" for r in todo)
