@@ -240,10 +240,47 @@ def test_a_store_another_process_is_creating_is_waited_for(tmp_path):
         Store(path).close()
     finally:
         t.join()
-    short = tmp_path / "short.duckdb"
+    short = tmp_path / "short.duckdb"  # short, and no DuckDB magic: no store, at once
     short.write_bytes(b"x")
-    with pytest.raises(StoreError, match="cannot open store"):  # still short after the wait
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match="cannot open store"):
         Store(short)
+    assert time.monotonic() - t0 < 1
+
+
+def test_the_wait_for_a_creator_counts_from_the_files_last_change(tmp_path, monkeypatch):
+    """A creator that stalls keeps the opener waiting as long as the file keeps changing
+    (here: growing zeros, as a header being written), however long that takes in all; an
+    empty file that stays empty is given up after CREATING_WAIT_S."""
+    import traceanalyzer.store as S
+
+    monkeypatch.setattr(S, "CREATING_WAIT_S", 0.6)
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(b"")
+    made = tmp_path / "made.duckdb"
+    Store(made).close()
+
+    def creator():
+        for n in range(1, 6):
+            time.sleep(0.3)
+            path.write_bytes(b"\0" * 512 * n)
+        os.replace(made, path)
+
+    t = threading.Thread(target=creator)
+    t0 = time.monotonic()
+    t.start()
+    try:
+        with Store(path) as s:
+            assert s.run_ids() == []
+    finally:
+        t.join()
+    assert time.monotonic() - t0 >= 1.5
+    empty = tmp_path / "empty.duckdb"
+    empty.write_bytes(b"")
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match="cannot open store"):
+        Store(empty)
+    assert 0.6 <= time.monotonic() - t0 < 5
 
 
 def test_a_store_made_whole_right_after_a_failed_open_is_opened(tmp_path, monkeypatch):

@@ -57,10 +57,13 @@ DEFAULT_LOCK_TIMEOUT_S = 30.0  # a writer's wait for another writer
 WAITING_SUFFIX = ".waiting"
 RETRY_MAX_S = 0.2  # the longest pause between two tries to open a locked store
 NOTE_AFTER_S = 1.0  # a wait this long gets a note on stderr
-# A file shorter than DuckDB's headers may be a store another process is creating right now:
-# tried again for this long before it counts as not a store.
+# An empty file, or DuckDB's headers not yet written whole, may be a store another process is
+# creating right now (or copying into place): tried again until the file has stayed as it is
+# for this long. Long, because a creator on a loaded machine can stall for seconds; a file
+# that is plainly something else (no DuckDB magic) fails at once.
 HEADER_BYTES = 3 * 4096
-CREATING_WAIT_S = 2.0
+DUCKDB_MAGIC = (8, b"DUCK")  # where DuckDB's main header says what the file is
+CREATING_WAIT_S = 10.0
 HANDOVER_S = 3.0  # how long a writer that let go waits for the waiting process to get in
 
 # Columns that hold a point in time on the run's clock (used to compute the run's span).
@@ -208,26 +211,33 @@ class Store:
             return None
         return st.st_ino, st.st_size, st.st_mtime_ns
 
-    def _being_created(self, before: tuple[int, int, int] | None, since: float) -> bool:
+    def _being_created(self, state: tuple[int, int, int] | None, unchanged_since: float) -> bool:
         """Whether an open that found no DuckDB file may have met one another process is
-        creating: the file was missing or short of DuckDB's headers when the open began, or
-        it changed since (made whole, or put in place, meanwhile). Tried again for
-        CREATING_WAIT_S; a whole file that stayed as it was is no store."""
-        if time.monotonic() - since >= CREATING_WAIT_S:
+        creating: the file is missing or empty, or holds DuckDB's magic with a header block
+        still all zeros, or it changed since the last try (made whole, or put in place,
+        meanwhile); until it has stayed as it is for CREATING_WAIT_S. A file with other
+        bytes where DuckDB's magic goes is no store, at once."""
+        if time.monotonic() - unchanged_since >= CREATING_WAIT_S:
             return False
-        return (before is None or before[1] < HEADER_BYTES or self._file_state() != before
-                or self._headers_unwritten())
+        if state is None or state[1] == 0 or self._file_state() != state:
+            return True
+        return self._headers_unwritten()
 
     def _headers_unwritten(self) -> bool:
-        """Whether one of DuckDB's three 4 KB header blocks is still all zeros: a creator has
-        made the file that long and not yet written it (its writes can land within one tick
-        of the file's modification time, so the stat above may not see them)."""
+        """Whether the file's head is all zeros, or has DuckDB's magic with one of its three
+        4 KB header blocks still all zeros: a creator has made the file that long and not yet
+        written it (its writes can land within one tick of the file's modification time, so a
+        stat may not see them)."""
         try:
             with open(self.path, "rb") as f:
                 head = f.read(HEADER_BYTES)
         except OSError:
             return True
-        return any(not head[i:i + 4096].strip(b"\0") for i in range(0, HEADER_BYTES, 4096))
+        if not head.strip(b"\0"):
+            return True
+        at, magic = DUCKDB_MAGIC
+        return (head[at:at + len(magic)] == magic
+                and any(not head[i:i + 4096].strip(b"\0") for i in range(0, HEADER_BYTES, 4096)))
 
     def _connect(self, lock_timeout_s: float | None) -> duckdb.DuckDBPyConnection:
         """Open the file, waiting while another process holds it: up to `lock_timeout_s` (None:
@@ -237,15 +247,22 @@ class Store:
             raise StoreError(f"{self.path}: no such store (run `traceanalyzer ingest` first)")
         start = time.monotonic()
         delay, asked, noted = 0.02, False, False
+        seen, unchanged_since = None, start
         while True:
             before = self._file_state()
+            if before != seen:
+                seen, unchanged_since = before, time.monotonic()
             try:
                 con = connect_duckdb(str(self.path), read_only=self.read_only)
             except MemoryLimitError as e:
                 raise StoreError(str(e)) from None
             except duckdb.IOException as e:
                 msg = str(e)
-                if "not a valid DuckDB database" in msg and self._being_created(before, start):
+                if "not a valid DuckDB database" in msg and self._being_created(before, unchanged_since):
+                    if not noted and time.monotonic() - start >= NOTE_AFTER_S:
+                        print(f"note: {self.path}: waiting for the store (another process may be creating it)",
+                              file=sys.stderr, flush=True)
+                        noted = True
                     time.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
                     continue
