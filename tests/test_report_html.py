@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import csv
 import gzip
+import html as html_lib
 import io
 import json
 import os
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
+from traceanalyzer import fmt
 from traceanalyzer.batch.check import check_file
 from traceanalyzer.cli import app
 from traceanalyzer.ingest.base import ParsedTrace
@@ -471,6 +473,52 @@ def test_b004_hint_says_peak_unknown_rather_than_a_dash(tmp_path):
         [f] = [f for f in res.findings if f["rule_id"] == "B004"]
         assert "peak unknown" in f["hint"] and "-/s" not in f["hint"]
         assert "-/s" not in html.render(st, res)
+
+
+# -- what the summary cards count ------------------------------------------------------
+
+GEMMS = [f"sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize{tile}_stage3_warpsize{warps}_ffma_aligna4_alignc4_"
+         f"execute_{what}kernel__5x_cublas" for tile, warps, what in
+         [("64x256x8", "1x4x1", ""), ("64x256x8", "1x4x1", "split_k_"), ("128x128x8", "2x2x1", ""),
+          ("128x128x8", "2x2x1", "split_k_"), ("32x32x8", "1x2x1", ""), ("32x32x8", "1x2x1", "split_k_")]]
+
+
+def test_top_kernel_labels_keep_the_words_where_names_differ():
+    """Six cuBLAS GEMMs, the same first 42 characters: the labels are the CLI's (`fmt.distinct_labels`),
+    not six equal clipped starts."""
+    rows = [{"kernel": n, "count": 1, "total_ns": 100 - i, "mean_ns": 1, "share": 0.1} for i, n in enumerate(GEMMS)]
+    labels = [html_lib.unescape(t) for t in re.findall(r'text-anchor="end" class="lbl">([^<]*)<',
+                                                        html_charts.top_kernels(rows))]
+    assert labels == fmt.distinct_labels(GEMMS, html_charts.LABEL_CHARS)
+    assert len(set(labels)) == len(GEMMS) and max(map(len, labels)) <= html_charts.LABEL_CHARS
+    assert all("split" in lab for lab in labels[1::2]) and not any("split" in lab for lab in labels[::2])
+
+
+def two_gpu_trace() -> ParsedTrace:
+    """Two devices, each with the same 500 us of copies and two launches of two GEMMs (one base
+    name), on a host named like a word."""
+    def table(n_per_device: int, **cols) -> pa.Table:
+        n = 2 * n_per_device
+        return pa.table({"device_id": [0] * n_per_device + [1] * n_per_device, "stream_id": [7] * n, "pid": [1] * n,
+                         **cols})
+    starts = [0, 1000, 2000, 3000]
+    kernels = table(4, kernel_id=list(range(8)), name=[GEMMS[0], GEMMS[0], GEMMS[2], GEMMS[2]] * 2,
+                    short_name=["gemm"] * 8, start_ns=starts * 2, end_ns=[s + 500 for s in starts] * 2)
+    copies = table(1, copy_id=[0, 1], start_ns=[5000, 5000], end_ns=[505_000, 505_000], direction=["HtoD"] * 2,
+                   src_kind=["pinned"] * 2, dst_kind=["device"] * 2, bytes=[10**9] * 2)
+    return ParsedTrace(format="nsys-sqlite", host="modal", tables={"kernels": kernels, "copies": copies})
+
+
+def test_cards_say_what_they_count_and_over_how_many_devices(tmp_path):
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = st.write_run(two_gpu_trace(), Path("/x/two_gpus.sqlite"), "7" * 64, 1).run_id
+        page = html.render(st, load_result(st, [rid]))
+    text = html_lib.unescape(re.sub(r"<[^>]+>", "|", page))
+    # the same words as the summary's "N of M distinct names; K launches"
+    assert "|kernel time||4 us||8 launches, 2 distinct names (1 base name), summed over 2 GPUs|" in text
+    # 1 s of copies beside a 505 us span: summed, and each device's share
+    assert "|copy time||1 ms||2 copies, 2 GB, summed over 2 GPUs: GPU 0 500 us, GPU 1 500 us|" in text
+    assert " · host: modal" in text and "Top kernels by total time, by base name" in text
 
 
 # -- escaping ----------------------------------------------------------------------------

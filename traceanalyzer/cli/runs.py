@@ -94,8 +94,8 @@ def print_summary(console: Console, s: dict) -> None:
     from ..report.budget import budget_line, no_budget_line
 
     console.rule(Text(f"{s['run_id']}  {fmt.printable(s['file_name'])}  ({s['format']})"), style="bold")
-    console.print(fmt.printable(f"span {fmt.ns(s['span_ns'])}   producer {fmt.text(s['producer'])} "
-                                f"{fmt.text(s['producer_version'], '')}   host {fmt.text(s['host'])}"),
+    console.print(fmt.printable(f"span: {fmt.ns(s['span_ns'])}   producer: {fmt.text(s['producer'])} "
+                                f"{fmt.text(s['producer_version'], '')}   host: {fmt.text(s['host'])}"),
                   markup=False)
     for line in [budget_line(d) for d in s["budget"]] or [no_budget_line(s)]:
         console.print(fmt.printable(line), markup=False)
@@ -115,27 +115,29 @@ def print_summary(console: Console, s: dict) -> None:
                       fmt.ns(r["active_span_ns"]), fmt.pct(r["busy_share"]), fmt.pct(r["busy_share_of_run"]))
         console.print(t)
     totals = s["kernel_totals"]
+    # Totals are over every device: beside the run's span, a reader is told so.
+    over = f" over {len(s['busy'])} GPUs" if len(s["busy"]) > 1 else ""
     if not s["kernels"]:
         console.print("no kernels in this run")
     else:
-        names = "names" if s["by"] == "name" else "base names"
+        names = "distinct names" if s["by"] == "name" else "distinct base names"
         title = (f"Top kernels by total time ({len(s['kernels'])} of {fmt.num(totals['names'])} {names}; "
-                 f"{fmt.num(totals['count'])} launches, {fmt.ns(totals['total_ns'])})")
+                 f"{fmt.num(totals['count'])} launches, {fmt.ns(totals['total_ns'])}{over})")
         _stats_table(console, title, "kernel", s["kernels"], share=True)
     if s["graphs"]:
         _stats_table(console, "CUDA graph executions (not in the kernels' shares)", "graph",
                      s["graphs"], share=False)
     if s["copies"]:
-        t = Table("direction", "memory", "count", "bytes", "time", "bandwidth", title="Copies")
+        t = Table("direction", "memory", "count", "bytes", "time", "bandwidth", title=f"Copies{over}")
         for r in s["copies"]:
             t.add_row(r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]),
-                      fmt.ns(r["total_ns"]), _bandwidth(r["bandwidth_gb_per_s"]))
+                      fmt.ns(r["total_ns"]), fmt.bandwidth(r["bandwidth_gb_per_s"]))
         console.print(t)
     if s["memsets"]:
-        t = Table("memory", "count", "bytes", "time", "bandwidth", title="Memsets")
+        t = Table("memory", "count", "bytes", "time", "bandwidth", title=f"Memsets{over}")
         for r in s["memsets"]:
             t.add_row(r["memory_kind"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
-                      _bandwidth(r["bandwidth_gb_per_s"]))
+                      fmt.bandwidth(r["bandwidth_gb_per_s"]))
         console.print(t)
     if s["memory"]:
         _memory_tables(console, s["memory"])
@@ -169,16 +171,10 @@ def _memory_tables(console: Console, rows: list[dict]) -> None:
             console.print(c)
 
 
-def _bandwidth(gb_per_s) -> str:
-    return "-" if fmt.text(gb_per_s) == "-" else f"{gb_per_s:.3g} GB/s"
-
-
 def _stats_table(console: Console, title: str, what: str, rows: list[dict], share: bool) -> None:
     """Rows of kernel statistics, each name shortened to fit and kept apart from the others
     (`distinct_labels`): in the table when the console leaves it room, else numbered, with the
     names on a line each under the table."""
-    from ..summary import distinct_labels
-
     headers = ["count", "total", "avg", "median", "min", "max", "stddev"] + (["share"] if share else [])
     values = [[fmt.num(r["count"]), *(fmt.ns(r[k]) for k in ("total_ns", "avg_ns", "median_ns", "min_ns",
                                                              "max_ns", "stddev_ns"))]
@@ -191,7 +187,7 @@ def _stats_table(console: Console, title: str, what: str, rows: list[dict], shar
     numbers = [Column(h, no_wrap=True, justify="right") for h in headers]
     if in_table:
         t = Table(Column(what, overflow="fold", max_width=room), *numbers, title=title)
-        for label, v in zip(distinct_labels(names, room), values):
+        for label, v in zip(fmt.distinct_labels(names, room), values):
             t.add_row(Text(label), *v)
         console.print(t)
         return
@@ -202,7 +198,7 @@ def _stats_table(console: Console, title: str, what: str, rows: list[dict], shar
     console.print(t)
     digits = len(str(len(rows)))
     room = console.width - digits - 2
-    for i, label in enumerate(distinct_labels(names, room), 1):
+    for i, label in enumerate(fmt.distinct_labels(names, room), 1):
         # A name kept whole (two labels came out the same) wraps under itself.
         for j in range(0, len(label), room):
             console.print(f"{str(i) if j == 0 else '':>{digits}}  {label[j:j + room]}", markup=False)

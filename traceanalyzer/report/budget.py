@@ -3,7 +3,7 @@
 Each device's span (first GPU operation's start to last one's end) in exclusive parts:
 compute, communication, copy, memset, and idle by cause. JSON keeps the shape other tools
 read: per device `{"device_id", "span_ns", "parts": [{"category", "cause", "ns"}]}`, plus
-`host_work` (`{"name", "ns"}`) when the run's host-bound finding names what the host did.
+`host_work` (`{"name", "kind", "ns"}`) when the run's host-bound finding names what the host did.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
             "WHERE rule_id = 'T004' AND list_contains(?::VARCHAR[], run_id)", [list(run_ids)]).fetchall():
         work = json.loads(top) if top else None
         for d in out[run_id].values() if work else ():
-            d["host_work"] = {"name": work["name"], "ns": work["ns"]}
+            d["host_work"] = {"name": work["name"], "kind": work.get("kind"), "ns": work["ns"]}
     return {r: list(devices.values()) for r, devices in out.items()}
 
 
@@ -84,7 +84,7 @@ def _pct(ns: int, span: int) -> str:
 
 
 def budget_line(device: dict) -> str:
-    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21% (15% in enumerate(DataLoader)...), sync 7%,
+    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21% (15% in range "enumerate(DataLoader)..."), sync 7%,
     dependency 4%, unknown 2%'."""
     span = device["span_ns"] or 0
     busy = [p for p in device["parts"] if p["category"] != "idle"]
@@ -99,12 +99,16 @@ def budget_line(device: dict) -> str:
     return text
 
 
+HOST_WORK_KINDS = {"cpu_op": "operator", "api_call": "API call", "range": "range"}
+
+
 def _host_work(device: dict, part: dict) -> str:
     work = device.get("host_work")
     if part["cause"] != "host" or not work:
         return ""
     name = work["name"] if len(work["name"]) <= 60 else work["name"][:59] + "…"
-    return f" ({_pct(work['ns'], device['span_ns'] or 0)} in {name})"
+    # what the name is (a range "IO N" reads as a label otherwise), as T004's message says it
+    return f" ({_pct(work['ns'], device['span_ns'] or 0)} in {HOST_WORK_KINDS.get(work.get('kind'), 'range')} \"{name}\")"
 
 
 def budget_cell(budget: list[dict]) -> str:

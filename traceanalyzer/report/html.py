@@ -70,7 +70,8 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
     rid = run["run_id"]
     findings = [f for f in result.findings if f["run_id"] == rid]
     kernels_all = summary.top_kernels(store, rid, 10**9)
-    copies = summary.copies(store, rid)
+    counts = summary.kernel_counts(store, rid)
+    copies = summary.copies_by_device(store, rid)
     mem = html_metrics.memory(store, rid, run.get("start_ns"), findings)
     return {
         "run": run,
@@ -83,12 +84,13 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
         "devices": store.sql("SELECT device_id, name FROM devices WHERE run_id = ? ORDER BY device_id", [rid]).fetchall(),
         "busy": summary.busy(store, rid).to_dict("records"),
         "top_kernels": kernels_all.head(TOP_KERNELS).to_dict("records"),
-        "kernel_totals": {"names": len(kernels_all), "launches": int(kernels_all["count"].sum()) if len(kernels_all) else 0,
+        "kernel_totals": {**counts, "launches": int(kernels_all["count"].sum()) if len(kernels_all) else 0,
                           "total_ns": _num(kernels_all["total_ns"].sum()) if len(kernels_all) else None,
                           "untimed": store.sql("SELECT count(*) FROM kernels WHERE run_id = ?", [rid]).fetchall()[0][0]},
-        "copy_totals": {"count": int(copies["count"].sum()) if len(copies) else 0,
-                        "total_ns": _num(copies["total_ns"].sum()) if len(copies) else None,
-                        "bytes": _num(copies["bytes"].sum()) if len(copies) else None},
+        "copy_totals": {"count": sum(c["count"] for c in copies),
+                        "total_ns": sum(c["total_ns"] or 0 for c in copies) if copies else None,
+                        "bytes": sum(c["bytes"] or 0 for c in copies) if copies else None,
+                        "devices": copies},
         "memory": mem,
         "memory_rows": summary.memory(store, rid),
         "memory_categories": html_metrics.memory_categories(store, rid, run.get("start_ns")),
@@ -239,7 +241,7 @@ def _run_section(p: dict, rules: dict, multi: bool) -> str:
     if run.get("producer_version"):
         meta.append(f'{esc(run.get("producer") or "")} {esc(run["producer_version"])}'.strip())
     if run.get("host"):
-        meta.append(f'host {esc(run["host"])}')
+        meta.append(f'host: {esc(run["host"])}')
     if run.get("rank") is not None:
         meta.append(f'rank {esc(run["rank"])} of {esc(run.get("world_size") or "?")}')
     out.append(f'<p class="meta">{" · ".join(meta)}</p><p class="meta path">{esc(run.get("source_path"))}</p>')
@@ -320,6 +322,18 @@ def _card(label: str, value: str, detail: str = "") -> str:
             + (f'<div class="detail">{detail}</div>' if detail else "") + "</div>")
 
 
+def _kernel_names(names: int, base_names: int) -> str:
+    """'41 distinct names (15 base names)': what a kernel total counts, as the summary says it."""
+    def n(k: int, what: str) -> str:
+        return f"{fmt.num(k)} {what}{'' if k == 1 else 's'}"
+
+    return n(names, "distinct name") + (f" ({n(base_names, 'base name')})" if base_names != names else "")
+
+
+def _summed_over(devices: int) -> str:
+    return f", summed over {devices} GPUs" if devices > 1 else ""
+
+
 def _summary_cards(p: dict) -> str:
     run, kt, ct = p["run"], p["kernel_totals"], p["copy_totals"]
     cards = [_card("span", esc(fmt.ns(run.get("span_ns"))) if run.get("span_ns") is not None else "no timeline",
@@ -337,14 +351,22 @@ def _summary_cards(p: dict) -> str:
                              f"{esc(fmt.pct(b['busy_share_of_run']))} of the run" for b in p["busy"])
         cards.append(_card("GPU busy", esc(fmt.pct(main["busy_share"])), detail))
     if kt["launches"]:
+        # Worded as the summary's kernel table: launches, and the distinct names they ran.
         cards.append(_card("kernel time", esc(fmt.ns(kt["total_ns"])),
-                           f'{esc(fmt.num(kt["launches"]))} launches of {esc(fmt.num(kt["names"]))} kernels'))
+                           esc(f'{fmt.num(kt["launches"])} launches, {_kernel_names(kt["names"], kt["base_names"])}'
+                               + _summed_over(kt["devices"]))))
     else:
         cards.append(_card("kernel time", "-", f'{esc(fmt.num(kt["untimed"]))} kernel launches, none with a duration'
                            if kt["untimed"] else "no kernels in this trace"))
-    cards.append(_card("copy time", esc(fmt.ns(ct["total_ns"])),
-                       f'{esc(fmt.num(ct["count"]))} copies, {esc(fmt.nbytes(ct["bytes"]))}') if ct["count"]
-                 else _card("copy time", "-", "no copies in this trace"))
+    if ct["count"]:
+        # Beside the run's span: a total over several devices says so, and what each had.
+        per_device = ct["devices"]
+        detail = f'{fmt.num(ct["count"])} copies, {fmt.nbytes(ct["bytes"])}' + _summed_over(len(per_device))
+        if len(per_device) > 1:
+            detail += ": " + ", ".join(f'GPU {fmt.text(c["device_id"], "?")} {fmt.ns(c["total_ns"])}' for c in per_device)
+        cards.append(_card("copy time", esc(fmt.ns(ct["total_ns"])), esc(detail)))
+    else:
+        cards.append(_card("copy time", "-", "no copies in this trace"))
     mem, rows = p["memory"], [r for r in p["memory_rows"] if r["peak_allocated_bytes"] is not None]
     if mem:
         gpus = [s for s in mem["series"] if s["device_type"] == "cuda"] or mem["series"]
@@ -590,7 +612,7 @@ def _timeline(p: dict) -> str:
 def _plots(p: dict) -> str:
     out = []
     if p["top_kernels"]:
-        out.append("<h3>Top kernels by total time</h3>" + charts.top_kernels(p["top_kernels"]))
+        out.append("<h3>Top kernels by total time, by base name</h3>" + charts.top_kernels(p["top_kernels"]))
     for rf in p["roofline"]:
         out.append(f'<h3>Roofline</h3><p class="quiet">{esc(_roofline_note(rf))}</p>' + charts.roofline(rf))
     st = p["stalls"]

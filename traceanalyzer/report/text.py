@@ -277,8 +277,12 @@ def verdict_line(result: CheckResult) -> str:
         problems.append(f"{len(rule_errors)} rule error(s) (a rule raised; its findings are missing)")
     if failing:
         problems.append(f"{len(failing)} finding(s) at or above '{result.fail_on}'")
-    verdict = (f"[bold red]FAIL[/]: {'; '.join(problems)}" if problems
-               else f"[bold green]OK[/]: nothing at or above '{result.fail_on}'")
+    if problems:
+        verdict = f"[bold red]FAIL[/]: {'; '.join(problems)}"
+    elif result.fail_on == "never":  # no severity fails: the findings were not gated
+        verdict = "[bold green]OK[/]: findings not gated (--fail-on never)"
+    else:
+        verdict = f"[bold green]OK[/]: nothing at or above '{result.fail_on}'"
     if result.baseline is not None:
         grown = "" if result.baseline.max_growth_pct is None else \
             f" unless grown by more than {result.baseline.max_growth_pct:g}%"
