@@ -182,6 +182,24 @@ def next_busy_candidates(probes: str) -> str:
         """
 
 
+def issued_at(busy_starts: str) -> str:
+    """When the work that ends an idle stretch was issued, as the time budget reads it: for each
+    (`device_id`, `busy_start`) of the query `busy_starts` (a start of the device's busy
+    intervals, after idle time), of the operations of $run_id starting then, the return of the
+    launch call that started first (`issued_ns`; its start when it has no end). NULL where that
+    operation has no launch call: whether the host was late is unknown. Before `issued_ns` the
+    idle time is the budget's `host` (or `sync`, in a blocking call), after it `dependency`."""
+    return f"""
+        SELECT g.device_id, g.start_ns AS busy_start,
+               arg_min(coalesce(c.end_ns, c.start_ns), coalesce(c.start_ns, {_MAX_BIGINT})) AS issued_ns
+        FROM gpu_activity g
+        SEMI JOIN ({busy_starts}) x ON x.device_id = g.device_id AND x.busy_start = g.start_ns
+        LEFT JOIN api_calls c ON c.run_id = $run_id AND c.call_id = g.launch_call_id
+        WHERE g.run_id = $run_id
+        GROUP BY ALL
+        """
+
+
 def covered_ns(probes: str, keys: tuple[str, ...], stretches: str, device: str = "device_id") -> str:
     """How much of each probe interval some stretch covers: columns `keys` + `covered_ns`.
 
