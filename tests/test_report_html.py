@@ -671,6 +671,69 @@ def test_report_cli_html_and_markdown(tmp_path):
     assert r.exit_code == 2 and "nope.sqlite" in r.stderr
 
 
+def test_report_cli_without_runs_reports_every_stored_run(tmp_path):
+    db = tmp_path / "s.duckdb"
+    assert cli("ingest", PLANTED_NSYS, PLANTED_KINETO, NCU_STALLS, "--store", db).exit_code == 0
+    out = tmp_path / "r.html"
+    r = cli("report", "-o", out, "--store", db)
+    assert r.exit_code == 0, r.stderr
+    with Store(db, read_only=True) as st:
+        ids = st.run_ids()
+    text = out.read_text()
+    assert len(ids) == 3 and text.count('<section class="run"') == 3
+    assert all(f'data-run="{rid}"' in text for rid in ids) and "wrote" in r.stderr and "3 run(s)" in r.stderr
+
+
+def test_report_of_a_stored_folder_says_so_in_one_line(tmp_path):
+    """Files already stored and checked are one note, not a line each (--verbose lists them)."""
+    db = tmp_path / "s.duckdb"
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for f in (PLANTED_NSYS, PLANTED_KINETO, NCU_STALLS):
+        shutil.copyfile(f, folder / f.name)
+    first = cli("report", folder, "-o", tmp_path / "a.html", "--store", db)
+    assert first.exit_code == 0 and first.stderr.count("ok ") == 3 and "already stored" not in first.stderr
+    again = cli("report", folder, "-o", tmp_path / "b.html", "--store", db)
+    assert again.exit_code == 0, again.stderr
+    assert "skipped" not in again.stderr
+    assert "note: 3 file(s) already stored, not read again (--verbose lists them)" in again.stderr
+    listed = cli("report", folder, "-o", tmp_path / "c.html", "--store", db, "--verbose")
+    assert listed.stderr.count("skipped (already stored)") == 3 and "note: 3 file(s)" not in listed.stderr
+
+
+def _page_json(page: dict) -> str:
+    return json.dumps(page, sort_keys=True, default=str)  # (NaN == NaN as text)
+
+
+def test_pages_built_for_many_runs_at_once_are_each_runs_own_page(fixture_store, monkeypatch):
+    """`render` computes the code trees and step budgets of every run in a few queries, and skips
+    the queries of what a run has no rows of: each run's page is what every query of that run
+    alone gives."""
+    from traceanalyzer import ranges
+    from traceanalyzer.report.budget import step_budgets_of, step_budgets_of_runs
+
+    st, names = fixture_store
+    ids = list(names.values())
+    monkeypatch.setattr(ranges, "TREE_ROWS_PER_QUERY", 2000)  # several queries, and a run over the limit alone
+    result = load_result(st, ids)
+    has = html.run_contents(st, ids)
+    code = html.code_trees(st, ids, has)
+    steps = step_budgets_of_runs(st, ids)
+    assert any(r for r in code.values()) and any(has[r] != frozenset(html.CONTENTS) for r in ids)
+    for run in result.runs:
+        rid = run["run_id"]
+        alone = html.run_page(st, run, result, 60_000, shared={"code": None, "step_budgets": step_budgets_of(st, rid)})
+        expected = None
+        for by in ("op", "range", "module"):
+            r = ranges.run_ranges(st, rid, by, html.CODE_DEPTH)
+            if any(x["gpu_ns"] for x in r["ranges"]):
+                expected = r
+                break
+        alone["code"] = expected
+        batched = html.run_page(st, run, result, 60_000, has[rid], {"code": code[rid], "step_budgets": steps[rid]})
+        assert _page_json(batched) == _page_json(alone), rid
+
+
 def test_assets_ship_with_the_package():
     import tomllib
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["traceanalyzer"]

@@ -49,9 +49,12 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of a
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="List the files a folder walk passed over "
                                                                   "because they are no traces.")]
 CheckVerboseOpt = Annotated[bool, typer.Option(
-    "--verbose", "-v", help="List the files a folder walk passed over because they are no traces; in the text "
-                            "report, every finding of a rule that found many kernels, and what each rule not "
-                            "applicable needs.")]
+    "--verbose", "-v", help="List the files a folder walk passed over because they are no traces, and each file "
+                            "already stored (not read again); in the text report, every finding of a rule that "
+                            "found many kernels, and what each rule not applicable needs.")]
+ReportVerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="List the files a folder walk passed over because they are no traces, and each file "
+                            "already stored (not read again).")]
 
 
 def open_store(store: Optional[Path], read_only: bool = False) -> Store:
@@ -127,6 +130,47 @@ def file_line(r: "FileResult", debug: bool, progress: Console = out) -> None:
         err.print(f"warning: {r.path}: {w}", markup=False)
 
 
+class FileLines:
+    """`file_line` for each file of a batch (an `on_file`), except those already stored and not
+    read again (`kept`, `skipped`): a rerun over the same folder would list every file again.
+    They are counted, for one line at the end (`finish`), and each listed only with `verbose`."""
+
+    def __init__(self, debug: bool, verbose: bool, progress: Console = out):
+        self.debug, self.verbose, self.progress = debug, verbose, progress
+        self.stored: list[str] = []
+
+    def __call__(self, r: "FileResult") -> None:
+        if r.state in ("kept", "skipped"):
+            self.stored.append(r.path)
+            if not self.verbose:
+                return
+        file_line(r, self.debug, self.progress)
+
+    def finish(self) -> None:
+        if self.stored and not self.verbose:
+            what = "file(s)" if all(Path(p).is_file() for p in self.stored) else "input(s)"
+            err.print(f"note: {len(self.stored)} {what} already stored, not read again (--verbose lists them)",
+                      markup=False)
+
+
+class LinkLines:
+    """`link_lines` for each timeline and Nsight Compute pair linked (an `on_link`) whose links
+    are new or changed; a pair linked as before is counted, for one line at the end (`finish`)."""
+
+    def __init__(self, console: Console = err, limit: Optional[int] = 3):
+        self.console, self.limit, self.unchanged = console, limit, 0
+
+    def __call__(self, result) -> None:
+        if result.changed:
+            link_lines(result, self.console, limit=self.limit)
+        else:
+            self.unchanged += 1
+
+    def finish(self) -> None:
+        if self.unchanged:
+            err.print(f"note: {self.unchanged} timeline and Nsight Compute pair(s) linked as before", markup=False)
+
+
 def link_lines(result, console: Console = err, names: Optional[dict] = None, limit: Optional[int] = 20) -> None:
     """The lines of a timeline and an Nsight Compute run linked (`link.describe`)."""
     from ..link import describe
@@ -146,10 +190,10 @@ def settings_or_exit(opts: "CheckOptions"):
         raise typer.Exit(2)
 
 
-def open_for_runs(store: Optional[Path], refs: List[str], debug: bool):
+def open_for_runs(store: Optional[Path], refs: List[str], debug: bool, verbose: bool = False):
     """The store and `check.runs_for` of `refs` on it, with the rules `check` would run (the
     config file's select, ignore and thresholds), a line per file checked and per ref that
-    names nothing (to stderr). The store is opened read-only when nothing is to be written
+    names nothing (to stderr; the files already stored one line in all, `FileLines`). The store is opened read-only when nothing is to be written
     (every ref names a stored run with current findings): a report of those needs no write
     access, and shares the store with other readers. Returns (store, Checked)."""
     from ..batch.check import CheckOptions, needs_writing, runs_for
@@ -167,7 +211,10 @@ def open_for_runs(store: Optional[Path], refs: List[str], debug: bool):
             raise
     st = st or open_store(store)
     try:
-        return st, runs_for(st, refs, settings, on_file=lambda r: file_line(r, debug, progress=err))
+        lines = FileLines(debug, verbose, progress=err)
+        done = runs_for(st, refs, settings, on_file=lines)
+        lines.finish()
+        return st, done
     except BaseException:
         st.close()
         raise

@@ -12,7 +12,7 @@ from rich.table import Column, Table
 
 from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
                      NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
-                     WriteBaselineOpt, check_options, emit, err, link_lines, note_not_traces, open_store,
+                     WriteBaselineOpt, LinkLines, check_options, emit, err, note_not_traces, open_store,
                      print_input_error, report_targets)
 
 
@@ -72,10 +72,11 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
                 if lines:
                     lines.file_done(r.size_bytes)
 
+            # A rescan links the pairs again: only new or changed links are shown.
+            links = LinkLines(progress.console)
             try:
                 report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
-                                  on_start=on_start, on_file=on_file, link=not no_link,
-                                  on_link=lambda r: link_lines(r, progress.console, limit=3))
+                                  on_start=on_start, on_file=on_file, link=not no_link, on_link=links)
             except ScanError as e:
                 progress.stop()
                 err.print(f"error: {e}", markup=False)
@@ -83,6 +84,7 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
             progress.stop()
             if lines:
                 lines.finish()
+            links.finish()
             note_not_traces(report.not_traces, verbose)
             if report.cross_rule_error:
                 err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)

@@ -27,7 +27,7 @@ from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
-from .budget import budget_line, busy_split, no_budget_line, step_budgets_of
+from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs
 from .vendor import vendor_text
 from .html_charts import clip, esc
 from .model import CheckResult
@@ -65,18 +65,54 @@ _num = html_metrics._f
 
 # -- gathering -------------------------------------------------------------------------
 
-def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict:
-    """Everything one run's page shows."""
+# What each run holds that some part of its page reads, for many runs in one query: a part whose
+# tables hold nothing of the run is left empty without its queries (each costs milliseconds, and
+# most runs of a big store have no memory data, steps, Nsight Compute metrics or host frames).
+# `frames_*`: the host frames `code_tree` groups by (ncu's per-launch ranges count as ranges).
+_CONTENTS_SQL = """
+SELECT r.run_id,
+       EXISTS (SELECT 1 FROM kernels x WHERE x.run_id = r.run_id) AS kernels,
+       EXISTS (SELECT 1 FROM memory_events x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM memory_segments x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM memory_blocks x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM allocator_events x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM memory_timeline x WHERE x.run_id = r.run_id) AS memory,
+       EXISTS (SELECT 1 FROM kernel_metrics x WHERE x.run_id = r.run_id) AS metrics,
+       EXISTS (SELECT 1 FROM steps x WHERE x.run_id = r.run_id) AS steps,
+       EXISTS (SELECT 1 FROM cpu_ops x WHERE x.run_id = r.run_id) AS frames_op,
+       EXISTS (SELECT 1 FROM ranges x WHERE x.run_id = r.run_id AND x.kind IN ('nvtx', 'user_annotation'))
+         OR EXISTS (SELECT 1 FROM launch_ranges x WHERE x.run_id = r.run_id) AS frames_range,
+       EXISTS (SELECT 1 FROM python_functions x WHERE x.run_id = r.run_id
+               AND starts_with(x.name, 'nn.Module: ')) AS frames_module
+FROM runs r WHERE list_contains($ids, r.run_id)
+"""
+CONTENTS = ("kernels", "memory", "metrics", "steps", "frames_op", "frames_range", "frames_module")
+
+
+def run_contents(store: Store, run_ids: list[str]) -> dict[str, frozenset[str]]:
+    """Per run, which of CONTENTS it has rows of."""
+    return {row[0]: frozenset(c for c, has in zip(CONTENTS, row[1:]) if has)
+            for row in store.sql(_CONTENTS_SQL, {"ids": list(run_ids)}).fetchall()}
+
+
+def run_page(store: Store, run: dict, result: CheckResult, max_ops: int,
+             has: frozenset[str] = frozenset(CONTENTS), shared: dict | None = None) -> dict:
+    """Everything one run's page shows; `has` (`run_contents`) what the run holds rows of, and
+    `shared` the parts computed for many runs at once (`code`: `code_tree`, `step_budgets`:
+    `step_budgets_of`), when they were."""
+    shared = shared or {}
     rid = run["run_id"]
     findings = [f for f in result.findings if f["run_id"] == rid]
     kernels_all = summary.top_kernels(store, rid, 10**9)
     counts = summary.kernel_counts(store, rid)
     copies = summary.copies_by_device(store, rid)
-    mem = html_metrics.memory(store, rid, run.get("start_ns"), findings)
+    memory = "memory" in has
+    mem = html_metrics.memory(store, rid, run.get("start_ns"), findings) if memory else None
     return {
         "run": run,
         "findings": findings,
-        "step_budgets": step_budgets_of(store, rid),
+        "step_budgets": shared["step_budgets"] if "step_budgets" in shared
+        else step_budgets_of(store, rid) if "steps" in has else {},
         # one per root cause, each with the findings that saw the same time
         "headlines": [(f, result.related(f)) for f in result.headlines(rid)],
         "outcomes": [o for o in result.outcomes if o["run_id"] == rid],
@@ -92,13 +128,13 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
                         "bytes": sum(c["bytes"] or 0 for c in copies) if copies else None,
                         "devices": copies},
         "memory": mem,
-        "memory_rows": summary.memory(store, rid),
-        "memory_categories": html_metrics.memory_categories(store, rid, run.get("start_ns")),
-        "segment_maps": html_metrics.segment_map(store, rid),
+        "memory_rows": summary.memory(store, rid) if memory else [],
+        "memory_categories": html_metrics.memory_categories(store, rid, run.get("start_ns")) if memory else [],
+        "segment_maps": html_metrics.segment_map(store, rid) if memory else [],
         "timeline": html_timeline.timeline_data(store, rid, findings, run.get("start_ns"), max_ops=max_ops),
         "roofline": html_metrics.roofline(store, rid, findings),
-        "stalls": html_metrics.stalls(store, rid, findings),
-        "code": code_tree(store, rid),
+        "stalls": html_metrics.stalls(store, rid, findings) if "metrics" in has else None,
+        "code": shared["code"] if "code" in shared else code_tree(store, rid),
     }
 
 
@@ -108,18 +144,34 @@ CODE_DEPTH, CODE_ROWS = 4, 40  # the "where in the code" table: levels of the tr
 def code_tree(store: Store, rid: str) -> dict | None:
     """`ranges.run_ranges` of the first of operators, NVTX ranges and modules that launched GPU
     time in the run (None: none did), down to CODE_DEPTH levels."""
+    return code_trees(store, [rid])[rid]
+
+
+def code_trees(store: Store, run_ids: list[str], has: dict[str, frozenset[str]] | None = None) -> dict[str, dict | None]:
+    """`code_tree` of each run, each source's trees of all the runs in a few queries (`ranges.runs_ranges`);
+    `has` (`run_contents`) leaves out the runs without kernels, or without frames of a source."""
+    has = has if has is not None else run_contents(store, run_ids)
+    out: dict[str, dict | None] = dict.fromkeys(run_ids)
+    left = [r for r in run_ids if "kernels" in has[r]]
     for by in ("op", "range", "module"):
-        r = ranges.run_ranges(store, rid, by, CODE_DEPTH)
-        if any(x["gpu_ns"] for x in r["ranges"]):
-            return r
-    return None
+        trees = ranges.runs_ranges(store, [r for r in left if f"frames_{by}" in has[r]], by, CODE_DEPTH)
+        for rid, r in trees.items():
+            if any(x["gpu_ns"] for x in r["ranges"]):
+                out[rid] = r
+        left = [r for r in left if out[r] is None]
+    return out
 
 
 # -- rendering -------------------------------------------------------------------------
 
 def render(store: Store, result: CheckResult, *, title: str | None = None,
            max_ops: int = html_timeline.MAX_OPS_DEFAULT) -> str:
-    pages = [run_page(store, run, result, max_ops) for run in result.runs]
+    ids = [run["run_id"] for run in result.runs]
+    has = run_contents(store, ids)
+    code = code_trees(store, ids, has)
+    steps = step_budgets_of_runs(store, [r for r in ids if "steps" in has[r]])
+    pages = [run_page(store, run, result, max_ops, has[rid], {"code": code[rid], "step_budgets": steps.get(rid, {})})
+             for rid, run in zip(ids, result.runs)]
     multi = len(pages) > 1
     title = title or ("traceanalyzer report: " + (pages[0]["run"]["file_name"] if len(pages) == 1
                                                   else f"{len(pages)} runs"))
