@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Column
 
-from .common import PIPED_WIDTH, StoreOpt, cell, err, fit_table, left_out, open_store, out
+from .common import PIPED_WIDTH, StoreOpt, cell, err, fit_table, left_out, open_store, out, say
 
 
 def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run before: a trace file (ingested and checked if needed), or a stored run id, id prefix or file name.")],
@@ -138,10 +138,9 @@ def _print(console: Console, d, top: int, noise: float) -> None:
 
     b, t = d.base, d.test
     if not d.comparable:
-        console.print("INCONCLUSIVE: the runs are not alike; the numbers below are as measured, not judged:",
-                      markup=False)
+        say(console, "INCONCLUSIVE: the runs are not alike; the numbers below are as measured, not judged:")
         for r in d.reasons:
-            console.print(f"  {r}", markup=False)
+            say(console, f"  {r}")
     console.print(f"base {b['run_id']}  {b['file_name']}  ({b['format']})", markup=False)
     console.print(f"test {t['run_id']}  {t['file_name']}  ({t['format']})", markup=False)
 
@@ -162,8 +161,8 @@ def _print(console: Console, d, top: int, noise: float) -> None:
                title="GPU busy per device (union of its GPU work)")
     skipped = {k: v for k, v in d.not_counted.items() if v}
     if skipped:
-        console.print("not counted (launched before the capture began): "
-                      + ", ".join(f"{k} {v} kernel(s)" for k, v in skipped.items()), markup=False, soft_wrap=False)
+        say(console, "not counted (launched before the capture began): "
+            + ", ".join(f"{k} {v} kernel(s)" for k, v in skipped.items()))
 
     if not d.kernels.empty:  # (memory snapshots and timelines have none)
         # Nsight Compute profiles: each kernel's Speed Of Light and achieved occupancy, base -> test
@@ -217,7 +216,7 @@ def _print(console: Console, d, top: int, noise: float) -> None:
         if rows:
             console.print(f"{title} ({len(rows)}):", markup=False)
             for f in rows[:top]:
-                console.print(f"  {f['severity']:<7} {f['rule_id']} {f['message']}", markup=False, soft_wrap=False)
+                say(console, fmt.printable(f"  {f['severity']:<7} {f['rule_id']} {f['message']}"))
             if len(rows) > top:
                 console.print(f"  ... and {len(rows) - top} more (--json lists all)", markup=False)
     word, line = d.verdict(noise)
@@ -283,7 +282,7 @@ def _print_memory(console: Console, d) -> None:
                [[r.category.replace("_", " "), fmt.nbytes(r.base_bytes), fmt.nbytes(r.test_bytes),
                  _fmt_delta(r.delta_bytes, fmt.nbytes), _fmt_pct(r.delta_pct)] for r in rows.itertuples()],
                title=f"Device {_device(next(rows.itertuples()))} at the peak, by category")
-    console.print(f"memory: {d.memory_line()}", markup=False, soft_wrap=False)
+    say(console, f"memory: {d.memory_line()}")
 
 
 def _name_column(header: str) -> Column:

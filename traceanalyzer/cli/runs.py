@@ -12,7 +12,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from .. import fmt
-from .common import StoreOpt, cell, check_choices, fit_table, left_out, open_store, out, resolve_runs
+from .common import StoreOpt, cell, check_choices, fit_table, left_out, open_store, out, resolve_runs, say
 
 
 def runs(store: StoreOpt = None):
@@ -97,18 +97,17 @@ def print_summary(console: Console, s: dict) -> None:
     from ..report.budget import budget_line, no_budget_line
 
     console.rule(Text(f"{s['run_id']}  {fmt.printable(s['file_name'])}  ({s['format']})"), style="bold")
-    console.print(fmt.printable(f"span {fmt.ns(s['span_ns'])}   producer {fmt.text(s['producer'])} "
-                                f"{fmt.text(s['producer_version'], '')}   host {fmt.text(s['host'])}"),
-                  markup=False, soft_wrap=False)
+    say(console, fmt.printable(f"span {fmt.ns(s['span_ns'])}   producer {fmt.text(s['producer'])} "
+                               f"{fmt.text(s['producer_version'], '')}   host {fmt.text(s['host'])}"))
     for line in [budget_line(d) for d in s["budget"]] or [no_budget_line(s)]:
-        console.print(fmt.printable(line), markup=False, soft_wrap=False)
+        say(console, fmt.printable(line))
     st = s.get("steps")
     if st:
         outliers = ", ".join(f"#{o['index']} {fmt.ns(o['ns'])}" for o in st["outliers"][:5])
-        console.print(fmt.printable(
+        say(console, fmt.printable(
             f"steps {st['steps']} ({st['step']}): median {fmt.ns(st['median_ns'])}, p90 {fmt.ns(st['p90_ns'])}"
             + (f", {st['warmup_steps']} warm-up set apart" if st["warmup_steps"] else "")
-            + (f", outliers {outliers}" if outliers else "")), markup=False, soft_wrap=False)
+            + (f", outliers {outliers}" if outliers else "")))
     num = {"justify": "right", "no_wrap": True}
     if s["busy"]:
         columns = [Column("device", no_wrap=True), Column("name"), Column("busy", **num),
@@ -160,9 +159,8 @@ def _memory_tables(console: Console, rows: list[dict]) -> None:
                [[str(r["device_id"]), *(fmt.nbytes(r[k]) for _, k in shown)] for r in rows],
                title=f"Memory ({sources})")
     if any(r["source"] == "memory snapshot" and r["peak_allocated_bytes"] is not None for r in rows):
-        console.print("Reserved, allocated and the largest free block are at the snapshot; the peaks are over its "
-                      "recorded history, allocated in the bytes requested (blocks round them up).",
-                      markup=False, soft_wrap=False)
+        say(console, "Reserved, allocated and the largest free block are at the snapshot; the peaks are over its "
+                     "recorded history, allocated in the bytes requested (blocks round them up).")
     for r in rows:
         if r["categories"]:
             _print_fit(console, [Column("category"), Column("bytes", **num), Column("share", **num)],

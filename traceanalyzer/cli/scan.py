@@ -13,7 +13,7 @@ from rich.table import Column, Table
 from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
                      NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
                      WriteBaselineOpt, COMPACT, cell, check_options, emit, err, fit_table, left_out, link_lines, note_not_traces,
-                     open_store, print_input_error, report_targets)
+                     open_store, print_input_error, report_targets, say)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
@@ -191,9 +191,8 @@ def _print_table(console: Console, df, report) -> None:
     left_out(console, dropped, "; `traceanalyzer runs` lists them")
     stored, updated, skipped = report.count("stored"), report.count("updated"), report.count("skipped")
     dupes, failed = report.count("duplicate"), len(report.failed)
-    console.print(f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
-                  f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed", markup=False,
-                  soft_wrap=False)
+    say(console, f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
+                 f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed")
 
 
 def register(app: typer.Typer) -> None:
