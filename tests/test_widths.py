@@ -117,12 +117,10 @@ def test_scan_table_keeps_the_budget_words_and_the_counts(monkeypatch, tmp_path,
     words = set(table.split())
     with Store(db, read_only=True) as st:
         budgets = budgets_of(st, st.run_ids())
-        counts = dict(st.sql("SELECT run_id, count(*) FILTER (WHERE related_to IS NULL) FROM findings "
-                             "GROUP BY 1").fetchall())
     for rid, budget in budgets.items():
         assert set(budget_cell(budget).split()) <= words, budget_cell(budget)  # no word broken
         assert rid in words
-    assert counts and all(n >= 0 for n in counts.values())
+    assert len(budgets) == 4
     header = next(ln for ln in table.splitlines() if ln.startswith("run "))
     assert header.split()[-3:] == ["error", "warn", "info"] and "time budget" in header
     assert ("format" in header) == (width == 200) and "…" not in table

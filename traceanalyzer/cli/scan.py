@@ -7,8 +7,7 @@ import typer
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
-from rich import box
-from rich.table import Column, Table
+from rich.table import Column
 
 from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
                      NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
