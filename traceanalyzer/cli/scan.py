@@ -7,13 +7,12 @@ import typer
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
-from rich import box
-from rich.table import Column, Table
+from rich.table import Column
 
 from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
                      NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
-                     WriteBaselineOpt, LinkLines, check_options, emit, err, note_not_traces, open_store,
-                     print_input_error, report_targets)
+                     WriteBaselineOpt, COMPACT, LinkLines, cell, check_options, emit, err, fit_table, left_out,
+                     note_not_traces, open_store, print_input_error, report_targets, say)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
@@ -166,23 +165,35 @@ def _table(st, report):
 def _print_table(console: Console, df, report) -> None:
     from .. import fmt
 
-    t = Table(Column("run", no_wrap=True), Column("file", overflow="fold", min_width=16), Column("format"),
-              *(Column(h, justify="right", no_wrap=True) for h in ("kernels", "span")),
-              Column("time budget", overflow="fold"),  # (of the device with the longest span)
-              *(Column(h, justify="right", no_wrap=True) for h in ("error", "warn", "info")),
-              title="Scanned runs", show_footer=True, box=box.SIMPLE_HEAD, collapse_padding=True)
-    for r in df.itertuples():
-        t.add_row(r.run_id, r.file_name, r.format, fmt.num(r.kernels), fmt.ns(r.span_ns), r.budget,
-                  fmt.num(r.errors), fmt.num(r.warnings), fmt.num(r.infos))
-    t.columns[0].footer = f"{len(df)} runs"
-    t.columns[3].footer = fmt.num(int(df["kernels"].sum()))
-    for i, col in ((6, "errors"), (7, "warnings"), (8, "infos")):
-        t.columns[i].footer = fmt.num(int(df[col].sum()))
+    num = {"justify": "right", "no_wrap": True}
+    columns = [Column("run", no_wrap=True, footer=f"{len(df)} runs"),
+               Column("file", overflow="fold", min_width=20), Column("format", no_wrap=True),
+               Column("kernels", footer=fmt.num(int(df["kernels"].sum())), **num), Column("span", **num),
+               # Of the device with the longest span; on two lines at most ('71% compute ·' and
+               # '<1% idle, dependency').
+               Column("time budget", min_width=20),
+               *(Column(h, footer=fmt.num(int(df[col].sum())), **num)
+                 for h, col in (("error", "errors"), ("warn", "warnings"), ("info", "infos")))]
+
+    def layout(split: bool):
+        rows = [[r.run_id, cell(r.file_name), r.format, fmt.num(r.kernels), fmt.ns(r.span_ns),
+                 r.budget.replace(" · ", " ·\n") if split else r.budget, fmt.num(r.errors), fmt.num(r.warnings),
+                 fmt.num(r.infos)] for r in df.itertuples()]
+        # The run, its file, budget and findings are what a scan is read for: at 80 columns the
+        # format, kernel count and span go (`runs` lists them).
+        return fit_table(console, columns, rows, optional=("format", "kernels", "span"),
+                         title="Scanned runs", show_footer=True, **COMPACT)
+
+    t, dropped = layout(split=False)
+    budget_width = next(c.width for c in t.columns if c.header == "time budget")
+    if any(len(b) > budget_width for b in df["budget"]):  # a budget that wraps breaks after its busy part
+        t, dropped = layout(split=True)
     console.print(t)
+    left_out(console, dropped, "; `traceanalyzer runs` lists them")
     stored, updated, skipped = report.count("stored"), report.count("updated"), report.count("skipped")
     dupes, failed = report.count("duplicate"), len(report.failed)
-    console.print(f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
-                  f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed", markup=False)
+    say(console, f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
+                 f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed")
 
 
 def register(app: typer.Typer) -> None:
