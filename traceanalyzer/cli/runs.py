@@ -193,14 +193,15 @@ def _stats_table(console: Console, title: str, what: str, rows: list[dict], shar
     room = console.width - fixed - 3
     in_table = room >= min(MIN_NAME_WIDTH, max(len(n) for n in names))
     numbers = [Column(h, no_wrap=True, justify="right") for h in headers]
+    say(console, title)  # (above the table, wrapped between words: a rich title is not)
     if in_table:
-        t = Table(Column(what, overflow="fold", max_width=room), *numbers, title=title)
+        t = Table(Column(what, overflow="fold", max_width=room), *numbers)
         for label, v in zip(fmt.distinct_labels(names, room), values):
             t.add_row(Text(label), *v)
         console.print(t)
         return
     # Without the outer borders and paddings, the numbers fit in 80 columns.
-    t = Table(Column("#", no_wrap=True), *numbers, title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t = Table(Column("#", no_wrap=True), *numbers, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, v in enumerate(values, 1):
         t.add_row(str(i), *v)
     console.print(t)
