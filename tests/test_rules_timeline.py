@@ -75,6 +75,37 @@ def _idle_after(t: int, busy: list[tuple[int, int]], ends: list[int]) -> int | N
     return None if i == len(busy) else max(0, busy[i][0] - t)
 
 
+def _host_after(waits: list[int], busy: list[tuple[int, int]], ends: list[int], issued: dict) -> int:
+    """The GPU idle after each wait's end `t` up to the return of the launch call of the work
+    that ends it (`issued`: busy start -> that call's end, None without a call), counted once
+    per idle stretch, after the last wait in it: the budget's host idle after the waits."""
+    last: dict[int, int] = {}
+    for t in waits:
+        i = bisect.bisect_right(ends, t)
+        if i < len(busy) and busy[i][0] > t:
+            last[i] = max(last.get(i, t), t)
+    return sum(min(max(issued[busy[i][0]], t), busy[i][0]) - t for i, t in last.items() if issued[busy[i][0]] is not None)
+
+
+def _first_launch(ops) -> dict:
+    """start -> the end of the launch call that started first among the operations starting
+    then (`ops`: (start, call start or None, call end or None)); None where the first has none."""
+    out: dict = {}
+    for start, call_start, call_end in sorted(ops, key=lambda o: (o[0], o[1] is None, o[1] or 0)):
+        out.setdefault(start, call_end if call_start is not None else None)
+    return out
+
+
+def _nsys_issued(con) -> dict:
+    calls = {c: (s, e) for _, s, e, c in _nsys_calls(con)}
+    ops = []
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        if con.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", [table]).fetchone()[0]:
+            for start, corr in con.execute(f'SELECT start, correlationId FROM {table} WHERE NOT (start = 0 AND "end" = 0)'):
+                ops.append((start, *calls.get(corr, (None, None))))
+    return _first_launch(ops)
+
+
 def _nsys_busy(con) -> list[tuple[int, int]]:
     ops = []
     for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
@@ -121,15 +152,16 @@ def test_t003_nsys_sync_loops(check, path, name):
     calls = [c for c in _nsys_calls(con) if c[0] == name]
     blocked = sum(e - s for _, s, e, _ in calls)
     idle = sum(_idle_after(e, busy, ends) or 0 for _, s, e, _ in calls)
+    host = _host_after([e for _, _, e, _ in calls], busy, ends, _nsys_issued(con))
     span = busy[-1][1] - busy[0][0]
-    loss = min(blocked, idle)
+    loss = min(blocked, host)
     assert len(calls) > 1900
 
     findings, status = check(path, "T003")
     assert status == "ran"
     [f] = [f for f in findings if f["item_name"].startswith(name)]
     ev = f["evidence"]
-    assert (ev["calls"], ev["blocked_ns"], ev["idle_after_ns"]) == (len(calls), blocked, idle)
+    assert (ev["calls"], ev["blocked_ns"], ev["idle_after_ns"], ev["host_idle_ns"]) == (len(calls), blocked, idle, host)
     assert f["est_loss_ns"] == loss and f["value"] == pytest.approx(loss / span)
     assert f["severity"] == _severity(loss / span, 0.05, 0.25)
     # every other blocking call hides less than 1% of the span: only this group is reported
@@ -144,12 +176,16 @@ def test_t003_kineto_stream_syncs(check):
     syncs = [e for e in ev if e.get("cat") == "cuda_runtime" and e["name"] == "cudaStreamSynchronize"]
     blocked = sum(e["end"] - e["start"] for e in syncs)
     idle = sum(_idle_after(e["end"], busy, ends) or 0 for e in syncs)
+    calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    ops = [(e["start"], *((calls[c]["start"], calls[c]["end"]) if (c := e["args"].get("correlation")) in calls else (None, None)))
+           for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    host = _host_after([e["end"] for e in syncs], busy, ends, _first_launch(ops))
     findings, _ = check(path, "T003")
     [f] = [f for f in findings if f["item_name"].startswith("cudaStreamSynchronize")]
     assert f["evidence"]["calls"] == len(syncs) == 80
-    assert (f["evidence"]["blocked_ns"], f["evidence"]["idle_after_ns"]) == (blocked, idle)
-    assert f["est_loss_ns"] == min(blocked, idle)
-    assert f["value"] == pytest.approx(min(blocked, idle) / (busy[-1][1] - busy[0][0]))
+    assert (f["evidence"]["blocked_ns"], f["evidence"]["idle_after_ns"], f["evidence"]["host_idle_ns"]) == (blocked, idle, host)
+    assert f["est_loss_ns"] == min(blocked, host)
+    assert f["value"] == pytest.approx(min(blocked, host) / (busy[-1][1] - busy[0][0]))
 
 
 def test_t003_quiet_and_no_data(check):
