@@ -155,8 +155,8 @@ def _table(st, report):
     from ..batch.scan import run_table
     from ..report.budget import budget_cell, budgets_of
 
-    df = run_table(st, report.run_ids)
-    budgets = budgets_of(st, list(df["run_id"]))
+    budgets = budgets_of(st, list(report.run_ids))
+    df = run_table(st, report.run_ids, budgets)
     df["budget"] = [budget_cell(budgets[r]) for r in df["run_id"]]
     return df, report
 
@@ -167,14 +167,17 @@ def _print_table(console: Console, df, report) -> None:
     t = Table(Column("run", no_wrap=True), Column("file", overflow="fold", min_width=16), Column("format"),
               *(Column(h, justify="right", no_wrap=True) for h in ("kernels", "span")),
               Column("time budget", overflow="fold"),  # (of the device with the longest span)
+              Column("est. loss", justify="right", no_wrap=True),  # (and its share of a device's span)
               *(Column(h, justify="right", no_wrap=True) for h in ("error", "warn", "info")),
               title="Scanned runs", show_footer=True, box=box.SIMPLE_HEAD, collapse_padding=True)
     for r in df.itertuples():
-        t.add_row(r.run_id, r.file_name, r.format, fmt.num(r.kernels), fmt.ns(r.span_ns), r.budget,
+        loss = "-" if not r.loss_ns else fmt.ns(r.loss_ns) + (
+            f" ({fmt.pct(r.loss_share)})" if r.loss_share == r.loss_share and r.loss_share is not None else "")
+        t.add_row(r.run_id, r.file_name, r.format, fmt.num(r.kernels), fmt.ns(r.span_ns), r.budget, loss,
                   fmt.num(r.errors), fmt.num(r.warnings), fmt.num(r.infos))
     t.columns[0].footer = f"{len(df)} runs"
     t.columns[3].footer = fmt.num(int(df["kernels"].sum()))
-    for i, col in ((6, "errors"), (7, "warnings"), (8, "infos")):
+    for i, col in ((7, "errors"), (8, "warnings"), (9, "infos")):
         t.columns[i].footer = fmt.num(int(df[col].sum()))
     console.print(t)
     stored, updated, skipped = report.count("stored"), report.count("updated"), report.count("skipped")
