@@ -216,9 +216,8 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
     findings = _rows(store, """
         SELECT f.*, r.file_name, r.source_path FROM findings f JOIN runs r USING (run_id)
         WHERE list_contains(?, f.run_id)
-        ORDER BY r.file_name, f.run_id, f.finding_no NULLS LAST,
-                 CASE f.severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
-                 f.est_loss_ns DESC NULLS LAST, f.rule_id, f.fingerprint""", ids)
+        ORDER BY r.file_name, f.run_id, f.finding_no NULLS LAST, f.est_loss_ns DESC NULLS LAST,
+                 CASE f.severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, f.rule_id, f.fingerprint""", ids)
     for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
     budgets = budgets_of(store, [r["run_id"] for r in runs])
