@@ -394,3 +394,14 @@ def test_a_run_without_a_budget_says_why_from_its_times(tmp_path):
     for run in runs:  # no event times, whichever file the ncu values came from
         assert no_budget_line({**run, "format": "?"}).startswith("no timeline:")
     assert no_budget_line({"span_ns": 0}) == "no timed GPU operations: no time budget"
+
+
+def test_the_host_work_in_the_budget_says_what_its_name_is():
+    """T004's main host activity, named with its kind: "(36% in IO N)" read as a label."""
+    from traceanalyzer.report.budget import budget_line
+
+    device = {"device_id": 0, "span_ns": 100, "parts": [{"category": "compute", "cause": None, "ns": 60},
+                                                         {"category": "idle", "cause": "host", "ns": 40}]}
+    for kind, word in (("range", "range"), ("cpu_op", "operator"), ("api_call", "API call")):
+        line = budget_line({**device, "host_work": {"name": "IO N", "kind": kind, "ns": 36}})
+        assert line.endswith(f'idle: host 40% (36% in {word} "IO N")'), line

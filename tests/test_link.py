@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 
 import pytest
@@ -431,3 +432,27 @@ def test_the_structure_pass_names_the_unfused_chain_a_hot_kernel_is_in(store):
     print_result(result, Console(file=buf, width=250, no_color=True))
     assert (f"in 4 unfused chain(s) of 3 element-wise kernels ({chain['name']}, #{chain['finding_no']} S002"
             in buf.getvalue())
+
+
+def test_a_rescan_shows_only_new_links_and_stored_files_in_one_line(tmp_path):
+    """Scanning or checking the same folder again prints no link block for a pair linked as
+    before, and no line per file already stored: one note each."""
+    db = tmp_path / "s.duckdb"
+    folder = tmp_path / "program"
+    folder.mkdir()
+    for f in (NSYS, NCU):
+        shutil.copyfile(f, folder / f.name)
+    first = _cli("scan", folder, "--store", db, "--jobs", "1", "--fail-on", "never")
+    assert first.exit_code == 0 and "10 of 12 ncu launch(es) matched" in first.output
+    assert "linked as before" not in first.output
+    again = _cli("scan", folder, "--store", db, "--jobs", "1", "--fail-on", "never")
+    block = re.compile(r"^linked .+ <- ", re.M)  # a link block's first line
+    assert block.search(first.output)
+    assert again.exit_code == 0 and not block.search(again.output) and "unmatched ncu launch" not in again.output
+    assert "note: 1 timeline and Nsight Compute pair(s) linked as before" in again.output
+    checked = _cli("check", folder, "--store", db, "--fail-on", "never")
+    assert checked.exit_code == 0 and "skipped (already stored)" not in checked.output
+    assert "note: 2 file(s) already stored, not read again (--verbose lists them)" in checked.output
+    assert not block.search(checked.output) and "linked as before" in checked.output
+    listed = _cli("check", folder, "--store", db, "--fail-on", "never", "--verbose")
+    assert listed.output.count("skipped (already stored)") == 2

@@ -82,6 +82,27 @@ def test_the_nsys_tree_by_hand(planted):
     assert [r["name"] for r in range_rows(st, ids[NSYS], "range", depth=1)] == ["step N", "loader"]
 
 
+@pytest.mark.parametrize("by", ["range", "op", "module"])
+def test_many_runs_at_once_give_each_runs_own_tree(planted, monkeypatch, by):
+    """`runs_ranges` puts several runs in one query (a run over TREE_ROWS_PER_QUERY alone): each
+    run's tree is the one the one-run query gives, self CUDA memory included."""
+    from traceanalyzer import ranges
+
+    st, ids = planted
+    runs = list(ids.values())
+    alone = {}
+    for rid in runs:
+        totals = ranges._totals(st, rid)
+        nodes = st.arrow(ranges._tree_sql(by), {"run_id": rid, "max_depth": 1 << 30}).to_pylist()
+        alone[rid] = ranges._tree_rows([{k: v for k, v in n.items() if k != "run_id"} for n in nodes], totals)
+        assert alone[rid] or by != "range"
+    for limit in (10**9, 1):
+        monkeypatch.setattr(ranges, "TREE_ROWS_PER_QUERY", limit)
+        got = ranges.runs_ranges(st, runs, by)
+        assert {rid: got[rid]["ranges"] for rid in runs} == alone
+    assert any(r["self_cuda_memory_bytes"] for rows in alone.values() for r in rows) or by != "op"
+
+
 def test_launch_context_names_the_innermost_frames(planted):
     st, ids = planted
     rows = st.arrow("SELECT name, kind, pid, tid, range_name, op_name, module_name, function_name "

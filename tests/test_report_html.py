@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import csv
 import gzip
+import html as html_lib
 import io
 import json
 import os
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
+from traceanalyzer import fmt
 from traceanalyzer.batch.check import check_file
 from traceanalyzer.cli import app
 from traceanalyzer.ingest.base import ParsedTrace
@@ -493,6 +495,52 @@ def test_b004_hint_says_peak_unknown_rather_than_a_dash(tmp_path):
         assert "-/s" not in html.render(st, res)
 
 
+# -- what the summary cards count ------------------------------------------------------
+
+GEMMS = [f"sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize{tile}_stage3_warpsize{warps}_ffma_aligna4_alignc4_"
+         f"execute_{what}kernel__5x_cublas" for tile, warps, what in
+         [("64x256x8", "1x4x1", ""), ("64x256x8", "1x4x1", "split_k_"), ("128x128x8", "2x2x1", ""),
+          ("128x128x8", "2x2x1", "split_k_"), ("32x32x8", "1x2x1", ""), ("32x32x8", "1x2x1", "split_k_")]]
+
+
+def test_top_kernel_labels_keep_the_words_where_names_differ():
+    """Six cuBLAS GEMMs, the same first 42 characters: the labels are the CLI's (`fmt.distinct_labels`),
+    not six equal clipped starts."""
+    rows = [{"kernel": n, "count": 1, "total_ns": 100 - i, "mean_ns": 1, "share": 0.1} for i, n in enumerate(GEMMS)]
+    labels = [html_lib.unescape(t) for t in re.findall(r'text-anchor="end" class="lbl">([^<]*)<',
+                                                        html_charts.top_kernels(rows))]
+    assert labels == fmt.distinct_labels(GEMMS, html_charts.LABEL_CHARS)
+    assert len(set(labels)) == len(GEMMS) and max(map(len, labels)) <= html_charts.LABEL_CHARS
+    assert all("split" in lab for lab in labels[1::2]) and not any("split" in lab for lab in labels[::2])
+
+
+def two_gpu_trace() -> ParsedTrace:
+    """Two devices, each with the same 500 us of copies and two launches of two GEMMs (one base
+    name), on a host named like a word."""
+    def table(n_per_device: int, **cols) -> pa.Table:
+        n = 2 * n_per_device
+        return pa.table({"device_id": [0] * n_per_device + [1] * n_per_device, "stream_id": [7] * n, "pid": [1] * n,
+                         **cols})
+    starts = [0, 1000, 2000, 3000]
+    kernels = table(4, kernel_id=list(range(8)), name=[GEMMS[0], GEMMS[0], GEMMS[2], GEMMS[2]] * 2,
+                    short_name=["gemm"] * 8, start_ns=starts * 2, end_ns=[s + 500 for s in starts] * 2)
+    copies = table(1, copy_id=[0, 1], start_ns=[5000, 5000], end_ns=[505_000, 505_000], direction=["HtoD"] * 2,
+                   src_kind=["pinned"] * 2, dst_kind=["device"] * 2, bytes=[10**9] * 2)
+    return ParsedTrace(format="nsys-sqlite", host="modal", tables={"kernels": kernels, "copies": copies})
+
+
+def test_cards_say_what_they_count_and_over_how_many_devices(tmp_path):
+    with Store(tmp_path / "s.duckdb") as st:
+        rid = st.write_run(two_gpu_trace(), Path("/x/two_gpus.sqlite"), "7" * 64, 1).run_id
+        page = html.render(st, load_result(st, [rid]))
+    text = html_lib.unescape(re.sub(r"<[^>]+>", "|", page))
+    # the same words as the summary's "N of M distinct names; K launches"
+    assert "|kernel time||4 us||8 launches, 2 distinct names (1 base name), summed over 2 GPUs|" in text
+    # 1 s of copies beside a 505 us span: summed, and each device's share
+    assert "|copy time||1 ms||2 copies, 2 GB, summed over 2 GPUs: GPU 0 500 us, GPU 1 500 us|" in text
+    assert " · host: modal" in text and "Top kernels by total time, by base name" in text
+
+
 # -- escaping ----------------------------------------------------------------------------
 
 def evil_trace(path: Path) -> Path:
@@ -641,6 +689,69 @@ def test_report_cli_html_and_markdown(tmp_path):
     assert r.exit_code == 0 and r.stdout.startswith("## traceanalyzer report") and "### planted.sqlite" in r.stdout
     r = cli("report", "nope.sqlite", "--store", db, "-o", tmp_path / "x.html")
     assert r.exit_code == 2 and "nope.sqlite" in r.stderr
+
+
+def test_report_cli_without_runs_reports_every_stored_run(tmp_path):
+    db = tmp_path / "s.duckdb"
+    assert cli("ingest", PLANTED_NSYS, PLANTED_KINETO, NCU_STALLS, "--store", db).exit_code == 0
+    out = tmp_path / "r.html"
+    r = cli("report", "-o", out, "--store", db)
+    assert r.exit_code == 0, r.stderr
+    with Store(db, read_only=True) as st:
+        ids = st.run_ids()
+    text = out.read_text()
+    assert len(ids) == 3 and text.count('<section class="run"') == 3
+    assert all(f'data-run="{rid}"' in text for rid in ids) and "wrote" in r.stderr and "3 run(s)" in r.stderr
+
+
+def test_report_of_a_stored_folder_says_so_in_one_line(tmp_path):
+    """Files already stored and checked are one note, not a line each (--verbose lists them)."""
+    db = tmp_path / "s.duckdb"
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for f in (PLANTED_NSYS, PLANTED_KINETO, NCU_STALLS):
+        shutil.copyfile(f, folder / f.name)
+    first = cli("report", folder, "-o", tmp_path / "a.html", "--store", db)
+    assert first.exit_code == 0 and first.stderr.count("ok ") == 3 and "already stored" not in first.stderr
+    again = cli("report", folder, "-o", tmp_path / "b.html", "--store", db)
+    assert again.exit_code == 0, again.stderr
+    assert "skipped" not in again.stderr
+    assert "note: 3 file(s) already stored, not read again (--verbose lists them)" in again.stderr
+    listed = cli("report", folder, "-o", tmp_path / "c.html", "--store", db, "--verbose")
+    assert listed.stderr.count("skipped (already stored)") == 3 and "note: 3 file(s)" not in listed.stderr
+
+
+def _page_json(page: dict) -> str:
+    return json.dumps(page, sort_keys=True, default=str)  # (NaN == NaN as text)
+
+
+def test_pages_built_for_many_runs_at_once_are_each_runs_own_page(fixture_store, monkeypatch):
+    """`render` computes the code trees and step budgets of every run in a few queries, and skips
+    the queries of what a run has no rows of: each run's page is what every query of that run
+    alone gives."""
+    from traceanalyzer import ranges
+    from traceanalyzer.report.budget import step_budgets_of, step_budgets_of_runs
+
+    st, names = fixture_store
+    ids = list(names.values())
+    monkeypatch.setattr(ranges, "TREE_ROWS_PER_QUERY", 2000)  # several queries, and a run over the limit alone
+    result = load_result(st, ids)
+    has = html.run_contents(st, ids)
+    code = html.code_trees(st, ids, has)
+    steps = step_budgets_of_runs(st, ids)
+    assert any(r for r in code.values()) and any(has[r] != frozenset(html.CONTENTS) for r in ids)
+    for run in result.runs:
+        rid = run["run_id"]
+        alone = html.run_page(st, run, result, 60_000, shared={"code": None, "step_budgets": step_budgets_of(st, rid)})
+        expected = None
+        for by in ("op", "range", "module"):
+            r = ranges.run_ranges(st, rid, by, html.CODE_DEPTH)
+            if any(x["gpu_ns"] for x in r["ranges"]):
+                expected = r
+                break
+        alone["code"] = expected
+        batched = html.run_page(st, run, result, 60_000, has[rid], {"code": code[rid], "step_budgets": steps[rid]})
+        assert _page_json(batched) == _page_json(alone), rid
 
 
 def test_assets_ship_with_the_package():

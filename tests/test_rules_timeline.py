@@ -247,6 +247,8 @@ def test_t004_nsys_power_iteration(check):
     total = sum(ns for _, _, ns, _ in bound)
     assert f["evidence"]["stretches"] == len(bound) > 40 and f["est_loss_ns"] == total
     assert f["evidence"]["top_activity"][0]["name"] == _top(bound) == "IO N"
+    # the NVTX ranges "IO 0", "IO 10", ...: the message says what "IO N" is
+    assert f["message"].endswith('most of it in range "IO N" (N: any number)')
     assert f["value"] == pytest.approx(total / span) and f["severity"] == _severity(total / span, 0.05, 0.25)
 
 

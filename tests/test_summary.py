@@ -20,11 +20,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from traceanalyzer import fmt
 from traceanalyzer.cli import app
 from traceanalyzer.cli.runs import _summary_of, print_summary
+from traceanalyzer.fmt import distinct_labels
 from traceanalyzer.ingest.base import ParsedTrace
+from traceanalyzer.report.html_charts import si
 from traceanalyzer.store import Store
-from traceanalyzer.summary import distinct_labels, graph_stats, kernel_stats
+from traceanalyzer.summary import graph_stats, kernel_stats
 
 from .conftest import FIXTURES, shared_traces
 
@@ -132,6 +135,52 @@ def test_csv_has_a_row_per_kernel_and_graph_with_its_run(planted):
         (run_id, "kernel", GEMM_256), (run_id, "kernel", GEMM_128), (run_id, "kernel", ADD_FLOAT),
         (run_id, "kernel", ADD_HALF), (run_id, "cuda_graph", "[CUDA graph 7]")]
     assert rows[0]["total_ns"] == str(90 * US) and rows[-1]["share"] == ""
+
+
+def test_text_says_what_each_number_counts(planted):
+    db, run_id = planted
+    out = _cli("--store", db, run_id)
+    assert "span: " in out and "host: -" in out  # a label, then its value: "host modal" read as one label
+    assert "Top kernels by total time (4 of 4 distinct names; 7 launches, 135 us)" in out
+    base = _cli("--store", db, run_id, "--by", "base")
+    assert "(2 of 2 distinct base names; 7 launches, 135 us)" in base
+    assert "2.05 GB/s" in out  # the memsets: 8,192 B in 4 us
+
+
+def test_totals_over_several_gpus_say_so(tmp_path):
+    """Kernel and memset totals beside the run's span: over two GPUs they can exceed it."""
+    trace = _planted()
+    for name in ("kernels", "memsets"):
+        t = trace.tables[name]
+        trace.tables[name] = t.set_column(t.schema.get_field_index("device_id"), "device_id",
+                                          pa.array([i % 2 for i in range(t.num_rows)], pa.int32()))
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.write_run(trace, Path("/planted/two.sqlite"), "6" * 64, 1).run_id
+    out = _cli("--store", tmp_path / "s.duckdb", run_id)
+    assert "(4 of 4 distinct names; 7 launches, 135 us over 2 GPUs)" in out and "Memsets over 2 GPUs" in out
+
+
+def test_numbers_never_read_in_scientific_notation():
+    # a DtoD copy at 1,510 GB/s printed "1.51e+03 GB/s", a 18 B copy "0.00229 GB/s"
+    assert [fmt.bandwidth(x) for x in (1510.4, 27.7, 0.00229, 0.933, None)] == [
+        "1.51 TB/s", "27.7 GB/s", "2.29 MB/s", "933 MB/s", "-"]
+    assert [fmt.nbytes(x) for x in (1.51e12, 2.5e15, 999.96e9, 18)] == ["1.51 TB", "2.5 PB", "1 TB", "18 B"]
+    assert [fmt.ns(x) for x in (1.5e13, 999.96e3, 1234)] == ["15,000 s", "1 ms", "1.23 us"]
+    assert [fmt.num(x) for x in (1510.4, 0.0000123, 3.14159, 12)] == ["1,510", "0.0000123", "3.14", "12"]
+    assert [si(x, "FLOP/s") for x in (999.96e9, 3e18, 1e-8)] == ["1 TFLOP/s", "3,000 PFLOP/s", "0.00000001 FLOP/s"]
+
+
+def test_the_rules_sql_formats_numbers_as_fmt_does():
+    """Rule messages are written in SQL (views.MACROS fmt_ns, fmt_bytes): the same text as fmt's."""
+    import duckdb
+
+    from traceanalyzer.store import views
+
+    con = duckdb.connect()
+    for name, body in views.MACROS.items():
+        con.execute(f"CREATE TEMP MACRO {name}{body}")
+    for x in (None, 0, 3, 999.4, 999.96e3, 1234, 2.5e5, -4200.0, 123456789, 1.51e12, 1.5e13, 10**18):
+        assert con.execute("SELECT fmt_ns($x), fmt_bytes($x)", {"x": x}).fetchall()[0] == (fmt.ns(x), fmt.nbytes(x)), x
 
 
 def test_bad_options_are_usage_errors(planted):

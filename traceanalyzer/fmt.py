@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 # Control characters (ANSI escapes, newlines) and bidi overrides can rewrite a terminal or
 # reorder a line; trace text (kernel names, file names) shows them escaped instead.
@@ -29,25 +30,41 @@ def text(x, default: str = "-") -> str:
     return default if _missing(x) or x == "" else str(x)
 
 
+def sig3(x: float) -> str:
+    """`x` to three significant digits, never in scientific notation: 1510.4 -> '1,510',
+    0.0000123 -> '0.0000123'."""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return format(Decimal(f"{x:.3g}"), "f")
+
+
+def _scaled(x, units: tuple[tuple[str, float], ...], base: str) -> str:
+    """`x` in the largest unit it reaches, three significant digits. Rounded first, so 999.95 us
+    reads 1 ms, not 1,000 us."""
+    x = float(f"{float(x):.3g}")
+    for unit, scale in units:
+        if abs(x) >= scale:
+            return f"{sig3(x / scale)} {unit}"
+    return f"{x:.0f} {base}"
+
+
 def ns(x) -> str:
     """1234 -> '1.23 us'; keeps three significant digits."""
-    if _missing(x):
-        return "-"
-    x = float(f"{float(x):.3g}")  # round first, so 999.95 us reads 1 ms, not 1e+03 us
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} ns"
+    return "-" if _missing(x) else _scaled(x, (("s", 1e9), ("ms", 1e6), ("us", 1e3)), "ns")
+
+
+_BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3))
 
 
 def nbytes(x) -> str:
-    if _missing(x):
+    return "-" if _missing(x) else _scaled(x, _BYTE_UNITS, "B")
+
+
+def bandwidth(bytes_per_ns) -> str:
+    """Bytes per nanosecond (GB/s) in the unit that fits: 1510 -> '1.51 TB/s', 0.00229 -> '2.29 MB/s'."""
+    if _missing(bytes_per_ns):
         return "-"
-    x = float(f"{float(x):.3g}")
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B"
+    return _scaled(float(bytes_per_ns) * 1e9, tuple((f"{u}/s", k) for u, k in _BYTE_UNITS), "B/s")
 
 
 def pct(x) -> str:
@@ -59,7 +76,7 @@ def num(x) -> str:
         return "-"
     if float(x).is_integer():
         return f"{int(x):,}"
-    return f"{float(x):.3g}"
+    return sig3(float(x))
 
 
 # Base names that say nothing on their own: the kernel is named by its first template argument
@@ -137,3 +154,98 @@ def _mangled_names(mangled: str, i: int, stop: str = "") -> tuple[list[str], int
         names.append(mangled[j:j + n])
         i = j + n
     return names, i
+
+
+# -- kernel names in a fixed width ---------------------------------------------------------
+
+ELLIPSIS = "…"
+# What separates the words of a kernel name: the template arguments, namespaces, parameters
+# of C++ names and the fields of library names (sm80_xmma_gemm_..._tilesize64x256x8_...).
+_SEPARATORS = frozenset(" _<>(),:*&[]{}")
+
+
+def distinct_labels(names: list[str], width: int) -> list[str]:
+    """`names` in at most `width` characters each, different names kept different.
+
+    A name that fits stays whole. A longer one keeps its start and, for each other name in the
+    list, the word (between `_ <>(),:` and the like) where the two first differ, such as the template argument or tile size that tells two GEMMs apart, with
+    "…" for each stretch left out; leftover room extends the start. Where words of two names
+    sit in different places and the labels still come out equal, those names are returned
+    whole (the caller wraps them)."""
+    labels = [_label(s, [t for t in names if t != s], width) for s in names]
+    seen: dict[str, set[str]] = {}
+    for s, lab in zip(names, labels):
+        seen.setdefault(lab, set()).add(s)
+    return [s if len(seen[lab]) > 1 else lab for s, lab in zip(names, labels)]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _word(s: str, p: int) -> tuple[int, int, int]:
+    """The word of `s` holding position `p` (the word before, when `p` is a separator or the
+    end), as (start, end, p)."""
+    p = min(p, len(s) - 1)
+    a = p
+    while a > 0 and s[a - 1] not in _SEPARATORS:
+        a -= 1
+    b = p + 1
+    while b < len(s) and s[b] not in _SEPARATORS:
+        b += 1
+    return a, b, p
+
+
+def _narrow(word: tuple[int, int, int], context: int | None) -> tuple[int, int]:
+    """The word, or at most `context` characters of it either side of where it differs."""
+    a, b, p = word
+    return (a, b) if context is None else (max(a, p - context), min(b, p + context + 1))
+
+
+def _label(s: str, others: list[str], width: int) -> str:
+    if len(s) <= width:
+        return s
+    if width < 8:
+        return s[: max(width - 1, 0)] + ELLIPSIS
+    # Where s first differs from each other name: the words to keep, left to right.
+    words = sorted({_word(s, _common_prefix(s, t)) for t in others})
+    head = max(width // 4, 4)
+    for context in (None, 6, 3, 1, 0):  # narrow the kept words until they fit
+        spans = [(0, head)] + [_narrow(w, context) for w in words]
+        if len(_join(s, spans)) <= width:
+            break
+    else:  # more differences than the width holds: the first ones that fit
+        spans = [(0, head)]
+        for w in words:
+            if len(_join(s, spans + [_narrow(w, 0)])) > width:
+                break
+            spans.append(_narrow(w, 0))
+    text = _join(s, spans)
+    while len(text) < width:  # room left: show more of the start (never more than the room)
+        head = _merge(s, spans)[0][1] + width - len(text)
+        spans[0] = (0, head)
+        text = _join(s, spans)
+    return text
+
+
+def _merge(s: str, spans: list[tuple[int, int]]) -> list[list[int]]:
+    """`spans` sorted, cut to `s` and merged where they touch."""
+    merged: list[list[int]] = []
+    for a, b in sorted(spans):
+        b = min(b, len(s))
+        if merged and a <= merged[-1][1] + 1:  # a one-character gap costs what "…" does
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def _join(s: str, spans: list[tuple[int, int]]) -> str:
+    """The parts of `s` in `spans`, "…" for each stretch between and after them."""
+    merged = _merge(s, spans)
+    out = "".join((ELLIPSIS if a > 0 else "") + s[a:b] for a, b in merged)
+    return out + (ELLIPSIS if merged[-1][1] < len(s) else "")

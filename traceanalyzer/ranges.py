@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 
-from .store import Store, views
+from .store import Store, StoreError, views
 
 # The sources `--by` names, as host_frames' `source`.
 BY = {"range": "range", "op": "op", "module": "module"}
@@ -72,58 +72,66 @@ def normalized_sql(expr: str) -> str:
     return f"trim({out})"
 
 
-def _tree_sql(by: str) -> str:
-    """Per path node of `by`'s frames of run $run_id: its parent node, name, depth and numbers
-    (see the module docstring), down to depth $max_depth - 1."""
+def _tree_sql(by: str, runs: str = "run_id = $run_id", memory: bool = True) -> str:
+    """Per run and path node of `by`'s frames of the runs `runs` selects (a condition on
+    `run_id`): its parent node, name, depth and numbers (see the module docstring), down to
+    depth $max_depth - 1. Without `memory` (the runs have no CUDA allocator events on a
+    thread) `self_cuda_memory_bytes` is NULL and the sweep that places the events is left out."""
     source = BY[by]
     column = views.launch_context_column(source)
+    if memory:
+        placed = f"""SELECT s.run_id, s.frame_id, sum(m.bytes) AS bytes
+            FROM (SELECT run_id, pid, tid, ts_ns, bytes FROM memory_events
+                  WHERE {runs} AND device_type = 'cuda' AND ts_ns IS NOT NULL AND bytes IS NOT NULL
+                    AND pid IS NOT NULL AND tid IS NOT NULL) m
+            ASOF JOIN steps s ON s.run_id = m.run_id AND s.pid = m.pid AND s.tid = m.tid AND s.from_ns <= m.ts_ns
+            WHERE s.frame_id IS NOT NULL GROUP BY ALL"""
+        steps = f"""), steps AS MATERIALIZED (
+            {views.frame_steps_sql("frames")}"""
+    else:
+        placed, steps = "SELECT NULL::VARCHAR AS run_id, NULL::BIGINT AS frame_id, NULL::HUGEINT AS bytes LIMIT 0", ""
     return f"""
         WITH RECURSIVE frames AS MATERIALIZED (
-            {views.host_frames_sql("run_id = $run_id", (source,))}
-        ), steps AS MATERIALIZED (
-            {views.frame_steps_sql("frames")}
+            {views.host_frames_sql(runs, (source,))}
+        {steps}
         ), context AS (
-            {views.launch_context_sql("run_id = $run_id", (source,), names=False)}
+            {views.launch_context_sql(runs, (source,), names=False)}
         ), direct AS (  -- what was launched with each frame innermost
-            SELECT {column} AS frame_id, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
+            SELECT run_id, {column} AS frame_id, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
                    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'kernel'), 0) AS gpu_ns,
                    count(*) AS gpu_ops, min(start_ns) AS first_ns, max(end_ns) AS last_ns
             FROM context WHERE {column} IS NOT NULL GROUP BY ALL
         ), up AS (  -- each frame's direct numbers carried up to every frame around it
-            SELECT d.*, f.parent_id AS next_id FROM direct d JOIN frames f USING (frame_id)
+            SELECT d.*, f.parent_id AS next_id FROM direct d JOIN frames f USING (run_id, frame_id)
             UNION ALL
-            SELECT f.frame_id, u.kernels, u.gpu_ns, u.gpu_ops, u.first_ns, u.last_ns, f.parent_id
-            FROM up u JOIN frames f ON f.frame_id = u.next_id
+            SELECT f.run_id, f.frame_id, u.kernels, u.gpu_ns, u.gpu_ops, u.first_ns, u.last_ns, f.parent_id
+            FROM up u JOIN frames f ON f.run_id = u.run_id AND f.frame_id = u.next_id
         ), inclusive AS (
-            SELECT frame_id, sum(kernels) AS kernels, sum(gpu_ns) AS gpu_ns, sum(gpu_ops) AS gpu_ops,
+            SELECT run_id, frame_id, sum(kernels) AS kernels, sum(gpu_ns) AS gpu_ns, sum(gpu_ops) AS gpu_ops,
                    min(first_ns) AS first_ns, max(last_ns) AS last_ns
             FROM up GROUP BY ALL
         ), memory AS (  -- CUDA allocator events, each to the frame innermost on its thread then
-            SELECT s.frame_id, sum(m.bytes) AS bytes
-            FROM (SELECT pid, tid, ts_ns, bytes FROM memory_events
-                  WHERE run_id = $run_id AND device_type = 'cuda' AND ts_ns IS NOT NULL AND bytes IS NOT NULL
-                    AND pid IS NOT NULL AND tid IS NOT NULL) m
-            ASOF JOIN steps s ON s.pid = m.pid AND s.tid = m.tid AND s.from_ns <= m.ts_ns
-            WHERE s.frame_id IS NOT NULL GROUP BY ALL
+            {placed}
         ), keys AS (
             SELECT name, {normalized_sql("name")} AS key FROM (SELECT DISTINCT coalesce(name, '') AS name FROM frames)
         ), nodes AS (  -- each frame's path of names as a node id: a hash of its parent's node and its name
-            SELECT f.frame_id, hash(k.key) AS node, NULL::UBIGINT AS parent_node, k.key AS name, 0 AS depth
+            SELECT f.run_id, f.frame_id, hash(k.key) AS node, NULL::UBIGINT AS parent_node, k.key AS name, 0 AS depth
             FROM frames f JOIN keys k ON k.name = coalesce(f.name, '') WHERE f.parent_id IS NULL
             UNION ALL
-            SELECT f.frame_id, hash(n.node, k.key), n.node, k.key, n.depth + 1
-            FROM nodes n JOIN frames f ON f.parent_id = n.frame_id JOIN keys k ON k.name = coalesce(f.name, '')
+            SELECT f.run_id, f.frame_id, hash(n.node, k.key), n.node, k.key, n.depth + 1
+            FROM nodes n JOIN frames f ON f.run_id = n.run_id AND f.parent_id = n.frame_id
+            JOIN keys k ON k.name = coalesce(f.name, '')
             WHERE n.depth + 1 < $max_depth
         )
-        SELECT n.node, any_value(n.parent_node) AS parent_node, any_value(n.name) AS name,
+        SELECT n.run_id, n.node, any_value(n.parent_node) AS parent_node, any_value(n.name) AS name,
                any_value(n.depth) AS depth, count(*) AS instances, CAST(sum(f.end_ns - f.start_ns) AS BIGINT) AS cpu_ns,
                CAST(coalesce(sum(i.kernels), 0) AS BIGINT) AS kernels, CAST(coalesce(sum(i.gpu_ns), 0) AS BIGINT) AS gpu_ns,
                CAST(coalesce(sum(i.gpu_ops), 0) AS BIGINT) AS gpu_ops,
                CAST(coalesce(sum(i.last_ns - i.first_ns), 0) AS BIGINT) AS gpu_proj_ns,
                CAST(sum(m.bytes) AS BIGINT) AS self_cuda_memory_bytes
-        FROM nodes n JOIN frames f USING (frame_id)
-        LEFT JOIN inclusive i USING (frame_id) LEFT JOIN memory m USING (frame_id)
-        GROUP BY n.node
+        FROM nodes n JOIN frames f USING (run_id, frame_id)
+        LEFT JOIN inclusive i USING (run_id, frame_id) LEFT JOIN memory m USING (run_id, frame_id)
+        GROUP BY n.run_id, n.node
         """
 
 
@@ -155,6 +163,42 @@ SELECT count(*) AS kernels, CAST(coalesce(sum(end_ns - start_ns), 0) AS BIGINT) 
 FROM gpu_activity WHERE run_id = $run_id AND kind = 'kernel'
 """
 
+# TOTALS_SQL (NCU_TOTALS_SQL for a run with launch ranges) of each run of $run_ids, with
+# `from_launches` and `frames`, the run's host frames of the source $source (what the tree reads).
+RUNS_TOTALS_SQL = """
+WITH timed AS (
+    SELECT run_id, count(*) AS kernels, CAST(sum(end_ns - start_ns) AS BIGINT) AS kernel_ns
+    FROM gpu_activity WHERE list_contains($run_ids, run_id) AND kind = 'kernel' GROUP BY run_id
+), profiled AS (
+    SELECT run_id, count(*) AS kernels, CAST(sum(duration_ns) AS BIGINT) AS kernel_ns
+    FROM kernel_durations WHERE list_contains($run_ids, run_id) GROUP BY run_id
+), launches AS (
+    SELECT DISTINCT run_id FROM launch_ranges WHERE list_contains($run_ids, run_id)
+), memory AS (
+    SELECT DISTINCT run_id FROM memory_events
+    WHERE list_contains($run_ids, run_id) AND device_type = 'cuda' AND tid IS NOT NULL AND bytes IS NOT NULL
+), frames AS (
+    SELECT run_id, count(*) AS frames FROM cpu_ops WHERE $source = 'op' AND list_contains($run_ids, run_id) GROUP BY run_id
+    UNION ALL
+    SELECT run_id, count(*) FROM ranges WHERE $source = 'range' AND list_contains($run_ids, run_id) GROUP BY run_id
+    UNION ALL
+    SELECT run_id, count(*) FROM python_functions WHERE $source = 'module' AND list_contains($run_ids, run_id)
+    GROUP BY run_id
+)
+SELECT r.run_id, r.file_name, r.format, l.run_id IS NOT NULL AS from_launches,
+       CASE WHEN l.run_id IS NOT NULL THEN coalesce(p.kernels, 0) ELSE coalesce(t.kernels, 0) END AS kernels,
+       CASE WHEN l.run_id IS NOT NULL THEN p.kernel_ns ELSE coalesce(t.kernel_ns, 0) END AS kernel_ns,
+       l.run_id IS NULL AND m.run_id IS NOT NULL AS has_memory, coalesce(f.frames, 0) AS frames
+FROM runs r LEFT JOIN timed t USING (run_id) LEFT JOIN profiled p USING (run_id) LEFT JOIN launches l USING (run_id)
+LEFT JOIN memory m USING (run_id) LEFT JOIN frames f USING (run_id)
+WHERE list_contains($run_ids, r.run_id)
+"""
+
+# Host frames and GPU operations one tree query takes on at most, over the runs it does at
+# once: a query per run costs ~40 ms of planning alone, a query for every run of a big store at
+# once would hold all their frames and launches together.
+TREE_ROWS_PER_QUERY = 1_000_000
+
 RUN_FIELDS = ("run_id", "file_name", "format")
 # Row fields, in the order of the JSON and CSV outputs.
 ROW_FIELDS = ("name", "path", "depth", "instances", "cpu_ns", "kernels", "gpu_ns", "gpu_proj_ns", "share",
@@ -165,7 +209,7 @@ def range_rows(store: Store, run_id: str, by: str = "range", depth: int | None =
     """Per path of `by`'s frames (`range`, `op` or `module`), down to `depth` levels (None: all),
     as rows with ROW_FIELDS, in tree order: each node after its parent, siblings by GPU time,
     then CPU time, then name. `path` is the list of names from the outermost frame down."""
-    return _rows(store, run_id, by, depth, _totals(store, run_id))
+    return run_ranges(store, run_id, by, depth)["ranges"]
 
 
 def _from_launches(store: Store, run_id: str) -> bool:
@@ -200,13 +244,29 @@ def _launch_nodes(store: Store, run_id: str, max_depth: int) -> list[dict]:
     return list(nodes.values())
 
 
-def _rows(store: Store, run_id: str, by: str, depth: int | None, totals: dict) -> list[dict]:
-    if by not in BY:
-        raise ValueError(f"ranges are grouped by one of {', '.join(BY)}, not {by!r}")
-    if _from_launches(store, run_id):
-        nodes = _launch_nodes(store, run_id, depth or 1 << 30) if by == "range" else []
-    else:
-        nodes = store.arrow(_tree_sql(by), {"run_id": run_id, "max_depth": depth or 1 << 30}).to_pylist()
+def _tree_nodes(store: Store, totals: dict[str, dict], by: str, max_depth: int) -> dict[str, list[dict]]:
+    """The nodes of `_tree_sql` of each run of `totals` (`RUNS_TOTALS_SQL` rows by run), runs
+    with and without memory events apart, a query for as many runs as TREE_ROWS_PER_QUERY takes."""
+    out: dict[str, list[dict]] = {r: [] for r in totals}
+    for memory in (False, True):
+        # A run without frames of the source has no nodes; a bigger run than the limit is alone.
+        runs = [t for t in totals.values() if t["frames"] and bool(t["has_memory"]) == memory]
+        batch: list[str] = []
+        rows = 0
+        for t in runs + [None]:
+            size = t["frames"] + t["kernels"] if t else 0
+            if batch and (t is None or rows + size > TREE_ROWS_PER_QUERY):
+                sql = _tree_sql(by, "list_contains($run_ids, run_id)", memory=memory)
+                for n in store.arrow(sql, {"run_ids": batch, "max_depth": max_depth}).to_pylist():
+                    out[n.pop("run_id")].append(n)
+                batch, rows = [], 0
+            if t is not None:
+                batch.append(t["run_id"])
+                rows += size
+    return out
+
+
+def _tree_rows(nodes: list[dict], totals: dict) -> list[dict]:
     children: dict[int | None, list[dict]] = {}
     for n in nodes:
         children.setdefault(n["parent_node"], []).append(n)
@@ -229,14 +289,32 @@ def _rows(store: Store, run_id: str, by: str, depth: int | None, totals: dict) -
 def run_ranges(store: Store, run_id: str, by: str = "range", depth: int | None = None) -> dict:
     """A run's `range_rows` as a JSON-ready dict: the run's fields, `by`, `kernels` and
     `kernel_ns` (all of the run's), `outside_ns` (the kernel time launched outside every frame
-    of `by`) and `ranges`."""
-    info = store.arrow(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", [run_id]).to_pylist()[0]
-    totals = _totals(store, run_id)
-    rows = _rows(store, run_id, by, depth, totals)
-    inside = sum(r["gpu_ns"] or 0 for r in rows if r["depth"] == 0)
-    outside = None if totals["kernel_ns"] is None else totals["kernel_ns"] - inside
-    return {**info, "by": by, "kernels": totals["kernels"], "kernel_ns": totals["kernel_ns"],
-            "outside_ns": outside, "ranges": rows}
+    of `by`) and `ranges`. StoreError when no run has that id."""
+    return runs_ranges(store, [run_id], by, depth)[run_id]
+
+
+def runs_ranges(store: Store, run_ids: list[str], by: str = "range", depth: int | None = None) -> dict[str, dict]:
+    """`run_ranges` of each of `run_ids` (by run id), in a few queries for all of them."""
+    if by not in BY:
+        raise ValueError(f"ranges are grouped by one of {', '.join(BY)}, not {by!r}")
+    max_depth = depth or 1 << 30
+    totals = {t["run_id"]: t for t in store.arrow(RUNS_TOTALS_SQL, {"run_ids": list(run_ids), "source": by}).to_pylist()}
+    missing = [r for r in run_ids if r not in totals]
+    if missing:
+        raise StoreError(f"no run {missing[0]!r}")
+    launched = {r for r, t in totals.items() if t["from_launches"]}
+    nodes = _tree_nodes(store, {r: t for r, t in totals.items() if r not in launched}, by, max_depth)
+    for r in launched:
+        nodes[r] = _launch_nodes(store, r, max_depth) if by == "range" else []
+    out = {}
+    for r in run_ids:
+        t = totals[r]
+        rows = _tree_rows(nodes[r], t)
+        inside = sum(x["gpu_ns"] or 0 for x in rows if x["depth"] == 0)
+        outside = None if t["kernel_ns"] is None else t["kernel_ns"] - inside
+        out[r] = {**{k: t[k] for k in RUN_FIELDS}, "by": by, "kernels": t["kernels"], "kernel_ns": t["kernel_ns"],
+                  "outside_ns": outside, "ranges": rows}
+    return out
 
 
 # -- per operator, as torch.profiler's key_averages() -------------------------------------

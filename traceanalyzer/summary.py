@@ -13,8 +13,8 @@ nsys's kernel summary leaves them out, and so do the kernel rows and shares here
 rows of their own (`graph_stats`). Kernels traced one by one inside a graph are kernels.
 
 The functions return plain rows (`run_summary`, a JSON-ready dict) or pandas DataFrames (for
-the reports); presentation is the CLI's and the reports' job, except `distinct_labels`, which
-shortens kernel names for any of them.
+the reports); presentation is the CLI's and the reports' job (`fmt.distinct_labels` shortens
+kernel names for any of them).
 """
 
 from __future__ import annotations
@@ -64,6 +64,20 @@ FROM memsets WHERE run_id = ?
 GROUP BY ALL ORDER BY total_ns DESC NULLS LAST, memory_kind
 """
 
+# What the reports' totals say they count: distinct kernel names, full and base, and the devices
+# that ran them (a total over several devices can exceed the run's span).
+KERNEL_COUNTS_SQL = f"""
+SELECT count(DISTINCT {GROUP_KEYS['name']}) AS names, count(DISTINCT {GROUP_KEYS['base']}) AS base_names,
+       count(DISTINCT device_id) AS devices
+FROM kernel_durations WHERE run_id = ? AND duration_ns IS NOT NULL AND NOT {GRAPH_EXECUTION}
+"""
+
+COPIES_BY_DEVICE_SQL = """
+SELECT device_id, count(*) AS count, CAST(sum(bytes) AS BIGINT) AS bytes,
+       CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
+FROM copies WHERE run_id = ? GROUP BY device_id ORDER BY device_id NULLS LAST
+"""
+
 BUSY_SQL = """
 SELECT b.device_id, d.name AS device, CAST(b.busy_ns AS BIGINT) AS busy_ns, CAST(b.active_span_ns AS BIGINT) AS active_span_ns,
        b.busy_share,
@@ -99,6 +113,17 @@ def top_kernels(store: Store, run_id: str, limit: int = 15) -> pd.DataFrame:
     min_ns, max_ns, stddev_ns, share (graph executions left out)."""
     df = kernel_stats(store, run_id, by="base").head(limit)
     return df.rename(columns={"name": "kernel", "avg_ns": "mean_ns"})
+
+
+def kernel_counts(store: Store, run_id: str) -> dict:
+    """Over the timed kernels (graph executions left out): `names` and `base_names` (distinct),
+    `devices` (how many ran them)."""
+    return store.arrow(KERNEL_COUNTS_SQL, [run_id]).to_pylist()[0]
+
+
+def copies_by_device(store: Store, run_id: str) -> list[dict]:
+    """Per device: device_id, count, bytes, total_ns of its copies."""
+    return store.arrow(COPIES_BY_DEVICE_SQL, [run_id]).to_pylist()
 
 
 def copies(store: Store, run_id: str) -> pd.DataFrame:
@@ -486,98 +511,3 @@ def _shares(peak: dict) -> list[dict]:
 
 def _int(x) -> int | None:
     return None if x is None or x != x else int(x)
-
-
-# -- kernel names in a fixed width ---------------------------------------------------------
-
-ELLIPSIS = "…"
-# What separates the words of a kernel name: the template arguments, namespaces, parameters
-# of C++ names and the fields of library names (sm80_xmma_gemm_..._tilesize64x256x8_...).
-_SEPARATORS = frozenset(" _<>(),:*&[]{}")
-
-
-def distinct_labels(names: list[str], width: int) -> list[str]:
-    """`names` in at most `width` characters each, different names kept different.
-
-    A name that fits stays whole. A longer one keeps its start and, for each other name in the
-    list, the word (between `_ <>(),:` and the like) where the two first differ, such as the template argument or tile size that tells two GEMMs apart, with
-    "…" for each stretch left out; leftover room extends the start. Where words of two names
-    sit in different places and the labels still come out equal, those names are returned
-    whole (the caller wraps them)."""
-    labels = [_label(s, [t for t in names if t != s], width) for s in names]
-    seen: dict[str, set[str]] = {}
-    for s, lab in zip(names, labels):
-        seen.setdefault(lab, set()).add(s)
-    return [s if len(seen[lab]) > 1 else lab for s, lab in zip(names, labels)]
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def _word(s: str, p: int) -> tuple[int, int, int]:
-    """The word of `s` holding position `p` (the word before, when `p` is a separator or the
-    end), as (start, end, p)."""
-    p = min(p, len(s) - 1)
-    a = p
-    while a > 0 and s[a - 1] not in _SEPARATORS:
-        a -= 1
-    b = p + 1
-    while b < len(s) and s[b] not in _SEPARATORS:
-        b += 1
-    return a, b, p
-
-
-def _narrow(word: tuple[int, int, int], context: int | None) -> tuple[int, int]:
-    """The word, or at most `context` characters of it either side of where it differs."""
-    a, b, p = word
-    return (a, b) if context is None else (max(a, p - context), min(b, p + context + 1))
-
-
-def _label(s: str, others: list[str], width: int) -> str:
-    if len(s) <= width:
-        return s
-    if width < 8:
-        return s[: max(width - 1, 0)] + ELLIPSIS
-    # Where s first differs from each other name: the words to keep, left to right.
-    words = sorted({_word(s, _common_prefix(s, t)) for t in others})
-    head = max(width // 4, 4)
-    for context in (None, 6, 3, 1, 0):  # narrow the kept words until they fit
-        spans = [(0, head)] + [_narrow(w, context) for w in words]
-        if len(_join(s, spans)) <= width:
-            break
-    else:  # more differences than the width holds: the first ones that fit
-        spans = [(0, head)]
-        for w in words:
-            if len(_join(s, spans + [_narrow(w, 0)])) > width:
-                break
-            spans.append(_narrow(w, 0))
-    text = _join(s, spans)
-    while len(text) < width:  # room left: show more of the start (never more than the room)
-        head = _merge(s, spans)[0][1] + width - len(text)
-        spans[0] = (0, head)
-        text = _join(s, spans)
-    return text
-
-
-def _merge(s: str, spans: list[tuple[int, int]]) -> list[list[int]]:
-    """`spans` sorted, cut to `s` and merged where they touch."""
-    merged: list[list[int]] = []
-    for a, b in sorted(spans):
-        b = min(b, len(s))
-        if merged and a <= merged[-1][1] + 1:  # a one-character gap costs what "…" does
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return merged
-
-
-def _join(s: str, spans: list[tuple[int, int]]) -> str:
-    """The parts of `s` in `spans`, "…" for each stretch between and after them."""
-    merged = _merge(s, spans)
-    out = "".join((ELLIPSIS if a > 0 else "") + s[a:b] for a, b in merged)
-    return out + (ELLIPSIS if merged[-1][1] < len(s) else "")

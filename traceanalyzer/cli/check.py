@@ -6,7 +6,7 @@ import typer
 
 from .common import (BaselineOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt,
                      JunitOpt, MaxGrowthOpt, NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt,
-                     WriteBaselineOpt, check_options, emit, err, file_line, link_lines, note_not_traces, open_store,
+                     WriteBaselineOpt, FileLines, LinkLines, check_options, emit, err, note_not_traces, open_store,
                      report_targets)
 
 
@@ -31,8 +31,10 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
     try:
         with open_store(store) as st:
             # Progress lines go to stderr so that stdout holds only the report.
-            result = run_check(st, opts, on_file=lambda r: file_line(r, debug, progress=err),
-                               on_link=lambda r: link_lines(r, err, limit=3))
+            lines, links = FileLines(debug, verbose, progress=err), LinkLines(err)
+            result = run_check(st, opts, on_file=lines, on_link=links)
+            lines.finish()
+            links.finish()
     except UsageError as e:
         err.print(f"error: {e}", markup=False)
         raise typer.Exit(2)

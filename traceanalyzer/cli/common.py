@@ -5,13 +5,18 @@ command line, so that every command module can import it."""
 # No `from __future__ import annotations`: typer reads the option types below when a command
 # module uses them in its signature.
 import os
+import re
 import sys
 from pathlib import Path
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, List, NoReturn, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Annotated, List, NoReturn, Optional, Sequence
 
 import typer
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Column, Table
 from rich.text import Text
 
 from .. import fmt
@@ -40,6 +45,127 @@ def cell(s) -> Text:
     return Text(fmt.printable(s))
 
 
+# -- tables that fit the terminal ----------------------------------------------------------
+
+# Without outer borders, two spaces between columns and one rule under the header: what a table
+# that does not fit with its box takes instead (summary, runs, diff), and the scan table always.
+# (rich lays out collapse_padding with pad_edge one column short: never the two together.)
+COMPACT = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True}
+
+
+def _plain(console: Console, x) -> str:
+    if x is None:
+        return ""
+    return x.plain if isinstance(x, Text) else console.render_str(x).plain if isinstance(x, str) else str(x)
+
+
+def _bounds(console: Console, column: Column, cells: list) -> tuple[int, int]:
+    """The narrowest and widest `column` can be laid out. A no_wrap column (numbers, ids) keeps
+    each cell whole; another breaks its cells between words, no narrower than its min_width, or,
+    folding (a file or kernel name), anywhere past its min_width. Headers and footers break
+    between words."""
+    texts = [_plain(console, c) for c in cells]
+    labels = [_plain(console, column.header), _plain(console, column.footer)]
+    lines = [ln for t in texts for ln in t.split("\n")]
+    words = [w for t in texts for w in t.split()]
+    label_words = [w for t in labels for w in t.split()]
+    longest = max(map(cell_len, label_words), default=0)
+    widest = max(map(cell_len, lines), default=0)
+    if column.no_wrap:
+        low = max(longest, widest, 1)
+    elif column.overflow == "fold" and column.min_width:
+        low = max(longest, min(column.min_width, widest), 1)
+    else:
+        low = max(longest, min(column.min_width or 0, widest), *map(cell_len, words), 1)
+    high = max(low, *map(cell_len, lines + labels))
+    return low, high
+
+
+def _overhead(console: Console, n: int, table_args: dict) -> int:
+    """The columns borders and padding take in a table of `n` columns laid out as `table_args`."""
+    t = Table(*(Column(width=1) for _ in range(n)), **table_args)
+    return Measurement.get(console, console.options.update_width(10_000), t).maximum - n
+
+
+def fit_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequence], optional: Sequence[str] = (),
+              **table_args) -> tuple[Table, list[str]]:
+    """A table of `columns` and `rows` laid out for the console's width: no number or other no_wrap
+    cell cut, no word broken (but in a folding column past its min_width), headers broken between
+    words rather than cut. Where it does not fit so, it goes without its outer borders (`COMPACT`),
+    then without the `optional` columns (headers), the first given first, as few as it takes. The room left is shared
+    between the columns that can use it. Returns the table and the headers left out, in table order."""
+    cols = [replace(c, _cells=[]) for c in columns]  # the caller's columns stay as given
+    bounds = [_bounds(console, c, [row[i] for row in rows]) for i, c in enumerate(cols)]
+    headers = [_plain(console, c.header) for c in cols]
+    keep = list(range(len(cols)))
+    args = dict(table_args)
+
+    def fits() -> bool:
+        return sum(bounds[i][0] for i in keep) + _overhead(console, len(keep), args) <= console.width
+
+    if not fits():
+        args.update(COMPACT)
+    dropped = []
+    for name in optional:
+        if fits():
+            break
+        dropped += [i for i in keep if headers[i] == name]
+        keep = [i for i in keep if headers[i] != name]
+    for i in reversed(dropped[:-1]):  # one left out early may fit beside the narrower ones
+        keep = sorted(keep + [i])
+        if not fits():
+            keep.remove(i)
+    widths = {i: bounds[i][0] for i in keep}
+    spare = console.width - sum(widths.values()) - _overhead(console, len(keep), args)
+    # The room left goes first to the columns that wrap (names: fewer lines), then to the others
+    # (their headers on fewer lines): a character each in turn, up to its widest.
+    for group in ([i for i in keep if not cols[i].no_wrap], [i for i in keep if cols[i].no_wrap]):
+        while spare > 0:
+            growing = [i for i in group if widths[i] < bounds[i][1]][:spare]
+            if not growing:
+                break
+            for i in growing:
+                widths[i] += 1
+            spare -= len(growing)
+    for i in keep:
+        c = cols[i]
+        c.width, c.max_width, c.min_width, c.ratio = widths[i], None, None, None
+        if cell_len(headers[i]) > widths[i] and not isinstance(c.header, Text):
+            c.header = "\n".join(_wrap_words(headers[i], widths[i]))
+    t = Table(*(cols[i] for i in keep), **args)
+    for row in rows:
+        t.add_row(*(row[i] for i in keep))
+    return t, [headers[i] for i in range(len(cols)) if i not in keep]
+
+
+def _wrap_words(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for word in text.split():
+        if lines and cell_len(lines[-1]) + 1 + cell_len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def left_out(console: Console, dropped: list[str], more: str = "") -> None:
+    """The line saying which columns a table left out to fit (`fit_table`), if any."""
+    if dropped:
+        say(console, f"(not shown at this width: {', '.join(dropped)}{more})")
+
+
+# A number and its unit: one word to wrap ('38.8 us', '2.18 MB', '10.5 GB/s').
+_UNIT = re.compile(r"(\d) (?=(?:ns|us|ms|s|B|KB|MB|GB|TB|pp)\b)")
+_GLUE = "\ue000"  # a character no text holds, one column wide, that is no space to break at
+
+
+def say(console: Console, line: str) -> None:
+    """A line of plain text wrapped between words at the console's width, each number on one line
+    with its unit."""
+    for piece in Text(_UNIT.sub("\\1" + _GLUE, line)).wrap(console, console.width):
+        console.print(piece.plain.rstrip().replace(_GLUE, " "), markup=False, soft_wrap=True)
+
+
 # -- the store --------------------------------------------------------------------------
 
 StoreOpt = Annotated[Optional[Path], typer.Option(
@@ -49,9 +175,12 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of a
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="List the files a folder walk passed over "
                                                                   "because they are no traces.")]
 CheckVerboseOpt = Annotated[bool, typer.Option(
-    "--verbose", "-v", help="List the files a folder walk passed over because they are no traces; in the text "
-                            "report, every finding of a rule that found many kernels, and what each rule not "
-                            "applicable needs.")]
+    "--verbose", "-v", help="List the files a folder walk passed over because they are no traces, and each file "
+                            "already stored (not read again); in the text report, every finding of a rule that "
+                            "found many kernels, and what each rule not applicable needs.")]
+ReportVerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="List the files a folder walk passed over because they are no traces, and each file "
+                            "already stored (not read again).")]
 
 
 def open_store(store: Optional[Path], read_only: bool = False) -> Store:
@@ -127,6 +256,47 @@ def file_line(r: "FileResult", debug: bool, progress: Console = out) -> None:
         err.print(f"warning: {r.path}: {w}", markup=False)
 
 
+class FileLines:
+    """`file_line` for each file of a batch (an `on_file`), except those already stored and not
+    read again (`kept`, `skipped`): a rerun over the same folder would list every file again.
+    They are counted, for one line at the end (`finish`), and each listed only with `verbose`."""
+
+    def __init__(self, debug: bool, verbose: bool, progress: Console = out):
+        self.debug, self.verbose, self.progress = debug, verbose, progress
+        self.stored: list[str] = []
+
+    def __call__(self, r: "FileResult") -> None:
+        if r.state in ("kept", "skipped"):
+            self.stored.append(r.path)
+            if not self.verbose:
+                return
+        file_line(r, self.debug, self.progress)
+
+    def finish(self) -> None:
+        if self.stored and not self.verbose:
+            what = "file(s)" if all(Path(p).is_file() for p in self.stored) else "input(s)"
+            err.print(f"note: {len(self.stored)} {what} already stored, not read again (--verbose lists them)",
+                      markup=False)
+
+
+class LinkLines:
+    """`link_lines` for each timeline and Nsight Compute pair linked (an `on_link`) whose links
+    are new or changed; a pair linked as before is counted, for one line at the end (`finish`)."""
+
+    def __init__(self, console: Console = err, limit: Optional[int] = 3):
+        self.console, self.limit, self.unchanged = console, limit, 0
+
+    def __call__(self, result) -> None:
+        if result.changed:
+            link_lines(result, self.console, limit=self.limit)
+        else:
+            self.unchanged += 1
+
+    def finish(self) -> None:
+        if self.unchanged:
+            err.print(f"note: {self.unchanged} timeline and Nsight Compute pair(s) linked as before", markup=False)
+
+
 def link_lines(result, console: Console = err, names: Optional[dict] = None, limit: Optional[int] = 20) -> None:
     """The lines of a timeline and an Nsight Compute run linked (`link.describe`)."""
     from ..link import describe
@@ -146,10 +316,10 @@ def settings_or_exit(opts: "CheckOptions"):
         raise typer.Exit(2)
 
 
-def open_for_runs(store: Optional[Path], refs: List[str], debug: bool):
+def open_for_runs(store: Optional[Path], refs: List[str], debug: bool, verbose: bool = False):
     """The store and `check.runs_for` of `refs` on it, with the rules `check` would run (the
     config file's select, ignore and thresholds), a line per file checked and per ref that
-    names nothing (to stderr). The store is opened read-only when nothing is to be written
+    names nothing (to stderr; the files already stored one line in all, `FileLines`). The store is opened read-only when nothing is to be written
     (every ref names a stored run with current findings): a report of those needs no write
     access, and shares the store with other readers. Returns (store, Checked)."""
     from ..batch.check import CheckOptions, needs_writing, runs_for
@@ -167,7 +337,10 @@ def open_for_runs(store: Optional[Path], refs: List[str], debug: bool):
             raise
     st = st or open_store(store)
     try:
-        return st, runs_for(st, refs, settings, on_file=lambda r: file_line(r, debug, progress=err))
+        lines = FileLines(debug, verbose, progress=err)
+        done = runs_for(st, refs, settings, on_file=lines)
+        lines.finish()
+        return st, done
     except BaseException:
         st.close()
         raise

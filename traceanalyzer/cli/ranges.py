@@ -39,6 +39,7 @@ def ranges(run: Annotated[Optional[List[str]], typer.Argument(metavar="RUN...", 
     kernels launched, GPU time (their durations summed), GPU projection (first GPU operation's
     start to last one's end, nsys's nvtx_gpu_proj_sum), self CUDA memory where the trace has
     allocator events, and the share of the run's kernel time.
+
     With --by op, text and csv give torch.profiler's key_averages() table instead: per
     operator, self CPU time (its child operators' left out), CPU total, self GPU time (the
     kernels it launched itself), GPU total and calls (json gives both, as `ranges` and

@@ -3,9 +3,9 @@
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from rich.table import Column
 
-from .common import err, out
+from .common import err, fit_table, out
 
 
 def rules(rule: Annotated[Optional[str], typer.Argument(metavar="RULE", help="A rule id or name to explain.")] = None):
@@ -20,11 +20,10 @@ def rules(rule: Annotated[Optional[str], typer.Argument(metavar="RULE", help="A 
             err.print(f"error: unknown rule {rule!r} (see `traceanalyzer rules`)", markup=False)
             raise typer.Exit(2)
         from rich.markdown import Markdown
-        out.print(Markdown(rule_markdown(r)))
+        out.print(Markdown(rule_markdown(r)), soft_wrap=False)
         return
-    t = Table("id", "name", "phase", "severity", "title")
-    for r in all_rules():
-        t.add_row(r.id, r.name, r.phase, r.severity, r.title)
+    t, _ = fit_table(out, [*(Column(h, no_wrap=True) for h in ("id", "name", "phase", "severity")), Column("title")],
+                     [[r.id, r.name, r.phase, r.severity, r.title] for r in all_rules()])
     out.print(t)
 
 

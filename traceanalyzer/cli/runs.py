@@ -12,7 +12,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from .. import fmt
-from .common import StoreOpt, cell, check_choices, open_store, out, resolve_runs
+from .common import StoreOpt, cell, check_choices, fit_table, left_out, open_store, out, resolve_runs, say
 
 
 def runs(store: StoreOpt = None):
@@ -24,14 +24,17 @@ def runs(store: StoreOpt = None):
                    (SELECT count(*) FROM copies c WHERE c.run_id = r.run_id) AS copies,
                    (SELECT string_agg(DISTINCT name, ', ') FROM devices d WHERE d.run_id = r.run_id) AS gpus
             FROM runs r ORDER BY r.ingested_at, r.run_id""")
-    # The run id and file name are what a user types next: never cut, whatever the width.
-    longest = max((len(str(n)) for n in df["file_name"]), default=4)
-    t = Table(Column("run", no_wrap=True, min_width=16), "format",
-              Column("file", no_wrap=True, min_width=min(longest, 80)), "version", "span", "kernels", "copies", "GPUs")
-    for r in df.itertuples():
-        t.add_row(r.run_id, r.format, cell(r.file_name), cell(fmt.text(r.producer_version)), fmt.ns(r.span_ns),
-                  fmt.num(r.kernels), fmt.num(r.copies), cell(fmt.text(r.gpus)))
+    # The run id and file name are what a user types next: the id never cut, the file name
+    # folded onto more lines at worst; at 80 columns the version, GPUs, copies and format go first.
+    num = {"justify": "right", "no_wrap": True}
+    columns = [Column("run", no_wrap=True), Column("format", no_wrap=True),
+               Column("file", overflow="fold", min_width=40), Column("version"),
+               Column("span", **num), Column("kernels", **num), Column("copies", **num), Column("GPUs")]
+    rows = [[r.run_id, r.format, cell(r.file_name), cell(fmt.text(r.producer_version)), fmt.ns(r.span_ns),
+             fmt.num(r.kernels), fmt.num(r.copies), cell(fmt.text(r.gpus))] for r in df.itertuples()]
+    t, dropped = fit_table(out, columns, rows, optional=("version", "GPUs", "copies", "format"))
     out.print(t)
+    left_out(out, dropped)
 
 
 SUMMARY_FORMATS = ("text", "json", "csv")
@@ -94,49 +97,51 @@ def print_summary(console: Console, s: dict) -> None:
     from ..report.budget import budget_line, no_budget_line
 
     console.rule(Text(f"{s['run_id']}  {fmt.printable(s['file_name'])}  ({s['format']})"), style="bold")
-    console.print(fmt.printable(f"span {fmt.ns(s['span_ns'])}   producer {fmt.text(s['producer'])} "
-                                f"{fmt.text(s['producer_version'], '')}   host {fmt.text(s['host'])}"),
-                  markup=False)
+    say(console, fmt.printable(f"span: {fmt.ns(s['span_ns'])}   producer: {fmt.text(s['producer'])} "
+                               f"{fmt.text(s['producer_version'], '')}   host: {fmt.text(s['host'])}"))
     for line in [budget_line(d) for d in s["budget"]] or [no_budget_line(s)]:
-        console.print(fmt.printable(line), markup=False)
+        say(console, fmt.printable(line))
     st = s.get("steps")
     if st:
         outliers = ", ".join(f"#{o['index']} {fmt.ns(o['ns'])}" for o in st["outliers"][:5])
-        console.print(fmt.printable(
+        say(console, fmt.printable(
             f"steps {st['steps']} ({st['step']}): median {fmt.ns(st['median_ns'])}, p90 {fmt.ns(st['p90_ns'])}"
             + (f", {st['warmup_steps']} warm-up set apart" if st["warmup_steps"] else "")
-            + (f", outliers {outliers}" if outliers else "")), markup=False)
+            + (f", outliers {outliers}" if outliers else "")))
+    num = {"justify": "right", "no_wrap": True}
     if s["busy"]:
-        t = Table("device", "name", "busy", "kernels", "copies", "memsets", "active span", "busy share",
-                  "share of run", title="GPU busy")
-        for r in s["busy"]:
-            t.add_row(str(r["device_id"]), cell(fmt.text(r["device"])), fmt.ns(r["busy_ns"]),
-                      *(fmt.ns(r[f"{k}_ns"]) for k in ("kernels", "copies", "memsets")),
-                      fmt.ns(r["active_span_ns"]), fmt.pct(r["busy_share"]), fmt.pct(r["busy_share_of_run"]))
-        console.print(t)
+        columns = [Column("device", no_wrap=True), Column("name"), Column("busy", **num),
+                   *(Column(h, **num) for h in ("kernels", "copies", "memsets", "active span", "busy share",
+                                                 "share of run"))]
+        rows = [[str(r["device_id"]), cell(fmt.text(r["device"])), fmt.ns(r["busy_ns"]),
+                 *(fmt.ns(r[f"{k}_ns"]) for k in ("kernels", "copies", "memsets")),
+                 fmt.ns(r["active_span_ns"]), fmt.pct(r["busy_share"]), fmt.pct(r["busy_share_of_run"])]
+                for r in s["busy"]]
+        _print_fit(console, columns, rows, ("memsets", "share of run"), title="GPU busy")
     totals = s["kernel_totals"]
+    # Totals are over every device: beside the run's span, a reader is told so.
+    over = f" over {len(s['busy'])} GPUs" if len(s["busy"]) > 1 else ""
     if not s["kernels"]:
         console.print("no kernels in this run")
     else:
-        names = "names" if s["by"] == "name" else "base names"
+        names = "distinct names" if s["by"] == "name" else "distinct base names"
         title = (f"Top kernels by total time ({len(s['kernels'])} of {fmt.num(totals['names'])} {names}; "
-                 f"{fmt.num(totals['count'])} launches, {fmt.ns(totals['total_ns'])})")
+                 f"{fmt.num(totals['count'])} launches, {fmt.ns(totals['total_ns'])}{over})")
         _stats_table(console, title, "kernel", s["kernels"], share=True)
     if s["graphs"]:
         _stats_table(console, "CUDA graph executions (not in the kernels' shares)", "graph",
                      s["graphs"], share=False)
     if s["copies"]:
-        t = Table("direction", "memory", "count", "bytes", "time", "bandwidth", title="Copies")
-        for r in s["copies"]:
-            t.add_row(r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]),
-                      fmt.ns(r["total_ns"]), _bandwidth(r["bandwidth_gb_per_s"]))
-        console.print(t)
+        rows = [[r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
+                 fmt.bandwidth(r["bandwidth_gb_per_s"])] for r in s["copies"]]
+        _print_fit(console, [Column("direction"), Column("memory"),
+                             *(Column(h, **num) for h in ("count", "bytes", "time", "bandwidth"))], rows,
+                   title=f"Copies{over}")
     if s["memsets"]:
-        t = Table("memory", "count", "bytes", "time", "bandwidth", title="Memsets")
-        for r in s["memsets"]:
-            t.add_row(r["memory_kind"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
-                      _bandwidth(r["bandwidth_gb_per_s"]))
-        console.print(t)
+        rows = [[r["memory_kind"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
+                 fmt.bandwidth(r["bandwidth_gb_per_s"])] for r in s["memsets"]]
+        _print_fit(console, [Column("memory"), *(Column(h, **num) for h in ("count", "bytes", "time", "bandwidth"))],
+                   rows, title=f"Memsets{over}")
     if s["memory"]:
         _memory_tables(console, s["memory"])
 
@@ -152,33 +157,32 @@ def _memory_tables(console: Console, rows: list[dict]) -> None:
     by category."""
     shown = [(h, k) for h, k in MEMORY_COLUMNS if any(r[k] is not None for r in rows)]
     sources = ", ".join(dict.fromkeys(r["source"] for r in rows))
-    t = Table("device", *(Column(h, justify="right") for h, _ in shown), title=f"Memory ({sources})")
-    for r in rows:
-        t.add_row(str(r["device_id"]), *(fmt.nbytes(r[k]) for _, k in shown))
-    console.print(t)
+    num = {"justify": "right", "no_wrap": True}
+    _print_fit(console, [Column("device", no_wrap=True), *(Column(h, **num) for h, _ in shown)],
+               [[str(r["device_id"]), *(fmt.nbytes(r[k]) for _, k in shown)] for r in rows],
+               title=f"Memory ({sources})")
     if any(r["source"] == "memory snapshot" and r["peak_allocated_bytes"] is not None for r in rows):
-        console.print("Reserved, allocated and the largest free block are at the snapshot; the peaks are over its "
-                      "recorded history, allocated in the bytes requested (blocks round them up).",
-                      markup=False, soft_wrap=False)
+        say(console, "Reserved, allocated and the largest free block are at the snapshot; the peaks are over its "
+                     "recorded history, allocated in the bytes requested (blocks round them up).")
     for r in rows:
         if r["categories"]:
-            c = Table("category", Column("bytes", justify="right"), Column("share", justify="right"),
-                      title=f"Device {r['device_id']} at its peak ({fmt.nbytes(r['peak_allocated_bytes'])}), by category")
-            for x in r["categories"]:
-                c.add_row(x["category"].replace("_", " "), fmt.nbytes(x["bytes"]), fmt.pct(x["share"]))
-            console.print(c)
+            _print_fit(console, [Column("category"), Column("bytes", **num), Column("share", **num)],
+                       [[x["category"].replace("_", " "), fmt.nbytes(x["bytes"]), fmt.pct(x["share"])]
+                        for x in r["categories"]],
+                       title=f"Device {r['device_id']} at its peak ({fmt.nbytes(r['peak_allocated_bytes'])}), by category")
 
 
-def _bandwidth(gb_per_s) -> str:
-    return "-" if fmt.text(gb_per_s) == "-" else f"{gb_per_s:.3g} GB/s"
+def _print_fit(console: Console, columns: list, rows: list, optional=(), **table_args) -> None:
+    """A table laid out to fit (`fit_table`), and the line naming the columns it left out."""
+    t, dropped = fit_table(console, columns, rows, optional, **table_args)
+    console.print(t)
+    left_out(console, dropped, "; --format json has every column")
 
 
 def _stats_table(console: Console, title: str, what: str, rows: list[dict], share: bool) -> None:
     """Rows of kernel statistics, each name shortened to fit and kept apart from the others
     (`distinct_labels`): in the table when the console leaves it room, else numbered, with the
     names on a line each under the table."""
-    from ..summary import distinct_labels
-
     headers = ["count", "total", "avg", "median", "min", "max", "stddev"] + (["share"] if share else [])
     values = [[fmt.num(r["count"]), *(fmt.ns(r[k]) for k in ("total_ns", "avg_ns", "median_ns", "min_ns",
                                                              "max_ns", "stddev_ns"))]
@@ -189,20 +193,21 @@ def _stats_table(console: Console, title: str, what: str, rows: list[dict], shar
     room = console.width - fixed - 3
     in_table = room >= min(MIN_NAME_WIDTH, max(len(n) for n in names))
     numbers = [Column(h, no_wrap=True, justify="right") for h in headers]
+    say(console, title)  # (above the table, wrapped between words: a rich title is not)
     if in_table:
-        t = Table(Column(what, overflow="fold", max_width=room), *numbers, title=title)
-        for label, v in zip(distinct_labels(names, room), values):
+        t = Table(Column(what, overflow="fold", max_width=room), *numbers)
+        for label, v in zip(fmt.distinct_labels(names, room), values):
             t.add_row(Text(label), *v)
         console.print(t)
         return
     # Without the outer borders and paddings, the numbers fit in 80 columns.
-    t = Table(Column("#", no_wrap=True), *numbers, title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t = Table(Column("#", no_wrap=True), *numbers, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, v in enumerate(values, 1):
         t.add_row(str(i), *v)
     console.print(t)
     digits = len(str(len(rows)))
     room = console.width - digits - 2
-    for i, label in enumerate(distinct_labels(names, room), 1):
+    for i, label in enumerate(fmt.distinct_labels(names, room), 1):
         # A name kept whole (two labels came out the same) wraps under itself.
         for j in range(0, len(label), room):
             console.print(f"{str(i) if j == 0 else '':>{digits}}  {label[j:j + room]}", markup=False)

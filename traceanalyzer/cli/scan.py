@@ -7,13 +7,12 @@ import typer
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
-from rich import box
-from rich.table import Column, Table
+from rich.table import Column
 
 from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
                      NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
-                     WriteBaselineOpt, check_options, emit, err, link_lines, note_not_traces, open_store,
-                     print_input_error, report_targets)
+                     WriteBaselineOpt, COMPACT, LinkLines, cell, check_options, emit, err, fit_table, left_out,
+                     note_not_traces, open_store, print_input_error, report_targets, say)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
@@ -72,10 +71,11 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
                 if lines:
                     lines.file_done(r.size_bytes)
 
+            # A rescan links the pairs again: only new or changed links are shown.
+            links = LinkLines(progress.console)
             try:
                 report = run_scan(st, paths, jobs=jobs, settings=settings, scheduler=scheduler,
-                                  on_start=on_start, on_file=on_file, link=not no_link,
-                                  on_link=lambda r: link_lines(r, progress.console, limit=3))
+                                  on_start=on_start, on_file=on_file, link=not no_link, on_link=links)
             except ScanError as e:
                 progress.stop()
                 err.print(f"error: {e}", markup=False)
@@ -83,6 +83,7 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
             progress.stop()
             if lines:
                 lines.finish()
+            links.finish()
             note_not_traces(report.not_traces, verbose)
             if report.cross_rule_error:
                 err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
@@ -164,26 +165,46 @@ def _table(st, report):
 def _print_table(console: Console, df, report) -> None:
     from .. import fmt
 
-    t = Table(Column("run", no_wrap=True), Column("file", overflow="fold", min_width=16), Column("format"),
-              *(Column(h, justify="right", no_wrap=True) for h in ("kernels", "span")),
-              Column("time budget", overflow="fold"),  # (of the device with the longest span)
-              Column("est. loss", justify="right", no_wrap=True),  # (and its share of a device's span)
-              *(Column(h, justify="right", no_wrap=True) for h in ("error", "warn", "info")),
-              title="Scanned runs", show_footer=True, box=box.SIMPLE_HEAD, collapse_padding=True)
-    for r in df.itertuples():
-        loss = "-" if not r.loss_ns else fmt.ns(r.loss_ns) + (
-            f" ({fmt.pct(r.loss_share)})" if r.loss_share == r.loss_share and r.loss_share is not None else "")
-        t.add_row(r.run_id, r.file_name, r.format, fmt.num(r.kernels), fmt.ns(r.span_ns), r.budget, loss,
-                  fmt.num(r.errors), fmt.num(r.warnings), fmt.num(r.infos))
-    t.columns[0].footer = f"{len(df)} runs"
-    t.columns[3].footer = fmt.num(int(df["kernels"].sum()))
-    for i, col in ((7, "errors"), (8, "warnings"), (9, "infos")):
-        t.columns[i].footer = fmt.num(int(df[col].sum()))
+    num = {"justify": "right", "no_wrap": True}
+    columns = [Column("run", no_wrap=True, footer=f"{len(df)} runs"),
+               Column("file", overflow="fold", min_width=20), Column("format", no_wrap=True),
+               Column("kernels", footer=fmt.num(int(df["kernels"].sum())), **num), Column("span", **num),
+               # Of the device with the longest span; on two lines at most ('71% compute ·' and
+               # '<1% idle, dependency').
+               Column("time budget", min_width=20),
+               *(Column(h, footer=fmt.num(int(df[col].sum())), **num)
+                 for h, col in (("error", "errors"), ("warn", "warnings"), ("info", "infos")))]
+
+    def layout(split: bool):
+        rows = [[r.run_id, cell(r.file_name), r.format, fmt.num(r.kernels), fmt.ns(r.span_ns),
+                 r.budget.replace(" · ", " ·\n") if split else r.budget, _loss(r), fmt.num(r.errors),
+                 fmt.num(r.warnings), fmt.num(r.infos)] for r in df.itertuples()]
+        # The run, its file, budget and findings are what a scan is read for: at 80 columns the
+        # format, kernel count and span go (`runs` lists them).
+        return fit_table(console, columns, rows, optional=("format", "kernels", "span"),
+                         title="Scanned runs", show_footer=True, **COMPACT)
+
+    t, dropped = layout(split=False)
+    budget_width = next(c.width for c in t.columns if c.header == "time budget")
+    if any(len(b) > budget_width for b in df["budget"]):  # a budget that wraps breaks after its busy part
+        t, dropped = layout(split=True)
     console.print(t)
+    left_out(console, dropped, "; `traceanalyzer runs` lists them")
     stored, updated, skipped = report.count("stored"), report.count("updated"), report.count("skipped")
     dupes, failed = report.count("duplicate"), len(report.failed)
-    console.print(f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
-                  f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed", markup=False)
+    say(console, f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
+                 f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed")
+
+
+def _loss(r) -> str:
+    """The largest share of a device's span a run's headlines lose; without a span (Nsight
+    Compute), their loss."""
+    from .. import fmt
+
+    if not r.loss_ns:
+        return "-"
+    share = r.loss_share if r.loss_share is not None and r.loss_share == r.loss_share else None
+    return fmt.pct(share) if share is not None else fmt.ns(r.loss_ns)
 
 
 def register(app: typer.Typer) -> None:

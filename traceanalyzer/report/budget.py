@@ -3,7 +3,7 @@
 Each device's span (first GPU operation's start to last one's end) in exclusive parts:
 compute, communication, copy, memset, and idle by cause. JSON keeps the shape other tools
 read: per device `{"device_id", "span_ns", "parts": [{"category", "cause", "ns"}]}`, plus
-`host_work` (`{"name", "ns"}`) when the run's host-bound finding names what the host did.
+`host_work` (`{"name", "kind", "ns"}`) when the run's host-bound finding names what the host did.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
             "WHERE rule_id = 'T004' AND list_contains(?::VARCHAR[], run_id)", [list(run_ids)]).fetchall():
         work = json.loads(top) if top else None
         for d in out[run_id].values() if work else ():
-            d["host_work"] = {"name": work["name"], "ns": work["ns"]}
+            d["host_work"] = {"name": work["name"], "kind": work.get("kind"), "ns": work["ns"]}
     return {r: list(devices.values()) for r, devices in out.items()}
 
 
@@ -50,17 +50,46 @@ def step_budgets_of(store: Store, run_id: str) -> dict:
     """The run's budget per step (`run_step_budget`), per device in step order:
     {device_id: [{"step", "start_ns", "span_ns", "parts": [{"category", "cause", "ns"}]}]};
     empty when the run has no steps."""
-    rows = store.sql("SELECT device_id, step_id, step, step_start_ns, span_ns, category, cause, ns "
-                     "FROM run_step_budget(?) ORDER BY device_id NULLS LAST, step_start_ns, step_id", [run_id]).fetchall()
-    out: dict = {}
-    for device_id, step_id, step, start, span, category, cause, ns in rows:
-        steps = out.setdefault(device_id, {})
-        entry = steps.setdefault(step_id, {"step": step, "start_ns": start, "span_ns": span, "parts": []})
-        entry["parts"].append({"category": category, "cause": cause, "ns": ns})
-    for steps in out.values():
-        for entry in steps.values():
-            entry["parts"].sort(key=_part_order)
-    return {d: list(steps.values()) for d, steps in out.items()}
+    return step_budgets_of_runs(store, [run_id])[run_id]
+
+
+# Of the runs in a query of `step_budgets_of_runs`, the GPU operations at most (a run with more is alone).
+STEP_BUDGET_OPS_PER_QUERY = 1_000_000
+
+
+def step_budgets_of_runs(store: Store, run_ids: list[str]) -> dict[str, dict]:
+    """`step_budgets_of` of each run, the runs with steps in a few queries (one query per run
+    costs ~30 ms of planning, however small the run)."""
+    from ..store.views import _step_budget
+
+    out: dict[str, dict] = {r: {} for r in run_ids}
+    sizes = store.sql("""
+        SELECT s.run_id, (SELECT count(*) FROM gpu_activity a WHERE a.run_id = s.run_id)
+        FROM (SELECT DISTINCT run_id FROM steps WHERE list_contains($ids, run_id)) s ORDER BY s.run_id""",
+                      {"ids": list(run_ids)}).fetchall()
+    sql = (f"SELECT run_id, device_id, step_id, step, step_start_ns, span_ns, category, cause, ns "
+           f"FROM ({_step_budget('list_contains($ids, run_id)')}) "
+           "ORDER BY run_id, device_id NULLS LAST, step_start_ns, step_id")
+    batches: list[list[str]] = []
+    ops = 0
+    for run_id, n in sizes:
+        if not batches or ops + n > STEP_BUDGET_OPS_PER_QUERY:
+            batches.append([])
+            ops = 0
+        batches[-1].append(run_id)
+        ops += n
+    for batch in batches:
+        per_run: dict[str, dict] = {}
+        for run_id, device_id, step_id, step, start, span, category, cause, ns in store.sql(sql, {"ids": batch}).fetchall():
+            steps = per_run.setdefault(run_id, {}).setdefault(device_id, {})
+            entry = steps.setdefault(step_id, {"step": step, "start_ns": start, "span_ns": span, "parts": []})
+            entry["parts"].append({"category": category, "cause": cause, "ns": ns})
+        for run_id, devices in per_run.items():
+            for steps in devices.values():
+                for entry in steps.values():
+                    entry["parts"].sort(key=_part_order)
+            out[run_id] = {d: list(steps.values()) for d, steps in devices.items()}
+    return out
 
 
 def _part_order(p: dict) -> tuple:
@@ -84,7 +113,7 @@ def _pct(ns: int, span: int) -> str:
 
 
 def budget_line(device: dict) -> str:
-    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21% (15% in enumerate(DataLoader)...), sync 7%,
+    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21% (15% in range "enumerate(DataLoader)..."), sync 7%,
     dependency 4%, unknown 2%'."""
     span = device["span_ns"] or 0
     busy = [p for p in device["parts"] if p["category"] != "idle"]
@@ -99,12 +128,16 @@ def budget_line(device: dict) -> str:
     return text
 
 
+HOST_WORK_KINDS = {"cpu_op": "operator", "api_call": "API call", "range": "range"}
+
+
 def _host_work(device: dict, part: dict) -> str:
     work = device.get("host_work")
     if part["cause"] != "host" or not work:
         return ""
     name = work["name"] if len(work["name"]) <= 60 else work["name"][:59] + "…"
-    return f" ({_pct(work['ns'], device['span_ns'] or 0)} in {name})"
+    # what the name is (a range "IO N" reads as a label otherwise), as T004's message says it
+    return f" ({_pct(work['ns'], device['span_ns'] or 0)} in {HOST_WORK_KINDS.get(work.get('kind'), 'range')} \"{name}\")"
 
 
 def budget_cell(budget: list[dict]) -> str:

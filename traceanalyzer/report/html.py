@@ -27,7 +27,7 @@ from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
-from .budget import budget_line, busy_split, no_budget_line, step_budgets_of
+from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs
 from .vendor import vendor_text
 from .html_charts import clip, esc
 from .model import CheckResult, loss_share, run_order
@@ -65,17 +65,54 @@ _num = html_metrics._f
 
 # -- gathering -------------------------------------------------------------------------
 
-def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict:
-    """Everything one run's page shows."""
+# What each run holds that some part of its page reads, for many runs in one query: a part whose
+# tables hold nothing of the run is left empty without its queries (each costs milliseconds, and
+# most runs of a big store have no memory data, steps, Nsight Compute metrics or host frames).
+# `frames_*`: the host frames `code_tree` groups by (ncu's per-launch ranges count as ranges).
+_CONTENTS_SQL = """
+SELECT r.run_id,
+       EXISTS (SELECT 1 FROM kernels x WHERE x.run_id = r.run_id) AS kernels,
+       EXISTS (SELECT 1 FROM memory_events x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM memory_segments x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM memory_blocks x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM allocator_events x WHERE x.run_id = r.run_id)
+         OR EXISTS (SELECT 1 FROM memory_timeline x WHERE x.run_id = r.run_id) AS memory,
+       EXISTS (SELECT 1 FROM kernel_metrics x WHERE x.run_id = r.run_id) AS metrics,
+       EXISTS (SELECT 1 FROM steps x WHERE x.run_id = r.run_id) AS steps,
+       EXISTS (SELECT 1 FROM cpu_ops x WHERE x.run_id = r.run_id) AS frames_op,
+       EXISTS (SELECT 1 FROM ranges x WHERE x.run_id = r.run_id AND x.kind IN ('nvtx', 'user_annotation'))
+         OR EXISTS (SELECT 1 FROM launch_ranges x WHERE x.run_id = r.run_id) AS frames_range,
+       EXISTS (SELECT 1 FROM python_functions x WHERE x.run_id = r.run_id
+               AND starts_with(x.name, 'nn.Module: ')) AS frames_module
+FROM runs r WHERE list_contains($ids, r.run_id)
+"""
+CONTENTS = ("kernels", "memory", "metrics", "steps", "frames_op", "frames_range", "frames_module")
+
+
+def run_contents(store: Store, run_ids: list[str]) -> dict[str, frozenset[str]]:
+    """Per run, which of CONTENTS it has rows of."""
+    return {row[0]: frozenset(c for c, has in zip(CONTENTS, row[1:]) if has)
+            for row in store.sql(_CONTENTS_SQL, {"ids": list(run_ids)}).fetchall()}
+
+
+def run_page(store: Store, run: dict, result: CheckResult, max_ops: int,
+             has: frozenset[str] = frozenset(CONTENTS), shared: dict | None = None) -> dict:
+    """Everything one run's page shows; `has` (`run_contents`) what the run holds rows of, and
+    `shared` the parts computed for many runs at once (`code`: `code_tree`, `step_budgets`:
+    `step_budgets_of`), when they were."""
+    shared = shared or {}
     rid = run["run_id"]
     findings = [f for f in result.findings if f["run_id"] == rid]
     kernels_all = summary.top_kernels(store, rid, 10**9)
-    copies = summary.copies(store, rid)
-    mem = html_metrics.memory(store, rid, run.get("start_ns"), findings)
+    counts = summary.kernel_counts(store, rid)
+    copies = summary.copies_by_device(store, rid)
+    memory = "memory" in has
+    mem = html_metrics.memory(store, rid, run.get("start_ns"), findings) if memory else None
     return {
         "run": run,
         "findings": findings,
-        "step_budgets": step_budgets_of(store, rid),
+        "step_budgets": shared["step_budgets"] if "step_budgets" in shared
+        else step_budgets_of(store, rid) if "steps" in has else {},
         # one per root cause, each with the findings that saw the same time
         "headlines": [(f, result.related(f)) for f in result.headlines(rid)],
         "outcomes": [o for o in result.outcomes if o["run_id"] == rid],
@@ -83,20 +120,21 @@ def run_page(store: Store, run: dict, result: CheckResult, max_ops: int) -> dict
         "devices": store.sql("SELECT device_id, name FROM devices WHERE run_id = ? ORDER BY device_id", [rid]).fetchall(),
         "busy": summary.busy(store, rid).to_dict("records"),
         "top_kernels": kernels_all.head(TOP_KERNELS).to_dict("records"),
-        "kernel_totals": {"names": len(kernels_all), "launches": int(kernels_all["count"].sum()) if len(kernels_all) else 0,
+        "kernel_totals": {**counts, "launches": int(kernels_all["count"].sum()) if len(kernels_all) else 0,
                           "total_ns": _num(kernels_all["total_ns"].sum()) if len(kernels_all) else None,
                           "untimed": store.sql("SELECT count(*) FROM kernels WHERE run_id = ?", [rid]).fetchall()[0][0]},
-        "copy_totals": {"count": int(copies["count"].sum()) if len(copies) else 0,
-                        "total_ns": _num(copies["total_ns"].sum()) if len(copies) else None,
-                        "bytes": _num(copies["bytes"].sum()) if len(copies) else None},
+        "copy_totals": {"count": sum(c["count"] for c in copies),
+                        "total_ns": sum(c["total_ns"] or 0 for c in copies) if copies else None,
+                        "bytes": sum(c["bytes"] or 0 for c in copies) if copies else None,
+                        "devices": copies},
         "memory": mem,
-        "memory_rows": summary.memory(store, rid),
-        "memory_categories": html_metrics.memory_categories(store, rid, run.get("start_ns")),
-        "segment_maps": html_metrics.segment_map(store, rid),
+        "memory_rows": summary.memory(store, rid) if memory else [],
+        "memory_categories": html_metrics.memory_categories(store, rid, run.get("start_ns")) if memory else [],
+        "segment_maps": html_metrics.segment_map(store, rid) if memory else [],
         "timeline": html_timeline.timeline_data(store, rid, findings, run.get("start_ns"), max_ops=max_ops),
         "roofline": html_metrics.roofline(store, rid, findings),
-        "stalls": html_metrics.stalls(store, rid, findings),
-        "code": code_tree(store, rid),
+        "stalls": html_metrics.stalls(store, rid, findings) if "metrics" in has else None,
+        "code": shared["code"] if "code" in shared else code_tree(store, rid),
     }
 
 
@@ -106,18 +144,34 @@ CODE_DEPTH, CODE_ROWS = 4, 40  # the "where in the code" table: levels of the tr
 def code_tree(store: Store, rid: str) -> dict | None:
     """`ranges.run_ranges` of the first of operators, NVTX ranges and modules that launched GPU
     time in the run (None: none did), down to CODE_DEPTH levels."""
+    return code_trees(store, [rid])[rid]
+
+
+def code_trees(store: Store, run_ids: list[str], has: dict[str, frozenset[str]] | None = None) -> dict[str, dict | None]:
+    """`code_tree` of each run, each source's trees of all the runs in a few queries (`ranges.runs_ranges`);
+    `has` (`run_contents`) leaves out the runs without kernels, or without frames of a source."""
+    has = has if has is not None else run_contents(store, run_ids)
+    out: dict[str, dict | None] = dict.fromkeys(run_ids)
+    left = [r for r in run_ids if "kernels" in has[r]]
     for by in ("op", "range", "module"):
-        r = ranges.run_ranges(store, rid, by, CODE_DEPTH)
-        if any(x["gpu_ns"] for x in r["ranges"]):
-            return r
-    return None
+        trees = ranges.runs_ranges(store, [r for r in left if f"frames_{by}" in has[r]], by, CODE_DEPTH)
+        for rid, r in trees.items():
+            if any(x["gpu_ns"] for x in r["ranges"]):
+                out[rid] = r
+        left = [r for r in left if out[r] is None]
+    return out
 
 
 # -- rendering -------------------------------------------------------------------------
 
 def render(store: Store, result: CheckResult, *, title: str | None = None,
            max_ops: int = html_timeline.MAX_OPS_DEFAULT) -> str:
-    pages = [run_page(store, run, result, max_ops) for run in result.runs]
+    ids = [run["run_id"] for run in result.runs]
+    has = run_contents(store, ids)
+    code = code_trees(store, ids, has)
+    steps = step_budgets_of_runs(store, [r for r in ids if "steps" in has[r]])
+    pages = [run_page(store, run, result, max_ops, has[rid], {"code": code[rid], "step_budgets": steps.get(rid, {})})
+             for rid, run in zip(ids, result.runs)]
     multi = len(pages) > 1
     title = title or ("traceanalyzer report: " + (pages[0]["run"]["file_name"] if len(pages) == 1
                                                   else f"{len(pages)} runs"))
@@ -243,7 +297,7 @@ def _run_section(p: dict, rules: dict, multi: bool) -> str:
     if run.get("producer_version"):
         meta.append(f'{esc(run.get("producer") or "")} {esc(run["producer_version"])}'.strip())
     if run.get("host"):
-        meta.append(f'host {esc(run["host"])}')
+        meta.append(f'host: {esc(run["host"])}')
     if run.get("rank") is not None:
         meta.append(f'rank {esc(run["rank"])} of {esc(run.get("world_size") or "?")}')
     out.append(f'<p class="meta">{" · ".join(meta)}</p><p class="meta path">{esc(run.get("source_path"))}</p>')
@@ -324,6 +378,18 @@ def _card(label: str, value: str, detail: str = "") -> str:
             + (f'<div class="detail">{detail}</div>' if detail else "") + "</div>")
 
 
+def _kernel_names(names: int, base_names: int) -> str:
+    """'41 distinct names (15 base names)': what a kernel total counts, as the summary says it."""
+    def n(k: int, what: str) -> str:
+        return f"{fmt.num(k)} {what}{'' if k == 1 else 's'}"
+
+    return n(names, "distinct name") + (f" ({n(base_names, 'base name')})" if base_names != names else "")
+
+
+def _summed_over(devices: int) -> str:
+    return f", summed over {devices} GPUs" if devices > 1 else ""
+
+
 def _summary_cards(p: dict) -> str:
     run, kt, ct = p["run"], p["kernel_totals"], p["copy_totals"]
     cards = [_card("span", esc(fmt.ns(run.get("span_ns"))) if run.get("span_ns") is not None else "no timeline",
@@ -341,14 +407,22 @@ def _summary_cards(p: dict) -> str:
                              f"{esc(fmt.pct(b['busy_share_of_run']))} of the run" for b in p["busy"])
         cards.append(_card("GPU busy", esc(fmt.pct(main["busy_share"])), detail))
     if kt["launches"]:
+        # Worded as the summary's kernel table: launches, and the distinct names they ran.
         cards.append(_card("kernel time", esc(fmt.ns(kt["total_ns"])),
-                           f'{esc(fmt.num(kt["launches"]))} launches of {esc(fmt.num(kt["names"]))} kernels'))
+                           esc(f'{fmt.num(kt["launches"])} launches, {_kernel_names(kt["names"], kt["base_names"])}'
+                               + _summed_over(kt["devices"]))))
     else:
         cards.append(_card("kernel time", "-", f'{esc(fmt.num(kt["untimed"]))} kernel launches, none with a duration'
                            if kt["untimed"] else "no kernels in this trace"))
-    cards.append(_card("copy time", esc(fmt.ns(ct["total_ns"])),
-                       f'{esc(fmt.num(ct["count"]))} copies, {esc(fmt.nbytes(ct["bytes"]))}') if ct["count"]
-                 else _card("copy time", "-", "no copies in this trace"))
+    if ct["count"]:
+        # Beside the run's span: a total over several devices says so, and what each had.
+        per_device = ct["devices"]
+        detail = f'{fmt.num(ct["count"])} copies, {fmt.nbytes(ct["bytes"])}' + _summed_over(len(per_device))
+        if len(per_device) > 1:
+            detail += ": " + ", ".join(f'GPU {fmt.text(c["device_id"], "?")} {fmt.ns(c["total_ns"])}' for c in per_device)
+        cards.append(_card("copy time", esc(fmt.ns(ct["total_ns"])), esc(detail)))
+    else:
+        cards.append(_card("copy time", "-", "no copies in this trace"))
     mem, rows = p["memory"], [r for r in p["memory_rows"] if r["peak_allocated_bytes"] is not None]
     if mem:
         gpus = [s for s in mem["series"] if s["device_type"] == "cuda"] or mem["series"]
@@ -604,7 +678,7 @@ def _timeline(p: dict) -> str:
 def _plots(p: dict) -> str:
     out = []
     if p["top_kernels"]:
-        out.append("<h3>Top kernels by total time</h3>" + charts.top_kernels(p["top_kernels"]))
+        out.append("<h3>Top kernels by total time, by base name</h3>" + charts.top_kernels(p["top_kernels"]))
     for rf in p["roofline"]:
         out.append(f'<h3>Roofline</h3><p class="quiet">{esc(_roofline_note(rf))}</p>' + charts.roofline(rf))
     st = p["stalls"]

@@ -53,10 +53,11 @@ def si(x: float, unit: str = "") -> str:
     """1.2e12 -> '1.2 T' (+unit)."""
     if x == 0:
         return f"0 {unit}".strip()
+    x = float(f"{x:.3g}")  # round first, so 999.95e9 reads 1 T, not 1,000 G
     for p, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1), ("m", 1e-3), ("µ", 1e-6)):
         if abs(x) >= scale:
-            return f"{x / scale:.3g} {p}{unit}".strip()
-    return f"{x:.2g} {unit}".strip()
+            return f"{fmt.sig3(x / scale)} {p}{unit}".strip()
+    return f"{fmt.sig3(x)} {unit}".strip()
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -71,6 +72,9 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 # -- top kernels -------------------------------------------------------------------------
 
+LABEL_CHARS = 42  # what the 330 px left of the bars hold
+
+
 def top_kernels(rows: list[dict]) -> str:
     """Horizontal bars: total time per kernel name, with count and share."""
     if not rows:
@@ -79,13 +83,17 @@ def top_kernels(rows: list[dict]) -> str:
     top = 10
     height = top + len(rows) * (bar_h + gap) + 10
     vmax = max(r["total_ns"] or 0 for r in rows) or 1
+    # As the CLI's tables: names that share a long start keep the words where they differ
+    # (of their first TEXT_MAX_CHARS: a trace's name can be megabytes). A name kept whole (its
+    # label would match another's) is clipped all the same: the bar's tooltip holds the name.
+    labels = fmt.distinct_labels([clip(r["kernel"], TEXT_MAX_CHARS) for r in rows], LABEL_CHARS)
     body = []
-    for i, r in enumerate(rows):
+    for i, (r, label) in enumerate(zip(rows, labels)):
         y = top + i * (bar_h + gap)
         w = max(1.0, (W - left - right) * (r["total_ns"] or 0) / vmax)
         tip = f"{r['kernel']}\n{fmt.num(r['count'])} launches, total {fmt.ns(r['total_ns'])}, mean {fmt.ns(r['mean_ns'])}, share {fmt.pct(r['share'])}"
         body.append(f'<g><title>{esc(tip)}</title>'
-                    + _text(left - 8, y + 14, clip(r["kernel"], 42), "end")
+                    + _text(left - 8, y + 14, clip(label, LABEL_CHARS), "end")
                     + f'<rect class="bar" x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{KERNEL_COLOR}"/>'
                     + _text(left + w + 6, y + 14, f"{fmt.ns(r['total_ns'])} · {fmt.pct(r['share'])} · {fmt.num(r['count'])}×")
                     + "</g>")

@@ -212,6 +212,22 @@ def _not_applicable(console: Console, result: CheckResult, rid: str, verbose: bo
                        f"({', '.join(o['rule_id'] for o in skipped)}; --verbose says what each needs)[/]")
 
 
+def _run_title(console: Console, run: dict, counts: dict) -> str:
+    """A run's header line (rich markup): file, run id, format and its findings by severity. Where
+    the console is too narrow, the format goes, then the middle of the file name: the run id and
+    the counts stay whole."""
+    tail = f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info"
+    name, rid, form = fmt.printable(run["file_name"]), run["run_id"], f"({run['format']})"
+    room = console.width - 4  # a rule's line either side of its title, and a space each side
+    parts = [rid, form, tail]
+    if len(name) + sum(2 + len(p) for p in parts) > room:
+        parts.remove(form)
+    keep = room - sum(2 + len(p) for p in parts)
+    if len(name) > keep >= 9:
+        name = name[:(keep - 1) // 2] + "…" + name[len(name) - (keep - 1 - (keep - 1) // 2):]
+    return f"[bold]{escape(name)}[/]  " + "  ".join(escape(p) for p in parts)
+
+
 def print_result(result: CheckResult, console: Console, show_info: bool = True, findings: bool = True,
                  verbose: bool = False) -> None:
     """The findings of each run (unless `findings` is False: a scan prints its table instead),
@@ -223,9 +239,7 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
     titles = {r.id: r.title for r in all_rules()}
     for run in result.runs if findings else ():
         rid = run["run_id"]
-        counts = result.counts(rid)
-        console.rule(f"[bold]{escape(run['file_name'])}[/]  {rid}  ({run['format']})  "
-                     f"{counts['error']} error, {counts['warning']} warning, {counts['info']} info")
+        console.rule(_run_title(console, run, result.counts(rid)))
         # First, which kind of slow this is: where each device's time went.
         for device in run.get("budget", []):
             _line(console, f"[bold]{escape(budget_line(device))}[/]")
@@ -277,8 +291,12 @@ def verdict_line(result: CheckResult) -> str:
         problems.append(f"{len(rule_errors)} rule error(s) (a rule raised; its findings are missing)")
     if failing:
         problems.append(f"{len(failing)} finding(s) at or above '{result.fail_on}'")
-    verdict = (f"[bold red]FAIL[/]: {'; '.join(problems)}" if problems
-               else f"[bold green]OK[/]: nothing at or above '{result.fail_on}'")
+    if problems:
+        verdict = f"[bold red]FAIL[/]: {'; '.join(problems)}"
+    elif result.fail_on == "never":  # no severity fails: the findings were not gated
+        verdict = "[bold green]OK[/]: findings not gated (--fail-on never)"
+    else:
+        verdict = f"[bold green]OK[/]: nothing at or above '{result.fail_on}'"
     if result.baseline is not None:
         grown = "" if result.baseline.max_growth_pct is None else \
             f" unless grown by more than {result.baseline.max_growth_pct:g}%"

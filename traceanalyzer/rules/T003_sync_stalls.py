@@ -1,6 +1,6 @@
 """T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
 
-from ..store.views import next_busy_candidates
+from ..store.views import issued_at, next_busy_candidates
 from .base import Rule, Threshold
 
 # Blocking host calls come from two places: API calls known to wait for the GPU (sync
@@ -50,16 +50,29 @@ WITH active AS (
 ), next_busy AS (  -- the first busy interval of that device ending after the call returned
     SELECT p.*, b.start_ns AS busy_start
     FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
+), issued AS (  -- when the work that ended the idle after a call was issued (views.issued_at)
+    __ISSUED__
 ), per_call AS (
-    -- GPU idle after the return: 0 when the device was still busy, NULL when no work followed
-    SELECT call_id, sync_id, any_value(name) AS name, any_value(pid) AS pid, any_value(tid) AS tid,
-           any_value(start_ns) AS start_ns, any_value(end_ns) AS end_ns, any_value(what) AS what,
-           any_value(device_id) AS device_id,
-           min(greatest(busy_start - end_ns, 0)) AS idle_after_ns,
-           min(busy_start) AS next_gpu_start_ns
-    FROM next_busy GROUP BY call_id, sync_id
+    -- GPU idle after the return: 0 when the device was still busy, NULL when no work followed;
+    -- of it, the part before the next work was issued: the budget's host idle (after that, the
+    -- work waited on something else, which the sync did not cause)
+    SELECT n.call_id, n.sync_id, any_value(n.name) AS name, any_value(n.pid) AS pid, any_value(n.tid) AS tid,
+           any_value(n.start_ns) AS start_ns, any_value(n.end_ns) AS end_ns, any_value(n.what) AS what,
+           any_value(n.device_id) AS device_id,
+           min(greatest(n.busy_start - n.end_ns, 0)) AS idle_after_ns,
+           min(CASE WHEN n.busy_start > n.end_ns
+                    THEN coalesce(least(greatest(i.issued_ns, n.end_ns), n.busy_start) - n.end_ns, 0) END) AS host_after_ns,
+           min(n.busy_start) AS next_gpu_start_ns
+    FROM next_busy n LEFT JOIN issued i ON i.device_id = n.dev AND i.busy_start = n.busy_start
+    GROUP BY n.call_id, n.sync_id
 ), costed AS (
-    SELECT *, end_ns - start_ns AS blocked_ns, least(end_ns - start_ns, coalesce(idle_after_ns, 0)) AS hideable_ns
+    -- Calls of one thread back to back before the same next work wait out the same idle: it is
+    -- counted after the last of them only.
+    SELECT *, end_ns - start_ns AS blocked_ns,
+           CASE WHEN row_number() OVER (PARTITION BY name, pid, tid, next_gpu_start_ns ORDER BY end_ns DESC,
+                                                     call_id DESC, sync_id DESC) = 1
+                THEN host_after_ns ELSE 0 END AS own_host_ns,
+           least(end_ns - start_ns, coalesce(host_after_ns, 0)) AS hideable_ns
     FROM per_call
 ), spans AS (
     SELECT min(first_start_ns) AS first_ns, max(last_end_ns) AS last_ns FROM active
@@ -69,9 +82,10 @@ WITH active AS (
            count(*) AS n, sum(blocked_ns) AS blocked_ns, median(blocked_ns) AS median_blocked_ns,
            max(blocked_ns) AS max_blocked_ns,
            coalesce(sum(idle_after_ns), 0) AS idle_ns, count(*) FILTER (WHERE idle_after_ns > 0) AS n_idle,
+           coalesce(sum(own_host_ns), 0) AS host_ns,
            -- Had the host not waited, the work it did before its next launches would have
            -- overlapped the GPU work it waited for: the idle it could hide is at most the waits.
-           least(sum(blocked_ns), coalesce(sum(idle_after_ns), 0)) AS loss_ns,
+           least(sum(blocked_ns), coalesce(sum(own_host_ns), 0)) AS loss_ns,
            arg_max(start_ns, (hideable_ns, blocked_ns, -start_ns)) AS worst_start,
            arg_max(greatest(end_ns, coalesce(next_gpu_start_ns, end_ns)), (hideable_ns, blocked_ns, -start_ns)) AS worst_end,
            to_json(list({'call_id': call_id, 'sync_id': sync_id, 'start_ns': start_ns, 'end_ns': end_ns,
@@ -94,10 +108,11 @@ SELECT device_id, NULL::BIGINT AS stream_id,
        CASE WHEN loss_ns / span_ns >= $error_share THEN 'error'
             WHEN loss_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('%s%s: %d call(s) blocked the host %s (median %s, longest %s); the GPU sat idle %s after '
-              || '%d of them, %s of it (%s of %s) hideable had the host not waited',
+              || '%d of them, %s of it until the host issued the next work, %s (%s of %s) hideable had the '
+              || 'host not waited',
               name, CASE WHEN tid IS NULL THEN '' ELSE ' on thread ' || tid END, n,
               fmt_ns(blocked_ns), fmt_ns(median_blocked_ns), fmt_ns(max_blocked_ns), fmt_ns(idle_ns), n_idle,
-              fmt_ns(loss_ns), fmt_pct(loss_ns / span_ns),
+              fmt_ns(host_ns), fmt_ns(loss_ns), fmt_pct(loss_ns / span_ns),
               CASE WHEN device_id IS NULL THEN 'the GPUs'' active span'
                    ELSE 'device ' || device_id || '''s active span' END) AS message,
        CASE what
@@ -109,20 +124,21 @@ SELECT device_id, NULL::BIGINT AS stream_id,
          || ', "tid": ' || coalesce(CAST(tid AS VARCHAR), 'null')
          || ', "blocked_ns": ' || blocked_ns || ', "median_blocked_ns": ' || median_blocked_ns
          || ', "max_blocked_ns": ' || max_blocked_ns || ', "idle_after_ns": ' || idle_ns
-         || ', "calls_followed_by_idle": ' || n_idle || ', "loss_ns": ' || loss_ns || ', "span_ns": ' || span_ns
+         || ', "calls_followed_by_idle": ' || n_idle || ', "host_idle_ns": ' || host_ns || ', "loss_ns": ' || loss_ns || ', "span_ns": ' || span_ns
          || ', "worst": ' || worst || '}' AS evidence
 FROM scored
 WHERE loss_ns > $min_loss_ns AND loss_ns / span_ns >= $min_share
 ORDER BY loss_ns DESC, name, tid
 """
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT dev AS device_id, end_ns AS t FROM per_device"))
+SQL = SQL.replace("__ISSUED__", issued_at("SELECT dev AS device_id, busy_start FROM next_busy WHERE busy_start > end_ns"))
 
 RULE = Rule(
     id="T003",
     name="sync-stalls",
     title="Synchronization stalls: host waits that leave the GPU idle",
     phase="timeline",
-    claims="idle:sync",
+    claims="idle:host",
     severity="warning",
     what="Host calls that wait for the GPU (device, stream, event and context synchronizations, "
          "synchronous copies and memsets), grouped by call name and thread: how many, how long they "
@@ -138,12 +154,16 @@ RULE = Rule(
         "record's times). A call's host blocked time is its duration. The GPU idle after a call is the "
         "time from its return to the start of the next GPU operation on the device it waited on (its "
         "sync/copy record's device; every active device when unknown, taking the earliest), zero "
-        "when the device was still busy; calls with no GPU work after them count no idle. Calls are "
-        "grouped by name and thread. The estimated loss of a group is the smaller of its total "
-        "blocked time and its total idle after: had the host not waited, the work it did before "
-        "its next launches would have overlapped the GPU work it waited for, so no more idle than "
-        "the waits can be hidden (idle after a call that waited on an already idle GPU is "
-        "host-side work, see T004). It is an upper bound. The worst examples are ranked by "
+        "when the device was still busy; calls with no GPU work after them count no idle. Of that idle, "
+        "the part before the next work was issued (the return of its launch call, as the time budget "
+        "reads an idle stretch: `views.issued_at`) is the budget's `host` idle, which this rule claims: "
+        "the sync drained the queue and the host then launched from empty; the rest the work waited "
+        "on something else, which the sync did not cause. Calls of a thread back to back before the "
+        "same next work count that idle once, after the last. Calls are grouped by name and thread. "
+        "The estimated loss of a group is the smaller of its total blocked time and its host idle "
+        "after: had the host not waited, the work it did before its next launches would have "
+        "overlapped the GPU work it waited for, so no more idle than the waits can be hidden. It is "
+        "an upper bound. The worst examples are ranked by "
         "min(blocked, idle after) per call. A group is "
         "reported when its loss exceeds `min_loss_ns` and `min_share` of the device's active span "
         "(first to last GPU operation; all devices when the call's device is unknown), with "

@@ -149,7 +149,8 @@ host_reach AS (
 ), top AS (
     SELECT to_json(list({'name': main_name, 'kind': main_kind, 'stretches': n, 'ns': ns}
                         ORDER BY ns DESC, main_name)[1:$max_examples]) AS top_json,
-           arg_max(main_name, (ns, -n)) AS top_name
+           arg_max(main_name, (ns, -n, main_name)) AS top_name,
+           arg_max(main_kind, (ns, -n, main_name)) AS top_kind
     FROM (SELECT main_name, main_kind, count(*) AS n, sum(host_ns) AS ns FROM bound GROUP BY ALL)
 ), summary AS (
     SELECT count(*) AS n, sum(host_ns) AS total_ns, max(host_ns) AS max_ns, median(host_ns) AS median_ns,
@@ -170,7 +171,10 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
        printf('every GPU idle while the host worked before issuing the work: %d stretch(es) of %s or more, %s in all '
               || '(%s of the run''s wall time, longest %s); most of it in %s',
               n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns), fmt_ns(max_ns),
-              top_name) AS message,
+              -- what the name is, and that a trailing N stands for the numbers merged
+              CASE top_kind WHEN 'cpu_op' THEN 'operator ' WHEN 'api_call' THEN 'API call ' ELSE 'range ' END
+                || '"' || coalesce(top_name, '?') || '"'
+                || CASE WHEN regexp_matches(coalesce(top_name, ''), '[#\s_:.-]N$') THEN ' (N: any number)' ELSE '' END) AS message,
        -- The advice follows what the host did most: waiting for data is not launch overhead.
        CASE WHEN top_name ILIKE '%DataLoader%'
             THEN 'The GPU waits for the next batch: load and preprocess data in background workers (DataLoader num_workers > 0, persistent_workers, prefetch_factor), pin_memory=True, and move preprocessing to the GPU.'

@@ -1,7 +1,7 @@
 """T006 copy hygiene: small copies that could be one, pageable device-to-host copies, and
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
-from ..store.views import next_busy_candidates
+from ..store.views import issued_at, next_busy_candidates
 from .base import Rule, Threshold, pair_key
 
 SQL = r"""
@@ -82,18 +82,32 @@ d2h AS (
     FROM waited WHERE how_waited IS NOT NULL
 ), busy AS (  -- the busy intervals that can follow a wait (views.next_busy_candidates)
     __NEXT_BUSY__
-), serial_idle AS (  -- GPU idle from the end of the wait to the device's next operation
-    SELECT s.*, greatest(b.start_ns - s.wait_end, 0) AS idle_after_ns,
-           least(s.wait_end - s.call_start, greatest(b.start_ns - s.wait_end, 0)) AS hideable_ns
+), next_busy AS (
+    SELECT s.*, b.start_ns AS busy_start
     FROM serial s ASOF LEFT JOIN busy b ON b.device_id = s.device_id AND b.end_ns > s.wait_end
+), issued AS (  -- when the work that ended the idle after a wait was issued (views.issued_at)
+    __ISSUED__
+), serial_idle AS (
+    -- GPU idle from the end of the wait to the device's next operation; of it, the part before
+    -- that operation was issued (the budget's host idle: the host launched from an empty queue),
+    -- counted once for waits back to back before the same next work, after the last of them
+    SELECT *, least(wait_end - call_start, own_host_ns) AS hideable_ns
+    FROM (SELECT n.*, greatest(n.busy_start - n.wait_end, 0) AS idle_after_ns,
+                 CASE WHEN n.busy_start > n.wait_end
+                           AND row_number() OVER (PARTITION BY n.device_id, n.busy_start
+                                                  ORDER BY n.wait_end DESC, n.copy_id DESC) = 1
+                      THEN coalesce(least(greatest(i.issued_ns, n.wait_end), n.busy_start) - n.wait_end, 0)
+                      ELSE 0 END AS own_host_ns
+          FROM next_busy n LEFT JOIN issued i ON i.device_id = n.device_id AND i.busy_start = n.busy_start)
 ), serial_step AS (
     SELECT s.*, st.range_id AS step_id
     FROM serial_idle s ASOF LEFT JOIN steps st ON st.start_ns <= s.call_start
 ), serial_dev AS (
     SELECT s.device_id, count(*) AS n, sum(s.bytes) AS bytes,
            -- no more idle can be hidden than the host spent waiting (an upper bound, as in T003)
-           least(sum(s.wait_end - s.call_start), coalesce(sum(s.idle_after_ns), 0)) AS loss_ns,
-           coalesce(sum(s.idle_after_ns), 0) AS idle_ns, sum(s.wait_end - s.call_start) AS wait_ns,
+           least(sum(s.wait_end - s.call_start), sum(s.own_host_ns)) AS loss_ns,
+           coalesce(sum(s.idle_after_ns), 0) AS idle_ns, sum(s.own_host_ns) AS host_ns,
+           sum(s.wait_end - s.call_start) AS wait_ns,
            (SELECT count(*) FROM steps) AS n_steps,
            count(*) FILTER (WHERE st.range_id IS NOT NULL AND s.call_start <= st.end_ns) AS n_in_steps,
            count(DISTINCT st.range_id) FILTER (WHERE s.call_start <= st.end_ns) AS steps_with,
@@ -153,23 +167,25 @@ SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', d
        d.loss_ns / nullif(sp.active_span_ns, 0), 'share', $min_share, d.loss_ns,
        CASE WHEN d.loss_ns / nullif(sp.active_span_ns, 0) >= $error_share THEN 'error' END,
        printf('device %d: the host waited for %d device-to-host copies (%s waiting)%s; the GPU then sat idle %s, '
-              || '%s of it (%s of the device''s active span) hideable had the host not waited',
+              || '%s of it until the host issued the next work, %s (%s of the device''s active span) hideable '
+              || 'had the host not waited',
               d.device_id, d.n, fmt_ns(d.wait_ns),
               CASE WHEN d.n_steps > 0 THEN printf(', %d in %d of %d steps (up to %d per step)', d.n_in_steps,
                                                   d.steps_with, d.n_steps, coalesce(ps.max_per_step, 0))
                    ELSE '' END,
-              fmt_ns(d.idle_ns), fmt_ns(d.loss_ns), fmt_pct(d.loss_ns / nullif(sp.active_span_ns, 0))),
+              fmt_ns(d.idle_ns), fmt_ns(d.host_ns), fmt_ns(d.loss_ns), fmt_pct(d.loss_ns / nullif(sp.active_span_ns, 0))),
        'Each of these reads a GPU value on the host (.item(), .cpu(), .tolist(), printing or branching on a tensor) and drains the GPU queue: keep such values on the GPU, read them every N steps, or copy them non_blocking into pinned memory and read after an event.',
        '{"copies": ' || d.n || ', "bytes": ' || d.bytes || ', "wait_ns": ' || d.wait_ns || ', "idle_after_ns": ' || d.idle_ns
-         || ', "loss_ns": ' || d.loss_ns || ', "steps": ' || d.n_steps || ', "copies_in_steps": ' || d.n_in_steps
+         || ', "host_idle_ns": ' || d.host_ns || ', "loss_ns": ' || d.loss_ns || ', "steps": ' || d.n_steps || ', "copies_in_steps": ' || d.n_in_steps
          || ', "steps_with_copies": ' || d.steps_with || ', "max_per_step": ' || coalesce(ps.max_per_step, 0)
          || ', "how": ' || d.how_counts || ', "worst": ' || d.worst || '}',
-       'idle:sync'  -- the host waited: the GPU's queue drained
+       'idle:host'  -- the host waited, the GPU's queue drained: it then launched late
 FROM serial_dev d LEFT JOIN spans sp USING (device_id) LEFT JOIN per_step ps USING (device_id)
 WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
 ORDER BY 5, 1
 """
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT device_id, wait_end AS t FROM serial"))
+SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, busy_start FROM next_busy WHERE busy_start > wait_end"))
 # The longest copy first, the lowest id among equals: (dur_ns, -copy_id) as one integer.
 SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descending=True))
 
@@ -198,9 +214,11 @@ RULE = Rule(
         "that returned only after the copy ended, or followed on the same thread by a "
         "`*Synchronize*` call starting within `max_sync_delay_ns` and ending after the copy; the wait "
         "runs from the copy call's start to the end of that call. The GPU idle after a wait is the "
-        "time to the device's next operation; the estimated loss is min(total wait, total idle "
-        "after), the idle the host could have hidden had it not waited (an upper bound; T003 counts "
-        "the same sync calls by name). Reported when the loss exceeds `min_loss_ns` and `min_share` of the device's active "
+        "time to the device's next operation; of it, the part before that operation's launch call "
+        "returned is the budget's `host` idle (`views.issued_at`), which these findings claim "
+        "(counted once for waits back to back before the same next work). The estimated loss is "
+        "min(total wait, that host idle), the idle the host could have hidden had it not waited (an "
+        "upper bound; T003 counts the same sync calls by name). Reported when the loss exceeds `min_loss_ns` and `min_share` of the device's active "
         "span; an error from `error_share`.",
     fix="Merge small copies into one buffer; use pinned host memory for device-to-host copies; keep "
         "values on the GPU and read them rarely, asynchronously, after an event.",

@@ -182,6 +182,24 @@ def next_busy_candidates(probes: str) -> str:
         """
 
 
+def issued_at(busy_starts: str) -> str:
+    """When the work that ends an idle stretch was issued, as the time budget reads it: for each
+    (`device_id`, `busy_start`) of the query `busy_starts` (a start of the device's busy
+    intervals, after idle time), of the operations of $run_id starting then, the return of the
+    launch call that started first (`issued_ns`; its start when it has no end). NULL where that
+    operation has no launch call: whether the host was late is unknown. Before `issued_ns` the
+    idle time is the budget's `host` (or `sync`, in a blocking call), after it `dependency`."""
+    return f"""
+        SELECT g.device_id, g.start_ns AS busy_start,
+               arg_min(coalesce(c.end_ns, c.start_ns), coalesce(c.start_ns, {_MAX_BIGINT})) AS issued_ns
+        FROM gpu_activity g
+        SEMI JOIN ({busy_starts}) x ON x.device_id = g.device_id AND x.busy_start = g.start_ns
+        LEFT JOIN api_calls c ON c.run_id = $run_id AND c.call_id = g.launch_call_id
+        WHERE g.run_id = $run_id
+        GROUP BY ALL
+        """
+
+
 def covered_ns(probes: str, keys: tuple[str, ...], stretches: str, device: str = "device_id") -> str:
     """How much of each probe interval some stretch covers: columns `keys` + `covered_ns`.
 
@@ -868,16 +886,23 @@ VIEWS: dict[str, tuple[str, str]] = {
 
 # Small helpers so a rule's SQL can write its own one-line message and evidence.
 MACROS: dict[str, str] = {
-    "fmt_ns": """(x) AS CASE WHEN x IS NULL THEN '-'
-        WHEN abs(x) >= 1e9 THEN printf('%.3g s', x / 1e9)
-        WHEN abs(x) >= 1e6 THEN printf('%.3g ms', x / 1e6)
-        WHEN abs(x) >= 1e3 THEN printf('%.3g us', x / 1e3)
+    # As fmt.ns and fmt.nbytes: rounded to three significant digits before the unit is chosen
+    # (999.95 us reads 1 ms), never in scientific notation (15,000 s).
+    "fmt_sig3": "(x) AS CASE WHEN abs(x) >= 1000 THEN printf('%,.0f', x) ELSE printf('%.3g', x) END",
+    "fmt_ns_rounded": """(x) AS CASE WHEN x IS NULL THEN '-'
+        WHEN abs(x) >= 1e9 THEN fmt_sig3(x / 1e9) || ' s'
+        WHEN abs(x) >= 1e6 THEN fmt_sig3(x / 1e6) || ' ms'
+        WHEN abs(x) >= 1e3 THEN fmt_sig3(x / 1e3) || ' us'
         ELSE printf('%d ns', CAST(round(x) AS BIGINT)) END""",
-    "fmt_bytes": """(x) AS CASE WHEN x IS NULL THEN '-'
-        WHEN abs(x) >= 1e9 THEN printf('%.3g GB', x / 1e9)
-        WHEN abs(x) >= 1e6 THEN printf('%.3g MB', x / 1e6)
-        WHEN abs(x) >= 1e3 THEN printf('%.3g KB', x / 1e3)
+    "fmt_ns": "(x) AS fmt_ns_rounded(CAST(printf('%.3g', CAST(x AS DOUBLE)) AS DOUBLE))",
+    "fmt_bytes_rounded": """(x) AS CASE WHEN x IS NULL THEN '-'
+        WHEN abs(x) >= 1e15 THEN fmt_sig3(x / 1e15) || ' PB'
+        WHEN abs(x) >= 1e12 THEN fmt_sig3(x / 1e12) || ' TB'
+        WHEN abs(x) >= 1e9 THEN fmt_sig3(x / 1e9) || ' GB'
+        WHEN abs(x) >= 1e6 THEN fmt_sig3(x / 1e6) || ' MB'
+        WHEN abs(x) >= 1e3 THEN fmt_sig3(x / 1e3) || ' KB'
         ELSE printf('%d B', CAST(x AS BIGINT)) END""",
+    "fmt_bytes": "(x) AS fmt_bytes_rounded(CAST(printf('%.3g', CAST(x AS DOUBLE)) AS DOUBLE))",
     "fmt_pct": "(x) AS CASE WHEN x IS NULL THEN '-' ELSE printf('%.1f%%', 100 * x) END",
     # How many rows a bounded `arg_max(x, key, n)` heap keeps for a list of at most n examples:
     # at least one (the heap needs n >= 1; slice the result with [1:n] for n < 1).
