@@ -14,7 +14,8 @@ diagnosed together (`diagnose`):
    one group.
 2. **One headline per group.** Every other finding of the group is related evidence of it
    (`related_to`), claims no time of its own (`est_loss_ns` NULL; the rule's figure stays in
-   `rule_loss_ns`) and lends the headline its severity when worse. In an idle group the
+   `rule_loss_ns`) and takes the headline's severity (4.; where there is no loss to weigh, it
+   lends the headline its own when worse). In an idle group the
    headline is a finding that names the cause the budget gives most of the idle time (sync,
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
    covers them all; elsewhere the most severe, and among equals, the largest loss.
@@ -25,11 +26,27 @@ diagnosed together (`diagnose`):
    bounded on each of its devices. So per device, headline losses sum to no more than the
    span, and no nanosecond is claimed twice.
 
-4. **A severity floor.** A warning or error headline whose bounded loss is under both
-   `min_loss_ns` and `min_loss_span_share` of its device's span (of the run's, for a finding
-   on no device) is info: nobody should stop for it. Without a timeline (Nsight Compute
-   profiles a sample of launches) there is no span to weigh a loss against: no floor. The floor is set like a rule's thresholds, under the name `floor`
-   (`--threshold floor.min_loss_ns=50000`, `[tool.traceanalyzer.thresholds.floor]`).
+4. **Severity from the loss.** A headline's severity follows its bounded loss as a share of
+   its device's span (of the run's, for a finding that claims no part; for a finding on no
+   device, of its devices' shortest): **error** from `error_span_share` (10%), **warning**
+   from `min_loss_span_share` (1%), **info** below; a loss under `min_loss_ns` (100 us) is
+   info whatever its share. A warning is time worth a look, an error a tenth of the device's
+   time or more. The rule's own severity stands where there is nothing to weigh: a finding
+   without a loss estimate (peak memory, an out-of-memory), or a run without a timeline
+   (Nsight Compute profiles a sample of launches: there is no span; its rules weigh a
+   kernel's share of the profiled time themselves). A rule lowers it with a stated reason:
+   `max_severity` for all its findings (the bottleneck and instruction rules' losses are what
+   a faster kernel could save, an upper bound: at most a warning), or for one finding the
+   severity it gives with a `severity_reason` in its evidence (a library kernel's low
+   occupancy, by design). A headline the cap lowered says so in its message, and so does a
+   warning or error of its rule that the bands made info. Related findings take their
+   headline's severity (their time is its), lowered by their own rule's cap. The bands are
+   set like a rule's thresholds, under the name `floor` (`--threshold
+   floor.error_span_share=0.2`, `[tool.traceanalyzer.thresholds.floor]`).
+
+5. **Order.** Headlines by bounded loss, largest first; among equal losses, and for those
+   without one (after all that have one), the most severe first. Each headline's related
+   findings follow it. Every report keeps this order.
 
 A finding that claims no part (`claims` NULL: a recompile's compile time, a straggler's lag,
 peak memory) is a headline of its own, its loss bounded by the run's span. A run without a
@@ -59,13 +76,15 @@ _T001_CAUSE = {"sync": "sync", "late_launch": "host", "copy": "dependency", "dep
 _PER_KERNEL = ("compute", "communication")
 
 
-# The severity floor, set like a rule's thresholds under this name.
+# The severity bands, set like a rule's thresholds under this name (it began as a floor only).
 FLOOR = "FLOOR"
 FLOORS = (
-    Threshold("min_loss_ns", 100_000, "A warning or error whose estimated loss is under this, and under "
-              "`min_loss_span_share` of its device's span, is info."),
-    Threshold("min_loss_span_share", 0.01, "A warning or error whose estimated loss is under this share of its "
-              "device's span, and under `min_loss_ns`, is info."),
+    Threshold("error_span_share", 0.10, "A headline whose estimated loss is at least this share of its device's "
+              "span (and at least `min_loss_ns`) is an error."),
+    Threshold("min_loss_span_share", 0.01, "A headline whose estimated loss is at least this share of its device's "
+              "span (and at least `min_loss_ns`) is a warning; under it, info."),
+    Threshold("min_loss_ns", 100_000, "A headline whose estimated loss is under this is info, whatever its share "
+              "of the span."),
 )
 
 
@@ -106,7 +125,7 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
 
     loss: dict[int, float | None] = {}
     related: dict[int, int] = {}
-    severity = {i: r["severity"] for i, r in enumerate(rows)}
+    lent = {i: r["severity"] for i, r in enumerate(rows)}  # the worst of its group, where no band applies
     span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
     for members in groups:
         main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
@@ -114,30 +133,44 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
         for i in members:
             if i != head:
                 related[i] = head
-                if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(severity[head]):
-                    severity[head] = rows[i]["severity"]
+                if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(lent[head]):
+                    lent[head] = rows[i]["severity"]
         loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns)
     _share_parts(rows, units, loss, budget)
-    floored = _below_floor(rows, units, loss, severity, budget, span_ns, floors)
-    for i in [*floored, *(i for i, head in related.items() if head in floored)]:
-        severity[i] = "info"  # the related findings' time is the headline's: as small
 
-    order = sorted(loss, key=lambda i: (-SEVERITIES.index(severity[i]), -(loss[i] if loss[i] is not None else -1),
+    severity = {i: r["severity"] for i, r in enumerate(rows)}
+    notes: dict[int, str] = {}
+    spans = _spans(budget)
+    for i in loss:
+        share = _share(rows[i], units[i], loss[i], spans, span_ns)
+        band = lent[i] if share is None else _band(loss[i], share, floors)
+        cap, reason = _cap(rows[i])
+        severity[i] = _lower(band, cap)
+        if share is not None and severity[i] != band:
+            notes[i] = f" ({severity[i]}, not {band}: {reason})"
+        elif share is not None and band == "info" and rows[i]["severity"] != "info":
+            notes[i] = _FLOOR_NOTE.format(pct(share), pct(floors["min_loss_span_share"]), ns(floors["min_loss_ns"]))
+    for i, head in related.items():
+        if _share(rows[head], units[head], loss[head], spans, span_ns) is not None:
+            severity[i] = _lower(severity[head], _cap(rows[i])[0])  # its time is the headline's
+        else:
+            severity[i] = _lower(rows[i]["severity"], _cap(rows[i])[0])
+
+    order = sorted(loss, key=lambda i: (-(loss[i] if loss[i] is not None else -1), -SEVERITIES.index(severity[i]),
                                          rows[i]["rule_id"], i))
     numbered: list[int] = []
     for head in order:
         numbered.append(head)
         numbered += sorted((i for i, h in related.items() if h == head),
-                           key=lambda i: (-SEVERITIES.index(rows[i]["severity"]), -_num(rows[i]["rule_loss_ns"]),
+                           key=lambda i: (-SEVERITIES.index(severity[i]), -_num(rows[i]["rule_loss_ns"]),
                                           rows[i]["rule_id"], i))
     no = {i: n + 1 for n, i in enumerate(numbered)}
     df["finding_no"] = [no[i] for i in range(len(rows))]
     df["related_to"] = [no[related[i]] if i in related else None for i in range(len(rows))]
     df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
     df["severity"] = [severity[i] for i in range(len(rows))]
-    if floored:
-        df["message"] = [m + _FLOOR_NOTE.format(ns(floors["min_loss_ns"]), pct(floors["min_loss_span_share"]))
-                         if i in floored else m for i, m in enumerate(df["message"])]
+    if notes:
+        df["message"] = [m + notes.get(i, "") for i, m in enumerate(df["message"])]
     df["related_to"] = df["related_to"].astype("Int64")
     df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
     return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
@@ -279,22 +312,51 @@ def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget:
                 loss[i] *= part / total
 
 
-_FLOOR_NOTE = " (info: its estimated loss is under the severity floor, {} and {} of the device's span)"
+_FLOOR_NOTE = " (info: its estimated loss, {} of the device's span, is under the severity floor: {} of the span and {})"
 
 
-def _below_floor(rows: list[dict], units: list[list[tuple]], loss: dict, severity: dict, budget: dict,
-                 span_ns: int | None, floors: dict) -> set[int]:
-    """The warning and error headlines whose loss is under both floors (see the module's docstring)."""
+def _spans(budget: dict) -> dict:
+    """Each device's span: the sum of its budget's parts."""
     spans: dict = defaultdict(int)
     for (device, part), part_ns in budget.items():
         if not part.startswith("idle:"):
             spans[device] += part_ns
-    out = set()
-    for i, own in loss.items():
-        if own is None or severity[i] not in ("warning", "error") or own >= floors["min_loss_ns"]:
-            continue
-        on = [spans[d] for d, _, _ in units[i] if d in spans] if isinstance(rows[i]["claims"], str) else []
-        span = min(on) if on else span_ns
-        if span is not None and own < floors["min_loss_span_share"] * span:
-            out.add(i)
-    return out
+    return spans
+
+
+def _share(row: dict, units: list[tuple], loss: float | None, spans: dict, span_ns: int | None) -> float | None:
+    """A headline's loss as a share of its device's span (see the module's docstring); None
+    without a loss or a span."""
+    if loss is None:
+        return None
+    on = [spans[d] for d, _, _ in units if d in spans] if isinstance(row["claims"], str) else []
+    span = min(on) if on else span_ns
+    return loss / span if span else None
+
+
+def _band(loss: float, share: float, floors: dict) -> str:
+    if loss < floors["min_loss_ns"] or share < floors["min_loss_span_share"]:
+        return "info"
+    return "error" if share >= floors["error_span_share"] else "warning"
+
+
+def _cap(row: dict) -> tuple[str | None, str]:
+    """The most severe a finding may be, and why: its rule's `max_severity`, or the severity it
+    gave with a `severity_reason` in its evidence (the lower of the two)."""
+    from .rules import get_rule
+
+    try:
+        rule = get_rule(row["rule_id"])
+        cap, reason = rule.max_severity, rule.severity_reason
+    except KeyError:  # a finding of a rule this version does not have
+        cap, reason = None, ""
+    evidence = row["evidence"]
+    if isinstance(evidence, str) and '"severity_reason"' in evidence:
+        own = json.loads(evidence).get("severity_reason")
+        if own and (cap is None or SEVERITIES.index(row["severity"]) < SEVERITIES.index(cap)):
+            cap, reason = row["severity"], own
+    return cap, reason
+
+
+def _lower(severity: str, cap: str | None) -> str:
+    return severity if cap is None or SEVERITIES.index(severity) <= SEVERITIES.index(cap) else cap

@@ -657,7 +657,8 @@ def _findings(store: Store, run_id: str) -> list[dict]:
     return store.arrow("""
         SELECT rule_id, severity, device_id, stream_id, item_kind, item_name, message, est_loss_ns, fingerprint
         FROM findings WHERE run_id = $run_id
-        ORDER BY CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, rule_id, fingerprint""",
+        ORDER BY finding_no NULLS LAST, CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
+                 rule_id, fingerprint""",
                        {"run_id": run_id}).to_pylist()
 
 

@@ -19,10 +19,13 @@ def generate(docs: Path) -> list[Path]:
 
 
 def _floor_markdown() -> str:
-    """The severity floor, from `diagnosis`: it applies to every rule's findings."""
-    text = diagnosis.__doc__.split("4. **A severity floor.**", 1)[1].split("\n\n", 1)[0]
-    lines = ["## Severity floor", "", " ".join(text.split()), "", "| threshold | default | meaning |", "|---|---|---|"]
+    """The severity bands and the order of findings, from `diagnosis`: they apply to every rule's findings."""
+    doc = diagnosis.__doc__
+    bands = doc.split("4. **Severity from the loss.**", 1)[1].split("\n\n", 1)[0]
+    order = doc.split("5. **Order.**", 1)[1].split("\n\n", 1)[0]
+    lines = ["## Severity", "", " ".join(bands.split()), "", "| threshold | default | meaning |", "|---|---|---|"]
     lines += [f"| `floor.{t.name}` | {t.default} | {t.doc} |" for t in diagnosis.FLOORS]
+    lines += ["", "## Order", "", " ".join(order.split())]
     return "\n".join(lines)
 
 

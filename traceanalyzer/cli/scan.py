@@ -156,8 +156,8 @@ def _table(st, report):
     from ..batch.scan import run_table
     from ..report.budget import budget_cell, budgets_of
 
-    df = run_table(st, report.run_ids)
-    budgets = budgets_of(st, list(df["run_id"]))
+    budgets = budgets_of(st, list(report.run_ids))
+    df = run_table(st, report.run_ids, budgets)
     df["budget"] = [budget_cell(budgets[r]) for r in df["run_id"]]
     return df, report
 
@@ -177,8 +177,8 @@ def _print_table(console: Console, df, report) -> None:
 
     def layout(split: bool):
         rows = [[r.run_id, cell(r.file_name), r.format, fmt.num(r.kernels), fmt.ns(r.span_ns),
-                 r.budget.replace(" · ", " ·\n") if split else r.budget, fmt.num(r.errors), fmt.num(r.warnings),
-                 fmt.num(r.infos)] for r in df.itertuples()]
+                 r.budget.replace(" · ", " ·\n") if split else r.budget, _loss(r), fmt.num(r.errors),
+                 fmt.num(r.warnings), fmt.num(r.infos)] for r in df.itertuples()]
         # The run, its file, budget and findings are what a scan is read for: at 80 columns the
         # format, kernel count and span go (`runs` lists them).
         return fit_table(console, columns, rows, optional=("format", "kernels", "span"),
@@ -194,6 +194,17 @@ def _print_table(console: Console, df, report) -> None:
     dupes, failed = report.count("duplicate"), len(report.failed)
     say(console, f"{len(report.files)} files in {report.elapsed_s:.1f} s: {stored} stored, {updated} updated, "
                  f"{skipped} skipped (already stored), {dupes} duplicate, {failed} failed")
+
+
+def _loss(r) -> str:
+    """The largest share of a device's span a run's headlines lose; without a span (Nsight
+    Compute), their loss."""
+    from .. import fmt
+
+    if not r.loss_ns:
+        return "-"
+    share = r.loss_share if r.loss_share is not None and r.loss_share == r.loss_share else None
+    return fmt.pct(share) if share is not None else fmt.ns(r.loss_ns)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,7 +30,7 @@ from . import html_metrics, html_timeline
 from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs
 from .vendor import vendor_text
 from .html_charts import clip, esc
-from .model import CheckResult
+from .model import CheckResult, loss_share, run_order
 
 TOP_KERNELS = 15
 MAX_EVIDENCE_ROWS = 20
@@ -246,18 +246,21 @@ def _busy(busy: list[dict]) -> str:
 
 
 def _index(pages: list[dict], result: CheckResult) -> str:
-    """A row per run, the largest estimated loss first (then the most errors, warnings, info).
+    """A row per run, the run that loses the largest share of its time first (`model.run_order`).
     A fixed layout, names wrapped within three lines and each worst finding on one line keep the
     rows short however long the names and messages are; the full text is in each cell's title."""
     def order(p):
-        c = result.counts(p["run"]["run_id"])
-        return (-run_loss(result, p["run"]["run_id"]), -c["error"], -c["warning"], -c["info"], p["run"]["file_name"])
+        rid = p["run"]["run_id"]
+        return run_order(loss_share(result.headlines(rid), p["run"].get("budget") or []), run_loss(result, rid),
+                         result.counts(rid), p["run"]["file_name"])
 
     rows = []
     for p in sorted(pages, key=order):
         run = p["run"]
         c = result.counts(run["run_id"])
         loss = run_loss(result, run["run_id"])
+        share = loss_share(result.headlines(run["run_id"]), run.get("budget") or [])
+        of_gpu = f'<div class="rid">{esc(fmt.pct(share))} of a GPU\'s time</div>' if share is not None else ""
         worst = [f for f, _ in p["headlines"][:3]]
         busy = _busy(p["busy"])
         every = "; ".join(f"GPU {b['device_id']} {fmt.pct(b['busy_share'])}" for b in p["busy"]) or "-"
@@ -271,12 +274,13 @@ def _index(pages: list[dict], result: CheckResult) -> str:
             f'{_breakable(run["file_name"])}</a><div class="rid">{esc(run["run_id"])} · {esc(run["format"])}</div></td>'
             f'<td><div class="clamp" title="{esc(gpus)}">{esc(gpus)}</div></td>'
             f'<td>{esc(fmt.ns(run.get("span_ns")))}</td><td><div class="clamp" title="{esc(every)}">{esc(busy)}</div></td>'
-            f'<td class="loss">{esc(fmt.ns(loss)) if loss else "-"}</td>'
+            f'<td class="loss">{esc(fmt.ns(loss)) if loss else "-"}{of_gpu}</td>'
             + "".join(f'<td class="n"><span class="count sev-{s}{" zero" if not c[s] else ""}">{c[s]}</span></td>'
                       for s in SEVERITY_ORDER)
             + f'<td><ul class="worst">{worst_html}</ul></td></tr>')
     cols = "".join(f'<col class="c-{c}">' for c in ("run", "gpu", "span", "busy", "loss", "n", "n", "n", "worst"))
-    return ('<section id="index" class="index"><h2>Runs</h2><p class="quiet">Largest estimated loss first.</p>'
+    return ('<section id="index" class="index"><h2>Runs</h2>'
+            "<p class=\"quiet\">The largest share of a GPU's time lost first.</p>"
             f'<table class="runs"><colgroup>{cols}</colgroup><thead><tr><th>run</th>'
             '<th>GPU</th><th>span</th><th>GPU busy</th><th>est. loss</th><th>errors</th><th>warnings</th><th>info</th>'
             '<th>worst findings</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table></section>")
@@ -456,9 +460,10 @@ def _mem_dev(s: dict) -> str:
 # -- findings --------------------------------------------------------------------------
 
 def _findings(p: dict, rules: dict) -> str:
-    """Findings by severity, worst first (the store's order). Past `SHOWN_PER_RULE` of one
-    rule and severity the rest are folded, and so are all info findings of a busy run, so
-    the plots stay within reach."""
+    """Findings in the store's order: by estimated loss, largest first. Past `SHOWN_PER_RULE`
+    of one rule and severity the rest are folded where the last shown one stands, and so are a
+    busy run's info findings after its last warning or error (the smallest), so the plots stay
+    within reach."""
     run = p["run"]
     rid = run["run_id"]
     t_origin = run.get("start_ns") or 0
@@ -466,30 +471,39 @@ def _findings(p: dict, rules: dict) -> str:
     out = ['<h3>Findings</h3>']
     if not p["findings"]:
         out.append('<p class="quiet">No findings: the rules that apply found nothing to report.</p>')
-    related = {i: r for i, (_, r) in enumerate(p["headlines"])}
-    for sev in SEVERITY_ORDER:
-        group = [(i, f) for i, (f, _) in enumerate(p["headlines"]) if f["severity"] == sev]
-        if not group:
+    heads = p["headlines"]
+    if heads:
+        c = {s: sum(1 for f, _ in heads if f["severity"] == s) for s in SEVERITY_ORDER}
+        out.append('<p class="quiet">' + ", ".join(f'<span class="sevtxt sev-{s}">{c[s]} {s}</span>'
+                                                  for s in SEVERITY_ORDER if c[s]) + " · largest estimated loss first</p>")
+    last_loud = max((i for i, (f, _) in enumerate(heads) if f["severity"] != "info"), default=-1)
+    fold_tail = len(heads) > FOLD_INFO_OVER and last_loud < len(heads) - 1
+    shown, tail = [], []
+    seen: dict[tuple, int] = {}
+    more: dict[tuple, list[str]] = {}  # (rule, severity) -> the cards past SHOWN_PER_RULE
+    for i, (f, related) in enumerate(heads):
+        into = tail if fold_tail and i > last_loud else shown
+        key = (f["rule_id"], f["severity"], into is tail)
+        seen[key] = seen.get(key, 0) + 1
+        card = _finding_card(i, f, rules, rid, t_origin, has_tl, related)
+        if seen[key] <= SHOWN_PER_RULE:
+            into.append(card)
             continue
-        folded = sev == "info" and len(p["headlines"]) > FOLD_INFO_OVER
-        if folded:
-            out.append(f'<details class="infos"><summary class="sevtxt sev-{sev}">{len(group)} {sev}</summary>')
-        else:
-            out.append(f'<h4 class="sevtxt sev-{sev}">{len(group)} {sev}</h4>')
-        by_rule: dict[str, list] = {}
-        for i, f in group:
-            by_rule.setdefault(f["rule_id"], []).append((i, f))
-        shown = [x for xs in by_rule.values() for x in xs[:SHOWN_PER_RULE]]
-        shown_ids = {i for i, _ in shown}
-        out += [_finding_card(i, f, rules, rid, t_origin, has_tl, related[i]) for i, f in group if i in shown_ids]
-        for rule_id, xs in by_rule.items():
-            rest = xs[SHOWN_PER_RULE:]
-            if rest:
-                out.append(f'<details class="more"><summary>{len(rest)} more {esc(rule_id)} {sev} finding(s)</summary>'
-                           + "".join(_finding_card(i, f, rules, rid, t_origin, has_tl, related[i]) for i, f in rest)
-                           + "</details>")
-        if folded:
-            out.append("</details>")
+        if key not in more:
+            more[key] = []
+            into.append(key)  # where its folded cards go
+        more[key].append(card)
+
+    def placed(items: list) -> list[str]:
+        return [x if isinstance(x, str) else
+                f'<details class="more"><summary>{len(more[x])} more {esc(x[0])} {x[1]} finding(s)</summary>'
+                + "".join(more[x]) + "</details>" for x in items]
+
+    out += placed(shown)
+    if tail:
+        out.append(f'<details class="infos"><summary class="sevtxt sev-info">{len(heads) - last_loud - 1} more info '
+                   f'(smaller losses)</summary>')
+        out += placed(tail) + ["</details>"]
     # A rule that failed is a failure of the check, in plain sight (not folded).
     out += [f'<p class="input-error">rule error: {esc(o["rule_id"])}: {esc(o["note"])}</p>'
             for o in p["outcomes"] if o["status"] == "error"]

@@ -9,7 +9,7 @@ from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
-from .base import Rule, Threshold
+from .base import UPPER_BOUND, Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -140,6 +140,8 @@ RULE = Rule(
     claims="compute",
     nvidia=(("LaunchConfiguration", r"wave|less than the GPU's"), ("SOLBottleneck", r"too small to fill")),
     severity="warning",
+    max_severity="warning",
+    severity_reason=UPPER_BOUND,
     what="Kernels whose grid ends in a partial wave that leaves many SMs idle, and grids too "
          "small for one full wave.",
     why="A GPU runs a grid in waves of SMs x resident blocks per SM. When the last wave is only "

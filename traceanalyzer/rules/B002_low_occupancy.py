@@ -9,7 +9,7 @@ from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
 from ._ncu import linked
-from .base import Rule, Threshold
+from .base import UPPER_BOUND, Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -104,6 +104,10 @@ def _finding(configs: list[dict], p: dict) -> dict:
     by_design = library_of(r) in LOW_OCCUPANCY_BY_DESIGN and worst["sol"] is None
     sev = ("info" if throughput_bound or by_design or (time_share is not None and time_share < p["warning_time_share"])
            else "warning")
+    # Info whatever its loss, for these two reasons (the diagnosis keeps it, see rules/base.py).
+    reason = ("throughput-bound: occupancy is not what limits it" if throughput_bound else
+              "a library kernel that runs few large blocks by design, and no measurement says it is slow"
+              if by_design else None)
     message = f"{kernel_label(r.name, r.short_name)}: {worst['what']}"
     estimate = worst["estimate"]
     if worst["estimate_note"] and (estimate is None or estimate < r.theoretical - 0.005):
@@ -152,6 +156,7 @@ def _finding(configs: list[dict], p: dict) -> dict:
                      "busiest_sol": worst["sol"], "library": library_of(r),
                      "launches": launches, "time_share": time_share,
                      "occupancy_source": r.source,
+                     **({"severity_reason": reason} if reason else {}),
                      "configurations": [_config_evidence(c) for c in configs]},
     }
 
@@ -173,6 +178,8 @@ RULE = linked(Rule(
     claims="compute",
     nvidia=(("AchievedOccupancy", ""), ("TheoreticalOccupancy", ""), ("Occupancy", r"achieved occupancy")),
     severity="warning",
+    max_severity="warning",
+    severity_reason=UPPER_BOUND,
     what="Kernels whose theoretical occupancy is low (naming the limiter: registers, shared "
          "memory, warps, blocks) or whose achieved occupancy falls well below the theoretical.",
     why="Occupancy is how many warps an SM keeps resident to hide latency. Too few, and memory "

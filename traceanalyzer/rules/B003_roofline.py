@@ -13,7 +13,7 @@ from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._ncu import (DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col,
                    device_peaks, keep_hot, kernel_finding, linked, ncu_launches, per_kernel)
 from ._op_cost import DTYPES, FAMILIES, FORMULAS, op_cost
-from .base import Rule, Threshold
+from .base import UPPER_BOUND, Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -492,6 +492,8 @@ RULE = linked(Rule(
     phase="bottleneck",
     claims="compute",
     severity="warning",
+    max_severity="warning",
+    severity_reason=UPPER_BOUND,
     what="Per hot kernel, which roof limits it (memory, compute, both, or neither: latency-bound) and what "
          "share of that roof it reaches. From Nsight Compute Speed Of Light percentages, or from FLOP and "
          "DRAM-byte counters against the device's peaks; for PyTorch traces, an estimate for GEMM-like "

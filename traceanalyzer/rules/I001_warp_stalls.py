@@ -2,7 +2,7 @@
 
 from ._code import named
 from ._ncu import linked
-from .base import Rule, Threshold
+from .base import UPPER_BOUND, Rule, Threshold
 
 # What each stall reason means and what to try, from NVIDIA's CPIStall rule texts
 # (formats.md 3.2). `selected` is the issuing state, not a stall, and is left out.
@@ -127,6 +127,8 @@ RULE = linked(Rule(
     claims="compute",
     nvidia=(("CPIStall", r"represents about"),),
     severity="warning",
+    max_severity="warning",
+    severity_reason=UPPER_BOUND,
     what="Kernels whose warp stall cycles are dominated by one reason (long scoreboard, barrier, "
          "MIO throttle, math pipe throttle...), from Nsight Compute stall metrics.",
     why="When warps cannot issue, the stall reason says what they wait for; a single dominant "

@@ -11,7 +11,7 @@ from ..fmt import kernel_label, ns, num, pct
 from ._code import name_launchers
 from ._ncu import (DURATION, MEM_SOL, as_int, col, kernel_finding, linked, ncu_launches, per_kernel,
                    sector_use_from_messages, sector_use_metric)
-from .base import Rule, Threshold
+from .base import UPPER_BOUND, Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -148,6 +148,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                                            "excess_sectors", "total_sectors") if k in f.index}
         evidence.update(excess_share=share, launches=int(r["launches"]), duration_ns=r["duration_ns"],
                         l2_active_share=l2_busy, estimated_gain_share=gain)
+        if f["ideal_assumed"]:  # info whatever its loss (the diagnosis keeps it, see rules/base.py)
+            evidence["severity_reason"] = "the access width is assumed, not measured, so the waste may not be real"
         rows.append(kernel_finding(
             r, evidence,
             value=share, value_unit="share", threshold=p["min_excess_share"],
@@ -181,6 +183,8 @@ RULE = linked(Rule(
     # MemoryCacheAccessPattern: the bytes of each sector the threads use, this rule's measure too
     nvidia=(("UncoalescedGlobalAccess", ""), ("MemoryCacheAccessPattern", r"for global (loads|stores)")),
     severity="warning",
+    max_severity="warning",
+    severity_reason=UPPER_BOUND,
     what="Kernels whose global loads or stores fetch more 32-byte sectors than the bytes their threads use: "
          "strided, misaligned or scattered accesses.",
     why="A warp's access is served in 32-byte sectors. When consecutive threads touch addresses far apart, "

@@ -9,7 +9,7 @@ from ..fmt import kernel_label, ns, num, pct
 from ._code import name_launchers
 from ._ncu import (DURATION, as_int, col, kernel_finding, linked, metrics_exist, ncu_launches, per_kernel,
                    rule_results_exist)
-from .base import Rule, Threshold
+from .base import UPPER_BOUND, Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -122,6 +122,8 @@ RULE = linked(Rule(
     claims="compute",
     nvidia=(("SharedMemoryConflicts", ""),),
     severity="warning",
+    max_severity="warning",
+    severity_reason=UPPER_BOUND,
     what="Kernels whose shared-memory loads or stores need extra wavefronts because threads of a warp hit the "
          "same bank (NVIDIA's SharedMemoryConflicts rule).",
     why="Shared memory has 32 banks serving one 4-byte word each per cycle. When threads of a warp touch "

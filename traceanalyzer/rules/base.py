@@ -7,6 +7,12 @@ occupancy calculator) gives `evaluate` instead of, or after, its SQL.
 
 A rule's query returns rows with any of the FINDING_COLUMNS below; the engine fills the
 rest (run, rule id, default severity) and stores them in the `findings` table.
+
+Severity: on a timeline the diagnosis sets a headline's severity from its estimated loss's
+share of its device's span (traceanalyzer.diagnosis); the rule's own severity stands where
+there is no loss or no span. A rule lowers it with a stated reason: for all its findings with
+`max_severity` and `severity_reason`, for one finding with the severity it returns and a
+`severity_reason` in its evidence.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ def pair_key(first: str, then: str, *, then_descending: bool = False) -> str:
     low = f"9223372036854775807 - {then}::HUGEINT" if then_descending else f"{then}::HUGEINT + 9223372036854775808"
     return f"({first}::HUGEINT * 18446744073709551616 + ({low}))"
 
+
+# Why a rule whose loss is a faster kernel's saving is at most a warning (`Rule.max_severity`).
+UPPER_BOUND = ("its estimated loss is what the kernel could save if it ran faster, an upper bound the fix may "
+               "not reach, not time measured lost")
 
 # Durations, sizes and counts stay below this, so a threshold added to a 64-bit nanosecond
 # timestamp in a rule's SQL cannot overflow (10^18 ns is 31 years).
@@ -177,12 +187,19 @@ class Rule:
     # regular expression its message must match; "" matches any), so reports can show NVIDIA's
     # verdict beside each finding (report/vendor.py).
     nvidia: tuple[tuple[str, str], ...] = ()
+    # The most severe its findings may be, whatever their loss, and why (shown in its doc and
+    # in a finding the cap lowered): an estimate of what a faster kernel could save is an upper
+    # bound, not time measured lost.
+    max_severity: Optional[str] = None
+    severity_reason: str = ""
 
     def __post_init__(self):
         if self.phase not in PHASES:
             raise ValueError(f"{self.id}: unknown phase {self.phase!r}")
         if self.severity not in SEVERITIES:
             raise ValueError(f"{self.id}: unknown severity {self.severity!r}")
+        if self.max_severity is not None and (self.max_severity not in SEVERITIES or not self.severity_reason):
+            raise ValueError(f"{self.id}: max_severity must be one of {', '.join(SEVERITIES)}, with a severity_reason")
         if self.sql is None and self.evaluate is None:
             raise ValueError(f"{self.id}: a rule needs sql or evaluate")
         if self.scope not in ("run", "runs") or (self.scope == "runs" and (self.evaluate is None or self.sql)):

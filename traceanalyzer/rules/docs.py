@@ -17,13 +17,15 @@ def rule_markdown(rule: Rule) -> str:
     lines = [
         f"# {rule.id} `{rule.name}`: {rule.title}",
         "",
-        f"Phase: **{rule.phase}** · default severity: **{rule.severity}** · "
+        f"Phase: **{rule.phase}** · default severity: **{rule.severity}**"
+        + (f" (at most **{rule.max_severity}**)" if rule.max_severity else "") + " · "
         f"claims: {f'**{rule.claims}** time of the budget' if rule.claims else 'no time of the budget'}"
         + (f" · NVIDIA's counterpart: {', '.join(f'`{n}`' for n, _ in rule.nvidia)}" if rule.nvidia else ""),
         "",
         "## What it detects", "", rule.what, "",
         "## Why it matters", "", rule.why, "",
         "## How it is computed", "", rule.how, "",
+        "## Severity", "", _severity(rule), "",
         "## Thresholds", "",
     ]
     if rule.thresholds:
@@ -49,10 +51,20 @@ def rule_markdown(rule: Rule) -> str:
     return "\n".join(lines)
 
 
+def _severity(rule: Rule) -> str:
+    text = ("On a timeline a headline's severity follows its estimated loss as a share of its device's span "
+            "([bands](README.md#severity)); the rule's own severity (**" + rule.severity + "** unless it says "
+            "otherwise) stands for a finding without a loss estimate and on a run without a timeline.")
+    if rule.max_severity:
+        text += f" It is at most **{rule.max_severity}**: {rule.severity_reason}."
+    return text
+
+
 def index_markdown(appendix: str = "") -> str:
     lines = ["# Rules", "", "Generated from the rules' metadata (`python -m traceanalyzer.gendocs`).", "",
              "| id | name | phase | severity | title |", "|---|---|---|---|---|"]
-    lines += [f"| [{r.id}]({r.id}.md) | `{r.name}` | {r.phase} | {r.severity} | {r.title} |" for r in all_rules()]
+    lines += [f"| [{r.id}]({r.id}.md) | `{r.name}` | {r.phase} | {r.severity}"
+              f"{f' (at most {r.max_severity})' if r.max_severity else ''} | {r.title} |" for r in all_rules()]
     return "\n".join(lines) + "\n" + (f"\n{appendix.strip()}\n" if appendix else "")
 
 
