@@ -176,3 +176,15 @@ def test_help_lists_check_first_and_names_every_format(monkeypatch):
         assert form in text, form
     lines = [ln for ln in render(monkeypatch, 80, "--help").split("Commands", 1)[1].splitlines() if ln[:1] == "│"]
     assert [ln.split()[1] for ln in lines] == listed  # one line per command at 80 columns
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_check_findings_keep_each_number_with_its_unit(monkeypatch, store, width):
+    """The findings' text wraps between words, never between a number and its unit."""
+    text = render(monkeypatch, width, "check", "--store", store, "--fail-on", "never", "-v",
+                  *(f.split("/")[1] for f in FILES), LONG)
+    lines = text.splitlines()
+    split = [(a, b) for a, b in zip(lines, lines[1:])
+             if re.search(r"\d$", a) and re.match(r"\s*(ns|us|ms|s|B|KB|MB|GB|TB|pp)\b", b)]
+    assert not split, split
+    assert re.search(r"\d (us|ms|s)\b", text)

@@ -249,3 +249,18 @@ def _join(s: str, spans: list[tuple[int, int]]) -> str:
     merged = _merge(s, spans)
     out = "".join((ELLIPSIS if a > 0 else "") + s[a:b] for a, b in merged)
     return out + (ELLIPSIS if merged[-1][1] < len(s) else "")
+
+
+# Wrapping text keeps each number on one line with its unit: the space between them becomes
+# GLUE (one column wide, no space to break at) for the wrap, and a space again after it.
+_UNIT_SPACE = re.compile(r"(\d) (?=(?:ns|us|ms|s|B|KB|MB|GB|TB|pp)\b)")
+GLUE = "\ue000"  # a character no text holds
+
+
+def glue_units(text: str) -> str:
+    """`text` with the space between each number and its unit made GLUE (same length)."""
+    return _UNIT_SPACE.sub("\\1" + GLUE, text)
+
+
+def unglue(text: str) -> str:
+    return text.replace(GLUE, " ")

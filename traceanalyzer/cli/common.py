@@ -5,7 +5,6 @@ command line, so that every command module can import it."""
 # No `from __future__ import annotations`: typer reads the option types below when a command
 # module uses them in its signature.
 import os
-import re
 import sys
 from pathlib import Path
 from dataclasses import dataclass, replace
@@ -155,15 +154,13 @@ def left_out(console: Console, dropped: list[str], more: str = "") -> None:
 
 
 # A number and its unit: one word to wrap ('38.8 us', '2.18 MB', '10.5 GB/s').
-_UNIT = re.compile(r"(\d) (?=(?:ns|us|ms|s|B|KB|MB|GB|TB|pp)\b)")
-_GLUE = "\ue000"  # a character no text holds, one column wide, that is no space to break at
 
 
 def say(console: Console, line: str) -> None:
     """A line of plain text wrapped between words at the console's width, each number on one line
     with its unit."""
-    for piece in Text(_UNIT.sub("\\1" + _GLUE, line)).wrap(console, console.width):
-        console.print(piece.plain.rstrip().replace(_GLUE, " "), markup=False, soft_wrap=True)
+    for piece in Text(fmt.glue_units(line)).wrap(console, console.width):
+        console.print(fmt.unglue(piece.plain.rstrip()), markup=False, soft_wrap=True)
 
 
 # -- the store --------------------------------------------------------------------------

@@ -38,7 +38,10 @@ def _line(console: Console, body: str, lead: str = "", indent: int = 0) -> None:
     console's width: the continuation lines start under the body's first character."""
     first = Text(" " * indent) + (Text.from_markup(lead) + " " if lead else Text())
     hang = first.cell_len
-    for i, piece in enumerate(Text.from_markup(body).wrap(console, max(20, console.width - hang), overflow="fold")):
+    text = Text.from_markup(body)
+    text.plain = fmt.glue_units(text.plain)  # (same length: the styles stay where they were)
+    for i, piece in enumerate(text.wrap(console, max(20, console.width - hang), overflow="fold")):
+        piece.plain = fmt.unglue(piece.plain)
         piece.rstrip()
         console.print((first if i == 0 else Text(" " * hang)) + piece, soft_wrap=True)
 
