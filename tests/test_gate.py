@@ -350,7 +350,7 @@ def test_report_says_which_rules_did_not_run(tmp_path):
     assert run("report", "--store", store, "-o", tmp_path / "r.html", PLANTED).exit_code == 0
     html = (tmp_path / "r.html").read_text()
     others = len(all_rules()) - 1  # every rule but T001
-    assert re.search(rf"{others} rule\(s\) not run on this trace \(not selected when it was checked\): S001, S002, T002, ",
+    assert re.search(rf"{others} rule\(s\) not run on this trace \(not selected when it was checked\): S001, S002, S003, T002, ",
                      html)
     text = run("check", "--store", store, "--select", "T001", "--fail-on", "never", PLANTED).stdout
     assert "not run (not selected): " in text

@@ -1,4 +1,4 @@
-"""S001, S002 and M001 on real traces (values re-derived here with json/gzip), and the fixtures.
+"""S001, S002, S003 and M001 on real traces (values re-derived here with json/gzip), and the fixtures.
 
 The re-derivations below read the source files directly and follow each rule's documented
 method (its `how` text) in plain Python, without the store or the rule's SQL.
@@ -69,7 +69,7 @@ def _complete(events, base, cats):
 
 def test_fixtures_regenerate_byte_identical(tmp_path):
     written, _ = gen_structure.write_all(tmp_path)
-    assert len(written) == 7
+    assert len(written) == 8
     for path in written:
         committed = FIXTURES / path.relative_to(tmp_path)
         assert committed.read_bytes() == path.read_bytes(), f"{committed} is stale: run python fixtures/gen_structure.py"
@@ -381,3 +381,131 @@ def test_m001_planted_peak_is_charged_to_the_allocating_ops(check):
 def test_m001_no_data_without_memory_events(check):
     assert check("torch/TraceLens__b200__eager_trace.json.gz", "M001") == ([], "no-data")
     assert check("nsys/Rodinia_Gaussian__report2.sqlite", "M001") == ([], "no-data")
+
+
+# -- S003 eager attention on real traces ------------------------------------------------------
+
+MATMUL_OPS = {"aten::bmm", "aten::matmul", "aten::baddbmm", "aten::mm", "aten::addmm"}
+SOFTMAX_OPS = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax"}
+ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
+# Kineto traces that compute attention: owlv2 eagerly over 5185 tokens (and its text encoder over 5);
+# xDiT SD3.5 with flash attention and eager windows of 256 tokens; the others through SDPA's flash
+# backend (H100, MI300X).
+ATTENTION_TRACES = [
+    "torch/TraceLens__h100__google_owlv2-large-patch14-ensemble__1016001.json.gz",
+    "torch/TraceLens__inference__xdit_sd_3.5__profile_trace_rank_0.json.gz",
+    "torch/TraceLens__h100__Falconsai_nsfw_image_detection__1016002.json.gz",
+    "torch/TraceLens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+    "torch/TraceLens__mi300__gaunernst_bert-small-uncased__1016001.json.gz",
+]
+
+
+def _product(xs) -> int:
+    return math.prod(xs) if xs else 1
+
+
+def _eager_attention(rel_path: str, min_tokens: int = 512) -> dict:
+    """S003 re-derived from the raw trace: per thread, each softmax over [.., Lq, Lk] (both >= min_tokens)
+    between the matrix product that makes those scores and the next one that reads them; the
+    kernels (by External id) of the operators from the first product's start to the second's end,
+    less those of the products."""
+    events, base = _kineto(rel_path)
+    ops = _complete(events, base, {"cpu_op"})
+    kernels = defaultdict(list)
+    for e, start, end in _complete(events, base, {"kernel"}):
+        kernels[e["args"].get("External id")].append((start, end, e["name"]))
+    gpu = _complete(events, base, {"kernel", "gpu_memcpy", "gpu_memset"})
+    span = max(t for _, _, t in gpu) - min(s for _, s, _ in gpu)
+    kernel_ns = sum(t - s for k in kernels.values() for s, t, _ in k)
+    threads = defaultdict(list)
+    for e, s, t in ops:
+        threads[(e["pid"], e["tid"])].append((s, t, e))
+    pairs = {}
+    for thread, lst in threads.items():
+        mms = [(s, t, e) for s, t, e in lst if e["name"] in MATMUL_OPS]
+        for s, t, e in sorted(lst, key=lambda x: (x[0], -x[1])):
+            dims = (e["args"].get("Input Dims") or [[]])[0]
+            if e["name"] not in SOFTMAX_OPS or len(dims) < 2 or min(dims[-2:]) < min_tokens:
+                continue
+            lq, lk, numel = dims[-2], dims[-1], _product(dims)
+            before = [m for m in mms if m[1] <= s]
+            after = [m for m in mms if m[0] >= t]
+            if not before or not after:
+                continue
+            qk = max(before, key=lambda m: (m[1], -m[0]))  # the last to end; the outermost of those
+            pv = min(after, key=lambda m: (m[0], -m[1]))  # the first to start; the outermost of those
+            skip = 1 if qk[2]["name"] in ("aten::baddbmm", "aten::addmm") else 0
+            a, b = qk[2]["args"]["Input Dims"][skip:skip + 2]
+            pa = pv[2]["args"]["Input Dims"][0]
+            if (a[-2], b[-1]) != (lq, lk) or max(_product(a[:-2]), _product(b[:-2])) * lq * lk != numel:
+                continue
+            if pa[-2:] != [lq, lk] or _product(pa) != numel:
+                continue
+            pairs.setdefault((qk[2]["args"]["External id"], pv[2]["args"]["External id"]),
+                             (thread, qk, (s, t, e), pv))
+    blocks = []
+    for thread, qk, sm, pv in pairs.values():
+        gemm = other = softmax = 0
+        for s, t, e in threads[thread]:
+            if not qk[0] <= s <= pv[1]:
+                continue
+            ns = sum(b - a for a, b, _ in kernels.get(e["args"].get("External id"), []))
+            if qk[0] <= s <= qk[1] or pv[0] <= s <= pv[1]:
+                gemm += ns
+            else:
+                other += ns
+                softmax += ns if sm[0] <= s <= sm[1] else 0
+        dims = sm[2]["args"]["Input Dims"][0]
+        blocks.append({"tokens": dims[-1], "gemm_ns": gemm, "other_ns": other, "softmax_ns": softmax,
+                       "bytes": _product(dims) * ELEMENT_BYTES[sm[2]["args"]["Input type"][0]]})
+    blocks = [b for b in blocks if b["softmax_ns"] > 0]
+    return {"blocks": blocks, "span_ns": span, "kernel_ns": kernel_ns,
+            "other_ns": sum(b["other_ns"] for b in blocks), "softmax_ns": sum(b["softmax_ns"] for b in blocks),
+            "gemm_ns": sum(b["gemm_ns"] for b in blocks), "bytes": sum(b["bytes"] for b in blocks)}
+
+
+@pytest.mark.parametrize("path", ATTENTION_TRACES)
+def test_s003_eager_attention_on_real_traces(real_corpus, path):
+    """Found where the raw trace shows eager attention over long sequences, at its figures; quiet
+    where attention runs fused (flash) or over short sequences."""
+    file_name = path.split("/", 1)[1]
+    (run_id,) = real_corpus.sql("SELECT run_id FROM runs WHERE file_name = ?", [file_name]).fetchone()
+    (status,) = real_corpus.sql("SELECT status FROM rule_runs WHERE run_id = ? AND rule_id = 'S003'",
+                                [run_id]).fetchone()
+    assert status == "ran"
+    rows = real_corpus.arrow("SELECT * FROM findings WHERE run_id = ? AND rule_id = 'S003'", [run_id]).to_pylist()
+    want = _eager_attention(path)
+    if not want["blocks"] or want["other_ns"] / want["span_ns"] < 0.05:
+        assert rows == []
+        return
+    (f,) = rows
+    ev = json.loads(f["evidence"])
+    assert ev["blocks"] == len(want["blocks"])
+    assert ev["query_tokens"] == ev["key_tokens"] == max(b["tokens"] for b in want["blocks"])
+    # Kineto writes microseconds with 3 decimals: the store's ns and these agree to the ns.
+    assert (f["rule_loss_ns"], ev["softmax_ns"], ev["gemm_ns"], ev["kernel_ns"]) == (
+        want["other_ns"], want["softmax_ns"], want["gemm_ns"], want["kernel_ns"])
+    assert f["value"] == pytest.approx(want["other_ns"] / want["span_ns"], rel=1e-9)
+    bandwidth = 2 * want["bytes"] / want["softmax_ns"] * 1e9
+    assert ev["softmax_bytes_per_s"] == pytest.approx(bandwidth, rel=1e-9)
+    assert f["claims"] == "compute" and f["severity"] == "warning"
+
+
+def test_s003_owlv2_figures():
+    """The figures an expert reads off owlv2 (H100, 3.35 TB/s): 120 blocks over 5185 tokens whose
+    softmax is about half the kernel time, a quarter of the span, at under a quarter of the DRAM
+    bandwidth; the score matrix 16 heads x 5185 x 5185 x 2 bytes."""
+    want = _eager_attention(ATTENTION_TRACES[0])
+    assert {b["tokens"] for b in want["blocks"]} == {5185} and len(want["blocks"]) == 120
+    assert want["bytes"] == 120 * 16 * 5185 * 5185 * 2
+    assert want["softmax_ns"] == want["other_ns"]  # no scaling, masking or dropout kernels in between
+    assert 0.47 < want["other_ns"] / want["kernel_ns"] < 0.48
+    assert 0.24 < want["other_ns"] / want["span_ns"] < 0.25
+    assert 0.23 < 2 * want["bytes"] / want["softmax_ns"] * 1e9 / 3.35e12 < 0.24
+
+
+def test_s003_quiet_on_every_other_real_trace(real_corpus):
+    """Of every real trace, only owlv2 computes attention eagerly over long sequences."""
+    found = {name for (name,) in real_corpus.sql(
+        "SELECT DISTINCT r.file_name FROM findings f JOIN runs r USING (run_id) WHERE f.rule_id = 'S003'").fetchall()}
+    assert found == {ATTENTION_TRACES[0].split("/", 1)[1]}
