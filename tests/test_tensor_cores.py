@@ -113,3 +113,36 @@ def test_b005_is_quiet_on_tensor_core_traces(real_corpus, rel):
     kernels = _raw_kernels(rel)
     assert kernels, rel  # the trace has kernels to judge
     assert not _findings(real_corpus, rel), QUIET[rel]
+
+
+def _planted_b005(tmp_path, device: dict) -> list[dict]:
+    """B005's findings on the planted V100 trace with its deviceProperties entry replaced."""
+    from traceanalyzer.rules.engine import Settings, run_rules
+    from traceanalyzer.store import Store
+
+    from .conftest import FIXTURES
+
+    doc = json.loads((FIXTURES / "kineto" / "bottleneck_tensorcores.json").read_text())
+    doc["deviceProperties"] = [device]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    with Store(tmp_path / "s.duckdb") as store:
+        run_id = store.ingest(path).run_id
+        [outcome] = run_rules(store, [run_id], Settings(select=["B005"]))
+        assert outcome.status == "ran", outcome.note
+        rows = store.sql("SELECT evidence, message FROM findings WHERE rule_id = 'B005'").fetchall()
+    return [{"evidence": json.loads(e), "message": m} for e, m in rows]
+
+
+def test_b005_needs_tensor_cores(tmp_path):
+    """The same FP32 GEMMs on a Pascal P100 (compute capability 6.0, no tensor cores): nothing to switch on."""
+    p100 = {"id": 0, "name": "Tesla P100-SXM2-16GB", "computeMajor": 6, "computeMinor": 0, "numSms": 56,
+            "totalGlobalMem": 17071734784, "maxThreadsPerBlock": 1024, "warpSize": 32}
+    assert _planted_b005(tmp_path, p100) == []
+
+
+def test_b005_tells_the_architecture_from_kernel_names_without_a_device_description(tmp_path):
+    [f] = _planted_b005(tmp_path, {"id": 0})
+    assert f["evidence"]["compute_capability"] == "7.0"
+    assert f["evidence"]["compute_capability_source"] == "kernel names (at least)"
+    assert "sm_70 or later, from its kernel names" in f["message"]

@@ -94,7 +94,8 @@ def _capabilities(store, run_id: str, device_ids: list[int]) -> dict[int, dict]:
     for d in device_ids:
         r = rows.get(d)
         name = r.name if r is not None and isinstance(r.name, str) else None
-        info = {"name": name, "product": gpu.product(name), "vendor": r.vendor if r is not None and _known(r.vendor) else None}
+        info = {"name": name, "product": gpu.product(name),
+                "vendor": r.vendor if r is not None and _known(r.vendor) else None}
         if r is not None and _known(r.compute_major):
             minor = int(r.compute_minor) if _known(r.compute_minor) else 0
             info.update(cc=int(r.compute_major) * 10 + minor, cc_source="device")
@@ -189,8 +190,9 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         named = ", ".join(f"{_short(kernel_label(r.name, r.short_name))} {pct(r.total_ns / kernel_ns)}"
                           for r in part.head(MESSAGE_KERNELS).itertuples())
         more = len(part) - min(len(part), MESSAGE_KERNELS)
-        device_text = f"device {int(device)}" + (f" ({info['name']}, sm_{cc})" if info["name"] else
-                                                  f" (sm_{cc} or later, from its kernel names)")
+        arch = (f"sm_{cc} or later, from its kernel names" if info["cc_source"] == "kernel names (at least)"
+                else f"sm_{cc}")
+        device_text = f"device {int(device)} ({info['name'] + ', ' if info['name'] else ''}{arch})"
         message = (f"{device_text}: {pct(share)} of kernel time ({ns(simt_ns)} of {ns(kernel_ns)}) is FP32 "
                    f"{_what(gemm_ns, conv_ns)} on CUDA cores (SIMT), not on the tensor cores this GPU has"
                    + (f": {named}" if named else "") + (f" and {more} more" if more > 0 else "")
