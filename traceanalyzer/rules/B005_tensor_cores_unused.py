@@ -244,6 +244,9 @@ RULE = Rule(
     phase="bottleneck",
     claims="compute",
     severity="warning",
+    max_severity="warning",
+    severity_reason="its estimated loss assumes a speedup on tensor cores (assumed_speedup_ratio): "
+                    "a what-if saving, not time measured lost",
     what="Devices with tensor cores (NVIDIA Volta and later) that spend a large share of their kernel time "
          "in library GEMM and convolution kernels doing FP32 math on the CUDA cores (SIMT): `ampere_sgemm_*`, "
          "`volta_scudnn_*`, `implicit_convolve_sgemm`, `sm80_xmma_gemm_..._ffma_*`.",
