@@ -340,3 +340,11 @@ def test_the_real_full_step_snapshot_summary():
     want = snapshot_numbers(path)
     assert {k: dev[k] for k in want} == want
     assert (dev["reserved_bytes"], dev["allocated_bytes"]) == (61_111_009_280, 54_873_829_888)
+
+
+def test_a_findings_window_is_never_zero_width():
+    """Two ends that read the same at three digits give the start and the length instead."""
+    assert fmt.window(717_000_000, 780_000_000) == "at 717 ms–780 ms"
+    assert fmt.window(122_000_000, 122_045_200) == "at 122 ms for 45.2 us"
+    assert fmt.window(1_000_000_500, 1_000_900_000, origin_ns=1_000_000_000) == "at 500 ns–900 us"
+    assert fmt.window(5, 5) == fmt.window(5, None) == "at 5 ns"

@@ -53,6 +53,16 @@ def ns(x) -> str:
     return "-" if _missing(x) else _scaled(x, (("s", 1e9), ("ms", 1e6), ("us", 1e3)), "ns")
 
 
+def window(start_ns: int, end_ns: int | None, origin_ns: int = 0) -> str:
+    """Where a finding is, from the run's start: "at 717 ms–780 ms", or, where the two ends
+    read the same at three digits, "at 122 ms for 45.2 us" (never a zero-width "122 ms–122 ms")."""
+    end_ns = start_ns if end_ns is None else end_ns
+    a, b = ns(start_ns - origin_ns), ns(end_ns - origin_ns)
+    if a != b:
+        return f"at {a}–{b}"
+    return f"at {a}" + (f" for {ns(end_ns - start_ns)}" if end_ns > start_ns else "")
+
+
 _BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3))
 
 

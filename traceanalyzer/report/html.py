@@ -561,8 +561,7 @@ def _where(f: dict, t_origin: int) -> str:
         name = f" <code>{esc(clip(f['item_name'], 120))}</code>" if f.get("item_name") else ""
         parts.append(f"{esc(f['item_kind'])} #{esc(f['item_id'])}{name}")
     if f.get("start_ns") is not None:
-        end = f["end_ns"] if f.get("end_ns") is not None else f["start_ns"]
-        parts.append(f"at {esc(fmt.ns(f['start_ns'] - t_origin))} – {esc(fmt.ns(end - t_origin))} into the run")
+        parts.append(f"{esc(fmt.window(f['start_ns'], f.get('end_ns'), t_origin))} into the run")
     if f.get("value") is not None:
         thr = f" (threshold {esc(_value(f['threshold'], f.get('value_unit')))})" if f.get("threshold") is not None else ""
         parts.append(f"value {esc(_value(f['value'], f.get('value_unit')))}{thr}")
