@@ -1,5 +1,6 @@
 """S001 recompiles on shape changes: first calls per input shape far slower than later ones."""
 
+from ..store.views import issued_at
 from .base import Rule, Threshold, pair_key
 
 # Host-side calls that load or JIT-compile GPU code before a launch (CUDA driver/runtime, HIP).
@@ -138,6 +139,27 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (views
     SELECT g.* FROM groups g ANTI JOIN folded f USING (kind, group_key)
 ), inner_names AS (
     SELECT outer_key, list(DISTINCT group_key ORDER BY group_key) AS inner FROM folded GROUP BY outer_key
+), gaps AS (  -- the device idle stretches a slow first call overlaps (any device)
+    SELECT DISTINCT g.device_id, g.start_ns, g.end_ns FROM device_idle_gaps g
+    JOIN slow_first s ON g.start_ns < s.first_end AND g.end_ns > s.first_start
+    WHERE g.run_id = $run_id
+), issued AS (  -- when the work that ended each of them was issued (views.issued_at)
+    __ISSUED__
+), waiting AS (  -- their part before that: the budget's host idle, the GPU waiting for the host
+    SELECT g.device_id, g.start_ns, least(greatest(i.issued_ns, g.start_ns), g.end_ns) AS end_ns
+    FROM gaps g JOIN issued i ON i.device_id = g.device_id AND i.busy_start = g.end_ns
+    WHERE i.issued_ns > g.start_ns
+), shape_idle AS (  -- per slow first call, the GPU time it kept waiting (on the device it kept most)
+    SELECT kind, group_key, shape, max(ns) AS idle_ns FROM (
+        SELECT s.kind, s.group_key, s.shape, w.device_id,
+               sum(least(w.end_ns, s.first_end) - greatest(w.start_ns, s.first_start)) AS ns
+        FROM slow_first s JOIN waiting w ON w.start_ns < s.first_end AND w.end_ns > s.first_start
+        GROUP BY ALL)
+    GROUP BY ALL
+), claimed AS (  -- of each slow first call's excess, what the GPU waited for: the loss
+    SELECT s.kind, s.group_key, sum(least(s.excess_ns, coalesce(i.idle_ns, 0))) AS loss_ns
+    FROM slow_first s LEFT JOIN shape_idle i USING (kind, group_key, shape)
+    GROUP BY ALL
 ), examples AS (
     SELECT s.kind, s.group_key,
            list(s.first_id ORDER BY s.excess_ns DESC, s.first_start, s.first_id)[1] AS worst_id,
@@ -153,13 +175,13 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (views
 SELECT e.device_id, NULL::BIGINT AS stream_id, r.kind AS item_kind, e.worst_id AS item_id,
        r.group_key AS item_name, e.worst_start AS start_ns, e.worst_end AS end_ns,
        r.n_slow AS value, 'shapes' AS value_unit, $min_slow_shapes_count AS threshold,
-       CAST(r.excess_ns AS BIGINT) AS est_loss_ns,
+       CAST(coalesce(c.loss_ns, 0) AS BIGINT) AS est_loss_ns,
        printf('%s: %d distinct %s, the first call of %d of them far slower than later calls (up to %.0fx); '
-              || '%s spent on first calls',
+              || '%s spent on first calls, %s of it with the GPU waiting for the host',
               CASE WHEN r.kind = 'kernel' THEN 'kernel ' || left(r.group_key, 80) ELSE r.group_key END,
               r.n_shapes, CASE WHEN r.group_key LIKE 'Torch-Compiled Region:%' THEN 'compiled variants'
                                WHEN r.kind = 'kernel' THEN 'launch configurations' ELSE 'input shapes' END,
-              r.n_slow, coalesce(e.max_ratio, 0), fmt_ns(r.excess_ns)) AS message,
+              r.n_slow, coalesce(e.max_ratio, 0), fmt_ns(r.excess_ns), fmt_ns(coalesce(c.loss_ns, 0))) AS message,
        CASE WHEN r.group_key LIKE 'Torch-Compiled Region:%' THEN
               'Dynamo recompiles this frame for new shapes: mark the varying dimensions dynamic '
               || '(torch._dynamo.mark_dynamic(x, dim)) or use torch.compile(dynamic=True), and pad or bucket '
@@ -175,11 +197,14 @@ SELECT e.device_id, NULL::BIGINT AS stream_id, r.kind AS item_kind, e.worst_id A
        '{{"distinct_shapes": ' || r.n_shapes || ', "repeated_shapes": ' || r.n_repeated
          || ', "slow_shapes": ' || r.n_slow || ', "calls": ' || r.calls
          || ', "first_call_excess_ns": ' || CAST(r.excess_ns AS BIGINT)
+         || ', "gpu_waiting_ns": ' || CAST(coalesce(c.loss_ns, 0) AS BIGINT)
          || ', "inner": ' || to_json(coalesce(i.inner, []::VARCHAR[])) || ', "worst": ' || e.worst || '}}' AS evidence
 FROM reported r JOIN examples e USING (kind, group_key)
+LEFT JOIN claimed c USING (kind, group_key)
 LEFT JOIN inner_names i ON i.outer_key = r.kind || ': ' || r.group_key
 ORDER BY r.excess_ns DESC, r.group_key
 """
+SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, end_ns AS busy_start FROM gaps"))
 
 RULE = Rule(
     id="S001",
@@ -205,8 +230,11 @@ RULE = Rule(
         "times the median of the later calls and `min_first_call_excess_ns` more. An operator or "
         "kernel is reported when it has `min_distinct_shapes_count` shapes, at least "
         "`min_slow_shapes_count` slow ones, and slow ones make up `min_slow_shapes_share` of its "
-        "repeated shapes. The estimated loss is the sum over slow shapes of the first call minus the "
-        "later median. A group whose slow first calls mostly lie inside another reported group's "
+        "repeated shapes. The first calls' extra host time (first call minus the later median, summed "
+        "over slow shapes: `first_call_excess_ns`) costs the GPU only where it waited for it: the "
+        "estimated loss is, per slow first call, the smaller of its extra time and the budget's host "
+        "idle within it (device idle stretches up to the return of the launch of the work that ends "
+        "them, `views.issued_at`; on the device it kept waiting most), summed (`gpu_waiting_ns`). A group whose slow first calls mostly lie inside another reported group's "
         "(aten::addmm inside aten::linear, a launch inside its operator) is listed under that "
         "group's `inner` instead of reported twice. Shapes seen once cannot be judged and only count "
         "as distinct.",
