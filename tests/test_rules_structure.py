@@ -23,6 +23,7 @@ from .conftest import FIXTURES, shared_traces
 
 sys.path.insert(0, str(FIXTURES))
 import gen_structure  # noqa: E402
+import gen_timeline  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +124,6 @@ def _expected_s001(groups, ratio=5.0, min_excess=50_000, min_shapes=3, min_slow=
     return candidates
 
 
-def _union(intervals) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
 def test_s001_b200_first_linear_call_per_shape(check):
     """vLLM eager on B200: each new aten::linear shape's first call pays ~1.5-2.5 ms (cuBLAS
     heuristics), later calls 50-90 us; aten::addmm inside it is folded into aten::linear."""
@@ -156,7 +147,7 @@ def test_s001_b200_first_linear_call_per_shape(check):
     assert expected_excess > 5_000_000
     # The loss is the part of each first call's excess the GPU spent waiting for the host: at
     # most the device's idle time within the call (its host part, the budget's marks, is less).
-    busy = _union((s, e) for _, s, e in _complete(events, base, {"kernel", "gpu_memcpy", "gpu_memset"}))
+    busy = gen_timeline.union((s, e) for _, s, e in _complete(events, base, {"kernel", "gpu_memcpy", "gpu_memset"}))
     idle_bound = sum(min(x, (e - s) - sum(max(0, min(e, be) - max(s, bs)) for bs, be in busy))
                      for x, (s, e, _, _) in candidates["aten::linear"].values())
     assert 0 < f["est_loss_ns"] == f["evidence"]["gpu_waiting_ns"] <= idle_bound

@@ -1,6 +1,6 @@
 """S001 recompiles on shape changes: first calls per input shape far slower than later ones."""
 
-from ..store.views import issued_at
+from ..store.views import host_until, issued_at
 from .base import Rule, Threshold, pair_key
 
 # Host-side calls that load or JIT-compile GPU code before a launch (CUDA driver/runtime, HIP).
@@ -146,7 +146,7 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (views
 ), issued AS (  -- when the work that ended each of them was issued (views.issued_at)
     __ISSUED__
 ), waiting AS (  -- their part before that: the budget's host idle, the GPU waiting for the host
-    SELECT g.device_id, g.start_ns, least(greatest(i.issued_ns, g.start_ns), g.end_ns) AS end_ns
+    SELECT g.device_id, g.start_ns, {host_until('i.issued_ns', 'g.start_ns', 'g.end_ns')} AS end_ns
     FROM gaps g JOIN issued i ON i.device_id = g.device_id AND i.busy_start = g.end_ns
     WHERE i.issued_ns > g.start_ns
 ), shape_idle AS (  -- per slow first call, the GPU time it kept waiting (on the device it kept most)

@@ -1,6 +1,6 @@
 """T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
 
-from ..store.views import issued_at, next_busy_candidates
+from ..store.views import host_until, issued_at, next_busy_candidates
 from .base import Rule, Threshold
 
 # Blocking host calls come from two places: API calls known to wait for the GPU (sync
@@ -61,7 +61,7 @@ WITH active AS (
            any_value(n.device_id) AS device_id,
            min(greatest(n.busy_start - n.end_ns, 0)) AS idle_after_ns,
            min(CASE WHEN n.busy_start > n.end_ns
-                    THEN coalesce(least(greatest(i.issued_ns, n.end_ns), n.busy_start) - n.end_ns, 0) END) AS host_after_ns,
+                    THEN coalesce(__HOST_UNTIL__ - n.end_ns, 0) END) AS host_after_ns,
            min(n.busy_start) AS next_gpu_start_ns
     FROM next_busy n LEFT JOIN issued i ON i.device_id = n.dev AND i.busy_start = n.busy_start
     GROUP BY n.call_id, n.sync_id
@@ -132,6 +132,7 @@ ORDER BY loss_ns DESC, name, tid
 """
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT dev AS device_id, end_ns AS t FROM per_device"))
 SQL = SQL.replace("__ISSUED__", issued_at("SELECT dev AS device_id, busy_start FROM next_busy WHERE busy_start > end_ns"))
+SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.end_ns", "n.busy_start"))
 
 RULE = Rule(
     id="T003",

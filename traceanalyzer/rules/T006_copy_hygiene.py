@@ -1,7 +1,7 @@
 """T006 copy hygiene: small copies that could be one, pageable device-to-host copies, and
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
-from ..store.views import issued_at, next_busy_candidates
+from ..store.views import host_until, issued_at, next_busy_candidates
 from .base import Rule, Threshold, pair_key
 
 SQL = r"""
@@ -96,7 +96,7 @@ d2h AS (
                  CASE WHEN n.busy_start > n.wait_end
                            AND row_number() OVER (PARTITION BY n.device_id, n.busy_start
                                                   ORDER BY n.wait_end DESC, n.copy_id DESC) = 1
-                      THEN coalesce(least(greatest(i.issued_ns, n.wait_end), n.busy_start) - n.wait_end, 0)
+                      THEN coalesce(__HOST_UNTIL__ - n.wait_end, 0)
                       ELSE 0 END AS own_host_ns
           FROM next_busy n LEFT JOIN issued i ON i.device_id = n.device_id AND i.busy_start = n.busy_start)
 ), serial_step AS (
@@ -186,6 +186,7 @@ ORDER BY 5, 1
 """
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT device_id, wait_end AS t FROM serial"))
 SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, busy_start FROM next_busy WHERE busy_start > wait_end"))
+SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.wait_end", "n.busy_start"))
 # The longest copy first, the lowest id among equals: (dur_ns, -copy_id) as one integer.
 SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descending=True))
 

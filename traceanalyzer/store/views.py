@@ -200,6 +200,12 @@ def issued_at(busy_starts: str) -> str:
         """
 
 
+def host_until(issued: str, start: str, end: str) -> str:
+    """Where the host part of the idle time [`start`, `end`] ends, as SQL: the issue of the work
+    that ends it (`issued_at`'s `issued_ns`), clamped to the interval (NULL: unknown)."""
+    return f"least(greatest({issued}, {start}), {end})"
+
+
 def covered_ns(probes: str, keys: tuple[str, ...], stretches: str, device: str = "device_id") -> str:
     """How much of each probe interval some stretch covers: columns `keys` + `covered_ns`.
 
