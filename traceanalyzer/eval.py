@@ -444,7 +444,8 @@ def table(scores: list[Score], width: int = 80) -> str:
     pct = f" ({t['required'][0] / t['required'][1]:.1%})" if t["required"][1] else ""
     lines += _wrap(f"{t['labels']} labels: required {t['required'][0]}/{t['required'][1]} met{pct}, "
                    f"{t['must_not_hits']} must_not hit(s) of {t['must_not']}, informational "
-                   f"{t['informational'][0]}/{t['informational'][1]} met, {t['gaps']} known gap(s)", width, indent="")
+                   f"{t['informational'][0]}/{t['informational'][1]} met and {t['informational_must_not_hits']} "
+                   f"informational must_not hit(s), {t['gaps']} known gap(s)", width, indent="")
     lines.append("PASS" if t["ok"] else f"FAIL: {t['failed_labels']} label(s) with an unmet required "
                  "expectation or a must_not hit")
     for s in scores:
