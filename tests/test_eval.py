@@ -36,6 +36,14 @@ def test_labels_name_traces_that_exist():
     assert not missing, f"labels whose trace is not in ../shared/traces: {missing}"
 
 
+def test_a_trace_is_labelled_once(tmp_path):
+    labels = tmp_path / "labels"
+    _write(labels, "nsys/a.toml", GOOD + "[[must_not]]\nrule = 'T004'\nwhy = 'w'\n")
+    _write(labels, "nsys/b.toml", GOOD + "[[must_not]]\nrule = 'T004'\nwhy = 'w'\n")
+    with pytest.raises(ev.LabelError, match="labels 'nsys/planted.sqlite' again"):
+        ev.load_labels(labels)
+
+
 def _write(folder: Path, name: str, text: str) -> Path:
     path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)

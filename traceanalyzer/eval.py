@@ -77,7 +77,7 @@ class Label:
 
 
 def _fail(path: Path, what: str):
-    raise LabelError(f"{path}: {what}")
+    raise LabelError(f"{path}: {' '.join(what.split())}")
 
 
 def _check_keys(path: Path, where: str, entry, allowed: set[str]) -> None:
@@ -142,9 +142,11 @@ def load_label(path: Path, labels_dir: Path | None = None) -> Label:
     _text(path, "input_error", doc.get("input_error"), required=False)
     kind = doc["trace"].split("/", 1)[0]
     if kind not in KINDS or "/" not in doc["trace"]:
-        _fail(path, f"trace {doc['trace']!r} must be <kind>/<file> under the traces folder, kind one of {', '.join(KINDS)}")
+        _fail(path, f"trace {doc['trace']!r} must be <kind>/<file> under the traces folder, "
+                    f"kind one of {', '.join(KINDS)}")
     rule_ids = {r.id for r in all_rules()}
-    for section, keys in (("expect", _EXPECT_KEYS), ("must_not", _EXPECT_KEYS), ("budget", _BUDGET_KEYS), ("gap", _GAP_KEYS)):
+    sections = (("expect", _EXPECT_KEYS), ("must_not", _EXPECT_KEYS), ("budget", _BUDGET_KEYS), ("gap", _GAP_KEYS))
+    for section, keys in sections:
         entries = doc.get(section, [])
         if not isinstance(entries, list):
             _fail(path, f"{section} must be an array of tables ([[{section}]])")
@@ -182,12 +184,20 @@ def load_label(path: Path, labels_dir: Path | None = None) -> Label:
 
 
 def load_labels(labels_dir: Path) -> list[Label]:
-    """Every `*.toml` under `labels_dir`, in path order; LabelError on the first unusable one."""
+    """Every `*.toml` under `labels_dir`, in path order; LabelError on the first unusable one,
+    or on a second label of one trace."""
     labels_dir = Path(labels_dir)
     paths = sorted(labels_dir.rglob("*.toml"))
     if not paths:
         raise LabelError(f"{labels_dir}: no label files (*.toml)")
-    return [load_label(p, labels_dir) for p in paths]
+    labels, seen = [], {}
+    for p in paths:
+        lb = load_label(p, labels_dir)
+        if lb.trace in seen:
+            _fail(p, f"labels {lb.trace!r} again (first in {seen[lb.trace]})")
+        seen[lb.trace] = p
+        labels.append(lb)
+    return labels
 
 
 # -- matching ------------------------------------------------------------------------------
@@ -391,7 +401,8 @@ def _evaluate_one(lb: Label, traces: Path, stores: _Stores) -> Score:
         budgets += [r["budget"] for r in result.runs]
     for e in lb.expect:
         hit = [f for f in findings if matches(e, f)]
-        seen = _finding_line(hit[0]) if hit else "; ".join(_finding_line(f) for f in _near(e, findings)) or "no such finding"
+        seen = (_finding_line(hit[0]) if hit
+                else "; ".join(_finding_line(f) for f in _near(e, findings)) or "no such finding")
         sc.outcomes.append(Outcome("expect", describe(e), e["required"], bool(hit), e["why"], seen))
     for b in lb.budget:
         shares = [s for s in (budget_share(d, b["part"], b.get("device", 0)) for d in budgets) if s is not None]
