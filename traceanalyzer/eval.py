@@ -5,8 +5,8 @@ expert reading one real trace of `../shared/traces/` would find in it: findings 
 (`[[expect]]`, required or informational), time-budget shares (`[[budget]]`), findings that must
 not appear (`[[must_not]]`), known gaps (`[[gap]]`, text only), and how each was derived from the
 raw trace. This module checks every labelled trace the way `check` does (`batch.check.check_file`,
-every per-run rule at default thresholds; a store given with `--store` keeps its runs checked
-with the same rules), matches its findings and time budget against the label, prints a score per
+every per-run rule at default thresholds, into the store given with `--store` or a temporary
+one), matches its findings and time budget against the label, prints a score per
 label and overall, and exits 1 when a required expectation is unmet or a `must_not` is hit
 (2: a label or the paths are unusable).
 
@@ -326,7 +326,7 @@ class _Stores:
         self.store, self.scratch = store, scratch
         self._own: tempfile.TemporaryDirectory | None = None
         self.settings = Settings()
-        self._fresh = {id(store): frozenset(up_to_date_hashes(store, self.settings))}
+        self._fresh: dict[int, frozenset[str]] = {}
 
     def writable(self) -> Store:
         if not self.store.read_only:
@@ -342,11 +342,15 @@ class _Stores:
         return self._fresh[id(st)]
 
     def check(self, path: Path) -> tuple[Store, str | None, str | None]:
-        """(store, run id, error) of one trace file: taken from a store that holds it checked
-        with every per-run rule, else checked now."""
-        for st in (self.store, self.scratch):
-            if st is not None and (h := file_hash(path, st.hash_name())) in self.fresh(st):
-                return st, run_id_for(h), None
+        """(store, run id, error) of one trace file, checked as `check` does: in a writable
+        store, a stored run is not read again but its rules run again (the engine takes each
+        rule's stored outcome when nothing it depends on changed); a read-only store's run is
+        taken as it is when it was checked with every per-run rule, else the file is checked
+        into the scratch store."""
+        if self.store.read_only:
+            for st in (self.store, self.scratch):
+                if st is not None and (h := file_hash(path, st.hash_name())) in self.fresh(st):
+                    return st, run_id_for(h), None
         st = self.writable()
         res = check_file(st, path, self.settings)
         return st, res.run_id, (res.error if res.state == "failed" else None)
