@@ -62,8 +62,9 @@ RULE = Rule(
          "launch call at all.",
     why="An idle cause is read from the operation that ends an idle stretch and its launch call. In a "
         "sampled trace other work ran between the recorded operations: the stretches are not known to be "
-        "idle, and a cause named for them is a guess. The idle-cause rules (T001, T003, T004, T006) then say "
-        "`cause: unknown` with what is missing instead of a fix.",
+        "idle, and a cause named for them is a guess. The idle-cause rules (T001, T003, T004, T006) and the "
+        "overlap rules (T002, T007) then say `cause: unknown` with what is missing instead of a fix, at most "
+        "info; T009 says nothing.",
     how="Three signals, each over the run. (1) A stream runs its work in launch order, so a GPU operation "
         "after the stream's first launched one was launched inside the recording: of those (unified-memory "
         "migrations aside), the share without a launch call (`unlaunched_share`), at least "

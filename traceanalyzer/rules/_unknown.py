@@ -149,9 +149,9 @@ def unseen_waits(store: Store, run_id: str) -> list[dict]:
 
 def unseen_missing(waits: list[dict]) -> str:
     calls = ", ".join(w["call"] for w in waits[:3])
-    return (f"the event or stream the blocking call ({calls}) and the issued work waited on, with no GPU work "
-            "running: record all streams and processes on the GPU with CUDA/HIP API tracing (nsys profile -t cuda "
-            "--cuda-event-trace=true, or torch.profiler in every process; rocprofv3 --hip-trace --kernel-trace)")
+    return (f"the event, stream or driver work the blocking call ({calls}) and the issued work waited on while no "
+            "GPU work ran: record all streams and processes on the GPU with CUDA/HIP API tracing (nsys profile -t "
+            "cuda --cuda-event-trace=true, or torch.profiler in every process; rocprofv3 --hip-trace --kernel-trace)")
 
 
 def _pct(x: float) -> str:
