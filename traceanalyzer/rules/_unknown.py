@@ -42,15 +42,15 @@ CAUSE_UNKNOWN = "unknown"
 # began (a queue runs behind the host by up to seconds): they say nothing.
 GAPS_SQL = """
 WITH ops AS (
-    SELECT device_id, stream_id, start_ns, launch_call_id IS NOT NULL AS launched,
-           bool_or(launch_call_id IS NOT NULL) OVER (PARTITION BY device_id, stream_id ORDER BY start_ns, end_ns, kind, item_id
-                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS after_launched
+    SELECT coalesce(device_id, -1) AS d, coalesce(stream_id, -1) AS s, start_ns, launch_call_id IS NOT NULL AS launched
     FROM gpu_activity WHERE run_id = $run_id AND NOT unified_memory
+), firsts AS (  -- per stream, its first launched operation (an aggregate and a hash join: no sort)
+    SELECT d, s, min(start_ns) FILTER (WHERE launched) AS first_launched FROM ops GROUP BY ALL
 ), launches AS (
     SELECT count(*) AS gpu_ops, count(*) FILTER (WHERE launched) AS launched,
-           count(*) FILTER (WHERE after_launched) AS after_launched,
-           count(*) FILTER (WHERE after_launched AND NOT launched) AS unlaunched
-    FROM ops
+           count(*) FILTER (WHERE o.start_ns > f.first_launched) AS after_launched,
+           count(*) FILTER (WHERE o.start_ns > f.first_launched AND NOT launched) AS unlaunched
+    FROM ops o JOIN firsts f USING (d, s)
 ), ids AS (  -- the operators' ids in order: a complete trace skips few (ops outside the window)
     SELECT count(*) + 1 AS ops, count(*) FILTER (WHERE x - px > 1) AS jumps, coalesce(sum(x - px - 1), 0) AS skipped
     FROM (SELECT x, lag(x) OVER (ORDER BY x) AS px
@@ -155,7 +155,7 @@ def unseen_missing(waits: list[dict]) -> str:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+    return f"{100 * x:.2g}%" if 0 < x < 0.001 else f"{100 * x:.1f}%"
 
 
 # T001 abstains on a dependency story when the host sat in blocking calls with no GPU busy
