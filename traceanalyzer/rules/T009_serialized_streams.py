@@ -22,7 +22,7 @@ WITH comm AS (
 )
 SELECT device_id, stream_id, count(*) AS ops, sum(end_ns - start_ns) AS busy_ns, min(start_ns) AS first_ns,
        max(end_ns) AS last_ns
-FROM stream_ops WHERE run_id = $run_id AND end_ns > start_ns
+FROM stream_ops WHERE run_id = $run_id AND end_ns > start_ns AND stream_id IS NOT NULL
   AND (kind <> 'kernel' OR name_key IS NULL OR name_key NOT IN (SELECT name_key FROM comm))
 GROUP BY ALL
 """
@@ -300,8 +300,10 @@ RULE = Rule(
          "stream, calls that synchronize the device, one copy engine, kernels that fill the GPU).",
     why="Streams exist so that independent work overlaps: copies under kernels, small kernels beside each "
         "other. Streams that run one after another give none of that, and the reason is usually one line: work "
-        "on the legacy default stream, a cudaMalloc or synchronous copy between launches, or depth-first issue "
-        "on a GPU with one copy engine.",
+        "on the legacy default stream, which waits for and blocks the other blocking streams, or depth-first issue "
+        "on a GPU with one copy engine. Calls that synchronize the device between launches (cudaMalloc, copies "
+        "that are not Async) order streams too, though mostly with the host waiting (T003) rather than work "
+        "ready and waiting on the GPU.",
     how="Per device, each stream's operations (kernels, copies, memsets; unified-memory migrations and "
         "collectives aside: a collective's overlap is T007's). Streams with at least `min_stream_share` of the "
         "device's operation time are chosen; with two or more, their time side by side (their summed time "
