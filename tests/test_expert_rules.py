@@ -14,7 +14,7 @@ import pytest
 
 from traceanalyzer.report import json_report
 from traceanalyzer.report.model import load_result
-from traceanalyzer.rules.engine import Settings, run_rules
+from traceanalyzer.rules.engine import Settings
 from traceanalyzer.store import Store
 
 from .conftest import FIXTURES, shared_traces
