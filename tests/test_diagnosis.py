@@ -525,8 +525,9 @@ def test_a_cap_needs_a_reason_and_the_upper_bound_rules_have_one():
     from traceanalyzer.rules.base import Rule
 
     capped = {r.id: r for r in all_rules() if r.max_severity}
-    assert set(capped) == {"B001", "B002", "B003", "B005", "I001", "I002", "I004"}
-    # what-if savings: a faster kernel's (an upper bound), or tensor cores' at an assumed speedup
+    assert set(capped) == {"B001", "B002", "B003", "B005", "I001", "I002", "I004", "T009"}
+    # what-if savings: a faster kernel's (an upper bound), tensor cores' at an assumed speedup, or
+    # streams that could have overlapped (T009: an upper bound)
     assert all(r.max_severity == "warning" and ("upper bound" in r.severity_reason or "what-if" in r.severity_reason)
                for r in capped.values())
     base = capped["B001"]

@@ -443,7 +443,11 @@ def test_t007_exposed_nccl(check, path):
     [f] = findings
     assert f["evidence"]["collective_ns"] == total and f["est_loss_ns"] == exposed
     assert f["evidence"]["rank"] == data["distributedInfo"]["rank"]
-    assert f["value"] == pytest.approx(exposed / span) and f["severity"] == _severity(exposed / span, 0.0, 0.25)
+    assert f["value"] == pytest.approx(exposed / span)
+    if "sampled" in path:  # a sampled trace (T010): the compute beside the collectives may be what it dropped
+        assert f["evidence"]["cause"] == "unknown" and f["severity"] == "info"
+    else:
+        assert f["severity"] == _severity(exposed / span, 0.0, 0.25) and "cause" not in f["evidence"]
 
 
 @pytest.mark.parametrize("layout, exposed_us", [

@@ -18,7 +18,9 @@ diagnosed together (`diagnose`):
    lends the headline its own when worse). In an idle group the
    headline is a finding that names the cause the budget gives most of the idle time (sync,
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
-   covers them all; elsewhere the most severe, and among equals, the largest loss.
+   covers them all; elsewhere the most severe, and among equals, the largest loss. A finding
+   that abstained (`"cause": "unknown"` in its evidence: the trace cannot tell, see
+   rules/_unknown.py) names `unknown`, whatever the budget's marks say.
 3. **Losses bounded by the budget.** A headline's loss is at most the time of its part: the
    device's idle or copy time; a kernel's own time on the device and, summed over the
    device's kernels, its compute (or communication) time, each scaled down in proportion when
@@ -245,9 +247,11 @@ def _groups(units: list[list[tuple]]) -> list[list[int]]:
 def _named_cause(row: dict) -> str | None:
     """The idle cause a finding names: its claim's, or for the launch-gap rule its main cause."""
     claims = row["claims"]
+    evidence = row["evidence"]
+    if isinstance(evidence, str) and '"missing"' in evidence and json.loads(evidence).get("cause") == "unknown":
+        return "unknown"  # it abstained: the trace cannot tell (rules/_unknown.py)
     if claims != "idle":
         return claims.split(":", 1)[1] if ":" in claims else None
-    evidence = row["evidence"]
     if isinstance(evidence, str) and '"main_cause"' in evidence:
         return _T001_CAUSE.get(json.loads(evidence).get("main_cause"))
     return None

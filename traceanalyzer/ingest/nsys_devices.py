@@ -62,9 +62,9 @@ def _described_gpus(f: NsysFile) -> dict[int, dict]:
     """GPU id -> its description, from whichever TARGET_INFO tables the file has."""
     gpus: dict[int, dict] = {}
     if f.has("TARGET_INFO_GPU", "id"):
-        cols = {"name": "name", **{dst: src for dst, (src, _, _) in _LIMITS.items()}}
+        cols = {"name": "name", "copy_engines": "asyncEngines", **{dst: src for dst, (src, _, _) in _LIMITS.items()}}
         for r in _select(f, "TARGET_INFO_GPU", "id", cols):
-            gpus[r["id"]] = {"name": r["name"] or None,
+            gpus[r["id"]] = {"name": r["name"] or None, "copy_engines": _clean(r["copy_engines"]),
                              **{c: _clean(r[c], zero_ok=c == "compute_minor") for c in _LIMITS}}
     elif f.has("TARGET_INFO_GPU", "deviceId"):
         for r in _select(f, "TARGET_INFO_GPU", "deviceId", {"name": "name"}):
@@ -122,6 +122,10 @@ def read_devices(f: NsysFile, used_ids: list[int], warnings: list[str]) -> tuple
         rows.append({"device_id": i, "name": entry.get("name"), "vendor": "nvidia",
                      **{c: entry.get(c) for c in _LIMITS},
                      "limits_source": "trace" if has_limits else None})
+    # asyncEngines: the copy engines, which run copies of all streams (one engine: in issue order,
+    # one at a time); metadata only, read by rule T009
+    engines = {str(i): candidates[i]["copy_engines"] for i in ids if candidates.get(i, {}).get("copy_engines")}
     meta = {"gpus_listed": len(gpus), "devices_kept": len(rows),
-            "cuda_ordinal_map": {str(k): v[0] for k, v in ordinals.items()} or None}
+            "cuda_ordinal_map": {str(k): v[0] for k, v in ordinals.items()} or None,
+            **({"copy_engines": engines} if engines else {})}
     return pa.Table.from_pylist(rows, schema=SCHEMA), meta

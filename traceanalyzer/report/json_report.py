@@ -47,6 +47,9 @@ def _finding(result: CheckResult, f: dict) -> dict:
     evidence = f.get("evidence")
     if isinstance(evidence, dict) and "timeline_run_id" in evidence:
         out.update({k: evidence.get(k) for k in LINKED_KEYS})
+    # Where the trace cannot tell the cause (rules/_unknown.py): one shape for every rule.
+    if isinstance(evidence, dict) and evidence.get("cause") == "unknown":
+        out.update(cause="unknown", missing=list(evidence.get("missing") or []))
     if result.baseline is not None and not out["new"]:
         g = result.growth(f)
         out["growth_pct"] = None if g is None or math.isinf(g) else round(g, 3)

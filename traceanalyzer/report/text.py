@@ -80,6 +80,15 @@ def _related_line(console: Console, result: CheckResult, r: dict, indent: int) -
           "[dim]related:[/]", indent)
 
 
+def unknown_cause(f: dict) -> list[str] | None:
+    """What the trace lacks, for a finding that says its cause is unknown (rules/_unknown.py:
+    evidence `"cause": "unknown"` with `"missing"`); None for the others."""
+    ev = f.get("evidence")
+    if isinstance(ev, dict) and ev.get("cause") == "unknown" and ev.get("missing"):
+        return [str(m) for m in ev["missing"]]
+    return None
+
+
 def _details(console: Console, result: CheckResult, f: dict, run: dict, indent: int) -> None:
     """What is said under a finding's line: the baseline note, when, the hint, NVIDIA's
     verdict, and the findings of other rules that saw the same root cause."""
@@ -89,7 +98,10 @@ def _details(console: Console, result: CheckResult, f: dict, run: dict, indent: 
     where = _when(f, run)
     if where:
         _line(console, f"[dim]{escape(where)}[/]", indent=indent)
-    if f.get("hint"):
+    missing = unknown_cause(f)
+    if missing is not None:  # no fix to give: what the trace lacks instead
+        _line(console, escape("the trace lacks " + "; and ".join(missing)), "[yellow]cause unknown:[/]", indent)
+    elif f.get("hint"):
         _line(console, escape(f["hint"]), "[green]hint:[/]", indent)
     if f.get("vendor"):
         _line(console, f"[dim]NVIDIA: {escape(vendor_text(f['vendor']))}[/]", indent=indent)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks
 from ._code import around_gaps, device_key, phrase
+from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:
@@ -442,4 +443,5 @@ RULE = Rule(
         "Nsight Systems `nsys analyze` rule gpu_gaps (default 500 ms; this rule looks at launch-scale gaps)",
         "CUDA C++ Best Practices Guide: 'Asynchronous and Overlapping Transfers with Computation'",
     ),
+    unknown=launch_gap_unknown,
 )

@@ -1,6 +1,7 @@
 """T002 unoverlapped host-to-device copies: copy time no kernel hides."""
 
 from ..store.views import covered_ns
+from ._unknown import idle_unknown
 from .base import Rule, Threshold
 
 # Only copies a kernel can overlap are probed, and only their devices' kernel intervals read
@@ -164,4 +165,5 @@ RULE = Rule(
         "Nsight Systems `nsys analyze` rules cuda_memcpy_async (pageable memory) and cuda_memcpy_sync",
         "CUDA C++ Best Practices Guide: 'Pinned Memory' and 'Asynchronous and Overlapping Transfers with Computation'",
     ),
+    unknown=idle_unknown,  # on a sampled trace the kernels that hid a copy may be what it dropped
 )

@@ -1,6 +1,7 @@
 """T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
 
 from ..store.views import host_until, issued_at, next_busy_candidates
+from ._unknown import idle_unknown
 from .base import Rule, Threshold
 
 # Blocking host calls come from two places: API calls known to wait for the GPU (sync
@@ -189,4 +190,5 @@ RULE = Rule(
         "CUDA Runtime API: 'API synchronization behavior'",
         "PyTorch performance tuning guide: 'Avoid unnecessary CPU-GPU synchronization'",
     ),
+    unknown=idle_unknown,
 )

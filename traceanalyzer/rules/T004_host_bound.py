@@ -1,6 +1,7 @@
 """T004 host-bound stretches: every GPU of the run idle while the host works on what it has not issued yet."""
 
 from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks
+from ._unknown import idle_unknown
 from .base import Rule, Threshold
 
 # The stretches are the gaps in the union of GPU work over all devices (views.run_idle_gaps:
@@ -251,4 +252,5 @@ RULE = Rule(
         "PyTorch performance tuning guide: 'Enable async data loading and augmentation'",
         "Holistic Trace Analysis: idle time breakdown (host wait)",
     ),
+    unknown=idle_unknown,
 )

@@ -2,6 +2,7 @@
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
 from ..store.views import host_until, issued_at, next_busy_candidates
+from ._unknown import idle_unknown
 from .base import Rule, Threshold, pair_key
 
 SQL = r"""
@@ -242,4 +243,5 @@ RULE = Rule(
         "CUDA Runtime API: 'API synchronization behavior' (pageable memory makes Async copies synchronous)",
         "PyTorch performance tuning guide: 'Avoid unnecessary CPU-GPU synchronization'",
     ),
+    unknown=idle_unknown,
 )

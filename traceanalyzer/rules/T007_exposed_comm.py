@@ -2,6 +2,7 @@
 
 # Kernel names of collectives (COMM_PATTERN): the ones the time budget counts as communication.
 from ..store.views import COMM_PATTERN, covered_ns, islands
+from ._unknown import idle_unknown
 from .base import Rule, Threshold
 
 SQL = r"""
@@ -118,4 +119,5 @@ RULE = Rule(
         "Holistic Trace Analysis: comm/comp overlap",
         "PyTorch DDP: gradient bucketing and communication overlap",
     ),
+    unknown=idle_unknown,  # on a sampled trace the compute beside a collective may be what it dropped
 )

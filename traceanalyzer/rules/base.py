@@ -192,6 +192,9 @@ class Rule:
     # bound, not time measured lost.
     max_severity: Optional[str] = None
     severity_reason: str = ""
+    # (store, run_id, findings) -> findings: where the trace cannot tell the cause a finding
+    # names, the finding says `cause: unknown` and what is missing instead (rules/_unknown.py).
+    unknown: Optional[Callable[..., pd.DataFrame]] = None
 
     def __post_init__(self):
         if self.phase not in PHASES:

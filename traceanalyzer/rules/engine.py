@@ -84,6 +84,8 @@ def evaluate_rule(store: Store, rule: Rule, run_id: str, params: dict[str, Any])
     import pandas as pd
     frames = [f for f in frames if f is not None and not f.empty]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if rule.unknown is not None and not df.empty:
+        df = rule.unknown(store, run_id, df)
     return _normalize(df, rule, run_id, store)
 
 
