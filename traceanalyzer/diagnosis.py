@@ -18,7 +18,9 @@ diagnosed together (`diagnose`):
    lends the headline its own when worse). In an idle group the
    headline is a finding that names the cause the budget gives most of the idle time (sync,
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
-   covers them all; elsewhere the most severe, and among equals, the largest loss.
+   covers them all, while its estimate is at least half (`HEADLINE_SHARE`) of the largest
+   among those naming that cause (a sync's 74 us does not stand for 5 ms of launch-bound
+   gaps); elsewhere the most severe, and among equals, the largest loss.
 3. **Losses bounded by the budget.** A headline's loss is at most the time of its part: the
    device's idle or copy time; a kernel's own time on the device and, summed over the
    device's kernels, its compute (or communication) time, each scaled down in proportion when
@@ -74,6 +76,9 @@ if TYPE_CHECKING:
 _T001_CAUSE = {"sync": "sync", "late_launch": "host", "copy": "dependency", "dependency": "dependency",
                "unknown": "unknown"}
 _PER_KERNEL = ("compute", "communication")
+# In an idle group, a finding that names the main cause heads before the launch-gap rule when
+# its estimate is at least this share of the largest estimate naming that cause.
+HEADLINE_SHARE = 0.5
 
 
 # The severity bands, set like a rule's thresholds under this name (it began as a floor only).
@@ -129,7 +134,8 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
     for members in groups:
         main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
-        head = min(members, key=lambda i: _headline_order(rows[i], main))
+        naming = [_num(rows[i]["rule_loss_ns"]) for i in members if _names(rows[i], main)]
+        head = min(members, key=lambda i: _headline_order(rows[i], main, max(naming, default=-1.0)))
         for i in members:
             if i != head:
                 related[i] = head
@@ -263,13 +269,23 @@ def _main_idle_cause(units: list[tuple], budget: dict) -> str | None:
     return max(idle, key=lambda c: (idle[c], c), default=None)
 
 
-def _headline_order(row: dict, main_idle_cause: str | None) -> tuple:
-    """Sorts a group's findings: the headline first."""
+def _names(row: dict, main_idle_cause: str | None) -> bool:
+    """Whether an idle finding names the cause the budget gives most of the idle time."""
+    return isinstance(row["claims"], str) and _category(row["claims"]) == "idle" and _named_cause(row) == main_idle_cause
+
+
+def _headline_order(row: dict, main_idle_cause: str | None, naming_loss: float = -1.0) -> tuple:
+    """Sorts a group's findings: the headline first. `naming_loss`: the largest estimate of
+    the group's findings that name the main idle cause."""
     by_loss = (-_num(row["rule_loss_ns"]), -SEVERITIES.index(row["severity"]), row["rule_id"])
     if not isinstance(row["claims"], str) or _category(row["claims"]) != "idle":
         # a kernel's warning before its info, however large the info's estimate
         return (0, -SEVERITIES.index(row["severity"]), *by_loss)
-    return (_named_cause(row) != main_idle_cause, row["claims"] == "idle", *by_loss)
+    # A rule that names its cause heads before the launch-gap rule only while it explains at
+    # least half of the time found for that cause: two syncs' 74 us must not stand for 5 ms of
+    # launch-bound gaps (TraceLens mi300 Falconsai).
+    small = _num(row["rule_loss_ns"]) < HEADLINE_SHARE * naming_loss
+    return (not _names(row, main_idle_cause), small, row["claims"] == "idle", *by_loss)
 
 
 def _num(v) -> float:
