@@ -561,7 +561,7 @@ def _where(f: dict, t_origin: int) -> str:
         name = f" <code>{esc(clip(f['item_name'], 120))}</code>" if f.get("item_name") else ""
         parts.append(f"{esc(f['item_kind'])} #{esc(f['item_id'])}{name}")
     if f.get("start_ns") is not None:
-        parts.append(f"{esc(fmt.window(f['start_ns'], f.get('end_ns'), t_origin))} into the run")
+        parts.append(esc(fmt.place(f["start_ns"], f.get("end_ns"), t_origin, f.get("evidence"))))
     if f.get("value") is not None:
         thr = f" (threshold {esc(_value(f['threshold'], f.get('value_unit')))})" if f.get("threshold") is not None else ""
         parts.append(f"value {esc(_value(f['value'], f.get('value_unit')))}{thr}")

@@ -1,6 +1,7 @@
 """T004 host-bound stretches: every GPU of the run idle while the host works on what it has not issued yet."""
 
 from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks
+from ._place import HOW as PLACE_HOW, majority_window, place_json
 from .base import Rule, Threshold
 
 # The stretches are the gaps in the union of GPU work over all devices (views.run_idle_gaps:
@@ -154,7 +155,6 @@ host_reach AS (
     FROM (SELECT main_name, main_kind, count(*) AS n, sum(host_ns) AS ns FROM bound GROUP BY ALL)
 ), summary AS (
     SELECT count(*) AS n, sum(host_ns) AS total_ns, max(host_ns) AS max_ns, median(host_ns) AS median_ns,
-           arg_max(start_ns, (host_ns, -start_ns)) AS worst_start, arg_max(end_ns, (host_ns, -start_ns)) AS worst_end,
            to_json(arg_max({'start_ns': start_ns, 'end_ns': end_ns, 'host_ns': host_ns, 'gpu_idle_ns': idle_ns,
                             'host_busy_share': round(host_busy_share, 4), 'main': main_name,
                             'main_kind': main_kind, 'main_id': main_id},
@@ -162,9 +162,11 @@ host_reach AS (
     FROM bound
 ), run AS (
     SELECT span_ns FROM runs WHERE run_id = $run_id
+), place AS (  -- where most of the host-bound time is (rules/_place.py)
+    __PLACE__
 )
 SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind, NULL::BIGINT AS item_id,
-       'host-bound stretches' AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       'host-bound stretches' AS item_name, w_start AS start_ns, w_end AS end_ns,
        total_ns / span_ns AS value, 'share' AS value_unit, $min_share AS threshold,
        total_ns AS est_loss_ns,
        CASE WHEN total_ns / span_ns >= $error_share THEN 'error' END AS severity,
@@ -183,11 +185,13 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
        '{"stretches": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "run_span_ns": ' || span_ns
          || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns
-         || ', "top_activity": ' || top_json || ', "worst": ' || worst || '}' AS evidence
-FROM summary, top, run, idle_total
+         || ', "top_activity": ' || top_json || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || worst || '}' AS evidence
+FROM summary, top, run, idle_total, place
 WHERE n > 0 AND total_ns >= $min_share * span_ns
 """
 for _key, _sql in {
+    "__PLACE__": majority_window("SELECT start_ns, end_ns, host_ns AS ns FROM bound", ()),
+    "__PLACE_JSON__": place_json("stretches"),
     "__THREAD_BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__RUN_BLOCKING__": blocking_calls("run_id = $run_id", "run_id"),
     "__ISSUED__": ISSUED, "__PROFILER_STEP__": PROFILER_STEP,
@@ -229,7 +233,7 @@ RULE = Rule(
         "host time of the host-bound stretches as a share of the run's span (wall time); it is "
         "reported at `min_share` and becomes an error at `error_share`. The estimated loss is that "
         "host time (an upper bound: the GPU could have worked through all of it). The evidence lists "
-        "the stretches with the most host time (`host_ns`, the GPU-idle stretch's `gpu_idle_ns`).",
+        "the stretches with the most host time (`host_ns`, the GPU-idle stretch's `gpu_idle_ns`)." + PLACE_HOW,
     fix="Move data loading and preprocessing off the training thread (DataLoader workers, pinned "
         "memory, prefetching), do preprocessing on the GPU, reduce per-step Python work "
         "(torch.compile, CUDA graphs), avoid host-side bookkeeping between launches.",
