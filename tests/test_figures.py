@@ -174,3 +174,35 @@ def test_a_headline_the_budget_bounds_says_so(h100_2gpu):
     assert not others["message"].str.contains("est. loss at most the .* of device", regex=True).any()
     again = diagnose(store, run_id, out)
     assert again[again["fingerprint"] == df.loc[i, "fingerprint"]].iloc[0]["message"].count(note) == 1
+
+
+def test_upper_bounds_rank_after_measured_losses():
+    """hpc_assignment3: B001's 96% of the span is what a full grid could save (capped at a
+    warning), its measured loss (T003) 2.5%; a run that measurably loses 10% ranks first."""
+    from traceanalyzer.report.model import loss_shares, run_order
+
+    devices = [{"device_id": 0, "span_ns": 1000}]
+    hpc = [{"rule_id": "B001", "device_id": 0, "est_loss_ns": 960}, {"rule_id": "T003", "device_id": 0, "est_loss_ns": 25}]
+    other = [{"rule_id": "T001", "device_id": 0, "est_loss_ns": 100}]
+    assert loss_shares(hpc, devices) == (0.025, 0.96) and loss_shares(other, devices) == (0.1, None)
+    counts = {"error": 0, "warning": 1, "info": 0}
+    keys = {name: run_order(*(lambda s: (s[0], sum(f["est_loss_ns"] for f in heads), counts, name, s[1]))(
+        loss_shares(heads, devices))) for name, heads in (("hpc", hpc), ("other", other))}
+    assert sorted(keys, key=keys.get) == ["other", "hpc"]
+
+
+def test_the_markdown_table_ranks_runs_by_loss(tmp_path):
+    """The Markdown report's table and sections follow the HTML index's order: the run that
+    loses the larger share of its span first, not the first file name."""
+    from traceanalyzer.report import markdown
+    from traceanalyzer.report.model import load_result
+
+    from .conftest import FIXTURES
+
+    with Store(tmp_path / "s.duckdb") as store:
+        ids = [check_file(store, FIXTURES / rel, Settings()).run_id
+               for rel in ("nsys/clean.sqlite", "kineto/timeline_item.json")]
+        text = markdown.render(store, load_result(store, ids))
+    table = [line for line in text.splitlines() if line.startswith(("| clean", "| timeline\\_item"))]
+    assert [line.split(" | ")[0] for line in table] == ["| timeline\\_item.json", "| clean.sqlite"], table
+    assert text.index("### timeline\\_item.json") < text.index("### clean.sqlite")
