@@ -206,3 +206,33 @@ def test_the_markdown_table_ranks_runs_by_loss(tmp_path):
     table = [line for line in text.splitlines() if line.startswith(("| clean", "| timeline\\_item"))]
     assert [line.split(" | ")[0] for line in table] == ["| timeline\\_item.json", "| clean.sqlite"], table
     assert text.index("### timeline\\_item.json") < text.index("### clean.sqlite")
+
+
+def test_one_denominator_per_device(falconsai, h100_2gpu):
+    """A run's shares are of one figure per device, its span (first GPU operation to last, the
+    budget's), said once in the budget line: no finding says 'active span', 'the stream's span'
+    or 'wall time', and T001's share is its device-idle time over that span."""
+    import re
+
+    from traceanalyzer import fmt
+    from traceanalyzer.report.budget import budget_line, budget_of
+
+    for path, store, run_id, rows in (falconsai, h100_2gpu):
+        spans = {d["device_id"]: d["span_ns"] for d in budget_of(store, run_id)}
+        for d in budget_of(store, run_id):
+            assert budget_line(d).startswith(f"GPU {d['device_id']} (span {fmt.ns(d['span_ns'])}): ")
+        for f in rows:
+            assert not re.search(r"active span|stream's span|wall time", f["message"]), f["message"]
+            if f["rule_id"] == "T001" and f["item_kind"] == "stream":
+                lost = json.loads(f["evidence"])["device_idle_ns"]
+                assert f"({fmt.pct(lost / spans[f['device_id']])} of the device's span)" in f["message"]
+    # the raw trace: Falconsai's span is its kernels' extent, 6.87 ms, not the run's 7.84 ms
+    path, store, run_id, rows = falconsai
+    span_us, _ = _raw_gaps(path)
+    assert abs(spans_of(store, run_id)[0] / 1e3 - span_us) < 1
+
+
+def spans_of(store, run_id):
+    from traceanalyzer.report.budget import budget_of
+
+    return {d["device_id"]: d["span_ns"] for d in budget_of(store, run_id)}

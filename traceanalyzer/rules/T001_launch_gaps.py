@@ -231,9 +231,8 @@ WITH gaps AS (
     FROM (__SEGMENT_IDLE__) GROUP BY dev, stream_id
 ), device_classified AS (
     SELECT *, __GAP_CAUSE__ AS cause FROM device_split
-), spans AS (
-    SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
-    FROM stream_ops WHERE run_id = $run_id GROUP BY ALL
+), spans AS (  -- each device's span (the time budget's: first GPU operation to last)
+    SELECT device_id, active_span_ns AS span_ns FROM device_busy WHERE run_id = $run_id
 ), stream_place AS (  -- where most of each stream's gap time is (rules/_place.py)
     __STREAM_PLACE__
 ), device_place AS (
@@ -277,7 +276,7 @@ WITH gaps AS (
            main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
            __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
            coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, __PLACE_SP__ AS place
-    FROM per_stream_idle p JOIN spans s USING (device_id, stream_id)
+    FROM per_stream_idle p JOIN spans s USING (device_id)
     LEFT JOIN worst_gaps w USING (device_id, stream_id)  -- no gaps listed with max_examples = 0
     LEFT JOIN stream_place sp ON sp.device_id IS NOT DISTINCT FROM p.device_id
                              AND sp.stream_id IS NOT DISTINCT FROM p.stream_id
@@ -302,10 +301,10 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
        -- Judged by the device-idle part: a side stream that waits while others work costs nothing.
        CASE WHEN lost_ns / span_ns >= $error_share THEN 'error'
             WHEN lost_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
-       printf('stream %d on device %d: %d gap(s) over %s, total %s (median %s, %s of the stream''s span), '
-              || 'device idle in %s of it; mostly %s (%s of that)',
+       printf('stream %d on device %d: %d gap(s) over %s, total %s (median %s), '
+              || 'device idle in %s of it (%s of the device''s span); mostly %s (%s of that)',
               stream_id, device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
-              fmt_pct(total_ns / span_ns), fmt_ns(lost_ns), replace(main_cause, '_', ' '),
+              fmt_ns(lost_ns), fmt_pct(lost_ns / span_ns), replace(main_cause, '_', ' '),
               fmt_pct(main_idle_ns / lost_ns)) AS message,
        __HINT__ AS hint,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
@@ -319,7 +318,7 @@ SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, w_start, w_
        total_ns / span_ns, 'share', $warning_share, total_ns,
        CASE WHEN total_ns / span_ns >= $error_share THEN 'error'
             WHEN total_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END,
-       printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its active '
+       printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its '
               || 'span); mostly %s (%s of it)',
               device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns), fmt_pct(total_ns / span_ns),
               replace(main_cause, '_', ' '), fmt_pct(main_ns / total_ns)),
@@ -416,7 +415,7 @@ RULE = Rule(
         "`dependency` (issued, the work waited: another stream, an event, the launch latency); all "
         "`unknown` when no launch call is linked. A gap's sync time is counted first in it. The "
         "estimated loss is the part of the gaps during which the whole device was idle; severity is "
-        "by that loss as a share of the stream's span (first start to last end), and a stream whose "
+        "by that loss as a share of the device's span (first GPU operation to last, the time budget's), and a stream whose "
         "gaps were all covered by other streams' work is not reported. A device-wide finding reports "
         "idle stretches across all streams when a device has several, each stretch split the same "
         "way from the operation that ends it (of those starting then, the first launched). On such "
@@ -441,8 +440,8 @@ RULE = Rule(
     applies_sql="SELECT EXISTS (SELECT 1 FROM gpu_activity WHERE run_id = $run_id)",
     thresholds=(
         Threshold("min_gap_ns", 5000, "Gaps at or below this are ignored (5 us, by design)."),
-        Threshold("warning_share", 0.05, "Device-idle gap time as a share of the stream's span that makes a warning (below: info)."),
-        Threshold("error_share", 0.25, "Device-idle gap time as a share of the stream's span that makes an error."),
+        Threshold("warning_share", 0.05, "Device-idle gap time as a share of the device's span that makes a warning (below: info)."),
+        Threshold("error_share", 0.25, "Device-idle gap time as a share of the device's span that makes an error."),
         Threshold("max_examples", 5, "How many of the worst gaps the evidence lists."),
     ),
     evaluate=evaluate,

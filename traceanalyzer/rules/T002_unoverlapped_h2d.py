@@ -87,7 +87,7 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
        CASE WHEN exposed_ns / nullif(span_ns, 0) >= $error_share THEN 'error'
             WHEN exposed_ns / nullif(span_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: %s of host-to-device copy time (%d of %d copies, %s) ran with no kernel to hide it, '
-              || '%s of the device''s active span; %d from pageable memory, %d through synchronous calls',
+              || '%s of the device''s span; %d from pageable memory, %d through synchronous calls',
               device_id, fmt_ns(exposed_ns), n_exposed, n, fmt_bytes(bytes),
               fmt_pct(exposed_ns / nullif(span_ns, 0)), n_pageable, n_sync)
          -- overlap hides copy time behind kernels only: the loss is at most their time
