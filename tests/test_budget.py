@@ -137,7 +137,7 @@ def test_check_json_carries_the_budget_of_each_device(tmp_path):
     assert all((p["cause"] is None) == (p["category"] != "idle") for p in device["parts"])
     text = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "s.duckdb"), "--fail-on", "never",
                                     str(FIXTURES / "nsys" / "planted.sqlite")]).stdout
-    assert re.search(r"GPU 0: \d+% compute, \d+% copies, \d+% idle: [a-z]+ \d+%", text)
+    assert re.search(r"GPU 0 \(span [0-9.]+ [mu]?s\): \d+% compute, \d+% copies, \d+% idle: [a-z]+ \d+%", text)
 
 
 # -- every real trace -----------------------------------------------------------------------

@@ -273,11 +273,9 @@ def test_t004_nsys_power_iteration(check):
         """SELECT coalesce(n.text, s.value), n.start, n."end", n.globalTid FROM NVTX_EVENTS n
            LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType IN (59, 60) AND n."end" > n.start""")]
     bound = _host_bound(ops, calls, host)
-    # the run's span covers every timed record, sync records included
+    # the share is of the GPU's span: its first operation to its last (one device)
     busy = _nsys_busy(con)
-    times = [t for _, s, e, _, _ in host for t in (s, e)] + [busy[0][0], busy[-1][1]]
-    times += [t for row in con.execute('SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION') for t in row]
-    span = max(times) - min(times)
+    span = busy[-1][1] - busy[0][0]
     findings, _ = check(path, "T004")
     [f] = findings
     total = sum(ns for _, _, ns, _ in bound)

@@ -18,8 +18,10 @@ diagnosed together (`diagnose`):
    lends the headline its own when worse). In an idle group the
    headline is a finding that names the cause the budget gives most of the idle time (sync,
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
-   covers them all; elsewhere the most severe, and among equals, the largest loss. A finding
-   that abstained (`"cause": "unknown"` in its evidence: the trace cannot tell, see
+   covers them all, while its estimate is at least half (`HEADLINE_SHARE`) of the largest
+   among those naming that cause (a sync's 74 us does not stand for 5 ms of launch-bound
+   gaps); elsewhere the most severe, and among equals, the largest loss. A finding that
+   abstained (`"cause": "unknown"` in its evidence: the trace cannot tell, see
    rules/_unknown.py) names `unknown`, whatever the budget's marks say.
 3. **Losses bounded by the budget.** A headline's loss is at most the time of its part: the
    device's idle or copy time; a kernel's own time on the device and, summed over the
@@ -64,7 +66,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from functools import partial
 
-from .fmt import ns, pct
+from .fmt import loss_bound, ns, pct
 from .rules.base import SEVERITIES, Threshold
 from .rules.engine import RuleOutcome, Settings, run_rules
 from .store import Store
@@ -76,6 +78,9 @@ if TYPE_CHECKING:
 _T001_CAUSE = {"sync": "sync", "late_launch": "host", "copy": "dependency", "dependency": "dependency",
                "unknown": "unknown"}
 _PER_KERNEL = ("compute", "communication")
+# In an idle group, a finding that names the main cause heads before the launch-gap rule when
+# its estimate is at least this share of the largest estimate naming that cause.
+HEADLINE_SHARE = 0.5
 
 
 # The severity bands, set like a rule's thresholds under this name (it began as a floor only).
@@ -128,20 +133,22 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     loss: dict[int, float | None] = {}
     related: dict[int, int] = {}
     lent = {i: r["severity"] for i, r in enumerate(rows)}  # the worst of its group, where no band applies
+    bounds: dict[int, str] = {}  # what lowered a headline's loss below its rule's, in words
     span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
     for members in groups:
         main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
-        head = min(members, key=lambda i: _headline_order(rows[i], main))
+        naming = [_num(rows[i]["rule_loss_ns"]) for i in members if _names(rows[i], main)]
+        head = min(members, key=lambda i: _headline_order(rows[i], main, max(naming, default=-1.0)))
         for i in members:
             if i != head:
                 related[i] = head
                 if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(lent[head]):
                     lent[head] = rows[i]["severity"]
-        loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns)
-    _share_parts(rows, units, loss, budget)
+        loss[head], bounds[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns)
+    _share_parts(rows, units, loss, budget, bounds)
 
     severity = {i: r["severity"] for i, r in enumerate(rows)}
-    notes: dict[int, str] = {}
+    notes: dict[int, str] = {i: f"; {b}" for i, b in bounds.items() if b}
     spans = _spans(budget)
     for i in loss:
         share = _share(rows[i], units[i], loss[i], spans, span_ns)
@@ -149,9 +156,10 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
         cap, reason = _cap(rows[i])
         severity[i] = _lower(band, cap)
         if share is not None and severity[i] != band:
-            notes[i] = f" ({severity[i]}, not {band}: {reason})"
+            notes[i] = notes.get(i, "") + f" ({severity[i]}, not {band}: {reason})"
         elif share is not None and band == "info" and rows[i]["severity"] != "info":
-            notes[i] = _FLOOR_NOTE.format(pct(share), pct(floors["min_loss_span_share"]), ns(floors["min_loss_ns"]))
+            notes[i] = notes.get(i, "") + _FLOOR_NOTE.format(pct(share), pct(floors["min_loss_span_share"]),
+                                                            ns(floors["min_loss_ns"]))
     for i, head in related.items():
         if _share(rows[head], units[head], loss[head], spans, span_ns) is not None:
             severity[i] = _lower(severity[head], _cap(rows[i])[0])  # its time is the headline's
@@ -172,7 +180,8 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
     df["severity"] = [severity[i] for i in range(len(rows))]
     if notes:
-        df["message"] = [m + notes.get(i, "") for i, m in enumerate(df["message"])]
+        # (a finding stored before, diagnosed again in a cross-run pass, has its note already)
+        df["message"] = [m if notes.get(i, "") in m else m + notes[i] for i, m in enumerate(df["message"])]
     df["related_to"] = df["related_to"].astype("Int64")
     df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
     return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
@@ -267,41 +276,61 @@ def _main_idle_cause(units: list[tuple], budget: dict) -> str | None:
     return max(idle, key=lambda c: (idle[c], c), default=None)
 
 
-def _headline_order(row: dict, main_idle_cause: str | None) -> tuple:
-    """Sorts a group's findings: the headline first."""
+def _names(row: dict, main_idle_cause: str | None) -> bool:
+    """Whether an idle finding names the cause the budget gives most of the idle time."""
+    return isinstance(row["claims"], str) and _category(row["claims"]) == "idle" and _named_cause(row) == main_idle_cause
+
+
+def _headline_order(row: dict, main_idle_cause: str | None, naming_loss: float = -1.0) -> tuple:
+    """Sorts a group's findings: the headline first. `naming_loss`: the largest estimate of
+    the group's findings that name the main idle cause."""
     by_loss = (-_num(row["rule_loss_ns"]), -SEVERITIES.index(row["severity"]), row["rule_id"])
     if not isinstance(row["claims"], str) or _category(row["claims"]) != "idle":
         # a kernel's warning before its info, however large the info's estimate
         return (0, -SEVERITIES.index(row["severity"]), *by_loss)
-    return (_named_cause(row) != main_idle_cause, row["claims"] == "idle", *by_loss)
+    # A rule that names its cause heads before the launch-gap rule only while it explains at
+    # least half of the time found for that cause: two syncs' 74 us must not stand for 5 ms of
+    # launch-bound gaps (TraceLens mi300 Falconsai).
+    small = _num(row["rule_loss_ns"]) < HEADLINE_SHARE * naming_loss
+    return (not _names(row, main_idle_cause), small, row["claims"] == "idle", *by_loss)
 
 
 def _num(v) -> float:
     return -1.0 if v is None or v != v else float(v)
 
 
-def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, span_ns: int | None) -> float | None:
+# A budget part in words, after "est. loss at most the 42 ms of device 0's ..." (fmt.loss_bound).
+_PART_WORDS = {"idle": "idle time", "copy": "copy time", "compute": "compute time",
+               "communication": "communication time"}
+
+
+def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict,
+             span_ns: int | None) -> tuple[float | None, str]:
     """A headline's loss: the rule's, at most the time of the part it claims on each device
-    (the run's span for a finding that claims no part)."""
+    (the run's span for a finding that claims no part); and, where that part lowered it, what
+    bounds it in words (fmt.loss_bound), else ""."""
     own = row["rule_loss_ns"]
     if own is None or own != own:
-        return None
-    caps = []
+        return None, ""
+    caps: list[tuple[int, str]] = []  # (ns, what it is)
     if not isinstance(row["claims"], str):
-        caps.append(span_ns)
+        caps.append((span_ns, "of the run's span"))
     for device, category, name in units if isinstance(row["claims"], str) else ():
         part = budget.get((device, category))
         if part is not None:
-            caps.append(part)
+            caps.append((part, f"of device {device}'s {_PART_WORDS.get(category, category)}"))
         if name is not None and (device, name) in kernel_ns:
-            caps.append(kernel_ns[(device, name)])
-    caps = [c for c in caps if c is not None]
-    return float(min([own, *caps]))
+            caps.append((kernel_ns[(device, name)], f"the kernel ran on device {device}"))
+    caps = [c for c in caps if c[0] is not None]
+    cap = min(caps, default=None)
+    if cap is None or cap[0] >= own:
+        return float(own), ""
+    return float(cap[0]), loss_bound(*cap)
 
 
-def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget: dict) -> None:
+def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget: dict, bounds: dict) -> None:
     """Kernel headlines of one device and category sum to at most its part: scaled down in
-    proportion when they sum to more."""
+    proportion when they sum to more (`bounds` says so)."""
     heads = defaultdict(list)
     for i in loss:
         if loss[i] is not None and isinstance(rows[i]["claims"], str):
@@ -314,6 +343,8 @@ def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget:
         if part is not None and total > part:
             for i in members:
                 loss[i] *= part / total
+                bounds[i] = loss_bound(part, f"of device {key[0]}'s {_PART_WORDS.get(key[1], key[1])}, "
+                                             "shared in proportion among its kernels' findings")
 
 
 _FLOOR_NOTE = " (info: its estimated loss, {} of the device's span, is under the severity floor: {} of the span and {})"

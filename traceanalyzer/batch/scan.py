@@ -459,22 +459,24 @@ ORDER BY r.source_path, r.run_id
 
 def run_table(store: Store, run_ids: list[str], budgets: dict[str, list[dict]] | None = None) -> pd.DataFrame:
     """One row per run: id, file, format, span, kernels, headline findings by severity, their
-    estimated loss and the largest share of a device's span it is (`loss_share`); ranked by
-    their losses (`run_order`), the run that loses the most of its time first. `budgets`: the
+    estimated loss, the largest share of a device's span their measured losses are (`loss_share`)
+    and their upper bounds' (`upper_share`, see `model.loss_shares`); ranked by those (`run_order`),
+    the run that loses the most of its time first. `budgets`: the
     runs' `budgets_of`, when the caller has them."""
     from ..report.budget import budgets_of
-    from ..report.model import loss_share, run_order
+    from ..report.model import loss_shares, run_order
 
     df = store.df(RUN_TABLE_SQL, {"ids": list(run_ids)})
     budgets = budgets if budgets is not None else budgets_of(store, list(df["run_id"]))
     heads: dict[str, list[dict]] = {}
-    for rid, device, loss in store.sql("""SELECT run_id, device_id, est_loss_ns FROM findings
-                                          WHERE related_to IS NULL AND est_loss_ns > 0
-                                            AND list_contains($ids, run_id)""", {"ids": list(run_ids)}).fetchall():
-        heads.setdefault(rid, []).append({"device_id": device, "est_loss_ns": loss})
+    for rid, rule, device, loss in store.sql("""SELECT run_id, rule_id, device_id, est_loss_ns FROM findings
+                                                WHERE related_to IS NULL AND est_loss_ns > 0
+                                                  AND list_contains($ids, run_id)""", {"ids": list(run_ids)}).fetchall():
+        heads.setdefault(rid, []).append({"rule_id": rule, "device_id": device, "est_loss_ns": loss})
     df["loss_ns"] = [sum(f["est_loss_ns"] for f in heads.get(r, [])) for r in df["run_id"]]
-    df["loss_share"] = [loss_share(heads.get(r, []), budgets.get(r, [])) for r in df["run_id"]]
-    keys = [run_order(r.loss_share if r.loss_share == r.loss_share else None, r.loss_ns,
-                      {"error": r.errors, "warning": r.warnings, "info": r.infos}, i)
-            for i, r in enumerate(df.itertuples())]
+    shares = [loss_shares(heads.get(r, []), budgets.get(r, [])) for r in df["run_id"]]
+    df["loss_share"] = [s for s, _ in shares]
+    df["upper_share"] = [u for _, u in shares]
+    keys = [run_order(s, r.loss_ns, {"error": r.errors, "warning": r.warnings, "info": r.infos}, i, u)
+            for i, (r, (s, u)) in enumerate(zip(df.itertuples(), shares))]
     return df.iloc[sorted(range(len(df)), key=keys.__getitem__)].reset_index(drop=True)

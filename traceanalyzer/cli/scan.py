@@ -197,14 +197,18 @@ def _print_table(console: Console, df, report) -> None:
 
 
 def _loss(r) -> str:
-    """The largest share of a device's span a run's headlines lose; without a span (Nsight
+    """The largest share of a device's span a run's headlines lose, measured losses first and
+    then upper bounds ("+96.0% bound": what faster kernels could save); without a span (Nsight
     Compute), their loss."""
     from .. import fmt
 
     if not r.loss_ns:
         return "-"
     share = r.loss_share if r.loss_share is not None and r.loss_share == r.loss_share else None
-    return fmt.pct(share) if share is not None else fmt.ns(r.loss_ns)
+    upper = r.upper_share if r.upper_share is not None and r.upper_share == r.upper_share else None
+    if share is None and upper is None:
+        return fmt.ns(r.loss_ns)
+    return " ".join(([fmt.pct(share)] if share is not None else []) + ([f"+{fmt.pct(upper)} bound"] if upper else []))
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from .. import fmt
 from ..store.views import BUDGET_CATEGORIES
 
 if TYPE_CHECKING:
@@ -113,15 +114,17 @@ def _pct(ns: int, span: int) -> str:
 
 
 def budget_line(device: dict) -> str:
-    """'GPU 0: 61% compute, 5% copies, 34% idle: host 21% (15% in range "enumerate(DataLoader)..."), sync 7%,
-    dependency 4%, unknown 2%'."""
+    """'GPU 0 (span 1.07 s): 61% compute, 5% copies, 34% idle: host 21% (15% in range
+    "enumerate(DataLoader)..."), sync 7%, dependency 4%, unknown 2%'. The span is said here once:
+    every share of the device's time, in the budget and in the findings, is of it."""
     span = device["span_ns"] or 0
     busy = [p for p in device["parts"] if p["category"] != "idle"]
     idle = [p for p in device["parts"] if p["category"] == "idle" and p["ns"] > 0]
     words = [f"{_pct(p['ns'], span)} {_WORDS.get(p['category'], p['category'])}"
              for p in busy if p["ns"] > 0 or p["category"] == "compute"]
     idle_ns = sum(p["ns"] for p in idle)
-    text = f"GPU {'?' if device['device_id'] is None else device['device_id']}: " + ", ".join(words)
+    text = (f"GPU {'?' if device['device_id'] is None else device['device_id']} (span {fmt.ns(span)}): "
+            + ", ".join(words))
     if idle_ns:
         text += f", {_pct(idle_ns, span)} idle: " + ", ".join(f"{p['cause']} {_pct(p['ns'], span)}{_host_work(device, p)}"
                                                               for p in idle)

@@ -30,7 +30,7 @@ from . import html_metrics, html_timeline
 from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs
 from .vendor import vendor_text
 from .html_charts import clip, esc
-from .model import CheckResult, loss_share, run_order
+from .model import CheckResult, loss_shares, run_order
 
 TOP_KERNELS = 15
 MAX_EVIDENCE_ROWS = 20
@@ -251,16 +251,18 @@ def _index(pages: list[dict], result: CheckResult) -> str:
     rows short however long the names and messages are; the full text is in each cell's title."""
     def order(p):
         rid = p["run"]["run_id"]
-        return run_order(loss_share(result.headlines(rid), p["run"].get("budget") or []), run_loss(result, rid),
-                         result.counts(rid), p["run"]["file_name"])
+        share, upper = loss_shares(result.headlines(rid), p["run"].get("budget") or [])
+        return run_order(share, run_loss(result, rid), result.counts(rid), p["run"]["file_name"], upper)
 
     rows = []
     for p in sorted(pages, key=order):
         run = p["run"]
         c = result.counts(run["run_id"])
         loss = run_loss(result, run["run_id"])
-        share = loss_share(result.headlines(run["run_id"]), run.get("budget") or [])
-        of_gpu = f'<div class="rid">{esc(fmt.pct(share))} of a GPU\'s time</div>' if share is not None else ""
+        share, upper = loss_shares(result.headlines(run["run_id"]), run.get("budget") or [])
+        said = [f"{esc(fmt.pct(share))} of a GPU's time"] if share is not None else []
+        said += [f"up to {esc(fmt.pct(upper))} more if kernels ran faster (upper bounds)"] if upper is not None else []
+        of_gpu = f'<div class="rid">{"; ".join(said)}</div>' if said else ""
         worst = [f for f, _ in p["headlines"][:3]]
         busy = _busy(p["busy"])
         every = "; ".join(f"GPU {b['device_id']} {fmt.pct(b['busy_share'])}" for b in p["busy"]) or "-"
@@ -561,7 +563,7 @@ def _where(f: dict, t_origin: int) -> str:
         name = f" <code>{esc(clip(f['item_name'], 120))}</code>" if f.get("item_name") else ""
         parts.append(f"{esc(f['item_kind'])} #{esc(f['item_id'])}{name}")
     if f.get("start_ns") is not None:
-        parts.append(f"{esc(fmt.window(f['start_ns'], f.get('end_ns'), t_origin))} into the run")
+        parts.append(esc(fmt.place(f["start_ns"], f.get("end_ns"), t_origin, f.get("evidence"))))
     if f.get("value") is not None:
         thr = f" (threshold {esc(_value(f['threshold'], f.get('value_unit')))})" if f.get("threshold") is not None else ""
         parts.append(f"value {esc(_value(f['value'], f.get('value_unit')))}{thr}")

@@ -1,6 +1,6 @@
 """A Markdown summary for CI job summaries and pull-request comments.
 
-GitHub-flavoured Markdown: one table of runs, then per run its summary line and its worst
+GitHub-flavoured Markdown: one table of runs, ranked as the HTML index ranks them, then per run its summary line and its worst
 findings (the rest folded into <details>). Text from traces is escaped with `md`, so a
 kernel name cannot open an HTML tag, a link, or a table cell. The whole text is kept
 under `max_chars` (a pull-request comment takes 65,536).
@@ -13,7 +13,7 @@ import re
 from .. import fmt, summary
 from ..store import Store
 from .budget import budget_line, no_budget_line
-from .model import CheckResult
+from .model import CheckResult, loss_shares, run_order
 
 MAX_CHARS_DEFAULT = 60_000
 TOP_FINDINGS = 10
@@ -80,6 +80,14 @@ def _run_section(store: Store, result: CheckResult, run: dict, findings: list[di
     return "\n".join(parts) + "\n"
 
 
+def ranked(result: CheckResult, run: dict) -> tuple:
+    """A run's place in the table, as the HTML index and `scan` rank them (`model.run_order`)."""
+    rid = run["run_id"]
+    share, upper = loss_shares(result.headlines(rid), run.get("budget") or [])
+    loss = sum(f.get("est_loss_ns") or 0 for f in result.headlines(rid))
+    return run_order(share, loss, result.counts(rid), run["file_name"], upper)
+
+
 def render(store: Store, result: CheckResult, *, title: str | None = None,
            max_chars: int = MAX_CHARS_DEFAULT) -> str:
     total = result.counts()
@@ -90,8 +98,9 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
     if result.errors:
         out.append("")
     by_run = {r["run_id"]: result.headlines(r["run_id"]) for r in result.runs}
+    runs = sorted(result.runs, key=lambda r: ranked(result, r))
     out += ["| run | format | span | error | warning | info | worst finding |", "|---|---|---|---|---|---|---|"]
-    for r in result.runs:
+    for r in runs:
         c = result.counts(r["run_id"])
         worst = by_run[r["run_id"]][0] if by_run[r["run_id"]] else None
         wtxt = f"{_SEV_ICON[worst['severity']]} {md(worst['rule_id'])} {md(worst['message'], 140)}" if worst else "-"
@@ -100,7 +109,7 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
     out.append("")
     text = "\n".join(out) + "\n"
     note = "\n_Output shortened to fit: {n} run(s) not detailed; see the HTML report._\n"
-    for i, r in enumerate(result.runs):
+    for i, r in enumerate(runs):
         outcomes = [o for o in result.outcomes if o["run_id"] == r["run_id"]]
         section = _run_section(store, result, r, by_run[r["run_id"]], outcomes, result.not_run(r["run_id"])) + "\n"
         if len(text) + len(section) + len(note) + 10 > max_chars:

@@ -18,6 +18,24 @@ def severity_rank(sev: str) -> int:
     return SEVERITIES.index(sev)
 
 
+def measured(f: dict) -> bool:
+    """Whether a finding's estimated loss is time measured lost, not a what-if upper bound (the
+    rules capped with `max_severity`: what a faster kernel could save)."""
+    from ..rules import get_rule
+
+    try:
+        return get_rule(f["rule_id"]).max_severity is None
+    except KeyError:  # a rule this version does not have
+        return True
+
+
+def loss_shares(headlines: list[dict], devices: list[dict]) -> tuple[float | None, float | None]:
+    """`loss_share` of the headlines whose loss is measured, and of those whose loss is an upper
+    bound (`measured`)."""
+    return (loss_share([f for f in headlines if measured(f)], devices),
+            loss_share([f for f in headlines if not measured(f)], devices))
+
+
 def loss_share(headlines: list[dict], devices: list[dict]) -> float | None:
     """How much of its time a run loses: per device of its time budget (`devices`, as
     `budget.budgets_of` gives them), the estimated losses of its headlines on that device (one
@@ -34,10 +52,15 @@ def loss_share(headlines: list[dict], devices: list[dict]) -> float | None:
     return max(shares, default=None)
 
 
-def run_order(share: float | None, loss_ns: float, counts: dict[str, int], name: str) -> tuple:
-    """Runs ranked by their headlines' losses: the largest share of a device's span first
-    (`loss_share`), then, without a span, the largest loss; finding counts only break ties."""
-    return (share is None, -(share or 0.0), -loss_ns, -counts["error"], -counts["warning"], -counts["info"], name)
+def run_order(share: float | None, loss_ns: float, counts: dict[str, int], name: str,
+              upper_share: float | None = None) -> tuple:
+    """Runs ranked by their headlines' losses: the largest share of a device's span that measured
+    losses take first (`share`, `loss_shares`), then the share of what-if upper bounds
+    (`upper_share`: a faster kernel's saving never outranks time measured lost), then, without a
+    span, the largest loss; finding counts only break ties."""
+    untimed = share is None and upper_share is None
+    return (untimed, -(share or 0.0), -(upper_share or 0.0), -loss_ns, -counts["error"], -counts["warning"],
+            -counts["info"], name)
 
 
 @dataclass(frozen=True)

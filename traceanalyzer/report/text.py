@@ -50,7 +50,7 @@ def _when(f: dict, run: dict) -> str:
     if f.get("start_ns") is None:
         return ""
     t0 = run.get("start_ns") or 0
-    return f"{fmt.window(f['start_ns'], f.get('end_ns'), t0)} into the run"
+    return fmt.place(f["start_ns"], f.get("end_ns"), t0, f.get("evidence"))
 
 
 def _baseline_note(result: CheckResult, f: dict) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..fmt import kernel_label, ns, pct
+from ..fmt import kernel_label, loss_bound, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
@@ -91,6 +91,8 @@ def _finding(configs: list[dict], p: dict) -> dict:
         message += f" (the worst of {len(configs)} launch configurations with a tail or small grid)"
     if loss is not None:
         message += f"; {launches} launch(es), est. {ns(loss)} lost"
+        total = sum(c["row"].total_ns for c in configs if c["loss"] is not None)
+        message += f"; {loss_bound(total, 'the kernel ran')}"
     hint = library_hint(library_of(r), "grid")
     if hint is None and worst["kind"] == "tail":
         hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({worst['per_wave']}): "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..devices import gpu
-from ..fmt import kernel_label, ns, pct
+from ..fmt import kernel_label, loss_bound, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._ncu import (DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col,
                    device_peaks, keep_hot, kernel_finding, linked, ncu_launches, per_kernel)
@@ -208,7 +208,7 @@ def _finding(r: dict, p: dict) -> dict:
     msg = (f"{kernel_label(r['name'], r['short_name'])}: {what}, at {pct(share)} of the {roof} ({_roof_text(r)})"
            + (f"; {launches} launches, {ns(r['duration_ns'])}" if launches > 1 else
               f"; {ns(r['duration_ns'])}" if r["duration_ns"] == r["duration_ns"] else "")
-           + (f", est. {ns(loss)} to gain" if loss else ""))
+           + (f", est. {ns(loss)} to gain; {loss_bound(r['duration_ns'], 'the kernel ran')}" if loss else ""))
     evidence = {
         "bound": bound, "saturated": share >= p["throughput_bound_pct"] / 100, "source": r["source"], "estimate": False, "compute_pct": r["compute_pct"],
         "memory_pct": r["memory_pct"], "launches": launches, "duration_ns": r["duration_ns"],
@@ -396,7 +396,7 @@ def _kineto_finding(r: dict, p: dict) -> dict:
            f"(intensity {r['intensity']:.3g} FLOP/B {'<' if side == 'memory' else '>='} ridge {r['ridge']:.3g}; "
            f"{r['roof_unit']} {r['compute_pct']:.0f}% of peak, DRAM {r['memory_pct']:.0f}% of peak); "
            + (f"{calls} calls, " if calls > 1 else "") + ns(r["duration_ns"])
-           + (f", est. {ns(loss)} of that to gain" if loss else ""))
+           + (f", est. {ns(loss)} of that to gain; {loss_bound(r['duration_ns'], 'its kernels ran')}" if loss else ""))
     evidence = {
         "bound": bound, "side": side, "saturated": saturated, "source": "estimate", "estimate": True,
         "latency_reasons": r["latency_reasons"], "launches": int(r["kernels"]),

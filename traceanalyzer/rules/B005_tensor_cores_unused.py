@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..devices import gpu
-from ..fmt import kernel_label, ns, pct
+from ..fmt import kernel_label, loss_bound, ns, pct
 from .base import Rule, Threshold
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -197,7 +197,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                    f"{_what(gemm_ns, conv_ns)} on CUDA cores (SIMT), not on the tensor cores this GPU has"
                    + (f": {named}" if named else "") + (f" and {more} more" if more > 0 else "")
                    + f"; on {'TF32/BF16' if cc >= 80 else 'FP16'} tensor cores an estimated {ns(loss)} less "
-                   f"(at an assumed {speedup:.2g}x speedup)")
+                   f"(at an assumed {speedup:.2g}x speedup); {loss_bound(simt_ns, 'those kernels ran')}")
         rows.append({
             # a finding over several kernels is the device's: named by a kernel, the diagnosis would
             # bound its loss by that one kernel's time

@@ -177,11 +177,12 @@ SELECT e.device_id, NULL::BIGINT AS stream_id, r.kind AS item_kind, e.worst_id A
        r.n_slow AS value, 'shapes' AS value_unit, $min_slow_shapes_count AS threshold,
        CAST(coalesce(c.loss_ns, 0) AS BIGINT) AS est_loss_ns,
        printf('%s: %d distinct %s, the first call of %d of them far slower than later calls (up to %.0fx); '
-              || '%s spent on first calls, %s of it with the GPU waiting for the host',
+              || '%s spent on first calls; %s',
               CASE WHEN r.kind = 'kernel' THEN 'kernel ' || left(r.group_key, 80) ELSE r.group_key END,
               r.n_shapes, CASE WHEN r.group_key LIKE 'Torch-Compiled Region:%' THEN 'compiled variants'
                                WHEN r.kind = 'kernel' THEN 'launch configurations' ELSE 'input shapes' END,
-              r.n_slow, coalesce(e.max_ratio, 0), fmt_ns(r.excess_ns), fmt_ns(coalesce(c.loss_ns, 0))) AS message,
+              r.n_slow, coalesce(e.max_ratio, 0), fmt_ns(r.excess_ns),
+              fmt_loss_bound(coalesce(c.loss_ns, 0), 'of it the GPU sat waiting for the host')) AS message,
        CASE WHEN r.group_key LIKE 'Torch-Compiled Region:%' THEN
               'Dynamo recompiles this frame for new shapes: mark the varying dimensions dynamic '
               || '(torch._dynamo.mark_dynamic(x, dim)) or use torch.compile(dynamic=True), and pad or bucket '

@@ -209,7 +209,7 @@ SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, wor
        CAST(round(saving_ns) AS BIGINT) AS est_loss_ns,
        CASE WHEN share >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: %d chain(s) of %d element-wise kernels (%s) run unfused, %s of kernel time with %s of gaps '
-              || 'and %s of intermediates; fusing would save about %s (%s of the device''s active span)',
+              || 'and %s of intermediates; fusing would save about %s (%s of the device''s span)',
               device_id, chains, len(names), chain_name, fmt_ns(kernel_ns), fmt_ns(gap_ns),
               fmt_bytes(intermediate_bytes), fmt_ns(saving_ns), fmt_pct(share)) AS message,
        CASE WHEN one_op THEN

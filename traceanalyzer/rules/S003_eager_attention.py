@@ -160,7 +160,7 @@ SELECT device_id, 'kernel' AS item_kind, worst.id AS item_id, 'eager attention: 
        printf('device %d: %d attention block(s) computed eagerly over %s (matrix product -> softmax -> matrix '
               || 'product), each writing a score matrix%s to DRAM and reading it back: the softmax and '
               || 'element-wise kernels between the products take %s, time a fused attention kernel would not '
-              || 'spend (%s of kernel time, %s of the device''s active span)%s',
+              || 'spend (%s of kernel time, %s of the device''s span)%s',
               device_id, blocks, tokens,
               CASE WHEN max_matrix_bytes IS NULL THEN ''
                    ELSE ' of ' || CASE WHEN min_matrix_bytes = max_matrix_bytes THEN '' ELSE 'up to ' END

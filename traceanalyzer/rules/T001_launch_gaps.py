@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks
 from ._code import around_gaps, device_key, phrase
+from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
 
@@ -231,17 +232,17 @@ WITH gaps AS (
     FROM (__SEGMENT_IDLE__) GROUP BY dev, stream_id
 ), device_classified AS (
     SELECT *, __GAP_CAUSE__ AS cause FROM device_split
-), spans AS (
-    SELECT device_id, stream_id, max(end_ns) - min(start_ns) AS span_ns
-    FROM stream_ops WHERE run_id = $run_id GROUP BY ALL
+), spans AS (  -- each device's span (the time budget's: first GPU operation to last)
+    SELECT device_id, active_span_ns AS span_ns FROM device_busy WHERE run_id = $run_id
+), stream_place AS (  -- where most of each stream's gap time is (rules/_place.py)
+    __STREAM_PLACE__
+), device_place AS (
+    __DEVICE_PLACE__
 ), per_stream_all AS (  -- one pass over the classified gaps per stream (read once, not kept): totals,
     -- time and gaps per cause, and the ones the evidence lists (the longest, the earliest among
     -- equals, from a bounded heap rather than a sort of all gaps)
     SELECT device_id, stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns, coalesce(bool_and(one_stream), false) AS one_stream,
-           -- the longest gap, the earliest among equals (as the evidence lists them)
-           arg_max(gap_start, (gap_ns, -gap_start)) AS worst_start,
-           arg_max(gap_end, (gap_ns, -gap_start)) AS worst_end,
            __CAUSE_SUMS__,
            arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
                     'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
@@ -275,56 +276,57 @@ WITH gaps AS (
     SELECT p.* EXCLUDE (top), s.span_ns, __STREAM_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main,
            main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
            __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
-           coalesce(w.worst, '[]') AS worst
-    FROM per_stream_idle p JOIN spans s USING (device_id, stream_id)
+           coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, __PLACE_SP__ AS place
+    FROM per_stream_idle p JOIN spans s USING (device_id)
     LEFT JOIN worst_gaps w USING (device_id, stream_id)  -- no gaps listed with max_examples = 0
+    LEFT JOIN stream_place sp ON sp.device_id IS NOT DISTINCT FROM p.device_id
+                             AND sp.stream_id IS NOT DISTINCT FROM p.stream_id
 ), per_device_all AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.active_span_ns) AS span_ns,
-           arg_max(d.gap_start, (gap_ns, -d.gap_start)) AS worst_start,
-           arg_max(d.gap_end, (gap_ns, -d.gap_start)) AS worst_end,
            __CAUSE_SUMS__,
            to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause},
                            (gap_ns, -d.gap_start), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM device_classified d JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
     GROUP BY d.device_id
 ), per_device AS (  -- a device-idle stretch is device-idle time through and through
-    SELECT *, __DEVICE_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main, main['cause'] AS main_cause,
-           main['ns'] AS main_ns, __CAUSE_NS__ AS cause_ns, __CAUSE_COUNTS__ AS cause_counts
-    FROM per_device_all
+    SELECT d.*, __DEVICE_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main, main['cause'] AS main_cause,
+           main['ns'] AS main_ns, __CAUSE_NS__ AS cause_ns, __CAUSE_COUNTS__ AS cause_counts,
+           dp.w_start, dp.w_end, __PLACE_DP__ AS place
+    FROM per_device_all d LEFT JOIN device_place dp USING (device_id)
 )
 SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
-       'stream ' || stream_id AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       'stream ' || stream_id AS item_name, w_start AS start_ns, w_end AS end_ns,
        lost_ns / span_ns AS value, 'share' AS value_unit, $warning_share AS threshold,
        lost_ns AS est_loss_ns,
        -- Judged by the device-idle part: a side stream that waits while others work costs nothing.
        CASE WHEN lost_ns / span_ns >= $error_share THEN 'error'
             WHEN lost_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
-       printf('stream %d on device %d: %d gap(s) over %s, total %s (median %s, %s of the stream''s span), '
-              || 'device idle in %s of it; mostly %s (%s of that)',
+       printf('stream %d on device %d: %d gap(s) over %s, total %s (median %s), '
+              || 'device idle in %s of it (%s of the device''s span); mostly %s (%s of that)',
               stream_id, device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
-              fmt_pct(total_ns / span_ns), fmt_ns(lost_ns), replace(main_cause, '_', ' '),
+              fmt_ns(lost_ns), fmt_pct(lost_ns / span_ns), replace(main_cause, '_', ' '),
               fmt_pct(main_idle_ns / lost_ns)) AS message,
        __HINT__ AS hint,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "device_idle_ns": ' || lost_ns
          || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns || ', "cause_idle_ns": ' || cause_idle_ns
-         || ', "cause_counts": ' || cause_counts || ', "worst": ' || worst || '}' AS evidence
+         || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "worst": ' || worst || '}' AS evidence
 FROM per_stream
 WHERE lost_ns > 0  -- gaps while other streams kept the device busy cost nothing
 UNION ALL
-SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, worst_start, worst_end,
+SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, w_start, w_end,
        total_ns / span_ns, 'share', $warning_share, total_ns,
        CASE WHEN total_ns / span_ns >= $error_share THEN 'error'
             WHEN total_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END,
-       printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its active '
+       printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its '
               || 'span); mostly %s (%s of it)',
               device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns), fmt_pct(total_ns / span_ns),
               replace(main_cause, '_', ' '), fmt_pct(main_ns / total_ns)),
        __HINT__,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "device idle", "median_ns": ' || median_ns
          || ', "span_ns": ' || span_ns || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns
-         || ', "cause_counts": ' || cause_counts || ', "worst": ' || worst || '}'
+         || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "worst": ' || worst || '}'
 FROM per_device  -- (stretches keeps only devices with several streams: with one, this would repeat the stream's)
 ORDER BY item_kind DESC, device_id, stream_id
 """
@@ -340,6 +342,11 @@ for _key, _sql in {
     "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"),
     "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
     "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
+    "__STREAM_PLACE__": majority_window("SELECT device_id, stream_id, gap_start AS start_ns, gap_end AS end_ns, "
+                                        "gap_ns AS ns FROM classified", ("device_id", "stream_id")),
+    "__DEVICE_PLACE__": majority_window("SELECT device_id, gap_start AS start_ns, gap_end AS end_ns, gap_ns AS ns "
+                                        "FROM device_classified", ("device_id",)),
+    "__PLACE_SP__": place_json("gaps", "sp"), "__PLACE_DP__": place_json("device-idle gaps", "dp"),
     # Device-idle time within the gaps of multi-stream devices, per stream and cause: the
     # covered_ns of each cause's device segments, a key per device and cause.
     "__SEGMENT_IDLE__": covered_ns("SELECT * FROM stream_probes", ("dev", "stream_id", "cause"),
@@ -409,7 +416,7 @@ RULE = Rule(
         "`dependency` (issued, the work waited: another stream, an event, the launch latency); all "
         "`unknown` when no launch call is linked. A gap's sync time is counted first in it. The "
         "estimated loss is the part of the gaps during which the whole device was idle; severity is "
-        "by that loss as a share of the stream's span (first start to last end), and a stream whose "
+        "by that loss as a share of the device's span (first GPU operation to last, the time budget's), and a stream whose "
         "gaps were all covered by other streams' work is not reported. A device-wide finding reports "
         "idle stretches across all streams when a device has several, each stretch split the same "
         "way from the operation that ends it (of those starting then, the first launched). On such "
@@ -427,15 +434,15 @@ RULE = Rule(
         "most gaps, then the order above). Each gap listed names the code the host was in when the GPU "
         "went idle (`around`): the innermost PyTorch operator, else NVTX range or user annotation, open at "
         "the gap's start on the thread that launched the operation ending it; the finding names the one "
-        "around most of the listed gaps' time.",
+        "around most of the listed gaps' time." + PLACE_HOW,
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",
     applies_sql="SELECT EXISTS (SELECT 1 FROM gpu_activity WHERE run_id = $run_id)",
     thresholds=(
         Threshold("min_gap_ns", 5000, "Gaps at or below this are ignored (5 us, by design)."),
-        Threshold("warning_share", 0.05, "Device-idle gap time as a share of the stream's span that makes a warning (below: info)."),
-        Threshold("error_share", 0.25, "Device-idle gap time as a share of the stream's span that makes an error."),
+        Threshold("warning_share", 0.05, "Device-idle gap time as a share of the device's span that makes a warning (below: info)."),
+        Threshold("error_share", 0.25, "Device-idle gap time as a share of the device's span that makes an error."),
         Threshold("max_examples", 5, "How many of the worst gaps the evidence lists."),
     ),
     evaluate=evaluate,

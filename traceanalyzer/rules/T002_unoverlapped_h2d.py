@@ -1,6 +1,7 @@
 """T002 unoverlapped host-to-device copies: copy time no kernel hides."""
 
 from ..store.views import covered_ns
+from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 
@@ -60,6 +61,8 @@ WITH h2d AS (
     LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns FROM kernel_busy_intervals
                WHERE run_id = $run_id GROUP BY device_id) k ON k.device_id = p.device_id
     GROUP BY p.device_id
+), copy_place AS (  -- where most of each device's exposed copy time is (rules/_place.py)
+    __PLACE__
 ), small AS (  -- runs of small copies back to back on one stream: candidates for one batched copy
     SELECT *, sum(CASE WHEN prev_end IS NULL OR start_ns - prev_end > $max_batch_gap_ns
                        OR NOT prev_small THEN 1 ELSE 0 END)
@@ -79,15 +82,19 @@ WITH h2d AS (
     FROM h2d WHERE coalesce(unified_memory, false) GROUP BY device_id
 )
 SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id AS item_id,
-       'host-to-device copies' AS item_name, worst_copy.start_ns AS start_ns, worst_copy.end_ns AS end_ns,
+       'host-to-device copies' AS item_name, cp.w_start AS start_ns, cp.w_end AS end_ns,
        exposed_ns / nullif(span_ns, 0) AS value, 'share' AS value_unit, $warning_share AS threshold,
        CAST(least(exposed_ns, kernel_ns) AS BIGINT) AS est_loss_ns,
        CASE WHEN exposed_ns / nullif(span_ns, 0) >= $error_share THEN 'error'
             WHEN exposed_ns / nullif(span_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: %s of host-to-device copy time (%d of %d copies, %s) ran with no kernel to hide it, '
-              || '%s of the device''s active span; %d from pageable memory, %d through synchronous calls',
+              || '%s of the device''s span; %d from pageable memory, %d through synchronous calls',
               device_id, fmt_ns(exposed_ns), n_exposed, n, fmt_bytes(bytes),
-              fmt_pct(exposed_ns / nullif(span_ns, 0)), n_pageable, n_sync) AS message,
+              fmt_pct(exposed_ns / nullif(span_ns, 0)), n_pageable, n_sync)
+         -- overlap hides copy time behind kernels only: the loss is at most their time
+         || CASE WHEN kernel_ns < exposed_ns
+                 THEN '; ' || fmt_loss_bound(kernel_ns, 'of kernel time on the device that could have hidden it')
+                 ELSE '' END AS message,
        CASE WHEN exposed_pageable_ns >= exposed_ns / 2 THEN
               'Most exposed time is from pageable host memory, which cannot be copied asynchronously: allocate the buffers pinned (cudaHostAlloc / cudaHostRegister, or pin_memory=True in a PyTorch DataLoader).'
             WHEN exposed_sync_ns >= exposed_ns / 2 THEN
@@ -98,9 +105,9 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
          || ', "exposed_ns": ' || exposed_ns || ', "bytes": ' || bytes || ', "pageable_copies": ' || n_pageable
          || ', "pageable_exposed_ns": ' || exposed_pageable_ns || ', "sync_copies": ' || n_sync
          || ', "sync_exposed_ns": ' || exposed_sync_ns || ', "device_active_span_ns": ' || coalesce(span_ns, 0)
-         || ', "kernel_ns": ' || kernel_ns
+         || ', "kernel_ns": ' || kernel_ns || ', "place": ' || __PLACE_JSON__
          || ', "worst": ' || worst || '}' AS evidence
-FROM per_device WHERE exposed_ns > $min_exposed_ns
+FROM per_device LEFT JOIN copy_place cp USING (device_id) WHERE exposed_ns > $min_exposed_ns
 UNION ALL
 SELECT b.device_id, b.stream_id, 'copy', first_id, 'small host-to-device copies', b.start_ns, b.end_ns,
        n, 'copies', $min_batch_count,
@@ -122,7 +129,10 @@ SELECT device_id, NULL, 'device', device_id, 'unified-memory migrations', start_
 FROM unified
 ORDER BY 3, 1, 2
 """
-SQL = SQL.replace("__COVERED__", COVERED)
+SQL = (SQL.replace("__COVERED__", COVERED)
+       .replace("__PLACE__", majority_window("SELECT device_id, start_ns, end_ns, exposed_ns AS ns FROM per_copy "
+                                             "WHERE exposed_ns > 0", ("device_id",)))
+       .replace("__PLACE_JSON__", place_json("exposed copies", "cp")))
 
 RULE = Rule(
     id="T002",
@@ -144,7 +154,8 @@ RULE = Rule(
         "severity; its estimated loss is the part of it kernels could hide, at most the device's "
         "kernel time (`kernel_ns` in the evidence): overlap hides a copy behind compute, and no more. Small copies (< `small_copy_bytes`) on one stream with at most `max_batch_gap_ns` "
         "between them form a batch; a batch of `min_batch_count` or more is reported, its cost "
-        "estimated as its copy time minus the bytes at the run's best large-copy rate.",
+        "estimated as its copy time minus the bytes at the run's best large-copy rate. Where the kernel "
+        "time bounds a device's loss, its message says so." + PLACE_HOW,
     fix="Pin host buffers; use cudaMemcpyAsync on a separate stream and issue copies ahead of use "
         "(double buffering, DataLoader pin_memory + non_blocking); merge small copies; prefetch "
         "managed memory.",

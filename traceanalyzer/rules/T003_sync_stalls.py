@@ -114,8 +114,8 @@ SELECT device_id, NULL::BIGINT AS stream_id,
               name, CASE WHEN tid IS NULL THEN '' ELSE ' on thread ' || tid END, n,
               fmt_ns(blocked_ns), fmt_ns(median_blocked_ns), fmt_ns(max_blocked_ns), fmt_ns(idle_ns), n_idle,
               fmt_ns(host_ns), fmt_ns(loss_ns), fmt_pct(loss_ns / span_ns),
-              CASE WHEN device_id IS NULL THEN 'the GPUs'' active span'
-                   ELSE 'device ' || device_id || '''s active span' END) AS message,
+              CASE WHEN device_id IS NULL THEN 'the GPUs'' span'
+                   ELSE 'device ' || device_id || '''s span' END) AS message,
        CASE what
          WHEN 'sync' THEN 'Each synchronization drains the GPU queue, so the next launch starts from empty: remove syncs from the loop, or defer them (keep results on the GPU; avoid .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() per step; use events and cudaStreamWaitEvent for ordering).'
          WHEN 'copy' THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync with pinned memory (tensor.to(..., non_blocking=True) from/to pinned buffers) and synchronize once, where the data is needed.'

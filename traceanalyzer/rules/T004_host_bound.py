@@ -1,6 +1,7 @@
 """T004 host-bound stretches: every GPU of the run idle while the host works on what it has not issued yet."""
 
 from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks
+from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 
@@ -155,23 +156,26 @@ host_reach AS (
     FROM (SELECT main_name, main_kind, count(*) AS n, sum(host_ns) AS ns FROM bound GROUP BY ALL)
 ), summary AS (
     SELECT count(*) AS n, sum(host_ns) AS total_ns, max(host_ns) AS max_ns, median(host_ns) AS median_ns,
-           arg_max(start_ns, (host_ns, -start_ns)) AS worst_start, arg_max(end_ns, (host_ns, -start_ns)) AS worst_end,
            to_json(arg_max({'start_ns': start_ns, 'end_ns': end_ns, 'host_ns': host_ns, 'gpu_idle_ns': idle_ns,
                             'host_busy_share': round(host_busy_share, 4), 'main': main_name,
                             'main_kind': main_kind, 'main_id': main_id},
                            (host_ns, -start_ns), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM bound
-), run AS (
-    SELECT span_ns FROM runs WHERE run_id = $run_id
+), run AS (  -- the GPUs' span: first GPU operation on any device to the last (one device: its span)
+    SELECT max(last_end_ns) - min(first_start_ns) AS span_ns, count(*) AS n_devices
+    FROM device_busy WHERE run_id = $run_id
+), place AS (  -- where most of the host-bound time is (rules/_place.py)
+    __PLACE__
 )
 SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind, NULL::BIGINT AS item_id,
-       'host-bound stretches' AS item_name, worst_start AS start_ns, worst_end AS end_ns,
+       'host-bound stretches' AS item_name, w_start AS start_ns, w_end AS end_ns,
        total_ns / span_ns AS value, 'share' AS value_unit, $min_share AS threshold,
        total_ns AS est_loss_ns,
        CASE WHEN total_ns / span_ns >= $error_share THEN 'error' END AS severity,
        printf('every GPU idle while the host worked before issuing the work: %d stretch(es) of %s or more, %s in all '
-              || '(%s of the run''s wall time, longest %s); most of it in %s',
-              n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns), fmt_ns(max_ns),
+              || '(%s of %s, longest %s); most of it in %s',
+              n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns),
+              CASE WHEN n_devices = 1 THEN 'the device''s span' ELSE 'the GPUs'' span' END, fmt_ns(max_ns),
               -- what the name is, and that a trailing N stands for the numbers merged
               CASE top_kind WHEN 'cpu_op' THEN 'operator ' WHEN 'api_call' THEN 'API call ' ELSE 'range ' END
                 || '"' || coalesce(top_name, '?') || '"'
@@ -182,13 +186,15 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
             ELSE 'The bottleneck is on the host, not in any kernel: look at what the host runs in the stretches listed in the evidence. Move that work off the loop or overlap it with GPU work (background threads or processes, prefetching), and cut Python overhead between launches (torch.compile, CUDA graphs).'
        END AS hint,
        '{"stretches": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
-         || ', "max_ns": ' || max_ns || ', "run_span_ns": ' || span_ns
+         || ', "max_ns": ' || max_ns || ', "gpu_span_ns": ' || span_ns
          || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns
-         || ', "top_activity": ' || top_json || ', "worst": ' || worst || '}' AS evidence
-FROM summary, top, run, idle_total
+         || ', "top_activity": ' || top_json || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || worst || '}' AS evidence
+FROM summary, top, run, idle_total, place
 WHERE n > 0 AND total_ns >= $min_share * span_ns
 """
 for _key, _sql in {
+    "__PLACE__": majority_window("SELECT start_ns, end_ns, host_ns AS ns FROM bound", ()),
+    "__PLACE_JSON__": place_json("stretches"),
     "__THREAD_BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__RUN_BLOCKING__": blocking_calls("run_id = $run_id", "run_id"),
     "__ISSUED__": ISSUED, "__PROFILER_STEP__": PROFILER_STEP,
@@ -208,7 +214,7 @@ RULE = Rule(
     what="Stretches during which no GPU of the run has any work while the host works on what it "
          "has not issued yet (framework ops, NVTX or record_function ranges, API calls): their host "
          "time (outside blocking calls, up to the launch of the work that ends them), its share of "
-         "the run's wall time, and what the host was doing.",
+         "the GPUs' span, and what the host was doing.",
     why="When every GPU waits and the host is working, the bottleneck is not in any kernel: data "
         "loading, preprocessing, Python overhead or host-side bookkeeping decide the run's speed, "
         "and optimizing kernels gains nothing until the host keeps the GPUs fed.",
@@ -227,10 +233,11 @@ RULE = Rule(
         "which says nothing of what the host does). "
         "The host activity of a stretch is the innermost event (shortest) with at least half of its "
         "work, else the event with most of it (`#N` suffixes are merged). The finding's value is the "
-        "host time of the host-bound stretches as a share of the run's span (wall time); it is "
+        "host time of the host-bound stretches as a share of the GPUs' span (first GPU operation on any "
+        "device to the last: with one device, its span in the time budget; `gpu_span_ns`); it is "
         "reported at `min_share` and becomes an error at `error_share`. The estimated loss is that "
         "host time (an upper bound: the GPU could have worked through all of it). The evidence lists "
-        "the stretches with the most host time (`host_ns`, the GPU-idle stretch's `gpu_idle_ns`).",
+        "the stretches with the most host time (`host_ns`, the GPU-idle stretch's `gpu_idle_ns`)." + PLACE_HOW,
     fix="Move data loading and preprocessing off the training thread (DataLoader workers, pinned "
         "memory, prefetching), do preprocessing on the GPU, reduce per-step Python work "
         "(torch.compile, CUDA graphs), avoid host-side bookkeeping between launches.",
@@ -242,7 +249,7 @@ RULE = Rule(
     thresholds=(
         Threshold("min_stretch_ns", 100000, "Stretches with less host time than this are left to T001 (100 us)."),
         Threshold("min_host_busy_share", 0.5, "Share of a stretch's host time that the host's work must cover for it to count as host-bound."),
-        Threshold("min_share", 0.05, "Host-bound time as a share of the run's wall time that is reported."),
+        Threshold("min_share", 0.05, "Host-bound time as a share of the GPUs' span that is reported."),
         Threshold("error_share", 0.25, "Share that makes an error."),
         Threshold("max_examples", 5, "How many stretches and activities the evidence lists."),
     ),

@@ -89,7 +89,7 @@ def _timeline(store, run_id: str, p: dict) -> list[dict]:
         facts = {"busy_share": d.busy_share, "busy_ns": int(d.busy_ns), "active_span_ns": int(d.active_span_ns),
                  "kernel_ns": int(d.kernel_ns), "kernels": int(d.kernels), "tiny_kernel_share": tiny_share,
                  "tiny_kernels": int(d.tiny_kernels), "estimate_coverage": coverage}
-        busy = f"device {int(d.device_id)} is busy {pct(d.busy_share)} of its active span"
+        busy = f"device {int(d.device_id)} is busy {pct(d.busy_share)} of its span"
         judged = False
         # Without any estimate there is nothing to judge by, whatever coverage is asked for.
         if covered_ns > 0 and coverage >= p["min_estimate_coverage_share"]:

@@ -168,7 +168,7 @@ SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', d
        d.loss_ns / nullif(sp.active_span_ns, 0), 'share', $min_share, d.loss_ns,
        CASE WHEN d.loss_ns / nullif(sp.active_span_ns, 0) >= $error_share THEN 'error' END,
        printf('device %d: the host waited for %d device-to-host copies (%s waiting)%s; the GPU then sat idle %s, '
-              || '%s of it until the host issued the next work, %s (%s of the device''s active span) hideable '
+              || '%s of it until the host issued the next work, %s (%s of the device''s span) hideable '
               || 'had the host not waited',
               d.device_id, d.n, fmt_ns(d.wait_ns),
               CASE WHEN d.n_steps > 0 THEN printf(', %d in %d of %d steps (up to %d per step)', d.n_in_steps,

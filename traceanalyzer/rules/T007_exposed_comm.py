@@ -54,7 +54,7 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_kernel
        exposed_ns AS est_loss_ns,
        CASE WHEN exposed_ns / active_span_ns >= $error_share THEN 'error' END AS severity,
        printf('%sdevice %d: %s of %s collective kernel time (%d launches) ran with no compute kernel beside it: '
-              || '%s exposed, %s of the device''s active span',
+              || '%s exposed, %s of the device''s span',
               CASE WHEN rank IS NULL THEN '' ELSE printf('rank %d%s, ', rank,
                    CASE WHEN world_size IS NULL THEN '' ELSE '/' || world_size END) END,
               device_id, fmt_pct(exposed_ns / comm_ns), fmt_ns(comm_ns), n, fmt_ns(exposed_ns),

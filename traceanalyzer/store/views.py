@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import duckdb
 import pyarrow as pa
 
+from ..fmt import LOSS_BOUND
+
 
 def islands(source: str, successors: bool = False, per_run: bool = False) -> str:
     """Merge overlapping intervals of `source` per run and device into disjoint ones.
@@ -890,6 +892,16 @@ VIEWS: dict[str, tuple[str, str]] = {
     ),
 }
 
+def _sql_format(template: str, *args: str) -> str:
+    """A Python "{} ... {}" template as a SQL text expression of `args`."""
+    parts = template.split("{}")
+    assert len(parts) == len(args) + 1
+    out = ["'" + parts[0].replace("'", "''") + "'"]
+    for arg, part in zip(args, parts[1:]):
+        out += [arg, "'" + part.replace("'", "''") + "'"]
+    return "(" + " || ".join(out) + ")"
+
+
 # Small helpers so a rule's SQL can write its own one-line message and evidence.
 MACROS: dict[str, str] = {
     # As fmt.ns and fmt.nbytes: rounded to three significant digits before the unit is chosen
@@ -910,6 +922,8 @@ MACROS: dict[str, str] = {
         ELSE printf('%d B', CAST(x AS BIGINT)) END""",
     "fmt_bytes": "(x) AS fmt_bytes_rounded(CAST(printf('%.3g', CAST(x AS DOUBLE)) AS DOUBLE))",
     "fmt_pct": "(x) AS CASE WHEN x IS NULL THEN '-' ELSE printf('%.1f%%', 100 * x) END",
+    # fmt.loss_bound: "est. loss at most the 22.4 ms of kernel time that could have hidden it"
+    "fmt_loss_bound": "(x, what) AS " + _sql_format(LOSS_BOUND, "fmt_ns(x)", "what"),
     # How many rows a bounded `arg_max(x, key, n)` heap keeps for a list of at most n examples:
     # at least one (the heap needs n >= 1; slice the result with [1:n] for n < 1).
     "heap_size": "(n) AS CAST(greatest(floor(n), 1) AS BIGINT)",
