@@ -66,6 +66,7 @@ from .fmt import ns, pct
 from .rules.base import SEVERITIES, Threshold
 from .rules.engine import RuleOutcome, Settings, run_rules
 from .store import Store
+from .store.views import PROFILER_STEP
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -115,7 +116,9 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     # A stored finding was diagnosed before: its rule's own estimate is in rule_loss_ns.
     rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
     df["rule_loss_ns"] = df["est_loss_ns"] if rule_loss is None else rule_loss.where(rule_loss.notna(), df["est_loss_ns"])
-    budget = _budget(store, run_id)
+    whole = _budget(store, run_id)
+    warm, steps = _warmup(store, run_id)
+    budget = {k: ns - warm.get(k, 0) for k, ns in whole.items()}  # the steady state's
     devices = sorted({d for d, _ in budget})
     kernel_ns = _kernel_ns(store, run_id, df)
 
@@ -126,6 +129,7 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     loss: dict[int, float | None] = {}
     related: dict[int, int] = {}
     lent = {i: r["severity"] for i, r in enumerate(rows)}  # the worst of its group, where no band applies
+    warmup_ns: dict[int, float] = {}  # of a headline's loss bounded by the whole budget, the part warm-up took
     span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
     for members in groups:
         main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
@@ -135,7 +139,11 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
                 related[i] = head
                 if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(lent[head]):
                     lent[head] = rows[i]["severity"]
-        loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns)
+        loss[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns, _steady_share(units[head], budget, whole))
+        if warm and loss[head] is not None:
+            left_out = _bounded(rows[head], units[head], whole, kernel_ns, span_ns) - loss[head]
+            if left_out > 0:
+                warmup_ns[head] = left_out
     _share_parts(rows, units, loss, budget)
 
     severity = {i: r["severity"] for i, r in enumerate(rows)}
@@ -169,8 +177,18 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     df["related_to"] = [no[related[i]] if i in related else None for i in range(len(rows))]
     df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
     df["severity"] = [severity[i] for i in range(len(rows))]
-    if notes:
-        df["message"] = [m + notes.get(i, "") for i, m in enumerate(df["message"])]
+    extra: dict[int, dict] = {}
+    for i, left_out in warmup_ns.items():
+        notes[i] = notes.get(i, "") + f" ({ns(left_out)} more in warm-up, not counted)"
+        extra.setdefault(i, {})["warmup_ns"] = int(round(left_out))
+    for i in loss if steps > 1 else ():
+        if loss[i]:
+            notes[i] = notes.get(i, "") + f" ({ns(loss[i] / steps)} per step over {steps} steps)"
+            extra.setdefault(i, {}).update(loss_per_step_ns=int(round(loss[i] / steps)), steps=steps)
+    if notes:  # (a finding diagnosed again has its notes already)
+        df["message"] = [m + notes[i] if i in notes and notes[i] not in m else m for i, m in enumerate(df["message"])]
+    if extra:
+        df["evidence"] = [_with(e, extra[i]) if i in extra else e for i, e in enumerate(df["evidence"])]
     df["related_to"] = df["related_to"].astype("Int64")
     df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
     return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
@@ -185,6 +203,32 @@ def _budget(store: Store, run_id: str) -> dict[tuple, int]:
         if cause is not None:
             out[(device, f"idle:{cause}")] = ns
     return out
+
+
+def _warmup(store: Store, run_id: str) -> tuple[dict[tuple, int], int]:
+    """The run's time inside warm-up windows (`warmup_windows`), keyed as `_budget`, and its
+    steady steps: the `steps` view's of its most frequent name (`ProfilerStep#N` pooled), less
+    those the windows set apart as warm-up."""
+    windows, parts = store.warmup([run_id])
+    out: dict[tuple, int] = {}
+    for r in parts:
+        device, category, cause, part_ns = r["device_id"], r["category"], r["cause"], r["ns"]
+        out[(device, category)] = out.get((device, category), 0) + part_ns
+        if cause is not None:
+            out[(device, f"idle:{cause}")] = part_ns
+    (steps,) = store.sql(f"""SELECT coalesce(max(n), 0) FROM (
+        SELECT count(*) AS n FROM steps WHERE run_id = $r
+        GROUP BY regexp_replace(name, '{PROFILER_STEP}', 'ProfilerStep#*'))""", {"r": run_id}).fetchone()
+    warm_steps = {w["start_ns"] for w in windows if w["reason"] == "first step"}
+    return out, steps - len(warm_steps)
+
+
+def _with(evidence, extra: dict) -> str:
+    """`evidence` (JSON text or None) with the keys of `extra` set."""
+    data = json.loads(evidence) if isinstance(evidence, str) and evidence else {}
+    if not isinstance(data, dict):
+        data = {"evidence": data}
+    return json.dumps({**data, **extra})
 
 
 def _kernel_ns(store: Store, run_id: str, df: pd.DataFrame) -> dict[tuple, int]:
@@ -276,12 +320,24 @@ def _num(v) -> float:
     return -1.0 if v is None or v != v else float(v)
 
 
-def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, span_ns: int | None) -> float | None:
-    """A headline's loss: the rule's, at most the time of the part it claims on each device
-    (the run's span for a finding that claims no part)."""
+def _steady_share(units: list[tuple], budget: dict, whole: dict) -> float:
+    """Of a busy part (compute, communication, copy) a finding claims, the share outside warm-up
+    (the least of its devices'): its loss is taken to lie in the part as the part's time does.
+    1 for idle time, which the timeline rules measure outside warm-up themselves (and the
+    bound by the steady idle time catches the rest)."""
+    shares = [budget.get((d, c), 0) / whole[(d, c)] for d, c, _ in units
+              if c not in ("idle", "finding") and whole.get((d, c))]
+    return min(shares, default=1.0)
+
+
+def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, span_ns: int | None,
+             share: float = 1.0) -> float | None:
+    """A headline's loss: the rule's (times `share`, its part outside warm-up), at most the time
+    of the part it claims on each device (the run's span for a finding that claims no part)."""
     own = row["rule_loss_ns"]
     if own is None or own != own:
         return None
+    own *= share
     caps = []
     if not isinstance(row["claims"], str):
         caps.append(span_ns)
@@ -331,6 +387,8 @@ def _share(row: dict, units: list[tuple], loss: float | None, spans: dict, span_
         return None
     on = [spans[d] for d, _, _ in units if d in spans] if isinstance(row["claims"], str) else []
     span = min(on) if on else span_ns
+    if on and not span:  # a device all warm-up: nothing of it is steady loss
+        return 0.0 if not loss else 1.0
     return loss / span if span else None
 
 
