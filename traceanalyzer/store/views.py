@@ -411,10 +411,11 @@ def _step_budget(runs: str) -> str:
 WARMUP_NAME = r"(?i)warm[-_ ]?up"
 # Host frames and calls that compile at run time (nvFuser, NVRTC, Inductor, JIT).
 JIT_NAME = r"(?i)(compileFusion|nvrtc|hiprtc|compile_fx_inner|compile_inner|call_user_compiler|jit_compile)"
-# Host calls one-time by nature: lazy module and library loading, runtime compilation.
+# Host calls that are one-time costs when they are a process's first of their name or come
+# before the device's first kernel: lazy module and library loading, runtime compilation (a
+# load or compile again later is a recompile, rule S001's), and frees, which create the context
+# (`cudaFree(0)`) or release what set-up allocated.
 ONE_TIME_CALL = r"(?i)^(cuModuleLoad|cuLibraryLoad|cudaGetFuncBySymbol|hipModuleLoad|nvrtc|hiprtc)"
-# Frees that create the context (`cudaFree(0)`) or release what set-up allocated: one-time when
-# they are a process's first or come before the device's first kernel.
 EARLY_FREE = r"^(cuda|hip)Free$"
 WARMUP_MIN_CALL_NS = 100_000  # a one-time call shorter than this is no warm-up worth a line
 # A kernel's first launch is a one-time cost (module loading, the first call into a library)
@@ -456,7 +457,9 @@ def _warmup_windows(runs: str | None) -> str:
             FROM (SELECT DISTINCT run_id, name FROM frames)
             WHERE regexp_matches(name, '{WARMUP_NAME}') OR regexp_matches(name, '{JIT_NAME}')
         ), named AS (
-            SELECT row_number() OVER () AS fid, f.*, n.reason FROM frames f JOIN frame_names n USING (run_id, name)
+            SELECT row_number() OVER () AS fid, f.*, n.reason,
+                   row_number() OVER (PARTITION BY f.run_id, f.pid, f.name ORDER BY f.start_ns, f.end_ns) AS nth
+            FROM frames f JOIN frame_names n USING (run_id, name)
         ), launched AS (  -- per frame and device, the end of the GPU work launched inside it on its thread
             SELECT n.fid, a.device_id, max(a.end_ns) AS work_end_ns
             FROM named n
@@ -465,13 +468,13 @@ def _warmup_windows(runs: str | None) -> str:
             JOIN gpu_activity a ON a.run_id = c.run_id AND a.launch_call_id = c.call_id
             GROUP BY ALL
         ), call_names AS (
-            SELECT run_id, name, regexp_matches(name, '{EARLY_FREE}') AS free,
+            SELECT run_id, name,
                    CASE WHEN regexp_matches(name, '{EARLY_FREE}') THEN name
                         WHEN regexp_matches(name, '(?i)rtc') THEN 'JIT compilation' ELSE 'lazy module loading' END AS reason
             FROM (SELECT DISTINCT run_id, name FROM api_calls WHERE {of_run})
             WHERE regexp_matches(name, '{EARLY_FREE}') OR regexp_matches(name, '{ONE_TIME_CALL}')
         ), one_time AS (
-            SELECT c.run_id, c.pid, c.name, c.start_ns, c.end_ns, n.free, n.reason,
+            SELECT c.run_id, c.pid, c.name, c.start_ns, c.end_ns, n.reason,
                    row_number() OVER (PARTITION BY c.run_id, c.pid, c.name ORDER BY c.start_ns, c.call_id) AS nth
             FROM api_calls c JOIN call_names n USING (run_id, name) WHERE c.end_ns >= c.start_ns
         ), launches AS (  -- kernel launch calls, one per call and kernel name (a graph launch replays
@@ -518,20 +521,23 @@ def _warmup_windows(runs: str | None) -> str:
             SELECT n.run_id, d.device_id, n.reason, n.name, n.start_ns, greatest(n.end_ns, coalesce(l.work_end_ns, n.end_ns)) AS end_ns
             FROM named n JOIN devices d USING (run_id)
             LEFT JOIN launched l ON l.fid = n.fid AND l.device_id IS NOT DISTINCT FROM d.device_id
+            WHERE n.reason <> 'JIT compilation' OR n.nth = 1 OR n.start_ns < d.first_kernel_ns
             UNION ALL
             SELECT o.run_id, d.device_id, o.reason, o.name, o.start_ns, o.end_ns
             FROM one_time o JOIN devices d USING (run_id)
             WHERE o.end_ns - o.start_ns >= {WARMUP_MIN_CALL_NS}
-              AND (NOT o.free OR o.nth = 1 OR o.start_ns < d.first_kernel_ns) AND {devices_of}
+              AND (o.nth = 1 OR o.start_ns < d.first_kernel_ns) AND {devices_of}
             UNION ALL
             SELECT run_id, device_id, 'first launch', NULL, start_ns, end_ns FROM first_launches
             WHERE end_ns - start_ns >= {FIRST_LAUNCH_FACTOR} * coalesce(median_ns, 0)
             UNION ALL
-            SELECT d.run_id, d.device_id, 'uploads before the first kernel', NULL, d.first_ns, d.first_kernel_ns
-            FROM devices d
+            SELECT d.run_id, d.device_id, 'uploads before the first kernel', NULL, d.first_ns,
+                   least(d.first_kernel_ns, coalesce(f.first_step_ns, d.first_kernel_ns))
+            FROM devices d LEFT JOIN (SELECT run_id, min(start_ns) AS first_step_ns FROM steps WHERE {of_run}
+                                      GROUP BY ALL HAVING count(*) >= 2) f USING (run_id)
             WHERE d.first_kernel_ns > d.first_ns
-              AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = d.run_id AND s.start_ns <= d.first_ns
-                                                      AND s.end_ns > d.first_ns)
+              AND (d.first_ns < f.first_step_ns
+                   OR EXISTS (SELECT 1 FROM named n WHERE n.run_id = d.run_id AND n.reason = 'range named warm-up'))
             UNION ALL
             SELECT s.run_id, d.device_id, 'first step', NULL, s.start_ns, s.end_ns
             FROM warm_steps s JOIN devices d USING (run_id)
@@ -1035,15 +1041,20 @@ VIEWS: dict[str, tuple[str, str]] = {
         "(NVTX or user-annotation ranges, PyTorch operators or Python functions named `warm-up`, `warmup` "
         "or `warm_up`, extended on each device to the end of the GPU work launched inside them from their "
         "thread), `JIT compilation` (frames named like nvFuser's `compileFusion`, NVRTC, Inductor's "
-        "`compile_fx`, and `nvrtc*`/`hiprtc*` calls, likewise extended), `lazy module loading` "
+        "`compile_fx_inner`, likewise extended, each a process's first of its name or one before the "
+        "device's first kernel; and `nvrtc*`/`hiprtc*` calls), `lazy module loading` "
         "(`cuModuleLoad*`, `cuLibraryLoad*`, `cudaGetFuncBySymbol`, `hipModuleLoad*` calls), `cudaFree` or "
-        "`hipFree` (a process's first, or one before the device's first kernel), each call at least "
+        "`hipFree`; each call a process's first of its name or one before the device's first kernel (a "
+        "load again later is a recompile: rule S001), at least "
         f"{WARMUP_MIN_CALL_NS // 1000} us and on the devices of its process (every device where none has its "
         "process id); `first launch` (a kernel's first launch call per process that takes at least "
         f"{FIRST_LAUNCH_MIN_NS // 1_000_000} ms and {FIRST_LAUNCH_FACTOR}x the median of the kernel's later launch "
         "calls (of the run's launch calls, for a kernel launched once): "
         "module loading, a library's first call); `uploads before the first kernel` (a device's span up "
-        "to its first kernel, when it begins with copies or memsets outside any step); `first step` (the "
+        "to its first kernel, when it begins with copies or memsets before the first of the run's steps (2 "
+        "or more), or in a "
+        "run with a range named warm-up: a run that repeats its work, whose uploads before it are set-up; "
+        "in a program that runs once, its uploads are its work); `first step` (the "
         f"leading steps of the `steps` view longer than {WARMUP_STEP_FACTOR}x the median of the steps after "
         "the first, at most half of them, of runs with 3 steps or more, as `traceanalyzer summary` sets "
         "warm-up steps apart). Windows may overlap; `run_warmup_budget` merges them. The diagnosis "
