@@ -464,7 +464,7 @@ def _warmup_windows(runs: str | None) -> str:
             SELECT n.fid, a.device_id, max(a.end_ns) AS work_end_ns
             FROM named n
             JOIN api_calls c ON c.run_id = n.run_id AND c.pid IS NOT DISTINCT FROM n.pid AND c.tid IS NOT DISTINCT FROM n.tid
-                            AND c.start_ns >= n.start_ns AND c.start_ns <= n.end_ns
+                            AND c.start_ns >= n.start_ns AND c.start_ns < n.end_ns
             JOIN gpu_activity a ON a.run_id = c.run_id AND a.launch_call_id = c.call_id
             GROUP BY ALL
         ), call_names AS (
