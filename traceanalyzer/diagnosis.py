@@ -19,7 +19,14 @@ diagnosed together (`diagnose`):
    headline is a finding that names the cause the budget gives most of the idle time (sync,
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
    covers them all; elsewhere the most severe, and among equals, the largest loss.
-3. **Losses bounded by the budget.** A headline's loss is at most the time of its part: the
+3. **Losses bounded by the budget's steady state.** The budget here is the steady state's:
+   the time budget less the time inside warm-up windows (`warmup_windows`: ranges named
+   warm-up, first launches, module loads, early frees, JIT compilation, uploads before the
+   first kernel, slow first steps), part by part. A loss over a busy part (compute,
+   communication, copies) is first scaled by that part's share outside warm-up; idle losses
+   are measured outside warm-up by the timeline rules themselves. A headline's loss that the
+   whole budget would have allowed more of says what warm-up took ("(X more in warm-up, not
+   counted)", evidence `warmup_ns`). A headline's loss is at most the time of its part: the
    device's idle or copy time; a kernel's own time on the device and, summed over the
    device's kernels, its compute (or communication) time, each scaled down in proportion when
    they sum to more (kernels on concurrent streams overlap). A finding without a device is
@@ -27,7 +34,7 @@ diagnosed together (`diagnose`):
    span, and no nanosecond is claimed twice.
 
 4. **Severity from the loss.** A headline's severity follows its bounded loss as a share of
-   its device's span (of the run's, for a finding that claims no part; for a finding on no
+   its device's steady span (warm-up left out; of the run's span, for a finding that claims no part; for a finding on no
    device, of its devices' shortest): **error** from `error_span_share` (10%), **warning**
    from `min_loss_span_share` (1%), **info** below; a loss under `min_loss_ns` (100 us) is
    info whatever its share. A warning is time worth a look, an error a tenth of the device's
@@ -44,7 +51,11 @@ diagnosed together (`diagnose`):
    set like a rule's thresholds, under the name `floor` (`--threshold
    floor.error_span_share=0.2`, `[tool.traceanalyzer.thresholds.floor]`).
 
-5. **Order.** Headlines by bounded loss, largest first; among equal losses, and for those
+5. **Per step.** Where the run has steps (the `steps` view's most frequent name, warm-up
+   steps left out), a headline's message and evidence (`loss_per_step_ns`, `steps`) give its
+   loss per step as well.
+
+6. **Order.** Headlines by bounded loss, largest first; among equal losses, and for those
    without one (after all that have one), the most severe first. Each headline's related
    findings follow it. Every report keeps this order.
 
