@@ -553,9 +553,18 @@ def _warmup_budget(runs: str) -> str:
     """The time inside the warm-up windows (`warmup_windows`, merged per device) of the runs
     `runs` selects, by part of the time budget: run_id, device_id, category, cause, ns (parts
     with time only), as `_step_budget` clips the budget to steps."""
-    merged = islands(f"SELECT run_id, device_id, start_ns, end_ns FROM ({_warmup_windows(runs)})")
-    return _budget_sweep(runs) + _SEGMENTS + f"""
-        , windows AS ({merged}
+    # Only the operations around the windows are swept: from the last end at or before the
+    # first window's start to the first start at or after the last window's end, per device.
+    hull = f"""
+        warm_windows AS MATERIALIZED (SELECT run_id, device_id, start_ns, end_ns FROM ({_warmup_windows(runs)})),
+        hull AS (SELECT w.run_id, w.device_id,
+               coalesce((SELECT max(a.end_ns) FROM gpu_activity a WHERE a.run_id = w.run_id
+                           AND a.device_id IS NOT DISTINCT FROM w.device_id AND a.end_ns <= w.lo), w.lo) AS lo,
+               coalesce((SELECT min(a.start_ns) FROM gpu_activity a WHERE a.run_id = w.run_id
+                           AND a.device_id IS NOT DISTINCT FROM w.device_id AND a.start_ns >= w.hi), w.hi) AS hi
+        FROM (SELECT run_id, device_id, min(start_ns) AS lo, max(end_ns) AS hi FROM warm_windows GROUP BY ALL) w)"""
+    return _budget_sweep(runs, hull=hull) + _SEGMENTS + f"""
+        , windows AS ({islands("SELECT * FROM warm_windows")}
         ), clipped AS (
             SELECT g.run_id, g.device_id, g.category, g.cause,
                    least(g.end_ns, w.end_ns) - greatest(g.start_ns, w.start_ns) AS ns
@@ -587,7 +596,7 @@ def steady_start(start: str, end: str, w: str = "w") -> str:
             f"WHEN {w}.end_ns >= {end} THEN NULL ELSE {w}.end_ns END")
 
 
-def _budget_sweep(runs: str | None, window: bool = False) -> str:
+def _budget_sweep(runs: str | None, window: bool = False, hull: str | None = None) -> str:
     """The CTEs the time budgets share, up to `stretches` (each stretch of a device's span with
     its category) and `marks` (each idle stretch with where its `sync` and `host` parts end).
 
@@ -607,7 +616,12 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
     event at `win_hi_ns` that ends the window's last stretch there. Windows that cut a
     device's span at starts of its operations have parts that sum to the whole sweep's, each
     idle stretch whole (it ends at an operation's start, never inside a window); see
-    `time_budget_rows`."""
+    `time_budget_rows`.
+
+    With `hull` (CTEs, the last named `hull`: run_id, device_id, lo, hi), only the operations of a device that
+    reach into [lo, hi] are swept: its stretches inside [lo, hi] are the whole sweep's when lo
+    is an operation's end (or before the first) and hi an operation's start (or after the last),
+    as `_warmup_budget` sets them."""
     of_run = runs or "true"
     in_window, starts_in_window, clip_start, clip_end, bound = "true", "true", "a.start_ns", "a.end_ns", ""
     if window:
@@ -620,8 +634,13 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
     # The four counts ride in one running sum, 15 bits each (far more operations than one device
     # runs at once): one window aggregate instead of four, for a fraction of the sweep's memory.
     category = " ".join(f"WHEN (counts >> {15 * i}) & 32767 > 0 THEN '{c}'" for i, c in enumerate(BUDGET_CATEGORIES))
+    hull_cte, hull_join = "", ""
+    if hull:
+        hull_cte = f"{hull}, "
+        hull_join = ("JOIN hull h ON h.run_id = a.run_id AND h.device_id IS NOT DISTINCT FROM a.device_id "
+                     "AND a.end_ns >= h.lo AND a.start_ns <= h.hi")
     return f"""
-        WITH comm_names AS (  -- the pattern matched once per distinct name (kernel_names' window
+        WITH {hull_cte}comm_names AS (  -- the pattern matched once per distinct name (kernel_names' window
             -- keeps DuckDB from pushing it below the DISTINCT, onto every launch)
             SELECT run_id, name FROM kernel_names WHERE {of_run} AND regexp_matches(name, '{COMM_PATTERN}')
         ), ops AS (
@@ -629,6 +648,7 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
                    CASE a.kind WHEN 'kernel' THEN CASE WHEN c.name IS NULL THEN 1 ELSE 2 END
                                WHEN 'copy' THEN 3 ELSE 4 END AS rank
             FROM gpu_activity a LEFT JOIN comm_names c ON a.kind = 'kernel' AND c.run_id = a.run_id AND c.name = a.name
+            {hull_join}
             WHERE {_qualified(of_run, 'a')} AND {in_window}
         ), events AS (  -- +1 at a start, -1 at an end, in the bits of the operation's category
             SELECT run_id, device_id, start_ns AS t, 1::BIGINT << (15 * (rank - 1)) AS d FROM ops
