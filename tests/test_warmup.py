@@ -170,3 +170,18 @@ def test_alexnet_warm_up_is_set_apart_and_no_warning_claims_it(tmp_path):
     for f in found:
         if f["related_to"] is None and f["severity"] != "info" and (f["claims"] or "").startswith("idle"):
             assert f["est_loss_ns"] <= steady_idle, f["message"]
+
+
+def test_diagnosed_again_the_notes_are_not_repeated(planted):
+    """A pass of some rules diagnoses the stored findings again with its own: the warm-up and
+    per-step notes are each given once, as the first diagnosis gave them."""
+    from traceanalyzer.diagnosis import diagnose_runs
+
+    store, run_id = planted
+    before = {(f["rule_id"], f["fingerprint"]): (f["message"], f["evidence"]) for f in _findings(store, run_id)}
+    assert any("per step over 4 steps" in m for m, _ in before.values())
+    diagnose_runs(store, [run_id], Settings(select=["T001"]))
+    after = {(f["rule_id"], f["fingerprint"]): (f["message"], f["evidence"]) for f in _findings(store, run_id)}
+    assert after == before
+    for message, _ in after.values():
+        assert message.count("per step over") <= 1 and message.count("in warm-up, not counted") <= 1

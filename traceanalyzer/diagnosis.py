@@ -68,6 +68,7 @@ rules gave them.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
@@ -189,15 +190,20 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
     df["severity"] = [severity[i] for i in range(len(rows))]
     extra: dict[int, dict] = {}
+    own: dict[int, str] = defaultdict(str)  # the notes on warm-up and per step, after the floor's
     for i, left_out in warmup_ns.items():
-        notes[i] = notes.get(i, "") + f" ({ns(left_out)} more in warm-up, not counted)"
+        own[i] += f" ({ns(left_out)} more in warm-up, not counted)"
         extra.setdefault(i, {})["warmup_ns"] = int(round(left_out))
     for i in loss if steps > 1 else ():
         if loss[i]:
-            notes[i] = notes.get(i, "") + f" ({ns(loss[i] / steps)} per step over {steps} steps)"
+            own[i] += f" ({ns(loss[i] / steps)} per step over {steps} steps)"
             extra.setdefault(i, {}).update(loss_per_step_ns=int(round(loss[i] / steps)), steps=steps)
+    if warm or steps > 1:  # a finding diagnosed again: its figures may have changed
+        df["message"] = [_OWN_NOTES.sub("", m) if isinstance(m, str) else m for m in df["message"]]
     if notes:  # (a finding diagnosed again has its notes already)
         df["message"] = [m + notes[i] if i in notes and notes[i] not in m else m for i, m in enumerate(df["message"])]
+    if own:
+        df["message"] = [m + own[i] if i in own else m for i, m in enumerate(df["message"])]
     if extra:
         df["evidence"] = [_with(e, extra[i]) if i in extra else e for i, e in enumerate(df["evidence"])]
     df["related_to"] = df["related_to"].astype("Int64")
@@ -214,6 +220,10 @@ def _budget(store: Store, run_id: str) -> dict[tuple, int]:
         if cause is not None:
             out[(device, f"idle:{cause}")] = ns
     return out
+
+
+# The notes on warm-up and per-step losses that `diagnose` adds to a message.
+_OWN_NOTES = re.compile(r" \([^()]* (more in warm-up, not counted|per step over \d+ steps)\)")
 
 
 def _warmup(store: Store, run_id: str) -> tuple[dict[tuple, int], int]:
