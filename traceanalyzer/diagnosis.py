@@ -51,13 +51,13 @@ diagnosed together (`diagnose`):
    set like a rule's thresholds, under the name `floor` (`--threshold
    floor.error_span_share=0.2`, `[tool.traceanalyzer.thresholds.floor]`).
 
-5. **Per step.** Where the run has steps (the `steps` view's most frequent name, warm-up
-   steps left out), a headline's message and evidence (`loss_per_step_ns`, `steps`) give its
-   loss per step as well.
-
-6. **Order.** Headlines by bounded loss, largest first; among equal losses, and for those
+5. **Order.** Headlines by bounded loss, largest first; among equal losses, and for those
    without one (after all that have one), the most severe first. Each headline's related
    findings follow it. Every report keeps this order.
+
+6. **Per step.** Where the run has steps (the `steps` view's most frequent name, warm-up
+   steps left out), a headline's message and evidence (`loss_per_step_ns`, `steps`) give its
+   loss per step as well.
 
 A finding that claims no part (`claims` NULL: a recompile's compile time, a straggler's lag,
 peak memory) is a headline of its own, its loss bounded by the run's span. A run without a

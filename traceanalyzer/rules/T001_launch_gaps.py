@@ -113,7 +113,8 @@ WITH warm AS (  -- the warm-up windows per device
            __STEADY_START_OP__ AS gap_start, o.kind AS next_kind, o.item_id AS next_id,
            o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end, a.pid, a.tid
     FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
-    ASOF LEFT JOIN warm w ON w.device_id = coalesce(o.device_id, -1) AND o.start_ns > w.start_ns
+    ASOF LEFT JOIN warm w ON w.device_id = coalesce(o.device_id, -1) AND o.start_ns >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(o.device_id, -1) AND o.prev_max_end_ns >= w0.start_ns
     WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NOT NULL AND o.start_ns - o.prev_max_end_ns > $min_gap_ns
 ), gaps AS (  -- the gaps' steady parts (warm-up left out)
     SELECT * EXCLUDE (whole_start), gap_end - gap_start AS gap_ns FROM all_gaps
@@ -128,7 +129,8 @@ WITH warm AS (  -- the warm-up windows per device
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
 ), device_stretches AS (
     SELECT g.device_id, __STEADY_START_GAP__ AS start_ns, g.end_ns, g.gap_ns AS whole_ns
-    FROM device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns > w.start_ns
+    FROM device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(g.device_id, -1) AND g.start_ns >= w0.start_ns
     WHERE g.run_id = $run_id AND g.gap_ns > $min_gap_ns
       AND g.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
 ), stretches AS (
@@ -418,9 +420,9 @@ RULE = Rule(
         "is almost always on the host: a synchronizing call between launches, a launch thread "
         "that cannot keep up, or a copy the stream waits for.",
     how="Operations are ordered per device and stream; a gap is the time from the latest end "
-        "so far to the next start; of a gap that a warm-up window of its device (`warmup_windows`) "
-        "overlaps, only the part after the window counts, none when the gap ends inside one (the gap "
-        "time so left out is the evidence's `warmup_ns`). Each gap's time is split in time between causes, read from the "
+        "so far to the next start, less its time inside warm-up windows of its device "
+        "(`warmup_windows`; see `views.steady_start`: the gap's start moves later by that time; the "
+        "gap time so left out is the evidence's `warmup_ns`). Each gap's time is split in time between causes, read from the "
         "launch call of the operation that ends it and that call's thread, as the time budget "
         "(`time_budget`) splits an idle stretch: until the launch call returned (or a blocking call "
         "the thread was in when the gap began, if later) the host had not issued the work; of that "

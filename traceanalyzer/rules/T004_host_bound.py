@@ -24,7 +24,8 @@ WITH warm AS (  -- the warm-up windows of every device together
 ), steady AS (  -- each GPU-idle stretch's steady part (none: all warm-up)
     SELECT g.start_ns AS idle_start, __STEADY_START__ AS start_ns, g.end_ns
     FROM (SELECT start_ns, end_ns FROM run_idle_gaps WHERE run_id = $run_id) g
-    ASOF LEFT JOIN warm w ON g.end_ns > w.start_ns
+    ASOF LEFT JOIN warm w ON g.end_ns >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON g.start_ns >= w0.start_ns
 ), gpu_idle AS (
     SELECT row_number() OVER (ORDER BY start_ns) AS sid, start_ns, end_ns, end_ns - start_ns AS gap_ns
     FROM steady WHERE end_ns - start_ns >= $min_stretch_ns
@@ -222,10 +223,9 @@ RULE = Rule(
         "and optimizing kernels gains nothing until the host keeps the GPUs fed.",
     how="GPU operations of all devices are merged into busy intervals; the gaps between them of at "
         "least `min_stretch_ns` are GPU-idle stretches (time before the first and after the last "
-        "GPU operation is not counted), less warm-up: of a stretch that a warm-up window of any device "
-        "(`warmup_windows`) overlaps, only the part after the window counts, none when the stretch ends "
-        "inside one (the GPU-idle time so left out is the evidence's `warmup_ns`). Of each stretch only its "
-        "host part counts: up to where the "
+        "GPU operation is not counted), less their time inside warm-up windows of any device "
+        "(`warmup_windows`; see `views.steady_start`: a stretch's start moves later by that time; the "
+        "GPU-idle time so left out is the evidence's `warmup_ns`). Of each stretch only its host part counts: up to where the "
         "first device was given the work that ends its idle stretch (the return of that work's "
         "launch call, or of a blocking call its thread was in when the device went idle, as the "
         "time budget reads it; none where no launch call is known, or where no device's span holds "

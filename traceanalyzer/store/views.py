@@ -585,15 +585,23 @@ def warmup_merged(where: str, across_devices: bool = False) -> str:
     return islands(f"SELECT run_id, {device} AS device_id, start_ns, end_ns FROM warmup_windows WHERE {where}")
 
 
-def steady_start(start: str, end: str, w: str = "w") -> str:
+def steady_start(start: str, end: str, w: str = "w", w0: str = "w0") -> str:
     """Where the steady part of an idle stretch [`start`, `end`], which ends at an operation's
-    start, begins, as SQL: past the end of `w`, the last merged warm-up window starting before
-    `end` (an ASOF join on `warmup_merged`; NULL: none), when `w` overlaps the stretch; NULL when
-    `end` lies in `w` (the stretch leads to work launched in warm-up: all of it is warm-up's). A
-    stretch is read from the operation that ends it, so its steady part is the one piece that
-    reaches that operation (a steady piece before a window inside it is left out too)."""
-    return (f"CASE WHEN {w}.end_ns IS NULL OR {w}.end_ns <= {start} THEN {start} "
-            f"WHEN {w}.end_ns >= {end} THEN NULL ELSE {w}.end_ns END")
+    start, begins, as SQL: `start` moved later by the stretch's time inside warm-up windows,
+    NULL when that is all of it. `w` and `w0` are the last merged warm-up windows
+    (`warmup_merged`, with `busy_before_ns`: the window time before each) starting at or before
+    `end` and `start` (ASOF joins; NULL: none). A stretch is read from the operation that ends
+    it, so its steady part is kept as one piece reaching that operation, as long as the time
+    outside the windows: exact where a window covers its start or its end (warm-up before
+    the steady state, or work launched in warm-up), and for a window inside it, its time is
+    taken from the stretch's first part (the `sync`, then `host` causes)."""
+    inside = f"({_warm_before(end, w)} - {_warm_before(start, w0)})"
+    return f"CASE WHEN {start} + {inside} < {end} THEN {start} + {inside} END"
+
+
+def _warm_before(t: str, w: str) -> str:
+    """The warm-up window time before `t`, from `w`, the last merged window starting at or before it."""
+    return f"coalesce({w}.busy_before_ns + least(greatest({t} - {w}.start_ns, 0), {w}.end_ns - {w}.start_ns), 0)"
 
 
 def _budget_sweep(runs: str | None, window: bool = False, hull: str | None = None) -> str:
