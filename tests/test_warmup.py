@@ -185,3 +185,32 @@ def test_diagnosed_again_the_notes_are_not_repeated(planted):
     assert after == before
     for message, _ in after.values():
         assert message.count("per step over") <= 1 and message.count("in warm-up, not counted") <= 1
+
+
+def test_a_first_step_far_slower_than_the_others_is_warm_up(store):
+    """Leading steps longer than 1.5x the median of the later ones (at most half of them) are
+    warm-up, as `summary` sets them apart; a first step like the others is not."""
+    import pyarrow as pa
+    from pathlib import Path
+
+    from traceanalyzer.ingest.base import ParsedTrace
+
+    def run(step_us: list[int], name: str) -> str:
+        starts = [sum(step_us[:i]) for i in range(len(step_us))]
+        kernels = pa.table({
+            "kernel_id": list(range(len(step_us))), "device_id": [0] * len(step_us), "name": ["k"] * len(step_us),
+            "stream_id": [7] * len(step_us), "start_ns": [s * 1000 for s in starts],
+            "end_ns": [(s + 10) * 1000 for s in starts], "pid": [1] * len(step_us)})
+        ranges = pa.table({
+            "range_id": list(range(len(step_us))), "kind": ["user_annotation"] * len(step_us),
+            "name": [f"ProfilerStep#{i}" for i in range(len(step_us))], "pid": [1] * len(step_us),
+            "tid": [1] * len(step_us), "start_ns": [s * 1000 for s in starts],
+            "end_ns": [(s + d) * 1000 for s, d in zip(starts, step_us)]})
+        trace = ParsedTrace(format="kineto-json", tables={"kernels": kernels, "ranges": ranges})
+        return store.write_run(trace, Path(f"/planted/{name}"), (name * 64)[:64], 1).run_id
+
+    slow = run([900, 100, 110, 100, 105, 100], "a")
+    rows = store.sql("SELECT reason, start_ns, end_ns FROM run_warmup_windows($r)", {"r": slow}).fetchall()
+    assert rows == [("first step", 0, 900_000)]
+    even = run([140, 100, 110, 100, 105, 100], "b")  # 140 us < 1.5 x 102.5 us: a step like the others
+    assert store.sql("SELECT count(*) FROM run_warmup_windows($r)", {"r": even}).fetchone()[0] == 0
