@@ -23,7 +23,14 @@ diagnosed together (`diagnose`):
    gaps); elsewhere the most severe, and among equals, the largest loss. A finding that
    abstained (`"cause": "unknown"` in its evidence: the trace cannot tell, see
    rules/_unknown.py) names `unknown`, whatever the budget's marks say.
-3. **Losses bounded by the budget.** A headline's loss is at most the time of its part: the
+3. **Losses bounded by the budget's steady state.** The budget here is the steady state's:
+   the time budget less the time inside warm-up windows (`warmup_windows`: ranges named
+   warm-up, first launches, module loads, early frees, JIT compilation, uploads before the
+   first kernel, slow first steps), part by part. A loss over a busy part (compute,
+   communication, copies) is first scaled by that part's share outside warm-up; idle losses
+   are measured outside warm-up by the timeline rules themselves. A headline's loss that the
+   whole budget would have allowed more of says what warm-up took ("(X more in warm-up, not
+   counted)", evidence `warmup_ns`). A headline's loss is at most the time of its part: the
    device's idle or copy time; a kernel's own time on the device and, summed over the
    device's kernels, its compute (or communication) time, each scaled down in proportion when
    they sum to more (kernels on concurrent streams overlap). A finding without a device is
@@ -31,7 +38,7 @@ diagnosed together (`diagnose`):
    span, and no nanosecond is claimed twice.
 
 4. **Severity from the loss.** A headline's severity follows its bounded loss as a share of
-   its device's span (of the run's, for a finding that claims no part; for a finding on no
+   its device's steady span (warm-up left out; of the run's span, for a finding that claims no part; for a finding on no
    device, of its devices' shortest): **error** from `error_span_share` (10%), **warning**
    from `min_loss_span_share` (1%), **info** below; a loss under `min_loss_ns` (100 us) is
    info whatever its share. A warning is time worth a look, an error a tenth of the device's
@@ -52,6 +59,10 @@ diagnosed together (`diagnose`):
    without one (after all that have one), the most severe first. Each headline's related
    findings follow it. Every report keeps this order.
 
+6. **Per step.** Where the run has steps (the `steps` view's most frequent name, warm-up
+   steps left out), a headline's message and evidence (`loss_per_step_ns`, `steps`) give its
+   loss per step as well.
+
 A finding that claims no part (`claims` NULL: a recompile's compile time, a straggler's lag,
 peak memory) is a headline of its own, its loss bounded by the run's span. A run without a
 timeline (Nsight Compute) has no budget: its findings are grouped by kernel, losses as the
@@ -61,6 +72,7 @@ rules gave them.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
@@ -70,6 +82,7 @@ from .fmt import loss_bound, ns, pct
 from .rules.base import SEVERITIES, Threshold
 from .rules.engine import RuleOutcome, Settings, run_rules
 from .store import Store
+from .store.views import PROFILER_STEP
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -122,7 +135,9 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     # A stored finding was diagnosed before: its rule's own estimate is in rule_loss_ns.
     rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
     df["rule_loss_ns"] = df["est_loss_ns"] if rule_loss is None else rule_loss.where(rule_loss.notna(), df["est_loss_ns"])
-    budget = _budget(store, run_id)
+    whole = _budget(store, run_id)
+    warm, steps = _warmup(store, run_id)
+    budget = {k: ns - warm.get(k, 0) for k, ns in whole.items()}  # the steady state's
     devices = sorted({d for d, _ in budget})
     kernel_ns = _kernel_ns(store, run_id, df)
 
@@ -134,6 +149,7 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     related: dict[int, int] = {}
     lent = {i: r["severity"] for i, r in enumerate(rows)}  # the worst of its group, where no band applies
     bounds: dict[int, str] = {}  # what lowered a headline's loss below its rule's, in words
+    warmup_ns: dict[int, float] = {}  # of a headline's loss bounded by the whole budget, the part warm-up took
     span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
     for members in groups:
         main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
@@ -144,7 +160,12 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
                 related[i] = head
                 if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(lent[head]):
                     lent[head] = rows[i]["severity"]
-        loss[head], bounds[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns)
+        loss[head], bounds[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns,
+                                            _steady_share(units[head], budget, whole))
+        if warm and loss[head] is not None:
+            left_out = _bounded(rows[head], units[head], whole, kernel_ns, span_ns)[0] - loss[head]
+            if left_out > 0:
+                warmup_ns[head] = left_out
     _share_parts(rows, units, loss, budget, bounds)
 
     severity = {i: r["severity"] for i, r in enumerate(rows)}
@@ -179,9 +200,23 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     df["related_to"] = [no[related[i]] if i in related else None for i in range(len(rows))]
     df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
     df["severity"] = [severity[i] for i in range(len(rows))]
-    if notes:
-        # (a finding stored before, diagnosed again in a cross-run pass, has its note already)
-        df["message"] = [m if notes.get(i, "") in m else m + notes[i] for i, m in enumerate(df["message"])]
+    extra: dict[int, dict] = {}
+    own: dict[int, str] = defaultdict(str)  # the notes on warm-up and per step, after the floor's
+    for i, left_out in warmup_ns.items():
+        own[i] += f" ({ns(left_out)} more in warm-up, not counted)"
+        extra.setdefault(i, {})["warmup_ns"] = int(round(left_out))
+    for i in loss if steps > 1 else ():
+        if loss[i]:
+            own[i] += f" ({ns(loss[i] / steps)} per step over {steps} steps)"
+            extra.setdefault(i, {}).update(loss_per_step_ns=int(round(loss[i] / steps)), steps=steps)
+    if warm or steps > 1:  # a finding diagnosed again: its figures may have changed
+        df["message"] = [_OWN_NOTES.sub("", m) if isinstance(m, str) else m for m in df["message"]]
+    if notes:  # (a finding stored before, diagnosed again in a cross-run pass, has its notes already)
+        df["message"] = [m + notes[i] if i in notes and notes[i] not in m else m for i, m in enumerate(df["message"])]
+    if own:
+        df["message"] = [m + own[i] if i in own else m for i, m in enumerate(df["message"])]
+    if extra:
+        df["evidence"] = [_with(e, extra[i]) if i in extra else e for i, e in enumerate(df["evidence"])]
     df["related_to"] = df["related_to"].astype("Int64")
     df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
     return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
@@ -196,6 +231,36 @@ def _budget(store: Store, run_id: str) -> dict[tuple, int]:
         if cause is not None:
             out[(device, f"idle:{cause}")] = ns
     return out
+
+
+# The notes on warm-up and per-step losses that `diagnose` adds to a message.
+_OWN_NOTES = re.compile(r" \([^()]* (more in warm-up, not counted|per step over \d+ steps)\)")
+
+
+def _warmup(store: Store, run_id: str) -> tuple[dict[tuple, int], int]:
+    """The run's time inside warm-up windows (`warmup_windows`), keyed as `_budget`, and its
+    steady steps: the `steps` view's of its most frequent name (`ProfilerStep#N` pooled), less
+    those the windows set apart as warm-up."""
+    windows, parts = store.warmup([run_id])
+    out: dict[tuple, int] = {}
+    for r in parts:
+        device, category, cause, part_ns = r["device_id"], r["category"], r["cause"], r["ns"]
+        out[(device, category)] = out.get((device, category), 0) + part_ns
+        if cause is not None:
+            out[(device, f"idle:{cause}")] = part_ns
+    (steps,) = store.sql(f"""SELECT coalesce(max(n), 0) FROM (
+        SELECT count(*) AS n FROM steps WHERE run_id = $r
+        GROUP BY regexp_replace(name, '{PROFILER_STEP}', 'ProfilerStep#*'))""", {"r": run_id}).fetchone()
+    warm_steps = {w["start_ns"] for w in windows if w["reason"] == "first step"}
+    return out, steps - len(warm_steps)
+
+
+def _with(evidence, extra: dict) -> str:
+    """`evidence` (JSON text or None) with the keys of `extra` set."""
+    data = json.loads(evidence) if isinstance(evidence, str) and evidence else {}
+    if not isinstance(data, dict):
+        data = {"evidence": data}
+    return json.dumps({**data, **extra})
 
 
 def _kernel_ns(store: Store, run_id: str, df: pd.DataFrame) -> dict[tuple, int]:
@@ -299,19 +364,30 @@ def _num(v) -> float:
     return -1.0 if v is None or v != v else float(v)
 
 
+def _steady_share(units: list[tuple], budget: dict, whole: dict) -> float:
+    """Of a busy part (compute, communication, copy) a finding claims, the share outside warm-up
+    (the least of its devices'): its loss is taken to lie in the part as the part's time does.
+    1 for idle time, which the timeline rules measure outside warm-up themselves (and the
+    bound by the steady idle time catches the rest)."""
+    shares = [budget.get((d, c), 0) / whole[(d, c)] for d, c, _ in units
+              if c not in ("idle", "finding") and whole.get((d, c))]
+    return min(shares, default=1.0)
+
+
 # A budget part in words, after "est. loss at most the 42 ms of device 0's ..." (fmt.loss_bound).
 _PART_WORDS = {"idle": "idle time", "copy": "copy time", "compute": "compute time",
                "communication": "communication time"}
 
 
-def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict,
-             span_ns: int | None) -> tuple[float | None, str]:
-    """A headline's loss: the rule's, at most the time of the part it claims on each device
-    (the run's span for a finding that claims no part); and, where that part lowered it, what
-    bounds it in words (fmt.loss_bound), else ""."""
+def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, span_ns: int | None,
+             share: float = 1.0) -> tuple[float | None, str]:
+    """A headline's loss: the rule's (times `share`, its part outside warm-up), at most the time
+    of the part it claims on each device (the run's span for a finding that claims no part);
+    and, where that part lowered it, what bounds it in words (fmt.loss_bound), else ""."""
     own = row["rule_loss_ns"]
     if own is None or own != own:
         return None, ""
+    own *= share
     caps: list[tuple[int, str]] = []  # (ns, what it is)
     if not isinstance(row["claims"], str):
         caps.append((span_ns, "of the run's span"))
@@ -366,6 +442,8 @@ def _share(row: dict, units: list[tuple], loss: float | None, spans: dict, span_
         return None
     on = [spans[d] for d, _, _ in units if d in spans] if isinstance(row["claims"], str) else []
     span = min(on) if on else span_ns
+    if on and not span:  # a device all warm-up: nothing of it is steady loss
+        return 0.0 if not loss else 1.0
     return loss / span if span else None
 
 

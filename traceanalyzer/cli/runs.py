@@ -94,12 +94,12 @@ def _write_csv(runs_: list[dict], stream) -> None:
 
 def print_summary(console: Console, s: dict) -> None:
     """A run's summary (`_summary_of`) as text, laid out for the console's width."""
-    from ..report.budget import budget_line, no_budget_line
+    from ..report.budget import budget_lines, no_budget_line
 
     console.rule(Text(f"{s['run_id']}  {fmt.printable(s['file_name'])}  ({s['format']})"), style="bold")
     say(console, fmt.printable(f"span: {fmt.ns(s['span_ns'])}   producer: {fmt.text(s['producer'])} "
                                f"{fmt.text(s['producer_version'], '')}   host: {fmt.text(s['host'])}"))
-    for line in [budget_line(d) for d in s["budget"]] or [no_budget_line(s)]:
+    for line in [line for d in s["budget"] for line in budget_lines(d)] or [no_budget_line(s)]:
         say(console, fmt.printable(line))
     st = s.get("steps")
     if st:

@@ -3,7 +3,10 @@
 Each device's span (first GPU operation's start to last one's end) in exclusive parts:
 compute, communication, copy, memset, and idle by cause. JSON keeps the shape other tools
 read: per device `{"device_id", "span_ns", "parts": [{"category", "cause", "ns"}]}`, plus
-`host_work` (`{"name", "kind", "ns"}`) when the run's host-bound finding names what the host did.
+`host_work` (`{"name", "kind", "ns"}`) when the run's host-bound finding names what the host did,
+and `warmup` (see `_add_warmup`) when part of the span is warm-up or one-time costs
+(`warmup_windows`): the parts are the whole span's, warm-up included; the findings weigh the
+steady state (the span less warm-up).
 """
 
 from __future__ import annotations
@@ -44,7 +47,44 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
         work = json.loads(top) if top else None
         for d in out[run_id].values() if work else ():
             d["host_work"] = {"name": work["name"], "kind": work.get("kind"), "ns": work["ns"]}
+    _add_warmup(store, out)
     return {r: list(devices.values()) for r, devices in out.items()}
+
+
+def _add_warmup(store: Store, out: dict[str, dict]) -> None:
+    """Each device's `warmup` (`warmup_windows`, `run_warmup_budget`), where it has some:
+    `{"ns", "steady_span_ns", "reasons": [...], "parts": [{"category", "cause", "ns"}]}`, the
+    reasons by the time their windows cover, most first."""
+    windows, parts = store.warmup([r for r, devices in out.items() if devices])
+    for r in parts:
+        d = out[r["run_id"]].get(r["device_id"])
+        if d is not None:
+            w = d.setdefault("warmup", {"ns": 0, "parts": [], "reasons": []})
+            w["ns"] += r["ns"]
+            w["parts"].append({"category": r["category"], "cause": r["cause"], "ns": r["ns"]})
+    covered: dict[tuple, list] = {}
+    for w in windows:
+        covered.setdefault((w["run_id"], w["device_id"], w["reason"]), []).append((w["start_ns"], w["end_ns"]))
+    for (run_id, device_id, reason), spans in sorted(covered.items(), key=lambda kv: -_union(kv[1])):
+        d = out[run_id].get(device_id)
+        if d is not None and "warmup" in d:
+            d["warmup"]["reasons"].append(reason)
+    for devices in out.values():
+        for d in devices.values():
+            if "warmup" in d:
+                d["warmup"]["parts"].sort(key=_part_order)
+                d["warmup"]["steady_span_ns"] = (d["span_ns"] or 0) - d["warmup"]["ns"]
+
+
+def _union(spans: list[tuple[int, int]]) -> int:
+    """The time a list of intervals covers."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
 
 
 def step_budgets_of(store: Store, run_id: str) -> dict:
@@ -129,6 +169,21 @@ def budget_line(device: dict) -> str:
         text += f", {_pct(idle_ns, span)} idle: " + ", ".join(f"{p['cause']} {_pct(p['ns'], span)}{_host_work(device, p)}"
                                                               for p in idle)
     return text
+
+
+def warmup_line(device: dict) -> str | None:
+    """'warm-up: 12.8 s of the span (range named warm-up, cudaFree, first launch), not counted
+    in the findings; steady 83 ms'; None without warm-up."""
+    w = device.get("warmup")
+    if not w or not w["ns"]:
+        return None
+    return (f"warm-up: {fmt.ns(w['ns'])} of the span ({', '.join(w['reasons'])}), not counted in the findings; "
+            f"steady {fmt.ns(w['steady_span_ns'])}")
+
+
+def budget_lines(device: dict) -> list[str]:
+    """A device's budget line, and its warm-up line when it has one."""
+    return [budget_line(device), *filter(None, [warmup_line(device)])]
 
 
 HOST_WORK_KINDS = {"cpu_op": "operator", "api_call": "API call", "range": "range"}

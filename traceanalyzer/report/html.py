@@ -27,7 +27,7 @@ from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
-from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs
+from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs, warmup_line
 from .vendor import vendor_text
 from .html_charts import clip, esc
 from .model import CheckResult, loss_shares, run_order
@@ -327,8 +327,10 @@ def _budget(run: dict, step_budgets: dict) -> str:
     rows = []
     for d in budget:
         rects = _stacked(d["parts"], d["span_ns"] or 0, 0, 1000, horizontal=True)
+        warm = warmup_line(d)
         rows.append(f'<div class="budget"><div class="line">{esc(budget_line(d))}</div>'
-                    f'<svg viewBox="0 0 1000 16" preserveAspectRatio="none" role="img" '
+                    + (f'<div class="line quiet">{esc(warm)}</div>' if warm else "")
+                    + f'<svg viewBox="0 0 1000 16" preserveAspectRatio="none" role="img" '
                     f'aria-label="{esc(budget_line(d))}">{"".join(rects)}</svg>'
                     + _step_bars(step_budgets.get(d["device_id"]) or []) + "</div>")
     return '<div class="budgets">' + "".join(rows) + "</div>"

@@ -12,7 +12,7 @@ import re
 
 from .. import fmt, summary
 from ..store import Store
-from .budget import budget_line, no_budget_line
+from .budget import budget_lines, no_budget_line
 from .model import CheckResult, loss_shares, run_order
 
 MAX_CHARS_DEFAULT = 60_000
@@ -54,7 +54,7 @@ def _run_section(store: Store, result: CheckResult, run: dict, findings: list[di
     parts.append(" · ".join(facts))
     # Where each device's time went, first (see report/budget.py).
     budget = run.get("budget") or []
-    parts += [""] + ([f"- {md(budget_line(d))}" for d in budget] or [f"- {md(no_budget_line(run))}"])
+    parts += [""] + ([f"- {md(line)}" for d in budget for line in budget_lines(d)] or [f"- {md(no_budget_line(run))}"])
     if len(kernels):
         parts += ["", "Top kernels: " + "; ".join(f"{md(k.kernel, 80)} {md(fmt.ns(k.total_ns))} ({md(fmt.pct(k.share))})"
                                                 for k in kernels.itertuples())]

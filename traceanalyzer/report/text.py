@@ -17,7 +17,7 @@ from rich.markup import escape as _markup_escape
 from rich.text import Text
 
 from .. import fmt
-from .budget import budget_line, no_budget_line
+from .budget import budget_line, no_budget_line, warmup_line
 from .model import CheckResult
 from .vendor import result_text, vendor_text
 
@@ -258,6 +258,8 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
         # First, which kind of slow this is: where each device's time went.
         for device in run.get("budget", []):
             _line(console, f"[bold]{escape(budget_line(device))}[/]")
+            if warmup_line(device):
+                _line(console, escape(warmup_line(device)))
         if "budget" in run and not run["budget"]:
             _line(console, f"[dim]{escape(no_budget_line(run))}[/]")
         shown = [f for f in result.headlines(rid) if show_info or f["severity"] != "info"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks
+from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks, steady_start, warmup_merged
 from ._code import around_gaps, device_key, phrase
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import launch_gap_unknown
@@ -104,27 +104,43 @@ HINT = "CASE main_cause " + " ".join(f"WHEN {_quoted(c)} THEN {_quoted(h)}" for 
 # time really lost), then one finding per stream plus one per device for idle time across all
 # streams.
 SQL = r"""
-WITH gaps AS (
+WITH warm AS (  -- the warm-up windows per device
+    __WARM__
+), all_gaps AS (
     -- Operations in stream order come computed once per run for T001 and S002 (views.stream_ops),
     -- read straight from the cache: sharing them as a CTE would copy every row again.
     -- Names are looked up only for the gaps the evidence lists. With each gap, the launch call
-    -- of the operation that ends it, and that call's thread.
-    SELECT o.device_id, o.stream_id, o.prev_max_end_ns AS gap_start, o.start_ns AS gap_end,
-           o.start_ns - o.prev_max_end_ns AS gap_ns, o.kind AS next_kind, o.item_id AS next_id,
+    -- of the operation that ends it, and that call's thread; and where its steady part begins.
+    SELECT o.device_id, o.stream_id, o.prev_max_end_ns AS whole_start, o.start_ns AS gap_end,
+           __STEADY_START_OP__ AS gap_start, o.kind AS next_kind, o.item_id AS next_id,
            o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end, a.pid, a.tid
     FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
+    ASOF LEFT JOIN warm w ON w.device_id = coalesce(o.device_id, -1) AND o.start_ns >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(o.device_id, -1) AND o.prev_max_end_ns >= w0.start_ns
     WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NOT NULL AND o.start_ns - o.prev_max_end_ns > $min_gap_ns
+), gaps AS (  -- the gaps' steady parts (warm-up left out)
+    SELECT * EXCLUDE (whole_start), gap_end - gap_start AS gap_ns FROM all_gaps
+    WHERE gap_end - gap_start > $min_gap_ns
+), warm_left AS (  -- per stream, the gap time left out as warm-up
+    SELECT device_id, stream_id, sum(gap_end - whole_start) - coalesce(sum(gap_end - gap_start), 0) AS warmup_ns
+    FROM all_gaps GROUP BY ALL
 ), stream_counts AS (  -- per device: its streams, and whether every operation has one
     SELECT device_id, count(DISTINCT stream_id) AS n_streams, count(stream_id) = count(*) AS all_on_streams
     FROM stream_ops WHERE run_id = $run_id AND device_id IS NOT NULL GROUP BY device_id
 ), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
+), device_stretches AS (
+    SELECT g.device_id, __STEADY_START_GAP__ AS start_ns, g.end_ns, g.gap_ns AS whole_ns
+    FROM device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(g.device_id, -1) AND g.start_ns >= w0.start_ns
+    WHERE g.run_id = $run_id AND g.gap_ns > $min_gap_ns
+      AND g.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
 ), stretches AS (
     -- Idle stretches of devices with several streams (with one, its stream's finding says it all),
     -- each read from the operation that ends it, as a stream gap is (device_gaps).
-    SELECT device_id, start_ns, end_ns, gap_ns FROM device_idle_gaps
-    WHERE run_id = $run_id AND gap_ns > $min_gap_ns
-      AND device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
+    -- Their steady parts (warm-up left out).
+    SELECT device_id, start_ns, end_ns, end_ns - start_ns AS gap_ns FROM device_stretches
+    WHERE end_ns - start_ns > $min_gap_ns
 ), stretch_ends AS (
     -- The operations that can start where a stretch ends: one whose stream worked before ends a
     -- gap of its stream at least as long as the stretch (so listed in gaps), else it is its
@@ -276,18 +292,23 @@ WITH gaps AS (
     SELECT p.* EXCLUDE (top), s.span_ns, __STREAM_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main,
            main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
            __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
-           coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, __PLACE_SP__ AS place
+           coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, __PLACE_SP__ AS place,
+           coalesce(wl.warmup_ns, 0) AS warmup_ns
     FROM per_stream_idle p JOIN spans s USING (device_id)
     LEFT JOIN worst_gaps w USING (device_id, stream_id)  -- no gaps listed with max_examples = 0
     LEFT JOIN stream_place sp ON sp.device_id IS NOT DISTINCT FROM p.device_id
                              AND sp.stream_id IS NOT DISTINCT FROM p.stream_id
+    LEFT JOIN warm_left wl ON wl.device_id IS NOT DISTINCT FROM p.device_id AND wl.stream_id IS NOT DISTINCT FROM p.stream_id
 ), per_device_all AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
-           any_value(b.active_span_ns) AS span_ns,
+           any_value(b.active_span_ns) AS span_ns, any_value(wd.warmup_ns) AS warmup_ns,
            __CAUSE_SUMS__,
            to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause},
                            (gap_ns, -d.gap_start), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM device_classified d JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
+    LEFT JOIN (SELECT device_id, sum(whole_ns - coalesce(end_ns - start_ns, 0)) AS warmup_ns FROM device_stretches
+               GROUP BY ALL) wd
+      ON wd.device_id = d.device_id
     GROUP BY d.device_id
 ), per_device AS (  -- a device-idle stretch is device-idle time through and through
     SELECT d.*, __DEVICE_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main, main['cause'] AS main_cause,
@@ -311,7 +332,7 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "device_idle_ns": ' || lost_ns
          || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns || ', "cause_idle_ns": ' || cause_idle_ns
-         || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "worst": ' || worst || '}' AS evidence
+         || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "warmup_ns": ' || warmup_ns || ', "worst": ' || worst || '}' AS evidence
 FROM per_stream
 WHERE lost_ns > 0  -- gaps while other streams kept the device busy cost nothing
 UNION ALL
@@ -326,11 +347,14 @@ SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, w_start, w_
        __HINT__,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "device idle", "median_ns": ' || median_ns
          || ', "span_ns": ' || span_ns || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns
-         || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "worst": ' || worst || '}'
+         || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "warmup_ns": ' || coalesce(warmup_ns, 0) || ', "worst": ' || worst || '}'
 FROM per_device  -- (stretches keeps only devices with several streams: with one, this would repeat the stream's)
 ORDER BY item_kind DESC, device_id, stream_id
 """
 for _key, _sql in {
+    "__WARM__": warmup_merged("run_id = $run_id"),
+    "__STEADY_START_OP__": steady_start("o.prev_max_end_ns", "o.start_ns"),
+    "__STEADY_START_GAP__": steady_start("g.start_ns", "g.end_ns"),
     "__BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__PROBE_SYNC_UNTIL__": PROBE_SYNC_UNTIL, "__BLOCKED_AT_START__": blocked_at("b", "p.gap_start"),
     "__BLOCKED_AT_UNTIL__": blocked_at("b", "p.sync_until"),
@@ -405,7 +429,9 @@ RULE = Rule(
         "is almost always on the host: a synchronizing call between launches, a launch thread "
         "that cannot keep up, or a copy the stream waits for.",
     how="Operations are ordered per device and stream; a gap is the time from the latest end "
-        "so far to the next start. Each gap's time is split in time between causes, read from the "
+        "so far to the next start, less its time inside warm-up windows of its device "
+        "(`warmup_windows`; see `views.steady_start`: the gap's start moves later by that time; the "
+        "gap time so left out is the evidence's `warmup_ns`). Each gap's time is split in time between causes, read from the "
         "launch call of the operation that ends it and that call's thread, as the time budget "
         "(`time_budget`) splits an idle stretch: until the launch call returned (or a blocking call "
         "the thread was in when the gap began, if later) the host had not issued the work; of that "

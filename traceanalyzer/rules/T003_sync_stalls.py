@@ -1,6 +1,6 @@
 """T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
 
-from ..store.views import host_until, issued_at, next_busy_candidates
+from ..store.views import host_until, issued_at, next_busy_candidates, steady_start, warmup_merged
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 
@@ -51,6 +51,12 @@ WITH active AS (
 ), next_busy AS (  -- the first busy interval of that device ending after the call returned
     SELECT p.*, b.start_ns AS busy_start
     FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
+), warm AS (  -- the warm-up windows per device
+    __WARM__
+), steady AS (  -- where the idle after each call begins to be steady (NULL: it ends in warm-up)
+    SELECT n.*, __STEADY_START__ AS steady_from
+    FROM next_busy n ASOF LEFT JOIN warm w ON w.device_id = coalesce(n.dev, -1) AND n.busy_start >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(n.dev, -1) AND n.end_ns >= w0.start_ns
 ), issued AS (  -- when the work that ended the idle after a call was issued (views.issued_at)
     __ISSUED__
 ), per_call AS (
@@ -62,9 +68,11 @@ WITH active AS (
            any_value(n.device_id) AS device_id,
            min(greatest(n.busy_start - n.end_ns, 0)) AS idle_after_ns,
            min(CASE WHEN n.busy_start > n.end_ns
-                    THEN coalesce(__HOST_UNTIL__ - n.end_ns, 0) END) AS host_after_ns,
+                    THEN coalesce(greatest(__HOST_UNTIL__ - n.steady_from, 0), 0) END) AS host_after_ns,
+           min(CASE WHEN n.busy_start > n.end_ns
+                    THEN coalesce(__HOST_UNTIL__ - n.end_ns, 0) END) AS whole_host_after_ns,
            min(n.busy_start) AS next_gpu_start_ns
-    FROM next_busy n LEFT JOIN issued i ON i.device_id = n.dev AND i.busy_start = n.busy_start
+    FROM steady n LEFT JOIN issued i ON i.device_id = n.dev AND i.busy_start = n.busy_start
     GROUP BY n.call_id, n.sync_id
 ), costed AS (
     -- Calls of one thread back to back before the same next work wait out the same idle: it is
@@ -73,6 +81,9 @@ WITH active AS (
            CASE WHEN row_number() OVER (PARTITION BY name, pid, tid, next_gpu_start_ns ORDER BY end_ns DESC,
                                                      call_id DESC, sync_id DESC) = 1
                 THEN host_after_ns ELSE 0 END AS own_host_ns,
+           CASE WHEN row_number() OVER (PARTITION BY name, pid, tid, next_gpu_start_ns ORDER BY end_ns DESC,
+                                                     call_id DESC, sync_id DESC) = 1
+                THEN coalesce(whole_host_after_ns - host_after_ns, 0) ELSE 0 END AS warm_host_ns,
            least(end_ns - start_ns, coalesce(host_after_ns, 0)) AS hideable_ns
     FROM per_call
 ), spans AS (
@@ -83,7 +94,7 @@ WITH active AS (
            count(*) AS n, sum(blocked_ns) AS blocked_ns, median(blocked_ns) AS median_blocked_ns,
            max(blocked_ns) AS max_blocked_ns,
            coalesce(sum(idle_after_ns), 0) AS idle_ns, count(*) FILTER (WHERE idle_after_ns > 0) AS n_idle,
-           coalesce(sum(own_host_ns), 0) AS host_ns,
+           coalesce(sum(own_host_ns), 0) AS host_ns, coalesce(sum(warm_host_ns), 0) AS warmup_ns,
            -- Had the host not waited, the work it did before its next launches would have
            -- overlapped the GPU work it waited for: the idle it could hide is at most the waits.
            least(sum(blocked_ns), coalesce(sum(own_host_ns), 0)) AS loss_ns,
@@ -125,7 +136,8 @@ SELECT device_id, NULL::BIGINT AS stream_id,
          || ', "tid": ' || coalesce(CAST(tid AS VARCHAR), 'null')
          || ', "blocked_ns": ' || blocked_ns || ', "median_blocked_ns": ' || median_blocked_ns
          || ', "max_blocked_ns": ' || max_blocked_ns || ', "idle_after_ns": ' || idle_ns
-         || ', "calls_followed_by_idle": ' || n_idle || ', "host_idle_ns": ' || host_ns || ', "loss_ns": ' || loss_ns || ', "span_ns": ' || span_ns
+         || ', "calls_followed_by_idle": ' || n_idle || ', "host_idle_ns": ' || host_ns || ', "warmup_ns": ' || warmup_ns
+         || ', "loss_ns": ' || loss_ns || ', "span_ns": ' || span_ns
          || ', "worst": ' || worst || '}' AS evidence
 FROM scored
 WHERE loss_ns > $min_loss_ns AND loss_ns / span_ns >= $min_share
@@ -134,6 +146,8 @@ ORDER BY loss_ns DESC, name, tid
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT dev AS device_id, end_ns AS t FROM per_device"))
 SQL = SQL.replace("__ISSUED__", issued_at("SELECT dev AS device_id, busy_start FROM next_busy WHERE busy_start > end_ns"))
 SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.end_ns", "n.busy_start"))
+SQL = SQL.replace("__WARM__", warmup_merged("run_id = $run_id"))
+SQL = SQL.replace("__STEADY_START__", steady_start("n.end_ns", "n.busy_start"))
 
 RULE = Rule(
     id="T003",
@@ -160,7 +174,9 @@ RULE = Rule(
         "the part before the next work was issued (the return of its launch call, as the time budget "
         "reads an idle stretch: `views.issued_at`) is the budget's `host` idle, which this rule claims: "
         "the sync drained the queue and the host then launched from empty; the rest the work waited "
-        "on something else, which the sync did not cause. Calls of a thread back to back before the "
+        "on something else, which the sync did not cause. Idle inside warm-up windows of the device "
+        "(`warmup_windows`) is left out (`views.steady_start`; the host idle so left out is the "
+        "evidence's `warmup_ns`). Calls of a thread back to back before the "
         "same next work count that idle once, after the last. Calls are grouped by name and thread. "
         "The estimated loss of a group is the smaller of its total blocked time and its host idle "
         "after: had the host not waited, the work it did before its next launches would have "

@@ -1,6 +1,6 @@
 """T004 host-bound stretches: every GPU of the run idle while the host works on what it has not issued yet."""
 
-from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks
+from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks, steady_start, warmup_merged
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
@@ -21,9 +21,18 @@ from .base import Rule, Threshold
 ISSUED = idle_marks("e.d_start", "e.d_end", "e.call_start", "e.call_end", "b.reach_ns")[0]
 
 SQL = r"""
-WITH gpu_idle AS (
-    SELECT row_number() OVER (ORDER BY start_ns) AS sid, start_ns, end_ns, gap_ns
-    FROM run_idle_gaps WHERE run_id = $run_id AND gap_ns >= $min_stretch_ns
+WITH warm AS (  -- the warm-up windows of every device together
+    __WARM__
+), steady AS (  -- each GPU-idle stretch's steady part (none: all warm-up)
+    SELECT g.start_ns AS idle_start, __STEADY_START__ AS start_ns, g.end_ns
+    FROM (SELECT start_ns, end_ns FROM run_idle_gaps WHERE run_id = $run_id) g
+    ASOF LEFT JOIN warm w ON g.end_ns >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON g.start_ns >= w0.start_ns
+), gpu_idle AS (
+    SELECT row_number() OVER (ORDER BY start_ns) AS sid, start_ns, end_ns, end_ns - start_ns AS gap_ns
+    FROM steady WHERE end_ns - start_ns >= $min_stretch_ns
+), warm_total AS (  -- the GPU-idle time left out as warm-up
+    SELECT coalesce(sum(end_ns - idle_start) - sum(end_ns - coalesce(start_ns, end_ns)), 0) AS warmup_ns FROM steady
 ), devices AS (
     SELECT DISTINCT coalesce(device_id, -1) AS dkey FROM device_idle_gaps WHERE run_id = $run_id
 ), device_stretch AS (  -- per stretch, each device's idle stretch that holds it (a device whose span
@@ -187,9 +196,9 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
        END AS hint,
        '{"stretches": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "gpu_span_ns": ' || span_ns
-         || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns
+         || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns || ', "warmup_ns": ' || warmup_ns
          || ', "top_activity": ' || top_json || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || worst || '}' AS evidence
-FROM summary, top, run, idle_total, place
+FROM summary, top, run, idle_total, place, warm_total
 WHERE n > 0 AND total_ns >= $min_share * span_ns
 """
 for _key, _sql in {
@@ -198,6 +207,7 @@ for _key, _sql in {
     "__THREAD_BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__RUN_BLOCKING__": blocking_calls("run_id = $run_id", "run_id"),
     "__ISSUED__": ISSUED, "__PROFILER_STEP__": PROFILER_STEP,
+    "__WARM__": warmup_merged("run_id = $run_id", across_devices=True), "__STEADY_START__": steady_start("g.start_ns", "g.end_ns"),
     "__BLOCKED_AT_START__": blocked_at("b", "h.start_ns"), "__BLOCKED_AT_END__": blocked_at("b", "h.end_ns"),
     "__BLOCKED_AT_C_START__": blocked_at("b", "c.c_start"), "__BLOCKED_AT_C_END__": blocked_at("b", "c.c_end"),
     "__BLOCKED_AT_I_START__": blocked_at("b", "i.i_start"), "__BLOCKED_AT_I_END__": blocked_at("b", "i.i_end"),
@@ -220,7 +230,9 @@ RULE = Rule(
         "and optimizing kernels gains nothing until the host keeps the GPUs fed.",
     how="GPU operations of all devices are merged into busy intervals; the gaps between them of at "
         "least `min_stretch_ns` are GPU-idle stretches (time before the first and after the last "
-        "GPU operation is not counted). Of each stretch only its host part counts: up to where the "
+        "GPU operation is not counted), less their time inside warm-up windows of any device "
+        "(`warmup_windows`; see `views.steady_start`: a stretch's start moves later by that time; the "
+        "GPU-idle time so left out is the evidence's `warmup_ns`). Of each stretch only its host part counts: up to where the "
         "first device was given the work that ends its idle stretch (the return of that work's "
         "launch call, or of a blocking call its thread was in when the device went idle, as the "
         "time budget reads it; none where no launch call is known, or where no device's span holds "

@@ -585,6 +585,12 @@ class Store:
         self._drop_pending()
         return views.time_budget_rows(self.con, list(run_ids), write=self.keeps_caches)
 
+    def warmup(self, run_ids: list[str]) -> tuple[list[dict], list[dict]]:
+        """The warm-up windows of these runs and the time inside them by budget part
+        (`views.warmup_rows`)."""
+        self._drop_pending()
+        return views.warmup_rows(self.con, list(run_ids))
+
     def _drop_pending(self) -> None:
         # DuckDB 2.x refuses new work while an execute() result is half-read (a fetchone()
         # elsewhere); abort() drops that leftover, and is a no-op when there is none.

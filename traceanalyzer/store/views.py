@@ -373,12 +373,10 @@ def _time_budget(runs: str | None = None, window: bool = False) -> str:
         """
 
 
-def _step_budget(runs: str) -> str:
-    """The time budget of each step (the `steps` view) of the runs `runs` selects: the parts of
-    `_budget_sweep` clipped to the step's window, per device; a step's parts on a device sum to
-    the part of the window inside the device's span (`span_ns`). Nested steps are each whole."""
-    return _budget_sweep(runs) + f"""
-        , segments AS (  -- every part as an interval: busy stretches, and idle ones split by cause
+# Every part of the budget as an interval: busy stretches, and idle ones split by cause (a CTE
+# after `_budget_sweep`'s).
+_SEGMENTS = """
+        , segments AS (
             SELECT run_id, device_id, category, NULL::VARCHAR AS cause, start_ns, end_ns FROM stretches
             WHERE category <> 'idle'
             UNION ALL
@@ -387,7 +385,15 @@ def _step_budget(runs: str) -> str:
             SELECT run_id, device_id, 'idle', unnest(['sync', 'host', 'dependency']),
                    unnest([start_ns, sync_end_ns, issued_ns]), unnest([sync_end_ns, issued_ns, end_ns])
             FROM marks WHERE linked
-        ), clipped AS (  -- (two inequalities: an IEJoin, not a nested loop)
+        )"""
+
+
+def _step_budget(runs: str) -> str:
+    """The time budget of each step (the `steps` view) of the runs `runs` selects: the parts of
+    `_budget_sweep` clipped to the step's window, per device; a step's parts on a device sum to
+    the part of the window inside the device's span (`span_ns`). Nested steps are each whole."""
+    return _budget_sweep(runs) + _SEGMENTS + f"""
+        , clipped AS (  -- (two inequalities: an IEJoin, not a nested loop)
             SELECT g.run_id, t.range_id AS step_id, t.name AS step, t.start_ns AS step_start_ns, g.device_id,
                    g.category, g.cause, least(g.end_ns, t.end_ns) - greatest(g.start_ns, t.start_ns) AS ns
             FROM segments g JOIN (SELECT * FROM steps WHERE {runs}) t
@@ -402,7 +408,205 @@ def _step_budget(runs: str) -> str:
         """
 
 
-def _budget_sweep(runs: str | None, window: bool = False) -> str:
+# Warm-up and one-time costs (`warmup_windows`). Ranges named warm-up (NVTX, user annotations,
+# PyTorch operators, Python functions):
+WARMUP_NAME = r"(?i)warm[-_ ]?up"
+# Host frames and calls that compile at run time (nvFuser, NVRTC, Inductor, JIT).
+JIT_NAME = r"(?i)(compileFusion|nvrtc|hiprtc|compile_fx_inner|compile_inner|call_user_compiler|jit_compile)"
+# Host calls that are one-time costs when they are a process's first of their name or come
+# before the device's first kernel: lazy module and library loading, runtime compilation (a
+# load or compile again later is a recompile, rule S001's), and frees, which create the context
+# (`cudaFree(0)`) or release what set-up allocated.
+ONE_TIME_CALL = r"(?i)^(cuModuleLoad|cuLibraryLoad|cudaGetFuncBySymbol|hipModuleLoad|nvrtc|hiprtc)"
+EARLY_FREE = r"^(cuda|hip)Free$"
+WARMUP_MIN_CALL_NS = 100_000  # a one-time call shorter than this is no warm-up worth a line
+# A kernel's first launch is a one-time cost (module loading, the first call into a library)
+# when its launch call takes this long and this many times the median of the kernel's later
+# launch calls (of the run's launch calls, for a kernel launched once).
+FIRST_LAUNCH_MIN_NS = 1_000_000
+FIRST_LAUNCH_FACTOR = 10
+# Leading steps longer than this many times the median of the steps after the first are warm-up
+# (at most half of them, of runs with 3 steps or more): step_stats' rule.
+WARMUP_STEP_FACTOR = 1.5
+# What each reason of warmup_windows says, in the order reports list them.
+WARMUP_REASONS = ("range named warm-up", "first step", "uploads before the first kernel", "JIT compilation",
+                  "lazy module loading", "first launch", "cudaFree", "hipFree")
+
+
+def _warmup_windows(runs: str | None) -> str:
+    """The warmup_windows view's query; with `runs` (a condition on `run_id`), those runs' only."""
+    of_run = runs or "true"
+    devices_of = """(EXISTS (SELECT 1 FROM device_pids p WHERE p.run_id = d.run_id AND p.pid = o.pid
+                             AND p.device_id IS NOT DISTINCT FROM d.device_id)
+                     OR NOT EXISTS (SELECT 1 FROM device_pids p WHERE p.run_id = d.run_id AND p.pid = o.pid))"""
+    return f"""
+        WITH devices AS (
+            SELECT run_id, device_id, min(start_ns) AS first_ns, max(end_ns) AS last_ns,
+                   min(start_ns) FILTER (WHERE kind = 'kernel') AS first_kernel_ns
+            FROM gpu_activity WHERE {of_run} GROUP BY ALL
+        ), device_pids AS (
+            SELECT DISTINCT run_id, device_id, pid FROM gpu_activity WHERE {of_run} AND pid IS NOT NULL
+        ), frames AS (
+            SELECT run_id, name, pid, tid, start_ns, end_ns FROM ranges
+            WHERE {of_run} AND kind IN ('nvtx', 'user_annotation') AND end_ns > start_ns
+            UNION ALL
+            SELECT run_id, name, pid, tid, start_ns, end_ns FROM cpu_ops WHERE {of_run} AND end_ns > start_ns
+            UNION ALL
+            SELECT run_id, name, pid, tid, start_ns, end_ns FROM python_functions WHERE {of_run} AND end_ns > start_ns
+        ), frame_names AS (  -- (names matched once each)
+            SELECT run_id, name, CASE WHEN regexp_matches(name, '{WARMUP_NAME}') THEN 'range named warm-up'
+                                      ELSE 'JIT compilation' END AS reason
+            FROM (SELECT DISTINCT run_id, name FROM frames)
+            WHERE regexp_matches(name, '{WARMUP_NAME}') OR regexp_matches(name, '{JIT_NAME}')
+        ), named AS (
+            SELECT row_number() OVER () AS fid, f.*, n.reason,
+                   row_number() OVER (PARTITION BY f.run_id, f.pid, f.name ORDER BY f.start_ns, f.end_ns) AS nth
+            FROM frames f JOIN frame_names n USING (run_id, name)
+        ), launched AS (  -- per frame and device, the end of the GPU work launched inside it on its thread
+            SELECT n.fid, a.device_id, max(a.end_ns) AS work_end_ns
+            FROM named n
+            JOIN api_calls c ON c.run_id = n.run_id AND c.pid IS NOT DISTINCT FROM n.pid AND c.tid IS NOT DISTINCT FROM n.tid
+                            AND c.start_ns >= n.start_ns AND c.start_ns < n.end_ns
+            JOIN gpu_activity a ON a.run_id = c.run_id AND a.launch_call_id = c.call_id
+            GROUP BY ALL
+        ), call_names AS (
+            SELECT run_id, name,
+                   CASE WHEN regexp_matches(name, '{EARLY_FREE}') THEN name
+                        WHEN regexp_matches(name, '(?i)rtc') THEN 'JIT compilation' ELSE 'lazy module loading' END AS reason
+            FROM (SELECT DISTINCT run_id, name FROM api_calls WHERE {of_run})
+            WHERE regexp_matches(name, '{EARLY_FREE}') OR regexp_matches(name, '{ONE_TIME_CALL}')
+        ), one_time AS (
+            SELECT c.run_id, c.pid, c.name, c.start_ns, c.end_ns, n.reason,
+                   row_number() OVER (PARTITION BY c.run_id, c.pid, c.name ORDER BY c.start_ns, c.call_id) AS nth
+            FROM api_calls c JOIN call_names n USING (run_id, name) WHERE c.end_ns >= c.start_ns
+        ), launches AS (  -- kernel launch calls, one per call and kernel name (a graph launch replays
+            -- what was launched before)
+            SELECT DISTINCT l.run_id, l.device_id, l.pid, l.name_key, l.call_id, l.call_start_ns, l.call_end_ns,
+                   l.call_end_ns - l.call_start_ns AS ns
+            FROM kernel_launches l JOIN api_calls c ON c.run_id = l.run_id AND c.call_id = l.call_id
+            WHERE {_qualified(of_run, 'l')} AND l.call_end_ns >= l.call_start_ns AND c.name NOT ILIKE '%graph%'
+        ), run_launch AS (
+            SELECT run_id, median(ns) AS median_ns FROM launches GROUP BY ALL
+        ), kernel_launch AS (  -- each kernel's first launch call per process, and its later ones' median
+            SELECT run_id, device_id, pid, name_key,
+                   arg_min(call_start_ns, (call_start_ns, call_id)) AS start_ns,
+                   arg_min(call_end_ns, (call_start_ns, call_id)) AS end_ns,
+                   count(*) AS n
+            FROM launches GROUP BY ALL
+        ), first_launches AS (
+            SELECT DISTINCT k.run_id, k.device_id, k.start_ns, k.end_ns,
+                   CASE WHEN k.n > 1 THEN (SELECT median(l.ns) FROM launches l
+                                           WHERE l.run_id = k.run_id AND l.device_id IS NOT DISTINCT FROM k.device_id
+                                             AND l.pid IS NOT DISTINCT FROM k.pid AND l.name_key = k.name_key
+                                             AND l.call_start_ns > k.start_ns)
+                        ELSE r.median_ns END AS median_ns
+            FROM kernel_launch k JOIN run_launch r USING (run_id)
+            WHERE k.end_ns - k.start_ns >= {FIRST_LAUNCH_MIN_NS}
+        ), step_rows AS (
+            SELECT run_id, start_ns, end_ns, end_ns - start_ns AS ns,
+                   row_number() OVER w AS i, count(*) OVER (PARTITION BY run_id, pooled) AS n,
+                   count(*) OVER (PARTITION BY run_id, pooled) = max(n_named) OVER (PARTITION BY run_id) AS top
+            FROM (SELECT *, regexp_replace(name, '{PROFILER_STEP}', 'ProfilerStep#*') AS pooled,
+                         count(*) OVER (PARTITION BY run_id, regexp_replace(name, '{PROFILER_STEP}', 'ProfilerStep#*'))
+                           AS n_named
+                  FROM steps WHERE {of_run})
+            WINDOW w AS (PARTITION BY run_id, pooled ORDER BY start_ns, range_id)
+        ), step_median AS (
+            SELECT run_id, quantile_cont(ns, 0.5) AS later_ns FROM step_rows WHERE top AND i > 1 GROUP BY ALL
+        ), warm_steps AS (  -- the leading steps far longer than the later ones' median
+            SELECT * FROM (
+                SELECT s.*, min(CASE WHEN s.ns <= {WARMUP_STEP_FACTOR} * m.later_ns THEN s.i END)
+                              OVER (PARTITION BY s.run_id) AS first_steady
+                FROM step_rows s JOIN step_median m USING (run_id) WHERE s.top AND s.n >= 3)
+            WHERE i < coalesce(first_steady, n + 1) AND i <= n // 2
+        ), windows AS (
+            SELECT n.run_id, d.device_id, n.reason, n.name, n.start_ns, greatest(n.end_ns, coalesce(l.work_end_ns, n.end_ns)) AS end_ns
+            FROM named n JOIN devices d USING (run_id)
+            LEFT JOIN launched l ON l.fid = n.fid AND l.device_id IS NOT DISTINCT FROM d.device_id
+            WHERE n.reason <> 'JIT compilation' OR n.nth = 1 OR n.start_ns < d.first_kernel_ns
+            UNION ALL
+            SELECT o.run_id, d.device_id, o.reason, o.name, o.start_ns, o.end_ns
+            FROM one_time o JOIN devices d USING (run_id)
+            WHERE o.end_ns - o.start_ns >= {WARMUP_MIN_CALL_NS}
+              AND (o.nth = 1 OR o.start_ns < d.first_kernel_ns) AND {devices_of}
+            UNION ALL
+            SELECT run_id, device_id, 'first launch', NULL, start_ns, end_ns FROM first_launches
+            WHERE end_ns - start_ns >= {FIRST_LAUNCH_FACTOR} * coalesce(median_ns, 0)
+            UNION ALL
+            SELECT d.run_id, d.device_id, 'uploads before the first kernel', NULL, d.first_ns,
+                   least(d.first_kernel_ns, coalesce(f.first_step_ns, d.first_kernel_ns))
+            FROM devices d LEFT JOIN (SELECT run_id, min(start_ns) AS first_step_ns FROM steps WHERE {of_run}
+                                      GROUP BY ALL HAVING count(*) >= 2) f USING (run_id)
+            WHERE d.first_kernel_ns > d.first_ns
+              AND (d.first_ns < f.first_step_ns
+                   OR EXISTS (SELECT 1 FROM named n WHERE n.run_id = d.run_id AND n.reason = 'range named warm-up'))
+            UNION ALL
+            SELECT s.run_id, d.device_id, 'first step', NULL, s.start_ns, s.end_ns
+            FROM warm_steps s JOIN devices d USING (run_id)
+        )
+        SELECT w.run_id, w.device_id, w.reason, w.name,
+               greatest(w.start_ns, d.first_ns) AS start_ns, least(w.end_ns, d.last_ns) AS end_ns
+        FROM windows w JOIN devices d ON d.run_id = w.run_id AND d.device_id IS NOT DISTINCT FROM w.device_id
+        WHERE least(w.end_ns, d.last_ns) > greatest(w.start_ns, d.first_ns)
+        """
+
+
+def _warmup_budget(runs: str) -> str:
+    """The time inside the warm-up windows (`warmup_windows`, merged per device) of the runs
+    `runs` selects, by part of the time budget: run_id, device_id, category, cause, ns (parts
+    with time only), as `_step_budget` clips the budget to steps."""
+    # Only the operations around the windows are swept: from the last end at or before the
+    # first window's start to the first start at or after the last window's end, per device.
+    hull = f"""
+        warm_windows AS MATERIALIZED (SELECT run_id, device_id, start_ns, end_ns FROM ({_warmup_windows(runs)})),
+        hull AS (SELECT w.run_id, w.device_id,
+               coalesce((SELECT max(a.end_ns) FROM gpu_activity a WHERE a.run_id = w.run_id
+                           AND a.device_id IS NOT DISTINCT FROM w.device_id AND a.end_ns <= w.lo), w.lo) AS lo,
+               coalesce((SELECT min(a.start_ns) FROM gpu_activity a WHERE a.run_id = w.run_id
+                           AND a.device_id IS NOT DISTINCT FROM w.device_id AND a.start_ns >= w.hi), w.hi) AS hi
+        FROM (SELECT run_id, device_id, min(start_ns) AS lo, max(end_ns) AS hi FROM warm_windows GROUP BY ALL) w)"""
+    return _budget_sweep(runs, hull=hull) + _SEGMENTS + f"""
+        , windows AS ({islands("SELECT * FROM warm_windows")}
+        ), clipped AS (
+            SELECT g.run_id, g.device_id, g.category, g.cause,
+                   least(g.end_ns, w.end_ns) - greatest(g.start_ns, w.start_ns) AS ns
+            FROM segments g JOIN windows w
+              ON w.run_id = g.run_id AND w.device_id IS NOT DISTINCT FROM g.device_id
+             AND g.start_ns < w.end_ns AND g.end_ns > w.start_ns
+        )
+        SELECT run_id, device_id, category, cause, CAST(sum(ns) AS BIGINT) AS ns FROM clipped
+        GROUP BY ALL HAVING sum(ns) > 0
+        """
+
+
+def warmup_merged(where: str, across_devices: bool = False) -> str:
+    """The warm-up windows (`warmup_windows`) that `where` selects, merged into disjoint ones per
+    run and device (`islands`: run_id, device_id, start_ns, end_ns), or, `across_devices`, over
+    all devices of a run (device_id -1). A device_id NULL is -1, so that ASOF joins can match it."""
+    device = "-1" if across_devices else "coalesce(device_id, -1)"
+    return islands(f"SELECT run_id, {device} AS device_id, start_ns, end_ns FROM warmup_windows WHERE {where}")
+
+
+def steady_start(start: str, end: str, w: str = "w", w0: str = "w0") -> str:
+    """Where the steady part of an idle stretch [`start`, `end`], which ends at an operation's
+    start, begins, as SQL: `start` moved later by the stretch's time inside warm-up windows,
+    NULL when that is all of it. `w` and `w0` are the last merged warm-up windows
+    (`warmup_merged`, with `busy_before_ns`: the window time before each) starting at or before
+    `end` and `start` (ASOF joins; NULL: none). A stretch is read from the operation that ends
+    it, so its steady part is kept as one piece reaching that operation, as long as the time
+    outside the windows: exact where a window covers its start or its end (warm-up before
+    the steady state, or work launched in warm-up), and for a window inside it, its time is
+    taken from the stretch's first part (the `sync`, then `host` causes)."""
+    inside = f"({_warm_before(end, w)} - {_warm_before(start, w0)})"
+    return f"CASE WHEN {start} + {inside} < {end} THEN {start} + {inside} END"
+
+
+def _warm_before(t: str, w: str) -> str:
+    """The warm-up window time before `t`, from `w`, the last merged window starting at or before it."""
+    return f"coalesce({w}.busy_before_ns + least(greatest({t} - {w}.start_ns, 0), {w}.end_ns - {w}.start_ns), 0)"
+
+
+def _budget_sweep(runs: str | None, window: bool = False, hull: str | None = None) -> str:
     """The CTEs the time budgets share, up to `stretches` (each stretch of a device's span with
     its category) and `marks` (each idle stretch with where its `sync` and `host` parts end).
 
@@ -422,7 +626,12 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
     event at `win_hi_ns` that ends the window's last stretch there. Windows that cut a
     device's span at starts of its operations have parts that sum to the whole sweep's, each
     idle stretch whole (it ends at an operation's start, never inside a window); see
-    `time_budget_rows`."""
+    `time_budget_rows`.
+
+    With `hull` (CTEs, the last named `hull`: run_id, device_id, lo, hi), only the operations of a device that
+    reach into [lo, hi] are swept: its stretches inside [lo, hi] are the whole sweep's when lo
+    is an operation's end (or before the first) and hi an operation's start (or after the last),
+    as `_warmup_budget` sets them."""
     of_run = runs or "true"
     in_window, starts_in_window, clip_start, clip_end, bound = "true", "true", "a.start_ns", "a.end_ns", ""
     if window:
@@ -435,8 +644,13 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
     # The four counts ride in one running sum, 15 bits each (far more operations than one device
     # runs at once): one window aggregate instead of four, for a fraction of the sweep's memory.
     category = " ".join(f"WHEN (counts >> {15 * i}) & 32767 > 0 THEN '{c}'" for i, c in enumerate(BUDGET_CATEGORIES))
+    hull_cte, hull_join = "", ""
+    if hull:
+        hull_cte = f"{hull}, "
+        hull_join = ("JOIN hull h ON h.run_id = a.run_id AND h.device_id IS NOT DISTINCT FROM a.device_id "
+                     "AND a.end_ns >= h.lo AND a.start_ns <= h.hi")
     return f"""
-        WITH comm_names AS (  -- the pattern matched once per distinct name (kernel_names' window
+        WITH {hull_cte}comm_names AS (  -- the pattern matched once per distinct name (kernel_names' window
             -- keeps DuckDB from pushing it below the DISTINCT, onto every launch)
             SELECT run_id, name FROM kernel_names WHERE {of_run} AND regexp_matches(name, '{COMM_PATTERN}')
         ), ops AS (
@@ -444,6 +658,7 @@ def _budget_sweep(runs: str | None, window: bool = False) -> str:
                    CASE a.kind WHEN 'kernel' THEN CASE WHEN c.name IS NULL THEN 1 ELSE 2 END
                                WHEN 'copy' THEN 3 ELSE 4 END AS rank
             FROM gpu_activity a LEFT JOIN comm_names c ON a.kind = 'kernel' AND c.run_id = a.run_id AND c.name = a.name
+            {hull_join}
             WHERE {_qualified(of_run, 'a')} AND {in_window}
         ), events AS (  -- +1 at a start, -1 at an end, in the bits of the operation's category
             SELECT run_id, device_id, start_ns AS t, 1::BIGINT << (15 * (rank - 1)) AS d FROM ops
@@ -850,6 +1065,33 @@ VIEWS: dict[str, tuple[str, str]] = {
         "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         _time_budget(),
     ),
+    "warmup_windows": (
+        "Per run and device, the windows of warm-up and one-time costs, each with its `reason` (and the "
+        "call's or range's `name` where it has one), clipped to the device's span: `range named warm-up` "
+        "(NVTX or user-annotation ranges, PyTorch operators or Python functions named `warm-up`, `warmup` "
+        "or `warm_up`, extended on each device to the end of the GPU work launched inside them from their "
+        "thread), `JIT compilation` (frames named like nvFuser's `compileFusion`, NVRTC, Inductor's "
+        "`compile_fx_inner`, likewise extended, each a process's first of its name or one before the "
+        "device's first kernel; and `nvrtc*`/`hiprtc*` calls), `lazy module loading` "
+        "(`cuModuleLoad*`, `cuLibraryLoad*`, `cudaGetFuncBySymbol`, `hipModuleLoad*` calls), `cudaFree` or "
+        "`hipFree`; each call a process's first of its name or one before the device's first kernel (a "
+        "load again later is a recompile: rule S001), at least "
+        f"{WARMUP_MIN_CALL_NS // 1000} us and on the devices of its process (every device where none has its "
+        "process id); `first launch` (a kernel's first launch call per process that takes at least "
+        f"{FIRST_LAUNCH_MIN_NS // 1_000_000} ms and {FIRST_LAUNCH_FACTOR}x the median of the kernel's later launch "
+        "calls (of the run's launch calls, for a kernel launched once): "
+        "module loading, a library's first call); `uploads before the first kernel` (a device's span up "
+        "to its first kernel, when it begins with copies or memsets before the first of the run's steps (2 "
+        "or more), or in a "
+        "run with a range named warm-up: a run that repeats its work, whose uploads before it are set-up; "
+        "in a program that runs once, its uploads are its work); `first step` (the "
+        f"leading steps of the `steps` view longer than {WARMUP_STEP_FACTOR}x the median of the steps after "
+        "the first, at most half of them, of runs with 3 steps or more, as `traceanalyzer summary` sets "
+        "warm-up steps apart). Windows may overlap; `run_warmup_budget` merges them. The diagnosis "
+        "weighs losses against the steady state (the span outside them), and the timeline rules that claim "
+        "idle time leave their time out.",
+        _warmup_windows(None),
+    ),
     "host_frames": (
         "Every host frame a GPU operation's launch can sit in, per run and thread, by `source`: `range` (NVTX "
         "push/pop and start/end ranges, Kineto `user_annotation`; marks and GPU-side annotations left out; a range "
@@ -939,6 +1181,9 @@ TABLE_MACROS: dict[str, str] = {
                               f"{_time_budget('run_id = rid', window=True)}",
     "runs_time_budget": f"(rids) AS TABLE {_time_budget('list_contains(rids, run_id)')}",
     "run_step_budget": f"(rid) AS TABLE {_step_budget('run_id = rid')}",
+    "run_warmup_windows": f"(rid) AS TABLE {_warmup_windows('run_id = rid')}",
+    "run_warmup_budget": f"(rid) AS TABLE {_warmup_budget('run_id = rid')}",
+    "runs_warmup_budget": f"(rids) AS TABLE {_warmup_budget('list_contains(rids, run_id)')}",
     "run_host_frames": f"(rid) AS TABLE {host_frames_sql('run_id = rid')}",
     "run_frame_steps": f"(rid) AS TABLE {frame_steps_sql('run_host_frames(rid)')}",
     "run_launch_context": f"(rid) AS TABLE {launch_context_sql('run_id = rid')}",
@@ -955,6 +1200,11 @@ TABLE_MACRO_DOCS: dict[str, str] = {
                        "(`ranges.range_id`), `step` (its name), `step_start_ns`, `device_id`, `category`, `cause`, "
                        "`ns` (parts with time only), and `span_ns`, the step's window inside the device's span, "
                        "which its parts sum to.",
+    "run_warmup_windows": "`warmup_windows` of one run, computed from its rows only: `run_warmup_windows('<run id>')`.",
+    "run_warmup_budget": "One run's time inside its warm-up windows (`warmup_windows`, merged per device), by part of "
+                         "the time budget: `run_id`, `device_id`, `category`, `cause`, `ns` (parts with time only). "
+                         "The budget's parts less these are the steady state's.",
+    "runs_warmup_budget": "`run_warmup_budget` of the runs listed: `runs_warmup_budget(['<id>', ...])`.",
     "run_host_frames": "`host_frames` of one run, computed from its rows only: `run_host_frames('<run id>')`.",
     "run_frame_steps": "`frame_steps` of one run: `run_frame_steps('<run id>')`.",
     "run_launch_context": "`launch_context` of one run: `run_launch_context('<run id>')`.",
@@ -999,7 +1249,7 @@ def install(con: duckdb.DuckDBPyConnection) -> None:
 # T002 alone reads kernel_busy_intervals, and T004 run_idle_gaps, but a big run keeps its
 # cache (KEEP_MIN_GPU_OPS), and there work paid once is work no later pass pays.
 RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kernel_busy_intervals",
-              "run_idle_gaps", "kernel_names", "stream_ops", "kernel_launches")
+              "run_idle_gaps", "kernel_names", "stream_ops", "kernel_launches", "warmup_windows")
 
 # How the cache computes each table: one run's rows ($1) without the run_id column, which the
 # view over the table takes from the one-row `<prefix>scope` (a run id on every row would cost
@@ -1015,6 +1265,7 @@ _RUN_CACHE_SQL = {
     "run_idle_gaps": _run_idle_gaps(per_run=True),
     "stream_ops": _stream_ops(per_run=True, sliced=True),
     "kernel_launches": _kernel_launches(per_run=True, sliced=True),
+    "warmup_windows": f"SELECT * EXCLUDE (run_id) FROM ({_warmup_windows('run_id = $1')})",
 }
 _RUN_CACHE_HIDDEN = {"device_busy_intervals": " EXCLUDE (next_start_ns, first_start_ns)"}
 # Tables built in slices of start time of about SLICE_GPU_OPS operations each, with the table
@@ -1346,6 +1597,21 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
         out += _rows(con, "SELECT run_id, device_id, span_ns, category, cause, ns FROM runs_time_budget($rids::VARCHAR[])",
                      {"rids": rest})
     return out
+
+
+def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> tuple[list[dict], list[dict]]:
+    """The warm-up windows of these runs (`run_warmup_windows`: run_id, device_id, reason, name,
+    start_ns, end_ns) and the time inside them by budget part (`runs_warmup_budget`: run_id,
+    device_id, category, cause, ns), the latter computed only for the runs that have windows."""
+    windows: list[dict] = []
+    for run_id in run_ids:
+        windows += [{"run_id": run_id, **r} for r in _rows(
+            con, "SELECT device_id, reason, name, start_ns, end_ns FROM run_warmup_windows($rid) "
+                 "ORDER BY device_id NULLS LAST, start_ns, reason", {"rid": run_id})]
+    with_windows = sorted({w["run_id"] for w in windows})
+    parts = _rows(con, "SELECT run_id, device_id, category, cause, ns FROM runs_warmup_budget($rids::VARCHAR[])",
+                  {"rids": with_windows}) if with_windows else []
+    return windows, parts
 
 
 def _budget_in_windows(con: duckdb.DuckDBPyConnection, run_id: str) -> duckdb.DuckDBPyRelation:
