@@ -94,6 +94,9 @@ _PER_KERNEL = ("compute", "communication")
 # In an idle group, a finding that names the main cause heads before the launch-gap rule when
 # its estimate is at least this share of the largest estimate naming that cause.
 HEADLINE_SHARE = 0.5
+# A headline says what warm-up took of its loss when that is more than this share of it (a few
+# microseconds of a kernel's first launch are not worth a note).
+WARMUP_NOTE_SHARE = 0.01
 
 
 # The severity bands, set like a rule's thresholds under this name (it began as a floor only).
@@ -164,7 +167,7 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
                                             _steady_share(units[head], budget, whole))
         if warm and loss[head] is not None:
             left_out = _bounded(rows[head], units[head], whole, kernel_ns, span_ns)[0] - loss[head]
-            if left_out > 0:
+            if left_out > WARMUP_NOTE_SHARE * (loss[head] + left_out):
                 warmup_ns[head] = left_out
     _share_parts(rows, units, loss, budget, bounds)
 
