@@ -139,10 +139,31 @@ def busy(store: Store, run_id: str) -> pd.DataFrame:
         return store.df(BUSY_SQL, [run_id])
 
 
+# Per graph replayed (the `graph_replays` view): replays, operations per replay, time. The launch
+# call is the host's cost of a whole replay: counted once per replay, never per kernel.
+GRAPH_REPLAYS_SQL = """
+SELECT graph, any_value(call_name) AS call_name, any_value(device_id) AS device_id, count(*) AS replays,
+       min(ops) AS min_ops, max(ops) AS max_ops, sum(kernels) AS kernels, sum(kernel_ns) AS kernel_ns,
+       sum(gpu_ns) AS gpu_ns, CAST(round(avg(end_ns - start_ns)) AS BIGINT) AS avg_replay_ns,
+       sum(call_ns) AS launch_ns, CAST(round(avg(call_ns)) AS BIGINT) AS avg_launch_ns,
+       sum(placed) AS placed, sum(merged) AS merged, sum(ops) AS ops, min(call_start_ns) AS first_ns
+FROM graph_replays WHERE run_id = ? GROUP BY graph ORDER BY kernel_ns DESC, first_ns
+"""
+
+
+def graph_replays(store: Store, run_id: str) -> list[dict]:
+    """Per graph the run replayed (`graph_replays` view): `graph` (its id or digest), `replays`,
+    operations per replay (`min_ops`, `max_ops`), `kernels` and `kernel_ns` in all, the mean
+    replay time (first operation's start to last one's end), the launch calls' time in all and
+    per replay, and, where a capture was merged, `placed` of `merged` operations."""
+    return store.arrow(GRAPH_REPLAYS_SQL, [run_id]).to_pylist()
+
+
 def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = None) -> dict:
     """The run's summary as JSON-ready values: the run's fields, `by`, `busy` (per device),
     `kernels` (the `top` first rows of `kernel_stats`, all when None), `kernel_totals`
-    (`names`, `count`, `total_ns` over every kernel), `graphs`, `copies`, `memsets` and
+    (`names`, `count`, `total_ns` over every kernel), `graphs`, `graph_replays` (`graph_replays`),
+    `copies`, `memsets` and
     `memory` (per device, see `memory`) and `steps` (the per-step time distribution,
     `step_stats.run_steps`; None without steps)."""
     from .step_stats import run_steps
@@ -160,6 +181,7 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
         "kernel_totals": {"names": len(kernels), "count": sum(k["count"] for k in kernels),
                           "total_ns": sum(k["total_ns"] for k in kernels)},
         "graphs": [{k: v for k, v in g.items() if k != "share"} for g in rows(_stats_sql(by, graphs=True), [run_id])],
+        "graph_replays": graph_replays(store, run_id),
         "copies": rows(COPIES_SQL, [run_id]),
         "memsets": rows(MEMSETS_SQL, [run_id]),
         "memory": memory(store, run_id),

@@ -131,6 +131,8 @@ def print_summary(console: Console, s: dict) -> None:
     if s["graphs"]:
         _stats_table(console, "CUDA graph executions (not in the kernels' shares)", "graph",
                      s["graphs"], share=False)
+    if s.get("graph_replays"):
+        _graph_replays_table(console, s["graph_replays"])
     if s["copies"]:
         rows = [[r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
                  fmt.bandwidth(r["bandwidth_gb_per_s"])] for r in s["copies"]]
@@ -144,6 +146,29 @@ def print_summary(console: Console, s: dict) -> None:
                    rows, title=f"Memsets{over}")
     if s["memory"]:
         _memory_tables(console, s["memory"])
+
+
+def _graph_replays_table(console: Console, rows: list[dict]) -> None:
+    """Per graph replayed: replays, operations per replay, kernel time, mean replay time, the
+    launch calls' time (once per replay), and what a merged capture placed."""
+    num = {"justify": "right", "no_wrap": True}
+    merged = any(r["merged"] for r in rows)
+    columns = [Column("graph", no_wrap=True), Column("device", **num),
+               *(Column(h, **num) for h in ("replays", "ops/replay", "kernel time", "replay time", "launch call"))]
+    if merged:
+        columns.append(Column("placed", **num))
+    out = []
+    for r in rows:
+        ops = str(r["min_ops"]) if r["min_ops"] == r["max_ops"] else f"{r['min_ops']}-{r['max_ops']}"
+        row = [r["graph"], fmt.text(r["device_id"]), fmt.num(r["replays"]), ops, fmt.ns(r["kernel_ns"]),
+               fmt.ns(r["avg_replay_ns"]), fmt.ns(r["avg_launch_ns"])]
+        if merged:
+            row.append(f"{fmt.num(r['placed'])}/{fmt.num(r['ops'])}")
+        out.append(row)
+    total = sum(r["replays"] for r in rows)
+    _print_fit(console, columns, out, ("launch call",),
+               title=f"Graph replays ({fmt.num(total)} {rows[0]['call_name']} call(s); replay and launch call "
+                     "times are means per replay)")
 
 
 MEMORY_COLUMNS = (("reserved", "reserved_bytes"), ("allocated", "allocated_bytes"),
