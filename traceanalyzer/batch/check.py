@@ -194,8 +194,9 @@ def merge_captures(store: Store, files: list[FileResult], captures: dict[str, li
     per_run = per_run_settings(rules) if rules is not None else None
     for f in files:
         caps = captures.get(f.path)
-        if not caps or f.state == "failed" or not f.run_id:
-            continue
+        if not caps or f.state == "failed" or not f.run_id or not store.sql(
+                "SELECT EXISTS (SELECT 1 FROM graph_replays WHERE run_id = ?)", [f.run_id]).fetchall()[0][0]:
+            continue  # (a trace beside the captures that replays no graph: nothing to merge)
         try:
             before = (_capture_note(store, f.run_id) or {}).get("hashes")
             f.capture = merge_capture(store, f.run_id, caps)
