@@ -1,0 +1,179 @@
+"""Graph replays merged with their capture-phase trace (`store/capture_merge.py`,
+`check --capture`): the matching on planted sequences, and on the real vLLM pairs in
+../shared/traces/torch-graphs, every replayed kernel placed and its time attributed, checked
+against the kernel time recomputed from the raw JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from traceanalyzer import ranges
+from traceanalyzer.batch.scan import scan
+from traceanalyzer.rules import _code
+from traceanalyzer.store import Store
+from traceanalyzer.store.capture_merge import CaptureMismatch, capture_files, match
+from traceanalyzer.summary import graph_replays
+
+from .conftest import shared_traces
+
+
+def _ops(*names):
+    return [{"kind": "copy" if n == "copy" else "kernel", "name": None if n == "copy" else n} for n in names]
+
+
+def _nodes(*names, named=True):
+    return [{"kind": "copy" if n == "copy" else "kernel", "name": (n if named and n != "copy" else None)} for n in names]
+
+
+# -- matching ------------------------------------------------------------------------------
+
+def test_whole_graph_matches_by_name_and_order():
+    (g, agree, identical), = match([_ops("a", "b", "copy")], [_nodes("x"), _nodes("a", "b", "copy")])
+    assert (g, agree, identical) == (1, [True, True, True], 1)
+
+
+def test_identical_graphs_are_taken_in_capture_order():
+    graphs = [_nodes("embed"), _nodes("a", "b"), _nodes("a", "b"), _nodes("a", "b"), _nodes("head")]
+    replays = [_ops("embed"), _ops("a", "b"), _ops("a", "b"), _ops("a", "b"), _ops("head"),
+               _ops("embed"), _ops("a", "b")]  # a second forward pass starts over
+    assert [m[0] for m in match(replays, graphs)] == [0, 1, 2, 3, 4, 0, 1]
+    assert [m[2] for m in match(replays, graphs)] == [1, 3, 3, 3, 1, 1, 3]
+
+
+def test_a_differing_kernel_is_unplaced_never_guessed():
+    (g, agree, _), = match([_ops("a", "b", "c", "d")], [_nodes("a", "b", "X", "d")])
+    assert g == 0 and agree == [True, True, False, True]
+    # half or less agreeing: the graph is not taken at all
+    (g, agree, _), = match([_ops("a", "b", "c", "d")], [_nodes("a", "X", "Y", "d")])
+    assert g is None and not any(agree)
+    (g, agree, _), = match([_ops("a", "b")], [_nodes("a", "b", "c")])  # another length
+    assert g is None and agree == [False, False]
+
+
+def test_unnamed_capture_matches_by_kind_and_order():
+    (g, agree, _), = match([_ops("a", "copy")], [_nodes("k", "copy", named=False)])
+    assert g == 0 and agree == [True, True]
+    (g, _, _), = match([_ops("a", "copy")], [_nodes("copy", "k", named=False)])
+    assert g is None
+
+
+# -- the real vLLM pairs ---------------------------------------------------------------------
+
+PAIRS = {"decode": "TraceLens__vllm_decode_full", "piecewise": "TraceLens__vllm_prefilldecode_piecewise"}
+
+
+def _pair(name):
+    folder = shared_traces() / "torch-graphs" / PAIRS[name]
+    if not folder.is_dir():
+        pytest.skip(f"{folder} not present")
+    return folder / "graph_execution.json.gz", capture_files(folder / "graph_execution.json.gz")
+
+
+def _raw_replays(path):
+    """From the raw JSON: per graph launch call, its kernels' durations in ns (the reader's rounding)."""
+    events = json.load(gzip.open(path))["traceEvents"]
+    launches = {e["args"]["correlation"] for e in events
+                if e.get("cat") == "cuda_runtime" and "GraphLaunch" in e.get("name", "")}
+    per = {c: [] for c in launches}
+    for e in events:
+        if e.get("cat") == "kernel" and e["args"].get("correlation") in launches:
+            per[e["args"]["correlation"]].append(e)
+    return per
+
+
+def _kernel_ns(events):
+    return sum(round(e["ts"] * 1000 + e["dur"] * 1000) - round(e["ts"] * 1000) for e in events)
+
+
+@pytest.mark.parametrize("name,placed,launches", [("decode", 421, 1), ("piecewise", 361, 25)])
+def test_every_replayed_kernel_is_placed(tmp_path, name, placed, launches):
+    replay, captures = _pair(name)
+    raw = _raw_replays(replay)
+    assert len(raw) == launches and sum(len(v) for v in raw.values()) == placed
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(replay).run_id
+        res = st.merge_capture(run_id, captures)
+        assert (res.ops, res.placed, res.replays) == (placed, placed, launches)
+        assert res.line().startswith(f"capture {captures[0].name}: {placed}/{placed} replayed operations placed")
+        # Each replayed kernel has the operator and module that launched its node, and their
+        # time is the replays' kernel time recomputed from the JSON.
+        n, ns, with_op, with_module = st.sql("""
+            SELECT count(*), sum(l.end_ns - l.start_ns), count(l.op_id), count(l.module_id)
+            FROM launch_context l JOIN graph_nodes g USING (run_id, kind, item_id)
+            WHERE l.run_id = ? AND g.placed""", [run_id]).fetchall()[0]
+        assert n == with_op == with_module == placed
+        assert ns == sum(_kernel_ns(v) for v in raw.values())
+        # Merging again replaces the merge: the same rows, no second copy of the frames.
+        counts = st.sql("SELECT (SELECT count(*) FROM cpu_ops), (SELECT count(*) FROM python_functions), "
+                        "(SELECT count(*) FROM graph_nodes), (SELECT count(external_id) FROM kernels)").fetchall()
+        st.merge_capture(run_id, captures)
+        assert st.sql("SELECT (SELECT count(*) FROM cpu_ops), (SELECT count(*) FROM python_functions), "
+                      "(SELECT count(*) FROM graph_nodes), (SELECT count(external_id) FROM kernels)").fetchall() == counts
+        g = graph_replays(st, run_id)
+        assert sum(r["replays"] for r in g) == launches and sum(r["placed"] for r in g) == placed
+
+
+def test_ranges_on_a_merged_replay_sum_to_its_kernel_time(tmp_path):
+    replay, captures = _pair("decode")
+    raw = _raw_replays(replay)
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(replay).run_id
+        before = ranges.run_ranges(st, run_id, "op", 1)
+        st.merge_capture(run_id, captures)
+        for by in ("op", "module"):
+            r = ranges.run_ranges(st, run_id, by, 1)
+            # The top-level frames hold every kernel once: with what launched outside them, the run's kernel time.
+            assert sum(x["gpu_ns"] or 0 for x in r["ranges"]) + r["outside_ns"] == r["kernel_ns"]
+        # vLLM wraps the capture in the range capture_32_FULL: it holds the whole replay.
+        top = {x["name"]: x for x in ranges.run_ranges(st, run_id, "range", 1)["ranges"]}
+        assert top["capture_32_FULL"]["kernels"] == 421
+        assert top["capture_32_FULL"]["gpu_ns"] == _kernel_ns(next(iter(raw.values())))
+        after = ranges.run_ranges(st, run_id, "op", 1)
+        # Unmerged, the replay's kernels were launched outside every operator.
+        assert before["outside_ns"] >= _kernel_ns(next(iter(raw.values())))
+        assert after["outside_ns"] < 0.01 * after["kernel_ns"]
+        sites = _code._launch_sites(st, run_id)
+        assert sites[(2, "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1")]["label"] == "vllm::moe_forward"
+
+
+def test_a_capture_of_other_graphs_is_refused_and_writes_nothing(tmp_path):
+    replay, _ = _pair("decode")
+    _, other = _pair("piecewise")
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(replay).run_id
+        counts = st.sql("SELECT (SELECT count(*) FROM cpu_ops), (SELECT count(*) FROM graph_nodes)").fetchall()
+        with pytest.raises(CaptureMismatch, match=r"holds none of this run's graphs: the replays run 1 graph\(s\) "
+                                                  r"of 421 operation\(s\), the capture holds 25 graph\(s\) of 4-15"):
+            st.merge_capture(run_id, other)
+        assert st.sql("SELECT (SELECT count(*) FROM cpu_ops), (SELECT count(*) FROM graph_nodes)").fetchall() == counts
+
+
+def test_check_with_the_wrong_capture_is_a_one_line_input_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from traceanalyzer.cli import app
+
+    replay, _ = _pair("decode")
+    _, other = _pair("piecewise")
+    r = CliRunner().invoke(app, ["check", str(replay), "--capture", str(other[0]), "--store",
+                                 str(tmp_path / "s.duckdb"), "--fail-on", "never"])
+    assert r.exit_code == 2
+    assert "holds none of this run's graphs" in r.output
+    r = CliRunner().invoke(app, ["check", str(replay), "--capture", str(_pair("decode")[1][0]), "--store",
+                                 str(tmp_path / "s.duckdb"), "--fail-on", "never"])
+    assert r.exit_code == 0 and "421/421 replayed operations placed" in r.output
+
+
+def test_scan_pairs_each_replay_with_the_capture_beside_it(tmp_path):
+    folder = shared_traces() / "torch-graphs"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} not present")
+    with Store(tmp_path / "s.duckdb") as st:
+        report = scan(st, [folder], jobs=1)
+        assert len(report.run_ids) == 2  # the capture traces are no runs of their own
+        lines = " | ".join(f.capture for f in report.files if f.capture)
+        assert "421/421 replayed operations placed" in lines and "361/361 replayed operations placed" in lines
+        assert st.sql("SELECT count(*) FILTER (WHERE placed), count(*) FROM graph_nodes").fetchall() == [(782, 782)]
