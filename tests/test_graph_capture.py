@@ -177,3 +177,13 @@ def test_scan_pairs_each_replay_with_the_capture_beside_it(tmp_path):
         lines = " | ".join(f.capture for f in report.files if f.capture)
         assert "421/421 replayed operations placed" in lines and "361/361 replayed operations placed" in lines
         assert st.sql("SELECT count(*) FILTER (WHERE placed), count(*) FROM graph_nodes").fetchall() == [(782, 782)]
+
+
+def test_whole_graph_executions_are_replays_of_their_graph(tmp_path):
+    from .conftest import FIXTURES
+
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(FIXTURES / "nsys" / "graph_memory.sqlite").run_id
+        (g,) = graph_replays(st, run_id)
+        assert (g["graph"], g["replays"], g["whole_graph"], g["call_name"]) == ("g3", 2, True, "cudaGraphLaunch")
+        assert g["kernel_ns"] == st.sql("SELECT sum(end_ns - start_ns) FROM kernels WHERE graph_id = 3").fetchall()[0][0]

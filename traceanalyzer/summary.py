@@ -146,7 +146,8 @@ SELECT graph, any_value(call_name) AS call_name, any_value(device_id) AS device_
        min(ops) AS min_ops, max(ops) AS max_ops, sum(kernels) AS kernels, sum(kernel_ns) AS kernel_ns,
        sum(gpu_ns) AS gpu_ns, CAST(round(avg(end_ns - start_ns)) AS BIGINT) AS avg_replay_ns,
        sum(call_ns) AS launch_ns, CAST(round(avg(call_ns)) AS BIGINT) AS avg_launch_ns,
-       sum(placed) AS placed, sum(merged) AS merged, sum(ops) AS ops, min(call_start_ns) AS first_ns
+       sum(placed) AS placed, sum(merged) AS merged, sum(ops) AS ops, min(call_start_ns) AS first_ns,
+       bool_and(whole_graph) AS whole_graph
 FROM graph_replays WHERE run_id = ? GROUP BY graph ORDER BY kernel_ns DESC, first_ns
 """
 

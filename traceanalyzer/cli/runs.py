@@ -160,6 +160,8 @@ def _graph_replays_table(console: Console, rows: list[dict]) -> None:
     out = []
     for r in rows:
         ops = str(r["min_ops"]) if r["min_ops"] == r["max_ops"] else f"{r['min_ops']}-{r['max_ops']}"
+        if r["whole_graph"]:  # its kernels were not traced one by one
+            ops = "whole graph"
         row = [r["graph"], fmt.text(r["device_id"]), fmt.num(r["replays"]), ops, fmt.ns(r["kernel_ns"]),
                fmt.ns(r["avg_replay_ns"]), fmt.ns(r["avg_launch_ns"])]
         if merged:

@@ -726,7 +726,8 @@ VIEWS: dict[str, tuple[str, str]] = {
         "kernels, copies and memsets it ran (those whose `launch_call_id` is the call), with `graph`, the graph it "
         "replayed: CUPTI's `graph_id` where the trace has it (`g<id>`), else a digest of the operations' kinds and "
         "names in order (`s<hex>`: replays of one graph run the same operations), and, where a capture was merged "
-        "(`graph_nodes`), how many of its operations were placed. The launch call's time (`call_ns`) is the "
+        "(`graph_nodes`), how many of its operations were placed; `whole_graph` when the replay is one opaque row "
+        "(nsys `--cuda-graph-trace=graph`). The launch call's time (`call_ns`) is the "
         "host's cost of the replay, once for all its operations.",
         """
         SELECT c.run_id, c.call_id, any_value(c.name) AS call_name, any_value(c.pid) AS pid, any_value(c.tid) AS tid,
@@ -741,7 +742,9 @@ VIEWS: dict[str, tuple[str, str]] = {
                min(a.start_ns) AS start_ns, max(a.end_ns) AS end_ns,
                coalesce(sum(a.end_ns - a.start_ns) FILTER (WHERE a.kind = 'kernel'), 0) AS kernel_ns,
                sum(a.end_ns - a.start_ns) AS gpu_ns,
-               count(g.item_id) FILTER (WHERE g.placed) AS placed, count(g.item_id) AS merged
+               count(g.item_id) FILTER (WHERE g.placed) AS placed, count(g.item_id) AS merged,
+               -- nsys --cuda-graph-trace=graph: one opaque row for the whole replay (ingest/nsys.py)
+               bool_or(k.graph_id IS NOT NULL AND k.short_name = '[CUDA graph]') AS whole_graph
         FROM api_calls c
         JOIN gpu_activity a ON a.run_id = c.run_id AND a.launch_call_id = c.call_id
         LEFT JOIN kernels k ON a.kind = 'kernel' AND k.run_id = a.run_id AND k.kernel_id = a.item_id
