@@ -187,3 +187,56 @@ def test_whole_graph_executions_are_replays_of_their_graph(tmp_path):
         (g,) = graph_replays(st, run_id)
         assert (g["graph"], g["replays"], g["whole_graph"], g["call_name"]) == ("g3", 2, True, "cudaGraphLaunch")
         assert g["kernel_ns"] == st.sql("SELECT sum(end_ns - start_ns) FROM kernels WHERE graph_id = 3").fetchall()[0][0]
+
+
+# -- inference phases ------------------------------------------------------------------------
+
+def _step_trace(path):
+    """Two decode steps and a prefill step (SGLang's annotations), one kernel each launched in them."""
+    events, corr = [], 1
+    for i, (name, kernel, dur) in enumerate([("step[DECODE bs=4]", "decode_k", 10.0),
+                                             ("step[EXTEND bs=2 toks=100]", "prefill_k", 50.0),
+                                             ("step[DECODE bs=4]", "decode_k", 12.0)]):
+        t0 = 1000.0 + 200.0 * i
+        events += [{"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": t0, "dur": 100.0},
+                   {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t0 + 5,
+                    "dur": 3.0, "args": {"correlation": corr}},
+                   {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": t0 + 10, "dur": dur,
+                    "args": {"device": 0, "stream": 7, "correlation": corr}}]
+        corr += 1
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_phases_apart_with_budget_and_top_kernels(tmp_path):
+    from traceanalyzer.summary import phases
+
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(_step_trace(tmp_path / "steps.json")).run_id
+        got = {p["phase"]: p for p in phases(st, run_id)}
+        assert set(got) == {"decode", "prefill"}
+        d, p = got["decode"], got["prefill"]
+        assert (d["steps"], d["requests"], d["tokens"], d["kernels"], d["kernel_ns"]) == (2, 8, 8, 2, 22_000)
+        assert (p["steps"], p["requests"], p["tokens"], p["kernel_ns"], p["kernel_ns_per_token"]) == (1, 2, 100, 50_000, 500)
+        assert d["top_kernels"][0]["name"] == "decode_k" and d["top_kernels"][0]["share"] == 1
+        (b,) = d["budget"]
+        assert b["span_ns"] == 22_000 and sum(x["ns"] for x in b["parts"]) == b["span_ns"]
+
+
+@pytest.mark.parametrize("rel,phase,tokens", [
+    ("torch-graphs/TraceLens__vllm_decode_full/graph_execution.json.gz", "decode", 32),
+    ("torch-graphs/TraceLens__vllm_prefilldecode_piecewise/graph_execution.json.gz", "mixed", 8192),
+    ("torch/TraceLens__inference__sglang_Qwen3-8B_prefilldecode.json.gz", "prefill", 15360)])
+def test_phases_of_the_real_serving_traces(tmp_path, rel, phase, tokens):
+    from traceanalyzer.summary import phases
+
+    path = shared_traces() / rel
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(path).run_id
+        (p,) = phases(st, run_id)
+        assert (p["phase"], p["steps"], p["tokens"]) == (phase, 1, tokens)
+        # every kernel of these traces is launched inside the step (a replay's through its graph launch)
+        assert p["kernel_ns"] == st.sql("SELECT sum(end_ns - start_ns) FROM kernels WHERE run_id = ?",
+                                        [run_id]).fetchall()[0][0]

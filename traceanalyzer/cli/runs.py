@@ -133,6 +133,8 @@ def print_summary(console: Console, s: dict) -> None:
                      s["graphs"], share=False)
     if s.get("graph_replays"):
         _graph_replays_table(console, s["graph_replays"])
+    if s.get("phases"):
+        _phases_table(console, s["phases"])
     if s["copies"]:
         rows = [[r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
                  fmt.bandwidth(r["bandwidth_gb_per_s"])] for r in s["copies"]]
@@ -171,6 +173,27 @@ def _graph_replays_table(console: Console, rows: list[dict]) -> None:
     _print_fit(console, columns, out, ("launch call",),
                title=f"Graph replays ({fmt.num(total)} {rows[0]['call_name']} call(s); replay and launch call "
                      "times are means per replay)")
+
+
+def _phases_table(console: Console, rows: list[dict]) -> None:
+    """Per inference phase: steps, requests, tokens, host time, kernel time (per token), the top
+    kernel; then each phase's time budget and its top kernels."""
+    from ..report.budget import budget_line
+
+    num = {"justify": "right", "no_wrap": True}
+    columns = [Column("phase", no_wrap=True),
+               *(Column(h, **num) for h in ("steps", "requests", "tokens", "step time", "kernel time", "per token"))]
+    out = [[r["phase"], fmt.num(r["steps"]), fmt.num(r["requests"]) if r["requests"] else "-",
+            fmt.num(r["tokens"]) if r["tokens"] else "-", fmt.ns(r["wall_ns"]), fmt.ns(r["kernel_ns"]),
+            fmt.ns(r["kernel_ns_per_token"]) if r["kernel_ns_per_token"] is not None else "-"] for r in rows]
+    _print_fit(console, columns, out, ("requests",),
+               title="Inference phases (server step annotations; kernel time of the work each step launched)")
+    for r in rows:
+        for device in r["budget"] or []:
+            say(console, fmt.printable(f"{r['phase']}: {budget_line(device)}"))
+        if r["top_kernels"]:
+            top = ", ".join(f"{fmt.distinct_labels([k['name']], 50)[0]} {fmt.pct(k['share'])}" for k in r["top_kernels"][:3])
+            say(console, fmt.printable(f"{r['phase']}: top kernels {top}"))
 
 
 MEMORY_COLUMNS = (("reserved", "reserved_bytes"), ("allocated", "allocated_bytes"),
