@@ -240,3 +240,22 @@ def test_phases_of_the_real_serving_traces(tmp_path, rel, phase, tokens):
         # every kernel of these traces is launched inside the step (a replay's through its graph launch)
         assert p["kernel_ns"] == st.sql("SELECT sum(end_ns - start_ns) FROM kernels WHERE run_id = ?",
                                         [run_id]).fetchall()[0][0]
+
+
+def test_a_capture_that_is_no_capture_is_said_of_the_capture(tmp_path):
+    from traceanalyzer.ingest import TraceError
+
+    from .conftest import FIXTURES
+
+    replay, _ = _pair("decode")
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(replay).run_id
+        with pytest.raises(TraceError, match=r"^capture graph_memory.sqlite: a graph capture must be a PyTorch"):
+            st.merge_capture(run_id, [FIXTURES / "nsys" / "graph_memory.sqlite"])
+        with pytest.raises(TraceError, match=r"^capture planted.json: no stream capture"):
+            st.merge_capture(run_id, [FIXTURES / "kineto" / "planted.json"])
+        with pytest.raises(TraceError, match=r"^capture nothing.json: no such file"):
+            st.merge_capture(run_id, [tmp_path / "nothing.json"])
+        eager = st.ingest(FIXTURES / "kineto" / "planted.json").run_id
+        with pytest.raises(CaptureMismatch, match="the run has no graph launch"):
+            st.merge_capture(eager, _pair("decode")[1])

@@ -169,6 +169,9 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
 def merge_capture(store: Store, run_id: str, captures: list[Path]) -> str:
     """Merge `captures` into run `run_id`'s graph replays (`Store.merge_capture`) unless the
     same captures (by content) are merged already; the line saying what was placed."""
+    for c in map(Path, captures):
+        if not c.is_file():
+            raise TraceError(f"capture {c.name}: no such file" if not c.exists() else f"capture {c.name}: not a file")
     hashes = [file_hash(Path(c), store.hash_name()) for c in captures]
     note = _capture_note(store, run_id)
     if note and note.get("hashes") == hashes and note.get("line"):

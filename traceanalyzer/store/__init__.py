@@ -487,11 +487,19 @@ class Store:
         stored anew (its rules' stored outcomes and kept caches no longer apply). Raises
         TraceError for a capture that cannot be read, CaptureMismatch (one line) when the
         captures hold none of the run's graphs: then nothing is written."""
+        from ..ingest import TraceError, one_line
         from ..ingest.kineto_capture import read_capture
 
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
-        traces = [read_capture(Path(p), resources=self.resources) for p in captures]
+        traces = []
+        for p in map(Path, captures):
+            try:
+                traces.append(read_capture(p, resources=self.resources))
+            except (TraceError, OSError) as e:  # said of the capture, not of the trace it is for
+                why = "no such file" if isinstance(e, FileNotFoundError) else (
+                    e.strerror if isinstance(e, OSError) and e.strerror else str(e))
+                raise TraceError(one_line(f"capture {p.name}: {why}")) from None
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:

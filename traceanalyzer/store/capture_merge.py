@@ -161,7 +161,7 @@ def plan_merge(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[Captu
             graphs.append(nodes)
             owner.append((ci, gi))
     if not graphs:
-        raise CaptureMismatch(f"{', '.join(res.captures)}: no stream capture (cudaStreamBeginCapture / "
+        raise CaptureMismatch(f"capture {', '.join(res.captures)}: no stream capture (cudaStreamBeginCapture / "
                               "hipStreamBeginCapture ... EndCapture) with launches in it")
     matched = match(replays, graphs)
     res.replays = len(replays)
