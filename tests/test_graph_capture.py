@@ -31,8 +31,8 @@ def _nodes(*names, named=True):
 # -- matching ------------------------------------------------------------------------------
 
 def test_whole_graph_matches_by_name_and_order():
-    (g, agree, identical), = match([_ops("a", "b", "copy")], [_nodes("x"), _nodes("a", "b", "copy")])
-    assert (g, agree, identical) == (1, [True, True, True], 1)
+    (g, nodes, identical, how), = match([_ops("a", "b", "copy")], [_nodes("x"), _nodes("a", "b", "copy")])
+    assert (g, nodes, identical, how) == (1, [0, 1, 2], 1, "order")
 
 
 def test_identical_graphs_are_taken_in_capture_order():
@@ -44,19 +44,30 @@ def test_identical_graphs_are_taken_in_capture_order():
 
 
 def test_a_differing_kernel_is_unplaced_never_guessed():
-    (g, agree, _), = match([_ops("a", "b", "c", "d")], [_nodes("a", "b", "X", "d")])
-    assert g == 0 and agree == [True, True, False, True]
+    (g, nodes, _, _), = match([_ops("a", "b", "c", "d")], [_nodes("a", "b", "X", "d")])
+    assert g == 0 and nodes == [0, 1, None, 3]
     # half or less agreeing: the graph is not taken at all
-    (g, agree, _), = match([_ops("a", "b", "c", "d")], [_nodes("a", "X", "Y", "d")])
-    assert g is None and not any(agree)
-    (g, agree, _), = match([_ops("a", "b")], [_nodes("a", "b", "c")])  # another length
-    assert g is None and agree == [False, False]
+    (g, nodes, _, _), = match([_ops("a", "b", "c", "d")], [_nodes("a", "X", "Y", "d")])
+    assert g is None and nodes == [None] * 4
+    (g, nodes, _, _), = match([_ops("a", "b")], [_nodes("a", "b", "c")])  # another length
+    assert g is None and nodes == [None, None]
+
+
+def test_a_graph_run_in_another_order_matches_by_occurrence():
+    # captured a, b, a, c on two streams; the GPU ran the branches side by side: a, a, b, c
+    (g, nodes, _, how), = match([_ops("a", "a", "b", "c")], [_nodes("a", "b", "a", "c")])
+    assert (g, nodes, how) == (0, [0, 2, 1, 3], "occurrence")
+    # without kernel names (CUDA) only kinds and order can be compared: positions it is
+    (g, nodes, _, how), = match([_ops("a", "a", "b", "c")], [_nodes("a", "b", "a", "c", named=False)])
+    assert (g, nodes, how) == (0, [0, 1, 2, 3], "order")
+    (g, nodes, _, how), = match([_ops("a", "a", "b", "c")], [_nodes("a", "b", "b", "c")])
+    assert (g, nodes, how) == (0, [0, None, 2, 3], "order")  # (a partial match by position)
 
 
 def test_unnamed_capture_matches_by_kind_and_order():
-    (g, agree, _), = match([_ops("a", "copy")], [_nodes("k", "copy", named=False)])
-    assert g == 0 and agree == [True, True]
-    (g, _, _), = match([_ops("a", "copy")], [_nodes("copy", "k", named=False)])
+    (g, nodes, _, how), = match([_ops("a", "copy")], [_nodes("k", "copy", named=False)])
+    assert g == 0 and nodes == [0, 1] and how == "order"
+    (g, _, _, _), = match([_ops("a", "copy")], [_nodes("copy", "k", named=False)])
     assert g is None
 
 

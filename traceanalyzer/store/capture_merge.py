@@ -11,6 +11,9 @@ open at each. Here every operation of each replay is matched to a node of a capt
   graphs (vLLM's piecewise graphs are one per layer, alike but for the layer), the first at or
   after the graph the previous replay took, in capture order, as servers replay them in the
   order they captured them;
+* a replay that ran a graph's operations in another order (a graph captured on several streams
+  runs its branches side by side) takes the graph with the same kinds and kernel names, as often
+  each: the n-th operation of a name is the n-th captured launch of it;
 * a replay no graph matches whole takes the graph of its length that agrees at the most
   positions, more than half of them: the operations that agree are placed, the others are
   unplaced with the reason; with no such graph none is placed. Nothing is placed by guess.
@@ -95,20 +98,55 @@ def _agrees(op: dict, node: dict) -> bool:
     return op["kind"] == node["kind"] and (node["name"] is None or op["kind"] != "kernel" or op["name"] == node["name"])
 
 
-def match(replays: list[list[dict]], graphs: list[list[dict]]) -> list[tuple[int | None, list[bool], int]]:
-    """Per replay (its operations, each with `kind` and `name`), the captured graph it ran (an
-    index into `graphs`, each a list of nodes with `kind` and `name`, None when the capture names
-    no kernel) or None, which of its operations agree with their node, and how many graphs hold
-    the same operations as it does (see the module docstring)."""
+def _by_occurrence(ops: list[dict], nodes: list[dict]) -> list[int] | None:
+    """The nodes of `ops` when the graph holds the same operations in another order (a graph
+    captured on several streams runs its branches side by side): the n-th operation of a kind
+    and kernel name is the n-th captured launch of it. None unless every kind and name occurs as
+    often in both, and the capture names its kernels."""
+    if len(ops) != len(nodes) or any(x["kind"] == "kernel" and x["name"] is None for x in nodes):
+        return None
+    queues: dict[tuple, list[int]] = {}
+    for j, x in enumerate(nodes):
+        queues.setdefault(_key(x), []).append(j)
+    counts = {k: len(v) for k, v in queues.items()}
+    for o in ops:
+        counts[_key(o)] = counts.get(_key(o), 0) - 1
+    if any(counts.values()):
+        return None
+    taken = {k: 0 for k in queues}
+    out = []
+    for o in ops:
+        k = _key(o)
+        out.append(queues[k][taken[k]])
+        taken[k] += 1
+    return out
+
+
+def match(replays: list[list[dict]], graphs: list[list[dict]]) -> list[tuple[int | None, list[int | None], int, str]]:
+    """Per replay (its operations, each with `kind` and `name`, in GPU order), the captured graph
+    it ran (an index into `graphs`, each a list of nodes with `kind` and `name`, None when the
+    capture names no kernel) or None; per operation its node's index in that graph (None:
+    unplaced); how many graphs hold the same operations as it does; and how the nodes were told
+    (`order`, or `occurrence` when the replay ran them in another order). See the module docstring."""
     out = []
     cursor = 0
     n = len(graphs)
+
+    def first(candidates: list[int]) -> int:
+        return min(candidates, key=lambda g: (g - cursor) % n)
+
     for ops in replays:
         whole = [g for g in range(n) if len(graphs[g]) == len(ops)
                  and all(_agrees(o, x) for o, x in zip(ops, graphs[g]))]
         if whole:
-            g = min(whole, key=lambda g: (g - cursor) % n)
-            out.append((g, [True] * len(ops), len(whole)))
+            g = first(whole)
+            out.append((g, list(range(len(ops))), len(whole), "order"))
+            cursor = g + 1
+            continue
+        reordered = {g: m for g in range(n) if (m := _by_occurrence(ops, graphs[g])) is not None}
+        if reordered:
+            g = first(list(reordered))
+            out.append((g, reordered[g], len(reordered), "occurrence"))
             cursor = g + 1
             continue
         best, best_n = None, 0
@@ -120,10 +158,11 @@ def match(replays: list[list[dict]], graphs: list[list[dict]]) -> list[tuple[int
             if agree > best_n:
                 best, best_n = g, agree
         if best is not None and best_n > MIN_AGREEING * len(ops):
-            out.append((best, [_agrees(o, x) for o, x in zip(ops, graphs[best])], 1))
+            out.append((best, [i if _agrees(o, x) else None for i, (o, x) in enumerate(zip(ops, graphs[best]))],
+                        1, "order"))
             cursor = best + 1
         else:
-            out.append((None, [False] * len(ops), 0))
+            out.append((None, [None] * len(ops), 0, "order"))
     return out
 
 
@@ -166,15 +205,16 @@ def plan_merge(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[Captu
     matched = match(replays, graphs)
     res.replays = len(replays)
     rows, placed_nodes = [], []
-    for r, (ops, (g, agree, identical)) in enumerate(zip(replays, matched)):
+    for r, (ops, (g, nodes, identical, told)) in enumerate(zip(replays, matched)):
         ci, gi = owner[g] if g is not None else (None, None)
         named = g is not None and any(x["name"] is not None for x in graphs[g])
         for i, op in enumerate(ops):
-            node = graphs[g][i] if g is not None else None
-            ok = bool(agree[i])
+            ok = nodes[i] is not None
+            node = graphs[g][nodes[i] if ok else i] if g is not None else None
             how = reason = None
             if ok:
-                how = "name and order" if named else "order"
+                how = {"order": "name and order" if named else "order",
+                       "occurrence": "name and occurrence (run in another order)"}[told]
                 if identical > 1:
                     how += f", among {identical} identical graphs"
                     res.by_order += 1
@@ -188,7 +228,7 @@ def plan_merge(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[Captu
             if reason:
                 res.unplaced[reason] = res.unplaced.get(reason, 0) + 1
             rows.append({"kind": op["kind"], "item_id": op["item_id"], "launch_call_id": op["call_id"], "replay": r,
-                         "node": i, "capture_file": captures[ci].path.name if ci is not None else None,
+                         "node": nodes[i] if ok else i, "capture_file": captures[ci].path.name if ci is not None else None,
                          "capture_graph": gi, "captured_name": node["name"] if node else None, "placed": ok,
                          "how": how, "reason": reason, "pid": node["pid"] if ok else None,
                          "tid": node["tid"] if ok else None, "at_ns": node["at_ns"] if ok else None,
