@@ -461,7 +461,9 @@ GRAPH_NODES = _t(
      "capture names none (CUDA traces) and for copies and memsets."),
     ("placed", "BOOLEAN", "Whether the operation was matched to its node of the captured graph."),
     ("how", "VARCHAR", "How: `name and order` (the replay runs the captured graph's kernels, by name, in its order), "
-     "`order` (the capture names no kernels: kinds and order agree), with `, among N identical graphs` when N "
+     "`order` (the capture names no kernels: kinds and order agree), `name and occurrence (run in another order)` (the "
+     "replay ran the graph's nodes in another order, as a graph captured on several streams does: the n-th operation "
+     "of a kernel name is the n-th captured launch of it), with `, among N identical graphs` when N "
      "captured graphs hold the same operations (the replays take them in capture order)."),
     ("reason", "VARCHAR", "Why an operation is unplaced: no captured graph of the replay's length, or the captured "
      "launch at its position names another kernel."),
