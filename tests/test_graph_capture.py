@@ -270,3 +270,59 @@ def test_a_capture_that_is_no_capture_is_said_of_the_capture(tmp_path):
         eager = st.ingest(FIXTURES / "kineto" / "planted.json").run_id
         with pytest.raises(CaptureMismatch, match="the run has no graph launch"):
             st.merge_capture(eager, _pair("decode")[1])
+
+
+# -- a planted CUDA pair on one clock --------------------------------------------------------
+
+def _planted_pair(tmp_path):
+    """A CUDA capture (launch calls name no kernel) of two operators' kernels, and a replay of it
+    twice, both traces on the same times: the copied frames must move out of the replay's way."""
+    cap = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamBeginCapture", "pid": 1, "tid": 1, "ts": 100.0,
+            "dur": 1.0, "args": {"correlation": 1}},
+           {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 110.0, "dur": 20.0,
+            "args": {"External id": 7}},
+           {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 115.0, "dur": 5.0,
+            "args": {"correlation": 2, "External id": 7}},
+           {"ph": "X", "cat": "cpu_op", "name": "aten::mul", "pid": 1, "tid": 1, "ts": 140.0, "dur": 20.0,
+            "args": {"External id": 8}},
+           {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 145.0, "dur": 5.0,
+            "args": {"correlation": 3, "External id": 8}},
+           {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamEndCapture", "pid": 1, "tid": 1, "ts": 170.0,
+            "dur": 2.0, "args": {"correlation": 4}}]
+    rep = []
+    for i, t in enumerate((100.0, 300.0)):
+        corr = 10 + i
+        rep += [{"ph": "X", "cat": "cpu_op", "name": "replay_step", "pid": 1, "tid": 1, "ts": t - 5, "dur": 60.0,
+                 "args": {"External id": 100 + i}},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": t, "dur": 8.0,
+                 "args": {"correlation": corr}},
+                {"ph": "X", "cat": "kernel", "name": "add_kernel", "pid": 0, "tid": 7, "ts": t + 10, "dur": 4.0,
+                 "args": {"device": 0, "stream": 7, "correlation": corr, "graph id": 3}},
+                {"ph": "X", "cat": "kernel", "name": "mul_kernel", "pid": 0, "tid": 7, "ts": t + 20, "dur": 6.0,
+                 "args": {"device": 0, "stream": 7, "correlation": corr, "graph id": 3}}]
+    (tmp_path / "capture.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": cap}))
+    (tmp_path / "replay.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": rep}))
+    return tmp_path / "replay.json", tmp_path / "capture.json"
+
+
+def test_planted_cuda_pair_on_one_clock(tmp_path):
+    replay, capture = _planted_pair(tmp_path)
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(replay).run_id
+        before = ranges.run_ranges(st, run_id, "op")
+        assert [r["name"] for r in before["ranges"]] == ["replay_step"]
+        res = st.merge_capture(run_id, [capture])
+        assert (res.placed, res.ops, res.replays) == (4, 4, 2)
+        how = st.sql("SELECT DISTINCT how FROM graph_nodes").fetchall()
+        assert how == [("order",)]  # CUDA names no kernel on its launch calls
+        # the copied operators end before the run's first event, so they nest with nothing of it
+        start = st.sql("SELECT start_ns FROM runs").fetchall()[0][0]
+        assert st.sql("SELECT max(end_ns) FROM cpu_ops WHERE name LIKE 'aten::%'").fetchall()[0][0] < start
+        by_op = {r["name"]: r for r in ranges.run_ranges(st, run_id, "op")["ranges"]}
+        assert (by_op["aten::add"]["kernels"], by_op["aten::add"]["gpu_ns"]) == (2, 8_000)
+        assert (by_op["aten::mul"]["kernels"], by_op["aten::mul"]["gpu_ns"]) == (2, 12_000)
+        # the kernels carry their capture operator's External id (S002's and B003's shapes)
+        assert st.sql("""SELECT k.name, o.name FROM kernels k JOIN cpu_ops o USING (run_id, external_id)
+                         ORDER BY k.start_ns""").fetchall() == [("add_kernel", "aten::add"), ("mul_kernel", "aten::mul")] * 2
+        (g,) = graph_replays(st, run_id)
+        assert (g["graph"], g["replays"], g["min_ops"], g["placed"], g["launch_ns"]) == ("g3", 2, 2, 4, 16_000)

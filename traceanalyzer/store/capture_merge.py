@@ -324,7 +324,7 @@ def write(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[CaptureTra
             times += [x for x in t.column("start_ns").to_pylist() + t.column("end_ns").to_pylist() if x is not None]
         lo, hi = min(times), max(times)
         shift = 0 if bound is None or hi < bound - SHIFT_MARGIN_NS else bound - SHIFT_MARGIN_NS - hi
-        shifts[cap.path.name] = shift
+        shifts[ci] = shift
         bound = lo + shift if bound is None else min(bound, lo + shift)
         for table, key in FRAME_TABLES:
             tbl = frames.get(table)
@@ -348,7 +348,7 @@ def write(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[CaptureTra
     for r in rows:
         ci = r.pop("_capture")
         if r["placed"]:
-            r["at_ns"] = r["at_ns"] + shifts.get(captures[ci].path.name, 0)
+            r["at_ns"] = r["at_ns"] + shifts.get(ci, 0)
         ext = r["external_id"]
         r["external_id"] = ext + ext_offset if ext is not None and ext + ext_offset in copied_ext else None
     insert("graph_nodes", pa.Table.from_pylist(rows))
@@ -358,7 +358,8 @@ def write(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[CaptureTra
     meta = _metadata(con, run_id)
     meta["graph_capture"] = {"captures": res.captures, "replays": res.replays, "operations": res.ops,
                              "placed": res.placed, "by_order": res.by_order, "unplaced": res.unplaced,
-                             "shift_ns": shifts, "first_ids": first_ids}
+                             "shift_ns": {captures[ci].path.name: v for ci, v in shifts.items()},
+                             "first_ids": first_ids}
     con.execute("UPDATE runs SET metadata = ?, ingested_at = now()::TIMESTAMP WHERE run_id = ?",
                 [json.dumps(meta), run_id])
     return res
