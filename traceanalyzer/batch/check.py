@@ -176,11 +176,7 @@ def merge_capture(store: Store, run_id: str, captures: list[Path]) -> str:
     note = _capture_note(store, run_id)
     if note and note.get("hashes") == hashes and note.get("line"):
         return note["line"]
-    line = store.merge_capture(run_id, captures).line()
-    meta = json.loads(store.sql("SELECT metadata FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0])
-    meta["graph_capture"].update(hashes=hashes, line=line)
-    store.sql("UPDATE runs SET metadata = ? WHERE run_id = ?", [json.dumps(meta), run_id])
-    return line
+    return store.merge_capture(run_id, captures, hashes=hashes).line()
 
 
 def _capture_note(store: Store, run_id: str) -> dict | None:

@@ -481,12 +481,14 @@ class Store:
             con.execute("ROLLBACK")
             raise
 
-    def merge_capture(self, run_id: str, captures: Iterable[str | Path]) -> "capture_merge.MergeResult":
+    def merge_capture(self, run_id: str, captures: Iterable[str | Path], *,
+                      hashes: list[str] | None = None) -> "capture_merge.MergeResult":
         """Merge the capture-phase traces `captures` into the graph replays of run `run_id`
         (`capture_merge`), replacing an earlier merge, in one transaction; the run counts as
         stored anew (its rules' stored outcomes and kept caches no longer apply). Raises
         TraceError for a capture that cannot be read, CaptureMismatch (one line) when the
-        captures hold none of the run's graphs: then nothing is written."""
+        captures hold none of the run's graphs: then nothing is written. `hashes` (the captures'
+        content hashes) are noted with the merge (`runs.metadata.graph_capture`)."""
         from ..ingest import TraceError, one_line
         from ..ingest.kineto_capture import read_capture
 
@@ -504,7 +506,8 @@ class Store:
         con.execute("BEGIN TRANSACTION")
         try:
             result = capture_merge.write(con, run_id, traces,
-                                         lambda name, tbl: _insert(con, name, _conform(name, tbl, run_id)))
+                                         lambda name, tbl: _insert(con, name, _conform(name, tbl, run_id)),
+                                         hashes=hashes)
             views.drop_kept(con, run_id)
             con.execute("COMMIT")
         except BaseException:

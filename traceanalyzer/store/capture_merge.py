@@ -301,10 +301,12 @@ def _metadata(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
     return json.loads(rows[0][0]) if rows[0][0] else {}
 
 
-def write(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[CaptureTrace], insert) -> MergeResult:
+def write(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[CaptureTrace], insert,
+          hashes: list[str] | None = None) -> MergeResult:
     """Merge `captures` into run `run_id` (in the caller's transaction; `insert(name, table)`
     appends Arrow rows to a store table): `graph_nodes`, the copied frames, the kernels'
-    external ids, and `runs.metadata.graph_capture`."""
+    external ids, and `runs.metadata.graph_capture` (with the captures' `hashes`, and the
+    result's `line`)."""
     undo(con, run_id)
     rows, res, placed = plan_merge(con, run_id, captures)
     run_start = con.execute("SELECT start_ns FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]
@@ -359,7 +361,7 @@ def write(con: duckdb.DuckDBPyConnection, run_id: str, captures: list[CaptureTra
     meta["graph_capture"] = {"captures": res.captures, "replays": res.replays, "operations": res.ops,
                              "placed": res.placed, "by_order": res.by_order, "unplaced": res.unplaced,
                              "shift_ns": {captures[ci].path.name: v for ci, v in shifts.items()},
-                             "first_ids": first_ids}
+                             "first_ids": first_ids, "hashes": hashes, "line": res.line()}
     con.execute("UPDATE runs SET metadata = ?, ingested_at = now()::TIMESTAMP WHERE run_id = ?",
                 [json.dumps(meta), run_id])
     return res
