@@ -123,8 +123,8 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
     `skipped`; one whose hash is in `seen` (content hash -> the path done first, filled
     here) is a `duplicate`. `hash_name`: the content hash of the store the run is for
     (default: `store`'s). With `captures` (capture-phase traces of its graph replays), they are
-    merged into the run before its rules run (`merge_capture`); a capture that holds none of
-    its graphs fails the file."""
+    merged into the run before its rules run (`merge_capture`; a run that replays no graph gets
+    a warning instead); a capture that holds none of its graphs fails the file."""
     t0 = time.perf_counter()
     res = FileResult(path=str(path))
     rules = per_run_settings(rules) if rules is not None else None
@@ -154,8 +154,10 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
         if res.state in ("stored", "updated", "kept"):  # a run to check
             if seen is not None:
                 seen.setdefault(res.content_hash, res.path)
-            if captures:
+            if captures and _replays_graphs(store, res.run_id):
                 res.capture = merge_capture(store, res.run_id, captures)
+            elif captures:
+                res.warnings.append("no graph launch with GPU work under it: the capture was not merged")
             if rules is not None:
                 diagnose_runs(store, [res.run_id], rules)
                 res.rule_ids = [r.id for r in rules.rules()]
@@ -179,6 +181,10 @@ def merge_capture(store: Store, run_id: str, captures: list[Path]) -> str:
     return store.merge_capture(run_id, captures, hashes=hashes).line()
 
 
+def _replays_graphs(store: Store, run_id: str) -> bool:
+    return store.sql("SELECT EXISTS (SELECT 1 FROM graph_replays WHERE run_id = ?)", [run_id]).fetchall()[0][0]
+
+
 def _capture_note(store: Store, run_id: str) -> dict | None:
     rows = store.sql("SELECT metadata FROM runs WHERE run_id = ?", [run_id]).fetchall()
     return (json.loads(rows[0][0]) or {}).get("graph_capture") if rows and rows[0][0] else None
@@ -193,8 +199,7 @@ def merge_captures(store: Store, files: list[FileResult], captures: dict[str, li
     per_run = per_run_settings(rules) if rules is not None else None
     for f in files:
         caps = captures.get(f.path)
-        if not caps or f.state == "failed" or not f.run_id or not store.sql(
-                "SELECT EXISTS (SELECT 1 FROM graph_replays WHERE run_id = ?)", [f.run_id]).fetchall()[0][0]:
+        if not caps or f.state == "failed" or not f.run_id or not _replays_graphs(store, f.run_id):
             continue  # (a trace beside the captures that replays no graph: nothing to merge)
         try:
             before = (_capture_note(store, f.run_id) or {}).get("hashes")
