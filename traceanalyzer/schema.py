@@ -439,6 +439,41 @@ KERNEL_LINKS = _t(
     ("unmatched", "VARCHAR", "Why a row is unmatched (`side` `ncu` or `timeline`); NULL on `both` rows."),
 )
 
+GRAPH_NODES = _t(
+    "graph_nodes",
+    "Graph replays merged with the trace recorded while their graphs were captured (`check --capture`, "
+    "`store/capture_merge.py`): one row per kernel, copy or memset a graph launch ran, placed or not. A placed "
+    "operation is launched, for `launch_context` and everything that names code, where the capture launched "
+    "its node: the capture's frames open there are copied into the run (`cpu_ops`, `python_functions`, "
+    "`ranges`, on the capture's thread and clock, moved to end before the run's first event when the two "
+    "would overlap), and a kernel gets the `external_id` of the operator that launched it there. Written by "
+    "the store (`Store.merge_capture`), never guessed: an operation the capture does not match is unplaced, "
+    "with the reason.",
+    RUN,
+    ("kind", "VARCHAR", "`kernel`, `copy` or `memset` (`gpu_activity.kind`)."),
+    ("item_id", "BIGINT", "Row id in its table (`kernels.kernel_id`, ...)."),
+    ("launch_call_id", "BIGINT", "The graph launch that ran it (`api_calls.call_id` of `cudaGraphLaunch` / `hipGraphLaunch`)."),
+    ("replay", "INTEGER", "The graph launch's number in the run (0-based, by launch start)."),
+    ("node", "INTEGER", "The operation's position in its replay (0-based, by GPU start)."),
+    ("capture_file", "VARCHAR", "Base name of the capture trace matched (NULL when unplaced and no graph matched)."),
+    ("capture_graph", "INTEGER", "The stream capture of that file whose graph the replay ran (0-based, by start)."),
+    ("captured_name", "VARCHAR", "The kernel the capture's launch call names (ROCm `args.kernel`); NULL when the "
+     "capture names none (CUDA traces) and for copies and memsets."),
+    ("placed", "BOOLEAN", "Whether the operation was matched to its node of the captured graph."),
+    ("how", "VARCHAR", "How: `name and order` (the replay runs the captured graph's kernels, by name, in its order), "
+     "`order` (the capture names no kernels: kinds and order agree), `name and occurrence (run in another order)` (the "
+     "replay ran the graph's nodes in another order, as a graph captured on several streams does: the n-th operation "
+     "of a kernel name is the n-th captured launch of it), with `, among N identical graphs` when N "
+     "captured graphs hold the same operations (the replays take them in capture order)."),
+    ("reason", "VARCHAR", "Why an operation is unplaced: no captured graph of the replay's length, or the captured "
+     "launch at its position names another kernel."),
+    ("pid", "BIGINT", "Process of the captured launch call (of the copied frames)."),
+    ("tid", "BIGINT", "Thread of the captured launch call."),
+    ("at_ns", "BIGINT", "Start of the captured launch call, on the copied frames' clock: where `launch_context` "
+     "places the operation."),
+    ("external_id", "BIGINT", "The `external_id` given to the kernel: the copied operator that launched its node."),
+)
+
 FINDINGS = _t(
     "findings",
     "What the rules found: one row per finding, pointing back at rows of the source trace. Written by `check`/`scan`.",
@@ -484,7 +519,7 @@ RULE_RUNS = _t(
 TABLES: tuple[Table, ...] = (
     RUNS, DEVICES, KERNELS, COPIES, MEMSETS, API_CALLS, SYNCS, RANGES, CPU_OPS, PYTHON_FUNCTIONS,
     MEMORY_EVENTS, MEMORY_SEGMENTS, MEMORY_BLOCKS, ALLOCATOR_EVENTS, MEMORY_FRAMES, ALLOCATOR_SETTINGS,
-    MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, LAUNCH_RANGES, KERNEL_LINKS, FINDINGS, RULE_RUNS,
+    MEMORY_TIMELINE, KERNEL_METRICS, KERNEL_RULE_RESULTS, LAUNCH_RANGES, KERNEL_LINKS, GRAPH_NODES, FINDINGS, RULE_RUNS,
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 # Tables a reader fills (not `runs`, written from the run info, nor the links between runs, nor

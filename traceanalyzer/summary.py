@@ -139,10 +139,144 @@ def busy(store: Store, run_id: str) -> pd.DataFrame:
         return store.df(BUSY_SQL, [run_id])
 
 
+# Per graph replayed (the `graph_replays` view): replays, operations per replay, time. The launch
+# call is the host's cost of a whole replay: counted once per replay, never per kernel.
+GRAPH_REPLAYS_SQL = """
+SELECT graph, any_value(call_name) AS call_name, any_value(device_id) AS device_id, count(*) AS replays,
+       min(ops) AS min_ops, max(ops) AS max_ops, sum(kernels) AS kernels, sum(kernel_ns) AS kernel_ns,
+       sum(gpu_ns) AS gpu_ns, CAST(round(avg(end_ns - start_ns)) AS BIGINT) AS avg_replay_ns,
+       sum(call_ns) AS launch_ns, CAST(round(avg(call_ns)) AS BIGINT) AS avg_launch_ns,
+       sum(placed) AS placed, sum(merged) AS merged, sum(ops) AS ops, min(call_start_ns) AS first_ns,
+       bool_and(whole_graph) AS whole_graph
+FROM graph_replays WHERE run_id = ? GROUP BY graph ORDER BY kernel_ns DESC, first_ns
+"""
+
+
+def graph_replays(store: Store, run_id: str) -> list[dict]:
+    """Per graph the run replayed (`graph_replays` view): `graph` (its id or digest), `replays`,
+    operations per replay (`min_ops`, `max_ops`), `kernels` and `kernel_ns` in all, the mean
+    replay time (first operation's start to last one's end), the launch calls' time in all and
+    per replay, and, where a capture was merged, `placed` of `merged` operations."""
+    return store.arrow(GRAPH_REPLAYS_SQL, [run_id]).to_pylist()
+
+
+# -- inference phases ------------------------------------------------------------------------
+#
+# What servers annotate per forward step: SGLang's `step[DECODE bs=32]` / `step[EXTEND bs=15
+# toks=15360]` ranges, and the `execute_<tokens>_context_<prefill requests>(...)_generation_<decode
+# requests>(...)` ranges of vLLM's (and SGLang's) profiling annotations. A step of prefill
+# requests only is `prefill`, of decode requests only `decode`, of both `mixed` (chunked prefill).
+PHASE_PATTERN = r"^(step\[[A-Z]+[^\]]*\]|execute_\d+_context_\d+\(.*\)_generation_\d+\(.*\))$"
+PHASE_WINDOWS_SQL = f"""
+WITH w AS (
+    SELECT range_id, name, pid, tid, start_ns, end_ns,
+           regexp_extract(name, '^step\\[([A-Z]+)', 1) AS mode,
+           TRY_CAST(regexp_extract(name, 'bs=(\\d+)', 1) AS BIGINT) AS bs,
+           TRY_CAST(coalesce(nullif(regexp_extract(name, 'toks=(\\d+)', 1), ''),
+                             nullif(regexp_extract(name, '^execute_(\\d+)_', 1), '')) AS BIGINT) AS tokens,
+           TRY_CAST(regexp_extract(name, '_context_(\\d+)\\(', 1) AS BIGINT) AS ctx,
+           TRY_CAST(regexp_extract(name, '_generation_(\\d+)\\(', 1) AS BIGINT) AS gen
+    FROM ranges
+    WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation') AND end_ns > start_ns
+      AND regexp_matches(name, '{PHASE_PATTERN}')
+), outer_w AS (  -- a step annotated twice (SGLang writes both kinds) is one step: the outer one
+    SELECT w.* FROM w WHERE NOT EXISTS (
+        SELECT 1 FROM w o WHERE o.pid = w.pid AND o.tid = w.tid AND o.range_id <> w.range_id
+           AND o.start_ns <= w.start_ns AND o.end_ns >= w.end_ns
+           AND (o.start_ns < w.start_ns OR o.end_ns > w.end_ns OR o.range_id < w.range_id))
+)
+SELECT range_id, name, start_ns, end_ns,
+       CASE WHEN mode IN ('EXTEND', 'PREFILL') THEN 'prefill' WHEN mode = 'DECODE' THEN 'decode'
+            WHEN mode <> '' THEN lower(mode)
+            WHEN ctx > 0 AND gen > 0 THEN 'mixed' WHEN ctx > 0 THEN 'prefill' WHEN gen > 0 THEN 'decode'
+            ELSE 'idle' END AS phase,
+       coalesce(bs, ctx + gen) AS requests,
+       coalesce(tokens, CASE WHEN mode = 'DECODE' THEN bs END) AS tokens, pid, tid
+FROM outer_w ORDER BY start_ns
+"""
+# The GPU work each window launched: operations whose launch call started in it, on its thread
+# (a graph replay's work through its graph launch call).
+PHASE_WORK_SQL = """
+SELECT w.range_id, a.device_id, a.kind, a.name, a.start_ns, a.end_ns
+FROM (SELECT unnest($ids::BIGINT[]) AS range_id, unnest($pids::BIGINT[]) AS pid, unnest($tids::BIGINT[]) AS tid,
+             unnest($starts::BIGINT[]) AS start_ns, unnest($ends::BIGINT[]) AS end_ns) w
+JOIN api_calls c ON c.run_id = $run_id AND c.pid = w.pid AND c.tid = w.tid
+                AND c.start_ns >= w.start_ns AND c.start_ns < w.end_ns
+JOIN gpu_activity a ON a.run_id = $run_id AND a.launch_call_id = c.call_id
+"""
+PHASE_BUDGET_MAX_WINDOWS = 200  # a window budget each: beyond that, the phases go without one
+TOP_PHASE_KERNELS = 5
+
+
+def phases(store: Store, run_id: str) -> list[dict]:
+    """The run's inference steps by phase (`PHASE_WINDOWS_SQL`): per phase (`prefill`, `decode`,
+    `mixed`, ...), `steps`, `requests` and `tokens` in all (where the annotation says them),
+    `wall_ns` (the steps' host windows), the GPU work they launched (`kernels`, `kernel_ns`,
+    `gpu_proj_ns`: each step's first operation's start to its last one's end, summed),
+    `kernel_ns_per_token`, `budget` (per device, the time budget's parts within the steps' GPU
+    windows, summed: `{"device_id", "span_ns", "parts"}`; None over PHASE_BUDGET_MAX_WINDOWS
+    steps) and `top_kernels` (`name`, `count`, `total_ns`, `share` of the phase's kernel time)."""
+    windows = store.arrow(PHASE_WINDOWS_SQL, {"run_id": run_id}).to_pylist()
+    if not windows:
+        return []
+    work = store.arrow(PHASE_WORK_SQL, {
+        "run_id": run_id, "ids": [w["range_id"] for w in windows], "pids": [w["pid"] for w in windows],
+        "tids": [w["tid"] for w in windows], "starts": [w["start_ns"] for w in windows],
+        "ends": [w["end_ns"] for w in windows]}).to_pylist()
+    by_window: dict[int, list[dict]] = {}
+    for op in work:
+        by_window.setdefault(op["range_id"], []).append(op)
+    out: dict[str, dict] = {}
+    budgeted = len(windows) <= PHASE_BUDGET_MAX_WINDOWS
+    for w in windows:
+        ph = out.setdefault(w["phase"], {"phase": w["phase"], "steps": 0, "requests": 0, "tokens": 0, "wall_ns": 0,
+                                         "kernels": 0, "kernel_ns": 0, "gpu_proj_ns": 0, "_kernels": {},
+                                         "_budget": {} if budgeted else None, "examples": []})
+        ops = by_window.get(w["range_id"], [])
+        ph["steps"] += 1
+        ph["requests"] += w["requests"] or 0
+        ph["tokens"] += w["tokens"] or 0
+        ph["wall_ns"] += w["end_ns"] - w["start_ns"]
+        if len(ph["examples"]) < 3:
+            ph["examples"].append(w["name"])
+        for op in ops:
+            if op["kind"] == "kernel":
+                ph["kernels"] += 1
+                ph["kernel_ns"] += op["end_ns"] - op["start_ns"]
+                k = ph["_kernels"].setdefault(op["name"], [0, 0])
+                k[0] += 1
+                k[1] += op["end_ns"] - op["start_ns"]
+        for device in {op["device_id"] for op in ops}:
+            mine = [op for op in ops if op["device_id"] == device]
+            lo, hi = min(op["start_ns"] for op in mine), max(op["end_ns"] for op in mine)
+            ph["gpu_proj_ns"] += hi - lo
+            if ph["_budget"] is not None:
+                rows = store.sql("SELECT category, cause, ns, span_ns FROM run_window_time_budget(?, ?, ?, ?)",
+                                 [run_id, device, lo, hi]).fetchall()
+                b = ph["_budget"].setdefault(device, {"device_id": device, "span_ns": 0, "parts": {}})
+                b["span_ns"] += rows[0][3] if rows else 0
+                for category, cause, ns, _ in rows:
+                    b["parts"][(category, cause)] = b["parts"].get((category, cause), 0) + ns
+    result = []
+    for ph in out.values():
+        kernels, budget = ph.pop("_kernels"), ph.pop("_budget")
+        top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:TOP_PHASE_KERNELS]
+        ph["top_kernels"] = [{"name": n, "count": c, "total_ns": t, "share": t / ph["kernel_ns"] if ph["kernel_ns"] else None}
+                             for n, (c, t) in top]
+        ph["kernel_ns_per_token"] = ph["kernel_ns"] / ph["tokens"] if ph["tokens"] else None
+        ph["budget"] = None if budget is None else [
+            {"device_id": b["device_id"], "span_ns": b["span_ns"],
+             "parts": [{"category": c, "cause": k, "ns": ns} for (c, k), ns in b["parts"].items()]}
+            for b in budget.values()]
+        result.append(ph)
+    return result
+
+
 def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = None) -> dict:
     """The run's summary as JSON-ready values: the run's fields, `by`, `busy` (per device),
     `kernels` (the `top` first rows of `kernel_stats`, all when None), `kernel_totals`
-    (`names`, `count`, `total_ns` over every kernel), `graphs`, `copies`, `memsets` and
+    (`names`, `count`, `total_ns` over every kernel), `graphs`, `graph_replays` (`graph_replays`),
+    `copies`, `memsets` and
     `memory` (per device, see `memory`) and `steps` (the per-step time distribution,
     `step_stats.run_steps`; None without steps)."""
     from .step_stats import run_steps
@@ -160,6 +294,8 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
         "kernel_totals": {"names": len(kernels), "count": sum(k["count"] for k in kernels),
                           "total_ns": sum(k["total_ns"] for k in kernels)},
         "graphs": [{k: v for k, v in g.items() if k != "share"} for g in rows(_stats_sql(by, graphs=True), [run_id])],
+        "graph_replays": graph_replays(store, run_id),
+        "phases": phases(store, run_id),
         "copies": rows(COPIES_SQL, [run_id]),
         "memsets": rows(MEMSETS_SQL, [run_id]),
         "memory": memory(store, run_id),

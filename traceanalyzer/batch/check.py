@@ -20,7 +20,7 @@ from ..rules import get_rule
 from ..rules._ncu import linked_rule_ids
 from ..rules.base import SEVERITIES
 from ..rules.engine import Settings
-from ..store import Store, StoreError, file_hash, run_id_for
+from ..store import Store, StoreError, file_hash, one_line_error, run_id_for
 
 
 class UsageError(Exception):
@@ -38,6 +38,7 @@ class CheckOptions:
     baseline: Path | None = None
     max_growth_pct: float | None = None  # with a baseline: fail a finding grown by more
     link: bool = True  # link a timeline and an Nsight Compute run given together (`link.pairs`)
+    captures: list[Path] = field(default_factory=list)  # capture-phase traces of the graph replays checked
 
 
 @dataclass
@@ -59,6 +60,7 @@ class FileResult:
     span_ns: int | None = None
     counts: dict[str, int] = field(default_factory=dict)  # rows stored, by table
     warnings: list[str] = field(default_factory=list)
+    capture: str | None = None  # what merging its graph capture did (`merge_captures`), one line
     rule_ids: list[str] = field(default_factory=list)  # the per-run rules evaluated on the run
     error: str | None = None
     internal: bool = False
@@ -107,7 +109,7 @@ def up_to_date_hashes(store: Store, settings: Settings | None) -> set[str]:
 
 def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_stored: bool = False,
                up_to_date: frozenset[str] = frozenset(), hash_name: str | None = None,
-               seen: dict[str, str] | None = None) -> FileResult:
+               seen: dict[str, str] | None = None, captures: list[Path] | None = None) -> FileResult:
     """Check one file: read it into `store` and run the per-run rules of `rules` on its run
     (None: store it only; cross-run rules run once every file is done, see `run_check`).
     Every way of checking a file goes through here: `check`, `ingest`, `report` and `diff` on
@@ -120,7 +122,9 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
     one whose hash is in `up_to_date` (stored with the current rules' findings) is
     `skipped`; one whose hash is in `seen` (content hash -> the path done first, filled
     here) is a `duplicate`. `hash_name`: the content hash of the store the run is for
-    (default: `store`'s)."""
+    (default: `store`'s). With `captures` (capture-phase traces of its graph replays), they are
+    merged into the run before its rules run (`merge_capture`; a run that replays no graph gets
+    a warning instead); a capture that holds none of its graphs fails the file."""
     t0 = time.perf_counter()
     res = FileResult(path=str(path))
     rules = per_run_settings(rules) if rules is not None else None
@@ -150,6 +154,10 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
         if res.state in ("stored", "updated", "kept"):  # a run to check
             if seen is not None:
                 seen.setdefault(res.content_hash, res.path)
+            if captures and _replays_graphs(store, res.run_id):
+                res.capture = merge_capture(store, res.run_id, captures)
+            elif captures:
+                res.warnings.append("no graph launch with GPU work under it: the capture was not merged")
             if rules is not None:
                 diagnose_runs(store, [res.run_id], rules)
                 res.rule_ids = [r.id for r in rules.rules()]
@@ -158,6 +166,49 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
         res.fail(e)
     res.work_s = time.perf_counter() - t0
     return res
+
+
+def merge_capture(store: Store, run_id: str, captures: list[Path]) -> str:
+    """Merge `captures` into run `run_id`'s graph replays (`Store.merge_capture`) unless the
+    same captures (by content) are merged already; the line saying what was placed."""
+    for c in map(Path, captures):
+        if not c.is_file():
+            raise TraceError(f"capture {c.name}: no such file" if not c.exists() else f"capture {c.name}: not a file")
+    hashes = [file_hash(Path(c), store.hash_name()) for c in captures]
+    note = _capture_note(store, run_id)
+    if note and note.get("hashes") == hashes and note.get("line"):
+        return note["line"]
+    return store.merge_capture(run_id, captures, hashes=hashes).line()
+
+
+def _replays_graphs(store: Store, run_id: str) -> bool:
+    return store.sql("SELECT EXISTS (SELECT 1 FROM graph_replays WHERE run_id = ?)", [run_id]).fetchall()[0][0]
+
+
+def _capture_note(store: Store, run_id: str) -> dict | None:
+    rows = store.sql("SELECT metadata FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    return (json.loads(rows[0][0]) or {}).get("graph_capture") if rows and rows[0][0] else None
+
+
+def merge_captures(store: Store, files: list[FileResult], captures: dict[str, list[Path]],
+                   rules: Settings | None) -> None:
+    """A scan's pairs: merge into each stored run of `files` whose path `captures` lists the
+    capture traces found beside it (`capture_merge.capture_files`), and run its per-run rules
+    again when that changed it. A capture that holds none of its graphs is a warning on the
+    file; the run stays as read."""
+    per_run = per_run_settings(rules) if rules is not None else None
+    for f in files:
+        caps = captures.get(f.path)
+        if not caps or f.state == "failed" or not f.run_id or not _replays_graphs(store, f.run_id):
+            continue  # (a trace beside the captures that replays no graph: nothing to merge)
+        try:
+            before = (_capture_note(store, f.run_id) or {}).get("hashes")
+            f.capture = merge_capture(store, f.run_id, caps)
+            if per_run is not None and (_capture_note(store, f.run_id) or {}).get("hashes") != before:
+                diagnose_runs(store, [f.run_id], per_run)
+        except Exception as e:
+            interrupt.stop_if_interrupted(e)
+            f.warnings.append(f"capture {', '.join(Path(c).name for c in caps)} not merged: {one_line_error(e)}")
 
 
 def _stored_run(store: Store, run_id: str | None) -> tuple[str | None, int | None]:
@@ -189,29 +240,31 @@ class Checked:
 
 
 def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_stored: bool = False,
-                on_file: Callable[[FileResult], None] | None = None) -> Checked:
+                on_file: Callable[[FileResult], None] | None = None, captures: list[Path] | None = None) -> Checked:
     """`check_file` on every trace under `paths`, in order, one transaction a file: a file
     that fails is a `failed` result and the rest go on. `on_file` sees each result as it
-    comes. Paths that hold no trace at all are one failed result."""
+    comes. Paths that hold no trace at all are one failed result. `captures`: capture-phase
+    traces merged into each file's graph replays (`check_file`); they are no files to check."""
     done = Checked()
-    files = list(find_traces(paths, not_traces=done.not_traces))
+    skip = {Path(c).resolve() for c in captures or ()}
+    files = [f for f in find_traces(paths, not_traces=done.not_traces) if Path(f).resolve() not in skip]
     if not files:
         done.add(FileResult(" ".join(map(str, paths)), error="no trace files here"), on_file)
     seen: dict[str, str] = {}
     with interrupt.watching():  # Ctrl-C is no file's error
         for f in files:
             store.let_in_waiting()  # a reader of this store gets in between two files
-            done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen), on_file)
+            done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen, captures=captures), on_file)
     return done
 
 
 def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
-               on_file: Callable[[FileResult], None] | None = None) -> Checked:
+               on_file: Callable[[FileResult], None] | None = None, captures: list[Path] | None = None) -> Checked:
     """`check_paths` on the refs that are files or folders; a ref that is neither but names a
     stored run (id, id prefix or file name) has that run's rules run again, as a stored file
     has (`kept`), after the files. A ref that names nothing is a failed result."""
     paths = [ref for ref in refs if Path(ref).exists()]
-    done = check_paths(store, paths, rules, on_file=on_file) if paths else Checked()
+    done = check_paths(store, paths, rules, on_file=on_file, captures=captures) if paths else Checked()
     rules = per_run_settings(rules) if rules is not None else None
     for ref in refs:
         if ref in paths:
@@ -220,6 +273,14 @@ def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
         if res is None:
             continue
         res.state = "kept"
+        if captures:
+            try:
+                res.capture = merge_capture(store, res.run_id, captures)
+            except Exception as e:
+                interrupt.stop_if_interrupted(e)
+                res.fail(e)
+                done.add(res, on_file)
+                continue
         if rules is not None:
             diagnose_runs(store, [res.run_id], rules)
             res.rule_ids = [r.id for r in rules.rules()]
@@ -405,7 +466,7 @@ def run_check(store: Store, opts: CheckOptions, on_file: Callable[[FileResult], 
 def _run_check(store: Store, opts: CheckOptions, on_file, on_link) -> CheckResult:
     settings, fail_on = settings_from(opts)
     baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
-    done = check_refs(store, opts.paths, settings, on_file=on_file)
+    done = check_refs(store, opts.paths, settings, on_file=on_file, captures=opts.captures)
     link_errors: list[InputError] = []
     if opts.link:
         _, link_errors = link_pairs(store, done.files, settings, given_together=True, on_link=on_link)

@@ -52,8 +52,8 @@ from ..diagnosis import diagnose_runs
 from ..ingest import ParsedTrace, find_traces, streams
 from ..resources import Resources
 from ..rules.engine import Settings
-from ..store import DEFAULT_HASH, RuleResults, Store
-from .check import FileResult, check_file, cross_run_settings, link_pairs, up_to_date_hashes
+from ..store import DEFAULT_HASH, RuleResults, Store, capture_merge
+from .check import FileResult, check_file, cross_run_settings, link_pairs, merge_captures, up_to_date_hashes
 
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
@@ -332,6 +332,12 @@ def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, lin
     # Resolved like `Store.ingest` does, so `source_path` and run lookups by path agree.
     not_traces: list = []
     files = list(dict.fromkeys(str(Path(f).resolve()) for f in find_traces(paths, not_traces)))
+    # A capture-phase trace beside a graph replay is that replay's input, merged into its run
+    # once every file is stored (`merge_captures`), not a run of its own.
+    captures = {f: [str(c.resolve()) for c in capture_merge.capture_files(Path(f))] for f in files}
+    captures = {f: c for f, c in captures.items() if c}
+    captured = {c for cs in captures.values() for c in cs}
+    files = [f for f in files if f not in captured]
     if not files:
         raise ScanError(f"no trace files under {' '.join(map(str, paths))}")
     if on_start:
@@ -386,6 +392,8 @@ def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, lin
                     handled(by_writer_next())
         while by_writer:
             handled(by_writer_next())
+        if captures:
+            merge_captures(store, report.files, {f: [Path(c) for c in cs] for f, cs in captures.items()}, settings)
         if link:
             report.links, report.link_errors = link_pairs(store, report.files, settings, given_together=False,
                                                           on_link=on_link)

@@ -4,7 +4,7 @@ from typing import Annotated, List
 
 import typer
 
-from .common import (BaselineOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt,
+from .common import (BaselineOpt, CaptureOpt, CheckVerboseOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt,
                      JunitOpt, MaxGrowthOpt, NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt,
                      WriteBaselineOpt, FileLines, LinkLines, check_options, emit, err, note_not_traces, open_store,
                      report_targets)
@@ -16,7 +16,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
           output: OutputOpt = None, sarif: SarifOpt = None, junit: JunitOpt = None, json_file: JsonOpt = None,
           baseline: BaselineOpt = None, max_growth: MaxGrowthOpt = None,
           write_baseline: WriteBaselineOpt = None, quiet: QuietOpt = False, verbose: CheckVerboseOpt = False,
-          debug: DebugOpt = False, no_link: NoLinkOpt = False,
+          debug: DebugOpt = False, no_link: NoLinkOpt = False, capture: CaptureOpt = None,
           show_vendor_rules: Annotated[bool, typer.Option(
               "--show-vendor-rules", help="List, per run, the results of NVIDIA's own rules (in Nsight Compute "
               "reports) that no finding matches.")] = False):
@@ -28,6 +28,7 @@ def check(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tr
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
     targets = report_targets(format, output, sarif, junit, json_file)
     opts.link = not no_link
+    opts.captures = list(capture or [])
     try:
         with open_store(store) as st:
             # Progress lines go to stderr so that stdout holds only the report.

@@ -249,6 +249,8 @@ def file_line(r: "FileResult", debug: bool, progress: Console = out) -> None:
               f"api_calls={c.get('api_calls', 0)} span={fmt.ns(r.span_ns)}") if c else ""
     progress.print(f"{_STATE_WORDS[r.state]:<8} {r.format or '?':<12} {r.run_id}  {r.path}  {detail}".rstrip(),
                    markup=False)
+    if r.capture:
+        progress.print(f"         {r.capture}", markup=False)
     for w in r.warnings:
         err.print(f"warning: {r.path}: {w}", markup=False)
 
@@ -263,7 +265,7 @@ class FileLines:
         self.stored: list[str] = []
 
     def __call__(self, r: "FileResult") -> None:
-        if r.state in ("kept", "skipped"):
+        if r.state in ("kept", "skipped") and not r.capture:
             self.stored.append(r.path)
             if not self.verbose:
                 return
@@ -383,6 +385,13 @@ WriteBaselineOpt = Annotated[Optional[Path], typer.Option(
 NoLinkOpt = Annotated[bool, typer.Option(
     "--no-link", help="Do not link a timeline (nsys, Kineto) to the Nsight Compute run of the same program given "
                       "with it (or, for scan, beside it: the same stem, or a folder's only pair).")]
+CaptureOpt = Annotated[Optional[List[Path]], typer.Option(
+    "--capture", metavar="CAPTURE",
+    help="A PyTorch profiler trace recorded while the CUDA/HIP graphs were captured (vLLM's and SGLang's "
+         "graph_capture_rank_*.pt.trace.json.gz; repeat it for one per batch size): every kernel, copy and memset "
+         "the graph launches of the traces given ran is placed where its node was captured, with that capture's "
+         "operators, modules, Python frames and ranges, matched by its order in the graph and its kernel name. "
+         "The line after the trace's says how many were placed.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="In the text report, hide info findings and the "
                                                                 "line of rules not applicable.")]
 

@@ -131,6 +131,10 @@ def print_summary(console: Console, s: dict) -> None:
     if s["graphs"]:
         _stats_table(console, "CUDA graph executions (not in the kernels' shares)", "graph",
                      s["graphs"], share=False)
+    if s.get("graph_replays"):
+        _graph_replays_table(console, s["graph_replays"])
+    if s.get("phases"):
+        _phases_table(console, s["phases"])
     if s["copies"]:
         rows = [[r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
                  fmt.bandwidth(r["bandwidth_gb_per_s"])] for r in s["copies"]]
@@ -144,6 +148,52 @@ def print_summary(console: Console, s: dict) -> None:
                    rows, title=f"Memsets{over}")
     if s["memory"]:
         _memory_tables(console, s["memory"])
+
+
+def _graph_replays_table(console: Console, rows: list[dict]) -> None:
+    """Per graph replayed: replays, operations per replay, kernel time, mean replay time, the
+    launch calls' time (once per replay), and what a merged capture placed."""
+    num = {"justify": "right", "no_wrap": True}
+    merged = any(r["merged"] for r in rows)
+    columns = [Column("graph", no_wrap=True), Column("device", **num),
+               *(Column(h, **num) for h in ("replays", "ops/replay", "kernel time", "replay time", "launch call"))]
+    if merged:
+        columns.append(Column("placed", **num))
+    out = []
+    for r in rows:
+        ops = str(r["min_ops"]) if r["min_ops"] == r["max_ops"] else f"{r['min_ops']}-{r['max_ops']}"
+        if r["whole_graph"]:  # its kernels were not traced one by one
+            ops = "whole graph"
+        row = [r["graph"], fmt.text(r["device_id"]), fmt.num(r["replays"]), ops, fmt.ns(r["kernel_ns"]),
+               fmt.ns(r["avg_replay_ns"]), fmt.ns(r["avg_launch_ns"])]
+        if merged:
+            row.append(f"{fmt.num(r['placed'])}/{fmt.num(r['ops'])}")
+        out.append(row)
+    total = sum(r["replays"] for r in rows)
+    _print_fit(console, columns, out, ("launch call",),
+               title=f"Graph replays ({fmt.num(total)} {rows[0]['call_name']} call(s); replay and launch call "
+                     "times are means per replay)")
+
+
+def _phases_table(console: Console, rows: list[dict]) -> None:
+    """Per inference phase: steps, requests, tokens, host time, kernel time (per token), the top
+    kernel; then each phase's time budget and its top kernels."""
+    from ..report.budget import budget_line
+
+    num = {"justify": "right", "no_wrap": True}
+    columns = [Column("phase", no_wrap=True),
+               *(Column(h, **num) for h in ("steps", "requests", "tokens", "step time", "kernel time", "per token"))]
+    out = [[r["phase"], fmt.num(r["steps"]), fmt.num(r["requests"]) if r["requests"] else "-",
+            fmt.num(r["tokens"]) if r["tokens"] else "-", fmt.ns(r["wall_ns"]), fmt.ns(r["kernel_ns"]),
+            fmt.ns(r["kernel_ns_per_token"]) if r["kernel_ns_per_token"] is not None else "-"] for r in rows]
+    _print_fit(console, columns, out, ("requests",),
+               title="Inference phases (server step annotations; kernel time of the work each step launched)")
+    for r in rows:
+        for device in r["budget"] or []:
+            say(console, fmt.printable(f"{r['phase']}: {budget_line(device)}"))
+        if r["top_kernels"]:
+            top = ", ".join(f"{fmt.distinct_labels([k['name']], 50)[0]} {fmt.pct(k['share'])}" for k in r["top_kernels"][:3])
+            say(console, fmt.printable(f"{r['phase']}: top kernels {top}"))
 
 
 MEMORY_COLUMNS = (("reserved", "reserved_bytes"), ("allocated", "allocated_bytes"),

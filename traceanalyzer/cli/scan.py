@@ -85,6 +85,12 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
                 lines.finish()
             links.finish()
             note_not_traces(report.not_traces, verbose)
+            for f in report.files:  # merged once every file was stored (`merge_captures`)
+                if f.capture:
+                    err.print(f"{f.path}: {f.capture}", markup=False)
+                for w in f.warnings:
+                    if w.startswith("capture "):
+                        err.print(f"warning: {f.path}: {w}", markup=False)
             if report.cross_rule_error:
                 err.print(f"error: cross-run rules failed: {report.cross_rule_error}", markup=False)
             result = load_result(st, report.run_ids, fail_on)

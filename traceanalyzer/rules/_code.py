@@ -13,7 +13,10 @@ made without `--nvtx`.
 
 Rules given as one query take `named(sql)` as their `evaluate`. Gap findings (T001) go through
 `around_gaps`: the innermost operator (else range) open on the launching thread when the GPU
-went idle.
+went idle; for a gap ended by an operation of a graph replay merged with its capture
+(`graph_nodes`), the one open where the capture launched that operation's node (at replay the
+host was in the graph launch). Kernel launch sites read a replayed kernel's frames the same way,
+through `launch_context`.
 """
 
 from __future__ import annotations
@@ -172,12 +175,15 @@ AROUND_SQL = f"""
 WITH gaps AS (
     SELECT unnest($key::BIGINT[]) AS key, unnest($device::INTEGER[]) AS device_id, unnest($kind::VARCHAR[]) AS kind,
            unnest($item::BIGINT[]) AS item_id, unnest($start::BIGINT[]) AS start_ns, unnest($end::BIGINT[]) AS end_ns
-), threads AS (  -- the thread that launched the operation ending each gap (of several, the first launched)
-    SELECT g.key, any_value(g.start_ns) AS t, arg_min(c.pid, c.start_ns) AS pid, arg_min(c.tid, c.start_ns) AS tid
+), threads AS (  -- the thread that launched the operation ending each gap (of several, the first launched);
+    -- for an operation of a graph replay merged with its capture, where the capture launched its node
+    SELECT g.key, arg_min(coalesce(n.at_ns, g.start_ns), c.start_ns) AS t, arg_min(coalesce(n.pid, c.pid), c.start_ns) AS pid,
+           arg_min(coalesce(n.tid, c.tid), c.start_ns) AS tid
     FROM gaps g
     JOIN gpu_activity a ON a.run_id = $run_id AND a.device_id = g.device_id AND a.start_ns = g.end_ns
                        AND (g.kind IS NULL OR (a.kind = g.kind AND a.item_id = g.item_id))
     JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
+    LEFT JOIN graph_nodes n ON n.run_id = $run_id AND n.placed AND n.kind = a.kind AND n.item_id = a.item_id
     GROUP BY g.key
 ), frames AS (  -- (a join on the thread: the gaps are few, and each frame is read once)
     SELECT p.key, f.source, f.name, f.start_ns

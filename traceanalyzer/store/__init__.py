@@ -42,7 +42,7 @@ from .. import input_limits, kernel_library, os_memory, schema
 from ..interrupt import interruptible
 from ..ingest.base import ParsedTrace
 from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
-from . import launch_sweep, migrations, views
+from . import capture_merge, launch_sweep, migrations, views
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
@@ -480,6 +480,40 @@ class Store:
         except BaseException:
             con.execute("ROLLBACK")
             raise
+
+    def merge_capture(self, run_id: str, captures: Iterable[str | Path], *,
+                      hashes: list[str] | None = None) -> "capture_merge.MergeResult":
+        """Merge the capture-phase traces `captures` into the graph replays of run `run_id`
+        (`capture_merge`), replacing an earlier merge, in one transaction; the run counts as
+        stored anew (its rules' stored outcomes and kept caches no longer apply). Raises
+        TraceError for a capture that cannot be read, CaptureMismatch (one line) when the
+        captures hold none of the run's graphs: then nothing is written. `hashes` (the captures'
+        content hashes) are noted with the merge (`runs.metadata.graph_capture`)."""
+        from ..ingest import TraceError, one_line
+        from ..ingest.kineto_capture import read_capture
+
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        traces = []
+        for p in map(Path, captures):
+            try:
+                traces.append(read_capture(p, resources=self.resources))
+            except (TraceError, OSError) as e:  # said of the capture, not of the trace it is for
+                why = "no such file" if isinstance(e, FileNotFoundError) else (
+                    e.strerror if isinstance(e, OSError) and e.strerror else str(e))
+                raise TraceError(one_line(f"capture {p.name}: {why}")) from None
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            result = capture_merge.write(con, run_id, traces,
+                                         lambda name, tbl: _insert(con, name, _conform(name, tbl, run_id)),
+                                         hashes=hashes)
+            views.drop_kept(con, run_id)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return result
 
     def read_run(self, run_id: str, tables: Iterable[str] = schema.DATA_TABLES) -> ParsedTrace:
         """Run `run_id` as a reader's ParsedTrace: `write_run` of it stores the same rows (a

@@ -814,8 +814,10 @@ def launch_context_column(source: str) -> str:
 def launch_probes_sql(runs: str | None = None) -> str:
     """Each GPU operation's launch point (of the runs `runs` selects): run_id, kind, item_id, the
     launching thread's pid and tid, its launch call's start and end and `at_ns`, the time it is
-    placed at: the call's start, else (a Kineto kernel with no call but an External id) the start
-    of the operator of that id, on that operator's thread."""
+    placed at: for an operation of a graph replay merged with its capture (`graph_nodes`, placed),
+    where the capture launched its node, on the copied frames' thread; else the call's start,
+    else (a Kineto kernel with no call but an External id) the start of the operator of that id,
+    on that operator's thread."""
     of_run = runs or "true"
     return f"""
         WITH ops AS (
@@ -827,11 +829,14 @@ def launch_probes_sql(runs: str | None = None) -> str:
                                           AND o.external_id = c.external_id
             WHERE {_qualified(of_run, 'c')} GROUP BY ALL
         )
-        SELECT o.run_id, o.kind, o.item_id, coalesce(c.pid, x.op.pid) AS pid, coalesce(c.tid, x.op.tid) AS tid,
-               c.start_ns AS call_start_ns, c.end_ns AS call_end_ns, coalesce(c.start_ns, x.op.start_ns) AS at_ns
+        SELECT o.run_id, o.kind, o.item_id, coalesce(g.pid, c.pid, x.op.pid) AS pid,
+               coalesce(g.tid, c.tid, x.op.tid) AS tid, c.start_ns AS call_start_ns, c.end_ns AS call_end_ns,
+               coalesce(g.at_ns, c.start_ns, x.op.start_ns) AS at_ns
         FROM ops o
         LEFT JOIN (SELECT * FROM api_calls WHERE {of_run}) c ON c.run_id = o.run_id AND c.call_id = o.launch_call_id
         LEFT JOIN op_of_external x ON o.launch_call_id IS NULL AND x.run_id = o.run_id AND x.external_id = o.external_id
+        LEFT JOIN (SELECT run_id, kind, item_id, pid, tid, at_ns FROM graph_nodes WHERE placed AND {of_run}) g
+          ON g.run_id = o.run_id AND g.kind = o.kind AND g.item_id = o.item_id
         """
 
 
@@ -931,6 +936,38 @@ VIEWS: dict[str, tuple[str, str]] = {
         SELECT run_id, device_id, stream_id, 'memset', memset_id, start_ns, end_ns, 'Memset',
                pid, correlation_id, launch_call_id, NULL, NULL, false
         FROM memsets WHERE start_ns IS NOT NULL AND end_ns >= start_ns
+        """,
+    ),
+    "graph_replays": (
+        "Per run, each CUDA/HIP graph replay: a graph launch call (`cudaGraphLaunch`, `hipGraphLaunch`) and the "
+        "kernels, copies and memsets it ran (those whose `launch_call_id` is the call), with `graph`, the graph it "
+        "replayed: CUPTI's `graph_id` where the trace has it (`g<id>`), else a digest of the operations' kinds and "
+        "names in order (`s<hex>`: replays of one graph run the same operations), and, where a capture was merged "
+        "(`graph_nodes`), how many of its operations were placed; `whole_graph` when the replay is one opaque row "
+        "(nsys `--cuda-graph-trace=graph`). The launch call's time (`call_ns`) is the "
+        "host's cost of the replay, once for all its operations.",
+        """
+        SELECT c.run_id, c.call_id, any_value(c.name) AS call_name, any_value(c.pid) AS pid, any_value(c.tid) AS tid,
+               any_value(c.start_ns) AS call_start_ns, any_value(c.end_ns) AS call_end_ns,
+               any_value(c.end_ns - c.start_ns) AS call_ns,
+               coalesce('g' || max(k.graph_id)::VARCHAR,
+                        's' || substr(md5(string_agg(a.kind || ':' || coalesce(a.name, ''), chr(31)
+                                                     ORDER BY a.start_ns, a.kind, a.item_id)), 1, 12)) AS graph,
+               any_value(a.device_id) AS device_id, count(*) AS ops,
+               count(*) FILTER (WHERE a.kind = 'kernel') AS kernels,
+               count(*) FILTER (WHERE a.kind = 'copy') AS copies, count(*) FILTER (WHERE a.kind = 'memset') AS memsets,
+               min(a.start_ns) AS start_ns, max(a.end_ns) AS end_ns,
+               coalesce(sum(a.end_ns - a.start_ns) FILTER (WHERE a.kind = 'kernel'), 0) AS kernel_ns,
+               sum(a.end_ns - a.start_ns) AS gpu_ns,
+               count(g.item_id) FILTER (WHERE g.placed) AS placed, count(g.item_id) AS merged,
+               -- nsys --cuda-graph-trace=graph: one opaque row for the whole replay (ingest/nsys.py)
+               bool_or(k.graph_id IS NOT NULL AND k.short_name = '[CUDA graph]') AS whole_graph
+        FROM api_calls c
+        JOIN gpu_activity a ON a.run_id = c.run_id AND a.launch_call_id = c.call_id
+        LEFT JOIN kernels k ON a.kind = 'kernel' AND k.run_id = a.run_id AND k.kernel_id = a.item_id
+        LEFT JOIN graph_nodes g ON g.run_id = a.run_id AND g.kind = a.kind AND g.item_id = a.item_id
+        WHERE c.name ILIKE '%graphlaunch%'
+        GROUP BY c.run_id, c.call_id
         """,
     ),
     "device_busy_intervals": (
