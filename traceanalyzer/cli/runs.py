@@ -171,8 +171,7 @@ def _graph_replays_table(console: Console, rows: list[dict]) -> None:
         out.append(row)
     total = sum(r["replays"] for r in rows)
     _print_fit(console, columns, out, ("launch call",),
-               title=f"Graph replays ({fmt.num(total)} {rows[0]['call_name']} call(s); replay and launch call "
-                     "times are means per replay)")
+               title=f"Graph replays ({fmt.num(total)} {rows[0]['call_name']} calls; times per replay)")
 
 
 def _phases_table(console: Console, rows: list[dict]) -> None:
@@ -187,7 +186,7 @@ def _phases_table(console: Console, rows: list[dict]) -> None:
             fmt.num(r["tokens"]) if r["tokens"] else "-", fmt.ns(r["wall_ns"]), fmt.ns(r["kernel_ns"]),
             fmt.ns(r["kernel_ns_per_token"]) if r["kernel_ns_per_token"] is not None else "-"] for r in rows]
     _print_fit(console, columns, out, ("requests",),
-               title="Inference phases (server step annotations; kernel time of the work each step launched)")
+               title="Inference phases (the server's step annotations)")
     for r in rows:
         for device in r["budget"] or []:
             say(console, fmt.printable(f"{r['phase']}: {budget_line(device)}"))
