@@ -1,5 +1,6 @@
 """S002 unfused element-wise chains: runs of short memory-bound kernels one fused kernel could do."""
 
+from ._place import HOW as PLACE_HOW, majority_window, place_json
 from .base import Rule, Threshold
 
 # Kernel names of element-wise, cast, normalisation and activation work (PyTorch's
@@ -151,6 +152,8 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
                     'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}},
                    (c.saving_ns, -c.start_ns, -c.stream_id), heap_size($max_examples))[1:$max_examples] AS worst
     FROM costed c GROUP BY c.device_id, c.n, c.sig_a, c.sig_b
+), chain_place AS (  -- where most of each group's saving is (rules/_place.py)
+    __PLACE__
 ), reported AS (  -- the groups that save enough
     SELECT g.*, g.saving_ns / nullif(b.active_span_ns, 0) AS share
     FROM grouped g LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = g.device_id
@@ -204,7 +207,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     LEFT JOIN worst_shown w USING (device_id, n, sig_a, sig_b)  -- no chains listed with max_examples = 0
 )
 SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, worst_chain.id AS item_id,
-       chain_name AS item_name, worst_chain.start_ns AS start_ns, worst_chain.end_ns AS end_ns,
+       chain_name AS item_name, w_start AS start_ns, w_end AS end_ns,
        share AS value, 'share' AS value_unit, $min_saving_share AS threshold,
        CAST(round(saving_ns) AS BIGINT) AS est_loss_ns,
        CASE WHEN share >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
@@ -228,10 +231,14 @@ SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, wor
          || ', "bytes_source": ' || to_json(bytes_sources)
          || ', "dram_bytes_per_s": ' || coalesce(bandwidth, 0)
          || ', "round_trip_ns": ' || coalesce(round(round_trip_ns), 0)
-         || ', "saving_ns": ' || round(saving_ns) || ', "worst": ' || worst || '}}' AS evidence
-FROM judged
+         || ', "saving_ns": ' || round(saving_ns) || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || worst || '}}' AS evidence
+FROM judged LEFT JOIN chain_place USING (device_id, n, sig_a, sig_b)
 ORDER BY saving_ns DESC, item_name
 """
+
+SQL = (SQL.replace("__PLACE__", majority_window("SELECT device_id, n, sig_a, sig_b, start_ns, end_ns, saving_ns AS ns "
+                                                "FROM costed", ("device_id", "n", "sig_a", "sig_b")))
+       .replace("__PLACE_JSON__", place_json("chains")))
 
 RULE = Rule(
     id="S002",
@@ -258,7 +265,7 @@ RULE = Rule(
         "trip of its intermediates (2 x bytes / the device's DRAM bandwidth), the latter capped at "
         "the chain's kernel time minus its longest kernel. Chains with the same kernels are reported "
         "together per device, when their saving reaches `min_saving_share` of the device's active "
-        "span; it assumes each kernel consumes the previous one's output.",
+        "span; it assumes each kernel consumes the previous one's output." + PLACE_HOW,
     fix="Use torch.compile or fused operators (fused norms, bias+activation epilogues, fused "
         "optimizers), or write one kernel for the chain.",
     requires="timed kernels",

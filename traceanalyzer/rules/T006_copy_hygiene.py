@@ -2,6 +2,7 @@
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
 from ..store.views import host_until, issued_at, next_busy_candidates
+from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold, pair_key
 
@@ -131,6 +132,8 @@ d2h AS (
         WHERE s.call_start <= st.end_ns GROUP BY ALL) GROUP BY device_id
 ), spans AS (
     SELECT device_id, active_span_ns FROM device_busy WHERE run_id = $run_id
+), wait_place AS (  -- where most of each device's hideable idle is (rules/_place.py)
+    __PLACE__
 )
 SELECT s.device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, s.worst_id AS item_id,
        'small ' || s.direction || ' copies' AS item_name, s.worst_start AS start_ns, s.worst_end AS end_ns,
@@ -164,7 +167,7 @@ SELECT p.device_id, NULL, 'copy', p.worst_id, 'pageable DtoH copies', p.worst_st
        'copy'
 FROM pageable p WHERE p.n >= $min_pageable_count
 UNION ALL
-SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', d.worst_start, d.worst_end,
+SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', wp.w_start, wp.w_end,
        d.loss_ns / nullif(sp.active_span_ns, 0), 'share', $min_share, d.loss_ns,
        CASE WHEN d.loss_ns / nullif(sp.active_span_ns, 0) >= $error_share THEN 'error' END,
        printf('device %d: the host waited for %d device-to-host copies (%s waiting)%s; the GPU then sat idle %s, '
@@ -179,9 +182,10 @@ SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', d
        '{"copies": ' || d.n || ', "bytes": ' || d.bytes || ', "wait_ns": ' || d.wait_ns || ', "idle_after_ns": ' || d.idle_ns
          || ', "host_idle_ns": ' || d.host_ns || ', "loss_ns": ' || d.loss_ns || ', "steps": ' || d.n_steps || ', "copies_in_steps": ' || d.n_in_steps
          || ', "steps_with_copies": ' || d.steps_with || ', "max_per_step": ' || coalesce(ps.max_per_step, 0)
-         || ', "how": ' || d.how_counts || ', "worst": ' || d.worst || '}',
+         || ', "how": ' || d.how_counts || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || d.worst || '}',
        'idle:host'  -- the host waited, the GPU's queue drained: it then launched late
 FROM serial_dev d LEFT JOIN spans sp USING (device_id) LEFT JOIN per_step ps USING (device_id)
+LEFT JOIN wait_place wp USING (device_id)
 WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
 ORDER BY 5, 1
 """
@@ -189,6 +193,9 @@ SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT device_id, wait_
 SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, busy_start FROM next_busy WHERE busy_start > wait_end"))
 SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.wait_end", "n.busy_start"))
 # The longest copy first, the lowest id among equals: (dur_ns, -copy_id) as one integer.
+SQL = SQL.replace("__PLACE__", majority_window(
+    "SELECT device_id, call_start AS start_ns, wait_end + coalesce(idle_after_ns, 0) AS end_ns, "
+    "coalesce(hideable_ns, 0) AS ns FROM serial_idle", ("device_id",))).replace("__PLACE_JSON__", place_json("waits", "wp"))
 SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descending=True))
 
 RULE = Rule(
@@ -221,7 +228,7 @@ RULE = Rule(
         "(counted once for waits back to back before the same next work). The estimated loss is "
         "min(total wait, that host idle), the idle the host could have hidden had it not waited (an "
         "upper bound; T003 counts the same sync calls by name). Reported when the loss exceeds `min_loss_ns` and `min_share` of the device's active "
-        "span; an error from `error_share`.",
+        "span; an error from `error_share`." + PLACE_HOW,
     fix="Merge small copies into one buffer; use pinned host memory for device-to-host copies; keep "
         "values on the GPU and read them rarely, asynchronously, after an event.",
     requires="timed copies (device-to-host copies for the waiting check, with their API calls)",

@@ -37,31 +37,36 @@ def majority_window(source: str, keys: tuple[str, ...]) -> str:
     k = ", ".join(keys)
     key = f"hash({k})" if keys else "0"
     first = ", ".join(f"any_value({c}) AS {c}" for c in keys)
-    by = "(w_end - w_start, w_start)"
+    by = "(p_w_end - p_w_start, p_w_start)"
+    # the source's columns are read by name once; the rest are p_ names, so no column of the
+    # source (a chain's `n`) can shadow them
+    runs = f"""
+        SELECT *, row_number() OVER w AS p_i, sum(p_ns) OVER w AS p_cum, max(p_end) OVER w AS p_reach,
+               sum(p_ns) OVER (PARTITION BY p_key) AS p_total, count(*) OVER (PARTITION BY p_key) AS p_n,
+               min(p_start) OVER (PARTITION BY p_key) AS p_first, max(p_end) OVER (PARTITION BY p_key) AS p_last
+        FROM (SELECT {k + ', ' if keys else ''}{key} AS p_key, start_ns AS p_start, end_ns AS p_end, ns AS p_ns
+              FROM ({source}))
+        WINDOW w AS (PARTITION BY p_key ORDER BY p_start, p_end ROWS UNBOUNDED PRECEDING)"""
     return f"""
+    WITH p_runs AS MATERIALIZED ({runs})
     SELECT {k + ', ' if keys else ''}
-           CASE WHEN dense THEN w_start ELSE first_ns END AS w_start,
-           CASE WHEN dense THEN w_end ELSE last_ns END AS w_end,
-           CASE WHEN dense THEN w_n ELSE n END AS w_n,
-           CASE WHEN dense THEN w_ns ELSE total_ns END AS w_ns, n AS w_of, total_ns AS w_total_ns
-    FROM (SELECT *, w_end - w_start <= {CONCENTRATED} * (last_ns - first_ns) AS dense FROM (
-    SELECT {first + ', ' if keys else ''}
-           arg_min(w_start, {by}) AS w_start, arg_min(w_end, {by}) AS w_end, arg_min(w_n, {by}) AS w_n,
-           arg_min(w_ns, {by}) AS w_ns, any_value(n) AS n, any_value(total_ns) AS total_ns,
-           any_value(first_ns) AS first_ns, any_value(last_ns) AS last_ns
-    FROM (
-        SELECT a.*, a.start_ns AS w_start, b.reach_ns AS w_end, b.i - a.i + 1 AS w_n, b.cum_ns - a.cum_ns + a.ns AS w_ns
-        FROM (SELECT *, cum_ns - ns + {MAJORITY} * total_ns AS need_ns FROM __place_runs) a
-        ASOF JOIN __place_runs b ON b.place_key = a.place_key AND a.need_ns <= b.cum_ns
-    )
-    GROUP BY place_key))
-    """.replace("__place_runs", f"""(
-        SELECT *, {key} AS place_key,
-               row_number() OVER w AS i, sum(ns) OVER w AS cum_ns, max(end_ns) OVER w AS reach_ns,
-               sum(ns) OVER (PARTITION BY {key}) AS total_ns, count(*) OVER (PARTITION BY {key}) AS n,
-               min(start_ns) OVER (PARTITION BY {key}) AS first_ns, max(end_ns) OVER (PARTITION BY {key}) AS last_ns
-        FROM ({source})
-        WINDOW w AS (PARTITION BY {key} ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING))""")
+           CASE WHEN p_dense THEN p_w_start ELSE p_first END AS w_start,
+           CASE WHEN p_dense THEN p_w_end ELSE p_last END AS w_end,
+           CASE WHEN p_dense THEN p_w_n ELSE p_n END AS w_n,
+           CASE WHEN p_dense THEN p_w_ns ELSE p_total END AS w_ns, p_n AS w_of, p_total AS w_total_ns
+    FROM (SELECT *, p_w_end - p_w_start <= {CONCENTRATED} * (p_last - p_first) AS p_dense FROM (
+        SELECT {first + ', ' if keys else ''}
+               arg_min(p_w_start, {by}) AS p_w_start, arg_min(p_w_end, {by}) AS p_w_end,
+               arg_min(p_w_n, {by}) AS p_w_n, arg_min(p_w_ns, {by}) AS p_w_ns, any_value(p_n) AS p_n,
+               any_value(p_total) AS p_total, any_value(p_first) AS p_first, any_value(p_last) AS p_last
+        FROM (
+            SELECT a.*, a.p_start AS p_w_start, b.p_reach AS p_w_end, b.p_i - a.p_i + 1 AS p_w_n,
+                   b.p_cum - a.p_cum + a.p_ns AS p_w_ns
+            FROM (SELECT *, p_cum - p_ns + {MAJORITY} * p_total AS p_need FROM p_runs) a
+            ASOF JOIN p_runs b ON b.p_key = a.p_key AND a.p_need <= b.p_cum
+        )
+        GROUP BY p_key))
+    """
 
 
 def place_json(what: str, alias: str = "") -> str:
