@@ -326,3 +326,22 @@ def test_planted_cuda_pair_on_one_clock(tmp_path):
                          ORDER BY k.start_ns""").fetchall() == [("add_kernel", "aten::add"), ("mul_kernel", "aten::mul")] * 2
         (g,) = graph_replays(st, run_id)
         assert (g["graph"], g["replays"], g["min_ops"], g["placed"], g["launch_ns"]) == ("g3", 2, 2, 4, 16_000)
+
+
+@pytest.mark.parametrize("name", ["decode", "piecewise"])
+def test_a_merged_replay_is_not_taken_for_a_sampled_trace(tmp_path, name):
+    """The operators a merge copies in carry the capture's External ids, far from the replay's
+    own: T010 reads only the run's own, which the raw JSON numbers without a gap."""
+    from traceanalyzer.diagnosis import diagnose_runs
+    from traceanalyzer.rules.engine import Settings
+
+    replay, captures = _pair(name)
+    own = sorted({e["args"]["External id"] for e in json.load(gzip.open(replay))["traceEvents"]
+                  if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})})
+    assert own[-1] - own[0] + 1 == len(own)  # a complete window: no id skipped
+    with Store(tmp_path / "s.duckdb") as st:
+        run_id = st.ingest(replay).run_id
+        st.merge_capture(run_id, captures)
+        assert st.sql("SELECT count(DISTINCT external_id) FROM cpu_ops WHERE run_id = ?", [run_id]).fetchone()[0] > len(own)
+        diagnose_runs(st, [run_id], Settings(select=["T010"]))
+        assert st.sql("SELECT count(*) FROM findings WHERE run_id = ? AND rule_id = 'T010'", [run_id]).fetchone()[0] == 0

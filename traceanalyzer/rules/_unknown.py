@@ -54,7 +54,11 @@ WITH ops AS (
 ), ids AS (  -- the operators' ids in order: a complete trace skips few (ops outside the window)
     SELECT count(*) + 1 AS ops, count(*) FILTER (WHERE x - px > 1) AS jumps, coalesce(sum(x - px - 1), 0) AS skipped
     FROM (SELECT x, lag(x) OVER (ORDER BY x) AS px
-          FROM (SELECT DISTINCT external_id AS x FROM cpu_ops WHERE run_id = $run_id AND external_id IS NOT NULL))
+          FROM (SELECT DISTINCT external_id AS x FROM cpu_ops WHERE run_id = $run_id AND external_id IS NOT NULL
+                  -- not the operators a capture merge copied in (store/capture_merge.py): they carry the
+                  -- capture's ids and lie before the run's own events
+                  AND NOT (end_ns < (SELECT min(start_ns) FROM api_calls WHERE run_id = $run_id)
+                           AND EXISTS (SELECT 1 FROM graph_nodes WHERE run_id = $run_id AND placed))))
     WHERE px IS NOT NULL
 )
 SELECT l.gpu_ops, l.launched, l.after_launched, l.unlaunched, i.ops, i.jumps, i.skipped,
