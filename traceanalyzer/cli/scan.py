@@ -203,9 +203,9 @@ def _print_table(console: Console, df, report) -> None:
 
 
 def _loss(r) -> str:
-    """The largest share of a device's span a run's headlines lose, measured losses first and
-    then upper bounds ("+96.0% bound": what faster kernels could save); without a span (Nsight
-    Compute), their loss."""
+    """The largest share of a device's span a run's headlines' measured losses take; for a run
+    whose losses are all upper bounds (what faster kernels could save), that share as one
+    ("≤96.0%"); without a span (Nsight Compute), their loss."""
     from .. import fmt
 
     if not r.loss_ns:
@@ -214,7 +214,7 @@ def _loss(r) -> str:
     upper = r.upper_share if r.upper_share is not None and r.upper_share == r.upper_share else None
     if share is None and upper is None:
         return fmt.ns(r.loss_ns)
-    return " ".join(([fmt.pct(share)] if share is not None else []) + ([f"+{fmt.pct(upper)} bound"] if upper else []))
+    return fmt.pct(share) if share is not None else f"≤{fmt.pct(upper)}"
 
 
 def register(app: typer.Typer) -> None:
