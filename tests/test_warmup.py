@@ -214,3 +214,23 @@ def test_a_first_step_far_slower_than_the_others_is_warm_up(store):
     assert rows == [("first step", 0, 900_000)]
     even = run([140, 100, 110, 100, 105, 100], "b")  # 140 us < 1.5 x 102.5 us: a step like the others
     assert store.sql("SELECT count(*) FROM run_warmup_windows($r)", {"r": even}).fetchone()[0] == 0
+
+
+def test_a_run_that_keeps_its_cache_keeps_its_warm_up(tmp_path, monkeypatch):
+    """A big run keeps its warm-up rows with its cache (the diagnosis and every report read them):
+    read back, they are the rows computed; another definition of the views is not read back."""
+    from traceanalyzer.store import views
+
+    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    store, run_id = _checked(tmp_path, FIXTURES / "kineto" / "timeline_warmup.json")
+    kept = store.warmup([run_id])
+    stems = [t for (t,) in store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '%result_warmup%'")
+             .fetchall()]
+    assert len(stems) == 2  # the windows and the time inside them
+    monkeypatch.setattr(views, "_kept_version", lambda con, run_id: None)  # as a run without a kept cache
+    assert store.warmup([run_id]) == kept and kept[0] and kept[1]
+    monkeypatch.undo()
+    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(views, "_module_digest", lambda: "another")
+    assert store.warmup([run_id]) == kept  # computed again, and the same
+    store.close()

@@ -623,7 +623,7 @@ class Store:
         """The warm-up windows of these runs and the time inside them by budget part
         (`views.warmup_rows`)."""
         self._drop_pending()
-        return views.warmup_rows(self.con, list(run_ids))
+        return views.warmup_rows(self.con, list(run_ids), write=self.keeps_caches)
 
     def _drop_pending(self) -> None:
         # DuckDB 2.x refuses new work while an execute() result is half-read (a fetchone()

@@ -14,6 +14,7 @@ import re
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import duckdb
@@ -1636,18 +1637,33 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
     return out
 
 
-def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> tuple[list[dict], list[dict]]:
+_WARMUP_WINDOWS = ("SELECT device_id, reason, name, start_ns, end_ns FROM run_warmup_windows($rid) "
+                   "ORDER BY device_id NULLS LAST, start_ns, reason")
+_WARMUP_BUDGET = "SELECT device_id, category, cause, ns FROM run_warmup_budget($rid) ORDER BY ALL"
+
+
+def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *,
+                write: bool = False) -> tuple[list[dict], list[dict]]:
     """The warm-up windows of these runs (`run_warmup_windows`: run_id, device_id, reason, name,
-    start_ns, end_ns) and the time inside them by budget part (`runs_warmup_budget`: run_id,
-    device_id, category, cause, ns), the latter computed only for the runs that have windows."""
+    start_ns, end_ns) and the time inside them by budget part (`run_warmup_budget`: run_id,
+    device_id, category, cause, ns), the latter computed only for the runs that have windows.
+    A run with a kept cache keeps both (`kept_result`): the diagnosis and every report read
+    them, and on a big run each query takes seconds."""
     windows: list[dict] = []
+    parts: list[dict] = []
     for run_id in run_ids:
-        windows += [{"run_id": run_id, **r} for r in _rows(
-            con, "SELECT device_id, reason, name, start_ns, end_ns FROM run_warmup_windows($rid) "
-                 "ORDER BY device_id NULLS LAST, start_ns, reason", {"rid": run_id})]
-    with_windows = sorted({w["run_id"] for w in windows})
-    parts = _rows(con, "SELECT run_id, device_id, category, cause, ns FROM runs_warmup_budget($rids::VARCHAR[])",
-                  {"rids": with_windows}) if with_windows else []
+        kept = _kept_version(con, run_id) == CACHE_VERSION
+
+        def rows(name: str, sql: str) -> list[dict]:
+            compute = functools.partial(con.sql, sql, params={"rid": run_id})
+            # keyed by this module's text too: the macros and views the query reads are defined here
+            key = sql + _module_digest()
+            return _kept_result(con, run_id, name, key, compute, write) if kept else _rows(con, sql, {"rid": run_id})
+
+        mine = rows("warmup_windows", _WARMUP_WINDOWS)
+        windows += [{"run_id": run_id, **r} for r in mine]
+        if mine:
+            parts += [{"run_id": run_id, **r} for r in rows("warmup_budget", _WARMUP_BUDGET)]
     return windows, parts
 
 
@@ -1678,6 +1694,11 @@ def _budget_in_windows(con: duckdb.DuckDBPyConnection, run_id: str) -> duckdb.Du
 
 def _relation_rows(rel: duckdb.DuckDBPyRelation) -> list[dict]:
     return [dict(zip(rel.columns, row)) for row in rel.fetchall()]
+
+
+@functools.cache
+def _module_digest() -> str:
+    return hashlib.sha1(Path(__file__).read_bytes()).hexdigest()
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict | None = None) -> list[dict]:
