@@ -483,3 +483,24 @@ def test_many_processes_opening_a_store_being_created_all_get_in(tmp_path):
     for r in range(rounds):
         with Store(tmp_path / f"s{r}.duckdb", read_only=True) as s:
             assert s.run_ids() == []
+
+
+def test_a_store_created_by_two_processes_at_once_keeps_the_first_ones_file(tmp_path, monkeypatch):
+    """A store appears at its path whole (`Store._create_whole`): a creator that finds another
+    process got there first opens that one's store, and leaves no private file behind."""
+    import traceanalyzer.store as S
+
+    path = tmp_path / "s.duckdb"
+    real_link = os.link
+
+    def other_process_first(src, dst):
+        # The other creator's store, with a run in it, lands between our schema and our link.
+        monkeypatch.setattr(S.os, "link", real_link)
+        with Store(path) as other:
+            other.ingest(FIXTURES / "kineto" / "timeline_warmup.json")
+        real_link(src, dst)
+
+    monkeypatch.setattr(S.os, "link", other_process_first)
+    with Store(path) as s:
+        assert len(s.run_ids()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]

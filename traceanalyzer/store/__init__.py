@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -147,6 +148,8 @@ class Store:
         # SET by `set`, again at each reopen; DuckDB's threads are the resources' from the start
         self._settings: dict[str, str | int] = {"threads": self.resources.duckdb_threads}
         self._con: duckdb.DuckDBPyConnection | None = None
+        if not read_only:
+            self._create_whole()
         self._con = self._open(lock_timeout_s, create=not read_only)
 
     @property
@@ -178,6 +181,31 @@ class Store:
             con.close()
             raise
         return con
+
+    def _create_whole(self) -> None:
+        """Make a new store whole before it appears at its path. DuckDB creates a file by
+        opening it with truncation before it takes its lock, so two processes creating one
+        store at once can empty the header block the first one wrote (a file no one can open
+        again), and a reader can meet the file half made. The schema goes into a private file
+        first, linked into place only if no other process got there before; where the folder
+        cannot do that, DuckDB creates the file in place as before."""
+        if str(self.path) == ":memory:" or self.path.exists():
+            return
+        private = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.creating")
+        try:
+            con = connect_duckdb(str(private))
+            try:
+                migrations.upgrade(con)
+            finally:
+                con.close()
+            with contextlib.suppress(FileExistsError):
+                os.link(private, self.path)
+        except (OSError, duckdb.Error, MemoryLimitError):
+            pass  # opening in place says what is wrong, naming the store's own path
+        finally:
+            for leftover in (private, private.with_name(private.name + ".wal")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
 
     def _upgrade(self, con: duckdb.DuckDBPyConnection) -> None:
         """Create the store's tables, or bring a store of an earlier release up to date (see
