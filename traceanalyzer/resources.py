@@ -99,8 +99,7 @@ class Resources:
 
     @property
     def rule_threads(self) -> int:
-        """Threads one run's rules are spread over: two where there are two cores. A rules pass
-        on a small run is mostly fixed costs (planning twenty queries, pandas), during which
-        one core idles; on a second thread one rule's DuckDB work (which lets go of the GIL)
-        overlaps another's Python."""
+        """Threads one run's rules are spread over: two where there are two cores, where one
+        rule's DuckDB work (which lets go of the GIL) overlaps another's Python. The rules
+        engine keeps a small run's rules on one thread (`engine.PARALLEL_MIN_GPU_OPS`)."""
         return 2 if self.cpus >= 2 else 1

@@ -183,6 +183,11 @@ def rule_threads(store: Store) -> int:
 # work then, which already uses every core inside each query, and two big queries at once
 # only add memory (5 M kernels: 3 % faster, 0.9 GB more at the peak).
 PARALLEL_MAX_GPU_OPS = 1_000_000
+# Below this many, too: each rule thread's cursor needs the views installed (~0.12 s of CPU,
+# DuckDB parsing them), more than a second thread saves on a small run. A check's rules pass
+# (CPU, one thread against two, 2 cores at load 6): 0.76 against 1.08 s on 11 operations,
+# 0.93 against 1.39 s on 1,707, 1.30 against 1.65 s on 9,096 (`python bench/bench_rule_threads.py FILE...`).
+PARALLEL_MIN_GPU_OPS = 20_000
 # DuckDB's memory limit in the rules pass of a run above PARALLEL_MAX_GPU_OPS (its kept cache's
 # build too), where TRACEANALYZER_MEMORY_LIMIT sets none (`Store.memory_held`). Rule after rule
 # adds the blocks it reads to DuckDB's buffer pool, and the pass peaked at the sum (5 M kernels,
@@ -201,8 +206,8 @@ DROP_BLOCKS_WHEN_BUILT = True
 
 class _Cursors:
     """Cursors for a run's rule threads, their views installed on a thread of their own
-    while this one builds the run's cache (~10 ms a cursor, DuckDB catalog work that does
-    not run two at a time; the cache build leaves room for it)."""
+    while this one builds the run's cache (~0.12 s of CPU a cursor, DuckDB parsing the views;
+    a run under PARALLEL_MIN_GPU_OPS has its rules on one thread instead)."""
 
     def __init__(self, store: Store, n: int):
         self.stores = [store.cursor(set_up=False) for _ in range(n)]
@@ -393,8 +398,10 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
             return oc, df
 
         if per_run:  # run by run, so the views the rules share are computed once per run (views.scoped_to_run)
-            big = views.gpu_ops(store.con, run_id) > PARALLEL_MAX_GPU_OPS  # its rules one at a time
-            cursors = _Cursors(store, threads) if threads > 1 and len(todo) > 1 and not big else None
+            ops = views.gpu_ops(store.con, run_id)
+            big = ops > PARALLEL_MAX_GPU_OPS  # its rules one at a time
+            parallel = threads > 1 and len(todo) > 1 and PARALLEL_MIN_GPU_OPS <= ops <= PARALLEL_MAX_GPU_OPS
+            cursors = _Cursors(store, threads) if parallel else None
             try:
                 with store.memory_held(BIG_RUN_MEMORY if big else None), \
                         views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
