@@ -91,9 +91,19 @@ def corpus_runs(store, *formats: str) -> list[str]:
 def pytest_collection_modifyitems(items):
     # One process builds the corpus store and runs every test that reads it (pytest-xdist's
     # `--dist loadgroup`), instead of each process building its own.
+    # Likewise the tests that share a module's fixture (a store checked once for the module):
+    # spread over two processes, each would build it.
     for item in items:
         if "real_corpus" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("corpus"))
+        elif _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) or {}
+    return any(getattr(fds[-1], "scope", None) in ("module", "class") for fds in defs.values() if fds)
 
 
 def pytest_collection_finish(session):

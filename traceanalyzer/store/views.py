@@ -1587,9 +1587,10 @@ def kept_result(con: duckdb.DuckDBPyConnection, run_id: str, name: str, key: str
 def _kept_result(con: duckdb.DuckDBPyConnection, run_id: str, name: str, key: str,
                  compute: Callable[[], duckdb.DuckDBPyRelation], write: bool) -> list[dict]:
     """`kept_rows` of a run whose kept cache is current: the rows `compute` gives, kept under
-    `name` and a digest of `key` (the query that computes them)."""
+    `name` and a digest of `key` (the query that computes them) and of this module's text (the
+    macros and views the query reads are defined here)."""
     stem = f"{_kept_prefix(run_id)}result_{name}_"
-    table = stem + _result_digest(key)
+    table = stem + _result_digest(key + _module_digest())
     tables = _tables_named(con, stem)
     if table in tables:
         return _rows(con, f'SELECT * FROM "{table}"')
@@ -1656,9 +1657,7 @@ def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *,
 
         def rows(name: str, sql: str) -> list[dict]:
             compute = functools.partial(con.sql, sql, params={"rid": run_id})
-            # keyed by this module's text too: the macros and views the query reads are defined here
-            key = sql + _module_digest()
-            return _kept_result(con, run_id, name, key, compute, write) if kept else _rows(con, sql, {"rid": run_id})
+            return _kept_result(con, run_id, name, sql, compute, write) if kept else _rows(con, sql, {"rid": run_id})
 
         mine = rows("warmup_windows", _WARMUP_WINDOWS)
         windows += [{"run_id": run_id, **r} for r in mine]
