@@ -927,7 +927,7 @@ def compiled_places(ids: str) -> str:
     external_id, op_id, kernel_meta, region_op_id, region_name, graph_range_id, graph_hash (the
     innermost of each)."""
     return f"""
-    WITH ids AS ({ids}), launchers AS (
+    WITH ids AS MATERIALIZED ({ids}), launchers AS (
         SELECT o.run_id, o.external_id,
                arg_max({{'op_id': o.op_id, 'pid': o.pid, 'tid': o.tid, 'start_ns': o.start_ns,
                          'kernel_meta': o.kernel_meta}}, (o.kernel_meta IS NOT NULL, o.start_ns, o.op_id)) AS op
@@ -935,7 +935,7 @@ def compiled_places(ids: str) -> str:
         GROUP BY o.run_id, o.external_id
     ), regions AS (
         SELECT run_id, op_id AS id, name, pid, tid, start_ns, end_ns FROM cpu_ops
-        WHERE {COMPILED_REGION_OPS} AND run_id IN (SELECT run_id FROM ids)
+        WHERE run_id IN (SELECT run_id FROM ids) AND {COMPILED_REGION_OPS}
     ), graph_calls AS (
         SELECT run_id, range_id AS id, regexp_extract(name, '{COMPILED_GRAPH_CALL}', 1) AS hash, pid, tid, start_ns, end_ns
         FROM ranges WHERE kind = 'user_annotation' AND name LIKE '## Call CompiledFxGraph %'
