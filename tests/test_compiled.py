@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 from traceanalyzer.kernel_library import (
-    INDUCTOR_BY_ID, INDUCTOR_CLASSES, SQL_MACROS, classify, inductor_class, inductor_markdown, inductor_ops,
+    INDUCTOR_BY_ID, INDUCTOR_CLASSES, SQL_MACROS, classify, inductor_class, inductor_markdown, inductor_ops, inductor_phrase,
 )
 
 from .conftest import corpus_runs, shared_traces
@@ -50,6 +50,8 @@ def test_reviewed_names_in_python_and_sql(name, cls, ops):
     assert con.execute("SELECT inductor_class(?), inductor_ops(?)", [name, name]).fetchone() == (cls, ops)
     if cls is not None:
         assert classify(name) == "triton"
+    phrase = inductor_phrase(name)
+    assert (phrase is None) == (cls is None) and all(op in phrase for op in ops or [])
 
 
 def test_every_class_is_documented():

@@ -230,6 +230,17 @@ def inductor_ops(name: str | None) -> list[str] | None:
     return _OP_RX.findall(m.group(1) or "")
 
 
+def inductor_phrase(name: str | None) -> str | None:
+    """A TorchInductor kernel in words, for reports: "TorchInductor reduction kernel fusing add,
+    mean"; None for any other kernel."""
+    cls = inductor_class(name)
+    if cls is None:
+        return None
+    ops = inductor_ops(name)
+    what = "kernel" if cls in ("unnamed", "unknown") else f"{cls.replace('_', ' ')} kernel"
+    return f"TorchInductor {what}" + (f" fusing {', '.join(ops)}" if ops else "")
+
+
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
