@@ -13,7 +13,8 @@ import duckdb
 import pytest
 
 from traceanalyzer.kernel_library import (
-    INDUCTOR_BY_ID, INDUCTOR_CLASSES, SQL_MACROS, classify, inductor_class, inductor_markdown, inductor_ops, inductor_phrase,
+    INDUCTOR_BY_ID, INDUCTOR_CLASSES, SQL_MACROS, classify, inductor_class, inductor_markdown, inductor_ops,
+    inductor_phrase,
 )
 
 from .conftest import corpus_runs, shared_traces
