@@ -70,7 +70,7 @@ def _complete(events, base, cats):
 
 def test_fixtures_regenerate_byte_identical(tmp_path):
     written, _ = gen_structure.write_all(tmp_path)
-    assert len(written) == 8
+    assert len(written) == 9
     for path in written:
         committed = FIXTURES / path.relative_to(tmp_path)
         assert committed.read_bytes() == path.read_bytes(), f"{committed} is stale: run python fixtures/gen_structure.py"

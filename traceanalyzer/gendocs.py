@@ -10,10 +10,19 @@ from .rules.docs import write_all
 from .store import views
 
 
+INDUCTOR_INTRO = (
+    "Of the `triton` kernels, TorchInductor's are told apart by name: the SQL macros `inductor_class(name)` and "
+    "`inductor_ops(name)` (the operators the name says the kernel fused, in the name's order, its trailing "
+    "index left out; `native_layer_norm` and the other multi-word ATen names kept whole) read "
+    "`triton_<class>_fused_<ops>_<index>`; the `compiled_kernels` view gives every such kernel with them, "
+    "its launcher's `cpu_ops.kernel_meta` and the compiled region and graph call it ran in.")
+
+
 def generate(docs: Path) -> list[Path]:
     docs.mkdir(parents=True, exist_ok=True)
     libraries = ("## Kernel libraries\n\n" + kernel_library.__doc__.strip().split("\n\n", 1)[1].replace("\n", " ")
-                 + "\n\n" + kernel_library.markdown())
+                 + "\n\n" + kernel_library.markdown()
+                 + "\n\n### TorchInductor kernels\n\n" + INDUCTOR_INTRO + "\n\n" + kernel_library.inductor_markdown())
     (docs / "schema.md").write_text(schema.markdown() + "\n\n" + libraries + "\n\n" + views.markdown() + "\n")
     return [docs / "schema.md", *write_all(docs / "rules", _floor_markdown())]
 

@@ -140,3 +140,125 @@ def markdown() -> str:
         pattern = f"`{lib.pattern}`".replace("|", "\\|") if lib.pattern else "(none)"
         lines.append(f"| `{lib.id}` | {lib.label} | {pattern} | {lib.examples} |")
     return "\n".join(lines)
+
+
+# TorchInductor's generated Triton kernels. Inductor names each kernel
+# `triton_<class>_fused_<ops>_<n>` (torch/_inductor/codegen/triton.py: the first three letters of
+# the kernel's heuristics decorator, then the ATen operators it fused, sorted and joined by `_`,
+# then its index in the compiled graph, which is no operator). PyTorch 2.0 named them
+# `triton__<signature>` (`triton__0d1d2d`: Triton's argument specialisation), with no class.
+class InductorClass(NamedTuple):
+    prefix: str
+    id: str
+    label: str
+
+
+INDUCTOR_CLASSES: tuple[InductorClass, ...] = (
+    InductorClass("poi", "pointwise", "pointwise"),
+    InductorClass("red", "reduction", "reduction"),
+    InductorClass("per", "persistent_reduction", "persistent reduction (one block holds a whole row)"),
+    InductorClass("tem", "template", "template (a GEMM or convolution with fused epilogue)"),
+    InductorClass("for", "foreach", "foreach (one launch over many tensors)"),
+    InductorClass("spl", "split_scan", "split scan"),
+    InductorClass("unk", "unknown", "class not recorded"),
+)
+# PyTorch 2.0's names: an Inductor kernel whose class the name does not say.
+INDUCTOR_UNNAMED = InductorClass("", "unnamed", "PyTorch 2.0 name, no class or operators (`triton__0d1d2d`)")
+INDUCTOR_BY_ID = {c.id: c for c in (*INDUCTOR_CLASSES, INDUCTOR_UNNAMED)}
+# The classes of kernels that read and write tensors in one pass, memory-bound as element-wise work is.
+INDUCTOR_MEMORY_BOUND = ("pointwise", "reduction", "persistent_reduction")
+
+_INDUCTOR_PREFIX = r"^triton_(" + "|".join(c.prefix for c in INDUCTOR_CLASSES) + r")_"
+_INDUCTOR_UNNAMED = r"^triton__[0-9]+d[0-9dce]*$"
+# The operators' part of a name: after `fused`, before the index.
+_INDUCTOR_FUSED = r"^triton_[a-z]{3}_fused(?:_(.*))?_[0-9]+$"
+# ATen (and a few custom) operators whose names hold `_`, so that `native_layer_norm` in a name is
+# one operator and not three; any other operator is one word. Leading `_` (`_to_copy`) is matched
+# apart. A longer name is tried before a shorter one it starts with.
+MULTIWORD_OPS = (
+    "to_copy", "unsafe_view", "unsafe_index", "unsafe_index_put", "native_layer_norm", "native_layer_norm_backward",
+    "native_group_norm", "native_group_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+    "native_batch_norm_legit", "native_batch_norm_legit_functional", "native_batch_norm_legit_no_training",
+    "layer_norm", "group_norm", "batch_norm", "rms_norm", "fused_rms_norm", "fused_add_rms_norm", "native_dropout",
+    "native_dropout_backward", "log_softmax", "softmax_backward_data", "log_softmax_backward_data",
+    "constant_pad_nd", "reflection_pad2d", "replication_pad2d", "bitwise_and", "bitwise_or", "bitwise_not",
+    "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "logical_and", "logical_or", "logical_not",
+    "logical_xor", "index_put", "index_select", "index_add", "index_copy", "index_fill", "scatter_add",
+    "scatter_reduce", "select_scatter", "slice_scatter", "diagonal_scatter", "as_strided", "as_strided_scatter",
+    "full_like", "zeros_like", "ones_like", "empty_like", "rand_like", "randn_like", "new_zeros", "new_ones",
+    "new_empty", "new_full", "empty_strided", "split_with_sizes", "masked_fill", "masked_scatter", "clamp_min",
+    "clamp_max", "var_mean", "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward",
+    "tanh_backward", "hardtanh_backward", "leaky_relu", "leaky_relu_backward", "elu_backward", "hardswish_backward",
+    "hardsigmoid_backward", "mish_backward", "embedding_dense_backward", "nll_loss_forward", "nll_loss_backward",
+    "nll_loss2d_forward", "nll_loss2d_backward", "binary_cross_entropy", "mse_loss", "mse_loss_backward",
+    "scaled_dot_product_flash_attention", "scaled_dot_product_efficient_attention",
+    "scaled_dot_product_cudnn_attention", "scaled_dot_product_attention", "avg_pool2d", "avg_pool2d_backward",
+    "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "adaptive_avg_pool2d",
+    "adaptive_avg_pool2d_backward", "upsample_nearest2d", "upsample_bilinear2d", "upsample_nearest2d_backward",
+    "grid_sampler_2d", "convert_element_type", "lift_fresh_copy", "inductor_random", "inductor_seeds",
+    "inductor_lookup_seed", "inductor_force_stride_order", "foreach_add", "foreach_mul", "foreach_div",
+    "foreach_addcmul", "foreach_addcdiv", "foreach_sqrt", "foreach_lerp", "moe_forward", "silu_and_mul",
+    "gelu_and_mul", "rotary_embedding", "unified_attention", "unified_attention_with_output", "all_reduce",
+    "fused_moe", "fake_quantize_per_tensor_affine", "quantize_per_tensor", "dequantize_per_tensor",
+)
+_OP_WORDS = "|".join(sorted(MULTIWORD_OPS, key=lambda s: (-len(s), s)))
+# One operator at a time (group 1), left to right: `_?` then a known name or one word, then `_` or the end.
+INDUCTOR_OP = rf"(_?(?:{_OP_WORDS}|[A-Za-z0-9]+))(?:_|$)"
+
+_PREFIX_RX, _UNNAMED_RX = re.compile(_INDUCTOR_PREFIX), re.compile(_INDUCTOR_UNNAMED)
+_FUSED_RX, _OP_RX = re.compile(_INDUCTOR_FUSED), re.compile(INDUCTOR_OP)
+_BY_PREFIX = {c.prefix: c.id for c in INDUCTOR_CLASSES}
+
+
+def inductor_class(name: str | None) -> str | None:
+    """The TorchInductor class of a kernel name (`pointwise`, `reduction`, ... or `unnamed`),
+    None for any other kernel."""
+    if not name:
+        return None
+    m = _PREFIX_RX.match(name)
+    if m:
+        return _BY_PREFIX[m.group(1)]
+    return INDUCTOR_UNNAMED.id if _UNNAMED_RX.match(name) else None
+
+
+def inductor_ops(name: str | None) -> list[str] | None:
+    """The operators an Inductor kernel's name says it fused, in the name's order
+    (`triton_poi_fused__to_copy_add_3` -> `['_to_copy', 'add']`); None when the name carries none."""
+    m = _FUSED_RX.match(name or "")
+    if not m:
+        return None
+    return _OP_RX.findall(m.group(1) or "")
+
+
+def inductor_phrase(name: str | None) -> str | None:
+    """A TorchInductor kernel in words, for reports: "TorchInductor reduction kernel fusing add,
+    mean"; None for any other kernel."""
+    cls = inductor_class(name)
+    if cls is None:
+        return None
+    ops = inductor_ops(name)
+    what = "kernel" if cls in ("unnamed", "unknown") else f"{cls.replace('_', ' ')} kernel"
+    return f"TorchInductor {what}" + (f" fusing {', '.join(ops)}" if ops else "")
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+# The same as SQL macros (store/views.py installs them): `inductor_class(name)` and
+# `inductor_ops(name)` (a VARCHAR[], NULL where the name carries none).
+SQL_MACROS = {
+    "inductor_class": "(name) AS CASE "
+        + " ".join(f"WHEN starts_with(name, 'triton_{c.prefix}_') THEN '{c.id}'" for c in INDUCTOR_CLASSES)
+        + f" WHEN regexp_matches(name, {_sql_str(_INDUCTOR_UNNAMED)}) THEN '{INDUCTOR_UNNAMED.id}' END",
+    "inductor_ops": f"(name) AS CASE WHEN regexp_matches(name, {_sql_str(_INDUCTOR_FUSED)}) THEN "
+        f"regexp_extract_all(regexp_extract(name, {_sql_str(_INDUCTOR_FUSED)}, 1), {_sql_str(INDUCTOR_OP)}, 1) END",
+}
+
+
+def inductor_markdown() -> str:
+    """The Inductor kernel classes, for docs/schema.md."""
+    lines = ["| name starts | `inductor_class` | what |", "|---|---|---|"]
+    lines += [f"| `triton_{c.prefix}_` | `{c.id}` | {c.label} |" for c in INDUCTOR_CLASSES]
+    lines.append(f"| `triton__` + signature | `{INDUCTOR_UNNAMED.id}` | {INDUCTOR_UNNAMED.label} |")
+    return "\n".join(lines)

@@ -239,6 +239,10 @@ CPU_OPS = _t(
      "writes them (`'[1, 1]'`, `'True'`, `''` for a tensor or None)."),
     ("external_id", "BIGINT", "`External id`."),
     ("sequence_number", "BIGINT", "Autograd `Sequence number`."),
+    ("kernel_meta", "VARCHAR", "JSON text of what TorchInductor's launcher records on the operator that launches a "
+     "compiled kernel (the operator is named after the kernel): `kernel_name`, `kernel_backend`, `kernel_file` (the "
+     "generated source), `kernel_hash`, `kernel_kwargs` (block sizes: `XBLOCK=1024`), `num_warps`, `num_stages`, "
+     "`grid`, those the trace wrote; NULL on other operators."),
 )
 
 PYTHON_FUNCTIONS = _t(

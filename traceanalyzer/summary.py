@@ -87,6 +87,55 @@ LEFT JOIN devices d ON d.run_id = b.run_id AND d.device_id = b.device_id
 WHERE b.run_id = ? ORDER BY b.device_id
 """
 
+# TorchInductor's kernels (the `compiled_kernels` view), per kernel name: its class and fused
+# operators (from the name), what its launcher recorded, and the compiled graphs it ran in.
+COMPILED_KERNELS_SQL = """
+WITH c AS (
+    SELECT *, CASE WHEN end_ns >= start_ns THEN end_ns - start_ns END AS ns FROM compiled_kernels WHERE run_id = $run_id
+), all_kernels AS (
+    SELECT sum(duration_ns) AS ns FROM kernel_durations WHERE run_id = $run_id AND NOT {graph}
+)
+SELECT c.name, any_value(c.kernel_class) AS kernel_class, any_value(c.fused_ops) AS fused_ops, count(*) AS count,
+       CAST(sum(c.ns) AS BIGINT) AS total_ns, sum(c.ns) / nullif(any_value(a.ns), 0) AS share,
+       list_sort(list_distinct(list(c.graph_hash))) AS graphs,
+       list_sort(list_distinct(list(c.region_name))) AS regions,
+       count(DISTINCT coalesce('graph ' || c.graph_range_id, 'region ' || c.region_op_id)) AS graph_calls,
+       any_value(c.kernel_meta->>'kernel_file') AS kernel_file, any_value(c.kernel_meta->>'kernel_hash') AS kernel_hash,
+       any_value(nullif(concat_ws(', ', c.kernel_meta->>'kernel_kwargs', 'num_warps=' || (c.kernel_meta->>'num_warps'),
+                                  'num_stages=' || (c.kernel_meta->>'num_stages')), '')) AS config
+FROM c, all_kernels a
+GROUP BY c.name ORDER BY total_ns DESC NULLS LAST, count DESC, c.name
+""".format(graph=GRAPH_EXECUTION)
+
+
+def compiled_kernels(store: Store, run_id: str) -> dict | None:
+    """The run's TorchInductor kernels, None without any: `kernels`, per kernel name (`name`,
+    `kernel_class`, `fused_ops`, `count`, `total_ns`, `share` of all kernel time, the compiled
+    `graphs` (CompiledFxGraph hashes) and `regions` it ran in, `graph_calls`, and from its launcher
+    `kernel_file`, `kernel_hash`, `config`); `classes`, per class (`kernel_class`, `kernels`,
+    `count`, `total_ns`, `share`); and over all of them `kernels_n`, `count`, `total_ns`,
+    `share`, `graphs`, `regions`, `graph_calls`."""
+    rows = store.arrow(COMPILED_KERNELS_SQL, {"run_id": run_id}).to_pylist()
+    if not rows:
+        return None
+    classes: dict[str, dict] = {}
+    for r in rows:
+        c = classes.setdefault(r["kernel_class"], {"kernel_class": r["kernel_class"], "kernels": 0, "count": 0,
+                                                    "total_ns": 0, "share": 0.0})
+        c["kernels"] += 1
+        c["count"] += r["count"]
+        c["total_ns"] += r["total_ns"] or 0
+        c["share"] += r["share"] or 0.0
+    calls = store.sql("SELECT count(DISTINCT coalesce('graph ' || graph_range_id, 'region ' || region_op_id)) "
+                      "FROM compiled_kernels WHERE run_id = $run_id", {"run_id": run_id}).fetchone()[0]
+    return {"kernels": rows,
+            "classes": sorted(classes.values(), key=lambda c: (-c["total_ns"], c["kernel_class"])),
+            "kernels_n": len(rows), "count": sum(r["count"] for r in rows),
+            "total_ns": sum(r["total_ns"] or 0 for r in rows), "share": sum(r["share"] or 0.0 for r in rows),
+            "graphs": sorted({g for r in rows for g in r["graphs"] if g}),
+            "regions": sorted({g for r in rows for g in r["regions"] if g}), "graph_calls": calls}
+
+
 RUN_FIELDS = ("run_id", "file_name", "format", "producer", "producer_version", "host", "span_ns")
 
 
@@ -272,11 +321,15 @@ def phases(store: Store, run_id: str) -> list[dict]:
     return result
 
 
+def _top_compiled(c: dict | None, top: int | None) -> dict | None:
+    return c if c is None or top is None else {**c, "kernels": c["kernels"][:top]}
+
+
 def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = None) -> dict:
     """The run's summary as JSON-ready values: the run's fields, `by`, `busy` (per device),
     `kernels` (the `top` first rows of `kernel_stats`, all when None), `kernel_totals`
     (`names`, `count`, `total_ns` over every kernel), `graphs`, `graph_replays` (`graph_replays`),
-    `copies`, `memsets` and
+    `compiled_kernels` (TorchInductor's kernels, `compiled_kernels`, the `top` first; None without), `copies`, `memsets` and
     `memory` (per device, see `memory`) and `steps` (the per-step time distribution,
     `step_stats.run_steps`; None without steps)."""
     from .step_stats import run_steps
@@ -296,6 +349,7 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
         "graphs": [{k: v for k, v in g.items() if k != "share"} for g in rows(_stats_sql(by, graphs=True), [run_id])],
         "graph_replays": graph_replays(store, run_id),
         "phases": phases(store, run_id),
+        "compiled_kernels": _top_compiled(compiled_kernels(store, run_id), top),
         "copies": rows(COPIES_SQL, [run_id]),
         "memsets": rows(MEMSETS_SQL, [run_id]),
         "memory": memory(store, run_id),

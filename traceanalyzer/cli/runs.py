@@ -135,6 +135,8 @@ def print_summary(console: Console, s: dict) -> None:
         _graph_replays_table(console, s["graph_replays"])
     if s.get("phases"):
         _phases_table(console, s["phases"])
+    if s.get("compiled_kernels"):
+        _compiled_table(console, s["compiled_kernels"])
     if s["copies"]:
         rows = [[r["direction"], r["memory_kinds"], fmt.num(r["count"]), fmt.nbytes(r["bytes"]), fmt.ns(r["total_ns"]),
                  fmt.bandwidth(r["bandwidth_gb_per_s"])] for r in s["copies"]]
@@ -148,6 +150,32 @@ def print_summary(console: Console, s: dict) -> None:
                    rows, title=f"Memsets{over}")
     if s["memory"]:
         _memory_tables(console, s["memory"])
+
+
+def _compiled_table(console: Console, c: dict) -> None:
+    """TorchInductor's kernels: per class, then the kernels by time with the operators each fused."""
+    classes = ", ".join(f"{k['kernel_class'].replace('_', ' ')} {k['kernels']} ({fmt.ns(k['total_ns'])})"
+                        for k in c["classes"])
+    where = []
+    if c["graphs"]:
+        where.append(f"{len(c['graphs'])} compiled graph(s) ({', '.join(g[:8] for g in c['graphs'][:3])}"
+                     f"{', ...' if len(c['graphs']) > 3 else ''})")
+    if c["regions"]:
+        where.append(", ".join(c["regions"][:3]) + (", ..." if len(c["regions"]) > 3 else ""))
+    calls = f", {fmt.num(c['graph_calls'])} call(s)" if c["graph_calls"] else ""
+    say(console, fmt.printable(
+        f"Compiled kernels (TorchInductor): {c['kernels_n']} kernels, {fmt.num(c['count'])} launches, "
+        f"{fmt.ns(c['total_ns'])} ({fmt.pct(c['share'])} of kernel time): {classes}"
+        + (f"; in {'; '.join(where)}{calls}" if where else "")))
+    num = {"justify": "right", "no_wrap": True}
+    rows = [[cell(fmt.printable(r["name"])), r["kernel_class"].replace("_", " "),
+             cell(", ".join(r["fused_ops"]) if r["fused_ops"] else "-"), fmt.num(r["count"]), fmt.ns(r["total_ns"]),
+             fmt.pct(r["share"]), cell(fmt.text(r["config"]))] for r in c["kernels"]]
+    columns = [Column("kernel", overflow="fold", min_width=20), Column("class"),
+               Column("fused operators", overflow="fold", min_width=12),
+               *(Column(h, **num) for h in ("count", "total", "share")), Column("config", overflow="fold")]
+    title = f"Top compiled kernels by total time ({len(c['kernels'])} of {c['kernels_n']})"
+    _print_fit(console, columns, rows, ("config", "class", "share"), title=title)
 
 
 def _graph_replays_table(console: Console, rows: list[dict]) -> None:

@@ -24,8 +24,8 @@ from .kineto_arrow import IdParser, coalesce, raw_json_text
 PROFILER_STEP = re.compile(r"ProfilerStep#\d+$")
 LEGACY_STEP_CATEGORIES = {"Operator"}
 from .kineto_events import (
-    MEMORY_EVENT_CATEGORY, MEMORY_EVENT_NAME, CallArgs, CopyArgs, CpuOpArgs, Event, KernelArgs, MemoryArgs,
-    SyncArgs, decode_args, role_of,
+    KERNEL_META_FIELDS, MEMORY_EVENT_CATEGORY, MEMORY_EVENT_NAME, CallArgs, CopyArgs, CpuOpArgs, Event, KernelArgs,
+    MemoryArgs, SyncArgs, decode_args, role_of,
 )
 
 # Beyond this a time (base included) is corrupt: past ±2^62 ns (Unix µs of year ~2116),
@@ -77,6 +77,21 @@ def _strings(values: list) -> Column:
         return pa.array(values, type=pa.string())
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeError):
         return values
+
+
+def _kernel_meta(args: list[CpuOpArgs]) -> pa.Array:
+    """Per operator, the compiled-kernel launch metadata it carries as one JSON object's text
+    (NULL for the operators, nearly all, that carry none): only the keys the trace wrote, their
+    values as the trace wrote them. An operator counts when it says which kernel it launched
+    (`kernel_name`, `kernel_hash` or `kernel_file`): a bare `grid` or `num_warps` is no such record."""
+    out: list[str | None] = []
+    for x in args:
+        if not (len(x.kernel_name) or len(x.kernel_hash) or len(x.kernel_file)):
+            out.append(None)
+            continue
+        parts = [b'"' + k.encode() + b'": ' + bytes(getattr(x, k)) for k in KERNEL_META_FIELDS if len(getattr(x, k))]
+        out.append((b"{" + b", ".join(parts) + b"}").decode("utf-8", "replace"))
+    return pa.array(out, type=pa.string())
 
 
 def _dims(lists: list) -> dict[str, Any]:
@@ -270,7 +285,8 @@ class Collector:
                 "input_types": raw_json_text([x.input_types for x in a]),
                 "concrete_inputs": raw_json_text([x.concrete_inputs for x in a]),
                 "external": _ints(coalesce([x.external_id for x in a], [x.external_id_legacy for x in a])),
-                "sequence_number": _ints([x.sequence_number for x in a])}
+                "sequence_number": _ints([x.sequence_number for x in a]),
+                "kernel_meta": _kernel_meta(a)}
 
     def _stage_memory(self, cat: str | None, events: list[Event]) -> None:
         r = self.roles[MEMORY]

@@ -109,6 +109,21 @@ class CpuOpArgs(Struct, gc=False):
     input_dims_legacy: Raw = field(default=NO_RAW, name="Input dims")
     input_types: Raw = field(default=NO_RAW, name="Input type")
     concrete_inputs: Raw = field(default=NO_RAW, name="Concrete Inputs")
+    # What TorchInductor's launcher records on the operator that launches a compiled kernel
+    # (torch/_inductor/runtime/triton_heuristics.py, `get_profiler_kwargs`), kept as JSON text.
+    kernel_backend: Raw = NO_RAW
+    kernel_name: Raw = NO_RAW
+    kernel_file: Raw = NO_RAW
+    kernel_hash: Raw = NO_RAW
+    kernel_kwargs: Raw = NO_RAW
+    num_warps: Raw = NO_RAW
+    num_stages: Raw = NO_RAW
+    grid: Raw = NO_RAW
+
+
+# The CpuOpArgs fields that make `cpu_ops.kernel_meta`, by the key they have there.
+KERNEL_META_FIELDS = ("kernel_backend", "kernel_name", "kernel_file", "kernel_hash", "kernel_kwargs", "num_warps",
+                      "num_stages", "grid")
 
 
 class MemoryArgs(Struct, gc=False):

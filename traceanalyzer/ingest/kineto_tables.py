@@ -345,7 +345,7 @@ class TableBuilder:
             "name": c["name"], "pid": c["pid"], "tid": c["tid"],
             "start_ns": t.start_ns, "end_ns": t.end_ns,
             "input_dims": c["input_dims"], "input_types": c["input_types"], "concrete_inputs": c["concrete_inputs"],
-            "external_id": c["external"], "sequence_number": c["sequence_number"],
+            "external_id": c["external"], "sequence_number": c["sequence_number"], "kernel_meta": c["kernel_meta"],
         })
 
     def python_functions(self) -> pa.Table | None:

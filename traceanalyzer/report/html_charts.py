@@ -11,6 +11,7 @@ import math
 import re
 
 from .. import fmt
+from ..kernel_library import inductor_phrase
 
 W = 960  # viewBox width; the CSS scales the plot to the page
 TEXT_MAX_CHARS = 2000
@@ -92,6 +93,9 @@ def top_kernels(rows: list[dict]) -> str:
         y = top + i * (bar_h + gap)
         w = max(1.0, (W - left - right) * (r["total_ns"] or 0) / vmax)
         tip = f"{r['kernel']}\n{fmt.num(r['count'])} launches, total {fmt.ns(r['total_ns'])}, mean {fmt.ns(r['mean_ns'])}, share {fmt.pct(r['share'])}"
+        compiled = inductor_phrase(r["kernel"])
+        if compiled:
+            tip += f"\n{compiled}"
         body.append(f'<g><title>{esc(tip)}</title>'
                     + _text(left - 8, y + 14, clip(label, LABEL_CHARS), "end")
                     + f'<rect class="bar" x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{KERNEL_COLOR}"/>'

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from .. import fmt, summary
+from ..kernel_library import inductor_phrase
 from ..store import Store
 from .budget import budget_lines, no_budget_line
 from .model import CheckResult, loss_shares, run_order
@@ -56,8 +57,10 @@ def _run_section(store: Store, result: CheckResult, run: dict, findings: list[di
     budget = run.get("budget") or []
     parts += [""] + ([f"- {md(line)}" for d in budget for line in budget_lines(d)] or [f"- {md(no_budget_line(run))}"])
     if len(kernels):
-        parts += ["", "Top kernels: " + "; ".join(f"{md(k.kernel, 80)} {md(fmt.ns(k.total_ns))} ({md(fmt.pct(k.share))})"
-                                                for k in kernels.itertuples())]
+        parts += ["", "Top kernels: " + "; ".join(
+            f"{md(k.kernel, 80)} {md(fmt.ns(k.total_ns))} ({md(fmt.pct(k.share))}"
+            + (f", {md(inductor_phrase(k.kernel), 120)})" if inductor_phrase(k.kernel) else ")")
+            for k in kernels.itertuples())]
     parts.append("")
     if not findings:
         parts.append("No findings.")

@@ -93,7 +93,7 @@ def _finding(configs: list[dict], p: dict) -> dict:
         message += f"; {launches} launch(es), est. {ns(loss)} lost"
         total = sum(c["row"].total_ns for c in configs if c["loss"] is not None)
         message += f"; {loss_bound(total, 'the kernel ran')}"
-    hint = library_hint(library_of(r), "grid")
+    hint = library_hint(library_of(r), "grid", r.name)
     if hint is None and worst["kind"] == "tail":
         hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({worst['per_wave']}): "
                 "resize the tiles, or use a persistent-thread/stream-K loop so the last wave is full.")

@@ -126,7 +126,7 @@ def _finding(configs: list[dict], p: dict) -> dict:
     if loss is not None:
         message += (f" ({pct(time_share)} of kernel time; est. up to {ns(loss)}, {worst['bound']})"
                     if time_share is not None else f" (est. up to {ns(loss)}, {worst['bound']})")
-    hint = library_hint(library_of(r), "occupancy")
+    hint = library_hint(library_of(r), "occupancy", r.name)
     if hint is None and worst["low_theo"]:
         hint = "; ".join(_LIMITER_HINT[x] for x in worst["limiters"]) or "Check the launch configuration."
         hint = hint[0].upper() + hint[1:] + "."

@@ -76,7 +76,7 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
     waves, theo, ach, issue = r.get(WAVES), r.get(THEORETICAL), r.get(ACHIEVED), r.get(ISSUE_ACTIVE)
     sol = f"SM {sm:.0f}% and memory {mem:.0f}% of peak"
     if waves == waves and waves is not None and waves < p["max_small_grid_waves"]:
-        lever = library_hint(_library(r), "grid") or ("Launch more blocks (smaller tiles, split-K) or run independent "
+        lever = library_hint(_library(r), "grid", r.get("name")) or ("Launch more blocks (smaller tiles, split-K) or run independent "
                                                     "work concurrently.")
         return ("latency", "small_grid",
                 f"latency-limited by a small grid: {waves:.2f} waves, {sol}",
@@ -87,7 +87,7 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
            and theo - ach > p["max_achieved_gap_pct"])
     if low_theo:
         names = _limiter_names(r)
-        library = library_hint(_library(r), "occupancy")
+        library = library_hint(_library(r), "occupancy", r.get("name"))
         if library:
             return ("occupancy", "theoretical",
                     f"occupancy-limited: theoretical occupancy {theo:.0f}% (limited by {' and '.join(names) or 'unknown'}), "

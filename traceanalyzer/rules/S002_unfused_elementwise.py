@@ -1,12 +1,17 @@
 """S002 unfused element-wise chains: runs of short memory-bound kernels one fused kernel could do."""
 
+from ..kernel_library import INDUCTOR_MEMORY_BOUND
+from ..store.views import compiled_places
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from .base import Rule, Threshold
 
 # Kernel names of element-wise, cast, normalisation and activation work (PyTorch's
-# elementwise/vectorized/unrolled kernels and functors, copies, norms, softmax, Triton pointwise).
+# elementwise/vectorized/unrolled kernels and functors, copies, norms, softmax). TorchInductor's
+# kernels are told by their class instead (`inductor_class`): its pointwise and reduction kernels
+# are such work whatever operators their names list (`addmm`, `convolution`: an epilogue's).
 ELEMENTWISE = (r"elementwise|functor|copy_kernel|cast|layer_?norm|rms_?norm|group_?norm|softmax|gelu|silu|"
-               r"relu|sigmoid|tanh|dropout|act_and_mul|triton_poi_|reduce_kernel")
+               r"relu|sigmoid|tanh|dropout|act_and_mul|reduce_kernel")
+COMPILED_CLASSES = "(" + ", ".join(f"'{c}'" for c in INDUCTOR_MEMORY_BOUND) + ")"
 # Names that can contain those words but are compute-bound or communication kernels.
 NOT_ELEMENTWISE = r"nccl|rccl|gemm|conv|cudnn|winograd|attention|attn|flash|fmha|cutlass|cublas|nvjet|xmma|mma|matmul"
 # A full reduction writes far less than it reads: it may end a chain (fused as an epilogue) but
@@ -36,8 +41,10 @@ DTYPE_BYTES = """CASE t WHEN 'float' THEN 4 WHEN 'double' THEN 8 WHEN 'c10::Half
 SQL = rf"""
 WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct name, not per launch
     SELECT name_key, name,
-           regexp_matches(lower(name), '{ELEMENTWISE}')
-             AND NOT regexp_matches(lower(name), '{NOT_ELEMENTWISE}') AS ew_name,
+           CASE WHEN inductor_class(name) IS NOT NULL THEN coalesce(inductor_class(name) IN {COMPILED_CLASSES}, false)
+                ELSE regexp_matches(lower(name), '{ELEMENTWISE}') AND NOT regexp_matches(lower(name), '{NOT_ELEMENTWISE}')
+           END AS ew_name,
+           inductor_class(name) IS NOT NULL AS compiled,
            regexp_matches(lower(name), '{REDUCTION}') AS reduction, {functor_label('name')} AS functor
     FROM kernel_names WHERE run_id = $run_id
 ), acts AS NOT MATERIALIZED (  -- names travel as integer keys (views.kernel_names): cheaper to sort, group and compare
@@ -82,6 +89,17 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            CASE WHEN o.continues THEN greatest(o.start_ns - o.prev_end, 0) ELSE 0 END AS gap_ns,
            m.chain, m.last_seq, o.seq = m.last_seq AS is_last
     FROM ew_ops o JOIN member_seqs m ON m.device_id = o.device_id AND m.stream_id = o.stream_id AND m.seq = o.seq
+), compiled_members AS (  -- the chains' TorchInductor kernels, each with the compiled graph call that
+    -- launched it (NULL where the trace does not say)
+    SELECT m.device_id, m.stream_id, m.chain, m.external_id
+    FROM chain_members m JOIN names n ON n.name_key = m.name_key AND n.compiled
+), compiled_calls AS (
+    __COMPILED_PLACES__
+), compiled_chains AS (
+    SELECT c.device_id, c.stream_id, c.chain, count(*) AS compiled,
+           count(DISTINCT coalesce('graph ' || p.graph_range_id, 'region ' || p.region_op_id)) AS graph_calls
+    FROM compiled_members c LEFT JOIN compiled_calls p ON p.external_id = c.external_id
+    GROUP BY ALL
 ), launching_ops AS (  -- the operator that launched each kernel (Kineto `External id`)
     SELECT external_id, arg_min(name, op_id) AS op_name, arg_min(input_dims, op_id) AS dims,
            arg_min(input_types, op_id) AS types
@@ -121,12 +139,16 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            any_value(d.memory_bandwidth_bytes_per_s) AS bandwidth
     FROM sized s LEFT JOIN devices d ON d.run_id = $run_id AND d.device_id = s.device_id
     GROUP BY s.device_id, s.stream_id, s.chain
-), chains AS (
-    SELECT * EXCLUDE (by_dims, by_proxy),
+), chains AS (  -- a chain of TorchInductor kernels all from one compiled graph call (or from calls the trace
+    -- does not record) is Inductor's fusion already: not reported
+    SELECT t.* EXCLUDE (by_dims, by_proxy),
            CASE WHEN by_dims OR by_proxy THEN list_filter([CASE WHEN by_dims THEN '{BY_DIMS}' END,
                                                          CASE WHEN by_proxy THEN '{BY_PROXY}' END],
-                                                        lambda x: x IS NOT NULL) END AS bytes_sources
-    FROM chain_totals
+                                                        lambda x: x IS NOT NULL) END AS bytes_sources,
+           coalesce(cc.compiled, 0) AS compiled, coalesce(cc.graph_calls, 0) AS graph_calls
+    FROM chain_totals t
+    LEFT JOIN compiled_chains cc ON cc.device_id = t.device_id AND cc.stream_id = t.stream_id AND cc.chain = t.chain
+    WHERE NOT (coalesce(cc.compiled, 0) = t.n AND coalesce(cc.graph_calls, 0) <= 1)
 ), costed AS (  -- a fused kernel saves the gaps and the intermediates' DRAM round trips
     SELECT *, 2 * intermediate_bytes / bandwidth * 1e9 AS round_trip_ns,
            gap_ns + least(coalesce(2 * intermediate_bytes / bandwidth * 1e9, 0), kernel_ns - longest_ns) AS saving_ns
@@ -137,6 +159,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            arg_min({{'stream_id': c.stream_id, 'chain': c.chain, 'last_seq': c.last_seq}},
                    (-c.linked, c.start_ns, c.stream_id)) AS named_by,
            count(*) AS chains, sum(c.n) AS kernels,
+           any_value(c.compiled) AS compiled, max(c.graph_calls) AS graph_calls,
            -- doubles summed in one fixed order: a parallel sum() differs in the last digits run to run
            list_sum(list(c.saving_ns ORDER BY c.start_ns, c.stream_id)) AS saving_ns,
            sum(c.gap_ns) AS gap_ns, sum(c.kernel_ns) AS kernel_ns, sum(c.intermediate_bytes) AS intermediate_bytes,
@@ -198,6 +221,8 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     GROUP BY m.device_id, m.n, m.sig_a, m.sig_b
 ), judged AS (
     SELECT r.* EXCLUDE (worst), coalesce(w.worst, '[]') AS worst, n.names, n.short_names, n.labels,
+           CASE WHEN r.compiled = 0 THEN 'eager' WHEN r.compiled < r.n THEN 'partly compiled'
+                ELSE 'across compiled graphs' END AS fusion,
            -- long chains are named by their ends
            CASE WHEN len(n.labels) <= 6 THEN array_to_string(n.labels, ' -> ')
                 ELSE array_to_string(n.labels[1:3], ' -> ') || ' -> ... -> ' || array_to_string(n.labels[-2:], ' -> ')
@@ -211,11 +236,26 @@ SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, wor
        share AS value, 'share' AS value_unit, $min_saving_share AS threshold,
        CAST(round(saving_ns) AS BIGINT) AS est_loss_ns,
        CASE WHEN share >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
-       printf('device %d: %d chain(s) of %d element-wise kernels (%s) run unfused, %s of kernel time with %s of gaps '
+       printf('device %d: %d chain(s) of %d element-wise kernels (%s) run unfused%s, %s of kernel time with %s of gaps '
               || 'and %s of intermediates; fusing would save about %s (%s of the device''s span)',
-              device_id, chains, len(names), chain_name, fmt_ns(kernel_ns), fmt_ns(gap_ns),
+              device_id, chains, len(names), chain_name,
+              CASE fusion WHEN 'partly compiled' THEN printf(', %d of them TorchInductor''s', compiled)
+                          WHEN 'across compiled graphs' THEN printf(', all TorchInductor''s but from %d compiled graph calls',
+                                                                    graph_calls)
+                          ELSE '' END,
+              fmt_ns(kernel_ns), fmt_ns(gap_ns),
               fmt_bytes(intermediate_bytes), fmt_ns(saving_ns), fmt_pct(share)) AS message,
-       CASE WHEN one_op THEN
+       CASE WHEN fusion = 'across compiled graphs' THEN
+              'TorchInductor fused what each compiled graph held; these kernels come from different graphs (a graph '
+              || 'break, or regions compiled apart), and fusion stops at a graph''s edge. Find the breaks '
+              || '(TORCH_LOGS=graph_breaks, torch._dynamo.explain) and remove them (fullgraph=True makes one an error), '
+              || 'or compile the enclosing module as one region.'
+            WHEN fusion = 'partly compiled' THEN
+              'Part of this chain is TorchInductor''s and part is not: the other kernels ran outside the compiled graph '
+              || '(a graph break, or code torch.compile does not wrap), as ATen fallbacks Inductor did not lower, or as '
+              || 'custom operators Inductor cannot fuse through. Find graph breaks (TORCH_LOGS=graph_breaks) and widen '
+              || 'what is compiled, so that Inductor fuses the whole chain; a custom operator stays a fusion boundary.'
+            WHEN one_op THEN
               'The same element-wise op runs once per tensor: use the multi-tensor (foreach) forms '
               || '(torch._foreach_*, fused/foreach optimizers, zero_grad(set_to_none=True)) so one launch covers '
               || 'all tensors, or torch.compile the loop.'
@@ -226,6 +266,8 @@ SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, wor
        END AS hint,
        '{{"chains": ' || chains || ', "kernels_per_chain": ' || len(names) || ', "kernels": ' || kernels
          || ', "kernel_names": ' || to_json(short_names) || ', "labels": ' || to_json(labels)
+         || ', "fusion": ' || to_json(fusion) || ', "compiled_kernels": ' || compiled
+         || ', "graph_calls": ' || graph_calls
          || ', "kernel_ns": ' || kernel_ns || ', "gap_ns": ' || gap_ns
          || ', "intermediate_bytes": ' || coalesce(CAST(intermediate_bytes AS BIGINT), 0)
          || ', "bytes_source": ' || to_json(bytes_sources)
@@ -238,7 +280,9 @@ ORDER BY saving_ns DESC, item_name
 
 SQL = (SQL.replace("__PLACE__", majority_window("SELECT device_id, n, sig_a, sig_b, start_ns, end_ns, saving_ns AS ns "
                                                 "FROM costed", ("device_id", "n", "sig_a", "sig_b")))
-       .replace("__PLACE_JSON__", place_json("chains")))
+       .replace("__PLACE_JSON__", place_json("chains"))
+       .replace("__COMPILED_PLACES__", compiled_places("SELECT DISTINCT $run_id AS run_id, external_id FROM compiled_members "
+                                                       "WHERE external_id IS NOT NULL")))
 
 RULE = Rule(
     id="S002",
@@ -255,7 +299,8 @@ RULE = Rule(
         "DRAM and pays n launches and the gaps between them; a fused kernel reads the inputs once, "
         "keeps intermediates in registers and launches once.",
     how="Kernels are element-wise when the name matches PyTorch's element-wise, cast, norm, "
-        "activation and softmax kernels (not GEMM, convolution, attention or NCCL names) and run at "
+        "activation and softmax kernels (not GEMM, convolution, attention or NCCL names), or is a "
+        "TorchInductor pointwise or reduction kernel (`inductor_class`), and run at "
         "most `max_kernel_ns`. On each device and stream, operations are ordered by start; a chain "
         "is a run of at least `min_chain_count` element-wise kernels with no other operation in "
         "between and gaps of at most `max_gap_ns` (a full `reduce_kernel` may end a chain). Each "
@@ -265,9 +310,18 @@ RULE = Rule(
         "trip of its intermediates (2 x bytes / the device's DRAM bandwidth), the latter capped at "
         "the chain's kernel time minus its longest kernel. Chains with the same kernels are reported "
         "together per device, when their saving reaches `min_saving_share` of the device's active "
-        "span; it assumes each kernel consumes the previous one's output." + PLACE_HOW,
+        "span; it assumes each kernel consumes the previous one's output. TorchInductor's kernels are "
+        "fusions already: a chain of them all launched in one call of one compiled graph (the "
+        "`compiled_kernels` view: the `## Call CompiledFxGraph ##` annotation, else the `Torch-Compiled "
+        "Region` operator, open at each launch), or whose calls the trace does not record, is not reported "
+        "(Inductor's scheduler kept them apart; the launch gaps between them are T001's). A chain of "
+        "Inductor kernels from two or more graph calls is reported as fusion stopped at a graph's edge "
+        "(graph breaks, `evidence.fusion` = `across compiled graphs`); one mixing Inductor kernels with "
+        "others as `partly compiled`; each with its own advice and `evidence.compiled_kernels` and "
+        "`evidence.graph_calls`." + PLACE_HOW,
     fix="Use torch.compile or fused operators (fused norms, bias+activation epilogues, fused "
-        "optimizers), or write one kernel for the chain.",
+        "optimizers), or write one kernel for the chain. Where the chain is TorchInductor's already, "
+        "remove the graph breaks between its graphs or compile the enclosing module as one region.",
     requires="timed kernels",
     applies_sql="SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL)",
     thresholds=(

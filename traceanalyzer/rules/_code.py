@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..kernel_library import inductor_class, inductor_ops
 from ..ranges import normalized_sql
 from ..store import Store, launch_sweep, views
 
@@ -132,18 +133,70 @@ def name_launchers(store: Store, run_id: str, findings: pd.DataFrame) -> pd.Data
     `launched_by_share`."""
     if findings is None or findings.empty or "item_kind" not in findings or not (findings["item_kind"] == "kernel").any():
         return findings
+    compiled = compiled_kernels(store, run_id, [r["item_name"] for _, r in findings.iterrows()
+                                                if r.get("item_kind") == "kernel"])
     sites = launch_sites(store, run_id)
-    if not sites:
+    if not sites and not compiled:
         return findings
     out = findings.copy()
     for i, r in out.iterrows():
-        site = sites.get((device_key(r.get("device_id")), r.get("item_name"))) if r.get("item_kind") == "kernel" else None
+        if r.get("item_kind") != "kernel":
+            continue
+        c = compiled.get(r.get("item_name"))
+        if c is not None:
+            out.at[i, "evidence"] = _with(out.at[i, "evidence"], compiled=c)
+        site = sites.get((device_key(r.get("device_id")), r.get("item_name")))
         if site is None:
             continue
-        if site["label"] not in r["message"]:  # B003 names a PyTorch GEMM's operator already
-            out.at[i, "message"] = f"{r['message']} {phrase(site['label'], site['share'])}"
-        out.at[i, "evidence"] = _with(r.get("evidence"), launched_by=site["label"], launched_by_share=site["share"])
+        label = site["label"]
+        if c is not None and label == r.get("item_name") and c.get("regions"):
+            # Inductor's launcher is named after its kernel: the code is the compiled region around it
+            label = c["regions"][0]
+        if label not in r["message"]:  # B003 names a PyTorch GEMM's operator already
+            out.at[i, "message"] = f"{r['message']} {phrase(label, site['share'])}"
+        out.at[i, "evidence"] = _with(out.at[i, "evidence"], launched_by=label, launched_by_share=site["share"])
     return out
+
+
+# Per Inductor kernel name of a run: what its launcher recorded and where it ran (compiled_kernels).
+COMPILED_SQL = """
+SELECT name, any_value(kernel_meta->>'kernel_file') AS kernel_file, any_value(kernel_meta->>'kernel_hash') AS kernel_hash,
+       any_value(kernel_meta->>'kernel_kwargs') AS kernel_kwargs,
+       any_value(TRY_CAST(kernel_meta->>'num_warps' AS INTEGER)) AS num_warps,
+       any_value(TRY_CAST(kernel_meta->>'num_stages' AS INTEGER)) AS num_stages,
+       list_sort(list_distinct(list(graph_hash))) AS graphs, list_sort(list_distinct(list(region_name))) AS regions
+FROM compiled_kernels WHERE run_id = $run_id AND list_contains($names, name)
+GROUP BY name
+"""
+
+
+def compiled_kernels(store: Store, run_id: str, names: list) -> dict[str, dict]:
+    """Of `names`, the TorchInductor kernels', each with what a finding's evidence says of it
+    (`compiled`): `generator`, `class`, `fused_ops` (from the name), and where the trace records
+    them `kernel_file`, `kernel_hash`, `kernel_kwargs`, `num_warps`, `num_stages` (Inductor's
+    launcher) and the compiled `graphs` (CompiledFxGraph hashes) and `regions` it ran in."""
+    wanted = sorted({n for n in names if isinstance(n, str) and inductor_class(n) is not None})
+    if not wanted:
+        return {}
+    rows = {r["name"]: r for r in store.sql(COMPILED_SQL, {"run_id": run_id, "names": wanted}).fetchdf()
+            .to_dict("records")} if store.sql(HAS_CPU_OPS_SQL, {"run_id": run_id}).fetchone()[0] else {}
+    out = {}
+    for n in wanted:
+        c = {"generator": "TorchInductor", "class": inductor_class(n), "fused_ops": inductor_ops(n)}
+        r = rows.get(n, {})
+        for k in ("kernel_file", "kernel_hash", "kernel_kwargs", "num_warps", "num_stages"):
+            v = r.get(k)
+            if v is not None and v == v:
+                c[k] = int(v) if k in ("num_warps", "num_stages") else v
+        for k in ("graphs", "regions"):
+            v = [x for x in (r.get(k) if r.get(k) is not None else []) if x is not None]
+            if v:
+                c[k] = v
+        out[n] = c
+    return out
+
+
+HAS_CPU_OPS_SQL = "SELECT EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = $run_id)"
 
 
 def device_key(device_id):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ..kernel_library import BY_ID, is_library
+from ..kernel_library import BY_ID, inductor_class, is_library
 from ..store.views import COMM_PATTERN
 
 _COMM = re.compile(COMM_PATTERN)
@@ -85,8 +85,21 @@ def is_collective(row) -> bool:
     return library_of(row) == "nccl" or bool(_COMM.search(str(row.name)))
 
 
-def library_hint(lib: str | None, topic: str) -> str | None:
-    """The hint for a kernel of library `lib` ("grid" or "occupancy"), None for the user's own."""
+# A TorchInductor kernel is generated: its block sizes and warps are Inductor's heuristics' or autotuner's.
+_INDUCTOR_HINTS = {
+    "grid": "Inductor sized its blocks (XBLOCK, R0_BLOCK) by heuristics: let it autotune them (torch.compile "
+            "mode='max-autotune' or torch._inductor.config.coordinate_descent_tuning = True); a grid that stays "
+            "small means little data per call: batch more work into each call",
+    "occupancy": "Inductor chose its block sizes and num_warps: let it autotune them (torch.compile "
+                 "mode='max-autotune', or torch._inductor.config.coordinate_descent_tuning = True)",
+}
+
+
+def library_hint(lib: str | None, topic: str, name: str | None = None) -> str | None:
+    """The hint for a kernel of library `lib` ("grid" or "occupancy"), None for the user's own;
+    for a TorchInductor kernel (told from its `name`), Inductor's."""
+    if isinstance(name, str) and inductor_class(name) is not None:
+        return f"TorchInductor kernel: {_INDUCTOR_HINTS[topic]}."
     if not is_library(lib):
         return None
     text = _HINTS.get(lib, _HINTS["other"])[topic]

@@ -21,6 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from ..fmt import LOSS_BOUND
+from ..kernel_library import SQL_MACROS as KERNEL_NAME_MACROS
 
 
 def islands(source: str, successors: bool = False, per_run: bool = False) -> str:
@@ -914,6 +915,47 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
         """
 
 
+# The compiled regions and graph calls a launch can sit in (compiled_places).
+COMPILED_REGION_OPS = "(name LIKE 'Torch-Compiled Region%' OR name IN ('CompiledFunction', 'CompiledFunctionBackward'))"
+COMPILED_GRAPH_CALL = r"^## Call CompiledFxGraph (\S+) ##$"
+
+
+def compiled_places(ids: str) -> str:
+    """For the (run_id, external_id) pairs `ids` selects, the operator that launched the kernels of
+    that Kineto `External id` (the one holding Inductor's record, `kernel_meta`, else the latest to
+    start) and the compiled region and graph call open on its thread when it began: run_id,
+    external_id, op_id, kernel_meta, region_op_id, region_name, graph_range_id, graph_hash (the
+    innermost of each)."""
+    return f"""
+    WITH ids AS MATERIALIZED ({ids}), launchers AS (
+        SELECT o.run_id, o.external_id,
+               arg_max({{'op_id': o.op_id, 'pid': o.pid, 'tid': o.tid, 'start_ns': o.start_ns,
+                         'kernel_meta': o.kernel_meta}}, (o.kernel_meta IS NOT NULL, o.start_ns, o.op_id)) AS op
+        FROM cpu_ops o SEMI JOIN ids e ON e.run_id = o.run_id AND e.external_id = o.external_id
+        GROUP BY o.run_id, o.external_id
+    ), regions AS (
+        SELECT run_id, op_id AS id, name, pid, tid, start_ns, end_ns FROM cpu_ops
+        WHERE run_id IN (SELECT run_id FROM ids) AND {COMPILED_REGION_OPS}
+    ), graph_calls AS (
+        SELECT run_id, range_id AS id, regexp_extract(name, '{COMPILED_GRAPH_CALL}', 1) AS hash, pid, tid, start_ns, end_ns
+        FROM ranges WHERE kind = 'user_annotation' AND name LIKE '## Call CompiledFxGraph %'
+          AND run_id IN (SELECT run_id FROM ids)
+    ), placed AS (
+        SELECT l.run_id, l.external_id, l.op,
+               (SELECT arg_max({{'id': r.id, 'name': r.name}}, (r.start_ns, r.id)) FROM regions r
+                WHERE r.run_id = l.run_id AND r.pid IS NOT DISTINCT FROM l.op.pid AND r.tid IS NOT DISTINCT FROM l.op.tid
+                  AND r.start_ns <= l.op.start_ns AND r.end_ns >= l.op.start_ns) AS region,
+               (SELECT arg_max({{'id': g.id, 'hash': g.hash}}, (g.start_ns, g.id)) FROM graph_calls g
+                WHERE g.run_id = l.run_id AND g.pid IS NOT DISTINCT FROM l.op.pid AND g.tid IS NOT DISTINCT FROM l.op.tid
+                  AND g.start_ns <= l.op.start_ns AND g.end_ns >= l.op.start_ns) AS graph
+        FROM launchers l
+    )
+    SELECT run_id, external_id, op.op_id AS op_id, op.kernel_meta AS kernel_meta, region.id AS region_op_id,
+           region.name AS region_name, graph.id AS graph_range_id, nullif(graph.hash, '') AS graph_hash
+    FROM placed
+    """
+
+
 VIEWS: dict[str, tuple[str, str]] = {
     "gpu_activity": (
         "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
@@ -1011,6 +1053,33 @@ VIEWS: dict[str, tuple[str, str]] = {
         """
         SELECT run_id, row_number() OVER (PARTITION BY run_id ORDER BY name) AS name_key, name
         FROM (SELECT DISTINCT run_id, name FROM kernels WHERE name IS NOT NULL)
+        """,
+    ),
+    "compiled_kernels": (
+        "Every execution of a TorchInductor kernel (a kernel whose name `inductor_class` gives a class): "
+        "`kernel_id`, `device_id`, `stream_id`, `start_ns`, `end_ns`, `name`, `kernel_class` (`pointwise`, "
+        "`reduction`, `persistent_reduction`, `template`, ...), `fused_ops` (the operators the name says it "
+        "fused, `inductor_ops`), and where the trace records them: the operator that launched it (`op_id`, by "
+        "Kineto `External id`; Inductor names it after the kernel) with its `kernel_meta`; the innermost "
+        "compiled region open at that launch on its thread (`region_op_id`, `region_name`: an operator named "
+        "`Torch-Compiled Region: F/C` (Dynamo frame F, compile C) or AOTAutograd's `CompiledFunction` / "
+        "`CompiledFunctionBackward`); and the compiled graph's call (`graph_range_id`, `graph_hash`: the "
+        "`## Call CompiledFxGraph <hash> ##` annotation). One call of a graph is one `graph_range_id` (else "
+        "`region_op_id`): kernels of two calls were compiled apart.",
+        f"""
+        WITH names AS (
+            SELECT run_id, name, inductor_class(name) AS kernel_class, inductor_ops(name) AS fused_ops
+            FROM kernel_names WHERE inductor_class(name) IS NOT NULL
+        ), ks AS (
+            SELECT k.run_id, k.kernel_id, k.device_id, k.stream_id, k.start_ns, k.end_ns, k.name, n.kernel_class,
+                   n.fused_ops, k.external_id
+            FROM kernels k JOIN names n ON n.run_id = k.run_id AND n.name = k.name
+        ), placed AS (
+            {compiled_places("SELECT DISTINCT run_id, external_id FROM ks WHERE external_id IS NOT NULL")}
+        )
+        SELECT k.run_id, k.kernel_id, k.device_id, k.stream_id, k.start_ns, k.end_ns, k.name, k.kernel_class,
+               k.fused_ops, p.op_id, p.kernel_meta, p.region_op_id, p.region_name, p.graph_range_id, p.graph_hash
+        FROM ks k LEFT JOIN placed p ON p.run_id = k.run_id AND p.external_id = k.external_id
         """,
     ),
     "kernel_launches": (
@@ -1207,6 +1276,8 @@ MACROS: dict[str, str] = {
     # How many rows a bounded `arg_max(x, key, n)` heap keeps for a list of at most n examples:
     # at least one (the heap needs n >= 1; slice the result with [1:n] for n < 1).
     "heap_size": "(n) AS CAST(greatest(floor(n), 1) AS BIGINT)",
+    # A TorchInductor kernel's class and fused operators, from its name (kernel_library.py).
+    **KERNEL_NAME_MACROS,
 }
 
 # Views of some runs, computed from those runs' rows only: `run_time_budget('<run id>')` and
