@@ -68,6 +68,7 @@ def test_each_replayed_kernel_is_placed_where_its_node_was_captured(store):
     run = ids["graph_nodes.sqlite"]
     meta = json.loads(st.sql("SELECT metadata FROM runs WHERE run_id = ?", [run]).fetchone()[0])
     assert meta["graph_capture"]["line"] == f"graph nodes (CUDA_GRAPH_NODE_EVENTS): {P['graph_nodes.sqlite']['line']} (3 graph launches)"
+    assert meta["cuda_graph_trace"] == "Node"  # META_DATA_CAPTURE's CUDA_GRAPH_TRACE_OPTIONS:MODE
     # The innermost NVTX range open at its node's creation, per kernel: the planted program's.
     got = {}
     for name, ns in st.sql("""SELECT r.name, l.end_ns - l.start_ns FROM launch_context l
@@ -94,6 +95,8 @@ def test_whole_graph_replays_are_opaque_and_said_unplaced(store):
                                                                                  P["replays"])
     assert sorted(x for (x,) in st.sql("SELECT end_ns - start_ns FROM kernels WHERE run_id = ? AND graph_id = 5",
                                        [run]).fetchall()) == P["graph_whole.sqlite"]["replay_ns"]
+    meta = json.loads(st.sql("SELECT metadata FROM runs WHERE run_id = ?", [run]).fetchone()[0])
+    assert meta["cuda_graph_trace"] == "Graph" and meta["graph_capture"]["placed"] == 0
     (reason,) = st.sql("SELECT DISTINCT reason FROM graph_nodes WHERE run_id = ?", [run]).fetchall()
     assert reason[0].startswith("whole-graph execution (--cuda-graph-trace=graph)")
     # The whole replay is its graph launch's: inside `step N`, as launched.
@@ -186,3 +189,13 @@ def test_the_nsys_export_attributes_as_its_kineto_twin(store, tmp_path):
             twins.append(s.sql("SELECT rule_id, message, est_loss_ns FROM findings WHERE run_id = ? ORDER BY ALL",
                                [r]).fetchall())
         assert twins[0] == twins[1] and [t[0] for t in twins[0]] == ["T001"]
+
+
+def test_check_says_what_the_reader_placed(tmp_path):
+    from traceanalyzer.batch.check import check_file
+
+    with Store(tmp_path / "s.duckdb") as st:
+        res = check_file(st, NODES_FILE, None)
+        assert res.state == "stored" and res.capture == (
+            f"graph nodes (CUDA_GRAPH_NODE_EVENTS): {P['graph_nodes.sqlite']['line']} (3 graph launches)")
+        assert check_file(st, NODES_FILE, None).state == "kept"  # a file not read again says nothing new

@@ -44,7 +44,9 @@ Choices a reader of the store should know:
   event that created it, on the capturing thread inside the captured call, which places it
   (`at_ns`, `pid`, `tid`) where the run's own NVTX ranges were open at capture, as a merged
   Kineto capture does. A whole-graph row is unplaced (its nodes were not traced). What was
-  placed is `metadata.graph_capture` (its `line`).
+  placed is `metadata.graph_capture` (its `line`); the capture's graph trace mode
+  (`CUDA_GRAPH_TRACE_OPTIONS:MODE` in `META_DATA_CAPTURE`: `Graph`, `Node`) is
+  `metadata.cuda_graph_trace`.
 * `devices`: see `nsys_devices` (only devices used by activity rows, when there are any).
 """
 
@@ -243,6 +245,11 @@ class _Reader:
         if f.has("TARGET_INFO_SYSTEM_ENV", "name") and f.has("TARGET_INFO_SYSTEM_ENV", "value"):
             hosts = f.rows("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1")
             host = hosts[0][0] if hosts and hosts[0][0] else None
+        if f.has("META_DATA_CAPTURE", "name") and f.has("META_DATA_CAPTURE", "value"):
+            # `Graph` (nsys's default: a replay is one row) or `Node` (--cuda-graph-trace=node).
+            mode = f.rows("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%CUDA_GRAPH_TRACE_OPTIONS:MODE' LIMIT 1")
+            if mode and mode[0][0]:
+                self.metadata["cuda_graph_trace"] = mode[0][0]
         if f.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
             epoch = f.rows("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
             self.metadata["session_start_utc_epoch_ns"] = epoch[0][0] if epoch else None
@@ -747,13 +754,16 @@ class _Reader:
             if p is not None and node is not None:
                 first.setdefault((p, node), (orig, start, g))
         roots = {"process": [], "node_id": [], "at_ns": [], "global_tid": []}
-        for p, node in {(p, x) for p, x in zip(ops["process"].to_pylist(), ops["node_id"].to_pylist())
-                        if x is not None}:
+        self.duck.register("graph_ops", ops)
+        nodes = self.duck.sql("SELECT DISTINCT process, node_id FROM graph_ops WHERE node_id IS NOT NULL").fetchall()
+        self.duck.unregister("graph_ops")
+        for p, node in nodes:
             key, seen = (p, node), set()
             while key in first and first[key][0] is not None and key not in seen:  # a clone: to its original
                 seen.add(key)
                 key = (p, first[key][0])
-            if key in first and first[key][0] is None and first[key][1] is not None:
+            # the creation: no original, a start, a thread (what places it)
+            if key in first and first[key][0] is None and None not in first[key][1:]:
                 for c, v in zip(roots, (p, node, first[key][1], first[key][2])):
                     roots[c].append(v)
         names = self.call_names.to_pylist()
