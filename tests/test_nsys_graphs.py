@@ -79,6 +79,13 @@ def test_each_replayed_kernel_is_placed_where_its_node_was_captured(store):
         x["kernels"] += 1
         x["gpu_ns"] += ns
     assert got == P["by_innermost_range"]
+    # And the call that created its node: the captured launch or copy, each once per replay.
+    calls = st.sql("""SELECT g.kind, c.name, count(*), count(DISTINCT c.call_id) FROM graph_nodes g
+                      JOIN api_calls c ON c.run_id = g.run_id AND c.call_id = g.capture_call_id
+                      WHERE g.run_id = ? AND g.at_ns BETWEEN c.start_ns AND c.end_ns GROUP BY ALL ORDER BY 1""",
+                   [run]).fetchall()
+    assert calls == [("copy", "cudaMemcpyAsync", P["copies"], 1),
+                     ("kernel", "cudaLaunchKernel", P["replayed_kernels"], P["nodes"] - 1)]
     # `ranges`: the capture's ranges hold every replayed kernel once; the rest is the eager kernel.
     r = ranges.run_ranges(st, run, "range")
     top = {x["name"]: x for x in r["ranges"] if x["depth"] == 0}

@@ -483,6 +483,9 @@ GRAPH_NODES = _t(
     ("at_ns", "BIGINT", "Start of the captured launch call, on the copied frames' clock (nsys: the node's "
      "creation event, on the run's own clock): where `launch_context` places the operation."),
     ("external_id", "BIGINT", "The `external_id` given to the kernel: the copied operator that launched its node."),
+    ("capture_call_id", "BIGINT", "nsys: the API call in which its node was created, on that thread "
+     "(`api_calls.call_id`: the captured `cudaLaunchKernel`, `cudaMemcpyAsync`, ...; the outermost where calls "
+     "nest); NULL for a Kineto merge, whose capture's calls are not in the run."),
 )
 
 FINDINGS = _t(

@@ -41,8 +41,8 @@ Choices a reader of the store should know:
   3.24, the kernel's `graphId`. Where the export has `CUDA_GRAPH_NODE_EVENTS` (node creations,
   and the clones `cudaGraphInstantiate` makes, with `originalGraphNodeId`), every operation a
   graph launch ran gets a `graph_nodes` row: its node followed back through its clones to the
-  event that created it, on the capturing thread inside the captured call, which places it
-  (`at_ns`, `pid`, `tid`) where the run's own NVTX ranges were open at capture, as a merged
+  event that created it, on the capturing thread inside the captured call (`capture_call_id`),
+  which places it (`at_ns`, `pid`, `tid`) where the run's own NVTX ranges were open at capture, as a merged
   Kineto capture does. A whole-graph row is unplaced (its nodes were not traced). What was
   placed is `metadata.graph_capture` (its `line`); the capture's graph trace mode
   (`CUDA_GRAPH_TRACE_OPTIONS:MODE` in `META_DATA_CAPTURE`: `Graph`, `Node`) is
@@ -185,6 +185,7 @@ class _Reader:
         self.filters: dict[str, str] = {}  # a source table's own WHERE (NVTX: the event types read)
         self.nvtx_domains: dict[tuple[int, int], str] = {}  # (process, domain id) -> name, as created
         self.graph_ops: list[pa.Table] = []  # GPU rows of graph nodes or whole graphs (see _graph_nodes)
+        self.node_calls: dict[tuple[int, int], int] = {}  # (thread, node creation) -> call_id (_capture_calls)
 
     # -- orchestration -------------------------------------------------------------
     def read(self) -> ParsedTrace:
@@ -543,6 +544,33 @@ class _Reader:
                 "tid": pc.bit_wise_and(g.slice(lo, size), 16777215),
                 "start_ns": part("start_ns"), "end_ns": part("end_ns"),
                 "correlation_id": corr.slice(lo, size), "return_value": part("return_value")}))
+        self._capture_calls(g, arrow.take(rest["start_ns"], order), arrow.take(rest["end_ns"], order))
+
+    def _capture_calls(self, global_tid: pa.Array, start: pa.Array, end: pa.Array) -> None:
+        """Per node creation event (`CUDA_GRAPH_NODE_EVENTS` without an original: made while
+        capturing), the call it was made in: on its thread, containing its start, the outermost
+        (a runtime call holds the driver call it makes). Calls by start, as `call_id` counts them."""
+        if not self.f.has(GRAPH_NODES):
+            return
+        ev = self._source(GRAPH_NODES)  # kept for _graph_nodes
+        ev = ev.filter(pc.and_(pc.is_null(ev["original_id"]), pc.is_valid(ev["global_tid"])))
+        if not ev.num_rows:
+            return
+        keep = pc.fill_null(pc.is_in(global_tid, pc.unique(ev["global_tid"])), False)
+        self.duck.register("node_events", ev.select(["global_tid", "start_ns"]))
+        self.duck.register("node_calls", pa.table({
+            "call_id": pc.indices_nonzero(keep), "global_tid": global_tid.filter(keep),
+            "start_ns": start.filter(keep), "end_ns": end.filter(keep)}))
+        try:
+            rows = self.duck.sql("""
+                SELECT e.global_tid, e.start_ns, arg_min(c.call_id, (c.start_ns, c.call_id)) AS call_id
+                FROM (SELECT DISTINCT global_tid, start_ns FROM node_events) e
+                JOIN node_calls c ON c.global_tid = e.global_tid AND e.start_ns BETWEEN c.start_ns AND c.end_ns
+                GROUP BY ALL""").fetchall()
+        finally:
+            self.duck.unregister("node_events")
+            self.duck.unregister("node_calls")
+        self.node_calls = {(g, t): c for g, t, c in rows}
 
     def _link(self, corr: pa.Array, global_pid: pa.Array) -> tuple[pa.Array, pa.Array, pa.DictionaryArray]:
         """For GPU rows (in output order): their API call's call_id, tid and name.
@@ -753,7 +781,7 @@ class _Reader:
                 key=lambda r: (r[3] is None, r[3] or 0)):
             if p is not None and node is not None:
                 first.setdefault((p, node), (orig, start, g))
-        roots = {"process": [], "node_id": [], "at_ns": [], "global_tid": []}
+        roots = {"process": [], "node_id": [], "at_ns": [], "global_tid": [], "capture_call_id": []}
         self.duck.register("graph_ops", ops)
         nodes = self.duck.sql("SELECT DISTINCT process, node_id FROM graph_ops WHERE node_id IS NOT NULL").fetchall()
         self.duck.unregister("graph_ops")
@@ -764,7 +792,8 @@ class _Reader:
                 key = (p, first[key][0])
             # the creation: no original, a start, a thread (what places it)
             if key in first and first[key][0] is None and None not in first[key][1:]:
-                for c, v in zip(roots, (p, node, first[key][1], first[key][2])):
+                at, g = first[key][1], first[key][2]
+                for c, v in zip(roots, (p, node, at, g, self.node_calls.get((g, at)))):
                     roots[c].append(v)
         names = self.call_names.to_pylist()
         launches = [i for i, x in enumerate(names) if x is not None and "graphlaunch" in x.lower()]
@@ -787,7 +816,7 @@ class _Reader:
                             WHEN o.node_id IS NULL THEN 'no graphNodeId'
                             ELSE 'no creation event for its graph node in {GRAPH_NODES}' END AS reason,
                        {PID.format(g='r.global_tid')} AS pid, {TID.format(g='r.global_tid')} AS tid, r.at_ns,
-                       NULL::BIGINT AS external_id
+                       NULL::BIGINT AS external_id, r.capture_call_id
                 FROM graph_ops o JOIN graph_calls c ON c.call_id = o.launch_call_id AND c.graph_launch
                 LEFT JOIN graph_roots r ON r.process = o.process AND r.node_id = o.node_id AND NOT o.whole
                 ORDER BY o.launch_call_id, node""").to_arrow_table()
