@@ -67,7 +67,8 @@ def test_each_replayed_kernel_is_placed_where_its_node_was_captured(store):
     st, ids = store
     run = ids["graph_nodes.sqlite"]
     meta = json.loads(st.sql("SELECT metadata FROM runs WHERE run_id = ?", [run]).fetchone()[0])
-    assert meta["graph_capture"]["line"] == f"graph nodes (CUDA_GRAPH_NODE_EVENTS): {P['graph_nodes.sqlite']['line']} (3 graph launches)"
+    line = f"graph nodes (CUDA_GRAPH_NODE_EVENTS): {P['graph_nodes.sqlite']['line']} (3 graph launches)"
+    assert meta["graph_capture"]["line"] == line
     assert meta["cuda_graph_trace"] == "Node"  # META_DATA_CAPTURE's CUDA_GRAPH_TRACE_OPTIONS:MODE
     # The innermost NVTX range open at its node's creation, per kernel: the planted program's.
     got = {}

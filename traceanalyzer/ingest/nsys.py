@@ -248,7 +248,8 @@ class _Reader:
             host = hosts[0][0] if hosts and hosts[0][0] else None
         if f.has("META_DATA_CAPTURE", "name") and f.has("META_DATA_CAPTURE", "value"):
             # `Graph` (nsys's default: a replay is one row) or `Node` (--cuda-graph-trace=node).
-            mode = f.rows("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%CUDA_GRAPH_TRACE_OPTIONS:MODE' LIMIT 1")
+            mode = f.rows("SELECT value FROM META_DATA_CAPTURE "
+                          "WHERE name LIKE '%CUDA_GRAPH_TRACE_OPTIONS:MODE' LIMIT 1")
             if mode and mode[0][0]:
                 self.metadata["cuda_graph_trace"] = mode[0][0]
         if f.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
@@ -800,8 +801,9 @@ class _Reader:
         call_name = pc.fill_null(self.calls["name"], -1)
         self.duck.register("graph_ops", ops)
         self.duck.register("graph_roots", pa.table(roots, schema=pa.schema([(c, pa.int64()) for c in roots])))
-        self.duck.register("graph_calls", pa.table({"call_id": pa.array(np.arange(len(call_name), dtype=np.int64)),
-                                                    "graph_launch": pc.is_in(call_name, pa.array(launches, call_name.type))}))
+        self.duck.register("graph_calls", pa.table({
+            "call_id": pa.array(np.arange(len(call_name), dtype=np.int64)),
+            "graph_launch": pc.is_in(call_name, pa.array(launches, call_name.type))}))
         try:
             rows = self.duck.sql(f"""
                 SELECT o.kind, o.item_id, o.launch_call_id,
@@ -812,7 +814,8 @@ class _Reader:
                        r.at_ns IS NOT NULL AS placed,
                        CASE WHEN r.at_ns IS NOT NULL THEN 'graph node id' END AS how,
                        CASE WHEN r.at_ns IS NOT NULL THEN NULL
-                            WHEN o.whole THEN 'whole-graph execution (--cuda-graph-trace=graph): its nodes were not traced'
+                            WHEN o.whole
+                              THEN 'whole-graph execution (--cuda-graph-trace=graph): its nodes were not traced'
                             WHEN o.node_id IS NULL THEN 'no graphNodeId'
                             ELSE 'no creation event for its graph node in {GRAPH_NODES}' END AS reason,
                        {PID.format(g='r.global_tid')} AS pid, {TID.format(g='r.global_tid')} AS tid, r.at_ns,
