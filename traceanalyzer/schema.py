@@ -124,6 +124,8 @@ KERNELS = _t(
     ("launch_call_id", "BIGINT", "`api_calls.call_id` of the launch call, when found."),
     ("external_id", "BIGINT", "Kineto `External id` (links to the enclosing `cpu_ops` row)."),
     ("graph_id", "BIGINT", "CUDA graph id when launched from a graph."),
+    ("graph_node_id", "BIGINT", "The graph node that ran it, when a graph replay did (nsys `graphNodeId`: the "
+     "instantiated node, whose creation `graph_nodes` follows back to the captured one)."),
     ("blocks_per_sm", "DOUBLE", "Kineto `blocks per SM` (grid blocks / SM count) when present."),
     ("est_achieved_occupancy_pct", "DOUBLE", "Kineto `est. achieved occupancy %` when present."),
 )
@@ -150,6 +152,7 @@ COPIES = _t(
     ("tid", "BIGINT", "Thread id of the API call, when found."),
     ("api_name", "VARCHAR", "Name of the API call that issued the copy (`cudaMemcpyAsync`), when found."),
     ("launch_call_id", "BIGINT", "`api_calls.call_id` of that call, when found."),
+    ("graph_node_id", "BIGINT", "The graph node that ran it, when a graph replay did (nsys `graphNodeId`)."),
 )
 
 MEMSETS = _t(
@@ -170,6 +173,7 @@ MEMSETS = _t(
     ("tid", "BIGINT", "Thread id of the API call, when found."),
     ("api_name", "VARCHAR", "Name of the API call that issued the memset (`cudaMemsetAsync`), when found."),
     ("launch_call_id", "BIGINT", "`api_calls.call_id` of that call, when found."),
+    ("graph_node_id", "BIGINT", "The graph node that ran it, when a graph replay did (nsys `graphNodeId`)."),
 )
 
 API_CALLS = _t(
@@ -445,22 +449,27 @@ KERNEL_LINKS = _t(
 
 GRAPH_NODES = _t(
     "graph_nodes",
-    "Graph replays merged with the trace recorded while their graphs were captured (`check --capture`, "
-    "`store/capture_merge.py`): one row per kernel, copy or memset a graph launch ran, placed or not. A placed "
-    "operation is launched, for `launch_context` and everything that names code, where the capture launched "
-    "its node: the capture's frames open there are copied into the run (`cpu_ops`, `python_functions`, "
-    "`ranges`, on the capture's thread and clock, moved to end before the run's first event when the two "
-    "would overlap), and a kernel gets the `external_id` of the operator that launched it there. Written by "
-    "the store (`Store.merge_capture`), never guessed: an operation the capture does not match is unplaced, "
-    "with the reason.",
+    "Graph replays tied to where their graphs were captured: one row per kernel, copy or memset a graph launch "
+    "ran, placed or not. A placed operation is launched, for `launch_context` and everything that names code, "
+    "where its node was captured. Two sources: a Kineto replay merged with the trace recorded while its graphs "
+    "were captured (`check --capture`, `store/capture_merge.py`): the capture's frames open there are copied "
+    "into the run (`cpu_ops`, `python_functions`, `ranges`, on the capture's thread and clock, moved to end "
+    "before the run's first event when the two would overlap), and a kernel gets the `external_id` of the "
+    "operator that launched it there; and an nsys export with `CUDA_GRAPH_NODE_EVENTS` (written by its "
+    "reader): each replayed operation's `graphNodeId` is followed back through its clones "
+    "(`originalGraphNodeId`) to the event that created the node, on the capturing thread inside the captured "
+    "call, where the run's own NVTX ranges are open. Never guessed: an operation that is not matched is "
+    "unplaced, with the reason.",
     RUN,
     ("kind", "VARCHAR", "`kernel`, `copy` or `memset` (`gpu_activity.kind`)."),
     ("item_id", "BIGINT", "Row id in its table (`kernels.kernel_id`, ...)."),
     ("launch_call_id", "BIGINT", "The graph launch that ran it (`api_calls.call_id` of `cudaGraphLaunch` / `hipGraphLaunch`)."),
     ("replay", "INTEGER", "The graph launch's number in the run (0-based, by launch start)."),
     ("node", "INTEGER", "The operation's position in its replay (0-based, by GPU start)."),
-    ("capture_file", "VARCHAR", "Base name of the capture trace matched (NULL when unplaced and no graph matched)."),
-    ("capture_graph", "INTEGER", "The stream capture of that file whose graph the replay ran (0-based, by start)."),
+    ("capture_file", "VARCHAR", "Base name of the capture trace matched (NULL when unplaced and no graph matched, "
+     "and for nsys, whose export holds its own node events)."),
+    ("capture_graph", "INTEGER", "The stream capture of that file whose graph the replay ran (0-based, by start; "
+     "NULL for nsys)."),
     ("captured_name", "VARCHAR", "The kernel the capture's launch call names (ROCm `args.kernel`); NULL when the "
      "capture names none (CUDA traces) and for copies and memsets."),
     ("placed", "BOOLEAN", "Whether the operation was matched to its node of the captured graph."),
@@ -468,14 +477,19 @@ GRAPH_NODES = _t(
      "`order` (the capture names no kernels: kinds and order agree), `name and occurrence (run in another order)` (the "
      "replay ran the graph's nodes in another order, as a graph captured on several streams does: the n-th operation "
      "of a kernel name is the n-th captured launch of it), with `, among N identical graphs` when N "
-     "captured graphs hold the same operations (the replays take them in capture order)."),
+     "captured graphs hold the same operations (the replays take them in capture order); nsys: `graph node id` "
+     "(the node's creation event, found by `graphNodeId` through its clones)."),
     ("reason", "VARCHAR", "Why an operation is unplaced: no captured graph of the replay's length, or the captured "
-     "launch at its position names another kernel."),
-    ("pid", "BIGINT", "Process of the captured launch call (of the copied frames)."),
-    ("tid", "BIGINT", "Thread of the captured launch call."),
-    ("at_ns", "BIGINT", "Start of the captured launch call, on the copied frames' clock: where `launch_context` "
-     "places the operation."),
+     "launch at its position names another kernel; nsys: no creation event for its node, no `graphNodeId`, or a "
+     "whole-graph execution (`--cuda-graph-trace=graph`), whose nodes were not traced."),
+    ("pid", "BIGINT", "Process of the captured launch call (of the copied frames; nsys: of the node's creation)."),
+    ("tid", "BIGINT", "Thread of the captured launch call (nsys: that created the node)."),
+    ("at_ns", "BIGINT", "Start of the captured launch call, on the copied frames' clock (nsys: the node's "
+     "creation event, on the run's own clock): where `launch_context` places the operation."),
     ("external_id", "BIGINT", "The `external_id` given to the kernel: the copied operator that launched its node."),
+    ("capture_call_id", "BIGINT", "nsys: the API call in which its node was created, on that thread "
+     "(`api_calls.call_id`: the captured `cudaLaunchKernel`, `cudaMemcpyAsync`, ...; the outermost where calls "
+     "nest); NULL for a Kineto merge, whose capture's calls are not in the run."),
 )
 
 FINDINGS = _t(

@@ -60,7 +60,8 @@ class FileResult:
     span_ns: int | None = None
     counts: dict[str, int] = field(default_factory=dict)  # rows stored, by table
     warnings: list[str] = field(default_factory=list)
-    capture: str | None = None  # what merging its graph capture did (`merge_captures`), one line
+    capture: str | None = None  # what merging its graph capture did (`merge_captures`), or what the
+    # reader placed from the trace's own graph node events (nsys), one line
     rule_ids: list[str] = field(default_factory=list)  # the per-run rules evaluated on the run
     error: str | None = None
     internal: bool = False
@@ -158,6 +159,8 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
                 res.capture = merge_capture(store, res.run_id, captures)
             elif captures:
                 res.warnings.append("no graph launch with GPU work under it: the capture was not merged")
+            elif res.state != "kept":  # what the reader placed itself (nsys graph node events)
+                res.capture = (_capture_note(store, res.run_id) or {}).get("line")
             if rules is not None:
                 diagnose_runs(store, [res.run_id], rules)
                 res.rule_ids = [r.id for r in rules.rules()]

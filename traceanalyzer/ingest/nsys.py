@@ -35,6 +35,18 @@ Choices a reader of the store should know:
   `--cuda-graph-trace=graph`) hide the graph's kernels. Each becomes one `kernels` row
   named `[CUDA graph <graphId>]` with `graph_id` set and no launch configuration, so
   timeline rules see the GPU busy; a warning says how many there were.
+* Per-node graph tracing (`--cuda-graph-trace=node`) writes each replayed kernel, copy and
+  memset as a row of its own with the replay's `correlationId` (so its launch call is the
+  `cudaGraphLaunch`), the instantiated node's `graphNodeId` (`graph_node_id`) and, from schema
+  3.24, the kernel's `graphId`. Where the export has `CUDA_GRAPH_NODE_EVENTS` (node creations,
+  and the clones `cudaGraphInstantiate` makes, with `originalGraphNodeId`), every operation a
+  graph launch ran gets a `graph_nodes` row: its node followed back through its clones to the
+  event that created it, on the capturing thread inside the captured call (`capture_call_id`),
+  which places it (`at_ns`, `pid`, `tid`) where the run's own NVTX ranges were open at capture, as a merged
+  Kineto capture does. A whole-graph row is unplaced (its nodes were not traced). What was
+  placed is `metadata.graph_capture` (its `line`); the capture's graph trace mode
+  (`CUDA_GRAPH_TRACE_OPTIONS:MODE` in `META_DATA_CAPTURE`: `Graph`, `Node`) is
+  `metadata.cuda_graph_trace`.
 * `devices`: see `nsys_devices` (only devices used by activity rows, when there are any).
 """
 
@@ -74,6 +86,7 @@ MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 GRAPH = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+GRAPH_NODES = "CUDA_GRAPH_NODE_EVENTS"
 NVTX = "NVTX_EVENTS"
 MEMORY = "CUDA_GPU_MEMORY_USAGE_EVENTS"
 META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")
@@ -95,24 +108,29 @@ SOURCES: dict[str, dict[str, tuple[str, pa.DataType]]] = {
              "registers_per_thread": ("registersPerThread", I64),
              "static_shared_mem_bytes": ("staticSharedMemory", I64),
              "dynamic_shared_mem_bytes": ("dynamicSharedMemory", I64),
-             "local_mem_per_thread_bytes": ("localMemoryPerThread", I64), "graph_id": ("graphId", I64)},
+             "local_mem_per_thread_bytes": ("localMemoryPerThread", I64), "graph_id": ("graphId", I64),
+             "graph_node_id": ("graphNodeId", I64)},
     GRAPH: {**GPU_COMMON, "graph_id": ("graphId", I64)},
     MEMCPY: {**GPU_COMMON, "bytes": ("bytes", I64), "copy_kind": ("copyKind", I64),
              "src_kind": ("srcKind", I64), "dst_kind": ("dstKind", I64),
-             "src_device_id": ("srcDeviceId", I64), "dst_device_id": ("dstDeviceId", I64)},
-    MEMSET: {**GPU_COMMON, "bytes": ("bytes", I64), "value": ("value", I64), "mem_kind": ("memKind", I64)},
+             "src_device_id": ("srcDeviceId", I64), "dst_device_id": ("dstDeviceId", I64),
+             "graph_node_id": ("graphNodeId", I64)},
+    MEMSET: {**GPU_COMMON, "bytes": ("bytes", I64), "value": ("value", I64), "mem_kind": ("memKind", I64),
+             "graph_node_id": ("graphNodeId", I64)},
     SYNC: {**GPU_COMMON, "sync_type": ("syncType", I64)},
     NVTX: {"start_ns": ("start", I64), "end_ns": ("end", I64), "event_type": ("eventType", I64),
            "text": ("text", STR), "text_id": ("textId", I64), "global_tid": ("globalTid", I64),
            "domain_id": ("domainId", I64)},
     MEMORY: {"start_ns": ("start", I64), "global_pid": ("globalPid", I64), "device_id": ("deviceId", I64),
              "address": ("address", I64), "bytes": ("bytes", I64), "oper": ("memoryOperationType", I64)},
+    GRAPH_NODES: {"start_ns": ("start", I64), "global_tid": ("globalTid", I64), "node_id": ("graphNodeId", I64),
+                  "original_id": ("originalGraphNodeId", I64)},
 }
 # Past this, a StringIds value could multiply into gigabytes by being named on every row.
 LONG_STRING_BYTES = 64 * 1024
 STRING_ID_COLUMNS = ("demangled_id", "short_id", "mangled_id", "name_id", "text_id")
 # Fetch order: the largest tables first, as the steps below need them.
-FETCH_ORDER = (RUNTIME, KERNEL, MEMCPY, GRAPH, SYNC, MEMSET, NVTX, MEMORY)
+FETCH_ORDER = (RUNTIME, KERNEL, MEMCPY, GRAPH, SYNC, MEMSET, NVTX, MEMORY, GRAPH_NODES)
 # Tables read as a stream of parts and built part by part (when the file has them in start
 # order, as every real export seen so far does): each is never whole in memory, as source
 # or as output. Runtime calls are out of order in real exports, so they are sorted whole;
@@ -166,6 +184,8 @@ class _Reader:
         self.grouped_calls = False
         self.filters: dict[str, str] = {}  # a source table's own WHERE (NVTX: the event types read)
         self.nvtx_domains: dict[tuple[int, int], str] = {}  # (process, domain id) -> name, as created
+        self.graph_ops: list[pa.Table] = []  # GPU rows of graph nodes or whole graphs (see _graph_nodes)
+        self.node_calls: dict[tuple[int, int], int] = {}  # (thread, node creation) -> call_id (_capture_calls)
 
     # -- orchestration -------------------------------------------------------------
     def read(self) -> ParsedTrace:
@@ -187,6 +207,7 @@ class _Reader:
             self._kernels()
             self._copies()
             self._memsets()
+            self._graph_nodes()
             self._syncs()
             self._ranges()
             self._memory_events()
@@ -225,6 +246,12 @@ class _Reader:
         if f.has("TARGET_INFO_SYSTEM_ENV", "name") and f.has("TARGET_INFO_SYSTEM_ENV", "value"):
             hosts = f.rows("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1")
             host = hosts[0][0] if hosts and hosts[0][0] else None
+        if f.has("META_DATA_CAPTURE", "name") and f.has("META_DATA_CAPTURE", "value"):
+            # `Graph` (nsys's default: a replay is one row) or `Node` (--cuda-graph-trace=node).
+            mode = f.rows("SELECT value FROM META_DATA_CAPTURE "
+                          "WHERE name LIKE '%CUDA_GRAPH_TRACE_OPTIONS:MODE' LIMIT 1")
+            if mode and mode[0][0]:
+                self.metadata["cuda_graph_trace"] = mode[0][0]
         if f.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
             epoch = f.rows("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
             self.metadata["session_start_utc_epoch_ns"] = epoch[0][0] if epoch else None
@@ -518,6 +545,33 @@ class _Reader:
                 "tid": pc.bit_wise_and(g.slice(lo, size), 16777215),
                 "start_ns": part("start_ns"), "end_ns": part("end_ns"),
                 "correlation_id": corr.slice(lo, size), "return_value": part("return_value")}))
+        self._capture_calls(g, arrow.take(rest["start_ns"], order), arrow.take(rest["end_ns"], order))
+
+    def _capture_calls(self, global_tid: pa.Array, start: pa.Array, end: pa.Array) -> None:
+        """Per node creation event (`CUDA_GRAPH_NODE_EVENTS` without an original: made while
+        capturing), the call it was made in: on its thread, containing its start, the outermost
+        (a runtime call holds the driver call it makes). Calls by start, as `call_id` counts them."""
+        if not self.f.has(GRAPH_NODES):
+            return
+        ev = self._source(GRAPH_NODES)  # kept for _graph_nodes
+        ev = ev.filter(pc.and_(pc.is_null(ev["original_id"]), pc.is_valid(ev["global_tid"])))
+        if not ev.num_rows:
+            return
+        keep = pc.fill_null(pc.is_in(global_tid, pc.unique(ev["global_tid"])), False)
+        self.duck.register("node_events", ev.select(["global_tid", "start_ns"]))
+        self.duck.register("node_calls", pa.table({
+            "call_id": pc.indices_nonzero(keep), "global_tid": global_tid.filter(keep),
+            "start_ns": start.filter(keep), "end_ns": end.filter(keep)}))
+        try:
+            rows = self.duck.sql("""
+                SELECT e.global_tid, e.start_ns, arg_min(c.call_id, (c.start_ns, c.call_id)) AS call_id
+                FROM (SELECT DISTINCT global_tid, start_ns FROM node_events) e
+                JOIN node_calls c ON c.global_tid = e.global_tid AND e.start_ns BETWEEN c.start_ns AND c.end_ns
+                GROUP BY ALL""").fetchall()
+        finally:
+            self.duck.unregister("node_events")
+            self.duck.unregister("node_calls")
+        self.node_calls = {(g, t): c for g, t, c in rows}
 
     def _link(self, corr: pa.Array, global_pid: pa.Array) -> tuple[pa.Array, pa.Array, pa.DictionaryArray]:
         """For GPU rows (in output order): their API call's call_id, tid and name.
@@ -620,7 +674,10 @@ class _Reader:
         out.update((c, arrow.take(names.pop(c), order)) for c in list(names))
         out.update((c, column(c)) for c in config)
         out.update(correlation_id=corr, pid=pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), tid=tid,
-                   launch_call_id=launch_call_id, graph_id=column("graph_id"))
+                   launch_call_id=launch_call_id, graph_id=column("graph_id"), graph_node_id=column("graph_node_id"))
+        whole = arrow.take(pa.array(np.arange(n) >= nk), order)  # the whole-graph rows
+        self._note_graph_ops("kernel", out["kernel_id"], launch_call_id, out["start_ns"], gpid,
+                             out["graph_node_id"], whole)
         self._store("kernels", pa.table(out))
         return n, n - launch_call_id.null_count
 
@@ -656,8 +713,10 @@ class _Reader:
         kind = col("copy_kind")
         corr, gpid = col("correlation_id"), col("global_pid")
         launch_call_id, tid, api_name = self._link(corr, gpid)
+        ids, node = pa.array(np.arange(first_id, first_id + m.num_rows, dtype=np.int64)), col("graph_node_id")
+        self._note_graph_ops("copy", ids, launch_call_id, col("start_ns"), gpid, node)
         self._store("copies", pa.table({
-            "copy_id": pa.array(np.arange(first_id, first_id + m.num_rows, dtype=np.int64)),
+            "copy_id": ids,
             "device_id": col("device_id"), "context_id": col("context_id"), "stream_id": col("stream_id"),
             "start_ns": col("start_ns"), "end_ns": col("end_ns"),
             "direction": arrow.enum(kind, {k: v[0] for k, v in e.copy_kind.items()}, "unknown"),
@@ -666,7 +725,7 @@ class _Reader:
             "dst_kind": arrow.enum(col("dst_kind"), e.mem_kind, "unknown"),
             "bytes": col("bytes"), "src_device_id": col("src_device_id"), "dst_device_id": col("dst_device_id"),
             "correlation_id": corr, "pid": pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), "tid": tid,
-            "api_name": api_name, "launch_call_id": launch_call_id}))
+            "api_name": api_name, "launch_call_id": launch_call_id, "graph_node_id": node}))
         return m.num_rows, m.num_rows - launch_call_id.null_count
 
     def _sorted(self, table: str) -> tuple[pa.Table, np.ndarray | None]:
@@ -678,14 +737,109 @@ class _Reader:
         col = lambda c: arrow.take(m[c], order)  # noqa: E731
         corr, gpid = col("correlation_id"), col("global_pid")
         launch_call_id, tid, api_name = self._link(corr, gpid)
+        ids, node = pa.array(np.arange(m.num_rows, dtype=np.int64)), col("graph_node_id")
+        self._note_graph_ops("memset", ids, launch_call_id, col("start_ns"), gpid, node)
         self._store("memsets", pa.table({
-            "memset_id": pa.array(np.arange(m.num_rows, dtype=np.int64)),
+            "memset_id": ids,
             "device_id": col("device_id"), "context_id": col("context_id"), "stream_id": col("stream_id"),
             "start_ns": col("start_ns"), "end_ns": col("end_ns"), "bytes": col("bytes"), "value": col("value"),
             "mem_kind": arrow.enum(col("mem_kind"), self.enums.mem_kind, "unknown"),
             "correlation_id": corr, "pid": pc.bit_wise_and(pc.shift_right(gpid, 24), 16777215), "tid": tid,
-            "api_name": api_name, "launch_call_id": launch_call_id}))
+            "api_name": api_name, "launch_call_id": launch_call_id, "graph_node_id": node}))
         self.metadata["memsets_with_api_call"] = m.num_rows - launch_call_id.null_count
+
+    def _note_graph_ops(self, kind: str, ids: pa.Array, launch_call_id: pa.Array, start: pa.Array,
+                        global_pid: pa.Array, node_id: pa.Array, whole: pa.Array | None = None) -> None:
+        """Keep, for `_graph_nodes`, the rows (of one part) a graph ran: those with a graph node
+        id, and whole-graph rows. A few integers a row, and none for a run without graphs."""
+        node_id = arrow.array(node_id)
+        keep = pc.is_valid(node_id) if whole is None else pc.or_(pc.is_valid(node_id), whole)
+        if not pc.any(keep).as_py():
+            return
+        n = len(node_id)
+        self.graph_ops.append(pa.table({
+            "kind": pa.array([kind] * n), "item_id": ids, "launch_call_id": launch_call_id,
+            "start_ns": arrow.array(start), "process": pc.bit_wise_and(arrow.array(global_pid), PROCESS_MASK),
+            "node_id": node_id, "whole": whole if whole is not None else pa.array(np.zeros(n, bool))}).filter(keep))
+
+    def _graph_nodes(self) -> None:
+        """`graph_nodes` from `CUDA_GRAPH_NODE_EVENTS`: per operation a graph launch ran, its
+        node followed back through its clones (`originalGraphNodeId`) to the event that created
+        it, whose thread and start place the operation. Written only where the export has the
+        events (they are what ties a node to its code); `metadata.graph_capture` says what was
+        placed."""
+        events = self._take_source(GRAPH_NODES)
+        if not self.graph_ops or not self.f.has(GRAPH_NODES):
+            self.graph_ops = []
+            return
+        ops = pa.concat_tables(self.graph_ops)
+        self.graph_ops = []
+        # The first event per (process, node) by start: its creation, or the clone that made it.
+        first: dict[tuple[int, int], tuple] = {}
+        proc = pc.bit_wise_and(arrow.array(events["global_tid"]), PROCESS_MASK).to_pylist()
+        for p, node, orig, start, g in sorted(
+                zip(proc, *(events[c].to_pylist() for c in ("node_id", "original_id", "start_ns", "global_tid"))),
+                key=lambda r: (r[3] is None, r[3] or 0)):
+            if p is not None and node is not None:
+                first.setdefault((p, node), (orig, start, g))
+        roots = {"process": [], "node_id": [], "at_ns": [], "global_tid": [], "capture_call_id": []}
+        self.duck.register("graph_ops", ops)
+        nodes = self.duck.sql("SELECT DISTINCT process, node_id FROM graph_ops WHERE node_id IS NOT NULL").fetchall()
+        self.duck.unregister("graph_ops")
+        for p, node in nodes:
+            key, seen = (p, node), set()
+            while key in first and first[key][0] is not None and key not in seen:  # a clone: to its original
+                seen.add(key)
+                key = (p, first[key][0])
+            # the creation: no original, a start, a thread (what places it)
+            if key in first and first[key][0] is None and None not in first[key][1:]:
+                at, g = first[key][1], first[key][2]
+                for c, v in zip(roots, (p, node, at, g, self.node_calls.get((g, at)))):
+                    roots[c].append(v)
+        names = self.call_names.to_pylist()
+        launches = [i for i, x in enumerate(names) if x is not None and "graphlaunch" in x.lower()]
+        call_name = pc.fill_null(self.calls["name"], -1)
+        self.duck.register("graph_ops", ops)
+        self.duck.register("graph_roots", pa.table(roots, schema=pa.schema([(c, pa.int64()) for c in roots])))
+        self.duck.register("graph_calls", pa.table({
+            "call_id": pa.array(np.arange(len(call_name), dtype=np.int64)),
+            "graph_launch": pc.is_in(call_name, pa.array(launches, call_name.type))}))
+        try:
+            rows = self.duck.sql(f"""
+                SELECT o.kind, o.item_id, o.launch_call_id,
+                       CAST(dense_rank() OVER (ORDER BY o.launch_call_id) - 1 AS INTEGER) AS replay,
+                       CAST(row_number() OVER (PARTITION BY o.launch_call_id ORDER BY o.start_ns, o.kind, o.item_id) - 1
+                            AS INTEGER) AS node,
+                       NULL::VARCHAR AS capture_file, NULL::INTEGER AS capture_graph, NULL::VARCHAR AS captured_name,
+                       r.at_ns IS NOT NULL AS placed,
+                       CASE WHEN r.at_ns IS NOT NULL THEN 'graph node id' END AS how,
+                       CASE WHEN r.at_ns IS NOT NULL THEN NULL
+                            WHEN o.whole
+                              THEN 'whole-graph execution (--cuda-graph-trace=graph): its nodes were not traced'
+                            WHEN o.node_id IS NULL THEN 'no graphNodeId'
+                            ELSE 'no creation event for its graph node in {GRAPH_NODES}' END AS reason,
+                       {PID.format(g='r.global_tid')} AS pid, {TID.format(g='r.global_tid')} AS tid, r.at_ns,
+                       NULL::BIGINT AS external_id, r.capture_call_id
+                FROM graph_ops o JOIN graph_calls c ON c.call_id = o.launch_call_id AND c.graph_launch
+                LEFT JOIN graph_roots r ON r.process = o.process AND r.node_id = o.node_id AND NOT o.whole
+                ORDER BY o.launch_call_id, node""").to_arrow_table()
+        finally:
+            for v in ("graph_ops", "graph_roots", "graph_calls"):
+                self.duck.unregister(v)
+        if not rows.num_rows:
+            return
+        self._store("graph_nodes", rows)
+        placed = pc.sum(rows["placed"]).as_py() or 0
+        replays = len(pc.unique(rows["launch_call_id"]))
+        unplaced: dict[str, int] = {}
+        for why in pc.drop_null(rows["reason"]).to_pylist():
+            unplaced[why] = unplaced.get(why, 0) + 1
+        line = (f"graph nodes ({GRAPH_NODES}): {placed}/{rows.num_rows} replayed operations placed "
+                f"({replays} graph launch{'es' if replays != 1 else ''})")
+        if unplaced:
+            line += "; unplaced: " + ", ".join(f"{n} {r}" for r, n in sorted(unplaced.items(), key=lambda x: -x[1]))
+        self.metadata["graph_capture"] = {"source": GRAPH_NODES, "replays": replays, "operations": rows.num_rows,
+                                          "placed": placed, "unplaced": unplaced, "line": line}
 
     def _syncs(self) -> None:
         s, order = self._sorted(SYNC)

@@ -986,7 +986,8 @@ VIEWS: dict[str, tuple[str, str]] = {
         "kernels, copies and memsets it ran (those whose `launch_call_id` is the call), with `graph`, the graph it "
         "replayed: CUPTI's `graph_id` where the trace has it (`g<id>`), else a digest of the operations' kinds and "
         "names in order (`s<hex>`: replays of one graph run the same operations), and, where a capture was merged "
-        "(`graph_nodes`), how many of its operations were placed; `whole_graph` when the replay is one opaque row "
+        "or an nsys export placed its nodes (`graph_nodes`), how many of its operations were placed; `whole_graph` "
+        "when the replay is one opaque row "
         "(nsys `--cuda-graph-trace=graph`). The launch call's time (`call_ns`) is the "
         "host's cost of the replay, once for all its operations.",
         """
