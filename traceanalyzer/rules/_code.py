@@ -178,18 +178,17 @@ def compiled_kernels(store: Store, run_id: str, names: list) -> dict[str, dict]:
     wanted = sorted({n for n in names if isinstance(n, str) and inductor_class(n) is not None})
     if not wanted:
         return {}
-    rows = {r["name"]: r for r in store.sql(COMPILED_SQL, {"run_id": run_id, "names": wanted}).fetchdf()
-            .to_dict("records")} if store.sql(HAS_CPU_OPS_SQL, {"run_id": run_id}).fetchone()[0] else {}
+    rows = {r["name"]: r for r in store.arrow(COMPILED_SQL, {"run_id": run_id, "names": wanted}).to_pylist()} \
+        if store.sql(HAS_CPU_OPS_SQL, {"run_id": run_id}).fetchone()[0] else {}
     out = {}
     for n in wanted:
         c = {"generator": "TorchInductor", "class": inductor_class(n), "fused_ops": inductor_ops(n)}
         r = rows.get(n, {})
         for k in ("kernel_file", "kernel_hash", "kernel_kwargs", "num_warps", "num_stages"):
-            v = r.get(k)
-            if v is not None and v == v:
-                c[k] = int(v) if k in ("num_warps", "num_stages") else v
+            if r.get(k) is not None:
+                c[k] = r[k]
         for k in ("graphs", "regions"):
-            v = [x for x in (r.get(k) if r.get(k) is not None else []) if x is not None]
+            v = [x for x in r.get(k) or [] if x is not None]
             if v:
                 c[k] = v
         out[n] = c
