@@ -82,6 +82,8 @@ def test_summary_and_query(db):
     assert r.stdout.splitlines()[0] == "direction,n"
     r = run("query", "--store", db, "SELECT nonsense FROM nowhere")
     assert r.exit_code == 2 and "error:" in r.stderr
+    r = run("query", "--store", db, "SELECT ['mul', 'silu'] AS ops, []::VARCHAR[] AS none_")
+    assert r.exit_code == 0 and "['mul', 'silu']" in r.stdout and "[]" in r.stdout, r.stdout
 
 
 def test_rules_list_and_explain():

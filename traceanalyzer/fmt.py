@@ -20,6 +20,8 @@ def _missing(x) -> bool:
     """None, NaN, pandas NA/NaT."""
     if x is None:
         return True
+    if isinstance(x, (list, tuple, dict)) or getattr(x, "ndim", 0):  # a list column's value
+        return False
     try:
         return bool(x != x)
     except TypeError:  # pandas.NA refuses bool()
@@ -27,7 +29,9 @@ def _missing(x) -> bool:
 
 
 def text(x, default: str = "-") -> str:
-    return default if _missing(x) or x == "" else str(x)
+    if getattr(x, "ndim", 0):  # a list column's value, as pandas gives it
+        x = list(x)
+    return default if _missing(x) or (isinstance(x, str) and x == "") else str(x)
 
 
 def sig3(x: float) -> str:
