@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from traceanalyzer import ranges
+from traceanalyzer.rules import T001_launch_gaps as T001
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 from traceanalyzer.summary import graph_replays
@@ -194,9 +195,11 @@ def test_the_nsys_export_attributes_as_its_kineto_twin(store, tmp_path):
         twins = []
         for s, r in ((kst, krun), (st, run)):
             run_rules(s, [r], Settings(select=["T001"]))
-            twins.append(s.sql("SELECT rule_id, message, est_loss_ns FROM findings WHERE run_id = ? ORDER BY ALL",
+            twins.append(s.sql("SELECT rule_id, message, est_loss_ns, hint FROM findings WHERE run_id = ? ORDER BY ALL",
                                [r]).fetchall())
         assert twins[0] == twins[1] and [t[0] for t in twins[0]] == ["T001"]
+        # The host is late between replays: the advice is not to capture a graph, which it does.
+        assert "late launch" in twins[0][0][1] and twins[0][0][3] == T001.REPLAYED_LATE_HINT
 
 
 def test_check_says_what_the_reader_placed(tmp_path):

@@ -29,6 +29,13 @@ HINTS = {
                   "dependencies (cudaStreamWaitEvent) and stream priorities.",
     "unknown": "Look at the host timeline in the gaps listed in the evidence.",
 }
+# On a run that already replays CUDA/HIP graphs, "capture the loop in a CUDA graph" is no advice:
+# the host's slowness lies between the replays.
+REPLAYED_LATE_HINT = ("The host submits work too slowly between its graph replays (CPU-bound): capture more "
+                      "of each step in one graph (fewer, larger replays, e.g. full rather than piecewise "
+                      "capture), and take the Python/scheduler work between replays off the launch thread.")
+REPLAYS_SQL = "SELECT EXISTS (SELECT 1 FROM api_calls c JOIN gpu_activity a ON a.run_id = c.run_id " \
+              "AND a.launch_call_id = c.call_id WHERE c.run_id = $run_id AND c.name ILIKE '%graphlaunch%')"
 
 # Where the host stopped waiting in a gap or stretch `g` of the `marks` CTEs, from the launch
 # call of the operation that ends it and that thread's blocking calls (`sh.reach_ns`): the work
@@ -396,6 +403,9 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     if df.empty:
         return df
     evidence = [json.loads(e) for e in df["evidence"]]
+    late = [ev["main_cause"] == "late_launch" for ev in evidence]
+    if any(late) and store.sql(REPLAYS_SQL, {"run_id": run_id}).fetchone()[0]:
+        df = df.assign(hint=[REPLAYED_LATE_HINT if is_late else h for is_late, h in zip(late, df["hint"])])
     gaps = [g for ev in evidence for g in ev["worst"]]
     devices = [device_key(device) for ev, device in zip(evidence, df["device_id"]) for _ in ev["worst"]]
     labels = around_gaps(store, run_id, [{**g, "device_id": d} for g, d in zip(gaps, devices)])
