@@ -98,6 +98,9 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("corpus"))
         elif _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # The corpus group first: pytest-xdist hands out work in this order, and the longest unit
+    # handed out last would leave the other process idle at the end.
+    items.sort(key=lambda item: "real_corpus" not in getattr(item, "fixturenames", ()))
 
 
 def _uses_module_fixture(item) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from traceanalyzer.store import views
 from traceanalyzer.resources import Resources
-from traceanalyzer.rules import _launches
+from traceanalyzer.rules import _launches, engine
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 
@@ -62,6 +62,7 @@ def test_launch_groups_are_computed_once_per_run_in_a_pass_on_two_threads(tmp_pa
         return real(store, run_id)
 
     monkeypatch.setattr(_launches, "_launch_groups", counting)
+    monkeypatch.setattr(engine, "PARALLEL_MIN_GPU_OPS", 0)  # two threads on runs this small too
     with Store(tmp_path / "s.duckdb", resources=Resources(2)) as store:
         run_ids = [store.ingest(FIXTURES / f).run_id for f in ("kineto/bottleneck_gemm.json", "ncu/raw_waves.csv")]
         outcomes = run_rules(store, run_ids, Settings(select=["B001", "B002", "T005"]))
