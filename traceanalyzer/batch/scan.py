@@ -277,7 +277,9 @@ def local_outcomes(files: list[str], jobs: int, ctx: WorkContext,
             clean_exit = not (pending or suspects)
         finally:
             # On an interruption do not wait for running files; their results are not needed,
-            # and a big one may take minutes: its worker is ended.
+            # and a big one may take minutes: its worker is ended. The pool starts workers as
+            # work is submitted, so they are listed again here, before shutdown forgets them.
+            workers = list((pool._processes or {}).values()) or workers
             pool.shutdown(wait=clean_exit, cancel_futures=True)
             if not clean_exit:
                 for p in workers:
