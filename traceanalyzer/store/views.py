@@ -448,17 +448,21 @@ def _warmup_windows(runs: str | None) -> str:
             FROM gpu_activity WHERE {of_run} GROUP BY ALL
         ), device_pids AS (
             SELECT DISTINCT run_id, device_id, pid FROM gpu_activity WHERE {of_run} AND pid IS NOT NULL
-        ), frames AS (
+        ), frames AS NOT MATERIALIZED (  -- (read once, by `named`: a 24 M-range run's frames held whole took 4 GB)
             SELECT run_id, name, pid, tid, start_ns, end_ns FROM ranges
             WHERE {of_run} AND kind IN ('nvtx', 'user_annotation') AND end_ns > start_ns
             UNION ALL
             SELECT run_id, name, pid, tid, start_ns, end_ns FROM cpu_ops WHERE {of_run} AND end_ns > start_ns
             UNION ALL
             SELECT run_id, name, pid, tid, start_ns, end_ns FROM python_functions WHERE {of_run} AND end_ns > start_ns
-        ), frame_names AS (  -- (names matched once each)
+        ), frame_names AS (  -- names matched once each: the window keeps DuckDB from pushing the
+            -- match below the DISTINCT, onto every frame
             SELECT run_id, name, CASE WHEN regexp_matches(name, '{WARMUP_NAME}') THEN 'range named warm-up'
                                       ELSE 'JIT compilation' END AS reason
-            FROM (SELECT DISTINCT run_id, name FROM frames)
+            FROM (SELECT run_id, name, row_number() OVER () AS barrier FROM (
+                      SELECT DISTINCT run_id, name FROM ranges WHERE {of_run} AND kind IN ('nvtx', 'user_annotation')
+                      UNION SELECT DISTINCT run_id, name FROM cpu_ops WHERE {of_run}
+                      UNION SELECT DISTINCT run_id, name FROM python_functions WHERE {of_run}))
             WHERE regexp_matches(name, '{WARMUP_NAME}') OR regexp_matches(name, '{JIT_NAME}')
         ), named AS (
             SELECT row_number() OVER () AS fid, f.*, n.reason,
@@ -475,7 +479,7 @@ def _warmup_windows(runs: str | None) -> str:
             SELECT run_id, name,
                    CASE WHEN regexp_matches(name, '{EARLY_FREE}') THEN name
                         WHEN regexp_matches(name, '(?i)rtc') THEN 'JIT compilation' ELSE 'lazy module loading' END AS reason
-            FROM (SELECT DISTINCT run_id, name FROM api_calls WHERE {of_run})
+            FROM (SELECT run_id, name, row_number() OVER () AS barrier FROM (SELECT DISTINCT run_id, name FROM api_calls WHERE {of_run}))
             WHERE regexp_matches(name, '{EARLY_FREE}') OR regexp_matches(name, '{ONE_TIME_CALL}')
         ), one_time AS (
             SELECT c.run_id, c.pid, c.name, c.start_ns, c.end_ns, n.reason,
@@ -485,8 +489,10 @@ def _warmup_windows(runs: str | None) -> str:
             -- what was launched before)
             SELECT DISTINCT l.run_id, l.device_id, l.pid, l.name_key, l.call_id, l.call_start_ns, l.call_end_ns,
                    l.call_end_ns - l.call_start_ns AS ns
-            FROM kernel_launches l JOIN api_calls c ON c.run_id = l.run_id AND c.call_id = l.call_id
-            WHERE {_qualified(of_run, 'l')} AND l.call_end_ns >= l.call_start_ns AND c.name NOT ILIKE '%graph%'
+            FROM kernel_launches l
+            WHERE {_qualified(of_run, 'l')} AND l.call_end_ns >= l.call_start_ns
+              AND NOT EXISTS (SELECT 1 FROM api_calls c WHERE c.run_id = l.run_id AND c.call_id = l.call_id
+                                                          AND c.name ILIKE '%graph%')
         ), run_launch AS (
             SELECT run_id, median(ns) AS median_ns FROM launches GROUP BY ALL
         ), kernel_launch AS (  -- each kernel's first launch call per process, and its later ones' median
@@ -553,14 +559,15 @@ def _warmup_windows(runs: str | None) -> str:
         """
 
 
-def _warmup_budget(runs: str) -> str:
+def _warmup_budget(runs: str, windows: str | None = None) -> str:
     """The time inside the warm-up windows (`warmup_windows`, merged per device) of the runs
     `runs` selects, by part of the time budget: run_id, device_id, category, cause, ns (parts
-    with time only), as `_step_budget` clips the budget to steps."""
+    with time only), as `_step_budget` clips the budget to steps. `windows` is a query giving
+    those windows (run_id, device_id, start_ns, end_ns) where they are already computed."""
     # Only the operations around the windows are swept: from the last end at or before the
     # first window's start to the first start at or after the last window's end, per device.
     hull = f"""
-        warm_windows AS MATERIALIZED (SELECT run_id, device_id, start_ns, end_ns FROM ({_warmup_windows(runs)})),
+        warm_windows AS MATERIALIZED (SELECT run_id, device_id, start_ns, end_ns FROM ({windows or _warmup_windows(runs)})),
         hull AS (SELECT w.run_id, w.device_id,
                coalesce((SELECT max(a.end_ns) FROM gpu_activity a WHERE a.run_id = w.run_id
                            AND a.device_id IS NOT DISTINCT FROM w.device_id AND a.end_ns <= w.lo), w.lo) AS lo,
@@ -1710,8 +1717,10 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
     return out
 
 
-_WARMUP_WINDOWS = ("SELECT device_id, reason, name, start_ns, end_ns FROM run_warmup_windows($rid) "
-                   "ORDER BY device_id NULLS LAST, start_ns, reason")
+_WARMUP_COLUMNS = "device_id, reason, name, start_ns, end_ns"
+_WARMUP_ORDER = "device_id NULLS LAST, start_ns, reason, end_ns, name"
+_WARMUP_WINDOWS = f"SELECT {_WARMUP_COLUMNS} FROM run_warmup_windows($rid) ORDER BY {_WARMUP_ORDER}"
+_KEPT_WINDOWS = "SELECT $rid AS run_id, device_id, start_ns, end_ns FROM {table}"
 _WARMUP_BUDGET = "SELECT device_id, category, cause, ns FROM run_warmup_budget($rid) ORDER BY ALL"
 
 
@@ -1725,16 +1734,21 @@ def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *,
     windows: list[dict] = []
     parts: list[dict] = []
     for run_id in run_ids:
-        kept = _kept_version(con, run_id) == CACHE_VERSION
-
-        def rows(name: str, sql: str) -> list[dict]:
-            compute = functools.partial(con.sql, sql, params={"rid": run_id})
-            return _kept_result(con, run_id, name, sql, compute, write) if kept else _rows(con, sql, {"rid": run_id})
-
-        mine = rows("warmup_windows", _WARMUP_WINDOWS)
+        if _kept_version(con, run_id) == CACHE_VERSION:
+            # the kept cache has the windows (RUN_CACHED): computing them again reads every
+            # range, call and launch of the run (5 M kernels, 24 M ranges: ~7 s, 4.6 GB)
+            table = f'"{_kept_prefix(run_id)}warmup_windows"'
+            mine = _rows(con, f"SELECT {_WARMUP_COLUMNS} FROM {table} ORDER BY {_WARMUP_ORDER}")
+            sql = (f"SELECT device_id, category, cause, ns FROM ({_warmup_budget('run_id = $rid', _KEPT_WINDOWS)}) "
+                   "ORDER BY ALL").replace("{table}", table)
+            budget = functools.partial(_kept_result, con, run_id, "warmup_budget", sql,
+                                       functools.partial(con.sql, sql, params={"rid": run_id}), write)
+        else:
+            mine = _rows(con, _WARMUP_WINDOWS, {"rid": run_id})
+            budget = functools.partial(_rows, con, _WARMUP_BUDGET, {"rid": run_id})
         windows += [{"run_id": run_id, **r} for r in mine]
         if mine:
-            parts += [{"run_id": run_id, **r} for r in rows("warmup_budget", _WARMUP_BUDGET)]
+            parts += [{"run_id": run_id, **r} for r in budget()]
     return windows, parts
 
 
