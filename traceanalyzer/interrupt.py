@@ -11,7 +11,7 @@ So, while `watching()`: SIGINT is noted here the moment it comes (Python writes 
 number to a pipe from its C-level handler, `signal.set_wakeup_fd`, and a thread reading that
 pipe notes it), and that thread interrupts every DuckDB connection made by
 `resources.connect_duckdb` or `Store.cursor` (`interruptible`), which DuckDB honours within
-a chunk of work. The places that take an error for a file's or a rule's ask
+a chunk of work, and again every REPEAT_S until the block ends. The places that take an error for a file's or a rule's ask
 `stop_if_interrupted()` first.
 """
 
@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
 import weakref
 from typing import Any, Iterator
 
+REPEAT_S = 0.1
 _hit = threading.Event()
 _lock = threading.Lock()
 _connections: weakref.WeakSet = weakref.WeakSet()  # DuckDB connections to interrupt on SIGINT
@@ -82,6 +84,12 @@ class _Watcher:
 
     def _run(self) -> None:
         while True:
+            # After SIGINT, DuckDB is interrupted again every REPEAT_S until the block ends: a
+            # query started just after the signal (between a check and its execute) would
+            # otherwise run to its end.
+            if _hit.is_set() and not select.select([self.r], [], [], REPEAT_S)[0]:
+                _interrupt_connections()
+                continue
             data = os.read(self.r, 64)
             if self.stopping or not data:
                 return

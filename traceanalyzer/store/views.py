@@ -456,10 +456,10 @@ def _warmup_windows(runs: str | None) -> str:
             UNION ALL
             SELECT run_id, name, pid, tid, start_ns, end_ns FROM python_functions WHERE {of_run} AND end_ns > start_ns
         ), frame_names AS (  -- names matched once each: the window keeps DuckDB from pushing the
-            -- match below the DISTINCT, onto every frame
+            -- match below the DISTINCT, onto every frame (a filter on the run, its partition, goes through)
             SELECT run_id, name, CASE WHEN regexp_matches(name, '{WARMUP_NAME}') THEN 'range named warm-up'
                                       ELSE 'JIT compilation' END AS reason
-            FROM (SELECT run_id, name, row_number() OVER () AS barrier FROM (
+            FROM (SELECT run_id, name, row_number() OVER (PARTITION BY run_id) AS barrier FROM (
                       SELECT DISTINCT run_id, name FROM ranges WHERE {of_run} AND kind IN ('nvtx', 'user_annotation')
                       UNION SELECT DISTINCT run_id, name FROM cpu_ops WHERE {of_run}
                       UNION SELECT DISTINCT run_id, name FROM python_functions WHERE {of_run}))
@@ -479,7 +479,7 @@ def _warmup_windows(runs: str | None) -> str:
             SELECT run_id, name,
                    CASE WHEN regexp_matches(name, '{EARLY_FREE}') THEN name
                         WHEN regexp_matches(name, '(?i)rtc') THEN 'JIT compilation' ELSE 'lazy module loading' END AS reason
-            FROM (SELECT run_id, name, row_number() OVER () AS barrier FROM (SELECT DISTINCT run_id, name FROM api_calls WHERE {of_run}))
+            FROM (SELECT run_id, name, row_number() OVER (PARTITION BY run_id) AS barrier FROM (SELECT DISTINCT run_id, name FROM api_calls WHERE {of_run}))
             WHERE regexp_matches(name, '{EARLY_FREE}') OR regexp_matches(name, '{ONE_TIME_CALL}')
         ), one_time AS (
             SELECT c.run_id, c.pid, c.name, c.start_ns, c.end_ns, n.reason,
@@ -1299,8 +1299,7 @@ TABLE_MACROS: dict[str, str] = {
     "runs_time_budget": f"(rids) AS TABLE {_time_budget('list_contains(rids, run_id)')}",
     "run_step_budget": f"(rid) AS TABLE {_step_budget('run_id = rid')}",
     "run_warmup_windows": f"(rid) AS TABLE {_warmup_windows('run_id = rid')}",
-    "run_warmup_budget": f"(rid) AS TABLE {_warmup_budget('run_id = rid')}",
-    "runs_warmup_budget": f"(rids) AS TABLE {_warmup_budget('list_contains(rids, run_id)')}",
+    "run_warmup_budget": f"(rid) AS TABLE {_warmup_budget('run_id = rid', 'SELECT rid AS run_id, * FROM run_warmup_windows(rid)')}",
     "run_host_frames": f"(rid) AS TABLE {host_frames_sql('run_id = rid')}",
     "run_frame_steps": f"(rid) AS TABLE {frame_steps_sql('run_host_frames(rid)')}",
     "run_launch_context": f"(rid) AS TABLE {launch_context_sql('run_id = rid')}",
@@ -1321,7 +1320,6 @@ TABLE_MACRO_DOCS: dict[str, str] = {
     "run_warmup_budget": "One run's time inside its warm-up windows (`warmup_windows`, merged per device), by part of "
                          "the time budget: `run_id`, `device_id`, `category`, `cause`, `ns` (parts with time only). "
                          "The budget's parts less these are the steady state's.",
-    "runs_warmup_budget": "`run_warmup_budget` of the runs listed: `runs_warmup_budget(['<id>', ...])`.",
     "run_host_frames": "`host_frames` of one run, computed from its rows only: `run_host_frames('<run id>')`.",
     "run_frame_steps": "`frame_steps` of one run: `run_frame_steps('<run id>')`.",
     "run_launch_context": "`launch_context` of one run: `run_launch_context('<run id>')`.",
