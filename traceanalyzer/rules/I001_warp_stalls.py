@@ -1,8 +1,13 @@
 """I001 warp-stall profile: which stall reason dominates a kernel's warp cycles (ncu data)."""
 
+from typing import Annotated, Optional
+
+import msgspec
+
 from ._code import named
 from ._ncu import linked
 from .base import UPPER_BOUND, Rule, Threshold
+from .evidence import NcuEvidence, doc
 
 # What each stall reason means and what to try, from NVIDIA's CPIStall rule texts
 # (formats.md 3.2). `selected` is the issuing state, not a stall, and is left out.
@@ -119,8 +124,21 @@ WHERE share >= $min_dominant_share
 ORDER BY est_loss_ns DESC NULLS LAST, name
 """.replace("__REASONS__", _values_sql(REASONS)).replace("__PHRASES__", _values_sql(PHRASES))
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class I001Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+    reason: Annotated[str, doc("the dominant stall reason")]
+    launches: Annotated[int, doc("launches")]
+    issue_active: Annotated[Optional[float], doc("share of cycles with an instruction issued")]
+    metric_family: Annotated[Optional[int], doc("which stall metric family was read")]
+    source: Annotated[str, doc("where the stall shares come from (metrics or NVIDIA's rule)")]
+    nvidia_speedup_pct: Annotated[Optional[float], doc("NVIDIA's own estimated speedup, %")]
+    profile: Annotated[dict[str, float], doc("share of stall cycles per reason")]
+
+
 RULE = linked(Rule(
     id="I001",
+    evidence=I001Evidence,
     name="warp-stalls",
     title="Dominant warp-stall reason",
     phase="instruction",

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from .base import PHASES, FINDING_COLUMNS, Rule, RuleOutcome, Threshold
 
-_NOT_RULES = {"base", "engine", "config", "docs"}
+_NOT_RULES = {"base", "engine", "config", "docs", "evidence"}
 
 
 @lru_cache(maxsize=1)
