@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import msgspec
 import numpy as np
 
 from ..devices import gpu
@@ -15,7 +14,7 @@ from ._ncu import (DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memo
                    device_peaks, keep_hot, kernel_finding, linked, ncu_launches, per_kernel)
 from ._op_cost import DTYPES, FAMILIES, FORMULAS, op_cost
 from .base import UPPER_BOUND, Rule, Threshold
-from .evidence import NcuEvidence, doc
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -489,11 +488,10 @@ _APPLIES = f"SELECT ({_NCU_APPLIES.strip()}) OR ({_SHAPES_APPLIES.strip()})"
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class B003Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+class B003Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     bound: Annotated[str, doc("what the kernel is bound by (memory, compute, balanced, latency)")]
     compute_pct: Annotated[float, doc("compute throughput, % of peak")]
     dram_bytes: Annotated[Optional[float], doc("bytes moved to and from DRAM")]
-    duration_ns: Annotated[float, doc("kernel time (all launches)")]
     estimate: Annotated[bool, doc("whether (or how) the figures are estimated rather than measured")]
     flops: Annotated[Optional[float], doc("floating-point operations")]
     intensity: Annotated[Optional[float], doc("arithmetic intensity, FLOPs per DRAM byte")]
@@ -534,6 +532,7 @@ class B003Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
 RULE = linked(Rule(
     id="B003",
     evidence=B003Evidence,
+    analysis=kernel_roofline,
     name="roofline",
     title="Roofline: memory-, compute- or latency-bound, and the share of the roof reached",
     phase="bottleneck",

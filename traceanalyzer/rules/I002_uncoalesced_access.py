@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import msgspec
 import numpy as np
 
 from ..fmt import kernel_label, ns, num, pct
@@ -13,7 +12,7 @@ from ._code import name_launchers
 from ._ncu import (DURATION, MEM_SOL, as_int, col, kernel_finding, linked, ncu_launches, per_kernel,
                    sector_use_from_messages, sector_use_metric)
 from .base import UPPER_BOUND, Rule, Threshold
-from .evidence import NcuEvidence, doc
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -178,9 +177,8 @@ SELECT (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS 
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class I002Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+class I002Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     bytes_used_per_sector_pct: Annotated[Optional[float], doc("bytes used of each 32-byte sector fetched, %")]
-    duration_ns: Annotated[float, doc("kernel time (all launches)")]
     estimated_gain_share: Annotated[Optional[float], doc("estimated share of the kernel's time saved by coalescing")]
     excess_sectors: Annotated[Optional[float], doc("sectors fetched beyond the ideal")]
     excess_share: Annotated[float, doc("share of sectors fetched beyond the ideal")]

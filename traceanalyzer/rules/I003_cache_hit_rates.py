@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import msgspec
 import numpy as np
 
 from ..fmt import kernel_label, nbytes, pct
 from ._code import name_launchers
 from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, linked, ncu_launches, per_kernel
 from .base import Rule, Threshold
-from .evidence import NcuEvidence, doc
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -83,12 +82,11 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class I003Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+class I003Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     cache: Annotated[str, doc("the cache with the low hit rate (L1 or L2)")]
     cold_cache_caveat: Annotated[str, doc("why a low hit rate may come from ncu's cache flushing between replays")]
     dram_bytes: Annotated[float, doc("bytes moved to and from DRAM")]
     dram_share: Annotated[float, doc("share of the kernel's memory traffic that went to DRAM")]
-    duration_ns: Annotated[Optional[float], doc("kernel time (all launches)")]
     hit_rate_pct: Annotated[float, doc("the cache's hit rate, %")]
     l1_hit_pct: Annotated[float, doc("L1 hit rate, %")]
     l2_hit_pct: Annotated[float, doc("L2 hit rate, %")]

@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import msgspec
-
 from ..fmt import kernel_label, ns, num, pct
 from ._code import name_launchers
 from ._ncu import (DURATION, as_int, col, kernel_finding, linked, metrics_exist, ncu_launches, per_kernel,
                    rule_results_exist)
 from .base import UPPER_BOUND, Rule, Threshold
-from .evidence import NcuEvidence, doc
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -119,11 +117,10 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class I004Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+class I004Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     average_ways: Annotated[float, doc("average ways of a bank conflict (wavefronts per request)")]
     bank_conflicts: Annotated[float, doc("shared-memory bank conflicts counted")]
     conflict_share: Annotated[float, doc("share of shared-memory wavefronts that are bank conflicts")]
-    duration_ns: Annotated[float, doc("kernel time (all launches)")]
     l1tex_throughput_pct: Annotated[Optional[float], doc("L1TEX throughput, % of peak")]
     launches: Annotated[int, doc("launches")]
     op: Annotated[str, doc("the operator")]

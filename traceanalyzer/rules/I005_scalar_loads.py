@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import msgspec
 import numpy as np
 
 from ..fmt import kernel_label, num, pct
@@ -12,7 +11,7 @@ from ._code import name_launchers
 from ._ncu import (DURATION, MEM_SOL, col, fill_missing, kernel_finding, linked, metrics_exist, ncu_launches,
                    per_kernel, rule_results_exist, sector_use_from_messages, sector_use_metric)
 from .base import Rule, Threshold
-from .evidence import NcuEvidence, doc
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -130,12 +129,11 @@ _INST = [m for op in OPS for k in ("inst", "requests") for m in _ids(op)[k]]
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class I005Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+class I005Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     access_width_known: Annotated[bool, doc("whether the access width per instruction was measured (else assumed)")]
     bytes_per_thread: Annotated[float, doc("bytes each thread loads per instruction")]
     data_bytes: Annotated[float, doc("bytes loaded")]
     data_from: Annotated[str, doc("the metric the bytes come from")]
-    duration_ns: Annotated[float, doc("kernel time (all launches)")]
     instruction_share: Annotated[Optional[float], doc("share of load instructions that are scalar")]
     instructions: Annotated[float, doc("load instructions executed")]
     instructions_from: Annotated[str, doc("the metric the instructions come from")]

@@ -88,11 +88,11 @@ class M003HolderCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class M003Holder(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     allocations: Annotated[int, doc("allocations counted")]
     bytes: Annotated[int, doc("bytes")]
-    calls: Annotated[list[M003HolderCall], doc("calls counted")]
+    calls: Annotated[list[M003HolderCall], doc("the calls that allocated most of it")]
     share: Annotated[float, doc("share of the total")]
     site: Annotated[str, doc("the allocation site (user code)")]
     user_frames: Annotated[list[str], doc("the user code's stack frames")]
-    via: Annotated[str, doc("the library call the user code made")]
+    via: Annotated[Optional[str], doc("the library call the user code made")]
 
 
 class M003RequestedBy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -103,12 +103,13 @@ class M003RequestedBy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class M003Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    cause: Annotated[str, doc("why the request failed: `fragmentation`, `device` (CUDA had no memory) or `full`")]
     allocated_bytes: Annotated[int, doc("bytes allocated to live tensors")]
     before_history_bytes: Annotated[int, doc("bytes allocated before the recorded history began")]
-    device_free_bytes: Annotated[int, doc("device memory free at the failure")]
+    device_free_bytes: Annotated[Optional[int], doc("device memory free at the failure, as CUDA reported it")]
     holders: Annotated[list[M003Holder], doc("who held the memory at the failure, largest first")]
     ooms: Annotated[int, doc("out-of-memory events")]
-    requested_by: Annotated[M003RequestedBy, doc("the code that made the failed request")]
+    requested_by: Annotated[Optional[M003RequestedBy], doc("the code that made the failed request")]
     requested_bytes: Annotated[int, doc("the failed request's bytes")]
     reserved_bytes: Annotated[int, doc("bytes reserved by the allocator")]
     reserved_unallocated_bytes: Annotated[int, doc("bytes reserved but not allocated")]

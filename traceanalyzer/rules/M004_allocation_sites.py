@@ -3,7 +3,7 @@ allocated memory peaked in a memory snapshot's history."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import msgspec
 
@@ -60,11 +60,11 @@ class M004SiteCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class M004Site(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     allocations: Annotated[int, doc("allocations counted")]
     bytes: Annotated[int, doc("bytes")]
-    calls: Annotated[list[M004SiteCall], doc("calls counted")]
+    calls: Annotated[list[M004SiteCall], doc("the calls that allocated most of it")]
     share: Annotated[float, doc("share of the total")]
     site: Annotated[str, doc("the allocation site (user code)")]
     user_frames: Annotated[list[str], doc("the user code's stack frames")]
-    via: Annotated[str, doc("the library call the user code made")]
+    via: Annotated[Optional[str], doc("the library call the user code made")]
 
 
 class M004Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):

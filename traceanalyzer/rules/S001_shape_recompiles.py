@@ -2,11 +2,9 @@
 
 from typing import Annotated
 
-import msgspec
-
 from ..store.views import host_until, issued_at
 from .base import Rule, Threshold, pair_key
-from .evidence import Evidence, doc
+from .evidence import Evidence, TimeRange, doc
 
 # Host-side calls that load or JIT-compile GPU code before a launch (CUDA driver/runtime, HIP).
 LOAD_CALLS = ("cuModuleLoad", "cuLibraryLoad", "cuModuleGetFunction", "cuLibraryGetKernel", "cuLink",
@@ -214,15 +212,13 @@ SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, end_ns AS busy_star
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class S001Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class S001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
     shape: Annotated[str, doc("input shapes")]
     calls: Annotated[int, doc("calls counted")]
     first_ns: Annotated[int, doc("time of the shape's first call")]
     later_median_ns: Annotated[float, doc("median time of the shape's later calls")]
     excess_ns: Annotated[float, doc("time beyond the shortest possible")]
     item_id: Annotated[int, doc("id of the operation")]
-    start_ns: Annotated[int, doc("start, trace clock")]
-    end_ns: Annotated[int, doc("end, trace clock")]
 
 
 class S001Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):

@@ -2,13 +2,11 @@
 
 from typing import Annotated
 
-import msgspec
-
 from ..kernel_library import INDUCTOR_MEMORY_BOUND
 from ..store.views import compiled_places
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from .base import Rule, Threshold
-from .evidence import Evidence, Place, doc
+from .evidence import Place, PlacedEvidence, StreamRange, doc
 
 # Kernel names of element-wise, cast, normalisation and activation work (PyTorch's
 # elementwise/vectorized/unrolled kernels and functors, copies, norms, softmax). TorchInductor's
@@ -291,10 +289,8 @@ SQL = (SQL.replace("__PLACE__", majority_window("SELECT device_id, n, sig_a, sig
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class S002Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class S002Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
     stream_id: Annotated[int, doc("stream")]
-    start_ns: Annotated[int, doc("start, trace clock")]
-    end_ns: Annotated[int, doc("end, trace clock")]
     kernel_ids: Annotated[list[int], doc("ids of the chain's kernels")]
     gap_ns: Annotated[int, doc("time between the kernels")]
     kernel_ns: Annotated[int, doc("kernel time")]
@@ -302,7 +298,7 @@ class S002Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     saving_ns: Annotated[float, doc("estimated time fusing saves")]
 
 
-class S002Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+class S002Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
     chains: Annotated[int, doc("unfused chains of this shape found")]
     kernels_per_chain: Annotated[int, doc("kernels in each chain")]
     kernels: Annotated[int, doc("kernels counted")]

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import msgspec
-
 from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks, steady_start, warmup_merged
 from ._code import around_gaps, device_key, phrase
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
-from .evidence import Evidence, Place, doc
+from .evidence import Place, PlacedEvidence, TimeRange, doc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -430,9 +428,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class T001Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    start_ns: Annotated[int, doc("start, trace clock")]
-    end_ns: Annotated[int, doc("end, trace clock")]
+class T001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
     gap_ns: Annotated[int, doc("time between the kernels")]
     cause: Annotated[str, doc("the gap's cause (late_launch, dependency, sync, copy, unknown)")]
     before: Annotated[Optional[str], doc("name of the operation before the gap")] = None
@@ -442,7 +438,8 @@ class T001Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     around: Annotated[Optional[str], doc("the code (operator or range) around most of the gaps' time")]
 
 
-class T001Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+class T001Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
+    warmup_ns: Annotated[int, doc("gap time inside warm-up windows, left out of the totals")]
     count: Annotated[int, doc("gaps counted")]
     total_ns: Annotated[int, doc("total time")]
     total_of: Annotated[str, doc("what total_ns is the time of")]

@@ -2,13 +2,11 @@
 
 from typing import Annotated, Optional
 
-import msgspec
-
 from ..store.views import covered_ns
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
-from .evidence import Evidence, Place, doc
+from .evidence import PlacedEvidence, StreamRange, doc
 
 # Only copies a kernel can overlap are probed, and only their devices' kernel intervals read
 # (an ASOF join sorts its right side even for no probes).
@@ -141,18 +139,16 @@ SQL = (SQL.replace("__COVERED__", COVERED)
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class T002Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class T002Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
     copy_id: Annotated[int, doc("id of the copy")]
     stream_id: Annotated[int, doc("stream")]
-    start_ns: Annotated[int, doc("start, trace clock")]
-    end_ns: Annotated[int, doc("end, trace clock")]
     bytes: Annotated[int, doc("bytes")]
     exposed_ns: Annotated[int, doc("time with nothing running beside it")]
     src_kind: Annotated[str, doc("the source memory kind (pageable, pinned, device)")]
     api_name: Annotated[Optional[str], doc("the CUDA API call that issued the copy")]
 
 
-class T002Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+class T002Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
     copies: Annotated[Optional[int], doc("copies counted")] = None
     exposed_copies: Annotated[Optional[int], doc("copies with no kernel running beside them")] = None
     copy_ns: Annotated[Optional[int], doc("time of the copies")] = None
@@ -164,7 +160,6 @@ class T002Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     sync_exposed_ns: Annotated[Optional[int], doc("exposed time of synchronous copies")] = None
     device_active_span_ns: Annotated[Optional[int], doc("time from the device's first to its last activity")] = None
     kernel_ns: Annotated[Optional[int], doc("kernel time")] = None
-    place: Annotated[Optional[Place], doc("where most of the intervals lie")] = None
     worst: Annotated[Optional[list[T002Example]], doc("the copies with the most exposed time")] = None
     migrations: Annotated[Optional[int], doc("unified-memory migrations")] = None
     migration_ns: Annotated[Optional[int], doc("time of unified-memory migrations")] = None

@@ -2,12 +2,10 @@
 
 from typing import Annotated, Optional
 
-import msgspec
-
 from ..store.views import host_until, issued_at, next_busy_candidates, steady_start, warmup_merged
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
-from .evidence import Evidence, doc
+from .evidence import Evidence, TimeRange, doc
 
 # Blocking host calls come from two places: API calls known to wait for the GPU (sync
 # calls by name; copies and memsets made through non-Async calls) and sync records with no
@@ -156,17 +154,16 @@ SQL = SQL.replace("__STEADY_START__", steady_start("n.end_ns", "n.busy_start"))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class T003Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class T003Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
     call_id: Annotated[Optional[int], doc("id of the blocking call")]
     sync_id: Annotated[Optional[int], doc("id of the synchronizing call")]
-    start_ns: Annotated[int, doc("start, trace clock")]
-    end_ns: Annotated[int, doc("end, trace clock")]
     blocked_ns: Annotated[int, doc("time the host thread was blocked in the call")]
     idle_after_ns: Annotated[int, doc("GPU idle time after the call")]
     next_gpu_start_ns: Annotated[Optional[int], doc("when the GPU next started work")]
 
 
 class T003Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    warmup_ns: Annotated[int, doc("blocked time inside warm-up windows, left out of the totals")]
     calls: Annotated[int, doc("calls counted")]
     kind: Annotated[str, doc("the kind of synchronizing call")]
     pid: Annotated[Optional[int], doc("host process")]

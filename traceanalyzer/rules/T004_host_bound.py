@@ -8,7 +8,7 @@ from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks,
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
-from .evidence import Evidence, Place, doc
+from .evidence import Place, PlacedEvidence, TimeRange, doc
 
 # The stretches are the gaps in the union of GPU work over all devices (views.run_idle_gaps:
 # idle on every GPU, computed once per run and kept with a big run's cache). Of each, only its
@@ -228,9 +228,7 @@ class T004TopActivity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ns: Annotated[int, doc("time")]
 
 
-class T004Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    start_ns: Annotated[int, doc("start, trace clock")]
-    end_ns: Annotated[int, doc("end, trace clock")]
+class T004Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
     host_ns: Annotated[int, doc("host time in the stretch")]
     gpu_idle_ns: Annotated[int, doc("GPU idle time")]
     host_busy_share: Annotated[float, doc("share of the stretch the host thread was busy")]
@@ -239,7 +237,8 @@ class T004Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     main_id: Annotated[int, doc("id of that activity")]
 
 
-class T004Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+class T004Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
+    warmup_ns: Annotated[int, doc("idle time inside warm-up windows, left out of the totals")]
     stretches: Annotated[int, doc("idle stretches")]
     total_ns: Annotated[int, doc("total time")]
     median_ns: Annotated[float, doc("median interval")]

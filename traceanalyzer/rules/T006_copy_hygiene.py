@@ -3,13 +3,11 @@ device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
 from typing import Annotated, Optional
 
-import msgspec
-
 from ..store.views import host_until, issued_at, next_busy_candidates
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold, pair_key
-from .evidence import Evidence, Place, doc
+from .evidence import PlacedEvidence, StreamRange, doc
 
 SQL = r"""
 WITH cp AS NOT MATERIALIZED (  -- each part reads only the columns it needs (5 M kernels: 0.37 -> 0.32 s)
@@ -205,13 +203,13 @@ SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descendi
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class T006Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class T006Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
     copy_id: Annotated[int, doc("id of the copy")]
-    start_ns: Annotated[Optional[int], doc("start, trace clock")] = None
-    end_ns: Annotated[Optional[int], doc("end, trace clock")] = None
+    start_ns: Annotated[Optional[int], doc("start, trace clock, where the example has a time range")] = None
+    end_ns: Annotated[Optional[int], doc("end, trace clock, where the example has a time range")] = None
     bytes: Annotated[int, doc("bytes")]
     stream_id: Annotated[Optional[int], doc("stream")] = None
-    call: Annotated[Optional[str], doc("the call (user frame) that allocated")] = None
+    call: Annotated[Optional[str], doc("the host call that issued the copy")] = None
     how: Annotated[Optional[str], doc("how the copy blocked the host")] = None
     sync_call: Annotated[Optional[str], doc("the synchronizing call after the copy")] = None
     call_start_ns: Annotated[Optional[int], doc("when the copy's call started")] = None
@@ -221,7 +219,8 @@ class T006Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     api_name: Annotated[Optional[str], doc("the CUDA API call that issued the copy")] = None
 
 
-class T006Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+class T006Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
+    steps: Annotated[Optional[int], doc("steps with copies (the diagnosis sets the steady steps where it spreads a loss)")] = None
     copies: Annotated[int, doc("copies counted")]
     direction: Annotated[Optional[str], doc("copy direction (HtoD, DtoH, DtoD, ...)")] = None
     bytes: Annotated[int, doc("bytes")]
@@ -236,8 +235,7 @@ class T006Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     copies_in_steps: Annotated[Optional[int], doc("copies inside steps")] = None
     steps_with_copies: Annotated[Optional[int], doc("steps with at least one copy")] = None
     max_per_step: Annotated[Optional[int], doc("most copies in one step")] = None
-    how: Annotated[Optional[dict[str, int]], doc("how the copy blocked the host")] = None
-    place: Annotated[Optional[Place], doc("where most of the intervals lie")] = None
+    how: Annotated[Optional[dict[str, int]], doc("copies per way they blocked the host")] = None
     async_calls: Annotated[Optional[int], doc("copies issued with an async call")] = None
     extra_ns: Annotated[Optional[int], doc("time pageable copies took beyond pinned ones' rate")] = None
 

@@ -8,7 +8,7 @@ import msgspec
 from ..store.views import COMM_PATTERN, covered_ns, islands
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
-from .evidence import Evidence, doc
+from .evidence import Evidence, StreamRange, doc
 
 SQL = r"""
 WITH comm_keys AS (  -- the pattern is matched once per distinct name (views.kernel_names), not per launch
@@ -93,12 +93,10 @@ class T007KernelExposure(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     exposed_ns: Annotated[int, doc("time with nothing running beside it")]
 
 
-class T007Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class T007Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
     kernel_id: Annotated[int, doc("id of the kernel")]
     kernel: Annotated[str, doc("kernel name")]
     stream_id: Annotated[int, doc("stream")]
-    start_ns: Annotated[int, doc("start, trace clock")]
-    end_ns: Annotated[int, doc("end, trace clock")]
     exposed_ns: Annotated[int, doc("time with nothing running beside it")]
 
 

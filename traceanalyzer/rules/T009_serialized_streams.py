@@ -11,7 +11,7 @@ from ..fmt import ns as fmt_ns, pct
 from ..store.views import COMM_PATTERN, islands
 from . import _unknown
 from .base import Rule, Threshold
-from .evidence import Evidence, doc
+from .evidence import Evidence, StreamRange, doc
 
 if TYPE_CHECKING:
     import numpy as np
@@ -304,12 +304,10 @@ class T009Stream(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream_id: Annotated[int, doc("stream")]
 
 
-class T009Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    end_ns: Annotated[int, doc("end, trace clock")]
+class T009Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
     hideable_ns: Annotated[int, doc("time that could overlap with other streams")]
     item_id: Annotated[int, doc("id of the operation")]
     kind: Annotated[str, doc("the operation's kind (kernel, memcpy, ...)")]
-    start_ns: Annotated[int, doc("start, trace clock")]
     stream_id: Annotated[int, doc("stream")]
 
 

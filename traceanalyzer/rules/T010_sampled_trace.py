@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-import msgspec
-
 from . import _unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, doc
@@ -56,6 +54,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
 class T010Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    cause: Annotated[str, doc("`unknown`: the idle causes of the run cannot be told")]
+    missing: Annotated[list[str], doc("what the trace lacks, and how to record it")]
     cpu_ops: Annotated[int, doc("host operators in the trace")]
     gpu_ops: Annotated[int, doc("GPU operations in the trace")]
     launched_ops: Annotated[int, doc("host operators that launched GPU work")]

@@ -41,4 +41,26 @@ def get_rule(ref: str) -> Rule:
     raise KeyError(ref)
 
 
-__all__ = ["all_rules", "get_rule", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]
+def evidence_of(rule_id: str, evidence):
+    """A finding's evidence (the stored JSON text, or that text decoded to a dict) as its rule's
+    type (`Rule.evidence`, rules/evidence.py); None where there is none or the rule is not known
+    to this version. Raises msgspec.ValidationError where it does not fit the type: a key the
+    rule writes and its type does not declare is an error, not a blank in a report."""
+    import msgspec
+
+    from .evidence import decode
+
+    if evidence is None or evidence == "":
+        return None
+    try:
+        kind = get_rule(rule_id).evidence
+    except KeyError:
+        return None
+    if kind is None:
+        return None
+    if isinstance(evidence, (str, bytes)):
+        return decode(evidence, kind)
+    return msgspec.convert(evidence, type=kind)
+
+
+__all__ = ["all_rules", "get_rule", "evidence_of", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]

@@ -37,11 +37,19 @@ class Evidence(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     steps: Annotated[Optional[int], doc("steady steps the loss is spread over")] = None
 
 
-class TimeRange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """An example with a time range: reports draw it on the timeline and zoom to it."""
+class TimeRange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """An example with a time range: reports draw it on the timeline and zoom to it
+    (`ranges_in`). omit_defaults: written back out (a Chrome trace's arguments), an example
+    leaves out the keys its rule did not write."""
 
     start_ns: Annotated[int, doc("start, trace clock")]
     end_ns: Annotated[int, doc("end, trace clock")]
+
+
+class StreamRange(TimeRange, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """An example with a time range on one stream: drawn on that stream's track."""
+
+    stream_id: Annotated[Optional[int], doc("the stream")] = None
 
 
 class Place(TimeRange, kw_only=True, forbid_unknown_fields=True):
@@ -69,6 +77,12 @@ class Compiled(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     regions: Annotated[Optional[list[str]], doc("the compiled regions it ran in")] = None
 
 
+class PlacedEvidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    """A finding over many intervals (gaps, copies, stretches)."""
+
+    place: Annotated[Optional[Place], doc("where most of the intervals lie")] = None
+
+
 class KernelEvidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     """A finding on a kernel: the operator or range that launched most of its time."""
 
@@ -93,6 +107,33 @@ class NcuEvidence(KernelEvidence, kw_only=True, forbid_unknown_fields=True):
     ncu_est_loss_ns: Annotated[Optional[float], doc("the rule's loss in the Nsight Compute run")] = None
 
 
+class NcuTimedEvidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+    """A finding from Nsight Compute metrics that says the kernel's profiled time."""
+
+    duration_ns: Annotated[Optional[float], doc("the kernel's profiled time, all its launches")]
+
+
+def ranges_in(evidence) -> list[TimeRange]:
+    """The examples with a time range that decoded evidence lists (`worst`, `place`), in the
+    order of its fields."""
+    out: list[TimeRange] = []
+    _ranges(evidence, out)
+    return out
+
+
+def _ranges(v, out: list) -> None:
+    if isinstance(v, TimeRange) and v.start_ns is not None and v.end_ns is not None:
+        out.append(v)
+    if isinstance(v, msgspec.Struct):
+        for name in v.__struct_fields__:
+            x = getattr(v, name)
+            if isinstance(x, (msgspec.Struct, list)):
+                _ranges(x, out)
+    elif isinstance(v, list):
+        for x in v:
+            _ranges(x, out)
+
+
 def decode(text: str | bytes | None, kind: type[Evidence], strict: bool = True) -> Any:
     """`text` (a finding's stored evidence) as `kind`; None for no evidence. Raises
     msgspec.ValidationError where the text does not fit the type."""
@@ -106,6 +147,17 @@ def decode(text: str | bytes | None, kind: type[Evidence], strict: bool = True) 
         # Python's json writes NaN for a missing float (B001's sm_count, B002's blocks_per_sm);
         # JSON has no such number, so msgspec's parser refuses the text that json.loads reads.
         return msgspec.convert(json.loads(text), type=kind, strict=strict)
+
+
+def own_fields(kind: type) -> set[str]:
+    """The fields a rule's Struct declares itself, not those of the shared bases here."""
+    base = next(c for c in kind.__mro__ if c.__module__ == __name__)
+    mine = set()
+    for c in kind.__mro__:
+        if c is base:
+            break
+        mine |= set(getattr(c, "__annotations__", {}))
+    return mine | (set(kind.__struct_fields__) - set(base.__struct_fields__))
 
 
 def fields(kind: type) -> list[tuple[str, str, str]]:
@@ -153,7 +205,7 @@ def _type_name(t) -> str:
     if isinstance(t, i.UnionType):
         names = [_type_name(x) for x in t.types if not isinstance(x, i.NoneType)]
         optional = any(isinstance(x, i.NoneType) for x in t.types)
-        return " | ".join(names) + (" | null" if optional else "")
+        return " or ".join(names) + (" or null" if optional else "")
     if isinstance(t, i.ListType):
         return f"list[{_type_name(t.item_type)}]"
     if isinstance(t, i.DictType):
