@@ -434,7 +434,8 @@ def test_long_finding_ranges_are_marked_thin():
     evidence = {"main_cause": "sync", "count": 1, "total_ns": 10**8, "median_ns": 1e8, "span_ns": 10**8,
                 "total_of": "gaps", "cause_counts": {"sync": 1}, "cause_ns": {"sync": 10**8}, "worst": [gap],
                 "warmup_ns": 0, "max_ns": 10**8, "device_idle_ns": 10**8, "around": None,
-                "place": {**gap, "count": 1, "of": 1, "ns": 10**8, "total_ns": 10**8, "what": "gaps"}}  # T001's
+                "place": {"start_ns": t0, "end_ns": t0 + 10**8, "count": 1, "of": 1, "ns": 10**8, "total_ns": 10**8,
+                          "what": "gaps"}}  # T001's evidence (its rule's type)
     fs = [{"severity": "warning", "start_ns": t0, "end_ns": t1, "device_id": 0, "stream_id": None, "evidence": None},
           {"rule_id": "T001", "severity": "error", "start_ns": t0 + 500, "end_ns": t0 + 500 + 10**6, "device_id": 0,
            "stream_id": 7, "evidence": evidence}]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional, Union
 
 import msgspec
 
@@ -141,13 +141,13 @@ def _config_evidence(c: dict) -> dict:
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
 class B001Configuration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     est_loss_ns: Annotated[Optional[int], doc("estimated loss of this configuration")]
-    first_id: Annotated[int, doc("id of the configuration's first launch")]
-    grid_blocks: Annotated[int, doc("blocks in the grid")]
+    first_id: Annotated[Optional[int], doc("id of the configuration's first launch")]
+    grid_blocks: Annotated[Optional[int], doc("blocks in the grid")]
     kind: Annotated[str, doc("`tail` (a partly filled last wave) or `small` (a grid under one wave)")]
     launches: Annotated[int, doc("launches")]
     registers_per_thread: Annotated[Optional[int], doc("registers per thread")]
-    threads_per_block: Annotated[int, doc("threads per block")]
-    total_ns: Annotated[int, doc("total time")]
+    threads_per_block: Annotated[Optional[int], doc("threads per block")]
+    total_ns: Annotated[Optional[int], doc("the configuration's time, all its launches")]
     wasted_share: Annotated[Optional[float], doc("share of the kernel's SM time wasted in the last wave")]
     waves: Annotated[float, doc("waves of blocks over the SMs")]
 
@@ -162,14 +162,15 @@ class B001Evidence(KernelEvidence, kw_only=True, forbid_unknown_fields=True):
     last_wave_fill: Annotated[float, doc("share of the last wave's SM slots filled")]
     launches: Annotated[int, doc("launches")]
     library: Annotated[str, doc("the library the kernel comes from")]
-    limiter: Annotated[str, doc("what limits the kernel")]
+    # NaN where the kernel's row names no limiter: the rule writes pandas' missing value as it is
+    limiter: Annotated[Union[str, float], doc("what limits the blocks per SM (registers, shared memory, warps, blocks); NaN where unknown")]
     memory_sol: Annotated[Optional[float], doc("memory Speed-of-Light throughput, % of peak")]
     occupancy_source: Annotated[str, doc("where the occupancy figures come from")]
     sm_count: Annotated[float, doc("SMs on the device")]
     sm_sol: Annotated[Optional[float], doc("SM Speed-of-Light throughput, % of peak")]
     threads_per_block: Annotated[float, doc("threads per block")]
-    time_share: Annotated[float, doc("share of the run's kernel time")]
-    total_ns: Annotated[float, doc("total time")]
+    time_share: Annotated[Optional[float], doc("share of the run's kernel time")]
+    total_ns: Annotated[Optional[float], doc("the kernel's time, all launches")]
     wasted_share: Annotated[Optional[float], doc("share of the kernel's SM time wasted in the last wave")]
     waves: Annotated[float, doc("waves of blocks over the SMs")]
     waves_source: Annotated[str, doc("where the wave count comes from")]

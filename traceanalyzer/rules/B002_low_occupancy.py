@@ -178,15 +178,15 @@ def _config_evidence(c: dict) -> dict:
 class B002Configuration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     achieved: Annotated[Optional[float], doc("achieved occupancy, share of the SM's warp slots (measured by ncu)")]
     est_loss_ns: Annotated[int, doc("estimated loss of this configuration")]
-    first_id: Annotated[int, doc("id of the configuration's first launch")]
-    grid_blocks: Annotated[int, doc("blocks in the grid")]
+    first_id: Annotated[Optional[int], doc("id of the configuration's first launch")]
+    grid_blocks: Annotated[Optional[int], doc("blocks in the grid")]
     launches: Annotated[int, doc("launches")]
     loss_share: Annotated[float, doc("share of the configuration's time lost")]
     registers_per_thread: Annotated[Optional[int], doc("registers per thread")]
     shared_mem_bytes: Annotated[int, doc("shared memory per block")]
     theoretical: Annotated[float, doc("theoretical occupancy, share of the SM's warp slots")]
-    threads_per_block: Annotated[int, doc("threads per block")]
-    total_ns: Annotated[int, doc("total time")]
+    threads_per_block: Annotated[Optional[int], doc("threads per block")]
+    total_ns: Annotated[Optional[int], doc("the configuration's time, all its launches")]
 
 
 class B002Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):

@@ -164,7 +164,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
 class B004Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     cause: Annotated[str, doc("why it is so limited: compute, balanced, memory, small_grid, theoretical, achieved, stalls or unclear")]
-    achieved_occupancy_pct: Annotated[float, doc("achieved occupancy, % of the SM's warp slots")]
+    achieved_occupancy_pct: Annotated[Optional[float], doc("achieved occupancy, % of the SM's warp slots")]
     active_warps_per_scheduler: Annotated[Optional[float], doc("warps active per scheduler per cycle")]
     bound: Annotated[str, doc("what the kernel is bound by (memory, compute, balanced, latency)")]
     dram_bytes_per_s: Annotated[Optional[float], doc("the device's DRAM bandwidth, bytes per second")]
@@ -174,12 +174,12 @@ class B004Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     launches: Annotated[int, doc("launches")]
     limiter: Annotated[str, doc("what limits the kernel")]
     memory_pct: Annotated[float, doc("memory throughput, % of peak")]
-    memory_unit: Annotated[str, doc("the busiest memory unit")]
-    occupancy_limiter: Annotated[str, doc("what limits occupancy (registers, shared memory, warps, blocks)")]
+    memory_unit: Annotated[Optional[str], doc("the busiest memory unit")]
+    occupancy_limiter: Annotated[Optional[str], doc("what limits occupancy (registers, shared memory, warps, blocks)")]
     sm_pct: Annotated[float, doc("SM throughput, % of peak")]
-    theoretical_occupancy_pct: Annotated[float, doc("theoretical occupancy, %")]
+    theoretical_occupancy_pct: Annotated[Optional[float], doc("theoretical occupancy, %")]
     time_share: Annotated[float, doc("share of the run's kernel time")]
-    waves: Annotated[float, doc("waves of blocks over the SMs")]
+    waves: Annotated[Optional[float], doc("waves of blocks over the SMs")]
 
 
 RULE = linked(Rule(

@@ -249,8 +249,8 @@ class B005Kernel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     launches: Annotated[int, doc("launches")]
     library: Annotated[str, doc("the library the kernel comes from")]
     name: Annotated[str, doc("name")]
-    share: Annotated[float, doc("share of the total")]
-    total_ns: Annotated[int, doc("total time")]
+    share: Annotated[float, doc("its share of the device's kernel time")]
+    total_ns: Annotated[int, doc("its time, all launches")]
 
 
 class B005Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
@@ -258,12 +258,12 @@ class B005Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     compute_capability_source: Annotated[str, doc("where the compute capability was read from")]
     conv_ns: Annotated[int, doc("time of convolution kernels not on tensor cores")]
     device_name: Annotated[Optional[str], doc("the device's name")]
-    estimate: Annotated[str, doc("whether (or how) the figures are estimated rather than measured")]
+    estimate: Annotated[str, doc("how the loss is estimated (a formula)")]
     gemm_ns: Annotated[int, doc("time of matmul kernels")]
     kernel_names: Annotated[int, doc("distinct kernel names")]
-    kernel_ns: Annotated[int, doc("kernel time")]
+    kernel_ns: Annotated[int, doc("the device's kernel time")]
     kernels: Annotated[list[B005Kernel], doc("the matmul and convolution kernels not on tensor cores, longest first")]
-    share: Annotated[float, doc("share of the total")]
+    share: Annotated[float, doc("share of kernel time in matmul and convolution kernels off the tensor cores")]
     simt_ns: Annotated[int, doc("time of matmul/conv kernels on SIMT units")]
     speedup: Annotated[float, doc("estimated speedup on tensor cores")]
     speedup_basis: Annotated[str, doc("what the speedup estimate rests on")]

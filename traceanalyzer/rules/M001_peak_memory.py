@@ -192,7 +192,7 @@ class M001Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     peak_reserved_start_ns: Annotated[Optional[int], doc("start of the peak reserved level")]
     peak_reserved_end_ns: Annotated[Optional[int], doc("end of the peak reserved level")]
     allocated_at_reserved_peak_bytes: Annotated[Optional[int], doc("bytes allocated when reserved memory peaked")]
-    device_memory_bytes: Annotated[int, doc("the device's memory")]
+    device_memory_bytes: Annotated[Optional[int], doc("the device's memory")]
     events: Annotated[int, doc("allocator events read")]
     before_trace_bytes: Annotated[int, doc("bytes allocated before the trace began")]
     held_from_before_trace_bytes: Annotated[Optional[int], doc("bytes at the peak allocated before the trace began")]

@@ -160,8 +160,8 @@ class M002AllocatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=
 
 
 class M002PinnedBy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    bytes: Annotated[int, doc("bytes")]
-    segments: Annotated[int, doc("segments")]
+    bytes: Annotated[int, doc("bytes it holds there")]
+    segments: Annotated[int, doc("segments it keeps")]
     site: Annotated[str, doc("the allocation site (user code)")]
 
 
@@ -178,11 +178,11 @@ class M002Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     oom_event_id: Annotated[Optional[int], doc("the out-of-memory event, if any")]
     pending_free_bytes: Annotated[int, doc("bytes freed but waiting on a stream before reuse")]
     pinned_by: Annotated[list[M002PinnedBy], doc("the allocation sites that keep segments from being released")]
-    request: Annotated[str, doc("the failed request, in words")]
-    request_bytes: Annotated[int, doc("the failed request's bytes")]
+    request: Annotated[str, doc("which request is weighed: `failed (oom)` or `largest in the history`")]
+    request_bytes: Annotated[int, doc("that request's bytes")]
     reserved_bytes: Annotated[int, doc("bytes reserved by the allocator")]
     reserved_unallocated_bytes: Annotated[int, doc("bytes reserved but not allocated")]
-    segments: Annotated[int, doc("segments")]
+    segments: Annotated[int, doc("segments reserved")]
     stranded_bytes: Annotated[int, doc("free bytes in segments that cannot be released")]
     stranded_segments: Annotated[int, doc("segments that hold free bytes but cannot be released")]
 

@@ -144,7 +144,7 @@ class T002Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
     stream_id: Annotated[int, doc("stream")]
     bytes: Annotated[int, doc("bytes")]
     exposed_ns: Annotated[int, doc("time with nothing running beside it")]
-    src_kind: Annotated[str, doc("the source memory kind (pageable, pinned, device)")]
+    src_kind: Annotated[Optional[str], doc("the source memory kind (pageable, pinned, device)")]
     api_name: Annotated[Optional[str], doc("the CUDA API call that issued the copy")]
 
 

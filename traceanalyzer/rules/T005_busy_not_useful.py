@@ -208,17 +208,17 @@ class T005Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     busy_ns: Annotated[Optional[int], doc("time with a kernel running")] = None
     busy_share: Annotated[Optional[float], doc("share of the active span with a kernel running")] = None
     estimate_coverage: Annotated[Optional[float], doc("share of kernel time with an occupancy estimate")] = None
-    kernel_ns: Annotated[float, doc("kernel time")]
+    kernel_ns: Annotated[Optional[float], doc("the device's kernel time")]
     kernels: Annotated[Optional[int], doc("kernels counted")] = None
     tiny_kernel_share: Annotated[Optional[float], doc("share of kernel time in tiny kernels")] = None
     tiny_kernels: Annotated[Optional[int], doc("tiny kernels")] = None
-    estimate: Annotated[Optional[str], doc("whether (or how) the figures are estimated rather than measured")] = None
+    estimate: Annotated[Optional[str], doc("how the occupancy is averaged")] = None
     estimate_sources: Annotated[Optional[list[str]], doc("where the occupancy estimates come from")] = None
     estimated_occupancy: Annotated[Optional[float], doc("estimated achieved occupancy")] = None
     worst: Annotated[Optional[list[T005Example]], doc("the kernels that fill the GPU least")] = None
     launches: Annotated[Optional[int], doc("launches")] = None
     launches_below: Annotated[Optional[int], doc("launches below the throughput threshold")] = None
-    sol_pct: Annotated[Optional[float], doc("Speed-of-Light threshold used, %")] = None
+    sol_pct: Annotated[Optional[float], doc("the kernels' time-weighted Speed-of-Light throughput, % of peak")] = None
     weighted_by: Annotated[Optional[str], doc("what the average is weighted by")] = None
 
 

@@ -298,9 +298,9 @@ class T009ImplicitSyncCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
 
 
 class T009Stream(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    busy_ns: Annotated[int, doc("time with a kernel running")]
+    busy_ns: Annotated[int, doc("time the stream was busy")]
     ops: Annotated[int, doc("operations")]
-    share: Annotated[float, doc("share of the total")]
+    share: Annotated[float, doc("its share of the streams' busy time")]
     stream_id: Annotated[int, doc("stream")]
 
 

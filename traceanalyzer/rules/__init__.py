@@ -58,9 +58,12 @@ def evidence_of(rule_id: str, evidence):
         return None
     if kind is None:
         return None
-    if isinstance(evidence, (str, bytes)):
-        return decode(evidence, kind)
-    return msgspec.convert(evidence, type=kind)
+    try:
+        if isinstance(evidence, (str, bytes)):
+            return decode(evidence, kind)
+        return msgspec.convert(evidence, type=kind)
+    except msgspec.ValidationError as e:
+        raise msgspec.ValidationError(f"{rule_id}'s evidence does not fit {kind.__name__}: {e}") from e
 
 
 __all__ = ["all_rules", "get_rule", "evidence_of", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]
