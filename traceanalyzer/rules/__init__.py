@@ -48,8 +48,6 @@ def evidence_of(rule_id: str, evidence):
     rule writes and its type does not declare is an error, not a blank in a report."""
     import msgspec
 
-    from .evidence import decode
-
     if evidence is None or evidence == "":
         return None
     try:
@@ -60,10 +58,19 @@ def evidence_of(rule_id: str, evidence):
         return None
     try:
         if isinstance(evidence, (str, bytes)):
-            return decode(evidence, kind)
+            return _decoded(evidence, kind)
         return msgspec.convert(evidence, type=kind)
     except msgspec.ValidationError as e:
         raise msgspec.ValidationError(f"{rule_id}'s evidence does not fit {kind.__name__}: {e}") from e
+
+
+@lru_cache(maxsize=4096)
+def _decoded(text: str | bytes, kind: type):
+    """The diagnosis reads a finding's evidence more than once (its cap, its cause); readers
+    do not change what they get."""
+    from .evidence import decode
+
+    return decode(text, kind)
 
 
 __all__ = ["all_rules", "get_rule", "evidence_of", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]
