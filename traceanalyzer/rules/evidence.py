@@ -2,8 +2,8 @@
 its query writes (`Rule.evidence`), and readers decode it with `evidence_of`.
 
 A rule's Struct is a declaration and a reader, never a writer: the rules still write the JSON
-text they write, and the Struct must decode every finding they store (tests/test_evidence.py
-decodes the findings of every rule case and of the real corpus with unknown keys forbidden).
+text they write, and the Struct must decode every finding they store, unknown keys forbidden
+(tests/test_rule_cases.py decodes every case's findings, tests/test_evidence.py the real corpus's).
 So a key renamed in a rule's query fails that test, and a field renamed in a Struct fails the
 report code that reads it, instead of blanking a report.
 
