@@ -430,9 +430,15 @@ def test_memory_by_category_stacks_up_to_the_timelines_peak(tmp_path):
 
 def test_long_finding_ranges_are_marked_thin():
     t0, t1 = 1_000, 1_000 + 10**9
+    gap = {"start_ns": t0, "end_ns": t0 + 10**8, "gap_ns": 10**8, "cause": "sync", "around": None}
+    evidence = {"main_cause": "sync", "count": 1, "total_ns": 10**8, "median_ns": 1e8, "span_ns": 10**8,
+                "total_of": "gaps", "cause_counts": {"sync": 1}, "cause_ns": {"sync": 10**8}, "worst": [gap],
+                "warmup_ns": 0, "max_ns": 10**8, "device_idle_ns": 10**8, "around": None,
+                "place": {"start_ns": t0, "end_ns": t0 + 10**8, "count": 1, "of": 1, "ns": 10**8, "total_ns": 10**8,
+                          "what": "gaps"}}  # T001's evidence (its rule's type)
     fs = [{"severity": "warning", "start_ns": t0, "end_ns": t1, "device_id": 0, "stream_id": None, "evidence": None},
-          {"severity": "error", "start_ns": t0 + 500, "end_ns": t0 + 500 + 10**6, "device_id": 0, "stream_id": 7,
-           "evidence": {"worst": [{"start_ns": t0, "end_ns": t0 + 10**8}]}}]
+          {"rule_id": "T001", "severity": "error", "start_ns": t0 + 500, "end_ns": t0 + 500 + 10**6, "device_id": 0,
+           "stream_id": 7, "evidence": evidence}]
     ms = html_timeline.markers(fs, t0, t1)
     assert [(m["f"], m["main"], m["long"]) for m in ms] == [(0, True, True), (1, True, False), (1, False, True)]
 

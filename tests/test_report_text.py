@@ -81,26 +81,28 @@ def test_lines_wrap_to_the_width_with_a_hanging_indent():
 
 def test_many_findings_of_one_rule_on_kernels_print_as_one_block_largest_first():
     n = 12
-    fs = [finding(i + 1, kernel=f"k{i}", value=0.3 + i / 100, threshold=0.3) for i in range(n)]
+    fs = [finding(i + 1, rule="I004", kernel=f"k{i}", value=0.3 + i / 100, threshold=0.3) for i in range(n)]
     fs[7]["est_loss_ns"] = 9_000  # a loss weighs most, then the kernel's time, then the value
-    fs[2]["evidence"] = {"duration_ns": 50_000}
+    fs[2]["evidence"] = {"duration_ns": 50_000.0, "average_ways": 4.0, "bank_conflicts": 10.0, "conflict_share": 0.5,
+                         "l1tex_throughput_pct": None, "launches": 1, "op": "load", "requests": 10.0,
+                         "source": "counters", "wavefronts": 20.0}  # I004's evidence (its rule's type)
     fs.append(finding(n + 1, rule="B004", kernel="k5", related_to=6))  # related to k5 (finding_no 6)
     fs.append(finding(n + 2, rule="T002", message="device 0: copies"))  # not about a kernel
     res = result_of(fs)
     out = text(res, width=200)
     assert len(re.findall("^warning ", out, re.M)) == 2  # the block and T002
-    assert re.search(rf"warning I001 Dominant warp-stall reason: {n} kernels · est\. loss 9 us in all · "
+    assert re.search(rf"warning I004 Shared-memory bank conflicts: {n} kernels · est\. loss 9 us in all · "
                      rf"50 us of kernel time \(top {TOP_LISTED} listed, --verbose for all\)", out)
     listed = re.findall(r"^ {8}- (k\d+):", out, re.M)
     assert listed == ["k7", "k2", "k11"]  # loss, then duration, then furthest past the threshold
     assert f"… {n - TOP_LISTED} more kernel(s)" in out
-    assert out.count("hint: the hint of I001") == 1 and "k5:" not in out
+    assert out.count("hint: the hint of I004") == 1 and "k5:" not in out
     assert "warning T002 device 0: copies" in out
     # --verbose lists every one, each with its own hint and related findings
     full = text(res, width=200, verbose=True)
     assert re.findall(r"^ {8}- (k\d+):", full, re.M)[:3] == ["k7", "k2", "k11"]
     assert len(re.findall(r"^ {8}- k\d+:", full, re.M)) == n
-    assert full.count("hint: the hint of I001") == n and "related: B004 k5: a finding of B004" in full
+    assert full.count("hint: the hint of I004") == n and "related: B004 k5: a finding of B004" in full
 
 
 def test_a_block_keeps_related_findings_readable_and_few_findings_stay_apart():

@@ -19,6 +19,9 @@
 A cross-run rule (scope "runs") takes `traces = [...]` instead of `trace`; its findings get a
 `trace` field (the trace they are about) that `where` can test.
 
+Every finding of a case must decode into its rule's evidence type (`Rule.evidence`), unknown
+keys forbidden: a key renamed in a rule's query without its type fails here.
+
 A case runs its rule the way `check` does (`engine.run_rules`: the rule's data checked, the
 views scoped to the run's cache) and reads the findings back from the store.
 """
@@ -36,6 +39,7 @@ import pytest
 
 from traceanalyzer.rules import get_rule
 from traceanalyzer.rules.engine import Settings, run_rules
+from traceanalyzer.rules.evidence import decode
 from traceanalyzer.store import Store
 
 from .conftest import FIXTURES, ROOT, shared_traces
@@ -185,6 +189,8 @@ def _findings(rule, case, checked, tmp_path) -> list[dict]:
 def test_case(rule_id, case, checked, tmp_path):
     rule = get_rule(rule_id)
     rows = _findings(rule, case, checked, tmp_path)
+    for r in rows:  # each finding's evidence is what its rule declares, no key more (rules/evidence.py)
+        decode(r["evidence"], rule.evidence)
     if "count" in case:
         hit = [r for r in rows if _matches(r, case.get("where", {}))]
         assert len(hit) == case["count"], [r["message"] for r in rows]

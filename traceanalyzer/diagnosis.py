@@ -323,14 +323,16 @@ def _groups(units: list[list[tuple]]) -> list[list[int]]:
 
 def _named_cause(row: dict) -> str | None:
     """The idle cause a finding names: its claim's, or for the launch-gap rule its main cause."""
+    from .rules import evidence_of
+
     claims = row["claims"]
-    evidence = row["evidence"]
-    if isinstance(evidence, str) and '"missing"' in evidence and json.loads(evidence).get("cause") == "unknown":
+    ev = evidence_of(row["rule_id"], row["evidence"])
+    if ev is not None and ev.missing is not None and ev.cause == "unknown":
         return "unknown"  # it abstained: the trace cannot tell (rules/_unknown.py)
     if claims != "idle":
         return claims.split(":", 1)[1] if ":" in claims else None
-    if isinstance(evidence, str) and '"main_cause"' in evidence:
-        return _T001_CAUSE.get(json.loads(evidence).get("main_cause"))
+    if ev is not None and row["rule_id"] == "T001":
+        return _T001_CAUSE.get(ev.main_cause)
     return None
 
 
@@ -466,9 +468,11 @@ def _cap(row: dict) -> tuple[str | None, str]:
         cap, reason = rule.max_severity, rule.severity_reason
     except KeyError:  # a finding of a rule this version does not have
         cap, reason = None, ""
-    evidence = row["evidence"]
-    if isinstance(evidence, str) and '"severity_reason"' in evidence:
-        own = json.loads(evidence).get("severity_reason")
+    from .rules import evidence_of
+
+    ev = evidence_of(row["rule_id"], row["evidence"])
+    if ev is not None and ev.severity_reason:
+        own = ev.severity_reason
         if own and (cap is None or SEVERITIES.index(row["severity"]) < SEVERITIES.index(cap)):
             cap, reason = row["severity"], own
     return cap, reason

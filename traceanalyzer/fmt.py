@@ -67,22 +67,22 @@ def window(start_ns: int, end_ns: int | None, origin_ns: int = 0) -> str:
     return f"at {a}" + (f" for {ns(end_ns - start_ns)}" if end_ns > start_ns else "")
 
 
-def place(start_ns: int, end_ns: int | None, origin_ns: int = 0, evidence=None) -> str:
+def place(start_ns: int, end_ns: int | None, origin_ns: int = 0, p=None) -> str:
     """Where a finding is, for a line of its own: its window (`window`) "into the run"; for a
-    finding over many intervals whose evidence has a `place` (rules/_place.py), how many of them
+    finding over many intervals, `p` its evidence's `place` (rules/_place.py, rules.evidence.Place),
+    how many of them
     and how much of their time the window holds ("at 1.2 ms–3.4 ms into the run: 57 of the 127
     gaps, 61.0% of their time"), or, where it holds them all, "127 gaps between 0.5 ms and 7.5 ms
     into the run"."""
     where = window(start_ns, end_ns, origin_ns)
-    p = evidence.get("place") if isinstance(evidence, dict) else None
-    if not isinstance(p, dict) or not p.get("of") or p["of"] <= 1:
+    if p is None or not p.of or p.of <= 1:
         return f"{where} into the run"
-    if p["count"] >= p["of"]:
+    if p.count >= p.of:
         a, b = ns(start_ns - origin_ns), ns((start_ns if end_ns is None else end_ns) - origin_ns)
-        return f"{p['of']:,} {p['what']} between {a} and {b} into the run" if a != b else f"{where} into the run"
-    share = p["ns"] / p["total_ns"] if p.get("total_ns") else None
+        return f"{p.of:,} {p.what} between {a} and {b} into the run" if a != b else f"{where} into the run"
+    share = p.ns / p.total_ns if p.total_ns else None
     held = f", {pct(share)} of their time" if share is not None else ""
-    return f"{where} into the run: {p['count']:,} of the {p['of']:,} {p['what']}{held}"
+    return f"{where} into the run: {p.count:,} of the {p.of:,} {p.what}{held}"
 
 
 # The one phrasing of what bounds an estimated loss, said in a finding's message wherever

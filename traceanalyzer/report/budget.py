@@ -11,10 +11,10 @@ steady state (the span less warm-up).
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from .. import fmt
+from ..rules import evidence_of
 from ..store.views import BUDGET_CATEGORIES
 
 if TYPE_CHECKING:
@@ -41,12 +41,13 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
     # What the host did in the idle time, where the run's host-bound finding (T004) says: the
     # host activity behind most of the stretches in which every GPU was idle (a DataLoader, an
     # operator, a range), on each device.
-    for run_id, top in store.sql(
-            "SELECT run_id, evidence->'$.top_activity[0]' FROM findings "
+    for run_id, evidence in store.sql(
+            "SELECT run_id, evidence FROM findings "
             "WHERE rule_id = 'T004' AND list_contains(?::VARCHAR[], run_id)", [list(run_ids)]).fetchall():
-        work = json.loads(top) if top else None
+        ev = evidence_of("T004", evidence)
+        work = ev.top_activity[0] if ev is not None and ev.top_activity else None
         for d in out[run_id].values() if work else ():
-            d["host_work"] = {"name": work["name"], "kind": work.get("kind"), "ns": work["ns"]}
+            d["host_work"] = {"name": work.name, "kind": work.kind, "ns": work.ns}
     _add_warmup(store, out)
     return {r: list(devices.values()) for r, devices in out.items()}
 

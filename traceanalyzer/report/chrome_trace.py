@@ -21,10 +21,12 @@ import json
 from pathlib import Path
 from typing import IO, Iterator
 
+import msgspec
+
 from .. import __version__
 from ..rules import all_rules
 from ..store import Store
-from .html_timeline import _item_streams, _ranges_in
+from .html_timeline import _item_streams, examples
 
 GPU_PID_BASE = 10_000_000  # above any Linux pid (pid_max <= 2^22)
 FINDINGS_PID = GPU_PID_BASE - 1
@@ -186,9 +188,10 @@ def finding_events(store: Store, run_id: str, findings: list[dict], t0: int) -> 
         ranges = []
         if f.get("start_ns") is not None and f.get("end_ns") is not None and f["end_ns"] > f["start_ns"]:
             ranges.append((name, f["start_ns"], f["end_ns"], {"message": f["message"]}))
-        for j, r in enumerate(_ranges_in(f.get("evidence"))):
-            if r["end_ns"] > r["start_ns"] and (r["start_ns"], r["end_ns"]) != (f.get("start_ns"), f.get("end_ns")):
-                ranges.append((f"{f['rule_id']} example", r["start_ns"], r["end_ns"], {"finding": f["message"], **r}))
+        for r in examples(f):
+            if r.end_ns > r.start_ns and (r.start_ns, r.end_ns) != (f.get("start_ns"), f.get("end_ns")):
+                ranges.append((f"{f['rule_id']} example", r.start_ns, r.end_ns,
+                               {"finding": f["message"], **msgspec.to_builtins(r)}))
         for j, (rname, s, e, rargs) in enumerate(ranges):
             ident = f"{run_id}-{n}-{j}"
             out.append({"name": rname, "cat": FINDING_CAT, "ph": "b", "id": ident, "pid": pid,

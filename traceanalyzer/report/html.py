@@ -22,15 +22,15 @@ from importlib import resources
 from typing import Any
 
 from .. import __version__, fmt, ranges, summary
+from ..devices.stalls import REASONS
 from ..rules import all_rules
-from ..rules.I001_warp_stalls import REASONS
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
 from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs, warmup_line
 from .vendor import vendor_text
 from .html_charts import clip, esc
-from .model import CheckResult, loss_shares, run_order
+from .model import CheckResult, loss_shares, place_of, run_order
 
 TOP_KERNELS = 15
 MAX_EVIDENCE_ROWS = 20
@@ -565,7 +565,7 @@ def _where(f: dict, t_origin: int) -> str:
         name = f" <code>{esc(clip(f['item_name'], 120))}</code>" if f.get("item_name") else ""
         parts.append(f"{esc(f['item_kind'])} #{esc(f['item_id'])}{name}")
     if f.get("start_ns") is not None:
-        parts.append(esc(fmt.place(f["start_ns"], f.get("end_ns"), t_origin, f.get("evidence"))))
+        parts.append(esc(fmt.place(f["start_ns"], f.get("end_ns"), t_origin, place_of(f))))
     if f.get("value") is not None:
         thr = f" (threshold {esc(_value(f['threshold'], f.get('value_unit')))})" if f.get("threshold") is not None else ""
         parts.append(f"value {esc(_value(f['value'], f.get('value_unit')))}{thr}")

@@ -23,6 +23,7 @@ from ..fmt import _missing
 # The categories of PyTorch's memory profiler, in the order its own plot stacks them.
 from ..ingest.torch_memory_timeline import CATEGORIES as TIMELINE_CATEGORIES
 from ..link import run_roles
+from ..rules import evidence_of, get_rule
 from ..store import Store
 
 MAX_ROOFLINE_KERNELS = 40
@@ -49,20 +50,26 @@ def roofline(store: Store, run_id: str, findings: list[dict]) -> list[dict]:
     The kernels are B003's findings; where the rule did not run, every kernel of B003's
     roofline analysis (`kernel_roofline`).
     """
-    b003 = [(f.get("item_name") or "?", f["evidence"]) for f in findings
-            if f["rule_id"] == "B003" and isinstance(f.get("evidence"), dict)]
+    b003 = [(f.get("item_name") or "?", _roofline_numbers(evidence_of("B003", f["evidence"]))) for f in findings
+            if f["rule_id"] == "B003" and f.get("evidence")]
     if b003:
         return _charts(b003, "B003")
     return _charts(_analysed_kernels(store, run_id), "metrics")
 
 
-def _analysed_kernels(store: Store, run_id: str) -> list[tuple[str, dict]]:
-    """(kernel, evidence-like numbers) per kernel of B003's roofline analysis of a run with ncu metrics."""
-    from ..rules.B003_roofline import kernel_roofline
+def _roofline_numbers(ev) -> dict:
+    """What a chart reads of a B003 finding's evidence (its rule's type)."""
+    return {"source": ev.source, "launches": ev.launches, "calls": ev.calls, "duration_ns": ev.duration_ns,
+            "bound": ev.bound, "estimate": ev.estimate, "compute_pct": ev.compute_pct, "memory_pct": ev.memory_pct,
+            "flops": ev.flops, "dram_bytes": ev.dram_bytes, "intensity": ev.intensity, "roof_family": ev.roof_family,
+            "peak_flops": ev.peak_flops, "peak_bw": ev.peak_bw}
 
+
+def _analysed_kernels(store: Store, run_id: str) -> list[tuple[str, dict]]:
+    """(kernel, the same numbers) per kernel of B003's roofline analysis of a run with ncu metrics."""
     if run_roles(store, [run_id]).get(run_id) != "ncu":
         return []
-    g = kernel_roofline(store, run_id)
+    g = get_rule("B003").analysis(store, run_id)
     out = []
     for r in ([] if g.empty else g.to_dict("records")):
         fam = r.get("roof_family")
@@ -169,11 +176,10 @@ def memory(store: Store, run_id: str, run_start_ns: int | None, findings: list[d
     for dtype, dev, _, col, lo, hi, last, reserved in cols:
         series[(dtype, dev)]["cols"].append([int(col), _f(lo), _f(hi), _f(last), _f(reserved)])
     for f in findings:
-        ev = f.get("evidence") if f["rule_id"] == "M001" else None
+        ev = evidence_of("M001", f.get("evidence")) if f["rule_id"] == "M001" else None
         s = series.get(("cuda", f.get("device_id")))
-        if s and isinstance(ev, dict) and ev.get("peak_allocated_bytes") is not None \
-                and ev.get("peak_allocated_start_ns") is not None:
-            s.update(peak_bytes=_f(ev["peak_allocated_bytes"]), peak_at_ns=int(ev["peak_allocated_start_ns"] - origin),
+        if s and ev is not None and ev.peak_allocated_bytes is not None and ev.peak_allocated_start_ns is not None:
+            s.update(peak_bytes=_f(ev.peak_allocated_bytes), peak_at_ns=int(ev.peak_allocated_start_ns - origin),
                      peak_source="M001")
     return {"t0_ns": int(t0 - origin), "span_ns": int(max(t1 - t0, 1)), "columns": MEMORY_COLUMNS,
             "series": list(series.values())}

@@ -16,6 +16,8 @@ import base64
 import math
 from typing import Any
 
+from ..rules import evidence_of
+from ..rules.evidence import StreamRange, ranges_in
 from ..store import Store
 
 MAX_OPS_DEFAULT = 60_000
@@ -138,17 +140,10 @@ def _item_streams(store: Store, run_id: str, findings: list[dict]) -> dict[tuple
     return {(k, int(i)): int(s) for k, i, s in rows if s is not None}
 
 
-def _ranges_in(evidence: Any):
-    """Time ranges an evidence object lists (`worst` examples and the like)."""
-    if isinstance(evidence, dict):
-        if isinstance(evidence.get("start_ns"), (int, float)) and isinstance(evidence.get("end_ns"), (int, float)):
-            yield evidence
-        for v in evidence.values():
-            if isinstance(v, (list, dict)):
-                yield from _ranges_in(v)
-    elif isinstance(evidence, list):
-        for v in evidence:
-            yield from _ranges_in(v)
+def examples(f: dict) -> list:
+    """The examples with a time range a finding's evidence lists (`worst`, `place`), as its
+    rule's types (rules.evidence.TimeRange)."""
+    return ranges_in(evidence_of(f.get("rule_id"), f.get("evidence")))
 
 
 def markers(findings: list[dict], t0: int, t1: int,
@@ -169,8 +164,9 @@ def markers(findings: list[dict], t0: int, t1: int,
         if f.get("start_ns") is not None:
             end = f.get("end_ns") if f.get("end_ns") is not None else f["start_ns"]
             cands.append((f["start_ns"], end, stream, True))
-        for r in _ranges_in(f.get("evidence")):
-            cands.append((r["start_ns"], r["end_ns"], r.get("stream_id", stream), False))
+        for r in examples(f):
+            on = r.stream_id if isinstance(r, StreamRange) and r.stream_id is not None else stream
+            cands.append((r.start_ns, r.end_ns, on, False))
         for s, e, st, main in cands:
             if e < t0 or s > t1:
                 continue

@@ -6,6 +6,8 @@ import json
 import math
 
 from .. import __version__
+from ..rules import evidence_of
+from ..rules.evidence import NcuEvidence
 from .model import CheckResult
 
 
@@ -37,19 +39,16 @@ def rule_errors(result: CheckResult) -> list[dict]:
              "rule_id": o["rule_id"], "message": o["note"]} for o in result.rule_errors()]
 
 
-# A finding an Nsight Compute rule made on a linked timeline's kernel (rules/_ncu.py `linked`)
-# says which timeline and how much of it the kernel is, beside its ncu evidence.
-LINKED_KEYS = ("timeline_run_id", "kernel_time_ns", "kernel_share")
-
-
 def _finding(result: CheckResult, f: dict) -> dict:
     out = {**f, "new": result.is_new(f)}
-    evidence = f.get("evidence")
-    if isinstance(evidence, dict) and "timeline_run_id" in evidence:
-        out.update({k: evidence.get(k) for k in LINKED_KEYS})
+    ev = evidence_of(f["rule_id"], f.get("evidence"))
+    # A finding an Nsight Compute rule made on a linked timeline's kernel (rules/_ncu.py `linked`)
+    # says which timeline and how much of it the kernel is, beside its ncu evidence.
+    if isinstance(ev, NcuEvidence) and ev.timeline_run_id is not None:
+        out.update(timeline_run_id=ev.timeline_run_id, kernel_time_ns=ev.kernel_time_ns, kernel_share=ev.kernel_share)
     # Where the trace cannot tell the cause (rules/_unknown.py): one shape for every rule.
-    if isinstance(evidence, dict) and evidence.get("cause") == "unknown":
-        out.update(cause="unknown", missing=list(evidence.get("missing") or []))
+    if ev is not None and ev.cause == "unknown":
+        out.update(cause="unknown", missing=list(ev.missing or []))
     if result.baseline is not None and not out["new"]:
         g = result.growth(f)
         out["growth_pct"] = None if g is None or math.isinf(g) else round(g, 3)

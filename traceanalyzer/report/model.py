@@ -7,7 +7,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..rules import evidence_of
 from ..rules.base import SEVERITIES
+from ..rules.evidence import PlacedEvidence
 from ..store import Store
 from .budget import budgets_of
 from .passes import hot_kernels, link_summaries
@@ -27,6 +29,13 @@ def measured(f: dict) -> bool:
         return get_rule(f["rule_id"]).max_severity is None
     except KeyError:  # a rule this version does not have
         return True
+
+
+def place_of(f: dict):
+    """Where most of a finding's intervals lie (its evidence's `place`, rules.evidence.Place);
+    None for a finding of one interval."""
+    ev = evidence_of(f["rule_id"], f.get("evidence"))
+    return ev.place if isinstance(ev, PlacedEvidence) else None
 
 
 def loss_shares(headlines: list[dict], devices: list[dict]) -> tuple[float | None, float | None]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from .. import fmt
 from ..link import linked_ncu_runs, stored_links
+from ..rules import evidence_of
 from ..rules._ncu import ACHIEVED, MEM_SOL, SM_SOL
+from ..rules.evidence import KernelEvidence
 from ..store import Store
 
 TOP = 5
@@ -93,8 +95,9 @@ def hot_kernels(store: Store, run_id: str, findings: list[dict], top: int = TOP)
         for f in mine:
             by_rule.setdefault(f["rule_id"], f)
         m = measured.get((k["device_id"], k["name"]), {})
-        launched_by = next((f["evidence"].get("launched_by") for f in mine
-                            if isinstance(f.get("evidence"), dict) and f["evidence"].get("launched_by")), None)
+        typed = [evidence_of(f["rule_id"], f.get("evidence")) for f in mine]
+        launched_by = next((ev.launched_by for ev in typed if isinstance(ev, KernelEvidence) and ev.launched_by), None)
+        roofline, limits, stalls, banks = (_typed(by_rule.get(r)) for r in ("B003", "B004", "I001", "I004"))
         out.append({
             "name": k["name"], "label": fmt.kernel_label(k["name"], _short(k["name"])), "device_id": k["device_id"],
             "structure": {"launched_by": launched_by, "shapes": shapes.get(k["name"], [])[:3],
@@ -103,15 +106,15 @@ def hot_kernels(store: Store, run_id: str, findings: list[dict], top: int = TOP)
                          "share": k["ns"] / k["total_ns"] if k["total_ns"] else None,
                          "idle_before_ns": k["idle_before_ns"], "idle_after_ns": k["idle_after_ns"]},
             "bottleneck": {**{key: m.get(mid) for key, mid in METRICS.items()}, "ncu_launches": m.get("ncu_launches", 0),
-                           "roofline": _evidence(by_rule.get("B003"), "bound"),
-                           "limiter": _evidence(by_rule.get("B004"), "limiter"),
-                           "limit_cause": _evidence(by_rule.get("B004"), "cause"),
-                           "occupancy_limiter": _evidence(by_rule.get("B004"), "occupancy_limiter")},
-            "instruction": {"stall": _evidence(by_rule.get("I001"), "reason"),
+                           "roofline": roofline and roofline.bound,
+                           "limiter": limits and limits.limiter,
+                           "limit_cause": limits and limits.cause,
+                           "occupancy_limiter": limits and limits.occupancy_limiter},
+            "instruction": {"stall": stalls and stalls.reason,
                             "stall_share": by_rule["I001"]["value"] if "I001" in by_rule else None,
                             "excess_sector_share": by_rule["I002"]["value"] if "I002" in by_rule else None,
                             "bank_conflict_share": by_rule["I004"]["value"] if "I004" in by_rule else None,
-                            "bank_conflict_ways": _evidence(by_rule.get("I004"), "average_ways")},
+                            "bank_conflict_ways": banks and banks.average_ways},
             "findings": [{"rule_id": f["rule_id"], "severity": f["severity"], "finding_no": f.get("finding_no"),
                           "loss_ns": f.get("rule_loss_ns") if f.get("rule_loss_ns") is not None else f.get("est_loss_ns")}
                          for f in mine],
@@ -125,13 +128,13 @@ def _chains(store: Store, run_id: str, findings: list[dict]) -> dict[tuple, dict
     names them all."""
     out: dict[tuple, dict] = {}
     for f in findings:
-        ev = f.get("evidence")
-        if f["rule_id"] != "S002" or not isinstance(ev, dict) or not ev.get("worst"):
+        ev = _typed(f) if f["rule_id"] == "S002" else None
+        if ev is None or not ev.worst:
             continue
-        chain = {"name": f["item_name"], "finding_no": f.get("finding_no"), "chains": ev["chains"],
-                 "kernels_per_chain": ev["kernels_per_chain"], "saving_ns": f.get("est_loss_ns")}
+        chain = {"name": f["item_name"], "finding_no": f.get("finding_no"), "chains": ev.chains,
+                 "kernels_per_chain": ev.kernels_per_chain, "saving_ns": f.get("est_loss_ns")}
         names = store.arrow("SELECT DISTINCT name FROM kernels WHERE run_id = $r AND list_contains($ids, kernel_id)",
-                            {"r": run_id, "ids": ev["worst"][0]["kernel_ids"]}).column("name").to_pylist()
+                            {"r": run_id, "ids": ev.worst[0].kernel_ids}).column("name").to_pylist()
         for name in names:
             out.setdefault((f["device_id"], name), chain)
     return out
@@ -152,9 +155,9 @@ def _short(name: str) -> str:
     return kernel_short_name(name)
 
 
-def _evidence(f: dict | None, key: str):
-    ev = f.get("evidence") if f else None
-    return ev.get(key) if isinstance(ev, dict) else None
+def _typed(f: dict | None):
+    """A finding's evidence as its rule's type (rules.evidence_of); None without a finding."""
+    return evidence_of(f["rule_id"], f.get("evidence")) if f else None
 
 
 def _pct(x) -> str:

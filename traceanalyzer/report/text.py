@@ -17,8 +17,10 @@ from rich.markup import escape as _markup_escape
 from rich.text import Text
 
 from .. import fmt
+from ..rules import evidence_of
+from ..rules.evidence import NcuTimedEvidence
 from .budget import budget_line, no_budget_line, warmup_line
-from .model import CheckResult
+from .model import CheckResult, place_of
 from .vendor import result_text, vendor_text
 
 GROUP_AT = 5  # per-kernel headlines of one rule and severity that print as one block
@@ -50,7 +52,7 @@ def _when(f: dict, run: dict) -> str:
     if f.get("start_ns") is None:
         return ""
     t0 = run.get("start_ns") or 0
-    return fmt.place(f["start_ns"], f.get("end_ns"), t0, f.get("evidence"))
+    return fmt.place(f["start_ns"], f.get("end_ns"), t0, place_of(f))
 
 
 def _baseline_note(result: CheckResult, f: dict) -> str:
@@ -83,9 +85,9 @@ def _related_line(console: Console, result: CheckResult, r: dict, indent: int) -
 def unknown_cause(f: dict) -> list[str] | None:
     """What the trace lacks, for a finding that says its cause is unknown (rules/_unknown.py:
     evidence `"cause": "unknown"` with `"missing"`); None for the others."""
-    ev = f.get("evidence")
-    if isinstance(ev, dict) and ev.get("cause") == "unknown" and ev.get("missing"):
-        return [str(m) for m in ev["missing"]]
+    ev = evidence_of(f["rule_id"], f.get("evidence"))
+    if ev is not None and ev.cause == "unknown" and ev.missing:
+        return [str(m) for m in ev.missing]
     return None
 
 
@@ -124,8 +126,8 @@ def _number(x) -> float:
 
 
 def _duration(f: dict) -> float:
-    ev = f.get("evidence")
-    return _number(ev.get("duration_ns")) if isinstance(ev, dict) else 0.0
+    ev = evidence_of(f["rule_id"], f.get("evidence"))
+    return _number(ev.duration_ns) if isinstance(ev, NcuTimedEvidence) else 0.0
 
 
 def _weight(f: dict) -> tuple:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional, Union
+
+import msgspec
 
 from ..fmt import kernel_label, loss_bound, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
 from .base import UPPER_BOUND, Rule, Threshold
+from .evidence import KernelEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -134,8 +137,48 @@ def _config_evidence(c: dict) -> dict:
             "est_loss_ns": c["loss"], "first_id": int_or_none(r.first_id)}
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class B001Configuration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    est_loss_ns: Annotated[Optional[int], doc("estimated loss of this configuration")]
+    first_id: Annotated[Optional[int], doc("id of the configuration's first launch")]
+    grid_blocks: Annotated[Optional[int], doc("blocks in the grid")]
+    kind: Annotated[str, doc("`tail` (a partly filled last wave) or `small` (a grid under one wave)")]
+    launches: Annotated[int, doc("launches")]
+    registers_per_thread: Annotated[Optional[int], doc("registers per thread")]
+    threads_per_block: Annotated[Optional[int], doc("threads per block")]
+    total_ns: Annotated[Optional[int], doc("the configuration's time, all its launches")]
+    wasted_share: Annotated[Optional[float], doc("share of the kernel's SM time wasted in the last wave")]
+    waves: Annotated[float, doc("waves of blocks over the SMs")]
+
+
+class B001Evidence(KernelEvidence, kw_only=True, forbid_unknown_fields=True):
+    blocks_per_sm: Annotated[float, doc("blocks resident per SM (occupancy calculator)")]
+    configurations: Annotated[list[B001Configuration], doc("the kernel's launch configurations, worst first")]
+    full_waves: Annotated[int, doc("whole waves of blocks")]
+    grid_blocks: Annotated[float, doc("blocks in the grid")]
+    headroom_share: Annotated[Optional[float], doc("share of the SMs' capacity left unused by the kernel's busiest unit")]
+    idle_share: Annotated[Optional[float], doc("share of the SMs idle during the last wave")]
+    last_wave_fill: Annotated[float, doc("share of the last wave's SM slots filled")]
+    launches: Annotated[int, doc("launches")]
+    library: Annotated[str, doc("the library the kernel comes from")]
+    # NaN where the kernel's row names no limiter: the rule writes pandas' missing value as it is
+    limiter: Annotated[Union[str, float], doc("what limits the blocks per SM (registers, shared memory, warps, blocks); NaN where unknown")]
+    memory_sol: Annotated[Optional[float], doc("memory Speed-of-Light throughput, % of peak")]
+    occupancy_source: Annotated[str, doc("where the occupancy figures come from")]
+    sm_count: Annotated[float, doc("SMs on the device")]
+    sm_sol: Annotated[Optional[float], doc("SM Speed-of-Light throughput, % of peak")]
+    threads_per_block: Annotated[float, doc("threads per block")]
+    time_share: Annotated[Optional[float], doc("share of the run's kernel time")]
+    total_ns: Annotated[Optional[float], doc("the kernel's time, all launches")]
+    wasted_share: Annotated[Optional[float], doc("share of the kernel's SM time wasted in the last wave")]
+    waves: Annotated[float, doc("waves of blocks over the SMs")]
+    waves_source: Annotated[str, doc("where the wave count comes from")]
+
+
 RULE = Rule(
     id="B001",
+    evidence=B001Evidence,
     name="tail-waves",
     title="Partial last wave or under-filled GPU",
     phase="bottleneck",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import msgspec
 
 from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
@@ -10,6 +12,7 @@ from ._launches import configurations_by_kernel, int_or_none, launch_groups
 from ._library import library_hint, library_of, not_collectives
 from ._ncu import linked
 from .base import UPPER_BOUND, Rule, Threshold
+from .evidence import NcuEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -170,8 +173,47 @@ def _config_evidence(c: dict) -> dict:
             "first_id": int_or_none(r.first_id)}
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class B002Configuration(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    achieved: Annotated[Optional[float], doc("achieved occupancy, share of the SM's warp slots (measured by ncu)")]
+    est_loss_ns: Annotated[int, doc("estimated loss of this configuration")]
+    first_id: Annotated[Optional[int], doc("id of the configuration's first launch")]
+    grid_blocks: Annotated[Optional[int], doc("blocks in the grid")]
+    launches: Annotated[int, doc("launches")]
+    loss_share: Annotated[float, doc("share of the configuration's time lost")]
+    registers_per_thread: Annotated[Optional[int], doc("registers per thread")]
+    shared_mem_bytes: Annotated[int, doc("shared memory per block")]
+    theoretical: Annotated[float, doc("theoretical occupancy, share of the SM's warp slots")]
+    threads_per_block: Annotated[Optional[int], doc("threads per block")]
+    total_ns: Annotated[Optional[int], doc("the configuration's time, all its launches")]
+
+
+class B002Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
+    achieved: Annotated[Optional[float], doc("achieved occupancy, share of the SM's warp slots (measured by ncu)")]
+    achieved_impossible_launches: Annotated[int, doc("launches whose measured occupancy exceeded the theoretical one, left out")]
+    achieved_impossible_max: Annotated[Optional[float], doc("the largest such impossible measured occupancy")]
+    achieved_source: Annotated[Optional[str], doc("where the achieved occupancy comes from (`ncu`), null where not measured")]
+    blocks_per_sm: Annotated[float, doc("blocks resident per SM (occupancy calculator)")]
+    busiest_sol: Annotated[Optional[float], doc("the busiest unit's Speed-of-Light throughput, % of peak")]
+    configurations: Annotated[list[B002Configuration], doc("the kernel's launch configurations, worst first")]
+    kineto_estimate: Annotated[Optional[float], doc("the occupancy PyTorch's profiler estimated")]
+    kineto_estimate_note: Annotated[Optional[str], doc("why the profiler's estimate is not used")]
+    launches: Annotated[int, doc("launches")]
+    library: Annotated[str, doc("the library the kernel comes from")]
+    limiter: Annotated[Optional[str], doc("what limits the kernel")]
+    loss_basis: Annotated[str, doc("what the estimated loss is computed from")]
+    occupancy_source: Annotated[str, doc("where the occupancy figures come from")]
+    registers_per_thread: Annotated[float, doc("registers per thread")]
+    shared_mem_bytes: Annotated[int, doc("shared memory per block")]
+    theoretical: Annotated[float, doc("theoretical occupancy, share of the SM's warp slots")]
+    threads_per_block: Annotated[float, doc("threads per block")]
+    time_share: Annotated[float, doc("share of the run's kernel time")]
+
+
 RULE = linked(Rule(
     id="B002",
+    evidence=B002Evidence,
     name="low-occupancy",
     title="Low occupancy",
     phase="bottleneck",

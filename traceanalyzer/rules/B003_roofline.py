@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from ._ncu import (DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memo
                    device_peaks, keep_hot, kernel_finding, linked, ncu_launches, per_kernel)
 from ._op_cost import DTYPES, FAMILIES, FORMULAS, op_cost
 from .base import UPPER_BOUND, Rule, Threshold
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -485,8 +486,53 @@ SELECT EXISTS (SELECT 1 FROM cpu_ops o JOIN kernels k ON k.run_id = $run_id AND 
 """
 _APPLIES = f"SELECT ({_NCU_APPLIES.strip()}) OR ({_SHAPES_APPLIES.strip()})"
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class B003Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
+    bound: Annotated[str, doc("what the kernel is bound by (memory, compute, balanced, latency)")]
+    compute_pct: Annotated[float, doc("compute throughput, % of peak")]
+    dram_bytes: Annotated[Optional[float], doc("bytes moved to and from DRAM")]
+    estimate: Annotated[bool, doc("whether (or how) the figures are estimated rather than measured")]
+    flops: Annotated[Optional[float], doc("floating-point operations")]
+    intensity: Annotated[Optional[float], doc("arithmetic intensity, FLOPs per DRAM byte")]
+    launches: Annotated[int, doc("launches")]
+    memory_pct: Annotated[float, doc("memory throughput, % of peak")]
+    memory_unit: Annotated[Optional[str], doc("the busiest memory unit")] = None
+    memory_unit_pct: Annotated[Optional[float], doc("that unit's throughput, % of peak")] = None
+    peak_bw: Annotated[Optional[float], doc("peak DRAM bandwidth, bytes per second")]
+    peak_bw_source: Annotated[Optional[str], doc("where the peak bandwidth comes from")]
+    ridge: Annotated[Optional[float], doc("the roofline's ridge point, FLOPs per byte")]
+    roof_compute_pct: Annotated[Optional[float], doc("FLOP/s as % of the compute roof")] = None
+    roof_family: Annotated[Optional[str], doc("the compute roof used (fp32, fp64, half, tensor)")]
+    roof_memory_pct: Annotated[Optional[float], doc("bandwidth as % of the memory roof")] = None
+    saturated: Annotated[bool, doc("whether the busier side is past the throughput-bound threshold")]
+    source: Annotated[str, doc("`sol` (Speed-of-Light shares), `roofline` (FLOPs and bytes) or `estimate` (operator shapes)")]
+    time_share: Annotated[float, doc("share of the run's kernel time")]
+    waves: Annotated[Optional[float], doc("waves of blocks over the SMs")] = None
+    peak_flops: Annotated[Optional[float], doc("peak FLOP/s of the roof used")] = None
+    peak_flops_source: Annotated[Optional[str], doc("where the peak FLOP/s come from")] = None
+    assumptions: Annotated[Optional[str], doc("how FLOPs and bytes were estimated")] = None
+    calls: Annotated[Optional[int], doc("calls counted")] = None
+    counted: Annotated[Optional[str], doc("what the FLOP count includes")] = None
+    dtype: Annotated[Optional[str], doc("the input's data type")] = None
+    family: Annotated[Optional[str], doc("the kind of operator (matmul, conv, attention, ...)")] = None
+    kernels: Annotated[Optional[float], doc("kernels the operator's calls ran")] = None
+    latency_reasons: Annotated[Optional[list[str]], doc("why the operator is far from both roofs")] = None
+    loss_of: Annotated[Optional[str], doc("what the loss is part of")] = None
+    max_blocks: Annotated[Optional[int], doc("largest grid, in blocks")] = None
+    mean_kernel_ns: Annotated[Optional[float], doc("mean kernel time per call")] = None
+    occupancy_pct: Annotated[Optional[float], doc("achieved occupancy, %")] = None
+    op: Annotated[Optional[str], doc("the operator")] = None
+    roof_unit: Annotated[Optional[str], doc("the roof's unit (tensor cores or SIMT)")] = None
+    shape: Annotated[Optional[str], doc("input shapes")] = None
+    side: Annotated[Optional[str], doc("which side of the ridge the operator is on")] = None
+    sm_count: Annotated[Optional[float], doc("SMs on the device")] = None
+
+
 RULE = linked(Rule(
     id="B003",
+    evidence=B003Evidence,
+    analysis=kernel_roofline,
     name="roofline",
     title="Roofline: memory-, compute- or latency-bound, and the share of the roof reached",
     phase="bottleneck",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 from ..fmt import kernel_label, nbytes, pct
 from ._library import library_hint
 from ._ncu import (ACHIEVED, DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
                    device_peaks, kernel_finding, linked, ncu_launches, per_kernel)
 from .base import Rule, Threshold
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -159,8 +160,31 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class B004Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
+    cause: Annotated[str, doc("why it is so limited: compute, balanced, memory, small_grid, theoretical, achieved, stalls or unclear")]
+    achieved_occupancy_pct: Annotated[Optional[float], doc("achieved occupancy, % of the SM's warp slots")]
+    active_warps_per_scheduler: Annotated[Optional[float], doc("warps active per scheduler per cycle")]
+    bound: Annotated[str, doc("what the kernel is bound by (memory, compute, balanced, latency)")]
+    dram_bytes_per_s: Annotated[Optional[float], doc("the device's DRAM bandwidth, bytes per second")]
+    eligible_warps_per_scheduler: Annotated[Optional[float], doc("warps eligible to issue per scheduler per cycle")]
+    experiment: Annotated[str, doc("the ncu experiment the limiter comes from")]
+    issue_active: Annotated[Optional[float], doc("share of cycles with an instruction issued")]
+    launches: Annotated[int, doc("launches")]
+    limiter: Annotated[str, doc("what limits the kernel")]
+    memory_pct: Annotated[float, doc("memory throughput, % of peak")]
+    memory_unit: Annotated[Optional[str], doc("the busiest memory unit")]
+    occupancy_limiter: Annotated[Optional[str], doc("what limits occupancy (registers, shared memory, warps, blocks)")]
+    sm_pct: Annotated[float, doc("SM throughput, % of peak")]
+    theoretical_occupancy_pct: Annotated[Optional[float], doc("theoretical occupancy, %")]
+    time_share: Annotated[float, doc("share of the run's kernel time")]
+    waves: Annotated[Optional[float], doc("waves of blocks over the SMs")]
+
+
 RULE = linked(Rule(
     id="B004",
+    evidence=B004Evidence,
     name="limiter",
     title="Latency, throughput or occupancy: what limits a hot kernel, and how to confirm it",
     phase="bottleneck",

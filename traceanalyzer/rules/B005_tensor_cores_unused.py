@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import msgspec
 
 from ..devices import gpu
 from ..fmt import kernel_label, loss_bound, ns, pct
 from .base import Rule, Threshold
+from .evidence import Evidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -237,8 +240,39 @@ def _what(gemm_ns: float, conv_ns: float) -> str:
     return "convolutions" if conv_ns > 0 else "GEMMs"
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class B005Kernel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    first_kernel_id: Annotated[int, doc("id of the kernel's first launch")]
+    full_name: Annotated[str, doc("the kernel's full name")]
+    kind: Annotated[str, doc("`gemm` or `conv`")]
+    launches: Annotated[int, doc("launches")]
+    library: Annotated[str, doc("the library the kernel comes from")]
+    name: Annotated[str, doc("name")]
+    share: Annotated[float, doc("its share of the device's kernel time")]
+    total_ns: Annotated[int, doc("its time, all launches")]
+
+
+class B005Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    compute_capability: Annotated[str, doc("the device's compute capability")]
+    compute_capability_source: Annotated[str, doc("where the compute capability was read from")]
+    conv_ns: Annotated[int, doc("time of convolution kernels not on tensor cores")]
+    device_name: Annotated[Optional[str], doc("the device's name")]
+    estimate: Annotated[str, doc("how the loss is estimated (a formula)")]
+    gemm_ns: Annotated[int, doc("time of matmul kernels")]
+    kernel_names: Annotated[int, doc("distinct kernel names")]
+    kernel_ns: Annotated[int, doc("the device's kernel time")]
+    kernels: Annotated[list[B005Kernel], doc("the matmul and convolution kernels not on tensor cores, longest first")]
+    share: Annotated[float, doc("share of kernel time in matmul and convolution kernels off the tensor cores")]
+    simt_ns: Annotated[int, doc("time of matmul/conv kernels on SIMT units")]
+    speedup: Annotated[float, doc("estimated speedup on tensor cores")]
+    speedup_basis: Annotated[str, doc("what the speedup estimate rests on")]
+    tensor_dtypes: Annotated[list[str], doc("data types of the operators' tensors")]
+
+
 RULE = Rule(
     id="B005",
+    evidence=B005Evidence,
     name="tensor-cores-unused",
     title="FP32 GEMMs and convolutions on CUDA cores, tensor cores unused",
     phase="bottleneck",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from ._code import name_launchers
 from ._ncu import (DURATION, MEM_SOL, as_int, col, kernel_finding, linked, ncu_launches, per_kernel,
                    sector_use_from_messages, sector_use_metric)
 from .base import UPPER_BOUND, Rule, Threshold
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -174,8 +175,28 @@ SELECT (SELECT count(*) FROM kernel_metrics WHERE run_id = $run_id AND value IS 
           AND rule_name IN ('UncoalescedGlobalAccess', 'MemoryCacheAccessPattern')) > 0
 """
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class I002Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
+    bytes_used_per_sector_pct: Annotated[Optional[float], doc("bytes used of each 32-byte sector fetched, %")]
+    estimated_gain_share: Annotated[Optional[float], doc("estimated share of the kernel's time saved by coalescing")]
+    excess_sectors: Annotated[Optional[float], doc("sectors fetched beyond the ideal")]
+    excess_share: Annotated[float, doc("share of sectors fetched beyond the ideal")]
+    ideal_assumed: Annotated[bool, doc("whether the ideal sectors per request were assumed (no access width measured)")]
+    ideal_sectors_per_request: Annotated[Optional[float], doc("sectors a fully coalesced request needs")]
+    l2_active_share: Annotated[Optional[float], doc("share of cycles L2 was active")]
+    launches: Annotated[int, doc("launches")]
+    method: Annotated[str, doc("how the excess sectors were measured")]
+    op: Annotated[str, doc("the operator")]
+    requests: Annotated[Optional[float], doc("memory requests")]
+    sectors: Annotated[Optional[float], doc("sectors fetched")]
+    sectors_per_request: Annotated[Optional[float], doc("sectors fetched per request")]
+    total_sectors: Annotated[Optional[float], doc("sectors fetched in all")]
+
+
 RULE = linked(Rule(
     id="I002",
+    evidence=I002Evidence,
     name="uncoalesced-access",
     title="Uncoalesced global memory access",
     phase="instruction",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import numpy as np
 
@@ -10,6 +10,7 @@ from ..fmt import kernel_label, nbytes, pct
 from ._code import name_launchers
 from ._ncu import DURATION, MEM_SOL, col, has_metrics, kernel_finding, linked, ncu_launches, per_kernel
 from .base import Rule, Threshold
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -79,8 +80,24 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return name_launchers(store, run_id, out)
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class I003Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
+    cache: Annotated[str, doc("the cache with the low hit rate (L1 or L2)")]
+    cold_cache_caveat: Annotated[str, doc("why a low hit rate may come from ncu's cache flushing between replays")]
+    dram_bytes: Annotated[float, doc("bytes moved to and from DRAM")]
+    dram_share: Annotated[float, doc("share of the kernel's memory traffic that went to DRAM")]
+    hit_rate_pct: Annotated[float, doc("the cache's hit rate, %")]
+    l1_hit_pct: Annotated[float, doc("L1 hit rate, %")]
+    l2_hit_pct: Annotated[float, doc("L2 hit rate, %")]
+    launches: Annotated[int, doc("launches")]
+    memory_sol_pct: Annotated[Optional[float], doc("memory Speed-of-Light throughput, % of peak")]
+    time_share: Annotated[Optional[float], doc("share of the run's kernel time")]
+
+
 RULE = linked(Rule(
     id="I003",
+    evidence=I003Evidence,
     name="cache-hit-rates",
     title="Low L1/TEX or L2 hit rate on a memory-heavy kernel",
     phase="instruction",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 from ..fmt import kernel_label, ns, num, pct
 from ._code import name_launchers
 from ._ncu import (DURATION, as_int, col, kernel_finding, linked, metrics_exist, ncu_launches, per_kernel,
                    rule_results_exist)
 from .base import UPPER_BOUND, Rule, Threshold
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -114,8 +115,23 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return name_launchers(store, run_id, pd.DataFrame(rows))
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class I004Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
+    average_ways: Annotated[float, doc("average ways of a bank conflict (wavefronts per request)")]
+    bank_conflicts: Annotated[float, doc("shared-memory bank conflicts counted")]
+    conflict_share: Annotated[float, doc("share of shared-memory wavefronts that are bank conflicts")]
+    l1tex_throughput_pct: Annotated[Optional[float], doc("L1TEX throughput, % of peak")]
+    launches: Annotated[int, doc("launches")]
+    op: Annotated[str, doc("the operator")]
+    requests: Annotated[float, doc("memory requests")]
+    source: Annotated[str, doc("where the conflicts come from (counters or NVIDIA's rule)")]
+    wavefronts: Annotated[float, doc("shared-memory wavefronts")]
+
+
 RULE = linked(Rule(
     id="I004",
+    evidence=I004Evidence,
     name="bank-conflicts",
     title="Shared-memory bank conflicts",
     phase="instruction",

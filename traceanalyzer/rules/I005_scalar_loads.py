@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from ._code import name_launchers
 from ._ncu import (DURATION, MEM_SOL, col, fill_missing, kernel_finding, linked, metrics_exist, ncu_launches,
                    per_kernel, rule_results_exist, sector_use_from_messages, sector_use_metric)
 from .base import Rule, Threshold
+from .evidence import NcuTimedEvidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -126,8 +127,27 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 _DATA = [m for op in OPS for k in ("data_bytes", "used_pct", "used_bytes") for m in _ids(op)[k]]
 _INST = [m for op in OPS for k in ("inst", "requests") for m in _ids(op)[k]]
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class I005Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
+    access_width_known: Annotated[bool, doc("whether the access width per instruction was measured (else assumed)")]
+    bytes_per_thread: Annotated[float, doc("bytes each thread loads per instruction")]
+    data_bytes: Annotated[float, doc("bytes loaded")]
+    data_from: Annotated[str, doc("the metric the bytes come from")]
+    instruction_share: Annotated[Optional[float], doc("share of load instructions that are scalar")]
+    instructions: Annotated[float, doc("load instructions executed")]
+    instructions_from: Annotated[str, doc("the metric the instructions come from")]
+    instructions_saved_at_16_bytes: Annotated[Optional[float], doc("instructions saved with 16-byte loads")]
+    launches: Annotated[int, doc("launches")]
+    memory_sol_pct: Annotated[Optional[float], doc("memory Speed-of-Light throughput, % of peak")]
+    op: Annotated[str, doc("the operator")]
+    threads_from: Annotated[str, doc("the metric the threads come from")]
+    threads_per_instruction: Annotated[float, doc("threads active per load instruction")]
+
+
 RULE = linked(Rule(
     id="I005",
+    evidence=I005Evidence,
     name="scalar-loads",
     title="Scalar instead of vector global loads and stores",
     phase="instruction",

@@ -1,6 +1,11 @@
 """M001 peak memory and fragmentation: when device memory peaked, what held it, what was wasted."""
 
+from typing import Annotated, Optional
+
+import msgspec
+
 from .base import Rule, Threshold
+from .evidence import Evidence, doc
 
 # Allocator-only operators: an allocation inside one is charged to the operator that called it.
 ALLOCATOR_OPS = ("'aten::empty', 'aten::empty_strided', 'aten::empty_like', 'aten::new_empty', "
@@ -163,8 +168,45 @@ WHERE unused_share >= $min_fragmentation_share AND peak_reserved - peak_allocate
 ORDER BY device_id, item_name
 """
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class M001TopOp(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    op: Annotated[str, doc("the operator")]
+    bytes: Annotated[int, doc("bytes")]
+    allocations: Annotated[int, doc("allocations counted")]
+
+
+class M001Allocation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    event_id: Annotated[int, doc("the allocator event")]
+    ts_ns: Annotated[int, doc("when it was allocated")]
+    bytes: Annotated[int, doc("bytes")]
+    address: Annotated[Optional[int], doc("the block's device address")]
+    op: Annotated[str, doc("the operator")]
+
+
+class M001Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    peak_allocated_bytes: Annotated[int, doc("peak allocated bytes")]
+    peak_allocated_start_ns: Annotated[int, doc("start of the peak allocated level")]
+    peak_allocated_end_ns: Annotated[int, doc("end of the peak allocated level")]
+    peak_reserved_bytes: Annotated[Optional[int], doc("peak reserved bytes")]
+    peak_reserved_start_ns: Annotated[Optional[int], doc("start of the peak reserved level")]
+    peak_reserved_end_ns: Annotated[Optional[int], doc("end of the peak reserved level")]
+    allocated_at_reserved_peak_bytes: Annotated[Optional[int], doc("bytes allocated when reserved memory peaked")]
+    device_memory_bytes: Annotated[Optional[int], doc("the device's memory")]
+    events: Annotated[int, doc("allocator events read")]
+    before_trace_bytes: Annotated[int, doc("bytes allocated before the trace began")]
+    held_from_before_trace_bytes: Annotated[Optional[int], doc("bytes at the peak allocated before the trace began")]
+    totals: Annotated[str, doc("how the allocated totals were obtained")]
+    attribution: Annotated[str, doc("how allocations were attributed to operators")]
+    attributed_bytes: Annotated[int, doc("bytes at the peak attributed to an operator")]
+    attributed_allocations: Annotated[int, doc("allocations at the peak attributed to an operator")]
+    top_ops: Annotated[list[M001TopOp], doc("operators holding most bytes at the peak")]
+    largest: Annotated[list[M001Allocation], doc("the largest live allocations at the peak")]
+
+
 RULE = Rule(
     id="M001",
+    evidence=M001Evidence,
     name="peak-memory",
     title="Peak device memory and fragmentation",
     phase="memory",

@@ -3,11 +3,14 @@ for a large request, from a memory snapshot, and which allocator setting would h
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import msgspec
 
 from ..fmt import nbytes, pct
 from . import _memory as mem
 from .base import Rule, Threshold
+from .evidence import Evidence, doc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -141,8 +144,52 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class M002Advice(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    helps: Annotated[bool, doc("whether the setting would help here")]
+    setting: Annotated[str, doc("the allocator setting")]
+    why: Annotated[str, doc("why it helps or not")]
+    value_mb: Annotated[Optional[int], doc("suggested value, MB")] = None
+
+
+class M002AllocatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    alloc_conf: Annotated[str, doc("PYTORCH_CUDA_ALLOC_CONF as recorded")]
+    expandable_segments: Annotated[bool, doc("whether expandable segments were on")]
+    max_split_size_bytes: Annotated[Optional[int], doc("max_split_size_mb in bytes, null if unset")]
+
+
+class M002PinnedBy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    bytes: Annotated[int, doc("bytes it holds there")]
+    segments: Annotated[int, doc("segments it keeps")]
+    site: Annotated[str, doc("the allocation site (user code)")]
+
+
+class M002Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    advice: Annotated[list[M002Advice], doc("allocator settings to try, each with why and whether it helps here")]
+    allocated_bytes: Annotated[int, doc("bytes allocated to live tensors")]
+    allocator_settings: Annotated[M002AllocatorSettings, doc("the caching allocator's settings recorded in the snapshot")]
+    cached_bytes: Annotated[int, doc("bytes reserved by the allocator but not allocated")]
+    cached_segments: Annotated[int, doc("segments reserved but holding no allocation")]
+    fragmentation_caused_oom: Annotated[bool, doc("whether the request would have fit in the free bytes if not fragmented")]
+    free_bytes: Annotated[int, doc("bytes free inside reserved segments")]
+    largest_free_block_bytes: Annotated[int, doc("the largest free block")]
+    largest_stranded_block_bytes: Annotated[int, doc("the largest free block in a segment that cannot be released")]
+    oom_event_id: Annotated[Optional[int], doc("the out-of-memory event, if any")]
+    pending_free_bytes: Annotated[int, doc("bytes freed but waiting on a stream before reuse")]
+    pinned_by: Annotated[list[M002PinnedBy], doc("the allocation sites that keep segments from being released")]
+    request: Annotated[str, doc("which request is weighed: `failed (oom)` or `largest in the history`")]
+    request_bytes: Annotated[int, doc("that request's bytes")]
+    reserved_bytes: Annotated[int, doc("bytes reserved by the allocator")]
+    reserved_unallocated_bytes: Annotated[int, doc("bytes reserved but not allocated")]
+    segments: Annotated[int, doc("segments reserved")]
+    stranded_bytes: Annotated[int, doc("free bytes in segments that cannot be released")]
+    stranded_segments: Annotated[int, doc("segments that hold free bytes but cannot be released")]
+
+
 RULE = Rule(
     id="M002",
+    evidence=M002Evidence,
     name="allocator-fragmentation",
     title="Fragmented caching-allocator memory",
     phase="memory",

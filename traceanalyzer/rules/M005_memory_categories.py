@@ -4,11 +4,14 @@ optimizer state, activations, gradients, ...), the share of activations named.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import msgspec
 
 from ..fmt import nbytes, ns, pct
 from ..summary import TRAINING_CONTEXT_SQL, kineto_category_peaks, timeline_peaks
 from .base import Rule, Threshold
+from .evidence import Evidence, doc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,8 +75,27 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class M005Category(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    bytes: Annotated[int, doc("bytes")]
+    category: Annotated[str, doc("memory category (activation, parameter, gradient, ...)")]
+    share: Annotated[float, doc("share of the total")]
+
+
+class M005Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    activation_share: Annotated[float, doc("share of the peak held by activations")]
+    categories: Annotated[list[M005Category], doc("bytes at the peak per memory category")]
+    end_bytes: Annotated[int, doc("bytes held at the end of the timeline")]
+    largest_category: Annotated[str, doc("the category holding most bytes at the peak")]
+    peak_bytes: Annotated[int, doc("bytes at the peak")]
+    source: Annotated[str, doc("the memory timeline the categories come from")]
+    time_steps: Annotated[int, doc("time steps in the memory timeline")]
+
+
 RULE = Rule(
     id="M005",
+    evidence=M005Evidence,
     name="memory-categories",
     title="Peak memory by category",
     phase="memory",

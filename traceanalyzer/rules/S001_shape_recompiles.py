@@ -1,7 +1,10 @@
 """S001 recompiles on shape changes: first calls per input shape far slower than later ones."""
 
+from typing import Annotated
+
 from ..store.views import host_until, issued_at
 from .base import Rule, Threshold, pair_key
+from .evidence import Evidence, TimeRange, doc
 
 # Host-side calls that load or JIT-compile GPU code before a launch (CUDA driver/runtime, HIP).
 LOAD_CALLS = ("cuModuleLoad", "cuLibraryLoad", "cuModuleGetFunction", "cuLibraryGetKernel", "cuLink",
@@ -207,8 +210,31 @@ ORDER BY r.excess_ns DESC, r.group_key
 """
 SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, end_ns AS busy_start FROM gaps"))
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class S001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
+    shape: Annotated[str, doc("input shapes")]
+    calls: Annotated[int, doc("calls counted")]
+    first_ns: Annotated[int, doc("time of the shape's first call")]
+    later_median_ns: Annotated[float, doc("median time of the shape's later calls")]
+    excess_ns: Annotated[float, doc("time beyond the shortest possible")]
+    item_id: Annotated[int, doc("id of the operation")]
+
+
+class S001Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    distinct_shapes: Annotated[int, doc("distinct input shapes the operator ran with")]
+    repeated_shapes: Annotated[int, doc("shapes that ran more than once")]
+    slow_shapes: Annotated[int, doc("shapes whose first call was slow")]
+    calls: Annotated[int, doc("calls counted")]
+    first_call_excess_ns: Annotated[int, doc("extra time of each shape's first call over its later median")]
+    gpu_waiting_ns: Annotated[int, doc("GPU idle time during the slow first calls")]
+    inner: Annotated[list[str], doc("operators run inside the slow calls")]
+    worst: Annotated[list[S001Example], doc("the shapes with the slowest first calls")]
+
+
 RULE = Rule(
     id="S001",
+    evidence=S001Evidence,
     name="shape-recompiles",
     title="Recompiles or re-tuning on shape changes",
     phase="structure",

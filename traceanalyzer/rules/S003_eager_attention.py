@@ -1,7 +1,12 @@
 """S003 eager attention: softmax between two matrix products over long sequences, where one fused
 attention kernel would never write the score matrix to DRAM."""
 
+from typing import Annotated
+
+import msgspec
+
 from .base import LARGEST, Rule, Threshold
+from .evidence import Evidence, doc
 from .S002_unfused_elementwise import DTYPE_BYTES
 
 # Operators that multiply two matrices; baddbmm/addmm take the added tensor first.
@@ -200,8 +205,36 @@ FROM judged
 ORDER BY other_ns DESC, device_id
 """
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class S003Shape(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    dims: Annotated[list[int], doc("the shapes of the attention's inputs")]
+    dtype: Annotated[str, doc("the input's data type")]
+    blocks: Annotated[int, doc("attention blocks (matmul, softmax, matmul) found")]
+    softmax_ns: Annotated[int, doc("time of the softmax kernels")]
+
+
+class S003Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    blocks: Annotated[int, doc("attention blocks (matmul, softmax, matmul) found")]
+    query_tokens: Annotated[int, doc("query sequence length")]
+    key_tokens: Annotated[int, doc("key sequence length")]
+    shapes: Annotated[list[S003Shape], doc("per input shape: blocks and softmax time")]
+    score_matrix_bytes: Annotated[int, doc("bytes of the attention score matrix")]
+    softmax_ns: Annotated[int, doc("time of the softmax kernels")]
+    elementwise_ns: Annotated[int, doc("time of the element-wise kernels between the matmuls")]
+    gemm_ns: Annotated[int, doc("time of matmul kernels")]
+    kernel_ns: Annotated[int, doc("kernel time")]
+    kernel_time_share: Annotated[float, doc("share of all kernel time")]
+    softmax_bytes_per_s: Annotated[float, doc("the softmax kernels' bytes per second")]
+    dram_bytes_per_s: Annotated[float, doc("the device's DRAM bandwidth, bytes per second")]
+    softmax_bandwidth_share: Annotated[float, doc("the softmax's DRAM bandwidth share")]
+    sdpa_math_blocks: Annotated[int, doc("blocks run by SDPA's math fallback")]
+    loss_basis: Annotated[str, doc("what the estimated loss is computed from")]
+
+
 RULE = Rule(
     id="S003",
+    evidence=S003Evidence,
     name="eager-attention",
     title="Attention computed eagerly over long sequences",
     phase="structure",

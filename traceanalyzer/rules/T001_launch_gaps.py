@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks, steady_start, warmup_merged
 from ._code import around_gaps, device_key, phrase
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
+from .evidence import Place, PlacedEvidence, TimeRange, doc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -425,8 +426,39 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return df.assign(message=messages, evidence=[json.dumps(ev) for ev in evidence])
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
+    gap_ns: Annotated[int, doc("time between the kernels")]
+    cause: Annotated[str, doc("the gap's cause (late_launch, dependency, sync, copy, unknown)")]
+    before: Annotated[Optional[str], doc("name of the operation before the gap")] = None
+    after: Annotated[Optional[str], doc("name of the operation after the gap")] = None
+    after_kind: Annotated[Optional[str], doc("kind of the operation after the gap (kernel, memcpy, ...)")] = None
+    after_id: Annotated[Optional[int], doc("id of the operation after the gap")] = None
+    around: Annotated[Optional[str], doc("the code (operator or range) around most of the gaps' time")]
+
+
+class T001Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
+    warmup_ns: Annotated[int, doc("gap time inside warm-up windows, left out of the totals")]
+    count: Annotated[int, doc("gaps counted")]
+    total_ns: Annotated[int, doc("total time")]
+    total_of: Annotated[str, doc("what total_ns is the time of")]
+    median_ns: Annotated[float, doc("median interval")]
+    max_ns: Annotated[Optional[int], doc("the longest interval")] = None
+    span_ns: Annotated[int, doc("time span of the intervals")]
+    device_idle_ns: Annotated[Optional[int], doc("time of the gaps with the whole device idle")] = None
+    main_cause: Annotated[str, doc("the cause with the most gap time")]
+    cause_ns: Annotated[dict[str, int], doc("gap time per cause")]
+    cause_idle_ns: Annotated[Optional[dict[str, int]], doc("idle time per cause with the whole device idle")] = None
+    cause_counts: Annotated[dict[str, int], doc("gaps per cause")]
+    place: Annotated[Place, doc("where most of the intervals lie")]
+    worst: Annotated[list[T001Example], doc("the longest gaps, with their neighbours and cause")]
+    around: Annotated[Optional[str], doc("the code (operator or range) around most of the gaps' time")]
+
+
 RULE = Rule(
     id="T001",
+    evidence=T001Evidence,
     name="launch-gaps",
     title="Idle gaps between GPU operations",
     phase="timeline",

@@ -1,9 +1,12 @@
 """T002 unoverlapped host-to-device copies: copy time no kernel hides."""
 
+from typing import Annotated, Optional
+
 from ..store.views import covered_ns
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
+from .evidence import PlacedEvidence, StreamRange, doc
 
 # Only copies a kernel can overlap are probed, and only their devices' kernel intervals read
 # (an ASOF join sorts its right side even for no probes).
@@ -134,8 +137,38 @@ SQL = (SQL.replace("__COVERED__", COVERED)
                                              "WHERE exposed_ns > 0", ("device_id",)))
        .replace("__PLACE_JSON__", place_json("exposed copies", "cp")))
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T002Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
+    copy_id: Annotated[int, doc("id of the copy")]
+    stream_id: Annotated[int, doc("stream")]
+    bytes: Annotated[int, doc("bytes")]
+    exposed_ns: Annotated[int, doc("time with nothing running beside it")]
+    src_kind: Annotated[Optional[str], doc("the source memory kind (pageable, pinned, device)")]
+    api_name: Annotated[Optional[str], doc("the CUDA API call that issued the copy")]
+
+
+class T002Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
+    copies: Annotated[Optional[int], doc("copies counted")] = None
+    exposed_copies: Annotated[Optional[int], doc("copies with no kernel running beside them")] = None
+    copy_ns: Annotated[Optional[int], doc("time of the copies")] = None
+    exposed_ns: Annotated[Optional[int], doc("time with nothing running beside it")] = None
+    bytes: Annotated[int, doc("bytes")]
+    pageable_copies: Annotated[Optional[int], doc("copies from pageable memory")] = None
+    pageable_exposed_ns: Annotated[Optional[int], doc("exposed time of copies from pageable memory")] = None
+    sync_copies: Annotated[Optional[int], doc("synchronous copies")] = None
+    sync_exposed_ns: Annotated[Optional[int], doc("exposed time of synchronous copies")] = None
+    device_active_span_ns: Annotated[Optional[int], doc("time from the device's first to its last activity")] = None
+    kernel_ns: Annotated[Optional[int], doc("kernel time")] = None
+    worst: Annotated[Optional[list[T002Example]], doc("the copies with the most exposed time")] = None
+    migrations: Annotated[Optional[int], doc("unified-memory migrations")] = None
+    migration_ns: Annotated[Optional[int], doc("time of unified-memory migrations")] = None
+    best_bytes_per_ns: Annotated[Optional[float], doc("the fastest copy rate seen for this kind of copy, bytes per ns")] = None
+
+
 RULE = Rule(
     id="T002",
+    evidence=T002Evidence,
     name="unoverlapped-h2d",
     title="Host-to-device copies not hidden behind compute",
     phase="timeline",

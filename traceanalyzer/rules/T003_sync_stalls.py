@@ -1,8 +1,11 @@
 """T003 synchronization stalls: host calls that wait for the GPU, and the GPU idle after them."""
 
+from typing import Annotated, Optional
+
 from ..store.views import host_until, issued_at, next_busy_candidates, steady_start, warmup_merged
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
+from .evidence import Evidence, TimeRange, doc
 
 # Blocking host calls come from two places: API calls known to wait for the GPU (sync
 # calls by name; copies and memsets made through non-Async calls) and sync records with no
@@ -149,8 +152,36 @@ SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.end_ns", "n.bus
 SQL = SQL.replace("__WARM__", warmup_merged("run_id = $run_id"))
 SQL = SQL.replace("__STEADY_START__", steady_start("n.end_ns", "n.busy_start"))
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T003Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
+    call_id: Annotated[Optional[int], doc("id of the blocking call")]
+    sync_id: Annotated[Optional[int], doc("id of the synchronizing call")]
+    blocked_ns: Annotated[int, doc("time the host thread was blocked in the call")]
+    idle_after_ns: Annotated[int, doc("GPU idle time after the call")]
+    next_gpu_start_ns: Annotated[Optional[int], doc("when the GPU next started work")]
+
+
+class T003Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    warmup_ns: Annotated[int, doc("blocked time inside warm-up windows, left out of the totals")]
+    calls: Annotated[int, doc("calls counted")]
+    kind: Annotated[str, doc("the kind of synchronizing call")]
+    pid: Annotated[Optional[int], doc("host process")]
+    tid: Annotated[Optional[int], doc("host thread")]
+    blocked_ns: Annotated[int, doc("time the host thread was blocked in the call")]
+    median_blocked_ns: Annotated[float, doc("median time blocked per call")]
+    max_blocked_ns: Annotated[int, doc("longest time blocked in one call")]
+    idle_after_ns: Annotated[int, doc("GPU idle time after the call")]
+    calls_followed_by_idle: Annotated[int, doc("calls after which the GPU sat idle")]
+    host_idle_ns: Annotated[int, doc("host time blocked while the GPU was idle")]
+    loss_ns: Annotated[int, doc("estimated loss")]
+    span_ns: Annotated[int, doc("time span of the intervals")]
+    worst: Annotated[list[T003Example], doc("the calls that left the GPU idle longest")]
+
+
 RULE = Rule(
     id="T003",
+    evidence=T003Evidence,
     name="sync-stalls",
     title="Synchronization stalls: host waits that leave the GPU idle",
     phase="timeline",

@@ -1,9 +1,14 @@
 """T004 host-bound stretches: every GPU of the run idle while the host works on what it has not issued yet."""
 
+from typing import Annotated
+
+import msgspec
+
 from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks, steady_start, warmup_merged
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
+from .evidence import Place, PlacedEvidence, TimeRange, doc
 
 # The stretches are the gaps in the union of GPU work over all devices (views.run_idle_gaps:
 # idle on every GPU, computed once per run and kept with a big run's cache). Of each, only its
@@ -214,8 +219,41 @@ for _key, _sql in {
 }.items():
     SQL = SQL.replace(_key, _sql)
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T004TopActivity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: Annotated[str, doc("name")]
+    kind: Annotated[str, doc("the activity's kind (cpu_op, runtime call, range)")]
+    stretches: Annotated[int, doc("idle stretches")]
+    ns: Annotated[int, doc("time")]
+
+
+class T004Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
+    host_ns: Annotated[int, doc("host time in the stretch")]
+    gpu_idle_ns: Annotated[int, doc("GPU idle time")]
+    host_busy_share: Annotated[float, doc("share of the stretch the host thread was busy")]
+    main: Annotated[str, doc("name of the host activity taking most of the stretch")]
+    main_kind: Annotated[str, doc("kind of that activity")]
+    main_id: Annotated[int, doc("id of that activity")]
+
+
+class T004Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
+    warmup_ns: Annotated[int, doc("idle time inside warm-up windows, left out of the totals")]
+    stretches: Annotated[int, doc("idle stretches")]
+    total_ns: Annotated[int, doc("total time")]
+    median_ns: Annotated[float, doc("median interval")]
+    max_ns: Annotated[int, doc("the longest interval")]
+    gpu_span_ns: Annotated[int, doc("time from the first to the last GPU activity")]
+    gpu_idle_stretches: Annotated[int, doc("stretches with the GPU idle")]
+    gpu_idle_ns: Annotated[int, doc("GPU idle time")]
+    top_activity: Annotated[list[T004TopActivity], doc("host activities taking most of the stretches")]
+    place: Annotated[Place, doc("where most of the intervals lie")]
+    worst: Annotated[list[T004Example], doc("the longest GPU-idle stretches with the host busy")]
+
+
 RULE = Rule(
     id="T004",
+    evidence=T004Evidence,
     name="host-bound",
     title="Host-bound stretches: every GPU idle while the host works",
     phase="timeline",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
+import msgspec
 import numpy as np
 
 from ..fmt import ns, pct
 from ._launches import launch_groups
 from .base import Rule, Threshold
+from .evidence import Evidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -185,8 +187,44 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return pd.DataFrame(_timeline(store, run_id, p) + _ncu(store, run_id, p))
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T005Example(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    estimated_occupancy: Annotated[Optional[float], doc("estimated achieved occupancy")] = None
+    first_kernel_id: Annotated[Optional[int], doc("id of the kernel's first launch")] = None
+    grid_blocks: Annotated[Optional[float], doc("blocks in the grid")] = None
+    kernel: Annotated[str, doc("kernel name")]
+    kernel_ns: Annotated[Optional[int], doc("kernel time")] = None
+    launches: Annotated[Optional[int], doc("launches")] = None
+    sm_count: Annotated[Optional[float], doc("SMs on the device")] = None
+    duration_ns: Annotated[Optional[float], doc("kernel time (all launches)")] = None
+    kernel_id: Annotated[Optional[int], doc("id of the kernel")] = None
+    memory_pct: Annotated[Optional[float], doc("memory throughput, % of peak")] = None
+    sm_pct: Annotated[Optional[float], doc("SM throughput, % of peak")] = None
+
+
+class T005Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    active_span_ns: Annotated[Optional[int], doc("time from the device's first to its last GPU activity")] = None
+    busy_ns: Annotated[Optional[int], doc("time with a kernel running")] = None
+    busy_share: Annotated[Optional[float], doc("share of the active span with a kernel running")] = None
+    estimate_coverage: Annotated[Optional[float], doc("share of kernel time with an occupancy estimate")] = None
+    kernel_ns: Annotated[Optional[float], doc("the device's kernel time")]
+    kernels: Annotated[Optional[int], doc("kernels counted")] = None
+    tiny_kernel_share: Annotated[Optional[float], doc("share of kernel time in tiny kernels")] = None
+    tiny_kernels: Annotated[Optional[int], doc("tiny kernels")] = None
+    estimate: Annotated[Optional[str], doc("how the occupancy is averaged")] = None
+    estimate_sources: Annotated[Optional[list[str]], doc("where the occupancy estimates come from")] = None
+    estimated_occupancy: Annotated[Optional[float], doc("estimated achieved occupancy")] = None
+    worst: Annotated[Optional[list[T005Example]], doc("the kernels that fill the GPU least")] = None
+    launches: Annotated[Optional[int], doc("launches")] = None
+    launches_below: Annotated[Optional[int], doc("launches below the throughput threshold")] = None
+    sol_pct: Annotated[Optional[float], doc("the kernels' time-weighted Speed-of-Light throughput, % of peak")] = None
+    weighted_by: Annotated[Optional[str], doc("what the average is weighted by")] = None
+
+
 RULE = Rule(
     id="T005",
+    evidence=T005Evidence,
     name="busy-not-useful",
     title="GPU busy, but not with useful work",
     phase="timeline",

@@ -1,10 +1,13 @@
 """T006 copy hygiene: small copies that could be one, pageable device-to-host copies, and
 device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
+from typing import Annotated, Optional
+
 from ..store.views import host_until, issued_at, next_busy_candidates
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold, pair_key
+from .evidence import PlacedEvidence, StreamRange, doc
 
 SQL = r"""
 WITH cp AS NOT MATERIALIZED (  -- each part reads only the columns it needs (5 M kernels: 0.37 -> 0.32 s)
@@ -198,8 +201,48 @@ SQL = SQL.replace("__PLACE__", majority_window(
     "coalesce(hideable_ns, 0) AS ns FROM serial_idle", ("device_id",))).replace("__PLACE_JSON__", place_json("waits", "wp"))
 SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descending=True))
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T006Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
+    copy_id: Annotated[int, doc("id of the copy")]
+    start_ns: Annotated[Optional[int], doc("start, trace clock, where the example has a time range")] = None
+    end_ns: Annotated[Optional[int], doc("end, trace clock, where the example has a time range")] = None
+    bytes: Annotated[int, doc("bytes")]
+    stream_id: Annotated[Optional[int], doc("stream")] = None
+    call: Annotated[Optional[str], doc("the host call that issued the copy")] = None
+    how: Annotated[Optional[str], doc("how the copy blocked the host")] = None
+    sync_call: Annotated[Optional[str], doc("the synchronizing call after the copy")] = None
+    call_start_ns: Annotated[Optional[int], doc("when the copy's call started")] = None
+    wait_end_ns: Annotated[Optional[int], doc("when the wait for the copy ended")] = None
+    idle_after_ns: Annotated[Optional[int], doc("GPU idle time after the call")] = None
+    step: Annotated[Optional[str], doc("the step")] = None
+    api_name: Annotated[Optional[str], doc("the CUDA API call that issued the copy")] = None
+
+
+class T006Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
+    steps: Annotated[Optional[int], doc("steps with copies (the diagnosis sets the steady steps where it spreads a loss)")] = None
+    copies: Annotated[int, doc("copies counted")]
+    direction: Annotated[Optional[str], doc("copy direction (HtoD, DtoH, DtoD, ...)")] = None
+    bytes: Annotated[int, doc("bytes")]
+    copy_ns: Annotated[Optional[int], doc("time of the copies")] = None
+    streams: Annotated[Optional[int], doc("streams")] = None
+    best_bytes_per_ns: Annotated[Optional[float], doc("the fastest copy rate seen for this kind of copy, bytes per ns")] = None
+    worst: Annotated[list[T006Example], doc("the copies that cost most")]
+    wait_ns: Annotated[Optional[int], doc("host time waiting on copies")] = None
+    idle_after_ns: Annotated[Optional[int], doc("GPU idle time after the call")] = None
+    host_idle_ns: Annotated[Optional[int], doc("host time blocked while the GPU was idle")] = None
+    loss_ns: Annotated[Optional[int], doc("estimated loss")] = None
+    copies_in_steps: Annotated[Optional[int], doc("copies inside steps")] = None
+    steps_with_copies: Annotated[Optional[int], doc("steps with at least one copy")] = None
+    max_per_step: Annotated[Optional[int], doc("most copies in one step")] = None
+    how: Annotated[Optional[dict[str, int]], doc("copies per way they blocked the host")] = None
+    async_calls: Annotated[Optional[int], doc("copies issued with an async call")] = None
+    extra_ns: Annotated[Optional[int], doc("time pageable copies took beyond pinned ones' rate")] = None
+
+
 RULE = Rule(
     id="T006",
+    evidence=T006Evidence,
     name="copy-hygiene",
     title="Copy hygiene: small copies, pageable device-to-host copies, copies the host waits on",
     phase="timeline",

@@ -1,9 +1,14 @@
 """T007 communication overlap: collective kernels that run with no compute beside them."""
 
+from typing import Annotated, Optional
+
+import msgspec
+
 # Kernel names of collectives (COMM_PATTERN): the ones the time budget counts as communication.
 from ..store.views import COMM_PATTERN, covered_ns, islands
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
+from .evidence import Evidence, StreamRange, doc
 
 SQL = r"""
 WITH comm_keys AS (  -- the pattern is matched once per distinct name (views.kernel_names), not per launch
@@ -79,8 +84,37 @@ SQL = SQL.replace("__COMM__", COMM_PATTERN).replace(
     "__KERNEL_OVERLAP__", covered_ns("SELECT kernel_id, device_id, start_ns, end_ns FROM k WHERE is_comm",
                                      ("kernel_id",), "SELECT * FROM compute_cum"))
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T007KernelExposure(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    kernel: Annotated[str, doc("kernel name")]
+    launches: Annotated[int, doc("launches")]
+    ns: Annotated[int, doc("time")]
+    exposed_ns: Annotated[int, doc("time with nothing running beside it")]
+
+
+class T007Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
+    kernel_id: Annotated[int, doc("id of the kernel")]
+    kernel: Annotated[str, doc("kernel name")]
+    stream_id: Annotated[int, doc("stream")]
+    exposed_ns: Annotated[int, doc("time with nothing running beside it")]
+
+
+class T007Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    collective_launches: Annotated[int, doc("collective kernels launched")]
+    collective_ns: Annotated[int, doc("time of the collective kernels")]
+    exposed_ns: Annotated[int, doc("time with nothing running beside it")]
+    active_span_ns: Annotated[int, doc("time from the device's first to its last GPU activity")]
+    streams: Annotated[int, doc("streams")]
+    rank: Annotated[Optional[int], doc("the rank")]
+    world_size: Annotated[Optional[int], doc("ranks in the job")]
+    by_kernel: Annotated[list[T007KernelExposure], doc("exposed time per collective kernel")]
+    worst: Annotated[list[T007Example], doc("the collectives with the most exposed time")]
+
+
 RULE = Rule(
     id="T007",
+    evidence=T007Evidence,
     name="exposed-communication",
     title="Collective communication not overlapped with compute",
     phase="timeline",

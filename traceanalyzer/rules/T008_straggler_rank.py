@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import msgspec
 
 from ..fmt import ns, pct
 from ..store.views import COMM_PATTERN
 from .base import Rule, Threshold
+from .evidence import Evidence, doc
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -172,8 +175,29 @@ def evaluate(store, run_ids: list[str], p: dict) -> pd.DataFrame:
     return pd.DataFrame(findings)
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T008Rank(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    comm_ns: Annotated[float, doc("communication time per step")]
+    compute_ns: Annotated[float, doc("compute time per step")]
+    file: Annotated[str, doc("the rank's trace file")]
+    rank: Annotated[int, doc("the rank")]
+    step_ns: Annotated[float, doc("step time")]
+    steps: Annotated[int, doc("steps counted")]
+
+
+class T008Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    compute_excess_ns: Annotated[float, doc("how much longer the straggler computes per step than the median rank")]
+    lag_ns: Annotated[float, doc("how much later the straggler reaches each step's collectives")]
+    median_step_ns: Annotated[float, doc("median step time over ranks")]
+    ranks: Annotated[list[T008Rank], doc("per rank: step, compute and communication time")]
+    signal: Annotated[str, doc("what marks the straggler (compute or late arrival)")]
+    straggler_rank: Annotated[int, doc("the slow rank")]
+
+
 RULE = Rule(
     id="T008",
+    evidence=T008Evidence,
     name="straggler-rank",
     title="Straggler rank in a multi-rank job",
     phase="timeline",

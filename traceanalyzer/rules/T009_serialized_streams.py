@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import msgspec
 
 from ..fmt import ns as fmt_ns, pct
 from ..store.views import COMM_PATTERN, islands
 from . import _unknown
 from .base import Rule, Threshold
+from .evidence import Evidence, StreamRange, doc
 
 if TYPE_CHECKING:
     import numpy as np
@@ -287,8 +290,48 @@ def _reasons(ids, implicit, engines, ops, resources, capacity) -> tuple[list[str
     return reasons, hints
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T009ImplicitSyncCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    call: Annotated[str, doc("the call")]
+    count: Annotated[int, doc("how often it was called")]
+
+
+class T009Stream(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    busy_ns: Annotated[int, doc("time the stream was busy")]
+    ops: Annotated[int, doc("operations")]
+    share: Annotated[float, doc("its share of the streams' busy time")]
+    stream_id: Annotated[int, doc("stream")]
+
+
+class T009Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
+    hideable_ns: Annotated[int, doc("time that could overlap with other streams")]
+    item_id: Annotated[int, doc("id of the operation")]
+    kind: Annotated[str, doc("the operation's kind (kernel, memcpy, ...)")]
+    stream_id: Annotated[int, doc("stream")]
+
+
+class T009Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    copy_engines: Annotated[int, doc("copy engines of the device")]
+    event_waits: Annotated[int, doc("cross-stream event waits")]
+    excess_ns: Annotated[int, doc("time beyond the shortest possible")]
+    floor_ns: Annotated[int, doc("the shortest the work could take on its streams (the longest stream's busy time)")]
+    gpu_threads: Annotated[int, doc("threads the GPU runs at once")]
+    hideable_ns: Annotated[int, doc("time that could overlap with other streams")]
+    implicit_sync_calls: Annotated[list[T009ImplicitSyncCall], doc("calls that synchronize streams implicitly")]
+    kernels_filling_gpu_share: Annotated[float, doc("share of kernel time in kernels that fill the GPU alone")]
+    overlap_ns: Annotated[int, doc("time streams overlapped")]
+    reasons: Annotated[list[str], doc("why the streams ran serialized")]
+    shorter_streams_ns: Annotated[int, doc("busy time of the streams other than the longest")]
+    streams: Annotated[list[T009Stream], doc("streams")]
+    union_ns: Annotated[int, doc("time any of the streams was busy")]
+    waiting_ops: Annotated[int, doc("operations waiting on another stream")]
+    worst: Annotated[list[T009Example], doc("the operations that could overlap most")]
+
+
 RULE = Rule(
     id="T009",
+    evidence=T009Evidence,
     name="serialized-streams",
     title="Streams that could overlap and never do",
     phase="timeline",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from . import _unknown
 from .base import Rule, Threshold
+from .evidence import Evidence, doc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,8 +51,26 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     }])
 
 
+# What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
+# (rules/evidence.py); the query above writes it, this only declares and reads it.
+class T010Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
+    cause: Annotated[str, doc("`unknown`: the idle causes of the run cannot be told")]
+    missing: Annotated[list[str], doc("what the trace lacks, and how to record it")]
+    cpu_ops: Annotated[int, doc("host operators in the trace")]
+    gpu_ops: Annotated[int, doc("GPU operations in the trace")]
+    launched_ops: Annotated[int, doc("host operators that launched GPU work")]
+    op_id_density: Annotated[float, doc("operator ids recorded per id range (1 when none were dropped)")]
+    op_id_jump_share: Annotated[float, doc("share of id steps that skip ids")]
+    op_ids: Annotated[int, doc("operator ids recorded")]
+    ops_after_launched: Annotated[int, doc("host operators after the last one that launched GPU work")]
+    signals: Annotated[list[str], doc("what shows ops were dropped")]
+    unlaunched_ops: Annotated[int, doc("host operators that launched nothing")]
+    unlaunched_share: Annotated[float, doc("share of operators that launched nothing")]
+
+
 RULE = Rule(
     id="T010",
+    evidence=T010Evidence,
     name="sampled-trace",
     title="Sampled or stripped trace: idle time cannot be attributed",
     phase="timeline",

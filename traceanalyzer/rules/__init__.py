@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from .base import PHASES, FINDING_COLUMNS, Rule, RuleOutcome, Threshold
 
-_NOT_RULES = {"base", "engine", "config", "docs"}
+_NOT_RULES = {"base", "engine", "config", "docs", "evidence"}
 
 
 @lru_cache(maxsize=1)
@@ -41,4 +41,36 @@ def get_rule(ref: str) -> Rule:
     raise KeyError(ref)
 
 
-__all__ = ["all_rules", "get_rule", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]
+def evidence_of(rule_id: str, evidence):
+    """A finding's evidence (the stored JSON text, or that text decoded to a dict) as its rule's
+    type (`Rule.evidence`, rules/evidence.py); None where there is none or the rule is not known
+    to this version. Raises msgspec.ValidationError where it does not fit the type: a key the
+    rule writes and its type does not declare is an error, not a blank in a report."""
+    import msgspec
+
+    if evidence is None or evidence == "":
+        return None
+    try:
+        kind = get_rule(rule_id).evidence
+    except KeyError:
+        return None
+    if kind is None:
+        return None
+    try:
+        if isinstance(evidence, (str, bytes)):
+            return _decoded(evidence, kind)
+        return msgspec.convert(evidence, type=kind)
+    except msgspec.ValidationError as e:
+        raise msgspec.ValidationError(f"{rule_id}'s evidence does not fit {kind.__name__}: {e}") from e
+
+
+@lru_cache(maxsize=4096)
+def _decoded(text: str | bytes, kind: type):
+    """The diagnosis reads a finding's evidence more than once (its cap, its cause); readers
+    do not change what they get."""
+    from .evidence import decode
+
+    return decode(text, kind)
+
+
+__all__ = ["all_rules", "get_rule", "evidence_of", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]

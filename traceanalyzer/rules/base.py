@@ -195,6 +195,12 @@ class Rule:
     # (store, run_id, findings) -> findings: where the trace cannot tell the cause a finding
     # names, the finding says `cause: unknown` and what is missing instead (rules/_unknown.py).
     unknown: Optional[Callable[..., pd.DataFrame]] = None
+    # What its findings' evidence holds (a rules.evidence.Evidence subclass): the JSON its query
+    # writes, declared so that readers decode it by type and a renamed key fails a test.
+    evidence: Optional[type] = None
+    # (store, run_id) -> one row per item the rule examines, flagged or not, for reports that
+    # chart them all (B003: every kernel's place on the roofline).
+    analysis: Optional[Callable[..., pd.DataFrame]] = None
 
     def __post_init__(self):
         if self.phase not in PHASES:

@@ -42,13 +42,59 @@ def rule_markdown(rule: Rule) -> str:
         lines += ["", "It also reads " + ", ".join(f"`{ref}`" for ref in rule.shared) + ": those rules' "
                   "thresholds, one value for both, set there (`--threshold " f"{rule.shared[0]}=VALUE`)."]
     lines += ["", "## Data it needs", "", f"{rule.requires[0].upper()}{rule.requires[1:]}. "
-              "A run without it is listed as `no-data` for this rule, not as clean.", "",
-              "## How to fix", "", rule.fix, ""]
+              "A run without it is listed as `no-data` for this rule, not as clean.", ""]
+    lines += _evidence(rule)
+    lines += ["## How to fix", "", rule.fix, ""]
     if rule.example:
         lines += ["## Example", "", rule.example, ""]
     if rule.references:
         lines += ["## References", ""] + [f"- {r}" for r in rule.references] + [""]
     return "\n".join(lines)
+
+
+def _evidence(rule: Rule) -> list[str]:
+    """The fields of its findings' evidence: its own in a table (nested objects' fields as
+    `parent.child`, `[]` for each item of a list), then the keys shared steps may add."""
+    from .evidence import fields, own_fields
+
+    if rule.evidence is None:
+        return []
+    own = own_fields(rule.evidence)
+    rows = fields(rule.evidence)
+    top = lambda name: name.split(".")[0].split("[")[0].split("{")[0]  # noqa: E731
+    lines = ["## Evidence", "", f"What each finding's `evidence` (JSON) holds, declared by `{rule.evidence.__name__}` "
+             "in the rule's module and read by the reports through it (`rules.evidence_of`). A field whose type says "
+             "\"or null\" may be null or left out.", "",
+             "| field | type | meaning |", "|---|---|---|"]
+    lines += [f"| `{n}` | {t} | {m} |" for n, t, m in rows if top(n) in own]
+    shared = [(n, t, m) for n, t, m in rows if top(n) not in own and top(n) == n]
+    if shared:
+        lines += ["", "Besides, the [shared keys](README.md#evidence-keys-shared-by-rules) "
+                  + ", ".join(f"`{n}`" for n, _, _ in shared) + "."]
+    return lines + [""]
+
+
+def _shared_keys() -> list[str]:
+    """The keys of the shared bases (rules/evidence.py), each once, for the index page."""
+    from . import evidence as e
+    from .evidence import fields
+
+    lines = ["## Evidence keys shared by rules", "", "Keys that steps shared by several rules add to a finding's "
+             "evidence (rules/evidence.py); each rule's page says which of them its findings may carry.", "",
+             "| key | type | meaning | added by |", "|---|---|---|---|"]
+    seen: set[str] = set()
+    base = {"severity_reason": "a rule lowering one finding's severity, abstention (rules/_unknown.py)",
+            "cause": "abstention (rules/_unknown.py)", "missing": "abstention (rules/_unknown.py)"}
+    for kind, by in ((e.Evidence, "the diagnosis (traceanalyzer/diagnosis.py)"),
+                     (e.PlacedEvidence, "rules over many intervals (rules/_place.py)"),
+                     (e.KernelEvidence, "kernel rules: the launching operator (rules/_code.py)"),
+                     (e.NcuEvidence, "Nsight Compute rules on a linked timeline (rules/_ncu.py)"),
+                     (e.NcuTimedEvidence, "Nsight Compute rules that time the kernel")):
+        for n, t, m in fields(kind):
+            if n not in seen:
+                seen.add(n)
+                lines.append(f"| `{n}` | {t} | {m} | {base.get(n, by)} |")
+    return lines
 
 
 def _severity(rule: Rule) -> str:
@@ -65,6 +111,7 @@ def index_markdown(appendix: str = "") -> str:
              "| id | name | phase | severity | title |", "|---|---|---|---|---|"]
     lines += [f"| [{r.id}]({r.id}.md) | `{r.name}` | {r.phase} | {r.severity}"
               f"{f' (at most {r.max_severity})' if r.max_severity else ''} | {r.title} |" for r in all_rules()]
+    lines += [""] + _shared_keys()
     return "\n".join(lines) + "\n" + (f"\n{appendix.strip()}\n" if appendix else "")
 
 
