@@ -9,7 +9,7 @@ import json
 import msgspec
 import pytest
 
-from traceanalyzer.rules import all_rules, evidence_of
+from traceanalyzer.rules import EvidenceMismatch, all_rules, evidence_of
 from traceanalyzer.rules.evidence import Evidence, decode, fields
 
 
@@ -53,11 +53,11 @@ def test_a_renamed_key_fails_and_a_missing_optional_one_does_not():
     assert ev.main_cause == "sync" and ev.place.what == "gaps" and ev.severity_reason is None
     renamed = dict(good)
     renamed["main_reason"] = renamed.pop("main_cause")
-    with pytest.raises(msgspec.ValidationError):
+    with pytest.raises(EvidenceMismatch):
         evidence_of("T001", json.dumps(renamed))
-    with pytest.raises(msgspec.ValidationError):  # a key no type declares
+    with pytest.raises(EvidenceMismatch):  # a key no type declares
         evidence_of("T001", json.dumps({**good, "extra": 1}))
-    with pytest.raises(msgspec.ValidationError):  # and so in a nested object
+    with pytest.raises(EvidenceMismatch):  # and so in a nested object
         evidence_of("T001", json.dumps({**good, "place": {**good["place"], "extra": 1}}))
 
 
@@ -117,5 +117,16 @@ def test_reports_read_the_typed_fields():
     assert [(r.start_ns, r.end_ns) for r in examples(f)] == [(100, 900), (100, 160)]
     assert {(m["s"], m["e"], m["st"]) for m in markers([f], 0, 1000)} == {(100, 900, 7), (100, 160, 7)}
     assert _duration(f) == 0.0  # not a kernel's profiled time: T001 has none
-    with pytest.raises(msgspec.ValidationError):  # a key T001 does not declare
+    with pytest.raises(EvidenceMismatch):  # a key T001 does not declare
         unknown_cause({**f, "evidence": {**t001, "duration_ns": 5.0}})
+
+
+def test_evidence_of_another_shape_is_a_warning_and_no_evidence_for_a_user():
+    """Outside the tests (which make EvidenceMismatch an error), evidence that does not fit its
+    rule's type, as a store written by another version holds, reads as none, with a warning."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert evidence_of("T001", json.dumps({"main_reason": "sync"})) is None
+    assert [w.category for w in caught] == [EvidenceMismatch] and "T001" in str(caught[0].message)

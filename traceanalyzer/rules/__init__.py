@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import warnings
 from functools import lru_cache
 
 from .base import PHASES, FINDING_COLUMNS, Rule, RuleOutcome, Threshold
@@ -44,8 +45,10 @@ def get_rule(ref: str) -> Rule:
 def evidence_of(rule_id: str, evidence):
     """A finding's evidence (the stored JSON text, or that text decoded to a dict) as its rule's
     type (`Rule.evidence`, rules/evidence.py); None where there is none or the rule is not known
-    to this version. Raises msgspec.ValidationError where it does not fit the type: a key the
-    rule writes and its type does not declare is an error, not a blank in a report."""
+    to this version, and where it does not fit the type (a key the rule writes that its type
+    does not declare, or evidence stored by another version): then an EvidenceMismatch warning
+    says so, which the tests make an error, so that a renamed key fails a test while a report
+    on a store of another version shows the rest of what it can."""
     import msgspec
 
     if evidence is None or evidence == "":
@@ -61,7 +64,12 @@ def evidence_of(rule_id: str, evidence):
             return _decoded(evidence, kind)
         return msgspec.convert(evidence, type=kind)
     except msgspec.ValidationError as e:
-        raise msgspec.ValidationError(f"{rule_id}'s evidence does not fit {kind.__name__}: {e}") from e
+        warnings.warn(EvidenceMismatch(f"{rule_id}'s evidence does not fit {kind.__name__}: {e}"), stacklevel=2)
+        return None
+
+
+class EvidenceMismatch(UserWarning):
+    """A finding's evidence that does not fit its rule's type (`evidence_of`)."""
 
 
 @lru_cache(maxsize=4096)
@@ -73,4 +81,4 @@ def _decoded(text: str | bytes, kind: type):
     return decode(text, kind)
 
 
-__all__ = ["all_rules", "get_rule", "evidence_of", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]
+__all__ = ["all_rules", "get_rule", "evidence_of", "EvidenceMismatch", "Rule", "Threshold", "RuleOutcome", "FINDING_COLUMNS"]
