@@ -79,7 +79,9 @@ def test_falconsai_mi300_the_idle_headline_says_where_its_gaps_are(falconsai):
     assert abs((first["start_ns"] - gpu0) / 1e3 - (raw0 - first_kernel_us)) < 1
     assert abs((first["end_ns"] - first["start_ns"]) / 1e3 - (gaps[-1][1] - gaps[0][0])) < 1
     from traceanalyzer import fmt
-    assert fmt.place(first["start_ns"], first["end_ns"], origin, {"place": place}).startswith("127 gaps between ")
+    from traceanalyzer.rules import evidence_of
+    assert fmt.place(first["start_ns"], first["end_ns"], origin,
+                     evidence_of(first["rule_id"], first["evidence"]).place).startswith("127 gaps between ")
 
 
 def test_the_place_of_a_finding_is_the_window_holding_most_of_its_time():
@@ -105,12 +107,16 @@ def test_the_place_of_a_finding_is_the_window_holding_most_of_its_time():
 def test_place_in_words():
     from traceanalyzer import fmt
 
-    ev = {"place": {"start_ns": 1_200_000, "end_ns": 3_400_000, "count": 57, "of": 127, "ns": 61, "total_ns": 100,
-                    "what": "gaps"}}
-    assert fmt.place(1_200_000, 3_400_000, 0, ev) == "at 1.2 ms–3.4 ms into the run: 57 of the 127 gaps, 61.0% of their time"
-    ev["place"]["count"] = 127
-    assert fmt.place(500_000, 7_500_000, 0, ev) == "127 gaps between 500 us and 7.5 ms into the run"
-    assert fmt.place(500_000, 7_500_000, 0, {}) == "at 500 us–7.5 ms into the run"
+    import msgspec
+
+    from traceanalyzer.rules.evidence import Place
+
+    ev = {"start_ns": 1_200_000, "end_ns": 3_400_000, "count": 57, "of": 127, "ns": 61, "total_ns": 100, "what": "gaps"}
+    p = msgspec.convert(ev, Place)
+    assert fmt.place(1_200_000, 3_400_000, 0, p) == "at 1.2 ms–3.4 ms into the run: 57 of the 127 gaps, 61.0% of their time"
+    assert fmt.place(500_000, 7_500_000, 0, msgspec.convert({**ev, "count": 127}, Place)) == \
+        "127 gaps between 500 us and 7.5 ms into the run"
+    assert fmt.place(500_000, 7_500_000, 0, None) == "at 500 us–7.5 ms into the run"
 
 
 @pytest.fixture(scope="module")

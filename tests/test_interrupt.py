@@ -94,11 +94,19 @@ def _whole_runs(db) -> tuple[int, int]:
     return len(rows), sum(1 for _, n in rows if n == len(per_run))
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT handled and not blocked in the scan, as a shell starts a command: a child
+    inherits an ignored or blocked signal, and a test process (an xdist worker, after other
+    tests) may have either, which left the scan deaf to the SIGINT sent."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _interrupt(cmd: list[str], env: dict, wait_for: str) -> tuple[subprocess.CompletedProcess, float]:
     """Run `cmd` in a process group of its own, send the group SIGINT once its output has a
     line starting with `wait_for`; the process and the seconds from SIGINT to its exit."""
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_as_from_a_terminal)
     stream = p.stderr if wait_for.startswith("scan:") else p.stdout
     try:
         seen = []
