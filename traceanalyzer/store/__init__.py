@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -67,6 +67,7 @@ DUCKDB_MAGIC = (8, b"DUCK")  # where DuckDB's main header says what the file is
 CREATING_WAIT_S = 10.0
 HANDOVER_S = 3.0  # how long a writer that let go waits for the waiting process to get in
 
+_T = TypeVar("_T")
 # Columns that hold a point in time on the run's clock (used to compute the run's span).
 _TIME_COLUMNS = ("start_ns", "end_ns", "ts_ns")
 
@@ -421,18 +422,34 @@ class Store:
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):
         """Run SQL with optional parameters; the result has .fetchall() and .df() (see also
-        `df()` and `arrow()`)."""
-        return self.con.execute(query, params) if params is not None else self.con.execute(query)
+        `df()` and `arrow()`). The table macros (`views.TABLE_MACROS`) are there at first use."""
+        run = lambda: self.con.execute(query, params) if params is not None else self.con.execute(query)  # noqa: E731
+        return self._with_table_macros(run)
+
+    def _with_table_macros(self, run: Callable[[], _T]) -> _T:
+        try:
+            return run()
+        except duckdb.CatalogException as e:
+            if not views.names_table_macro(e):
+                raise
+            try:  # (in a transaction the error aborted, this fails too: the error is the first one)
+                views.install_table_macros(self.con)
+            except duckdb.Error:
+                raise e from None
+            return run()
 
     def df(self, query: str, params=None):
         return self.sql(query, params).df()
 
     def arrow(self, query: str, params=None) -> pa.Table:
         self._drop_pending()
-        rel = self.con.sql(query, params=params)
-        # DuckDB 2.x names it to_arrow_table; in 1.x .arrow() returns the table.
-        fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
-        return fetch()
+
+        def run() -> pa.Table:
+            rel = self.con.sql(query, params=params)
+            # DuckDB 2.x names it to_arrow_table; in 1.x .arrow() returns the table.
+            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
+            return fetch()
+        return self._with_table_macros(run)
 
     def run_ids(self) -> list[str]:
         return [r[0] for r in self.sql("SELECT run_id FROM runs ORDER BY ingested_at, run_id").fetchall()]

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import re
 import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1347,14 +1348,33 @@ PLANNER_SETTINGS = {"asof_loop_join_threshold": 0, "merge_join_threshold": 0}
 
 
 def install(con: duckdb.DuckDBPyConnection) -> None:
+    """The planner settings, macros and views on `con` (TEMP: a connection's own). The table
+    macros come at their first use (`install_table_macros`): DuckDB parses and binds what is
+    created, and they are two thirds of the SQL, which most connections never call."""
     for name, value in PLANNER_SETTINGS.items():
         con.execute(f"SET {name} = {value}")
     for name, body in MACROS.items():
         con.execute(f"CREATE OR REPLACE TEMP MACRO {name}{body}")
     for name, (_, sql) in VIEWS.items():
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}")
+
+
+_with_table_macros: weakref.WeakSet = weakref.WeakSet()  # connections that have TABLE_MACROS
+
+
+def install_table_macros(con: duckdb.DuckDBPyConnection) -> None:
+    """TABLE_MACROS on `con`, once per connection."""
+    if con in _with_table_macros:
+        return
     for name, body in TABLE_MACROS.items():
         con.execute(f"CREATE OR REPLACE TEMP MACRO {name}{body}")
+    _with_table_macros.add(con)
+
+
+def names_table_macro(error: BaseException) -> bool:
+    """Whether `error` is DuckDB's for a table macro not installed on the connection."""
+    return isinstance(error, duckdb.CatalogException) and any(f"name {n} does not exist" in str(error)
+                                                                for n in TABLE_MACROS)
 
 
 # The views the rules read that cost a sort of all GPU work each time, in dependency order
@@ -1695,6 +1715,7 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
     """`time_budget`'s rows of these runs (run_id, device_id, span_ns, category, cause, ns): a
     run with a kept cache's from its kept result (`kept_rows`), a run of more than
     BUDGET_WINDOW_GPU_OPS operations computed in windows, the others' in one query."""
+    install_table_macros(con)
     out, rest = [], []
     for run_id in run_ids:
         big = gpu_ops(con, run_id) > BUDGET_WINDOW_GPU_OPS
@@ -1729,6 +1750,7 @@ def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *,
     device_id, category, cause, ns), the latter computed only for the runs that have windows.
     A run with a kept cache keeps both (`kept_result`): the diagnosis and every report read
     them, and on a big run each query takes seconds."""
+    install_table_macros(con)
     windows: list[dict] = []
     parts: list[dict] = []
     for run_id in run_ids:
