@@ -123,10 +123,11 @@ def _table(trace, name):
 # ---- real traces -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", TORCH_FILES)
-def test_real_trace_reads_to_the_counts_in_the_json(traces_dir, name):
+def test_real_trace_reads_to_the_counts_and_devices_in_the_json(traces_dir, name):
     path = traces_dir / "torch" / name
     exp = _expected(path)
     trace = read(path)
+    _devices_come_from_device_properties(trace, exp)
     assert trace.format == "kineto-json" and trace.producer == "kineto"
     assert {t: count(trace, t) for t in exp["counts"]} == exp["counts"]
     assert not [w for w in trace.warnings if "skipped" in w]
@@ -143,11 +144,9 @@ def test_real_trace_reads_to_the_counts_in_the_json(traces_dir, name):
     assert (trace.rank, trace.world_size) == exp["rank_world"]
 
 
-@pytest.mark.parametrize("name", TORCH_FILES)
-def test_real_trace_devices_come_from_device_properties(traces_dir, name):
-    path = traces_dir / "torch" / name
-    exp = _expected(path)
-    devices = {d["device_id"]: d for d in _table(read(path), "devices")}
+def _devices_come_from_device_properties(trace, exp: dict) -> None:
+    """The devices table: the trace's deviceProperties, and every GPU with activity."""
+    devices = {d["device_id"]: d for d in _table(trace, "devices")}
     gpu = exp["gpu_devices"]
     if any("AMD" in str(p.get("name")) for p in exp["props"].values()):
         # ROCm activity on undescribed agent ids is the described devices without activity, in order
