@@ -10,7 +10,7 @@ import msgspec
 from ..fmt import nbytes, ns
 from . import _memory as mem
 from .base import Rule, Threshold
-from .evidence import Evidence, doc
+from .evidence import AllocationSite, Evidence, doc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,21 +80,6 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class M003HolderCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    bytes: Annotated[int, doc("bytes")]
-    call: Annotated[str, doc("the call (user frame) that allocated")]
-
-
-class M003Holder(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    allocations: Annotated[int, doc("allocations counted")]
-    bytes: Annotated[int, doc("bytes")]
-    calls: Annotated[list[M003HolderCall], doc("the calls that allocated most of it")]
-    share: Annotated[float, doc("share of the total")]
-    site: Annotated[str, doc("the allocation site (user code)")]
-    user_frames: Annotated[list[str], doc("the user code's stack frames")]
-    via: Annotated[Optional[str], doc("the library call the user code made")]
-
-
 class M003RequestedBy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     op: Annotated[str, doc("the operator")]
     site: Annotated[str, doc("the allocation site (user code)")]
@@ -107,7 +92,7 @@ class M003Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     allocated_bytes: Annotated[int, doc("bytes allocated to live tensors")]
     before_history_bytes: Annotated[int, doc("bytes allocated before the recorded history began")]
     device_free_bytes: Annotated[Optional[int], doc("device memory free at the failure, as CUDA reported it")]
-    holders: Annotated[list[M003Holder], doc("who held the memory at the failure, largest first")]
+    holders: Annotated[list[AllocationSite], doc("who held the memory at the failure, largest first")]
     ooms: Annotated[int, doc("out-of-memory events")]
     requested_by: Annotated[Optional[M003RequestedBy], doc("the code that made the failed request")]
     requested_bytes: Annotated[int, doc("the failed request's bytes")]

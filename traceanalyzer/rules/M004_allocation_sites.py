@@ -10,7 +10,7 @@ import msgspec
 from ..fmt import nbytes, ns
 from . import _memory as mem
 from .base import Rule, Threshold
-from .evidence import Evidence, doc
+from .evidence import AllocationSite, Evidence, doc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,27 +52,12 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
-class M004SiteCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    bytes: Annotated[int, doc("bytes")]
-    call: Annotated[str, doc("the call (user frame) that allocated")]
-
-
-class M004Site(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    allocations: Annotated[int, doc("allocations counted")]
-    bytes: Annotated[int, doc("bytes")]
-    calls: Annotated[list[M004SiteCall], doc("the calls that allocated most of it")]
-    share: Annotated[float, doc("share of the total")]
-    site: Annotated[str, doc("the allocation site (user code)")]
-    user_frames: Annotated[list[str], doc("the user code's stack frames")]
-    via: Annotated[Optional[str], doc("the library call the user code made")]
-
-
 class M004Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     before_history_bytes: Annotated[int, doc("bytes allocated before the recorded history began")]
     history_events: Annotated[int, doc("allocator events in the snapshot's history")]
     peak_allocated_bytes: Annotated[int, doc("peak allocated bytes")]
     peak_reserved_bytes: Annotated[int, doc("peak reserved bytes")]
-    sites: Annotated[list[M004Site], doc("allocation sites by bytes held at the peak")]
+    sites: Annotated[list[AllocationSite], doc("allocation sites by bytes held at the peak")]
     sites_total: Annotated[int, doc("allocation sites in all")]
 
 

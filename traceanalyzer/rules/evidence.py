@@ -77,6 +77,25 @@ class Compiled(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     regions: Annotated[Optional[list[str]], doc("the compiled regions it ran in")] = None
 
 
+class AllocationCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One call of user code that allocated at a site (rules/_memory.py)."""
+
+    bytes: Annotated[int, doc("bytes")]
+    call: Annotated[str, doc("the call (user frame) that allocated")]
+
+
+class AllocationSite(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where memory held at a moment was allocated, by user code (rules/_memory.py: M003, M004)."""
+
+    allocations: Annotated[int, doc("allocations counted")]
+    bytes: Annotated[int, doc("bytes")]
+    calls: Annotated[list[AllocationCall], doc("the calls that allocated most of it")]
+    share: Annotated[float, doc("share of the total")]
+    site: Annotated[str, doc("the allocation site (user code)")]
+    user_frames: Annotated[list[str], doc("the user code's stack frames")]
+    via: Annotated[Optional[str], doc("the library call the user code made")]
+
+
 class PlacedEvidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     """A finding over many intervals (gaps, copies, stretches)."""
 
