@@ -95,9 +95,10 @@ def _whole_runs(db) -> tuple[int, int]:
 
 
 def _as_from_a_terminal() -> None:
-    """SIGINT handled and not blocked in the scan, as a shell starts a command: a child
-    inherits an ignored or blocked signal, and a test process (an xdist worker, after other
-    tests) may have either, which left the scan deaf to the SIGINT sent."""
+    """SIGINT handled and not blocked in the scan, as an interactive shell starts a command: a
+    child inherits an ignored or blocked signal, and a suite started in the background by a
+    script (`pytest &`: SIGINT ignored, as POSIX has it without job control) would leave the
+    scan deaf to the SIGINT sent."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
