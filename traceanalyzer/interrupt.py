@@ -11,7 +11,8 @@ So, while `watching()`: SIGINT is noted here the moment it comes (Python writes 
 number to a pipe from its C-level handler, `signal.set_wakeup_fd`, and a thread reading that
 pipe notes it), and that thread interrupts every DuckDB connection made by
 `resources.connect_duckdb` or `Store.cursor` (`interruptible`), which DuckDB honours within
-a chunk of work, and again every REPEAT_S until the block ends. The places that take an error for a file's or a rule's ask
+a chunk of work, and again every REPEAT_S until the block ends (a query may start just
+after the signal). The places that take an error for a file's or a rule's ask
 `stop_if_interrupted()` first.
 """
 
