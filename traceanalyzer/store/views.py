@@ -1739,7 +1739,6 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
 _WARMUP_COLUMNS = "device_id, reason, name, start_ns, end_ns"
 _WARMUP_ORDER = "device_id NULLS LAST, start_ns, reason, end_ns, name"
 _WARMUP_WINDOWS = f"SELECT {_WARMUP_COLUMNS} FROM run_warmup_windows($rid) ORDER BY {_WARMUP_ORDER}"
-_KEPT_WINDOWS = "SELECT $rid AS run_id, device_id, start_ns, end_ns FROM {table}"
 _WARMUP_BUDGET = "SELECT device_id, category, cause, ns FROM run_warmup_budget($rid) ORDER BY ALL"
 
 
@@ -1759,8 +1758,8 @@ def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *,
             # range, call and launch of the run (5 M kernels, 24 M ranges: ~7 s, 4.6 GB)
             table = f'"{_kept_prefix(run_id)}warmup_windows"'
             mine = _rows(con, f"SELECT {_WARMUP_COLUMNS} FROM {table} ORDER BY {_WARMUP_ORDER}")
-            sql = (f"SELECT device_id, category, cause, ns FROM ({_warmup_budget('run_id = $rid', _KEPT_WINDOWS)}) "
-                   "ORDER BY ALL").replace("{table}", table)
+            kept_windows = f"SELECT $rid AS run_id, device_id, start_ns, end_ns FROM {table}"
+            sql = f"SELECT device_id, category, cause, ns FROM ({_warmup_budget('run_id = $rid', kept_windows)}) ORDER BY ALL"
             budget = functools.partial(_kept_result, con, run_id, "warmup_budget", sql,
                                        functools.partial(con.sql, sql, params={"rid": run_id}), write)
         else:
