@@ -159,14 +159,19 @@ def name_launchers(store: Store, run_id: str, findings: pd.DataFrame) -> pd.Data
 
 
 # Per Inductor kernel name of a run: what its launcher recorded and where it ran (compiled_kernels).
+# The launcher record is the first launch's that has one, whole: kernels of one name compiled
+# twice may carry two records, and fields taken from either would mix them.
 COMPILED_SQL = """
-SELECT name, any_value(kernel_meta->>'kernel_file') AS kernel_file, any_value(kernel_meta->>'kernel_hash') AS kernel_hash,
-       any_value(kernel_meta->>'kernel_kwargs') AS kernel_kwargs,
-       any_value(TRY_CAST(kernel_meta->>'num_warps' AS INTEGER)) AS num_warps,
-       any_value(TRY_CAST(kernel_meta->>'num_stages' AS INTEGER)) AS num_stages,
-       list_sort(list_distinct(list(graph_hash))) AS graphs, list_sort(list_distinct(list(region_name))) AS regions
-FROM compiled_kernels WHERE run_id = $run_id AND list_contains($names, name)
-GROUP BY name
+WITH per_name AS (
+    SELECT name, arg_min(kernel_meta, (start_ns, kernel_id)) FILTER (WHERE kernel_meta IS NOT NULL) AS meta,
+           list_sort(list_distinct(list(graph_hash))) AS graphs, list_sort(list_distinct(list(region_name))) AS regions
+    FROM compiled_kernels WHERE run_id = $run_id AND list_contains($names, name)
+    GROUP BY name
+)
+SELECT name, meta->>'kernel_file' AS kernel_file, meta->>'kernel_hash' AS kernel_hash,
+       meta->>'kernel_kwargs' AS kernel_kwargs, TRY_CAST(meta->>'num_warps' AS INTEGER) AS num_warps,
+       TRY_CAST(meta->>'num_stages' AS INTEGER) AS num_stages, graphs, regions
+FROM per_name
 """
 
 

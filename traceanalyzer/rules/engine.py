@@ -248,6 +248,15 @@ def _in_pass(stores: list[Store], cache: views.RunCache) -> Iterator[None]:
             st.run_cache = None
 
 
+@contextmanager
+def run_scope(store: Store, run_id: str) -> Iterator[views.RunCache]:
+    """One run's rules evaluated one by one (`evaluate_rule`) as a pass evaluates them: the views
+    scoped to the run's cache, and the results the rules share (launch groups, linked ncu runs)
+    computed once in the block (`RunCache.memo`)."""
+    with views.scoped_to_run(store.con, run_id) as cache, _in_pass([store], cache):
+        yield cache
+
+
 def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cursors: _Cursors | None) -> list:
     """`check(store, rule)` for every rule, in order; on the `cursors`, a thread each, when
     there are some and the run's cached views are readable from them (else on this one)."""
