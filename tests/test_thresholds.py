@@ -14,7 +14,7 @@ import tomllib
 
 import pytest
 
-from traceanalyzer.store import views
+from traceanalyzer.store import run_cache
 from traceanalyzer.batch.check import CheckOptions, UsageError, settings_from
 from traceanalyzer.rules import all_rules
 from traceanalyzer.rules.engine import applies, evaluate_across, evaluate_rule
@@ -120,7 +120,7 @@ def test_rules_run_at_their_edges_and_display_changes_no_finding(trace, fixtures
     store, runs = fixtures_store
     run_id = runs[trace]
     checked = 0
-    with views.scoped_to_run(store.con, run_id):
+    with run_cache.scoped_to_run(store.con, run_id):
         for rule in all_rules():
             if rule.scope != "run" or not applies(store, rule, run_id):
                 continue
@@ -166,6 +166,6 @@ def test_each_threshold_alone_at_its_edges(rule, fixtures_store):
         run_id = runs[traces[0]]
         if not applies(store, rule, run_id):
             continue
-        with views.scoped_to_run(store.con, run_id):
+        with run_cache.scoped_to_run(store.con, run_id):
             for changed in values:
                 evaluate_rule(store, rule, run_id, rule.params(changed))
