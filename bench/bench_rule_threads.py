@@ -16,7 +16,7 @@ from pathlib import Path
 from traceanalyzer.batch.check import check_file
 from traceanalyzer.rules import engine
 from traceanalyzer.rules.engine import Settings, run_rules
-from traceanalyzer.store import Store, views
+from traceanalyzer.store import Store, run_cache
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
                     run_rules(st, [run_id], Settings(reuse=False))
                     took = (time.perf_counter() - wall, time.process_time() - cpu)
                     best[n] = min(best.get(n, took), took)
-            ops = views.gpu_ops(st.con, run_id)
+            ops = run_cache.gpu_ops(st.con, run_id)
             print(f"{ops:>9,}  {best[1][0]:>9.2f} / {best[1][1]:<8.2f}  {best[2][0]:>9.2f} / {best[2][1]:<8.2f}  {path.name}")
 
 

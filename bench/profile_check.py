@@ -4,7 +4,7 @@ Runs `traceanalyzer check FILE --store STORE` in this process, as the CLI does, 
 for each phase its wall seconds, the peak resident memory reached within it (Linux: the
 process's high-water mark is reset at each phase's start by writing 5 to
 /proc/self/clear_refs) and the resident memory at its start. The phases are the functions a check goes through: the read into the
-store, the run's shared views (`views.scoped_to_run`), the rules (each rule's wall time,
+store, the run's shared views (`run_cache.scoped_to_run`), the rules (each rule's wall time,
 rules running on two threads overlap), the diagnosis, writing the findings, loading the
 result and the report. A phase inside another is printed indented.
 
@@ -122,13 +122,13 @@ def main() -> None:
     from traceanalyzer.cli import main as cli_main
     from traceanalyzer.ingest import nsys
     from traceanalyzer.rules import engine
-    from traceanalyzer.store import Store, views
+    from traceanalyzer.store import Store, run_cache
     imports_s = time.perf_counter() - t_import
 
     wrap(Store, "ingest", "read and store (Store.ingest)")
     for step in NSYS_STEPS:  # the nsys reader's steps, in the order it takes them
         wrap(nsys._Reader, step, f"nsys {step.strip('_')}", depth=2)
-    wrap(views, "scoped_to_run", "the run's shared views (scoped_to_run, entered)")
+    wrap(run_cache, "scoped_to_run", "the run's shared views (scoped_to_run, entered)")
     # Rules on worker threads (runs under engine.PARALLEL_MAX_GPU_OPS) overlap: their peaks are
     # the rules pass's; a rule on the main thread has its own.
     wrap(engine, "evaluate_rule", peak="main", label=lambda st, rule, *a, **k: f"rule {rule.id}", depth=2)

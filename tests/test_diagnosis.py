@@ -157,8 +157,8 @@ def test_t004_is_at_most_the_budgets_host_idle_on_every_real_trace(real):
         assert f["rule_loss_ns"] <= max(p.get("host", 0) for p in parts), (f["run_id"], f["message"], parts)
 
 
-# The idle rules whose causes are read with the budget's own marks (views.idle_marks, and
-# views.issued_at for the idle after a host wait or within a slow first call).
+# The idle rules whose causes are read with the budget's own marks (analyses.budget.idle_marks, and
+# analyses.budget.issued_at for the idle after a host wait or within a slow first call).
 _BUDGET_MARKED = ("S001", "T001", "T003", "T004", "T006")
 
 

@@ -11,7 +11,8 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from traceanalyzer.store import Store, launch_sweep, views
+from traceanalyzer.analyses import attribution
+from traceanalyzer.store import Store, launch_sweep
 
 SOURCES = ("range", "op")
 
@@ -56,7 +57,7 @@ def _compare(st_: Store, run_id: str, slice_frames: int) -> int:
     got = launch_sweep.innermost_frames(st_.con, run_id, SOURCES, slice_frames=slice_frames).to_pylist()
     got = {(r["kind"], r["item_id"]): (r["range_id"], r["op_id"]) for r in got}
     want = {(k, i): (r, o) for k, i, r, o in st_.sql(
-        f"SELECT kind, item_id, range_id, op_id FROM ({views.launch_context_sql('run_id = $run_id', SOURCES, names=False)})",
+        f"SELECT kind, item_id, range_id, op_id FROM ({attribution.launch_context_sql('run_id = $run_id', SOURCES, names=False)})",
         {"run_id": run_id}).fetchall()}
     # the sweep lists the operations with a launch point; the view every one (NULLs for the rest)
     assert {k: v for k, v in want.items() if k in got or v != (None, None)} == got

@@ -84,14 +84,14 @@ def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, e
     limit before the pass holds again after it, and a smaller run's pass is not held."""
     from traceanalyzer.rules import engine
     from traceanalyzer.rules.engine import run_rules
-    from traceanalyzer.store import Store, views
+    from traceanalyzer.store import Store, run_cache
 
     if env is None:
         monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
     else:
         monkeypatch.setenv(MEMORY_LIMIT_ENV, env)
     seen = {"build": [], "rules": []}
-    real_build, real_evaluate = views._build, engine.evaluate_rule
+    real_build, real_evaluate = run_cache._build, engine.evaluate_rule
 
     def build(con, *a):
         seen["build"].append(con.execute(SETTING).fetchall()[0][0])
@@ -101,9 +101,9 @@ def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, e
         seen["rules"].append(st.sql(SETTING).fetchall()[0][0])
         return real_evaluate(st, *a, **k)
 
-    monkeypatch.setattr(views, "_build", build)
+    monkeypatch.setattr(run_cache, "_build", build)
     monkeypatch.setattr(engine, "evaluate_rule", evaluate)
-    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
     with Store(tmp_path / "s.duckdb") as st:
         st.ingest(FIXTURES / "nsys" / "planted.sqlite")
         before = st.sql(SETTING).fetchall()[0][0]
@@ -118,7 +118,7 @@ def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, e
 
 
 def drop_kept_caches(st) -> None:
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     for (run_id,) in st.sql("SELECT run_id FROM runs").fetchall():
-        views.drop_kept(st.con, run_id)
+        run_cache.drop_kept(st.con, run_id)

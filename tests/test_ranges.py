@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from traceanalyzer.cli import app
 from traceanalyzer.ranges import normalize_name, normalized_sql, range_rows, run_ops, run_ranges
 from traceanalyzer.rules.engine import Settings, run_rules
-from traceanalyzer.store import Store, views
+from traceanalyzer.store import Store
 
 from .conftest import FIXTURES, shared_traces
 

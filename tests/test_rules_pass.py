@@ -1,4 +1,4 @@
-"""What the rules of one run share in a rules pass: the run cache's memo (views.RunCache.memo),
+"""What the rules of one run share in a rules pass: the run cache's memo (run_cache.RunCache.memo),
 which the rules reach through the store they are given (`Store.run_cache`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from traceanalyzer.store import views
+from traceanalyzer.store import run_cache
 from traceanalyzer.resources import Resources
 from traceanalyzer.rules import _launches, engine
 from traceanalyzer.rules.engine import Settings, run_rules
@@ -18,7 +18,7 @@ from .conftest import FIXTURES
 
 
 def test_memo_computes_once_while_threads_wait_and_keeps_no_failure():
-    cache = views.RunCache("temp", run_id="r")
+    cache = run_cache.RunCache("temp", run_id="r")
     calls = []
     start = threading.Barrier(2)
 
@@ -53,7 +53,7 @@ def test_memo_computes_once_while_threads_wait_and_keeps_no_failure():
 def test_launch_groups_are_computed_once_per_run_in_a_pass_on_two_threads(tmp_path, monkeypatch):
     """B001, B002 and T005 all read a run's launch groups: in a pass on two rule threads they are
     computed once per run, from a memo dropped with the run's cache; outside a pass each call computes."""
-    computed: list[tuple[str, str, views.RunCache | None]] = []
+    computed: list[tuple[str, str, run_cache.RunCache | None]] = []
     real = _launches._launch_groups
 
     def counting(store, run_id):

@@ -52,7 +52,7 @@ def test_t001_rodinia_gaussian_gaps_after_each_device_sync(check):
         SELECT deviceId, streamId, start, end, correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL
         UNION ALL SELECT deviceId, streamId, start, end, correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY
         ORDER BY 1, 2, 3, 4""").fetchall()
-    # blocking calls (views.BLOCKING_CALL): synchronizes, synchronous copies and memsets
+    # blocking calls (analyses.budget.BLOCKING_CALL): synchronizes, synchronous copies and memsets
     blocking = con.execute("""
         SELECT r.start, r.end FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
         WHERE s.value LIKE '%synchronize%'
@@ -76,9 +76,9 @@ def test_t001_rodinia_gaussian_gaps_after_each_device_sync(check):
     per_stream = defaultdict(list)
     for dev, stream, start, end, corr in ops:
         per_stream[(dev, stream)].append((start, end, calls.get(corr)))
-    # warm-up (views.warmup_windows): the first kernel launch call, when it takes 1 ms or more
+    # warm-up (analyses.warmup.warmup_windows): the first kernel launch call, when it takes 1 ms or more
     # and 10x the median of the later ones (the module is loaded then); a gap's time inside it
-    # is left out from the gap's start (views.steady_start)
+    # is left out from the gap's start (analyses.warmup.steady_start)
     launch_calls = sorted(con.execute(
         "SELECT r.start, r.end FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
         "WHERE s.value LIKE 'cudaLaunch%'").fetchall())

@@ -200,7 +200,7 @@ def test_t003_quiet_and_no_data(check):
 # -- T004 ----------------------------------------------------------------------------------
 
 def _is_blocking(name: str) -> bool:
-    """views.BLOCKING_CALL: a synchronize, or a copy or memset call that is not Async."""
+    """analyses.budget.BLOCKING_CALL: a synchronize, or a copy or memset call that is not Async."""
     n = name.lower()
     return "synchronize" in n or (("memcpy" in n or "memset" in n) and "async" not in n)
 
@@ -551,16 +551,16 @@ def test_t008_real_two_rank_job(check, monkeypatch):
 
     # Alone, a cross-run rule builds no per-run cache (scan's last pass over hundreds of runs),
     # and finds what it finds beside every per-run rule.
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     cached = []
-    real_scope = views.scoped_to_run
+    real_scope = run_cache.scoped_to_run
 
     def scope(con, run_id, *a, **k):
         cached.append(run_id)
         return real_scope(con, run_id, *a, **k)
 
-    monkeypatch.setattr(views, "scoped_to_run", scope)
+    monkeypatch.setattr(run_cache, "scoped_to_run", scope)
     low = {"T008": {"min_lag_share": 0.001}}
     alone = run_rules(store, ids, Settings(select=["T008"], thresholds=low))
     assert cached == [] and [(o.status, o.findings) for o in alone] == [("ran", 0), ("ran", 1)]

@@ -341,7 +341,7 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
     """Every RUN_CACHED view, scoped to a run (its cache for the block: TEMP tables, an attached
     database, or kept in the store), has the columns and rows of the store-wide view filtered on
     the run: one definition, whichever way it is computed. Afterwards the views are store-wide."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     real = traces_dir / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"  # 2 GPUs, 4.3 k operations
     for f in ("nsys/planted.sqlite", "kineto/planted.json", "nsys/timeline_sync.sqlite", "kineto/timeline_busy.json.gz"):
@@ -349,8 +349,8 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
     if real.exists():
         store.ingest(real)
     if where == "kept":
-        monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
-    names = views.RUN_CACHED
+        monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
+    names = run_cache.RUN_CACHED
 
     def rows(name):  # (column names, rows)
         result = store.sql(f"SELECT * FROM {name} ORDER BY ALL")
@@ -359,7 +359,7 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
     whole = {n: rows(n) for n in names}
     assert all(r for _, r in whole.values())
     for run_id in store.run_ids():
-        with views.scoped_to_run(store.con, run_id, shared=where == "attached", keep=where == "kept") as cache:
+        with run_cache.scoped_to_run(store.con, run_id, shared=where == "attached", keep=where == "kept") as cache:
             assert cache.cached == list(names) and cache.shared == (where != "temp") and cache.kept == (where == "kept")
             for n in names:
                 columns, all_runs = whole[n]
@@ -375,12 +375,12 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
 @pytest.mark.parametrize("slices", [2, 40])
 def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, monkeypatch, slices):
     """stream_ops and kernel_launches are built one slice of start time at a time
-    (views.SLICE_GPU_OPS), each slice of stream_ops going on from the last operation per stream
+    (run_cache.SLICE_GPU_OPS), each slice of stream_ops going on from the last operation per stream
     before it. Whatever the slices, the rows are those of the one query over the whole run:
     streams idle for whole slices, operations sharing a start, operations ending after later
     ones of their stream (the latest end so far is carried), kernels without a start (they
     belong to the last slice of kernel_launches; gpu_activity leaves them out)."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     real = traces_dir / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"  # 2 GPUs, 4.3 k operations
     paths = [FIXTURES / "nsys/planted.sqlite", FIXTURES / "kineto/planted.json", *([real] if real.exists() else [])]
@@ -388,16 +388,16 @@ def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, mo
         store.ingest(path)
     store.sql("UPDATE kernels SET start_ns = NULL WHERE kernel_id % 97 = 5")
     store.sql("UPDATE kernels SET end_ns = end_ns + 2000000 WHERE kernel_id % 89 = 3")  # ends past the next ones'
-    sliced = views._RUN_CACHE_SLICED
+    sliced = run_cache._RUN_CACHE_SLICED
     whole = {n: store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in sliced}
     for run_id in store.run_ids():
-        monkeypatch.setattr(views, "SLICE_GPU_OPS", -(-views.gpu_ops(store.con, run_id) // slices))
-        assert len(views._slices(store.con, run_id)) >= slices // 2
-        with views.scoped_to_run(store.con, run_id):
+        monkeypatch.setattr(run_cache, "SLICE_GPU_OPS", -(-run_cache.gpu_ops(store.con, run_id) // slices))
+        assert len(run_cache._slices(store.con, run_id)) >= slices // 2
+        with run_cache.scoped_to_run(store.con, run_id):
             for n in sliced:
                 rows = store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall()
                 assert rows and rows == [r for r in whole[n] if r[0] == run_id], (n, run_id)
-    assert not store.sql("SELECT 1 FROM duckdb_tables() WHERE table_name = $1", [views._STREAM_OPS_CARRY]).fetchall()
+    assert not store.sql("SELECT 1 FROM duckdb_tables() WHERE table_name = $1", [sliced["stream_ops"]]).fetchall()
 
 
 def _stored_results(store):
@@ -406,22 +406,22 @@ def _stored_results(store):
 
 
 def _kept(store):
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     tables = {t for (t,) in store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '\\_ta\\_kept\\_%' "
                                       "ESCAPE '\\'").fetchall()}
-    registry = dict(store.sql(f"SELECT run_id, version FROM {views.KEPT_REGISTRY}").fetchall()) \
-        if views.KEPT_REGISTRY in tables else {}
-    return registry, tables - {views.KEPT_REGISTRY}
+    registry = dict(store.sql(f"SELECT run_id, version FROM {run_cache.KEPT_REGISTRY}").fetchall()) \
+        if run_cache.KEPT_REGISTRY in tables else {}
+    return registry, tables - {run_cache.KEPT_REGISTRY}
 
 
 def _record_builds(monkeypatch) -> list[tuple[str, bool]]:
     """(run id, kept) of every per-run cache built from here on."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     built: list[tuple[str, bool]] = []
-    real_build = views._build
-    monkeypatch.setattr(views, "_build", lambda con, run_id, cache, temp: built.append((run_id, cache.kept))
+    real_build = run_cache._build
+    monkeypatch.setattr(run_cache, "_build", lambda con, run_id, cache, temp: built.append((run_id, cache.kept))
                         or real_build(con, run_id, cache, temp))
     return built
 
@@ -430,7 +430,7 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
     """A run at or above KEEP_MIN_GPU_OPS keeps its per-run cache in the store file; later rule
     passes (this process or another, read-only too) use it instead of building one, and find
     exactly what a pass on a cache built for the block finds."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     built = _record_builds(monkeypatch)
     files = ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite")
@@ -441,7 +441,7 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
         assert _kept(st) == ({}, set()) and [kept for _, kept in built] == [False] * 3
         reference = _stored_results(st)
 
-    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
     path = tmp_path / "kept.duckdb"
     with Store(path) as st:
         for f in files:
@@ -450,11 +450,11 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
         run_rules(st)
         registry, tables = _kept(st)
         assert sorted(built) == sorted((r, True) for r in st.run_ids())
-        assert registry == {r: views.CACHE_VERSION for r in st.run_ids()}
+        assert registry == {r: run_cache.CACHE_VERSION for r in st.run_ids()}
         assert {t for t in tables if "_result_" not in t} == {
             f"_ta_kept_{r}_{n}" for r in st.run_ids()
-            for n in ("scope", *[n for n in views.RUN_CACHED if n not in views._RUN_CACHE_VIEWS])}
-        # results kept beside the cache (views.kept_rows): the launch sites where a kernel rule asked
+            for n in ("scope", *[n for n in run_cache.RUN_CACHED if n not in run_cache._RUN_CACHE_VIEWS])}
+        # results kept beside the cache (run_cache.kept_rows): the launch sites where a kernel rule asked
         assert {t.split("_result_")[1].rsplit("_", 1)[0] for t in tables if "_result_" in t} <= {"launch_sites", "time_budget"}
         assert _stored_results(st) == reference
         built.clear()
@@ -462,7 +462,7 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
         assert built == [] and _stored_results(st) == reference
     with Store(path, read_only=True) as ro:
         for run_id in ro.run_ids():
-            with views.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
+            with run_cache.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
                 assert cache.kept and built == []
                 assert ro.sql("SELECT count(*) FROM stream_ops WHERE run_id <> $1", [run_id]).fetchone()[0] == 0
     assert not Store(":memory:").keeps_caches and not ro.keeps_caches
@@ -472,13 +472,13 @@ def test_the_pass_that_builds_a_kept_cache_drops_cached_blocks_before_each_rule(
     """On the pass that has just built a run's kept cache, rules run one at a time with DuckDB's
     buffer pool cut down before each (engine.DROP_BLOCKS_WHEN_BUILT); later passes do not. The
     memory limit is what it was afterwards, and the findings are those of a pass that drops nothing."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
     from traceanalyzer.rules import engine
 
     drops = []
     real_drop = Store.drop_cached_blocks
     monkeypatch.setattr(Store, "drop_cached_blocks", lambda st, *a: drops.append(1) or real_drop(st, *a))
-    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
     monkeypatch.setattr(engine, "PARALLEL_MAX_GPU_OPS", 0)  # one at a time, as on a big run
     monkeypatch.setenv("TRACEANALYZER_MEMORY_LIMIT", "3GB")
     results = []
@@ -506,17 +506,17 @@ def test_summary_and_diff_read_a_kept_cache_and_build_none(tmp_path, monkeypatch
     """summary.busy and diff's busy time read a run's current kept cache (here made to disagree
     with the run's rows, to see which is read), build nothing, and leave the views store-wide."""
     from traceanalyzer import diff, summary
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
     built = _record_builds(monkeypatch)
     with Store(tmp_path / "s.duckdb") as st:
         run_id = st.ingest(FIXTURES / "nsys/planted.sqlite").run_id
         whole = st.sql("SELECT * FROM device_busy ORDER BY ALL").fetchall()
         assert list(summary.busy(st, run_id)["busy_ns"]) == [r[2] for r in whole]  # nothing kept: store-wide
-        monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+        monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
         run_rules(st, [run_id], Settings(select=["T001"]))
         assert built == [(run_id, True)]
-        st.sql(f"UPDATE {views._kept_prefix(run_id)}device_busy SET busy_ns = 7")
+        st.sql(f"UPDATE {run_cache.kept_prefix(run_id)}device_busy SET busy_ns = 7")
         assert set(summary.busy(st, run_id)["busy_ns"]) == {7}
         assert set(diff._side(st, run_id, "name", None)["busy"]["busy_ns"]) == {7}
         assert st.sql("SELECT * FROM device_busy ORDER BY ALL").fetchall() == whole  # store-wide again
@@ -527,9 +527,9 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
     """Replacing or deleting a run drops its kept cache in the same transaction; a cache kept
     by another version of the cache's definition, or from an earlier ingest of the run, is not
     read, and is rebuilt where the store is writable."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
-    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
     path = tmp_path / "kept.duckdb"
     with Store(path) as st:
         first = st.ingest(FIXTURES / "nsys/planted.sqlite").run_id
@@ -547,7 +547,7 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
         st.ingest(FIXTURES / "kineto/planted.json")
         run_rules(st)
         assert _stored_results(st) == reference
-        st.sql(f"UPDATE {views.KEPT_REGISTRY} SET version = 'older' WHERE run_id = $1", [first])
+        st.sql(f"UPDATE {run_cache.KEPT_REGISTRY} SET version = 'older' WHERE run_id = $1", [first])
         # `other` replaced by a traceanalyzer that knew nothing of kept caches: its rows are new
         st.sql("UPDATE runs SET ingested_at = ingested_at + INTERVAL 1 SECOND WHERE run_id = $1", [other])
 
@@ -555,32 +555,32 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
     with Store(path, read_only=True) as ro:  # cannot rebuild them: caches for the block
         run_ids = ro.run_ids()
         for run_id in run_ids:
-            with views.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
+            with run_cache.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
                 assert not cache.kept
         assert sorted(built) == sorted([(first, False), (other, False)])
     built.clear()
     with Store(path) as st:
         run_rules(st, settings=Settings(reuse=False))
         assert sorted(built) == sorted([(first, True), (other, True)])
-        assert _kept(st)[0] == {r: views.CACHE_VERSION for r in run_ids}
+        assert _kept(st)[0] == {r: run_cache.CACHE_VERSION for r in run_ids}
         assert _stored_results(st) == reference
         # a registry of an earlier layout (no ingested_at) is void, and replaced when a cache is built
-        st.sql(f"DROP TABLE {views.KEPT_REGISTRY}")
-        st.sql(f"CREATE TABLE {views.KEPT_REGISTRY} AS SELECT run_id, $1 AS version, now() AS built_at FROM runs",
-               [views.CACHE_VERSION])
-        with views.scoped_to_run(st.con, first) as cache:
+        st.sql(f"DROP TABLE {run_cache.KEPT_REGISTRY}")
+        st.sql(f"CREATE TABLE {run_cache.KEPT_REGISTRY} AS SELECT run_id, $1 AS version, now() AS built_at FROM runs",
+               [run_cache.CACHE_VERSION])
+        with run_cache.scoped_to_run(st.con, first) as cache:
             assert not cache.kept
         built.clear()
         run_rules(st, settings=Settings(reuse=False))
         assert sorted(built) == sorted([(first, True), (other, True)])
-        assert _kept(st)[0] == {r: views.CACHE_VERSION for r in run_ids}
+        assert _kept(st)[0] == {r: run_cache.CACHE_VERSION for r in run_ids}
         assert _stored_results(st) == reference
 
 
 def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
     """A run's rules are spread over two cursors reading one shared cache (engine.rule_threads);
     the findings and outcomes are those of a one-thread pass, and no cache is left behind."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
     from traceanalyzer.resources import Resources
     from traceanalyzer.rules import engine
 
@@ -590,8 +590,8 @@ def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
     monkeypatch.setattr(engine, "PARALLEL_MIN_GPU_OPS", 0)  # and on runs this small
 
     shared = []
-    real_use = views.use_run_cache
-    monkeypatch.setattr(views, "use_run_cache", lambda con, cache: shared.append(cache.database) or real_use(con, cache))
+    real_use = run_cache.use_run_cache
+    monkeypatch.setattr(run_cache, "use_run_cache", lambda con, cache: shared.append(cache.database) or real_use(con, cache))
     two = run_rules(store)
     assert len(shared) == 2 * len(store.run_ids())  # two cursors per run, on the attached cache
     on_two = _stored_results(store)

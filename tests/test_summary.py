@@ -171,14 +171,14 @@ def test_numbers_never_read_in_scientific_notation():
 
 
 def test_the_rules_sql_formats_numbers_as_fmt_does():
-    """Rule messages are written in SQL (views.MACROS fmt_ns, fmt_bytes): the same text as fmt's."""
+    """Rule messages are written in SQL (analyses.MACROS fmt_ns, fmt_bytes): the same text as fmt's."""
     import duckdb
 
-    from traceanalyzer.store import views
+    from traceanalyzer import analyses
 
     con = duckdb.connect()
-    for name, body in views.MACROS.items():
-        con.execute(f"CREATE TEMP MACRO {name}{body}")
+    for macro in analyses.MACROS.values():
+        con.execute(macro.create())
     for x in (None, 0, 3, 999.4, 999.96e3, 1234, 2.5e5, -4200.0, 123456789, 1.51e12, 1.5e13, 10**18):
         assert con.execute("SELECT fmt_ns($x), fmt_bytes($x)", {"x": x}).fetchall()[0] == (fmt.ns(x), fmt.nbytes(x)), x
 

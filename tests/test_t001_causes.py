@@ -1,5 +1,5 @@
 """T001's gap causes: each gap's time split between causes in time, as the time budget splits an
-idle stretch (views.idle_marks), so per-cause times agree with the budget's idle parts; the main
+idle stretch (analyses.budget.idle_marks), so per-cause times agree with the budget's idle parts; the main
 cause (which the message and hint name) by device-idle time rather than by the number of gaps.
 Planted to the nanosecond, and invariants on real traces."""
 
@@ -231,7 +231,7 @@ def test_simple_add_waits_on_the_host_as_the_budget_says(t001, store):
 def test_csc746_blames_no_synchronizing_call(t001):
     """Its 18432 copies are unified-memory migrations around one kernel, and a sync call spans
     most of the stream's gaps (25.7 s of 27.5 s) but only 66 us of the 1.81 s the device was idle.
-    Whether the migrations make stream gaps at all is views.stream_ops' business: any finding
+    Whether the migrations make stream gaps at all is analyses.launches.stream_ops' business: any finding
     here must not name sync."""
     for f in t001(CSC746):
         ev = f["evidence"]
@@ -299,14 +299,14 @@ def test_cause_times_are_the_budgets_idle_parts(t001, store, rel):
     has one stream, and its idle stretches (the device finding) when it has several: T001's time
     per cause is then the budget's idle split of the device, to the nanosecond.
 
-    Left out: devices with unified-memory page migrations (views.stream_ops leaves them out of
+    Left out: devices with unified-memory page migrations (analyses.launches.stream_ops leaves them out of
     the streams, so they neither make nor close stream gaps, while the budget counts them as copy
     time and splits the idle time around them), and devices with operations on no stream."""
     findings = t001(rel, min_gap_ns=0)
     run_id = findings[0]["run_id"]
     whole = _budget_idle(store, run_id)
     # T001 measures the steady state: the budget less its warm-up windows' idle time. A gap's
-    # warm-up part is taken from its start (views.steady_start), not from where it lay, so with
+    # warm-up part is taken from its start (analyses.warmup.steady_start), not from where it lay, so with
     # warm-up only the total is exact; by cause it is within the warm-up time of the device.
     warm: dict[int, dict[str, int]] = {}
     for p in store.warmup([run_id])[1]:

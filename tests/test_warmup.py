@@ -220,18 +220,18 @@ def test_a_run_that_keeps_its_cache_keeps_its_warm_up(tmp_path, monkeypatch):
     """A big run keeps its warm-up rows with its cache (the diagnosis and every report read them):
     the windows are the cache's own table, the time inside them a kept result; read back, they
     are the rows computed; another definition of the views is not read back."""
-    from traceanalyzer.store import views
+    from traceanalyzer.store import run_cache
 
-    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
     store, run_id = _checked(tmp_path, FIXTURES / "kineto" / "timeline_warmup.json")
     kept = store.warmup([run_id])
     stems = [t for (t,) in store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '%result_warmup%'")
              .fetchall()]
     assert len(stems) == 1  # the time inside the windows
-    monkeypatch.setattr(views, "_kept_version", lambda con, run_id: None)  # as a run without a kept cache
+    monkeypatch.setattr(run_cache, "kept_version", lambda con, run_id: None)  # as a run without a kept cache
     assert store.warmup([run_id]) == kept and kept[0] and kept[1]
     monkeypatch.undo()
-    monkeypatch.setattr(views, "KEEP_MIN_GPU_OPS", 1)
-    monkeypatch.setattr(views, "_module_digest", lambda: "another")
+    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
+    monkeypatch.setattr(run_cache, "_module_digest", lambda: "another")
     assert store.warmup([run_id]) == kept  # computed again, and the same
     store.close()

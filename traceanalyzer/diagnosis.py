@@ -82,7 +82,7 @@ from .fmt import loss_bound, ns, pct
 from .rules.base import SEVERITIES, Threshold
 from .rules.engine import RuleOutcome, Settings, run_rules
 from .store import Store
-from .store.views import PROFILER_STEP
+from .analyses.steps import PROFILER_STEP
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -64,7 +64,8 @@ from . import comparability, step_stats, summary
 from .link import run_roles
 from .rules import _ncu as ncu
 from .ranges import normalized_sql
-from .store import views
+from .analyses.steps import PROFILER_STEP
+from .store import run_cache
 from .store import Store
 
 STEP_KEY = step_stats.STEP_KEY
@@ -373,7 +374,7 @@ NOT_COUNTED_SQL = f"SELECT count(*) FROM kernels k WHERE k.run_id = $run_id AND 
 
 RANGES_SQL = f"""
 SELECT CASE WHEN kind = 'gpu_user_annotation' THEN 'gpu' ELSE 'host' END AS side,
-       {normalized_sql(f"regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}')")} AS range,
+       {normalized_sql(f"regexp_replace(name, '{PROFILER_STEP}', '{STEP_KEY}')")} AS range,
        count(*) AS count, sum(end_ns - start_ns) AS total_ns
 FROM ranges
 WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND name IS NOT NULL AND end_ns >= start_ns
@@ -409,7 +410,7 @@ def _scalar(store: Store, sql: str, run_id: str):
 
 
 def _side(store: Store, run_id: str, by: str, step: str | None) -> dict:
-    with views.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
+    with run_cache.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
         busy = store.df(BUSY_SQL, {"run_id": run_id})
     setup = comparability.setup(store, run_id)
     step_list = step_stats.step_rows(store, run_id, step)

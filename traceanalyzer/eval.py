@@ -42,7 +42,7 @@ from .report.model import load_result
 from .rules import all_rules
 from .rules.engine import Settings
 from .store import Store, file_hash, run_id_for
-from .store.views import BUDGET_CATEGORIES, IDLE_CAUSES
+from .analyses.budget import BUDGET_CATEGORIES, IDLE_CAUSES
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LABELS = ROOT / "tests" / "eval" / "labels"

@@ -88,7 +88,7 @@ def place(start_ns: int, end_ns: int | None, origin_ns: int = 0, p=None) -> str:
 # The one phrasing of what bounds an estimated loss, said in a finding's message wherever
 # something bounds it (a rule's own cap, or the diagnosis bounding it by the budget): "est. loss
 # at most the 22.4 ms of kernel time that could have hidden it". Rules' SQL writes it with the
-# `fmt_loss_bound(ns, what)` macro (store/views.py), built from the same text.
+# `fmt_loss_bound(ns, what)` macro (analyses/formatting.py), built from the same text.
 LOSS_BOUND = "est. loss at most the {} {}"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import diagnosis, kernel_library, schema
 from .rules.docs import write_all
-from .store import views
+from . import analyses
 
 
 INDUCTOR_INTRO = (
@@ -23,7 +23,7 @@ def generate(docs: Path) -> list[Path]:
     libraries = ("## Kernel libraries\n\n" + kernel_library.__doc__.strip().split("\n\n", 1)[1].replace("\n", " ")
                  + "\n\n" + kernel_library.markdown()
                  + "\n\n### TorchInductor kernels\n\n" + INDUCTOR_INTRO + "\n\n" + kernel_library.inductor_markdown())
-    (docs / "schema.md").write_text(schema.markdown() + "\n\n" + libraries + "\n\n" + views.markdown() + "\n")
+    (docs / "schema.md").write_text(schema.markdown() + "\n\n" + libraries + "\n\n" + analyses.markdown() + "\n")
     return [docs / "schema.md", *write_all(docs / "rules", _floor_markdown())]
 
 

@@ -245,7 +245,7 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-# The same as SQL macros (store/views.py installs them): `inductor_class(name)` and
+# The same as SQL macros (analyses/kernels.py declares them): `inductor_class(name)` and
 # `inductor_ops(name)` (a VARCHAR[], NULL where the name carries none).
 SQL_MACROS = {
     "inductor_class": "(name) AS CASE "

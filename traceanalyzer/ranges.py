@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import re
 
-from .store import Store, StoreError, views
+from .analyses import attribution
+from .store import Store, StoreError
 
 # The sources `--by` names, as host_frames' `source`.
 BY = {"range": "range", "op": "op", "module": "module"}
@@ -78,7 +79,7 @@ def _tree_sql(by: str, runs: str = "run_id = $run_id", memory: bool = True) -> s
     depth $max_depth - 1. Without `memory` (the runs have no CUDA allocator events on a
     thread) `self_cuda_memory_bytes` is NULL and the sweep that places the events is left out."""
     source = BY[by]
-    column = views.launch_context_column(source)
+    column = attribution.launch_context_column(source)
     if memory:
         placed = f"""SELECT s.run_id, s.frame_id, sum(m.bytes) AS bytes
             FROM (SELECT run_id, pid, tid, ts_ns, bytes FROM memory_events
@@ -87,15 +88,15 @@ def _tree_sql(by: str, runs: str = "run_id = $run_id", memory: bool = True) -> s
             ASOF JOIN steps s ON s.run_id = m.run_id AND s.pid = m.pid AND s.tid = m.tid AND s.from_ns <= m.ts_ns
             WHERE s.frame_id IS NOT NULL GROUP BY ALL"""
         steps = f"""), steps AS MATERIALIZED (
-            {views.frame_steps_sql("frames")}"""
+            {attribution.frame_steps_sql("frames")}"""
     else:
         placed, steps = "SELECT NULL::VARCHAR AS run_id, NULL::BIGINT AS frame_id, NULL::HUGEINT AS bytes LIMIT 0", ""
     return f"""
         WITH RECURSIVE frames AS MATERIALIZED (
-            {views.host_frames_sql(runs, (source,))}
+            {attribution.host_frames_sql(runs, (source,))}
         {steps}
         ), context AS (
-            {views.launch_context_sql(runs, (source,), names=False)}
+            {attribution.launch_context_sql(runs, (source,), names=False)}
         ), direct AS (  -- what was launched with each frame innermost
             SELECT run_id, {column} AS frame_id, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
                    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'kernel'), 0) AS gpu_ns,
@@ -323,12 +324,12 @@ def _ops_sql() -> str:
     """Per operator name (normalised) of run $run_id: calls, host time (`cpu_ns`) and self host
     time (less the time of the operators directly inside it on its thread), the kernels launched
     inside it (children included: `kernels`, `gpu_ns`) and directly by it (`self_gpu_ns`)."""
-    column = views.launch_context_column("op")
+    column = attribution.launch_context_column("op")
     return f"""
         WITH RECURSIVE frames AS MATERIALIZED (
-            {views.host_frames_sql("run_id = $run_id", ("op",))}
+            {attribution.host_frames_sql("run_id = $run_id", ("op",))}
         ), context AS (
-            {views.launch_context_sql("run_id = $run_id", ("op",), names=False)}
+            {attribution.launch_context_sql("run_id = $run_id", ("op",), names=False)}
         ), direct AS (  -- the kernels launched with each operator innermost
             SELECT {column} AS frame_id, count(*) AS kernels, sum(end_ns - start_ns) AS gpu_ns
             FROM context WHERE {column} IS NOT NULL AND kind = 'kernel' GROUP BY ALL

@@ -22,6 +22,7 @@ communication, copy, memset, idle by cause) averaged over the steady steps, from
 from __future__ import annotations
 
 from .ranges import normalized_sql
+from .analyses.steps import PROFILER_STEP
 from .store import Store, views
 
 STEP_KEY = "ProfilerStep#*"  # every ProfilerStep#N pooled under one name
@@ -30,7 +31,7 @@ OUTLIER_FACTOR = 1.5
 
 # The run's steps, each with its name pooled as in diff's range table.
 STEPS_SQL = f"""
-SELECT regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}') AS step, start_ns, end_ns - start_ns AS ns
+SELECT regexp_replace(name, '{PROFILER_STEP}', '{STEP_KEY}') AS step, start_ns, end_ns - start_ns AS ns
 FROM steps WHERE run_id = $run_id ORDER BY start_ns, range_id
 """
 
@@ -40,7 +41,7 @@ SELECT CASE WHEN kind = 'gpu_user_annotation' THEN 'gpu' ELSE 'host' END AS side
        start_ns, end_ns - start_ns AS ns
 FROM ranges
 WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND end_ns >= start_ns
-  AND (name = $name OR {normalized_sql(f"regexp_replace(name, '{views.PROFILER_STEP}', '{STEP_KEY}')")} = $name)
+  AND (name = $name OR {normalized_sql(f"regexp_replace(name, '{PROFILER_STEP}', '{STEP_KEY}')")} = $name)
 ORDER BY start_ns, range_id
 """
 
@@ -101,7 +102,7 @@ def run_steps(store: Store, run_id: str, name: str | None = None) -> dict | None
 STEP_BUDGET_SQL = f"""
 SELECT step_start_ns, device_id, category, cause, ns
 FROM run_step_budget($run_id)
-WHERE regexp_replace(step, '{views.PROFILER_STEP}', '{STEP_KEY}') = $step
+WHERE regexp_replace(step, '{PROFILER_STEP}', '{STEP_KEY}') = $step
 """
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .store import Store, views
+from .store import Store, run_cache, views
 
 if TYPE_CHECKING:  # the rules import the memory analyses: loading them stays without pandas
     import pandas as pd
@@ -184,7 +184,7 @@ def memsets(store: Store, run_id: str) -> pd.DataFrame:
 
 
 def busy(store: Store, run_id: str) -> pd.DataFrame:
-    with views.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
+    with run_cache.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
         return store.df(BUSY_SQL, [run_id])
 
 
@@ -340,7 +340,7 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
 
     info = rows(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", [run_id])[0]
     kernels = rows(_stats_sql(by, graphs=False), [run_id])
-    with views.kept_views(store.con, run_id):
+    with run_cache.kept_views(store.con, run_id):
         gpus = rows(BUSY_SQL, [run_id])
     return {
         **info, "by": by, "busy": gpus,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .. import fmt
 from ..rules import evidence_of
-from ..store.views import BUDGET_CATEGORIES
+from ..analyses.budget import BUDGET_CATEGORIES
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -102,7 +102,7 @@ STEP_BUDGET_OPS_PER_QUERY = 1_000_000
 def step_budgets_of_runs(store: Store, run_ids: list[str]) -> dict[str, dict]:
     """`step_budgets_of` of each run, the runs with steps in a few queries (one query per run
     costs ~30 ms of planning, however small the run)."""
-    from ..store.views import _step_budget
+    from ..analyses.budget import step_budget_sql
 
     out: dict[str, dict] = {r: {} for r in run_ids}
     sizes = store.sql("""
@@ -110,7 +110,7 @@ def step_budgets_of_runs(store: Store, run_ids: list[str]) -> dict[str, dict]:
         FROM (SELECT DISTINCT run_id FROM steps WHERE list_contains($ids, run_id)) s ORDER BY s.run_id""",
                       {"ids": list(run_ids)}).fetchall()
     sql = (f"SELECT run_id, device_id, step_id, step, step_start_ns, span_ns, category, cause, ns "
-           f"FROM ({_step_budget('list_contains($ids, run_id)')}) "
+           f"FROM ({step_budget_sql('list_contains($ids, run_id)')}) "
            "ORDER BY run_id, device_id NULLS LAST, step_start_ns, step_id")
     batches: list[list[str]] = []
     ops = 0

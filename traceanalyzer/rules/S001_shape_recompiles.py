@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from ..store.views import host_until, issued_at
+from ..analyses.budget import host_until, issued_at
 from .base import Rule, Threshold, pair_key
 from .evidence import Evidence, TimeRange, doc
 
@@ -47,7 +47,7 @@ SHAPE_COLUMNS = ("calls, first.id AS first_id, first.cost AS first_ns, first.sta
                  "|| costs[list_position(costs, first.cost) + 1:], 'median') AS later_ns")
 
 SQL = rf"""
-WITH launch AS (  -- kernels with their launch calls, joined once per run (views.kernel_launches)
+WITH launch AS (  -- kernels with their launch calls, joined once per run (analyses.launches.kernel_launches)
     SELECT kernel_id, device_id, name_key, grid_x, grid_y, grid_z, block_x, block_y, block_z,
            call_id, pid, tid, call_start_ns AS start_ns, call_end_ns AS end_ns
     FROM kernel_launches
@@ -146,7 +146,7 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (views
     SELECT DISTINCT g.device_id, g.start_ns, g.end_ns FROM device_idle_gaps g
     JOIN slow_first s ON g.start_ns < s.first_end AND g.end_ns > s.first_start
     WHERE g.run_id = $run_id
-), issued AS (  -- when the work that ended each of them was issued (views.issued_at)
+), issued AS (  -- when the work that ended each of them was issued (analyses.budget.issued_at)
     __ISSUED__
 ), waiting AS (  -- their part before that: the budget's host idle, the GPU waiting for the host
     SELECT g.device_id, g.start_ns, {host_until('i.issued_ns', 'g.start_ns', 'g.end_ns')} AS end_ns
@@ -261,7 +261,7 @@ RULE = Rule(
         "over slow shapes: `first_call_excess_ns`) costs the GPU only where it waited for it: the "
         "estimated loss is, per slow first call, the smaller of its extra time and the budget's host "
         "idle within it (device idle stretches up to the return of the launch of the work that ends "
-        "them, `views.issued_at`; on the device it kept waiting most), summed (`gpu_waiting_ns`). A group whose slow first calls mostly lie inside another reported group's "
+        "them, `analyses.budget.issued_at`; on the device it kept waiting most), summed (`gpu_waiting_ns`). A group whose slow first calls mostly lie inside another reported group's "
         "(aten::addmm inside aten::linear, a launch inside its operator) is listed under that "
         "group's `inner` instead of reported twice. Shapes seen once cannot be judged and only count "
         "as distinct.",

@@ -3,7 +3,7 @@
 from typing import Annotated
 
 from ..kernel_library import INDUCTOR_MEMORY_BOUND
-from ..store.views import compiled_places
+from ..analyses.kernels import compiled_places
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, StreamRange, doc
@@ -50,9 +50,9 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            inductor_class(name) IS NOT NULL AS compiled,
            regexp_matches(lower(name), '{REDUCTION}') AS reduction, {functor_label('name')} AS functor
     FROM kernel_names WHERE run_id = $run_id
-), acts AS NOT MATERIALIZED (  -- names travel as integer keys (views.kernel_names): cheaper to sort, group and compare
+), acts AS NOT MATERIALIZED (  -- names travel as integer keys (analyses.kernels.kernel_names): cheaper to sort, group and compare
     -- Operations in stream order with the previous one's fields, computed once per run
-    -- (views.stream_ops): every operation takes part, so a GEMM or copy in between breaks a chain.
+    -- (analyses.launches.stream_ops): every operation takes part, so a GEMM or copy in between breaks a chain.
     -- Read twice, not held: once narrow to find the chains, once to pick out their kernels.
     SELECT o.device_id, o.stream_id, o.item_id, o.start_ns, o.end_ns, o.name_key, o.seq, o.external_id, o.threads,
            o.prev_end_ns AS prev_end,

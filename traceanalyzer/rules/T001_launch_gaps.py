@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
-from ..store.views import blocked_at, blocking_calls, covered_ns, idle_marks, steady_start, warmup_merged
+from ..analyses.budget import blocked_at, blocking_calls, idle_marks
+from ..analyses.timeline import covered_ns
+from ..analyses.warmup import steady_start, warmup_merged
 from ._code import around_gaps, device_key, phrase
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import launch_gap_unknown
@@ -115,7 +117,7 @@ SQL = r"""
 WITH warm AS (  -- the warm-up windows per device
     __WARM__
 ), all_gaps AS (
-    -- Operations in stream order come computed once per run for T001 and S002 (views.stream_ops),
+    -- Operations in stream order come computed once per run for T001 and S002 (analyses.launches.stream_ops),
     -- read straight from the cache: sharing them as a CTE would copy every row again.
     -- Names are looked up only for the gaps the evidence lists. With each gap, the launch call
     -- of the operation that ends it, and that call's thread; and where its steady part begins.
@@ -175,7 +177,7 @@ WITH warm AS (  -- the warm-up windows per device
     WHERE next_op.call_start IS NOT NULL AND next_op.pid IS NOT NULL AND next_op.tid IS NOT NULL
 ), blocking AS (
     -- Per thread, the latest end so far of its blocking calls and its time in them, as the time
-    -- budget reads them (views.blocking_calls): ASOF joins (sync_hits) find the call a thread
+    -- budget reads them (analyses.budget.blocking_calls): ASOF joins (sync_hits) find the call a thread
     -- was in when a gap began and its time in blocking calls up to any point, in O(n log n);
     -- an interval-overlap join is quadratic on long runs.
     __BLOCKING__
@@ -472,7 +474,7 @@ RULE = Rule(
         "that cannot keep up, or a copy the stream waits for.",
     how="Operations are ordered per device and stream; a gap is the time from the latest end "
         "so far to the next start, less its time inside warm-up windows of its device "
-        "(`warmup_windows`; see `views.steady_start`: the gap's start moves later by that time; the "
+        "(`warmup_windows`; see `analyses.warmup.steady_start`: the gap's start moves later by that time; the "
         "gap time so left out is the evidence's `warmup_ns`). Each gap's time is split in time between causes, read from the "
         "launch call of the operation that ends it and that call's thread, as the time budget "
         "(`time_budget`) splits an idle stretch: until the launch call returned (or a blocking call "

@@ -2,7 +2,7 @@
 
 from typing import Annotated, Optional
 
-from ..store.views import covered_ns
+from ..analyses.timeline import covered_ns
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold

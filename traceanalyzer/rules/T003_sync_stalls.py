@@ -2,7 +2,9 @@
 
 from typing import Annotated, Optional
 
-from ..store.views import host_until, issued_at, next_busy_candidates, steady_start, warmup_merged
+from ..analyses.budget import host_until, issued_at
+from ..analyses.timeline import next_busy_candidates
+from ..analyses.warmup import steady_start, warmup_merged
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, TimeRange, doc
@@ -49,7 +51,7 @@ WITH active AS (
     SELECT c.* REPLACE (coalesce(c.device_id, (SELECT min(device_id) FROM active HAVING count(*) = 1)) AS device_id),
            d.device_id AS dev
     FROM calls c JOIN active d ON c.device_id IS NULL OR d.device_id = c.device_id
-), busy AS (  -- the busy intervals that can follow a call (views.next_busy_candidates)
+), busy AS (  -- the busy intervals that can follow a call (analyses.timeline.next_busy_candidates)
     __NEXT_BUSY__
 ), next_busy AS (  -- the first busy interval of that device ending after the call returned
     SELECT p.*, b.start_ns AS busy_start
@@ -60,7 +62,7 @@ WITH active AS (
     SELECT n.*, __STEADY_START__ AS steady_from
     FROM next_busy n ASOF LEFT JOIN warm w ON w.device_id = coalesce(n.dev, -1) AND n.busy_start >= w.start_ns
     ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(n.dev, -1) AND n.end_ns >= w0.start_ns
-), issued AS (  -- when the work that ended the idle after a call was issued (views.issued_at)
+), issued AS (  -- when the work that ended the idle after a call was issued (analyses.budget.issued_at)
     __ISSUED__
 ), per_call AS (
     -- GPU idle after the return: 0 when the device was still busy, NULL when no work followed;
@@ -203,10 +205,10 @@ RULE = Rule(
         "sync/copy record's device; every active device when unknown, taking the earliest), zero "
         "when the device was still busy; calls with no GPU work after them count no idle. Of that idle, "
         "the part before the next work was issued (the return of its launch call, as the time budget "
-        "reads an idle stretch: `views.issued_at`) is the budget's `host` idle, which this rule claims: "
+        "reads an idle stretch: `analyses.budget.issued_at`) is the budget's `host` idle, which this rule claims: "
         "the sync drained the queue and the host then launched from empty; the rest the work waited "
         "on something else, which the sync did not cause. Idle inside warm-up windows of the device "
-        "(`warmup_windows`) is left out (`views.steady_start`; the host idle so left out is the "
+        "(`warmup_windows`) is left out (`analyses.warmup.steady_start`; the host idle so left out is the "
         "evidence's `warmup_ns`). Calls of a thread back to back before the "
         "same next work count that idle once, after the last. Calls are grouped by name and thread. "
         "The estimated loss of a group is the smaller of its total blocked time and its host idle "

@@ -4,16 +4,18 @@ from typing import Annotated
 
 import msgspec
 
-from ..store.views import PROFILER_STEP, blocked_at, blocking_calls, idle_marks, steady_start, warmup_merged
+from ..analyses.budget import blocked_at, blocking_calls, idle_marks
+from ..analyses.steps import PROFILER_STEP
+from ..analyses.warmup import steady_start, warmup_merged
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, TimeRange, doc
 
-# The stretches are the gaps in the union of GPU work over all devices (views.run_idle_gaps:
+# The stretches are the gaps in the union of GPU work over all devices (analyses.timeline.run_idle_gaps:
 # idle on every GPU, computed once per run and kept with a big run's cache). Of each, only its
 # host part can be host-bound: up to where some device was given the work that ends its idle
-# stretch (its launch call returned, as the time budget reads it: views.idle_marks), less the
+# stretch (its launch call returned, as the time budget reads it: analyses.budget.idle_marks), less the
 # time threads spent in blocking calls (waiting, not working: the budget's `sync`). After that
 # the GPU had work and waited for something else (the budget's `dependency`); with no launch
 # call known, nobody can tell (`unknown`). So a stretch's host time is at most the budget's
@@ -269,7 +271,7 @@ RULE = Rule(
     how="GPU operations of all devices are merged into busy intervals; the gaps between them of at "
         "least `min_stretch_ns` are GPU-idle stretches (time before the first and after the last "
         "GPU operation is not counted), less their time inside warm-up windows of any device "
-        "(`warmup_windows`; see `views.steady_start`: a stretch's start moves later by that time; the "
+        "(`warmup_windows`; see `analyses.warmup.steady_start`: a stretch's start moves later by that time; the "
         "GPU-idle time so left out is the evidence's `warmup_ns`). Of each stretch only its host part counts: up to where the "
         "first device was given the work that ends its idle stretch (the return of that work's "
         "launch call, or of a blocking call its thread was in when the device went idle, as the "

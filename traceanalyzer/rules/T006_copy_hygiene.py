@@ -3,7 +3,8 @@ device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
 from typing import Annotated, Optional
 
-from ..store.views import host_until, issued_at, next_busy_candidates
+from ..analyses.budget import host_until, issued_at
+from ..analyses.timeline import next_busy_candidates
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold, pair_key
@@ -85,12 +86,12 @@ d2h AS (
     SELECT *, CASE WHEN how_waited = 'sync after' THEN next_sync_end ELSE call_end END AS wait_end,
            CASE WHEN how_waited = 'sync after' THEN next_sync_name END AS sync_name
     FROM waited WHERE how_waited IS NOT NULL
-), busy AS (  -- the busy intervals that can follow a wait (views.next_busy_candidates)
+), busy AS (  -- the busy intervals that can follow a wait (analyses.timeline.next_busy_candidates)
     __NEXT_BUSY__
 ), next_busy AS (
     SELECT s.*, b.start_ns AS busy_start
     FROM serial s ASOF LEFT JOIN busy b ON b.device_id = s.device_id AND b.end_ns > s.wait_end
-), issued AS (  -- when the work that ended the idle after a wait was issued (views.issued_at)
+), issued AS (  -- when the work that ended the idle after a wait was issued (analyses.budget.issued_at)
     __ISSUED__
 ), serial_idle AS (
     -- GPU idle from the end of the wait to the device's next operation; of it, the part before
@@ -267,7 +268,7 @@ RULE = Rule(
         "`*Synchronize*` call starting within `max_sync_delay_ns` and ending after the copy; the wait "
         "runs from the copy call's start to the end of that call. The GPU idle after a wait is the "
         "time to the device's next operation; of it, the part before that operation's launch call "
-        "returned is the budget's `host` idle (`views.issued_at`), which these findings claim "
+        "returned is the budget's `host` idle (`analyses.budget.issued_at`), which these findings claim "
         "(counted once for waits back to back before the same next work). The estimated loss is "
         "min(total wait, that host idle), the idle the host could have hidden had it not waited (an "
         "upper bound; T003 counts the same sync calls by name). Reported when the loss exceeds `min_loss_ns` and `min_share` of the device's active "

@@ -5,15 +5,16 @@ from typing import Annotated, Optional
 import msgspec
 
 # Kernel names of collectives (COMM_PATTERN): the ones the time budget counts as communication.
-from ..store.views import COMM_PATTERN, covered_ns, islands
+from ..analyses.budget import COMM_PATTERN
+from ..analyses.timeline import covered_ns, islands
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, StreamRange, doc
 
 SQL = r"""
-WITH comm_keys AS (  -- the pattern is matched once per distinct name (views.kernel_names), not per launch
+WITH comm_keys AS (  -- the pattern is matched once per distinct name (analyses.kernels.kernel_names), not per launch
     SELECT name_key FROM kernel_names WHERE run_id = $run_id AND regexp_matches(name, '__COMM__')
-), k AS (  -- the run's kernels as its cache holds them (views.stream_ops), their names by key
+), k AS (  -- the run's kernels as its cache holds them (analyses.launches.stream_ops), their names by key
     SELECT item_id AS kernel_id, device_id, stream_id, start_ns, end_ns,
            name_key IN (SELECT name_key FROM comm_keys) AS is_comm
     FROM stream_ops WHERE run_id = $run_id AND kind = 'kernel' AND end_ns > start_ns

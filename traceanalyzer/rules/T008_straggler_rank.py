@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 
 from ..fmt import ns, pct
-from ..store.views import COMM_PATTERN
+from ..analyses.budget import COMM_PATTERN
 from .base import Rule, Threshold
 from .evidence import Evidence, doc
 

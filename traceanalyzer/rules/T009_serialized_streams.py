@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 
 from ..fmt import ns as fmt_ns, pct
-from ..store.views import COMM_PATTERN, islands
+from ..analyses.budget import COMM_PATTERN
+from ..analyses.timeline import islands
 from . import _unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, StreamRange, doc

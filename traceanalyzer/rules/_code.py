@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..kernel_library import inductor_class, inductor_ops
 from ..ranges import normalized_sql
-from ..store import Store, launch_sweep, views
+from ..store import Store, launch_sweep
 
 if TYPE_CHECKING:
     import pandas as pd

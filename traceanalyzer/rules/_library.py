@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from ..kernel_library import BY_ID, inductor_class, is_library
-from ..store.views import COMM_PATTERN
+from ..analyses.budget import COMM_PATTERN
 
 _COMM = re.compile(COMM_PATTERN)
 

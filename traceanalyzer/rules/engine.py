@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import pyarrow as pa
 
 from .. import interrupt, schema
-from ..store import views
+from ..store import run_cache
 from ..store import Store, arrow_schema, utcnow
 from . import all_rules
 from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
@@ -196,7 +196,7 @@ PARALLEL_MIN_GPU_OPS = 20_000
 BIG_RUN_MEMORY = "1GB"
 
 
-# The pass that has just built a big run's kept cache (views.KEEP_MIN_GPU_OPS) starts with all of
+# The pass that has just built a big run's kept cache (run_cache.KEEP_MIN_GPU_OPS) starts with all of
 # it in DuckDB's buffer pool, and each rule adds what it reads: the pass's peak was the sum of
 # those rather than one rule's working memory (5 M kernels: 1.6-1.75 GB). There the pool is cut
 # to 256 MB before each rule (1.4 GB; the blocks are read again from the file: 0.5-1.2 s of a
@@ -237,7 +237,7 @@ class _Cursors:
 
 
 @contextmanager
-def _in_pass(stores: list[Store], cache: views.RunCache) -> Iterator[None]:
+def _in_pass(stores: list[Store], cache: run_cache.RunCache) -> Iterator[None]:
     """The `stores` in the run's pass for the block: rules reach its cache by `Store.run_cache`."""
     for st in stores:
         st.run_cache = cache
@@ -249,15 +249,15 @@ def _in_pass(stores: list[Store], cache: views.RunCache) -> Iterator[None]:
 
 
 @contextmanager
-def run_scope(store: Store, run_id: str) -> Iterator[views.RunCache]:
+def run_scope(store: Store, run_id: str) -> Iterator[run_cache.RunCache]:
     """One run's rules evaluated one by one (`evaluate_rule`) as a pass evaluates them: the views
     scoped to the run's cache, and the results the rules share (launch groups, linked ncu runs)
     computed once in the block (`RunCache.memo`)."""
-    with views.scoped_to_run(store.con, run_id) as cache, _in_pass([store], cache):
+    with run_cache.scoped_to_run(store.con, run_id) as cache, _in_pass([store], cache):
         yield cache
 
 
-def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cursors: _Cursors | None) -> list:
+def _map_rules(store: Store, cache: run_cache.RunCache, rules: list[Rule], check, cursors: _Cursors | None) -> list:
     """`check(store, rule)` for every rule, in order; on the `cursors`, a thread each, when
     there are some and the run's cached views are readable from them (else on this one)."""
     if cursors is None or not cache.shared:
@@ -284,7 +284,7 @@ def _map_rules(store: Store, cache: views.RunCache, rules: list[Rule], check, cu
     try:
         clones = cursors.ready()
         for st in clones:
-            views.use_run_cache(st.con, cache)
+            run_cache.use_run_cache(st.con, cache)
         with _in_pass(clones, cache), ThreadPoolExecutor(len(clones), thread_name_prefix="rules") as pool:
             try:
                 for f in [pool.submit(worker, st) for st in clones]:
@@ -406,14 +406,14 @@ def run_rules(store: Store, run_ids: Iterable[str] | None = None,
                 oc.status, oc.note, df = "error", _error_note(e), None
             return oc, df
 
-        if per_run:  # run by run, so the views the rules share are computed once per run (views.scoped_to_run)
-            ops = views.gpu_ops(store.con, run_id)
+        if per_run:  # run by run, so the views the rules share are computed once per run (run_cache.scoped_to_run)
+            ops = run_cache.gpu_ops(store.con, run_id)
             big = ops > PARALLEL_MAX_GPU_OPS  # its rules one at a time
             parallel = threads > 1 and len(todo) > 1 and PARALLEL_MIN_GPU_OPS <= ops <= PARALLEL_MAX_GPU_OPS
             cursors = _Cursors(store, threads) if parallel else None
             try:
                 with store.memory_held(BIG_RUN_MEMORY if big else None), \
-                        views.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
+                        run_cache.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
                     results = _map_rules(store, cache, todo, check, cursors)
             finally:
                 if cursors is not None:

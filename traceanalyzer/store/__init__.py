@@ -43,7 +43,7 @@ from .. import input_limits, kernel_library, os_memory, schema
 from ..interrupt import interruptible
 from ..ingest.base import ParsedTrace
 from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
-from . import capture_merge, launch_sweep, migrations, views
+from . import budget_rows, capture_merge, launch_sweep, migrations, run_cache, views
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
@@ -134,7 +134,7 @@ class Store:
 
     # The run cache of the rules pass this store (or cursor) is in, set by the rules engine for
     # the run's pass: its views are scoped to the run, and rules share results by its `memo`.
-    run_cache: views.RunCache | None = None
+    run_cache: run_cache.RunCache | None = None
 
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
                  lock_timeout_s: float | None = None, resources: Resources | None = None):
@@ -422,7 +422,7 @@ class Store:
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):
         """Run SQL with optional parameters; the result has .fetchall() and .df() (see also
-        `df()` and `arrow()`). The table macros (`views.TABLE_MACROS`) are there at first use."""
+        `df()` and `arrow()`). The table macros (`analyses.TABLE_MACROS`) are there at first use."""
         run = lambda: self.con.execute(query, params) if params is not None else self.con.execute(query)  # noqa: E731
         return self._with_table_macros(run)
 
@@ -553,7 +553,7 @@ class Store:
             result = capture_merge.write(con, run_id, traces,
                                          lambda name, tbl: _insert(con, name, _conform(name, tbl, run_id)),
                                          hashes=hashes)
-            views.drop_kept(con, run_id)
+            run_cache.drop_kept(con, run_id)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -638,20 +638,20 @@ class Store:
     @property
     def keeps_caches(self) -> bool:
         """Whether a big run's rules keep their per-run cache in this store (see
-        `views.scoped_to_run`): a writable store in a file."""
+        `run_cache.scoped_to_run`): a writable store in a file."""
         return not self.read_only and str(self.path) != ":memory:"
 
     def kept_rows(self, run_id: str, name: str, sql: str, params: dict | None = None) -> list[dict]:
-        """`sql`'s rows for one run, kept with a big run's kept cache (`views.kept_rows`), and
+        """`sql`'s rows for one run, kept with a big run's kept cache (`run_cache.kept_rows`), and
         written there when this store keeps caches."""
         self._drop_pending()
-        return views.kept_rows(self.con, run_id, name, sql, params, write=self.keeps_caches)
+        return run_cache.kept_rows(self.con, run_id, name, sql, params, write=self.keeps_caches)
 
     def kept_result(self, run_id: str, name: str, key: str, compute) -> list[dict]:
         """The rows of the relation `compute()` gives for one run, kept as `kept_rows` keeps a
         query's (`key`: the text that decides what they are)."""
         self._drop_pending()
-        return views.kept_result(self.con, run_id, name, key, compute, write=self.keeps_caches)
+        return run_cache.kept_result(self.con, run_id, name, key, compute, write=self.keeps_caches)
 
     def launch_frames(self, run_id: str, sources: tuple[str, ...], kinds: tuple[str, ...]) -> pa.Table:
         """Per GPU operation of `kinds` with a launch point, the innermost frame of each of
@@ -659,16 +659,16 @@ class Store:
         return launch_sweep.innermost_frames(self.con, run_id, sources, kinds)
 
     def time_budget(self, run_ids: list[str]) -> list[dict]:
-        """The time budget's rows of these runs (`views.time_budget_rows`): run_id, device_id,
+        """The time budget's rows of these runs (`budget_rows.time_budget_rows`): run_id, device_id,
         span_ns, category, cause, ns."""
         self._drop_pending()
-        return views.time_budget_rows(self.con, list(run_ids), write=self.keeps_caches)
+        return budget_rows.time_budget_rows(self.con, list(run_ids), write=self.keeps_caches)
 
     def warmup(self, run_ids: list[str]) -> tuple[list[dict], list[dict]]:
         """The warm-up windows of these runs and the time inside them by budget part
-        (`views.warmup_rows`)."""
+        (`budget_rows.warmup_rows`)."""
         self._drop_pending()
-        return views.warmup_rows(self.con, list(run_ids), write=self.keeps_caches)
+        return budget_rows.warmup_rows(self.con, list(run_ids), write=self.keeps_caches)
 
     def _drop_pending(self) -> None:
         # DuckDB 2.x refuses new work while an execute() result is half-read (a fetchone()
@@ -834,7 +834,7 @@ def _delete_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Every row of `run_id`, and the cache kept from them (in the caller's transaction)."""
     for t in schema.TABLES:
         con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
-    views.drop_kept(con, run_id)
+    run_cache.drop_kept(con, run_id)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from . import views
+from ..analyses import attribution
 
 if TYPE_CHECKING:
     import duckdb
@@ -40,11 +40,11 @@ _I64 = np.int64
 
 
 def probes_sql(kinds: tuple[str, ...]) -> str:
-    """The launch points of run $run_id's GPU operations of `kinds` (views.launch_probes_sql):
+    """The launch points of run $run_id's GPU operations of `kinds` (attribution.launch_probes_sql):
     kind, item_id, pid, tid, at_ns."""
     listed = ", ".join(f"'{k}'" for k in kinds)
     return f"""
-        SELECT kind, item_id, pid, tid, at_ns FROM ({views.launch_probes_sql("run_id = $run_id")})
+        SELECT kind, item_id, pid, tid, at_ns FROM ({attribution.launch_probes_sql("run_id = $run_id")})
         WHERE at_ns IS NOT NULL AND kind IN ({listed})"""
 
 
@@ -52,7 +52,7 @@ def innermost_frames(con: duckdb.DuckDBPyConnection, run_id: str, sources: tuple
                      kinds: tuple[str, ...] = ("kernel", "copy", "memset"),
                      slice_frames: int = SLICE_FRAMES) -> pa.Table:
     """Per GPU operation of run `run_id` of `kinds` with a launch point: `kind`, `item_id` and,
-    for each of `sources` (views.FRAME_SOURCES), the innermost frame of that source open at the
+    for each of `sources` (attribution.FRAME_SOURCES), the innermost frame of that source open at the
     launch (`<column>_id` as in launch_context; NULL: none), as the `launch_context` view
     places it; a thread's frames taken about `slice_frames` at a time."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE _ta_sweep_probes AS {probes_sql(kinds)}", {"run_id": run_id})
@@ -62,7 +62,7 @@ def innermost_frames(con: duckdb.DuckDBPyConnection, run_id: str, sources: tuple
             found = np.full(out.num_rows, -1, dtype=_I64)
             _sweep_source(con, run_id, source, found, slice_frames)
             column = pa.array(found, mask=found < 0)
-            out = out.append_column(views.launch_context_column(source), column)
+            out = out.append_column(attribution.launch_context_column(source), column)
         return out
     finally:
         con.execute("DROP TABLE IF EXISTS _ta_sweep_probes")
@@ -71,7 +71,7 @@ def innermost_frames(con: duckdb.DuckDBPyConnection, run_id: str, sources: tuple
 def _sweep_source(con, run_id: str, source: str, found: np.ndarray, slice_frames: int) -> None:
     """Fill `found` (one entry per probe, by the probes' rowid) with the innermost frame of
     `source` at each probe."""
-    frames = f"""(SELECT pid, tid, frame_id, start_ns, end_ns FROM ({views.frame_rows_sql("run_id = $run_id", (source,))})
+    frames = f"""(SELECT pid, tid, frame_id, start_ns, end_ns FROM ({attribution.frame_rows_sql("run_id = $run_id", (source,))})
                   WHERE end_ns > start_ns)"""
     threads = con.execute(f"""
         SELECT pid, tid, count(*) AS n, min(start_ns), max(end_ns) FROM {frames} GROUP BY ALL

@@ -1,0 +1,202 @@
+"""The GPU timeline: every operation as one interval table (`gpu_activity`), its union per
+device as busy intervals (gaps and islands), the idle gaps between them, per device and per run,
+and the helpers the rules read busy time with (`covered_ns`, `next_busy_candidates`)."""
+
+from __future__ import annotations
+
+from .core import View
+
+
+def islands(source: str, successors: bool = False, per_run: bool = False) -> str:
+    """Merge overlapping intervals of `source` per run and device into disjoint ones.
+
+    An island starts at each interval that begins after every earlier one has ended, and
+    ends where the next island starts minus the gap, i.e. at the latest end seen before
+    that start (or the latest end of all, for the last island): two window passes, the
+    second over island starts only, and no GROUP BY. `busy_before_ns` is the busy time
+    before each island (a running total, so busy time in any window is a difference).
+    With `successors`, each island also gets the next one's start and the device's first
+    start (`next_start_ns`, `first_start_ns`): all device_idle_gaps needs, from the same pass.
+    With `per_run`, `source` is one run's intervals without a run_id column, and so is the result."""
+    extra = (", lead(start_ns) OVER w AS next_start_ns, first_value(start_ns) OVER w AS first_start_ns"
+             if successors else "")
+    run = "" if per_run else "run_id, "
+    return f"""
+        WITH ordered AS (
+            SELECT {run}device_id, start_ns,
+                   max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_end,
+                   max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_end
+            FROM ({source})
+            WINDOW w AS (PARTITION BY {run}device_id ORDER BY start_ns, end_ns)
+        )
+        -- An earlier island ends at the next one's prev_max_end, so the busy time before an
+        -- island (sum of earlier ends minus earlier starts) comes out of the same window pass.
+        SELECT {run}device_id, row_number() OVER w AS island, start_ns,
+               coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns,
+               CAST(coalesce(sum(prev_max_end) OVER (w ROWS UNBOUNDED PRECEDING), 0)
+                    - coalesce(sum(start_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                    AS BIGINT) AS busy_before_ns{extra}
+        FROM ordered WHERE prev_max_end IS NULL OR start_ns > prev_max_end
+        WINDOW w AS (PARTITION BY {run}device_id ORDER BY start_ns)
+        """
+
+
+def busy_intervals_sql(kernels_only: bool = False, successors: bool = False, per_run: bool = False) -> str:
+    """The device_busy_intervals view's query (with `kernels_only`, kernel_busy_intervals'):
+    `islands` of the GPU activity; with `per_run`, one run's ($1) rows without a run_id column.
+    `successors` as in `islands` (what device_idle_gaps reads)."""
+    conditions = [*(["run_id = $1"] if per_run else []), *(["kind = 'kernel'"] if kernels_only else [])]
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    run = "" if per_run else "run_id, "
+    return islands(f"SELECT {run}device_id, start_ns, end_ns FROM gpu_activity{where}",
+                   successors=successors, per_run=per_run)
+
+
+def device_idle_gaps_sql(islands_with_successors: str, per_run: bool = False) -> str:
+    """The device_idle_gaps view's query: a filter over the islands of `busy_intervals_sql` with
+    `successors` (the query, or a table holding its rows); with `per_run`, islands and result
+    without a run_id column. Each island but a device's last ends a gap, up to the next one's start."""
+    run = "" if per_run else "run_id, "
+    return f"""
+        SELECT {run}device_id, end_ns AS start_ns, next_start_ns AS end_ns, next_start_ns - end_ns AS gap_ns,
+               -- idle time before = time since the first start, minus busy time, up to this gap
+               end_ns - first_start_ns - (busy_before_ns + end_ns - start_ns) AS idle_before_ns
+        FROM ({islands_with_successors}) WHERE next_start_ns IS NOT NULL
+        """
+
+
+def run_idle_gaps_sql(per_run: bool = False) -> str:
+    """The run_idle_gaps view's query: one window over all GPU work of a run, every device
+    together; with `per_run`, one run's ($1) rows without a run_id column."""
+    run = "" if per_run else "run_id, "
+    return f"""
+        SELECT {run}prev_end_ns AS start_ns, start_ns AS end_ns, start_ns - prev_end_ns AS gap_ns
+        FROM (SELECT {run}start_ns,
+                     max(end_ns) OVER ({'' if per_run else 'PARTITION BY run_id '}ORDER BY start_ns, end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_ns
+              FROM gpu_activity {'WHERE run_id = $1' if per_run else ''})
+        WHERE start_ns > prev_end_ns
+        """
+
+
+def next_busy_candidates(probes: str) -> str:
+    """The busy intervals of $run_id (device_busy_intervals) among which the first one ending
+    after each probe (`device_id`, `t` columns of the query `probes`) lies.
+
+    An ASOF join for "the first busy interval ending after t" sorts its whole right side:
+    millions of intervals for a few thousand probes. Intervals are numbered in time order,
+    so their ends rise with the number; the answer lies in the first block of 64 whose last
+    end is past t, and only the blocks some probe lands in are kept. Exact: the answer is
+    among them, and every interval before it ends by t."""
+    return f"""
+        WITH blocks AS (
+            SELECT device_id, (island - 1) // 64 AS block, max(end_ns) AS block_end
+            FROM device_busy_intervals WHERE run_id = $run_id GROUP BY ALL
+        ), hit AS (
+            SELECT DISTINCT b.device_id, b.block
+            FROM ({probes}) p ASOF JOIN blocks b ON b.device_id = p.device_id AND b.block_end > p.t
+        )
+        SELECT i.device_id, i.start_ns, i.end_ns FROM device_busy_intervals i
+        SEMI JOIN hit h ON h.device_id = i.device_id AND h.block = (i.island - 1) // 64
+        WHERE i.run_id = $run_id
+        """
+
+
+def covered_ns(probes: str, keys: tuple[str, ...], stretches: str, device: str = "device_id") -> str:
+    """How much of each probe interval some stretch covers: columns `keys` + `covered_ns`.
+
+    `probes`: a query with the columns `keys` (naming a probe), `device_id`, `start_ns` and
+    `end_ns`. `stretches`: a query with `device_id`, `start_ns`, `end_ns` and `to_end_ns`
+    (the stretches' total length up to each one's end), disjoint per device: islands from
+    `islands()`, whose `to_end_ns` is `busy_before_ns + end_ns - start_ns`.
+
+    Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read
+    from the last stretch starting by t. Both ends go through one ASOF join (one sort of the
+    stretches), where an interval-overlap join is quadratic on long runs. A probe with no
+    stretch on its device gets 0. `device` names the column that plays `device_id` in both
+    (any key the stretches are disjoint per)."""
+    key_list = ", ".join(f"p.{k}" for k in keys)
+    cols = ", ".join(dict.fromkeys((*keys, device)))
+    ends = f"SELECT {cols}, end_ns AS t, 1 AS sign FROM ({probes})"
+    starts = f"SELECT {cols}, start_ns AS t, -1 AS sign FROM ({probes})"
+    return f"""
+        SELECT {key_list},
+               CAST(sum(p.sign * coalesce(c.to_end_ns - c.end_ns + least(p.t, c.end_ns), 0)) AS BIGINT) AS covered_ns
+        FROM ({ends} UNION ALL {starts}) p
+        ASOF LEFT JOIN ({stretches}) c ON c.{device} = p.{device} AND c.start_ns <= p.t
+        GROUP BY {key_list}
+        """
+
+
+DEFINES = (
+    View(
+        "gpu_activity",
+        "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
+        "row id of its source table in `item_id` and its API call in `launch_call_id`; kernels also "
+        "carry `external_id` and `threads` (grid x block threads), and `unified_memory` is true for "
+        "copies that are unified-memory page migrations (false for all else).",
+        """
+        SELECT run_id, device_id, stream_id, 'kernel' AS kind, kernel_id AS item_id,
+               start_ns, end_ns, name, pid, correlation_id, launch_call_id, external_id,
+               -- BIGINT: the columns are INTEGER, and a grid of 2^23 blocks of 256 threads overflows it
+               grid_x::BIGINT * coalesce(grid_y, 1) * coalesce(grid_z, 1)
+                 * block_x * coalesce(block_y, 1) * coalesce(block_z, 1) AS threads,
+               false AS unified_memory
+        FROM kernels WHERE start_ns IS NOT NULL AND end_ns >= start_ns
+        UNION ALL
+        SELECT run_id, device_id, stream_id, 'copy', copy_id, start_ns, end_ns,
+               'Memcpy ' || direction || CASE WHEN unified_memory THEN ' (unified)' ELSE '' END,
+               pid, correlation_id, launch_call_id, NULL, NULL, coalesce(unified_memory, false)
+        FROM copies WHERE start_ns IS NOT NULL AND end_ns >= start_ns
+        UNION ALL
+        SELECT run_id, device_id, stream_id, 'memset', memset_id, start_ns, end_ns, 'Memset',
+               pid, correlation_id, launch_call_id, NULL, NULL, false
+        FROM memsets WHERE start_ns IS NOT NULL AND end_ns >= start_ns
+        """,
+        reads=(),
+    ),
+    View(
+        "device_busy_intervals",
+        "Per run and device, the union of all GPU activity as disjoint busy intervals "
+        "(gaps-and-islands over `gpu_activity`), with `busy_before_ns`, the busy time before each "
+        "(busy time in any window = a difference of two such running totals, read by ASOF joins).",
+        busy_intervals_sql(),
+        reads=("gpu_activity",),
+    ),
+    View(
+        "kernel_busy_intervals",
+        "Per run and device, the union of kernel execution only (what copies can hide behind), "
+        "with `busy_before_ns` as in `device_busy_intervals`.",
+        busy_intervals_sql(kernels_only=True),
+        reads=("gpu_activity",),
+    ),
+    View(
+        "device_busy",
+        "Per run and device: busy time (union of GPU activity), the device's active span "
+        "(first to last GPU operation) and the busy share of that span.",
+        """
+        SELECT run_id, device_id,
+               sum(end_ns - start_ns) AS busy_ns,
+               min(start_ns) AS first_start_ns, max(end_ns) AS last_end_ns,
+               max(end_ns) - min(start_ns) AS active_span_ns,
+               sum(end_ns - start_ns) / nullif(max(end_ns) - min(start_ns), 0) AS busy_share
+        FROM device_busy_intervals GROUP BY run_id, device_id
+        """,
+        reads=("device_busy_intervals",),
+    ),
+    View(
+        "device_idle_gaps",
+        "Per run and device, the idle stretches between busy intervals (no work on any stream), "
+        "with `idle_before_ns`, the idle time before each (from the device's first operation).",
+        device_idle_gaps_sql(busy_intervals_sql(successors=True)),
+        reads=("gpu_activity",),
+    ),
+    View(
+        "run_idle_gaps",
+        "Per run, the stretches during which no GPU of the run had work: the gaps in the union of all "
+        "GPU activity over every device, with `gap_ns` (before the first and after the last operation "
+        "is not a gap).",
+        run_idle_gaps_sql(),
+        reads=("gpu_activity",),
+    ),
+)
