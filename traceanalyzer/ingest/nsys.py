@@ -3,38 +3,23 @@
 `read` runs STAGES, in their order, over one `ReadState` (nsys_state.py): what the file is,
 its source tables (nsys_sources.py), the StringIds values, the API calls GPU rows look up,
 the device ids seen, the sink the tables go to. Each stage is a short function that reads
-what the stages before it set and adds its output tables, metadata and warnings:
-
-  export       the file is an Nsight Systems export (else TraceError)
-  facts        host, versions, export metadata, session start, graph trace mode
-  enums        this schema version's code -> word mappings (nsys_enums.py)
-  fetch        every source fetch starts (on a few threads; the big tables as streams)
-  strings      StringIds, and the check that no name multiplies past the input limits
-  api calls    `api_calls`, and the lookup GPU rows find their call in   (nsys_host.py)
-  kernels      `kernels`, whole-graph executions among them               (nsys_gpu.py)
-  copies       `copies`
-  memsets      `memsets`
-  graph nodes  `graph_nodes`: the operations graph launches ran, placed   (nsys_graphs.py)
-  syncs        `syncs`; the calls are released after them
-  ranges       `ranges` from NVTX                                         (nsys_host.py)
-  memory events  `memory_events`                                          (nsys_gpu.py)
-  devices      `devices`: the GPUs the activity rows used (nsys_devices.py)
-  notes        warnings on what the capture lacks; how the file was read
+what the stages before it set and adds its output tables, metadata and warnings.
 
 Every table and column is probed first (exports create tables lazily and columns come and
 go between schema versions). The numeric columns of each activity table, plus StringIds
-ids, are fetched into Arrow through ADBC (nsys_sqlite.py), each stage waiting for its own
-table; kernels, copies and NVTX are read as streams of parts and built part by part, and
-runtime calls are sorted whole (real exports write them per thread) and stored in parts.
-With a sink (`Store.ingest` passes its RunWriter) each part goes straight into the store's
-transaction, so no output table is ever whole in memory, and freed memory is handed back to
-the OS between steps. Names stay StringIds ids until the end and become dictionary-encoded
-columns (each distinct string once, however many rows name it); name clean-up and
-code-to-word mappings run once per distinct value. Rows are put in (start, file order) with
-a stable sort (skipped when already in order), GPU rows find their API call by a binary
-search over the calls' sorted keys (`nsys_arrow.CallIndex`), and each source column is
-released as soon as its output exists. docs/performance.md has the measurements that chose
-this. The file is never written.
+ids, are fetched into Arrow through ADBC (nsys_sqlite.py; sqlite3 where ADBC is missing or
+fails), each stage waiting for its own table; kernels, copies and NVTX are read as streams
+of parts and built part by part, and runtime calls are sorted whole (real exports write
+them per thread) and stored in parts. With a sink (`Store.ingest` passes its RunWriter)
+each part goes straight into the store's transaction, so no output table is ever whole in
+memory, and freed memory is handed back to the OS between steps. Names stay StringIds ids
+until the end and become dictionary-encoded columns (each distinct string once, however
+many rows name it); name clean-up and code-to-word mappings run once per distinct value.
+Rows are put in (start, file order) with a stable sort (skipped when already in order), GPU
+rows find their API call by a binary search over the calls' sorted keys
+(`nsys_arrow.CallIndex`; a join where a key repeats), and each source column is released as
+soon as its output exists. docs/performance.md has the measurements that chose this. The
+file is never written.
 
 Choices a reader of the store should know:
 * Row ids (`kernel_id`, `copy_id`, ...) follow (start, order in the file), from 0.
@@ -205,19 +190,19 @@ def notes(state: ReadState) -> None:
 
 # The read, in order: each stage reads only what the ones before it set.
 STAGES: tuple[tuple[str, Callable[[ReadState], None]], ...] = (
-    ("export", check_export),
-    ("facts", facts),
-    ("enums", enums),
-    ("fetch", fetch),
-    ("strings", strings),
-    ("api calls", api_calls),
-    ("kernels", kernels),
+    ("export", check_export),  # the file is an Nsight Systems export, else TraceError
+    ("facts", facts),  # host, versions, export metadata, session start, graph trace mode
+    ("enums", enums),  # this schema version's code -> word mappings
+    ("fetch", fetch),  # every source fetch starts (on a few threads; the big tables as streams)
+    ("strings", strings),  # StringIds, checked against the input limits on what rows repeat
+    ("api calls", api_calls),  # and the lookup GPU rows find their call in
+    ("kernels", kernels),  # whole-graph executions among them
     ("copies", copies),
     ("memsets", memsets),
-    ("graph nodes", graph_nodes),
-    ("syncs", syncs),
-    ("ranges", ranges),
+    ("graph nodes", graph_nodes),  # the operations graph launches ran, placed where captured
+    ("syncs", syncs),  # the last stage that looks up calls
+    ("ranges", ranges),  # from NVTX
     ("memory events", memory_events),
-    ("devices", devices),
-    ("notes", notes),
+    ("devices", devices),  # the GPUs the activity rows used
+    ("notes", notes),  # warnings on what the capture lacks; how the file was read
 )
