@@ -837,6 +837,21 @@ def test_a_stream_that_fails_falls_back_to_a_whole_read(tmp_path, small_parts):
     assert trace.metadata["adbc_fallbacks"] >= 1
 
 
+def test_a_streamed_table_is_held_to_the_text_limit(tmp_path, monkeypatch, small_parts):
+    """A long name on every row of a table read in parts adds up as on a whole read (the
+    check fetches the streamed table's name ids apart)."""
+    import gen_hostile
+
+    path = tmp_path / "amplified.sqlite"  # 100 KB name on 200 kernel rows: 20 MB once joined
+    gen_hostile.amplified_sqlite(path, string_bytes=100_000, rows=200)
+    monkeypatch.setenv("TRACEANALYZER_MAX_TEXT_BYTES", "8M")
+    with pytest.raises(TraceError, match="repeated on every row.*TRACEANALYZER_MAX_TEXT_BYTES"):
+        nsys.read(path)
+    monkeypatch.delenv("TRACEANALYZER_MAX_TEXT_BYTES")
+    kernels = nsys.read(path).tables["kernels"]
+    assert kernels.num_rows == 200 and kernels["kernel_id"].num_chunks > 1  # it was read in parts
+
+
 def test_streamed_ingest_that_fails_leaves_the_store_as_it_was(tmp_path, monkeypatch, small_parts):
     """Kernels and copies are written as they are read: a failure later rolls all of it back,
     and an earlier copy of the same run stays."""

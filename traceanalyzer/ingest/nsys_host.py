@@ -47,7 +47,7 @@ def _check_expansion(state: ReadState) -> None:
         ids = [alias for alias in spec if alias in STRING_ID_COLUMNS]
         if ids:
             views.append(view_name(t))
-            state.duck.register(view_name(t), state.sources.get(t).select(ids))
+            state.duck.register(view_name(t), state.sources.selected(t, ids))
             refs += [f"SELECT n.len FROM {view_name(t)} x JOIN string_lengths n ON n.id = x.{alias}" for alias in ids]
     try:
         state.duck.execute("CREATE TEMP TABLE string_lengths AS SELECT id, strlen(value) AS len FROM string_ids")

@@ -215,6 +215,14 @@ class Sources:
             stream.close()
         self._submit(table)
 
+    def selected(self, table: str, aliases: list[str]) -> pa.Table:
+        """Some columns of all a table's rows, the table left for its stage: a streamed
+        table's are fetched apart, whole."""
+        if table not in self._streams:
+            return self.get(table).select(aliases)
+        cols = [c for c in self._columns(table) if c.alias in aliases]
+        return self.f.arrow(cols, quote(table), self._filter(table)[1], label=table)
+
     def has_whole(self, table: str) -> bool:
         """Whether a whole read of the table is there to take (fetched, not taken yet)."""
         return self._fetched.get(table) is not None
