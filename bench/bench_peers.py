@@ -178,7 +178,7 @@ def _nsys_needed_columns(path: str) -> list[tuple[str, list[str]]]:
     import sqlite3
 
     sys.path.insert(0, str(ROOT))
-    from traceanalyzer.ingest.nsys import SOURCES
+    from traceanalyzer.ingest.nsys_sources import SOURCES
 
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     have = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -30,10 +30,10 @@ import pyarrow as pa  # noqa: E402
 
 from gen_nsys import TESLA_T4, VM, global_pid, global_tid, schema_statements  # noqa: E402
 from traceanalyzer.ingest import nsys  # noqa: E402
+from traceanalyzer.ingest.nsys_sources import KERNEL, RUNTIME, SOURCES  # noqa: E402
 from traceanalyzer.ingest.nsys_sqlite import Col, NsysFile  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
-KERNEL, RUNTIME = nsys.KERNEL, nsys.RUNTIME
 DISTINCT_KERNELS = 64
 
 
@@ -72,7 +72,7 @@ def generate(path: Path, n_kernels: int) -> None:
 
 
 def kernel_cols() -> list[Col]:
-    return [Col(alias, f'"{src}"', typ) for alias, (src, typ) in nsys.SOURCES[KERNEL].items()]
+    return [Col(alias, f'"{src}"', typ) for alias, (src, typ) in SOURCES[KERNEL].items()]
 
 
 def fetch_ints(path: Path, backend: str) -> int:

@@ -23,14 +23,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 _depth = threading.local()
 _lock = threading.Lock()
 rows: list[tuple[float, int, str, float, int, int]] = []  # (start, depth, phase, seconds, peak, held at start)
-
-
-NSYS_STEPS = ("_load_strings", "_api_calls", "_kernels", "_copies", "_memsets", "_syncs", "_ranges",
-              "_memory_events", "_devices")
 
 
 def _status_bytes(key: str) -> int:
@@ -126,8 +123,12 @@ def main() -> None:
     imports_s = time.perf_counter() - t_import
 
     wrap(Store, "ingest", "read and store (Store.ingest)")
-    for step in NSYS_STEPS:  # the nsys reader's steps, in the order it takes them
-        wrap(nsys._Reader, step, f"nsys {step.strip('_')}", depth=2)
+    stages = []
+    for name, stage in nsys.STAGES:  # the nsys reader's stages, in the order it runs them
+        holder = SimpleNamespace(stage=stage)
+        wrap(holder, "stage", f"nsys {name}", depth=2)
+        stages.append((name, holder.stage))
+    nsys.STAGES = tuple(stages)
     wrap(run_cache, "scoped_to_run", "the run's shared views (scoped_to_run, entered)")
     # Rules on worker threads (runs under engine.PARALLEL_MAX_GPU_OPS) overlap: their peaks are
     # the rules pass's; a rule on the main thread has its own.

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "traceanalyzer"
 
 def _contract() -> dict:
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = [c for c in cfg["contracts"] if c["type"] == "layers"]
+    (contract,) = [c for c in cfg["contracts"] if c["type"] == "layers" and c["containers"] == ["traceanalyzer"]]
     return contract
 
 

@@ -41,13 +41,11 @@ def test_connect_duckdb_sets_the_limit_and_names_a_bad_value(monkeypatch):
 
 def test_the_nsys_readers_own_connection_is_limited(monkeypatch):
     seen = []
-    real = nsys._Reader.read
 
-    def read(self):
-        seen.append(self.duck.execute(SETTING).fetchall()[0][0])
-        return real(self)
+    def setting(state):
+        seen.append(state.duck.execute(SETTING).fetchall()[0][0])
 
-    monkeypatch.setattr(nsys._Reader, "read", read)
+    monkeypatch.setattr(nsys, "STAGES", (("setting", setting), *nsys.STAGES))
     monkeypatch.setenv(MEMORY_LIMIT_ENV, "512MiB")
     trace = nsys.read(FIXTURES / "nsys" / "planted.sqlite")
     assert seen == ["512.0 MiB"] and trace.tables

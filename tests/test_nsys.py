@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from traceanalyzer.ingest import nsys
+from traceanalyzer.ingest import nsys, nsys_sources
 from traceanalyzer.ingest.base import TraceError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -722,7 +722,7 @@ def small_parts(monkeypatch):
         pytest.skip("parts are streamed through ADBC")
     from traceanalyzer.ingest import nsys_sqlite
 
-    monkeypatch.setattr(nsys, "CHUNK_ROWS", 2)
+    monkeypatch.setattr(nsys_sources, "CHUNK_ROWS", 2)
     monkeypatch.setattr(nsys_sqlite, "FETCH_BATCH_ROWS", 1)
 
 
@@ -731,7 +731,7 @@ def real_parts(monkeypatch) -> None:
     thousands (a part costs a few DuckDB statements)."""
     from traceanalyzer.ingest import nsys_sqlite
 
-    monkeypatch.setattr(nsys, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(nsys_sources, "CHUNK_ROWS", 1000)
     monkeypatch.setattr(nsys_sqlite, "FETCH_BATCH_ROWS", 100)
 
 
@@ -756,7 +756,7 @@ def test_parts_give_the_tables_of_one_read(traces_dir, name, monkeypatch, small_
     parts = nsys.read(path)
     assert parts.tables["kernels"]["kernel_id"].num_chunks > 1  # it was read in parts
     assert parts.tables["ranges"]["range_id"].num_chunks > 1
-    monkeypatch.setattr(nsys, "CHUNK_ROWS", 1 << 30)
+    monkeypatch.setattr(nsys_sources, "CHUNK_ROWS", 1 << 30)
     whole = nsys.read(path)
     assert plain(parts) == plain(whole)
     assert (parts.metadata, parts.warnings) == (whole.metadata, whole.warnings)
@@ -837,6 +837,21 @@ def test_a_stream_that_fails_falls_back_to_a_whole_read(tmp_path, small_parts):
     assert trace.metadata["adbc_fallbacks"] >= 1
 
 
+def test_a_streamed_table_is_held_to_the_text_limit(tmp_path, monkeypatch, small_parts):
+    """A long name on every row of a table read in parts adds up as on a whole read (the
+    check fetches the streamed table's name ids apart)."""
+    import gen_hostile
+
+    path = tmp_path / "amplified.sqlite"  # 100 KB name on 200 kernel rows: 20 MB once joined
+    gen_hostile.amplified_sqlite(path, string_bytes=100_000, rows=200)
+    monkeypatch.setenv("TRACEANALYZER_MAX_TEXT_BYTES", "8M")
+    with pytest.raises(TraceError, match="repeated on every row.*TRACEANALYZER_MAX_TEXT_BYTES"):
+        nsys.read(path)
+    monkeypatch.delenv("TRACEANALYZER_MAX_TEXT_BYTES")
+    kernels = nsys.read(path).tables["kernels"]
+    assert kernels.num_rows == 200 and kernels["kernel_id"].num_chunks > 1  # it was read in parts
+
+
 def test_streamed_ingest_that_fails_leaves_the_store_as_it_was(tmp_path, monkeypatch, small_parts):
     """Kernels and copies are written as they are read: a failure later rolls all of it back,
     and an earlier copy of the same run stays."""
@@ -847,10 +862,10 @@ def test_streamed_ingest_that_fails_leaves_the_store_as_it_was(tmp_path, monkeyp
         first = st.ingest(path)
         before = {t: st.sql(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("kernels", "copies", "api_calls", "runs")}
 
-        def broken(self):
+        def broken(state):
             raise TraceError("planted failure after the big tables")
 
-        monkeypatch.setattr(nsys._Reader, "_syncs", broken)
+        monkeypatch.setattr(nsys, "STAGES", tuple((n, broken if n == "syncs" else f) for n, f in nsys.STAGES))
         with pytest.raises(TraceError, match="planted failure"):
             st.ingest(path)
         after = {t: st.sql(f"SELECT count(*) FROM {t}").fetchone()[0] for t in before}
@@ -894,7 +909,7 @@ def test_runtime_read_in_two_halves_falls_back_as_a_whole(tmp_path, monkeypatch,
                           f"UPDATE {RUNTIME} SET returnValue = 'oops' WHERE rowid = (SELECT max(rowid) FROM {RUNTIME})")
     halves = nsys.read(path)
     assert halves.metadata["adbc_fallbacks"] >= 1
-    monkeypatch.setattr(nsys, "CHUNK_ROWS", 1 << 30)
+    monkeypatch.setattr(nsys_sources, "CHUNK_ROWS", 1 << 30)
     whole = nsys.read(path)
     assert plain(halves) == plain(whole)
     assert halves.tables["api_calls"]["return_value"].null_count == 1
