@@ -6,6 +6,7 @@ Every expected number is read from the trace files here (json, sqlite3, csv), no
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import json
 import re
@@ -51,6 +52,14 @@ def db(tmp_path_factory):
 # -- independent readings ------------------------------------------------------------------
 
 def kineto_events(path: Path) -> list[dict]:
+    """The trace's events, parsed once per file version (a real trace takes ~0.6 s; several tests
+    read each); callers only read them."""
+    st = path.stat()
+    return _parsed_events(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_events(path: Path, mtime_ns: int, size: int) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         return json.load(f)["traceEvents"]
