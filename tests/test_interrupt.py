@@ -41,6 +41,7 @@ if point:
     from pathlib import Path
     from traceanalyzer import store as S
     from traceanalyzer.batch import scan as B
+    from traceanalyzer.batch import worker as W
     from traceanalyzer.rules import engine as E
 
     def stall(con):
@@ -54,12 +55,12 @@ if point:
             return real_hashes(store, settings)
         B.up_to_date_hashes = hashes
     elif point == "worker":
-        real_check = B.check_file
+        real_check = W.check_file
         def check(store, path, *args, **kwargs):
             if Path(path).name.startswith("t03"):
                 stall(store.con)
             return real_check(store, path, *args, **kwargs)
-        B.check_file = check
+        W.check_file = check
     elif point == "write":
         real_insert, runs = S._insert, [0]
         def insert(con, name, tbl):

@@ -36,7 +36,8 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     """
     from ..batch.check import UsageError, read_baseline, settings_from
     from ..report.model import InputError, load_result
-    from ..batch.scan import ScanError, scan as run_scan
+    from ..batch.scan import scan as run_scan
+    from ..batch.worker import ScanError
     from .. import interrupt
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)
