@@ -39,6 +39,7 @@ from .. import os_memory, schema
 from ..interrupt import interruptible
 from ..ingest.base import ParsedTrace
 from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
+from ..sql import sql_literal
 from . import budget_rows, capture_merge, launch_sweep, migrations, run_cache, views
 from .writer import (IngestResult, RuleResults, RunWriter, StoreError, conform, delete_rows, insert,
                      replace_findings)
@@ -156,7 +157,7 @@ class Store:
                 self._upgrade(con)
             _set_up(con)
             for name, value in self._settings.items():
-                con.execute(f"SET {name} = {_sql_literal(value)}")
+                con.execute(f"SET {name} = {sql_literal(value)}")
         except BaseException:
             con.close()
             raise
@@ -362,7 +363,7 @@ class Store:
         """SET a DuckDB setting (`threads`, ...) on this store's connection, now and each time
         it is opened again (see `release`)."""
         self._settings[name] = value
-        self.con.execute(f"SET {name} = {_sql_literal(value)}")
+        self.con.execute(f"SET {name} = {sql_literal(value)}")
 
     @contextlib.contextmanager
     def memory_held(self, limit: str | None) -> Iterator[None]:
@@ -394,7 +395,7 @@ class Store:
     def _reset_memory_limit(self) -> None:
         """The limit `memory_held` holds, else TRACEANALYZER_MEMORY_LIMIT's (or DuckDB's default)."""
         if "memory_limit" in self._settings:
-            self.con.execute(f"SET memory_limit = {_sql_literal(self._settings['memory_limit'])}")
+            self.con.execute(f"SET memory_limit = {sql_literal(self._settings['memory_limit'])}")
         else:
             _limit_memory(self.con)
 
@@ -699,10 +700,6 @@ def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
         limit_memory(con)
     except MemoryLimitError as e:
         raise StoreError(str(e)) from None
-
-
-def _sql_literal(value: str | int) -> str:
-    return str(int(value)) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
 
 
 def _set_up(con: duckdb.DuckDBPyConnection) -> None:
