@@ -9,10 +9,11 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TimeRemainingColumn)
 from rich.table import Column
 
+from ..report.terminal import COMPACT, cell, fit_table, left_out, say
 from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
                      NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
-                     WriteBaselineOpt, COMPACT, LinkLines, cell, check_options, emit, err, fit_table, left_out,
-                     note_not_traces, open_store, print_input_error, report_targets, say)
+                     WriteBaselineOpt, LinkLines, check_options, emit, err, note_not_traces, open_store,
+                     print_input_error, report_targets)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
