@@ -112,18 +112,19 @@ def test_bad_lock_timeout_setting_is_a_clear_error(tmp_path):
 KILL_CHILD = r"""
 import os, signal, sys, threading, time
 from traceanalyzer import store as S
+from traceanalyzer.store import writer as W
 db, first, second, mode, delay = sys.argv[1:6]
 st = S.Store(db)
 if first != "-":
     st.ingest(first)
 if mode == "in-transaction":      # after the run's kernels are inserted, before COMMIT
-    real = S._insert
+    real = W.insert
     def slow(con, name, tbl):
         real(con, name, tbl)
         if name == "kernels":
             print("IN-TXN", flush=True)
             time.sleep(120)
-    S._insert = slow
+    W.insert = slow
 elif mode == "in-commit":         # SIGKILL from a timer while DuckDB commits
     class Killer:
         def __init__(self, con):
@@ -244,9 +245,10 @@ def test_killed_store_copy_still_opens(tmp_path, reference):
 SLOW_SCAN_CHILD = r"""
 import os, sys, time
 from traceanalyzer import store as S
+from traceanalyzer.store import writer as W
 from traceanalyzer.cli import main
 db = sys.argv[1]
-real, n = S._replace_findings, [0]
+real, n = W.replace_findings, [0]
 def slow(con, run_id, results, run_is_new=False):
     if run_is_new:  # the scan's writer (a scratch store's rules write findings without it)
         n[0] += 1
@@ -259,7 +261,7 @@ def slow(con, run_id, results, run_is_new=False):
                 time.sleep(0.05)
             time.sleep(1.5)
     real(con, run_id, results, run_is_new=run_is_new)
-S._replace_findings = slow
+W.replace_findings = slow
 sys.argv = ["traceanalyzer", "scan", *sys.argv[2:], "--store", db, "--jobs", "1", "--fail-on", "never"]
 main()
 """
@@ -269,6 +271,7 @@ main()
 HOLDING_READER = r"""
 import json, os, sys, time
 from traceanalyzer import store as S
+from traceanalyzer.store import writer as W
 db, sql = sys.argv[1:3]
 with S.Store(db, read_only=True) as st:
     print(json.dumps(st.sql(sql).fetchall()), flush=True)

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from traceanalyzer import schema
 from traceanalyzer.cli import app
 from traceanalyzer.rules.engine import Settings
-from traceanalyzer.batch.scan import ScanError, scan
+from traceanalyzer.batch.scan import scan
+from traceanalyzer.batch.worker import ScanError
 from traceanalyzer.store import Store
 
 from .conftest import copy_fixtures
@@ -70,7 +71,7 @@ def test_cluster_scan_gives_the_same_store_as_a_local_scan(cluster, traces, tmp_
 
 def test_big_nsys_exports_are_streamed_by_the_workers_with_the_same_store(cluster, traces, tmp_path, monkeypatch):
     """Big streamed files (here every nsys export: the bar set to 1 byte) are streamed into a
-    store file by the dask worker (`scan._worker_store`), as the writer streams them in a
+    store file by the dask worker (`worker._worker_store`), as the writer streams them in a
     local scan: the two stores are the same."""
     import traceanalyzer.batch.scan as scan_mod
 

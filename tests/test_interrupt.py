@@ -32,7 +32,7 @@ LONG_QUERY = "SELECT sum(a.range * b.range) FROM range(10000000) a, range(100000
 # workers too run it; STALL_AT says where:
 #   early: reading the store's current findings, before any file (scan.up_to_date_hashes)
 #   worker: a worker checking the 4th file (t03_...), on its store
-#   write: the writer's transaction of the 3rd run, before its row is written (store._insert)
+#   write: the writer's transaction of the 3rd run, before its row is written (store.writer.insert)
 #   rules: a rule's query on the 3rd run (--jobs 1: the rules run in the scan's process)
 STALL = r"""
 import os
@@ -40,7 +40,9 @@ point = os.environ.get("STALL_AT")
 if point:
     from pathlib import Path
     from traceanalyzer import store as S
+    from traceanalyzer.store import writer as SW
     from traceanalyzer.batch import scan as B
+    from traceanalyzer.batch import worker as W
     from traceanalyzer.rules import engine as E
 
     def stall(con):
@@ -54,21 +56,21 @@ if point:
             return real_hashes(store, settings)
         B.up_to_date_hashes = hashes
     elif point == "worker":
-        real_check = B.check_file
+        real_check = W.check_file
         def check(store, path, *args, **kwargs):
             if Path(path).name.startswith("t03"):
                 stall(store.con)
             return real_check(store, path, *args, **kwargs)
-        B.check_file = check
+        W.check_file = check
     elif point == "write":
-        real_insert, runs = S._insert, [0]
+        real_insert, runs = SW.insert, [0]
         def insert(con, name, tbl):
             if name == "runs":
                 runs[0] += 1
                 if runs[0] == 3:
                     stall(con)
             real_insert(con, name, tbl)
-        S._insert = insert
+        SW.insert = insert
     elif point == "rules":
         real_rule, seen = E.evaluate_rule, set()
         def rule(st, r, run_id, params):

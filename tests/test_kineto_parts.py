@@ -174,7 +174,7 @@ def test_plan_cuts_big_plain_files_into_a_part_per_read_cpu(tmp_path, monkeypatc
 def test_read_file_reads_in_parts_only_with_more_than_one_read_cpu(tmp_path, monkeypatch, cpus):
     """`read_file` hands its resources to the Kineto reader: one CPU reads in one pass, as a
     scan worker of one CPU does."""
-    from traceanalyzer.batch.scan import WorkContext, process_file
+    from traceanalyzer.batch.worker import WorkContext, process_file
 
     plans = []
     original = kineto_parts.plan

@@ -52,9 +52,9 @@ def test_the_nsys_readers_own_connection_is_limited(monkeypatch):
 
 
 def test_a_scan_workers_store_is_limited(tmp_path, monkeypatch):
-    """A scan worker checks its file on a scratch store of its own (`batch.scan.process_file`)."""
-    from traceanalyzer.batch import scan
-    from traceanalyzer.batch.scan import WorkContext, process_file
+    """A scan worker checks its file on a scratch store of its own (`batch.worker.process_file`)."""
+    from traceanalyzer.batch import worker
+    from traceanalyzer.batch.worker import WorkContext, process_file
     from traceanalyzer.store import Store
 
     seen = []
@@ -68,7 +68,7 @@ def test_a_scan_workers_store_is_limited(tmp_path, monkeypatch):
     monkeypatch.setenv(MEMORY_LIMIT_ENV, "700MiB")
     # a worker thread keeps its scratch store between files: an earlier test's, opened without
     # the limit, is not the one this test is about
-    monkeypatch.setattr(scan._local, "store", None, raising=False)
+    monkeypatch.setattr(worker._local, "store", None, raising=False)
     out = process_file(str(FIXTURES / "nsys" / "planted.sqlite"),
                        WorkContext(frozenset(), None, resources=resources.Resources(1)))
     assert out.result.error is None and seen == ["700.0 MiB"]

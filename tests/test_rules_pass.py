@@ -86,7 +86,7 @@ def test_findings_keep_every_nanosecond_whatever_type_a_rule_returns(tmp_path):
 
     from traceanalyzer.rules import get_rule
     from traceanalyzer.rules.engine import _normalize
-    from traceanalyzer.store import arrow_schema
+    from traceanalyzer.schema import arrow_schema
 
     st = Store(tmp_path / "s.duckdb")
     run_id = st.ingest(FIXTURES / "nsys" / "clean.sqlite").run_id

@@ -23,12 +23,14 @@ from typer.testing import CliRunner
 
 import traceanalyzer.batch.check as check_mod
 import traceanalyzer.batch.scan as scan_mod
+import traceanalyzer.batch.worker as worker_mod
 from traceanalyzer import resources, schema
 from traceanalyzer.cli import app
 from traceanalyzer.ingest import find_traces, nsys_sqlite
 from traceanalyzer.diagnosis import diagnose_runs
 from traceanalyzer.rules.engine import Settings
-from traceanalyzer.batch.scan import WORKER_DIED, JobPlan, WorkContext, local_outcomes, scan
+from traceanalyzer.batch.scan import WORKER_DIED, JobPlan, local_outcomes, scan
+from traceanalyzer.batch.worker import WorkContext
 from traceanalyzer.resources import Resources
 from traceanalyzer.store import Store
 
@@ -260,15 +262,15 @@ def test_a_big_streamed_file_in_a_worker_goes_through_a_store_file_with_the_same
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     through = []
-    real = scan_mod._worker_store
-    monkeypatch.setattr(scan_mod, "_worker_store", lambda ctx, big: through.append(big) or real(ctx, big))
+    real = worker_mod._worker_store
+    monkeypatch.setattr(worker_mod, "_worker_store", lambda ctx, big: through.append(big) or real(ctx, big))
     files = [str(p.resolve()) for p in find_traces([traces])]
     for name, min_bytes in (("whole", None), ("streamed", 1)):
         through.clear()
         ctx = WorkContext(frozenset(), Settings(), stream_min_bytes=min_bytes)
         with Store(tmp_path / f"{name}.duckdb") as st:
             for f in files:
-                o = scan_mod.process_file(f, ctx)
+                o = worker_mod.process_file(f, ctx)
                 assert o.result.error is None, o.result.error
                 assert scan_mod._store_outcome(st, o, {}).state == "stored"
         if min_bytes is None:
@@ -337,19 +339,19 @@ def test_serial_scan_uses_one_thread_in_this_process_and_a_single_file_every_cor
 def test_a_worker_replaces_its_scratch_store_before_dead_rows_pile_up(traces, monkeypatch):
     """An in-memory DuckDB table keeps its deleted rows: a worker's scratch store is replaced
     once it has held SCRATCH_MAX_ROWS rows, and which store checked a file changes nothing."""
-    from traceanalyzer.batch.scan import process_file
+    from traceanalyzer.batch.worker import process_file
 
     path = str(traces / "nsys" / "planted.sqlite")
     ctx = WorkContext(frozenset(), FAST, resources=Resources(1))
-    monkeypatch.setattr(scan_mod._local, "store", None, raising=False)
+    monkeypatch.setattr(worker_mod._local, "store", None, raising=False)
     first = process_file(path, ctx)
     rows = sum(t.num_rows for t in first.trace.tables.values())
-    monkeypatch.setattr(scan_mod, "SCRATCH_MAX_ROWS", 2 * rows)
-    monkeypatch.setattr(scan_mod._local, "store", None, raising=False)
+    monkeypatch.setattr(worker_mod, "SCRATCH_MAX_ROWS", 2 * rows)
+    monkeypatch.setattr(worker_mod._local, "store", None, raising=False)
     stores, outs = [], []
     for _ in range(4):
         outs.append(process_file(path, ctx))
-        stores.append(scan_mod._local.store)
+        stores.append(worker_mod._local.store)
     assert stores[0] is not None and stores[1] is None and stores[2] is not None and stores[3] is None
     assert stores[0] is not stores[2] and stores[0].con is not stores[2].con
     want = (first.findings.findings.to_pylist(), first.findings.rule_runs.drop_columns(["evaluated_at", "inputs"]).to_pylist())

@@ -54,9 +54,9 @@ def test_same_content_replaces_the_run(store):
 
 def test_failed_write_leaves_no_trace_and_keeps_earlier_runs(store, monkeypatch):
     store.write_run(_trace(), Path("/x/a.sqlite"), "a" * 64, 1)
-    import traceanalyzer.store as st
+    import traceanalyzer.store.writer as st
 
-    real_insert = st._insert
+    real_insert = st.insert
     calls = {"n": 0}
 
     def failing_insert(con, name, tbl):
@@ -65,7 +65,7 @@ def test_failed_write_leaves_no_trace_and_keeps_earlier_runs(store, monkeypatch)
             raise RuntimeError("disk full")
         real_insert(con, name, tbl)
 
-    monkeypatch.setattr(st, "_insert", failing_insert)
+    monkeypatch.setattr(st, "insert", failing_insert)
     with pytest.raises(RuntimeError):
         store.write_run(_trace(), Path("/x/b.sqlite"), "b" * 64, 1)
     assert calls["n"] >= 2
@@ -105,7 +105,7 @@ def test_a_run_and_its_findings_are_written_together(store, monkeypatch):
     """write_run with findings (a scan's worker evaluated the rules) writes the run, its rows
     and its findings in one transaction: all of them or, when any part fails, none. A new
     run's write deletes nothing (it has no rows); a replaced run loses its old findings."""
-    import traceanalyzer.store as st
+    import traceanalyzer.store.writer as st
 
     a = store.write_run(_trace(), Path("/x/a"), "a" * 64, 1).run_id
     results = _results(store, a)
@@ -127,8 +127,8 @@ def test_a_run_and_its_findings_are_written_together(store, monkeypatch):
     assert store.sql("SELECT count(*) FROM kernels WHERE run_id = ?", [b.run_id]).fetchone()[0] == 5
 
     # a failure while writing the findings leaves neither the run nor its rows
-    real_insert = st._insert
-    monkeypatch.setattr(st, "_insert", lambda con, name, tbl: (_ for _ in ()).throw(RuntimeError("disk full"))
+    real_insert = st.insert
+    monkeypatch.setattr(st, "insert", lambda con, name, tbl: (_ for _ in ()).throw(RuntimeError("disk full"))
                         if name == "rule_runs" else real_insert(con, name, tbl))
     with pytest.raises(RuntimeError, match="disk full"):
         store.write_run(_trace(), Path("/x/c"), "c" * 64, 1, findings=results)

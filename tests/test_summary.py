@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from traceanalyzer import fmt
 from traceanalyzer.cli import app
-from traceanalyzer.cli.runs import _summary_of, print_summary
+from traceanalyzer.report.runs_text import print_summary, summary_of
 from traceanalyzer.fmt import distinct_labels
 from traceanalyzer.ingest.base import ParsedTrace
 from traceanalyzer.report.html_charts import si
@@ -194,7 +194,7 @@ def test_bad_options_are_usage_errors(planted):
 def test_two_gemms_with_a_long_common_prefix_print_apart(planted, width):
     db, run_id = planted
     with Store(db, read_only=True) as st:
-        s = _summary_of(st, run_id, "name", 15)
+        s = summary_of(st, run_id, "name", 15)
     buf = io.StringIO()
     print_summary(Console(file=buf, width=width, highlight=False), s)
     text = buf.getvalue()
@@ -336,7 +336,7 @@ def test_the_real_full_step_snapshot_summary():
     path = shared_traces() / "torch-memory" / "cs336-a2-systems__memory_files__memory_ctx128_fullstep.pickle"
     with Store(":memory:") as st:
         run_id = st.ingest(path).run_id
-        [dev] = _summary_of(st, run_id, "name", 1)["memory"]
+        [dev] = summary_of(st, run_id, "name", 1)["memory"]
     want = snapshot_numbers(path)
     assert {k: dev[k] for k in want} == want
     assert (dev["reserved_bytes"], dev["allocated_bytes"]) == (61_111_009_280, 54_873_829_888)

@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .sql import sql_literal
+
 
 class Library(NamedTuple):
     id: str
@@ -241,18 +243,14 @@ def inductor_phrase(name: str | None) -> str | None:
     return f"TorchInductor {what}" + (f" fusing {', '.join(ops)}" if ops else "")
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
 # The same as SQL macros (analyses/kernels.py declares them): `inductor_class(name)` and
 # `inductor_ops(name)` (a VARCHAR[], NULL where the name carries none).
 SQL_MACROS = {
     "inductor_class": "(name) AS CASE "
         + " ".join(f"WHEN starts_with(name, 'triton_{c.prefix}_') THEN '{c.id}'" for c in INDUCTOR_CLASSES)
-        + f" WHEN regexp_matches(name, {_sql_str(_INDUCTOR_UNNAMED)}) THEN '{INDUCTOR_UNNAMED.id}' END",
-    "inductor_ops": f"(name) AS CASE WHEN regexp_matches(name, {_sql_str(_INDUCTOR_FUSED)}) THEN "
-        f"regexp_extract_all(regexp_extract(name, {_sql_str(_INDUCTOR_FUSED)}, 1), {_sql_str(INDUCTOR_OP)}, 1) END",
+        + f" WHEN regexp_matches(name, {sql_literal(_INDUCTOR_UNNAMED)}) THEN '{INDUCTOR_UNNAMED.id}' END",
+    "inductor_ops": f"(name) AS CASE WHEN regexp_matches(name, {sql_literal(_INDUCTOR_FUSED)}) THEN "
+        f"regexp_extract_all(regexp_extract(name, {sql_literal(_INDUCTOR_FUSED)}, 1), {sql_literal(INDUCTOR_OP)}, 1) END",
 }
 
 

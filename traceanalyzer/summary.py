@@ -138,6 +138,20 @@ def compiled_kernels(store: Store, run_id: str) -> dict | None:
 
 RUN_FIELDS = ("run_id", "file_name", "format", "producer", "producer_version", "host", "span_ns")
 
+STORED_RUNS_SQL = """
+SELECT r.run_id, r.format, r.file_name, r.producer_version, r.span_ns,
+       (SELECT count(*) FROM kernels k WHERE k.run_id = r.run_id) AS kernels,
+       (SELECT count(*) FROM copies c WHERE c.run_id = r.run_id) AS copies,
+       (SELECT string_agg(DISTINCT name, ', ') FROM devices d WHERE d.run_id = r.run_id) AS gpus
+FROM runs r ORDER BY r.ingested_at, r.run_id
+"""
+
+
+def stored_runs(store: Store) -> pd.DataFrame:
+    """Every run of the store, as stored (`traceanalyzer runs`): id, format, file, version,
+    span, kernel and copy counts, GPU names."""
+    return store.df(STORED_RUNS_SQL)
+
 
 def _stats_sql(by: str, graphs: bool) -> str:
     if by not in GROUP_KEYS:

@@ -4,6 +4,7 @@ evidence, in the same text as `fmt`'s Python functions (tests/test_summary.py co
 from __future__ import annotations
 
 from ..fmt import LOSS_BOUND
+from ..sql import sql_literal
 from .core import Macro
 
 
@@ -11,9 +12,9 @@ def _sql_format(template: str, *args: str) -> str:
     """A Python "{} ... {}" template as a SQL text expression of `args`."""
     parts = template.split("{}")
     assert len(parts) == len(args) + 1
-    out = ["'" + parts[0].replace("'", "''") + "'"]
+    out = [sql_literal(parts[0])]
     for arg, part in zip(args, parts[1:]):
-        out += [arg, "'" + part.replace("'", "''") + "'"]
+        out += [arg, sql_literal(part)]
     return "(" + " || ".join(out) + ")"
 
 

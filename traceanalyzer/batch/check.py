@@ -20,7 +20,8 @@ from ..rules import get_rule
 from ..rules._ncu import linked_rule_ids
 from ..rules.base import SEVERITIES
 from ..rules.engine import Settings
-from ..store import Store, StoreError, file_hash, one_line_error, run_id_for
+from ..store import Store, StoreError, file_hash, run_id_for
+from ..store.writer import one_line_error
 
 
 class UsageError(Exception):

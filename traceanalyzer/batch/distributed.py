@@ -3,7 +3,7 @@
 Dask (`dask.distributed`) is an optional dependency: `pip install 'traceanalyzer[dask]'`,
 on this machine and on every worker.
 
-Each dask task is `scan.process_file` on one path, the same function the local process
+Each dask task is `worker.process_file` on one path, the same function the local process
 pool runs: `check.check_file` on a store of the worker's own (in memory; a store file for a
 big nsys export, which is streamed), then the run's rows read back. Rules are evaluated there, not
 centrally after gathering, because they cost more than parsing; the worker hands back the
@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from .scan import FileOutcome, ScanError, WorkContext, process_file
+from .worker import FileOutcome, ScanError, WorkContext, process_file
 
 # Files handed to the cluster ahead of the writer, per worker thread: keeps workers busy
 # without holding thousands of parsed traces in cluster memory.

@@ -3,7 +3,7 @@
 How the work is split, and why:
 
 * A worker (a process of a local pool, or a dask worker, see `distributed.py`) does all the
-  per-file work, as `check` does it (`check.check_file`), on a scratch in-memory store of its
+  per-file work (`worker.py`), as `check` does it (`check.check_file`), on a scratch in-memory store of its
   own: it hashes the file, skips it when the writer's store already holds that content with
   findings for the current rules, reads it, and evaluates the per-run rules. It hands back
   the run's rows and findings (`Store.read_run`, `read_findings`: Arrow tables pickle
@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import os
 import signal
-import tempfile
-import threading
 import time
 import traceback
 from collections import deque
@@ -49,11 +46,13 @@ import pandas as pd
 
 from .. import interrupt, os_memory
 from ..diagnosis import diagnose_runs
-from ..ingest import ParsedTrace, find_traces, streams
+from ..ingest import find_traces
 from ..resources import Resources
 from ..rules.engine import Settings
-from ..store import DEFAULT_HASH, RuleResults, Store, capture_merge
+from ..store import Store, capture_merge
 from .check import FileResult, check_file, cross_run_settings, link_pairs, merge_captures, up_to_date_hashes
+from .distributed import dask_outcomes
+from .worker import FileOutcome, ScanError, WorkContext, big_streamed, file_size, process_file
 
 # Results waiting to be written, per worker: enough to keep workers busy while the writer
 # stores one run, few enough that big traces do not pile up in memory.
@@ -87,103 +86,6 @@ class JobPlan:
         cores = jobs or base.cpus
         workers = max(1, min(cores, n_files))
         return cls(workers, replace(base, cpus=max(1, cores // workers)))
-
-
-# -- what a worker does ---------------------------------------------------------------
-
-@dataclass
-class WorkContext:
-    """What every worker needs besides the path: shipped once per worker, not per file."""
-
-    up_to_date: frozenset[str]  # content already stored with current findings: skip
-    settings: Settings | None  # None: store runs without evaluating rules
-    resources: Resources = field(default_factory=lambda: Resources(1))  # each worker's share
-    hash_name: str = DEFAULT_HASH  # the writer's store's content hash (`Store.hash_name`)
-    # A file at least this big whose reader streams (nsys) is checked on a store file of the
-    # worker's own instead of in memory (None: never). Only a dask worker meets such files:
-    # a local scan leaves them to the writer.
-    stream_min_bytes: int | None = None
-
-
-@dataclass
-class FileOutcome:
-    """A worker's answer for one file: what `check_file` did on the worker's store, and for a
-    run read now, its rows and per-run findings for the writer."""
-
-    result: FileResult
-    trace: ParsedTrace | None = None
-    findings: RuleResults | None = None
-
-    @classmethod
-    def failed(cls, path: str, error: str) -> FileOutcome:
-        return cls(FileResult(path, error=error))
-
-
-_local = threading.local()  # one scratch store per worker thread (DuckDB connections are not shared)
-
-# An in-memory DuckDB table never gives back the room of its deleted rows (nothing is ever
-# checkpointed), so a scratch store grew by every run it had checked, and its rules scanned
-# the dead rows too: 40 checks of a 124 KB Kineto trace (4.8 k rows) took it from 6 to 68 MB.
-# A store that has held this many rows is replaced (a new one costs ~35 ms).
-SCRATCH_MAX_ROWS = 200_000
-
-
-@contextlib.contextmanager
-def _worker_store(ctx: WorkContext, big: bool) -> Iterator[Store]:
-    """The store a worker checks one file on: this thread's in-memory scratch store, or for a
-    big streamed file a store file of its own, for the file's time. Held in memory instead,
-    the 5 M-kernel export took 12.8 GB (reader, scratch copy and rules at once); streamed into
-    a file, the peak is the streamed read's, the rules' or the rows handed over (there: 1.8,
-    1.1, 2.7 GB)."""
-    if big:
-        with tempfile.TemporaryDirectory(prefix="traceanalyzer-scan-") as tmp:
-            with Store(Path(tmp) / "run.duckdb", resources=ctx.resources) as st:
-                yield st
-        os_memory.give_back()  # the store's memory, before the rows are sent
-        return
-    st = getattr(_local, "store", None)
-    if st is None:
-        st = _local.store = Store(":memory:", resources=ctx.resources)
-        _local.rows = 0
-    elif st.resources != ctx.resources:  # set per scan: an in-process one may follow another
-        st.use(ctx.resources)
-    yield st
-
-
-def _scratch_used(rows: int) -> None:
-    """Count `rows` as left in this thread's scratch store; past SCRATCH_MAX_ROWS close it, so
-    that the next run gets a new one."""
-    _local.rows += rows
-    if _local.rows >= SCRATCH_MAX_ROWS:
-        _local.store.close()
-        _local.store = None
-
-
-def process_file(path: str, ctx: WorkContext) -> FileOutcome:
-    """`check_file` on a store of this worker's own, then the run's rows and findings read
-    back for the writer. Never raises."""
-    big = ctx.stream_min_bytes is not None and _big_streamed(path, ctx.stream_min_bytes)
-    out = None
-    try:
-        with _worker_store(ctx, big) as st:
-            res = check_file(st, Path(path), ctx.settings, read_stored=True, up_to_date=ctx.up_to_date,
-                             hash_name=ctx.hash_name)
-            out = FileOutcome(res)
-            if res.state in ("stored", "updated"):
-                t0 = time.perf_counter()
-                try:
-                    out.trace = st.read_run(res.run_id, [t for t, n in res.counts.items() if n])
-                    out.findings = st.read_findings(res.run_id, res.rule_ids) if res.rule_ids else None
-                finally:
-                    if not big:
-                        st.delete_run(res.run_id)
-                        _scratch_used(sum(res.counts.values()))
-                res.work_s += time.perf_counter() - t0
-    except Exception as e:  # the worker's own store failed (check_file itself never raises)
-        interrupt.stop_if_interrupted(e)
-        out = FileOutcome(FileResult(path))
-        out.result.fail(e)
-    return out
 
 
 def _one_line(e: BaseException) -> str:
@@ -307,10 +209,6 @@ class ScanReport:
         return [f for f in self.files if f.state == "failed"]
 
 
-class ScanError(Exception):
-    """The scan cannot start (no files, no dask, cannot reach the scheduler)."""
-
-
 def scan(store: Store, paths: Iterable[str | Path], *, jobs: int | None = None,
          settings: Settings | None = None, scheduler: str | None = None,
          on_start: Callable[[list[str], int], None] | None = None,
@@ -343,7 +241,7 @@ def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, lin
     if not files:
         raise ScanError(f"no trace files under {' '.join(map(str, paths))}")
     if on_start:
-        on_start(files, sum(_size(f) for f in files))
+        on_start(files, sum(file_size(f) for f in files))
     # Big streamed files are the writer's own (local scans only: a cluster's workers may see
     # files this process cannot). It reads one between two workers' results, so the workers
     # keep busy meanwhile.
@@ -355,8 +253,6 @@ def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, lin
                       resources=Resources(1) if scheduler else plan.per_worker, hash_name=store.hash_name(),
                       stream_min_bytes=WRITER_READS_MIN_BYTES)
     if scheduler:
-        from .distributed import dask_outcomes
-
         outcomes = dask_outcomes(scheduler, files, ctx)
     else:
         outcomes = local_outcomes(to_workers, plan.workers, ctx)
@@ -410,20 +306,8 @@ def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, lin
     return report
 
 
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
 def _read_by_writer(path: str) -> bool:
-    return _big_streamed(path, WRITER_READS_MIN_BYTES)
-
-
-def _big_streamed(path: str, min_bytes: int) -> bool:
-    """A file of `min_bytes` or more whose reader streams its tables (nsys)."""
-    return _size(path) >= min_bytes and streams(Path(path))
+    return big_streamed(path, WRITER_READS_MIN_BYTES)
 
 
 def _store_outcome(store: Store, o: FileOutcome, written: dict[str, str]) -> FileResult:

@@ -7,7 +7,8 @@ import typer
 from rich.table import Table
 
 from .. import fmt
-from .common import StoreOpt, cell, err, open_store, out
+from ..report.terminal import cell
+from .common import StoreOpt, err, open_store, out
 
 
 def query(sql: Annotated[str, typer.Argument(metavar="SQL", help="A query over the store's tables and views (see docs/schema.md).")],

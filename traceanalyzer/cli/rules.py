@@ -5,7 +5,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Column
 
-from .common import err, fit_table, out
+from ..report.terminal import fit_table
+from .common import err, out
 
 
 def rules(rule: Annotated[Optional[str], typer.Argument(metavar="RULE", help="A rule id or name to explain.")] = None):

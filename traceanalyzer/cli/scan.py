@@ -9,10 +9,11 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TimeRemainingColumn)
 from rich.table import Column
 
+from ..report.terminal import COMPACT, cell, fit_table, left_out, say
 from .common import (BaselineOpt, ConfigOpt, DebugOpt, FailOpt, FormatOpt, IgnoreOpt, JsonOpt, JunitOpt, MaxGrowthOpt,
                      NoLinkOpt, OutputOpt, QuietOpt, SarifOpt, SelectOpt, StoreOpt, ThresholdOpt, VerboseOpt,
-                     WriteBaselineOpt, COMPACT, LinkLines, cell, check_options, emit, err, fit_table, left_out,
-                     note_not_traces, open_store, print_input_error, report_targets, say)
+                     WriteBaselineOpt, LinkLines, check_options, emit, err, note_not_traces, open_store,
+                     print_input_error, report_targets)
 
 
 def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Trace files, folders (searched recursively) or globs.")],
@@ -36,7 +37,8 @@ def scan(paths: Annotated[List[str], typer.Argument(metavar="PATH...", help="Tra
     """
     from ..batch.check import UsageError, read_baseline, settings_from
     from ..report.model import InputError, load_result
-    from ..batch.scan import ScanError, scan as run_scan
+    from ..batch.scan import scan as run_scan
+    from ..batch.worker import ScanError
     from .. import interrupt
 
     opts = check_options(paths, fail_on, select, ignore, threshold, config, baseline, max_growth, format)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..sql import sql_literal
 from .nsys_sqlite import NsysFile, quote
 
 # copyKind -> (direction, unified_memory). Array copies count as the device side;
@@ -143,20 +144,12 @@ def load(f: NsysFile, schema_version: str | None) -> Enums:
 def sql_case(expr: str, mapping: dict[int, object], default: str = "NULL") -> str:
     """A DuckDB CASE turning the code `expr` into our word; NULL stays NULL, unknown codes
     become `default` (the values are this module's constants, not file content)."""
-    whens = " ".join(f"WHEN {expr} = {int(k)} THEN {_literal(v)}" for k, v in sorted(mapping.items()))
+    whens = " ".join(f"WHEN {expr} = {int(k)} THEN {sql_literal(v)}" for k, v in sorted(mapping.items()))
     return f"(CASE WHEN {expr} IS NULL THEN NULL {whens} ELSE {default} END)"
-
-
-def _literal(v: object) -> str:
-    if isinstance(v, bool):
-        return "TRUE" if v else "FALSE"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return "'" + str(v).replace("'", "''") + "'"
 
 
 def sync_kind_by_name_sql(call_name: str) -> str:
     """The sync kind the API call's name says, or NULL when the name is unknown or missing."""
     base = f"regexp_replace({call_name}, '_(ptsz|ptds)$', '')"
-    whens = " ".join(f"WHEN {_literal(n)} THEN {_literal(k)}" for n, k in sorted(SYNC_BY_CALL.items()))
+    whens = " ".join(f"WHEN {sql_literal(n)} THEN {sql_literal(k)}" for n, k in sorted(SYNC_BY_CALL.items()))
     return f"(CASE {base} {whens} END)"

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from .. import schema
+from ..sql import sql_literal
 from ..store import Store
 
 MARKER = "_traceanalyzer.json"
@@ -41,10 +42,6 @@ def _select_list(table: schema.Table) -> str:
         else:
             cols.append(c.name)
     return ", ".join(cols)
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def export_parquet(store: Store, out_dir: str | Path, run_ids: list[str] | None = None) -> dict[str, int]:
@@ -68,7 +65,7 @@ def export_parquet(store: Store, out_dir: str | Path, run_ids: list[str] | None 
             if counts[t.name] == 0:
                 target.mkdir()
                 continue
-            store.sql(f"COPY ({query}) TO {_sql_string(str(target))} "
+            store.sql(f"COPY ({query}) TO {sql_literal(str(target))} "
                       "(FORMAT PARQUET, PARTITION_BY (run_id), COMPRESSION zstd)", {"ids": ids})
         manifest = {
             "format": "traceanalyzer parquet export",

@@ -3,6 +3,7 @@
 from typing import Annotated, Optional
 
 from ..devices.stalls import PHRASES, REASONS
+from ..sql import sql_literal
 from ._code import named
 from ._ncu import linked
 from .base import UPPER_BOUND, Rule, Threshold
@@ -10,8 +11,7 @@ from .evidence import NcuEvidence, doc
 
 
 def _values_sql(rows) -> str:
-    esc = lambda s: s.replace("'", "''")  # noqa: E731
-    return ",\n        ".join("(" + ", ".join(f"'{esc(x)}'" for x in row) + ")" for row in rows)
+    return ",\n        ".join("(" + ", ".join(sql_literal(x) for x in row) + ")" for row in rows)
 
 
 # Kernels with stall metrics: the stall_profiles view's profile. Kernels without them but with

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 from ..analyses.budget import blocked_at, blocking_calls, idle_marks
 from ..analyses.timeline import covered_ns
 from ..analyses.warmup import steady_start, warmup_merged
+from ..sql import sql_literal
 from ._code import around_gaps, device_key, phrase
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import launch_gap_unknown
@@ -103,11 +104,7 @@ def _by_cause(field: str, shown: str = SHOWN) -> str:
     return f"to_json(map_from_entries(list_transform({shown}, lambda x: (x.cause, x.{field}))))"
 
 
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-HINT = "CASE main_cause " + " ".join(f"WHEN {_quoted(c)} THEN {_quoted(h)}" for c, h in HINTS.items()) + " END"
+HINT = "CASE main_cause " + " ".join(f"WHEN {sql_literal(c)} THEN {sql_literal(h)}" for c, h in HINTS.items()) + " END"
 
 # One CTE chain: per-stream gaps and device-idle stretches, where in each the host stopped
 # waiting (their causes' times), how much of each cause's time the whole device was idle (the

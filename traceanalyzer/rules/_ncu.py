@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..devices import gpu
+from ..sql import sql_literal
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -166,13 +167,13 @@ def has_metrics(*id_groups) -> str:
 def metrics_exist(ids) -> str:
     """SQL condition: the run has a value for at least one of the metric ids."""
     return (f"EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND value IS NOT NULL "
-            f"AND metric_id IN ({', '.join(_sql_text(m) for m in ids)}))")
+            f"AND metric_id IN ({', '.join(sql_literal(m) for m in ids)}))")
 
 
 def rule_results_exist(rule_name: str) -> str:
     """SQL condition: the run stores NVIDIA's results of this rule (kernel_rule_results)."""
     return (f"EXISTS (SELECT 1 FROM kernel_rule_results WHERE run_id = $run_id "
-            f"AND rule_name = {_sql_text(rule_name)})")
+            f"AND rule_name = {sql_literal(rule_name)})")
 
 
 # NVIDIA's MemoryCacheAccessPattern message at L1TEX ("The memory access pattern for global loads
@@ -217,10 +218,6 @@ def fill_missing(df: pd.DataFrame, extra: pd.DataFrame, key: str = "kernel_id") 
         if c + "_extra" in out.columns:
             out[c] = out[c].fillna(out.pop(c + "_extra"))
     return out
-
-
-def _sql_text(value: str) -> str:
-    return "'" + str(value).replace("'", "''") + "'"
 
 
 def kernel_finding(r, evidence: dict, **fields) -> dict:

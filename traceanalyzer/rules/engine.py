@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import pyarrow as pa
 
 from .. import interrupt, schema
-from ..store import run_cache
-from ..store import Store, arrow_schema, utcnow
+from ..schema import arrow_schema
+from ..store import Store, run_cache
+from ..store.writer import utcnow
 from . import all_rules
 from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
 

@@ -5,9 +5,7 @@ file's bytes, so ingesting the same content again replaces the run instead of ad
 second copy. A reader that streams (nsys) hands its tables, in parts, to a `RunWriter`
 while it reads, so a big run is never whole in memory; the transaction is begun at the
 first part (the run id waits for the file's hash) and committed, or rolled back, at the
-end. Tables are inserted as the reader hands them over: dictionary-encoded strings
-are not expanded first, and run_id and absent columns are constants of the INSERT, not
-per-row arrays.
+end (`writer.py`).
 
 DuckDB lets one process at a time open the file for writing, and none read it meanwhile. A
 process that finds it locked waits: a writer waits for another writer up to `lock_timeout_s`
@@ -22,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -30,7 +27,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -39,11 +35,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from .. import input_limits, kernel_library, os_memory, schema
+from .. import os_memory, schema
 from ..interrupt import interruptible
 from ..ingest.base import ParsedTrace
 from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memory, memory_limit_text
+from ..sql import sql_literal
 from . import budget_rows, capture_merge, launch_sweep, migrations, run_cache, views
+from .writer import (IngestResult, RuleResults, RunWriter, StoreError, conform, delete_rows, insert,
+                     replace_findings)
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
@@ -69,13 +68,6 @@ HANDOVER_S = 3.0  # how long a writer that let go waits for the waiting process 
 
 _T = TypeVar("_T")
 # Columns that hold a point in time on the run's clock (used to compute the run's span).
-_TIME_COLUMNS = ("start_ns", "end_ns", "ts_ns")
-
-
-class StoreError(Exception):
-    """A store that cannot be opened or written (locked, not a DuckDB file, ...)."""
-
-
 def lock_timeout_from_env(default: float | None = DEFAULT_LOCK_TIMEOUT_S) -> float | None:
     """How long to wait for another process's lock: TRACEANALYZER_LOCK_TIMEOUT_S, else
     `default` (None: as long as it takes)."""
@@ -115,18 +107,6 @@ def file_hash(path: Path, name: str = DEFAULT_HASH, chunk_bytes: int = 4 << 20) 
 
 def run_id_for(content_hash: str) -> str:
     return content_hash[:16]
-
-
-@dataclass
-class IngestResult:
-    path: Path
-    run_id: str
-    format: str
-    counts: dict[str, int]
-    span_ns: int | None
-    warnings: list[str] = field(default_factory=list)
-    replaced: bool = False
-    content_hash: str | None = None
 
 
 class Store:
@@ -177,7 +157,7 @@ class Store:
                 self._upgrade(con)
             _set_up(con)
             for name, value in self._settings.items():
-                con.execute(f"SET {name} = {_sql_literal(value)}")
+                con.execute(f"SET {name} = {sql_literal(value)}")
         except BaseException:
             con.close()
             raise
@@ -383,7 +363,7 @@ class Store:
         """SET a DuckDB setting (`threads`, ...) on this store's connection, now and each time
         it is opened again (see `release`)."""
         self._settings[name] = value
-        self.con.execute(f"SET {name} = {_sql_literal(value)}")
+        self.con.execute(f"SET {name} = {sql_literal(value)}")
 
     @contextlib.contextmanager
     def memory_held(self, limit: str | None) -> Iterator[None]:
@@ -415,7 +395,7 @@ class Store:
     def _reset_memory_limit(self) -> None:
         """The limit `memory_held` holds, else TRACEANALYZER_MEMORY_LIMIT's (or DuckDB's default)."""
         if "memory_limit" in self._settings:
-            self.con.execute(f"SET memory_limit = {_sql_literal(self._settings['memory_limit'])}")
+            self.con.execute(f"SET memory_limit = {sql_literal(self._settings['memory_limit'])}")
         else:
             _limit_memory(self.con)
 
@@ -500,7 +480,7 @@ class Store:
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
-            _replace_findings(con, run_id, RuleResults(rule_ids, findings, rule_runs))
+            replace_findings(con, run_id, RuleResults(rule_ids, findings, rule_runs))
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -512,7 +492,7 @@ class Store:
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
         drop = [c for c in ("run_id", "ncu_run_id") if c in links.column_names]
-        links = _conform("kernel_links", links.drop_columns(drop), run_id)
+        links = conform("kernel_links", links.drop_columns(drop), run_id)
         links = links.append_column("ncu_run_id", pa.array([ncu_run_id] * links.num_rows, pa.string())) \
             .replace_schema_metadata(links.schema.metadata)
         con = self.con
@@ -520,7 +500,7 @@ class Store:
         try:
             con.execute("DELETE FROM kernel_links WHERE run_id = ? AND ncu_run_id = ?", [run_id, ncu_run_id])
             if links.num_rows:
-                _insert(con, "kernel_links", links)
+                insert(con, "kernel_links", links)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -551,7 +531,7 @@ class Store:
         con.execute("BEGIN TRANSACTION")
         try:
             result = capture_merge.write(con, run_id, traces,
-                                         lambda name, tbl: _insert(con, name, _conform(name, tbl, run_id)),
+                                         lambda name, tbl: insert(con, name, conform(name, tbl, run_id)),
                                          hashes=hashes)
             run_cache.drop_kept(con, run_id)
             con.execute("COMMIT")
@@ -596,7 +576,7 @@ class Store:
     def delete_run(self, run_id: str) -> None:
         self.con.execute("BEGIN TRANSACTION")
         try:
-            _delete_rows(self.con, run_id)
+            delete_rows(self.con, run_id)
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
@@ -702,90 +682,6 @@ class Store:
         self.close()
 
 
-class RunWriter:
-    """Writes one run's tables into the store as a reader hands them over (a TableSink, so
-    a big table need not wait in memory for the others), in one transaction: begun at
-    the first table, committed by `finish`, rolled back by `abort`. A run with the same
-    id is replaced. Tables are checked (`input_limits.TableChecks`) part by part."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: Callable[[], str]):
-        self.con = con
-        self._ask_run_id = run_id
-        self.run_id: str | None = None  # set, and the transaction begun, by the first table
-        self.replaced = False
-        self.nbytes = 0  # Arrow bytes written (freed by the reader once written)
-        self._checks = input_limits.TableChecks()
-        self._rows: dict[str, int] = {}
-        self._spans: dict[str, tuple[int | None, int | None]] = {}
-        self._open = False
-
-    def _begin(self) -> None:
-        if self.run_id is not None:
-            return
-        run_id = self._ask_run_id()
-        self.con.execute("BEGIN TRANSACTION")
-        self.run_id, self._open = run_id, True
-        # fetchall: DuckDB 2 refuses a register() on a connection with a half-read result
-        self.replaced = self.con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0] > 0
-        # A run's rows are written in the transaction that writes its `runs` row, so a run
-        # id without one has no rows to delete. (Each DELETE scans its table's run_id column:
-        # 14 of them per new run, growing with the store, were most of a scan writer's work.)
-        if self.replaced:
-            _delete_rows(self.con, run_id)
-
-    def add(self, name: str, table: pa.Table, *, checked: bool = False) -> None:
-        """Append `table`'s rows to `name` (checked here unless `checked` says read_file did)."""
-        self._begin()
-        if not checked:
-            table = self._checks.check(name, table)
-        table = _conform(name, table, self.run_id)
-        self._rows[name] = self._rows.get(name, 0) + table.num_rows
-        lo, hi = _span([table])
-        was = self._spans.get(name, (None, None))
-        self._spans[name] = _span_union(was, (lo, hi))
-        self.nbytes += table.nbytes
-        if table.num_rows:
-            try:
-                _insert(self.con, name, table)
-            except duckdb.Error as e:  # the store's fault, not the trace's: a reader must not blame the file
-                raise StoreError(f"could not store table {name}: {one_line_error(e)}") from None
-
-    def discard(self, name: str) -> None:
-        if self.run_id is None:
-            return
-        self.con.execute(f"DELETE FROM {schema.BY_NAME[name].name} WHERE run_id = ?", [self.run_id])
-        self._checks.forget(name)
-        self._rows.pop(name, None)
-        self._spans.pop(name, None)
-
-    def finish(self, trace: ParsedTrace, source: Path, content_hash: str, file_size_bytes: int,
-               *, findings: RuleResults | None = None) -> IngestResult:
-        """Write `trace.tables` (already checked), the run's row and any `findings`, and commit."""
-        self._begin()
-        trace.warnings.extend(self._checks.warnings())
-        for name, tbl in trace.tables.items():
-            self.add(name, tbl, checked=True)
-        start, end = None, None
-        for span in self._spans.values():
-            start, end = _span_union((start, end), span)
-        _insert(self.con, "runs", _run_row(trace, self.run_id, source, content_hash, file_size_bytes, start, end))
-        if findings is not None:
-            # the run's rows were all deleted by _begin, or there were none
-            _replace_findings(self.con, self.run_id, findings, run_is_new=True)
-        self.con.execute("COMMIT")
-        self._open = False
-        counts = {name: self._rows.get(name, 0) for name in schema.DATA_TABLES}
-        span = None if start is None else end - start
-        return IngestResult(source, self.run_id, trace.format, counts, span, list(trace.warnings), self.replaced,
-                            content_hash=content_hash)
-
-    def abort(self) -> None:
-        """Roll back whatever was written (nothing of the run stays, an earlier copy included)."""
-        if self._open:
-            self._open = False
-            self.con.execute("ROLLBACK")
-
-
 _READ_BATCH_ROWS = 1 << 20
 
 
@@ -797,19 +693,6 @@ def _dictionary_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
-def one_line_error(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text or type(e).__name__
-
-
-def _span_union(a: tuple[int | None, int | None], b: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
-    if a[0] is None:
-        return b
-    if b[0] is None:
-        return a
-    return min(a[0], b[0]), max(a[1], b[1])
-
-
 def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
     """`resources.limit_memory` (TRACEANALYZER_MEMORY_LIMIT; past it, work spills to a temp
     folder next to the store), its error a StoreError."""
@@ -819,10 +702,6 @@ def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
         raise StoreError(str(e)) from None
 
 
-def _sql_literal(value: str | int) -> str:
-    return str(int(value)) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
-
-
 def _set_up(con: duckdb.DuckDBPyConnection) -> None:
     """What every connection (or cursor) to a store gets: the views, and no progress bar on
     the user's terminal in the middle of our own output."""
@@ -830,145 +709,3 @@ def _set_up(con: duckdb.DuckDBPyConnection) -> None:
     views.install(con)
 
 
-def _delete_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
-    """Every row of `run_id`, and the cache kept from them (in the caller's transaction)."""
-    for t in schema.TABLES:
-        con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
-    run_cache.drop_kept(con, run_id)
-
-
-@dataclass
-class RuleResults:
-    """What some rules found on one run: `findings` and `rule_runs` rows without run_id."""
-
-    rule_ids: list[str]  # the rules evaluated: their earlier findings and outcomes are replaced
-    findings: pa.Table
-    rule_runs: pa.Table
-
-
-def _replace_findings(con: duckdb.DuckDBPyConnection, run_id: str, results: RuleResults, *,
-                      run_is_new: bool = False) -> None:
-    """Replace the findings and outcomes of `results.rule_ids` on `run_id` (in the caller's
-    transaction). `run_is_new`: the run has no rows yet (nothing to delete)."""
-    findings = results.findings
-    if "run_id" in findings.column_names:
-        findings = findings.drop_columns(["run_id"])
-    findings = _conform("findings", findings, run_id)
-    rule_runs = _conform("rule_runs", results.rule_runs, run_id)
-    if not run_is_new:
-        for name in ("findings", "rule_runs"):
-            con.execute(f"DELETE FROM {name} WHERE run_id = ? AND list_contains(?, rule_id)",
-                        [run_id, results.rule_ids])
-    if findings.num_rows:
-        _insert(con, "findings", findings)
-    _insert(con, "rule_runs", rule_runs)
-
-
-_RUN_ID_KEY = b"traceanalyzer.run_id"
-
-
-def _conform(name: str, tbl: pa.Table, run_id: str) -> pa.Table:
-    """A reader's table with the schema's types, in the schema's column order.
-
-    Nothing is built per row that the insert can say once: `run_id` travels in the
-    schema metadata and becomes a constant of the INSERT, and absent columns are left to
-    their NULL default. Dictionary-encoded strings stay encoded (DuckDB reads them as
-    VARCHAR without expanding them first)."""
-    table = schema.BY_NAME.get(name)
-    if table is None:
-        raise ValueError(f"reader produced unknown table {name!r}")
-    if name == "kernels" and "library" not in tbl.column_names and "name" in tbl.column_names:
-        # told here, once per distinct name, so every reader's kernels get it the same way
-        mangled = tbl.column("mangled_name") if "mangled_name" in tbl.column_names else None
-        tbl = tbl.append_column("library", kernel_library.classify_arrow(tbl.column("name"), mangled))
-    unknown = set(tbl.column_names) - set(table.column_names)
-    if unknown:
-        raise ValueError(f"reader produced unknown columns in {name}: {sorted(unknown)}")
-    arrays, names = [], []
-    for col in table.columns:
-        if col.name == "run_id" or col.name not in tbl.column_names:
-            continue
-        typ = schema.arrow_type(col.type)
-        data = tbl.column(col.name)
-        if data.type != typ and not (pa.types.is_string(typ) and _is_string_dictionary(data.type)):
-            data = data.cast(typ)
-        arrays.append(data)
-        names.append(col.name)
-    out = pa.Table.from_arrays(arrays, names=names) if names else pa.table({}).slice(0, 0)
-    if not names and tbl.num_rows:  # rows without any known column: keep their count
-        out = pa.table({"_rows": pa.nulls(tbl.num_rows)})
-    return out.replace_schema_metadata({_RUN_ID_KEY: run_id.encode()})
-
-
-def _is_string_dictionary(typ: pa.DataType) -> bool:
-    return pa.types.is_dictionary(typ) and (pa.types.is_string(typ.value_type) or pa.types.is_large_string(typ.value_type))
-
-
-def _span(tables: Iterable[pa.Table]) -> tuple[int | None, int | None]:
-    lo = hi = None
-    for tbl in tables:
-        for c in _TIME_COLUMNS:
-            if c in tbl.column_names and tbl.num_rows:
-                mm = pc.min_max(tbl.column(c))
-                a, b = mm["min"].as_py(), mm["max"].as_py()
-                if a is not None:
-                    lo = a if lo is None else min(lo, a)
-                    hi = b if hi is None else max(hi, b)
-    return lo, hi
-
-
-def _run_row(trace: ParsedTrace, run_id: str, source: Path, content_hash: str,
-             size: int, start: int | None, end: int | None) -> pa.Table:
-    row = {
-        "run_id": run_id, "source_path": str(source), "file_name": source.name,
-        "format": trace.format, "content_hash": content_hash, "file_size_bytes": size,
-        "producer": trace.producer, "producer_version": trace.producer_version,
-        "schema_version": trace.schema_version, "host": trace.host,
-        "start_ns": start, "end_ns": end, "span_ns": None if start is None else end - start,
-        "clock": trace.clock, "rank": trace.rank, "world_size": trace.world_size,
-        "warnings": list(trace.warnings),
-        "metadata": json.dumps(trace.metadata, default=str, sort_keys=True),
-        "ingested_at": utcnow(),
-    }
-    return pa.Table.from_pylist([row], schema=arrow_schema("runs"))
-
-
-def utcnow() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
-
-
-def arrow_schema(table: str) -> pa.Schema:
-    return schema.arrow_schema(table)
-
-
-def _insert(con: duckdb.DuckDBPyConnection, name: str, tbl: pa.Table) -> None:
-    """INSERT `tbl`'s columns by name; run_id from the table's metadata (see `_conform`)
-    when it is not a column; the schema's other columns get NULL."""
-    meta = tbl.schema.metadata or {}
-    cols = [c for c in tbl.column_names if c != "_rows"]
-    select = [f'"{c}"' for c in cols]
-    params: list = []
-    if "run_id" not in cols and _RUN_ID_KEY in meta:
-        cols, select, params = ["run_id", *cols], ["CAST(? AS VARCHAR)", *select], [meta[_RUN_ID_KEY].decode()]
-    # Handed over as a stream of batches, each let go once read: DuckDB keeps what it was
-    # given alive until the transaction ends, and a run writer's transaction spans all of
-    # a big run's tables (a registered Table would stay in memory, whole, until COMMIT).
-    con.register("_ta_incoming", pa.RecordBatchReader.from_batches(tbl.schema, _handed_over(tbl)))
-    del tbl
-    try:
-        con.execute(f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(select)} FROM _ta_incoming", params)
-    except BaseException:
-        # The transaction is aborted now: anything more run on it fails with "Current
-        # transaction is aborted", which would hide this error.
-        with contextlib.suppress(duckdb.Error):
-            con.unregister("_ta_incoming")
-        raise
-    con.unregister("_ta_incoming")
-
-
-def _handed_over(tbl: pa.Table) -> Iterable[pa.RecordBatch]:
-    batches = tbl.to_batches()
-    del tbl
-    batches.reverse()
-    while batches:
-        yield batches.pop()

@@ -48,7 +48,7 @@ def _fingerprints_without_file_names(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _kernel_libraries(con: duckdb.DuckDBPyConnection) -> None:
-    # The store tells each kernel's library when it writes the run (store._conform); runs
+    # The store tells each kernel's library when it writes the run (store.writer.conform); runs
     # stored before had none. Classified once per distinct name, as a new run is.
     names = con.sql("SELECT DISTINCT name, mangled_name FROM kernels WHERE library IS NULL").to_arrow_table()
     if not names.num_rows:
