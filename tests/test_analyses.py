@@ -18,7 +18,7 @@ def test_declared_reads_are_the_names_the_sql_references(definition):
 
 
 def test_each_definition_is_installed_after_what_it_reads():
-    order = [*analyses.MACROS, *analyses.VIEWS, *analyses.TABLE_MACROS]
+    order = [d.name for d in (*analyses.EAGER, *analyses.ON_DEMAND)]
     assert sorted(order) == sorted(NAMES)
     for d in analyses.DECLARED:
         assert all(order.index(r) < order.index(d.name) for r in d.reads), d.name
@@ -34,6 +34,7 @@ def test_the_order_comes_from_the_reads_not_the_declaration():
     ((View("a", "", "", reads=("b",)), View("b", "", "", reads=("a",))), "reads itself"),
     ((View("a", "", "", reads=("t",)), TableMacro("t", "", "() AS TABLE SELECT 1")), "created after it"),
     ((Macro("m", "() AS 1", reads=("v",)), View("v", "", "SELECT 1")), "created after it"),
+    ((View("a", "", "", reads=("b",)), View("b", "", "SELECT 1", on_demand=True)), "created after it"),
 ])
 def test_a_read_that_cannot_be_installed_fails(definitions, error):
     with pytest.raises(ValueError, match=error):
@@ -43,3 +44,26 @@ def test_a_read_that_cannot_be_installed_fails(definitions, error):
 def test_references_skip_comments_and_longer_names():
     sql = "SELECT * FROM run_steps s JOIN steps t USING (x) -- kernel_names\n WHERE p.kernel_names"
     assert analyses.references(sql, {"steps", "kernel_names", "run_steps"}) == {"steps", "run_steps"}
+
+
+def test_a_connection_gets_the_on_demand_views_at_its_first_use_of_one(tmp_path):
+    """A store's connection has the eager views only; a query naming an on-demand view or a
+    table macro installs them and runs; a run's cache points the on-demand ones at its tables
+    too (they are installed before it)."""
+    from traceanalyzer.store import Store, run_cache, views
+
+    on_demand_views = [d.name for d in analyses.ON_DEMAND if isinstance(d, View)]
+    assert {"time_budget", "warmup_windows", "launch_context"} <= set(on_demand_views)
+    with Store(tmp_path / "s.duckdb") as st:
+        def views_there() -> set[str]:
+            return {n for (n,) in st.con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
+        assert views_there().isdisjoint(on_demand_views) and "gpu_activity" in views_there()
+        assert st.sql("SELECT count(*) FROM warmup_windows").fetchone() == (0,)
+        assert set(on_demand_views) <= views_there()
+        cursor = st.cursor()  # a new connection: again without them, until a cache is pointed at
+        with run_cache.scoped_to_run(st.con, "no-such-run", shared=True) as cache:
+            run_cache.use_run_cache(cursor.con, cache)
+            definition = cursor.con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'warmup_windows'").fetchone()
+            assert cache.prefix in definition[0]
+        cursor.close()
+    assert views.names_on_demand(Exception()) is False

@@ -115,7 +115,7 @@ def step_budget(store: Store, run_id: str) -> list[dict]:
         return []
     steady = {r["start_ns"] for r in rows[dist["warmup_steps"]:]}
     totals: dict[tuple, int] = {}
-    views.install_table_macros(store.con)
+    views.install_on_demand(store.con)
     for r in store.arrow(STEP_BUDGET_SQL, {"run_id": run_id, "step": dist["step"]}).to_pylist():
         if r["step_start_ns"] in steady:
             key = (r["device_id"], r["category"], r["cause"])

@@ -314,7 +314,7 @@ def phases(store: Store, run_id: str) -> list[dict]:
             lo, hi = min(op["start_ns"] for op in mine), max(op["end_ns"] for op in mine)
             ph["gpu_proj_ns"] += hi - lo
             if ph["_budget"] is not None:
-                views.install_table_macros(store.con)
+                views.install_on_demand(store.con)
                 rows = store.sql("SELECT category, cause, ns, span_ns FROM run_window_time_budget(?, ?, ?, ?)",
                                  [run_id, device, lo, hi]).fetchall()
                 b = ph["_budget"].setdefault(device, {"device_id": device, "span_ns": 0, "parts": {}})

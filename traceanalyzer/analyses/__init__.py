@@ -22,9 +22,14 @@ from .core import Definition, Macro, TableMacro, View
 FAMILIES = (formatting, timeline, launches, kernels, steps, memory, budget, warmup, attribution)
 DECLARED: tuple[Definition, ...] = tuple(d for family in FAMILIES for d in family.DEFINES)
 
-# What a kind of definition may read: macros are created first, then views, and table macros
-# at a connection's first use of one.
-_MAY_READ = {Macro: (Macro,), View: (Macro, View), TableMacro: (Macro, View, TableMacro)}
+# What a kind of definition may read: macros are created first, then views, and the on-demand
+# views and table macros at a connection's first use of one.
+_MAY_READ = {"macro": ("macro",), "view": ("macro", "view"), "on-demand view": ("macro", "view", "on-demand view"),
+             "table macro": ("macro", "view", "on-demand view", "table macro")}
+
+
+def _kind(d: Definition) -> str:
+    return {Macro: "macro", TableMacro: "table macro"}.get(type(d)) or ("on-demand view" if d.on_demand else "view")
 
 
 def install_order(definitions: tuple[Definition, ...]) -> list[Definition]:
@@ -45,9 +50,9 @@ def install_order(definitions: tuple[Definition, ...]) -> list[Definition]:
         for name in d.reads:
             if name not in by_name:
                 raise ValueError(f"{d.name} reads {name}, which no analysis module defines")
-            if type(by_name[name]) not in _MAY_READ[type(d)]:
-                raise ValueError(f"{d.name} ({type(d).__name__}) reads {name}, a "
-                                 f"{type(by_name[name]).__name__}, which is created after it")
+            if _kind(by_name[name]) not in _MAY_READ[_kind(d)]:
+                raise ValueError(f"{d.name} ({_kind(d)}) reads {name}, a {_kind(by_name[name])}, "
+                                 "which is created after it")
             visit(by_name[name])
         visiting.discard(d.name)
         done[d.name] = d
@@ -67,6 +72,9 @@ _ORDERED = install_order(DECLARED)
 MACROS: dict[str, Macro] = {d.name: d for d in _ORDERED if isinstance(d, Macro)}
 VIEWS: dict[str, View] = {d.name: d for d in _ORDERED if isinstance(d, View)}
 TABLE_MACROS: dict[str, TableMacro] = {d.name: d for d in _ORDERED if isinstance(d, TableMacro)}
+# What every connection gets, and what it gets at its first use of one, each in install order.
+EAGER: tuple[Definition, ...] = tuple(d for d in _ORDERED if isinstance(d, Macro) or _kind(d) == "view")
+ON_DEMAND: tuple[Definition, ...] = tuple(d for d in _ORDERED if _kind(d) in ("on-demand view", "table macro"))
 
 
 def markdown() -> str:

@@ -225,6 +225,7 @@ DEFINES = (
         "the thread that ended one).",
         host_frames_sql(),
         reads=(),
+        on_demand=True,
     ),
     View(
         "frame_steps",
@@ -233,6 +234,7 @@ DEFINES = (
         "frames around any host time `t`, e.g. an allocator event's.",
         frame_steps_sql("host_frames"),
         reads=("host_frames",),
+        on_demand=True,
     ),
     View(
         "launch_context",
@@ -246,6 +248,7 @@ DEFINES = (
         "Kineto `External id` is placed at the start of the operator of that id (HTA's link), on its thread.",
         launch_context_sql(),
         reads=("gpu_activity",),
+        on_demand=True,
     ),
     TableMacro(
         "run_host_frames",

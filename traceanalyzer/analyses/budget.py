@@ -260,6 +260,7 @@ DEFINES = (
         "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         time_budget_sql(),
         reads=("gpu_activity", "kernel_names"),
+        on_demand=True,
     ),
     # Views of some runs, computed from those runs' rows only (see `time_budget_sql`).
     TableMacro(

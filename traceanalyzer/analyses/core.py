@@ -9,12 +9,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class View:
-    """A view every connection has: `CREATE TEMP VIEW name AS sql`."""
+    """A view every connection has: `CREATE TEMP VIEW name AS sql`. An `on_demand` one is
+    created at its connection's first use of one (`store.views.install_on_demand`), with the
+    table macros: DuckDB binds a view when it is created, and the few big ones (warm-up
+    windows, the time budget, attribution) cost more to bind than the rest together, on every
+    connection, while most connections (a command, a test's store) never read them."""
 
     name: str
     doc: str
     sql: str
     reads: tuple[str, ...] = ()  # the views and macros `sql` reads (not the tables)
+    on_demand: bool = False
 
     def create(self) -> str:
         return f"CREATE OR REPLACE TEMP VIEW {self.name} AS {self.sql}"
@@ -35,7 +40,7 @@ class Macro:
 @dataclass(frozen=True)
 class TableMacro:
     """A view of some runs, computed from their rows only: `(rid) AS TABLE ...`, created at its
-    connection's first use of one (`store.views.install_table_macros`)."""
+    connection's first use of one (`store.views.install_on_demand`)."""
 
     name: str
     doc: str

@@ -143,6 +143,7 @@ DEFINES = (
         FROM ks k LEFT JOIN placed p ON p.run_id = k.run_id AND p.external_id = k.external_id
         """,
         reads=("inductor_class", "inductor_ops", "kernel_names"),
+        on_demand=True,
     ),
     View(
         "kernel_durations",
@@ -169,6 +170,7 @@ DEFINES = (
         "`est_loss_ns` = duration x (1 - issue active) x share. Rule I001 reports the dominant ones.",
         _stall_profiles(),
         reads=("kernel_durations",),
+        on_demand=True,
     ),
     # A TorchInductor kernel's class and fused operators, from its name (kernel_library.py).
     *(Macro(name, body) for name, body in KERNEL_NAME_MACROS.items()),

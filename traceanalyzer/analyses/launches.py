@@ -110,6 +110,7 @@ DEFINES = (
         GROUP BY c.run_id, c.call_id
         """,
         reads=("gpu_activity",),
+        on_demand=True,
     ),
     View(
         "kernel_launches",

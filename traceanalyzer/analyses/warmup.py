@@ -243,6 +243,7 @@ DEFINES = (
         "idle time leave their time out.",
         warmup_windows_sql(None),
         reads=("gpu_activity", "kernel_launches", "steps"),
+        on_demand=True,
     ),
     TableMacro(
         "run_warmup_windows",

@@ -402,18 +402,19 @@ class Store:
     # -- reading ---------------------------------------------------------------------
     def sql(self, query: str, params: Iterable[Any] | dict | None = None):
         """Run SQL with optional parameters; the result has .fetchall() and .df() (see also
-        `df()` and `arrow()`). The table macros (`analyses.TABLE_MACROS`) are there at first use."""
+        `df()` and `arrow()`). The on-demand views and table macros (`analyses.ON_DEMAND`) are
+        there at first use."""
         run = lambda: self.con.execute(query, params) if params is not None else self.con.execute(query)  # noqa: E731
-        return self._with_table_macros(run)
+        return self._with_on_demand(run)
 
-    def _with_table_macros(self, run: Callable[[], _T]) -> _T:
+    def _with_on_demand(self, run: Callable[[], _T]) -> _T:
         try:
             return run()
         except duckdb.CatalogException as e:
-            if not views.names_table_macro(e):
+            if not views.names_on_demand(e):
                 raise
             try:  # (in a transaction the error aborted, this fails too: the error is the first one)
-                views.install_table_macros(self.con)
+                views.install_on_demand(self.con)
             except duckdb.Error:
                 raise e from None
             return run()
@@ -429,7 +430,7 @@ class Store:
             # DuckDB 2.x names it to_arrow_table; in 1.x .arrow() returns the table.
             fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
             return fetch()
-        return self._with_table_macros(run)
+        return self._with_on_demand(run)
 
     def run_ids(self) -> list[str]:
         return [r[0] for r in self.sql("SELECT run_id FROM runs ORDER BY ingested_at, run_id").fetchall()]

@@ -27,7 +27,7 @@ def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, writ
     """`time_budget`'s rows of these runs (run_id, device_id, span_ns, category, cause, ns): a
     run with a kept cache's from its kept result (`kept_rows`), a run of more than
     BUDGET_WINDOW_GPU_OPS operations computed in windows, the others' in one query."""
-    views.install_table_macros(con)
+    views.install_on_demand(con)
     out, rest = [], []
     for run_id in run_ids:
         big = run_cache.gpu_ops(con, run_id) > BUDGET_WINDOW_GPU_OPS
@@ -61,7 +61,7 @@ def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *,
     device_id, category, cause, ns), the latter computed only for the runs that have windows.
     A run with a kept cache keeps both (`kept_result`): the diagnosis and every report read
     them, and on a big run each query takes seconds."""
-    views.install_table_macros(con)
+    views.install_on_demand(con)
     windows: list[dict] = []
     parts: list[dict] = []
     for run_id in run_ids:

@@ -25,6 +25,7 @@ from ..analyses.core import MIN_BIGINT
 from ..analyses.launches import STREAM_OPS_CARRY, kernel_launches_sql, stream_ops_sql
 from ..analyses.timeline import busy_intervals_sql, device_idle_gaps_sql, run_idle_gaps_sql
 from ..analyses.warmup import warmup_windows_sql
+from . import views
 
 
 # The views the rules read that cost a sort of all GPU work each time, in dependency order
@@ -140,6 +141,7 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     Otherwise it lives for the block: with `shared`, in an attached in-memory database
     (TEMP tables where that fails: a read-only store). The RunCache yielded also holds the
     block's `memo` of other results the run's rules share."""
+    views.install_on_demand(con)  # the rules read them, and the cache points some at its tables
     current = kept_version(con, run_id) == CACHE_VERSION
     built = not current and keep and gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)
     if current or built:
@@ -382,6 +384,7 @@ def _tables_named(con: duckdb.DuckDBPyConnection, prefix: str) -> list[str]:
 
 def use_run_cache(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
     """Point another cursor's views (see `install`) at a shared RunCache."""
+    views.install_on_demand(con)  # first: created later, a view would be the store-wide one again
     for name in cache.cached:
         _use(con, cache.prefix, name)
 
