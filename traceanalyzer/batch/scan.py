@@ -16,7 +16,8 @@ How the work is split, and why:
   mid-scan: they see the runs committed so far, each with its per-run findings.
 * Cross-run rules (scope "runs") need every run at once; they run in the main process after
   the files are stored, on the store itself. So does linking a timeline to the Nsight Compute
-  run beside it (`check.link_pairs`), and the linked rules run again on the timeline there.
+  run beside it (`check.link_pairs`), and the linked rules run again on the timeline there;
+  then each run those passes touched is diagnosed once (`_writer_passes`).
 * A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): the same `check_file`, on
   the writer's store (streamed into it), between two workers' results. A dask worker given
   one (the writer cannot see a cluster's files) checks it on a store file of its own
