@@ -620,20 +620,26 @@ def _stored_rows(store: Store, run_id: str) -> tuple[list[tuple], list[tuple]]:
 IDEMPOTENT_RULES = ["T001", "T004", "T006", "B002", "B003"]
 
 
-def test_diagnosing_a_run_again_gives_the_same_rows(tmp_path):
+def test_diagnosing_a_run_again_gives_the_same_rows(tmp_path, monkeypatch):
     """The diagnosis is idempotent (`diagnosis.diagnose_run`): a run's stored findings,
     diagnosed again, are the same rows, on a Kineto run with warm-up and steps (notes added to
     messages) and an nsys timeline linked to its Nsight Compute run (the ncu rules' findings on
     its kernels, diagnosed with the timeline's own)."""
     from traceanalyzer.batch.check import CheckOptions, run_check
+    import traceanalyzer.diagnosis as diagnosis
     from traceanalyzer.diagnosis import diagnose_run
 
+    calls = []
+    real_diagnose = diagnosis.diagnose
+    monkeypatch.setattr(diagnosis, "diagnose", lambda *a, **k: calls.append(a[1]) or real_diagnose(*a, **k))
     store = Store(tmp_path / "s.duckdb")
     paths = [FIXTURES / "kineto" / "timeline_warmup.json", FIXTURES / "linked" / "mlp_step.sqlite",
              FIXTURES / "linked" / "mlp_step.ncu.csv"]
     result = run_check(store, CheckOptions(paths=[str(p) for p in paths], fail_on="never", select=IDEMPOTENT_RULES))
     run_ids = [store.sql("SELECT run_id FROM runs WHERE file_name = ?", [p.name]).fetchone()[0] for p in paths]
     assert not result.errors
+    # once per run, after the per-run, linked and cross-run passes (the timeline's linked rules ran twice)
+    assert sorted(calls) == sorted(run_ids)
     before = {rid: _stored_rows(store, rid) for rid in run_ids}
     findings = [f for rid in run_ids for f in _findings(store, rid)]
     assert any(f["related_to"] is not None for f in findings)  # groups, not headlines alone
