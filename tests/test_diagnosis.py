@@ -605,3 +605,47 @@ def test_a_cap_needs_a_reason_and_the_upper_bound_rules_have_one():
         Rule(**{**base.__dict__, "max_severity": "info", "severity_reason": ""})
     with pytest.raises(ValueError, match="max_severity must be"):
         Rule(**{**base.__dict__, "max_severity": "fatal"})
+
+
+def _stored_rows(store: Store, run_id: str) -> tuple[list[tuple], list[tuple]]:
+    """Every stored finding of the run, every column, and its outcomes but for when they ran."""
+    findings = store.sql("SELECT * FROM findings WHERE run_id = $r ORDER BY finding_no", {"r": run_id}).fetchall()
+    outcomes = store.sql("SELECT * EXCLUDE (evaluated_at) FROM rule_runs WHERE run_id = $r ORDER BY ALL",
+                         {"r": run_id}).fetchall()
+    return findings, outcomes
+
+
+# Rules that group, bound and note (idle time, host-bound stretches, copies, the ncu rules on
+# linked kernels), few enough that the check of the three files stays cheap.
+IDEMPOTENT_RULES = ["T001", "T004", "T006", "B002", "B003"]
+
+
+def test_diagnosing_a_run_again_gives_the_same_rows(tmp_path, monkeypatch):
+    """The diagnosis is idempotent (`diagnosis.diagnose_run`): a run's stored findings,
+    diagnosed again, are the same rows, on a Kineto run with warm-up and steps (notes added to
+    messages) and an nsys timeline linked to its Nsight Compute run (the ncu rules' findings on
+    its kernels, diagnosed with the timeline's own)."""
+    from traceanalyzer.batch.check import CheckOptions, run_check
+    import traceanalyzer.diagnosis as diagnosis
+    from traceanalyzer.diagnosis import diagnose_run
+
+    calls = []
+    real_diagnose = diagnosis.diagnose
+    monkeypatch.setattr(diagnosis, "diagnose", lambda *a, **k: calls.append(a[1]) or real_diagnose(*a, **k))
+    store = Store(tmp_path / "s.duckdb")
+    paths = [FIXTURES / "kineto" / "timeline_warmup.json", FIXTURES / "linked" / "mlp_step.sqlite",
+             FIXTURES / "linked" / "mlp_step.ncu.csv"]
+    result = run_check(store, CheckOptions(paths=[str(p) for p in paths], fail_on="never", select=IDEMPOTENT_RULES))
+    run_ids = [store.sql("SELECT run_id FROM runs WHERE file_name = ?", [p.name]).fetchone()[0] for p in paths]
+    assert not result.errors
+    # once per run, after the per-run, linked and cross-run passes (the timeline's linked rules ran twice)
+    assert sorted(calls) == sorted(run_ids)
+    before = {rid: _stored_rows(store, rid) for rid in run_ids}
+    findings = [f for rid in run_ids for f in _findings(store, rid)]
+    assert any(f["related_to"] is not None for f in findings)  # groups, not headlines alone
+    assert any("more in warm-up" in f["message"] or "per step over" in f["message"] for f in findings)
+    assert {"B002", "B003"} <= {f["rule_id"] for f in findings if f["run_id"] == run_ids[1]}
+    for rid in run_ids:
+        diagnose_run(store, rid)
+        assert _stored_rows(store, rid) == before[rid], rid
+    store.close()

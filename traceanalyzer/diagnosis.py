@@ -76,11 +76,12 @@ import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable
 
-from functools import partial
+import pyarrow as pa
 
 from .fmt import loss_bound, ns, pct
 from .rules.base import SEVERITIES, Threshold
-from .rules.engine import RuleOutcome, Settings, run_rules
+from .rules import all_rules
+from .rules.engine import Found, RuleOutcome, RunFound, Settings, findings_table, run_rules
 from .store import Store
 from .analyses.steps import PROFILER_STEP
 
@@ -124,20 +125,54 @@ def floor_params(overrides: dict | None = None) -> dict[str, float | int]:
 
 def diagnose_runs(store: Store, run_ids: Iterable[str] | None = None,
                   settings: Settings | None = None) -> list[RuleOutcome]:
-    """Run the selected rules on each run (`rules.engine.run_rules`) and store their findings
-    diagnosed: grouped by root cause, losses bounded by the run's time budget."""
+    """One rules pass over each run (`rules.engine.run_rules`), then the runs' diagnosis
+    (`store_diagnosed`): for a command whose only pass is this one."""
+    found = Found()
+    outcomes = run_rules(store, run_ids, settings, into=found)
+    store_diagnosed(store, found, settings)
+    return outcomes
+
+
+def store_diagnosed(store: Store, found: Found, settings: Settings | None = None) -> None:
+    """The diagnosis, once per run after the passes a command ran (per-run, linked, cross-run):
+    each run of `found` stored with what its passes found, diagnosed with its other rules'
+    stored findings (`diagnose_run`). A run whose passes found nothing where those rules had
+    stored nothing either (the cross-run pass on most runs) keeps its diagnosis as it is:
+    diagnosing the same findings again gives the same rows; only the outcomes are written."""
     floors = floor_params((settings.thresholds if settings else {}).get(FLOOR))
-    return run_rules(store, run_ids, settings, diagnose=partial(diagnose, floors=floors))
+    for run_id, run in found.runs.items():
+        if run.findings() or store.sql("SELECT count(*) FROM findings WHERE run_id = ? AND list_contains(?, rule_id)",
+                                       [run_id, list(run.rules)]).fetchone()[0]:
+            diagnose_run(store, run_id, run, floors)
+        else:
+            store.write_findings(run_id, list(run.rules), findings_table([]), run.statuses())
+
+
+def diagnose_run(store: Store, run_id: str, run: RunFound | None = None, floors: dict | None = None) -> None:
+    """Store every finding of `run_id` diagnosed (`diagnose`), in one transaction: those of
+    `run` (what a command's passes found, not stored yet) with the stored ones of every other
+    rule, which are written again with their outcomes as they were.
+
+    Idempotent: diagnosing a run's stored findings again (no `run`) gives the same rows. A
+    stored finding is diagnosed already; `diagnose` takes its rule's own figures back first
+    (`_as_found`)."""
+    import pandas as pd
+
+    run = run or RunFound()
+    kept = store.read_findings(run_id, [r.id for r in all_rules() if r.id not in run.rules])
+    others = sorted(set(kept.rule_runs.column("rule_id").to_pylist()))
+    statuses = run.statuses()
+    statuses = pa.concat_tables([statuses, kept.rule_runs.select(statuses.column_names)])
+    parts = [f for f in (kept.findings.to_pandas(), *run.findings()) if not f.empty]
+    found = [diagnose(store, run_id, pd.concat(parts, ignore_index=True).assign(run_id=run_id), floors)] if parts else []
+    store.write_findings(run_id, [*run.rules, *others], findings_table(found), statuses)
 
 
 def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | None = None) -> pd.DataFrame:
     """Every finding of `run_id`, with `finding_no`, `related_to`, `rule_loss_ns`, the bounded
     `est_loss_ns` and the group's severity set (see the module's docstring)."""
     floors = floor_params() if floors is None else floors
-    df = findings.reset_index(drop=True).copy()
-    # A stored finding was diagnosed before: its rule's own estimate is in rule_loss_ns.
-    rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
-    df["rule_loss_ns"] = df["est_loss_ns"] if rule_loss is None else rule_loss.where(rule_loss.notna(), df["est_loss_ns"])
+    df = _as_found(findings.reset_index(drop=True).copy())
     whole = _budget(store, run_id)
     warm, steps = _warmup(store, run_id)
     budget = {k: ns - warm.get(k, 0) for k, ns in whole.items()}  # the steady state's
@@ -212,9 +247,7 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
         if loss[i]:
             own[i] += f" ({ns(loss[i] / steps)} per step over {steps} steps)"
             extra.setdefault(i, {}).update(loss_per_step_ns=int(round(loss[i] / steps)), steps=steps)
-    if warm or steps > 1:  # a finding diagnosed again: its figures may have changed
-        df["message"] = [_OWN_NOTES.sub("", m) if isinstance(m, str) else m for m in df["message"]]
-    if notes:  # (a finding stored before, diagnosed again in a cross-run pass, has its notes already)
+    if notes:  # (a stored finding has its notes already: `_as_found`)
         df["message"] = [m + notes[i] if i in notes and notes[i] not in m else m for i, m in enumerate(df["message"])]
     if own:
         df["message"] = [m + own[i] if i in own else m for i, m in enumerate(df["message"])]
@@ -223,6 +256,21 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     df["related_to"] = df["related_to"].astype("Int64")
     df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
     return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
+
+
+def _as_found(df: pd.DataFrame) -> pd.DataFrame:
+    """Findings as their rules gave them, as far as the store keeps that: a stored finding was
+    diagnosed (the store holds no other), and a later command diagnoses it again with the
+    findings of the rules it ran (`diagnose_run`). Its rule's own estimate is in
+    `rule_loss_ns`, and the notes on warm-up and per step are taken off its message, to be
+    added again as they are now. The notes on what bounded its loss or lowered its severity
+    stay, and `diagnose` adds none that the message holds; its severity stays the diagnosed
+    one, which a band or cap applied again leaves as it is. The store keeps nothing else of
+    what the rule said, so this stays as long as the store holds diagnosed findings only."""
+    rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
+    df["rule_loss_ns"] = df["est_loss_ns"] if rule_loss is None else rule_loss.where(rule_loss.notna(), df["est_loss_ns"])
+    df["message"] = [_OWN_NOTES.sub("", m) if isinstance(m, str) else m for m in df["message"]]
+    return df
 
 
 def _budget(store: Store, run_id: str) -> dict[tuple, int]:

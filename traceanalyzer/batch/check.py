@@ -13,13 +13,13 @@ from typing import Callable
 
 from ..config import ConfigError, find_config, load_config, parse_threshold_option
 from .. import diagnosis, interrupt, link
-from ..diagnosis import diagnose_runs
+from ..diagnosis import diagnose_runs, store_diagnosed
 from ..ingest import TraceError, find_traces
 from ..report.model import Baseline, CheckResult, InputError, load_result
 from ..rules import get_rule
 from ..rules._ncu import linked_rule_ids
 from ..rules.base import SEVERITIES
-from ..rules.engine import Settings
+from ..rules.engine import Found, Settings, run_rules
 from ..store import Store, StoreError, file_hash, run_id_for
 from ..store.writer import one_line_error
 
@@ -111,7 +111,8 @@ def up_to_date_hashes(store: Store, settings: Settings | None) -> set[str]:
 
 def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_stored: bool = False,
                up_to_date: frozenset[str] = frozenset(), hash_name: str | None = None,
-               seen: dict[str, str] | None = None, captures: list[Path] | None = None) -> FileResult:
+               seen: dict[str, str] | None = None, captures: list[Path] | None = None,
+               found: Found | None = None) -> FileResult:
     """Check one file: read it into `store` and run the per-run rules of `rules` on its run
     (None: store it only; cross-run rules run once every file is done, see `run_check`).
     Every way of checking a file goes through here: `check`, `ingest`, `report` and `diff` on
@@ -126,7 +127,9 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
     here) is a `duplicate`. `hash_name`: the content hash of the store the run is for
     (default: `store`'s). With `captures` (capture-phase traces of its graph replays), they are
     merged into the run before its rules run (`merge_capture`; a run that replays no graph gets
-    a warning instead); a capture that holds none of its graphs fails the file."""
+    a warning instead); a capture that holds none of its graphs fails the file. With `found`
+    the rules' results go there, for the command to diagnose once its other passes ran
+    (`store_diagnosed`); else the run is diagnosed and stored at once."""
     t0 = time.perf_counter()
     res = FileResult(path=str(path))
     rules = per_run_settings(rules) if rules is not None else None
@@ -163,13 +166,22 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
             elif res.state != "kept":  # what the reader placed itself (nsys graph node events)
                 res.capture = (_capture_note(store, res.run_id) or {}).get("line")
             if rules is not None:
-                diagnose_runs(store, [res.run_id], rules)
+                per_run_pass(store, [res.run_id], rules, found)
                 res.rule_ids = [r.id for r in rules.rules()]
     except Exception as e:  # a reader bug must not stop the batch either
         interrupt.stop_if_interrupted(e)
         res.fail(e)
     res.work_s = time.perf_counter() - t0
     return res
+
+
+def per_run_pass(store: Store, run_ids: list[str], rules: Settings, found: Found | None) -> None:
+    """`rules` on `run_ids`: into `found` (diagnosed once the command's passes ran), or without
+    it diagnosed and stored now (`diagnose_runs`)."""
+    if found is None:
+        diagnose_runs(store, run_ids, rules)
+    else:
+        run_rules(store, run_ids, rules, into=found)
 
 
 def merge_capture(store: Store, run_id: str, captures: list[Path]) -> str:
@@ -195,11 +207,11 @@ def _capture_note(store: Store, run_id: str) -> dict | None:
 
 
 def merge_captures(store: Store, files: list[FileResult], captures: dict[str, list[Path]],
-                   rules: Settings | None) -> None:
+                   rules: Settings | None, found: Found | None = None) -> None:
     """A scan's pairs: merge into each stored run of `files` whose path `captures` lists the
     capture traces found beside it (`capture_merge.capture_files`), and run its per-run rules
     again when that changed it. A capture that holds none of its graphs is a warning on the
-    file; the run stays as read."""
+    file; the run stays as read. `found`: as `check_file`'s."""
     per_run = per_run_settings(rules) if rules is not None else None
     for f in files:
         caps = captures.get(f.path)
@@ -209,7 +221,7 @@ def merge_captures(store: Store, files: list[FileResult], captures: dict[str, li
             before = (_capture_note(store, f.run_id) or {}).get("hashes")
             f.capture = merge_capture(store, f.run_id, caps)
             if per_run is not None and (_capture_note(store, f.run_id) or {}).get("hashes") != before:
-                diagnose_runs(store, [f.run_id], per_run)
+                per_run_pass(store, [f.run_id], per_run, found)
         except Exception as e:
             interrupt.stop_if_interrupted(e)
             f.warnings.append(f"capture {', '.join(Path(c).name for c in caps)} not merged: {one_line_error(e)}")
@@ -244,11 +256,13 @@ class Checked:
 
 
 def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_stored: bool = False,
-                on_file: Callable[[FileResult], None] | None = None, captures: list[Path] | None = None) -> Checked:
+                on_file: Callable[[FileResult], None] | None = None, captures: list[Path] | None = None,
+                found: Found | None = None) -> Checked:
     """`check_file` on every trace under `paths`, in order, one transaction a file: a file
     that fails is a `failed` result and the rest go on. `on_file` sees each result as it
     comes. Paths that hold no trace at all are one failed result. `captures`: capture-phase
-    traces merged into each file's graph replays (`check_file`); they are no files to check."""
+    traces merged into each file's graph replays (`check_file`); they are no files to check.
+    `found`: as `check_file`'s."""
     done = Checked()
     skip = {Path(c).resolve() for c in captures or ()}
     files = [f for f in find_traces(paths, not_traces=done.not_traces) if Path(f).resolve() not in skip]
@@ -258,17 +272,20 @@ def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_
     with interrupt.watching():  # Ctrl-C is no file's error
         for f in files:
             store.let_in_waiting()  # a reader of this store gets in between two files
-            done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen, captures=captures), on_file)
+            done.add(check_file(store, f, rules, read_stored=read_stored, seen=seen, captures=captures,
+                                found=found), on_file)
     return done
 
 
 def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
-               on_file: Callable[[FileResult], None] | None = None, captures: list[Path] | None = None) -> Checked:
+               on_file: Callable[[FileResult], None] | None = None, captures: list[Path] | None = None,
+               found: Found | None = None) -> Checked:
     """`check_paths` on the refs that are files or folders; a ref that is neither but names a
     stored run (id, id prefix or file name) has that run's rules run again, as a stored file
-    has (`kept`), after the files. A ref that names nothing is a failed result."""
+    has (`kept`), after the files. A ref that names nothing is a failed result. `found`: as
+    `check_file`'s."""
     paths = [ref for ref in refs if Path(ref).exists()]
-    done = check_paths(store, paths, rules, on_file=on_file, captures=captures) if paths else Checked()
+    done = check_paths(store, paths, rules, on_file=on_file, captures=captures, found=found) if paths else Checked()
     rules = per_run_settings(rules) if rules is not None else None
     for ref in refs:
         if ref in paths:
@@ -286,7 +303,7 @@ def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
                 done.add(res, on_file)
                 continue
         if rules is not None:
-            diagnose_runs(store, [res.run_id], rules)
+            per_run_pass(store, [res.run_id], rules, found)
             res.rule_ids = [r.id for r in rules.rules()]
         done.add(res, on_file)
     return done
@@ -370,12 +387,14 @@ def _checked_hashes(store: Store, settings: Settings, same_rules: bool) -> froze
 
 
 def link_pairs(store: Store, files: list[FileResult], rules: Settings | None, *, given_together: bool,
-               on_link: Callable[[link.LinkResult], None] | None = None) -> tuple[list[link.LinkResult], list[InputError]]:
+               on_link: Callable[[link.LinkResult], None] | None = None,
+               found: Found | None = None) -> tuple[list[link.LinkResult], list[InputError]]:
     """Link the timeline and Nsight Compute runs of `files` that go together (`link.pairs`), and
     run the linked rules (`rules._ncu.linked_rule_ids`, of `rules`) again on each timeline run
     whose links changed or whose pair was read in this batch (its rules ran without the links:
     before the ncu run was stored, or on a scan worker's store). A pair that cannot be linked is
-    an error for the ncu file; the others go on. `on_link` sees each pair linked."""
+    an error for the ncu file; the others go on. `on_link` sees each pair linked. `found`: as
+    `check_file`'s."""
     checked = [f for f in files if f.state != "failed" and f.run_id and f.format]
     paths = {f.run_id: f.path for f in checked}
     read_now = {f.run_id for f in checked if f.state in ("stored", "updated")}
@@ -396,18 +415,18 @@ def link_pairs(store: Store, files: list[FileResult], rules: Settings | None, *,
             on_link(res)
         if res.changed or {timeline, ncu} & read_now:
             again.append(timeline)
-    run_linked_rules(store, list(dict.fromkeys(again)), rules)
+    run_linked_rules(store, list(dict.fromkeys(again)), rules, found)
     return done, errors
 
 
-def run_linked_rules(store: Store, run_ids: list[str], rules: Settings | None) -> None:
+def run_linked_rules(store: Store, run_ids: list[str], rules: Settings | None, found: Found | None = None) -> None:
     """Run the linked rules of `rules` (those of `rules._ncu.linked_rule_ids` it selects) on the
-    timeline runs `run_ids`, diagnosed with the runs' other findings."""
+    timeline runs `run_ids`: into `found`, or diagnosed at once with the runs' other findings."""
     per_run = per_run_settings(rules) if rules is not None else None
     selected = {r.id for r in per_run.rules()} if per_run is not None else set()
     ids = [i for i in linked_rule_ids() if i in selected]
     if run_ids and ids:
-        diagnose_runs(store, run_ids, Settings(select=ids, thresholds=rules.thresholds))
+        per_run_pass(store, run_ids, Settings(select=ids, thresholds=rules.thresholds), found)
 
 
 def _threshold_owner(ref: str) -> str:
@@ -462,7 +481,8 @@ def run_check(store: Store, opts: CheckOptions, on_file: Callable[[FileResult], 
     """Check every file under `opts.paths` and the stored runs named there (`check_refs`:
     stored content is not read again, its rules run again), link the timeline and Nsight
     Compute runs given together (unless `opts.link` is False; `link_pairs`), then run the
-    cross-run rules on all their runs; gather the result."""
+    cross-run rules on all their runs; then the diagnosis, once per run those passes touched
+    (`store_diagnosed`); gather the result."""
     with interrupt.watching():
         return _run_check(store, opts, on_file, on_link)
 
@@ -470,14 +490,16 @@ def run_check(store: Store, opts: CheckOptions, on_file: Callable[[FileResult], 
 def _run_check(store: Store, opts: CheckOptions, on_file, on_link) -> CheckResult:
     settings, fail_on = settings_from(opts)
     baseline = read_baseline(opts.baseline, opts.max_growth_pct) if opts.baseline else None
-    done = check_refs(store, opts.paths, settings, on_file=on_file, captures=opts.captures)
+    found = Found()
+    done = check_refs(store, opts.paths, settings, on_file=on_file, captures=opts.captures, found=found)
     link_errors: list[InputError] = []
     if opts.link:
-        _, link_errors = link_pairs(store, done.files, settings, given_together=True, on_link=on_link)
+        _, link_errors = link_pairs(store, done.files, settings, given_together=True, on_link=on_link, found=found)
     run_ids = done.run_ids
     cross = cross_run_settings(settings)
     if cross is not None and run_ids:
-        diagnose_runs(store, run_ids, cross)
+        run_rules(store, run_ids, cross, into=found)
+    store_diagnosed(store, found, settings)
     result = load_result(store, run_ids, fail_on)
     result.errors += done.errors + link_errors
     result.not_traces += done.not_traces

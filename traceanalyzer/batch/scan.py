@@ -16,7 +16,8 @@ How the work is split, and why:
   mid-scan: they see the runs committed so far, each with its per-run findings.
 * Cross-run rules (scope "runs") need every run at once; they run in the main process after
   the files are stored, on the store itself. So does linking a timeline to the Nsight Compute
-  run beside it (`check.link_pairs`), and the linked rules run again on the timeline there.
+  run beside it (`check.link_pairs`), and the linked rules run again on the timeline there;
+  then each run those passes touched is diagnosed once (`_writer_passes`).
 * A big nsys export is the writer's own (WRITER_READS_MIN_BYTES): the same `check_file`, on
   the writer's store (streamed into it), between two workers' results. A dask worker given
   one (the writer cannot see a cluster's files) checks it on a store file of its own
@@ -45,10 +46,10 @@ from typing import Callable, Iterable, Iterator
 import pandas as pd
 
 from .. import interrupt, os_memory
-from ..diagnosis import diagnose_runs
+from ..diagnosis import store_diagnosed
 from ..ingest import find_traces
 from ..resources import Resources
-from ..rules.engine import Settings
+from ..rules.engine import Found, Settings, run_rules
 from ..store import Store, capture_merge
 from .check import FileResult, check_file, cross_run_settings, link_pairs, merge_captures, up_to_date_hashes
 from .distributed import dask_outcomes
@@ -290,20 +291,31 @@ def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, lin
                     handled(by_writer_next())
         while by_writer:
             handled(by_writer_next())
-        if captures:
-            merge_captures(store, report.files, {f: [Path(c) for c in cs] for f, cs in captures.items()}, settings)
-        if link:
-            report.links, report.link_errors = link_pairs(store, report.files, settings, given_together=False,
-                                                          on_link=on_link)
-        cross = cross_run_settings(settings)
-        if cross is not None and report.run_ids:
-            try:
-                diagnose_runs(store, report.run_ids, cross)
-            except Exception as e:  # the stored runs stay; say what failed
-                interrupt.stop_if_interrupted(e)
-                report.cross_rule_error = _one_line(e)
+        _writer_passes(store, report, captures, settings, link, on_link)
     report.elapsed_s = time.perf_counter() - t0
     return report
+
+
+def _writer_passes(store: Store, report: ScanReport, captures: dict, settings: Settings, link: bool,
+                   on_link) -> None:
+    """The passes over every run once all are stored (the per-run rules again where a capture
+    was merged, the linked rules, the cross-run rules), then the diagnosis of each run they
+    touched, once (`store_diagnosed`). A run's per-run findings were diagnosed as it was stored."""
+    found = Found()
+    if captures:
+        merge_captures(store, report.files, {f: [Path(c) for c in cs] for f, cs in captures.items()}, settings,
+                       found)
+    if link:
+        report.links, report.link_errors = link_pairs(store, report.files, settings, given_together=False,
+                                                      on_link=on_link, found=found)
+    cross = cross_run_settings(settings)
+    if cross is not None and report.run_ids:
+        try:
+            run_rules(store, report.run_ids, cross, into=found)
+        except Exception as e:  # the stored runs stay; say what failed
+            interrupt.stop_if_interrupted(e)
+            report.cross_rule_error = _one_line(e)
+    store_diagnosed(store, found, settings)
 
 
 def _read_by_writer(path: str) -> bool:

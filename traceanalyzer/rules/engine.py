@@ -337,12 +337,6 @@ def _error_note(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-# What a run's findings become before they are stored: (store, run_id, every finding of the
-# run, this pass's and the stored ones of other rules) -> the findings to store. The
-# diagnosis (traceanalyzer.diagnosis) is one; it lives a floor above, so it is passed in.
-Diagnose = Callable[[Store, str, "pd.DataFrame"], "pd.DataFrame"]
-
-
 def _import_pandas_meanwhile() -> None:
     """Start importing pandas on a thread of its own, unless it is imported already.
 
@@ -363,121 +357,205 @@ def _import_quietly(name: str) -> None:
         pass
 
 
-def run_rules(store: Store, run_ids: Iterable[str] | None = None,
-              settings: Settings | None = None, *, diagnose: Diagnose | None = None) -> list[RuleOutcome]:
-    """Evaluate the selected rules on each run and replace their stored findings.
+@dataclass
+class RunFound:
+    """What a command's rule passes found on one run and did not store yet: per rule (in the
+    order the passes gave them), its `rule_runs` row (without run_id) and its findings."""
 
-    A per-run rule whose stored outcome on a run was computed from the same inputs (the code,
-    the run's data and the thresholds, `inputs_digest`) keeps it, findings and all, instead of
-    being computed again (`Settings.reuse`).
+    rules: dict[str, tuple[dict, pd.DataFrame | None]] = field(default_factory=dict)
+
+    def add(self, rule_id: str, row: dict, df: pd.DataFrame | None) -> None:
+        self.rules.pop(rule_id, None)  # a later pass's result replaces an earlier one's, and comes after
+        self.rules[rule_id] = (row, df)
+
+    def findings(self) -> list[pd.DataFrame]:
+        return [df for _, df in self.rules.values() if df is not None and not df.empty]
+
+    def statuses(self) -> pa.Table:
+        return pa.Table.from_pylist([row for row, _ in self.rules.values()], schema=arrow_schema("rule_runs").remove(0))
+
+
+@dataclass
+class Found:
+    """What a command's rule passes found, per run, kept until it is stored once: as the rules
+    gave it (`write_found`) or diagnosed (`diagnosis.store_diagnosed`)."""
+
+    runs: dict[str, RunFound] = field(default_factory=dict)
+
+    def run(self, run_id: str) -> RunFound:
+        return self.runs.setdefault(run_id, RunFound())
+
+
+def findings_table(frames: list[pd.DataFrame]) -> pa.Table:
+    """`frames` (FINDING_COLUMNS and the diagnosis's) as a table of the `findings` schema."""
+    import pandas as pd
+
+    columns = arrow_schema("findings")
+    if not frames:
+        return columns.empty_table()
+    return pa.Table.from_pandas(pd.concat(frames, ignore_index=True).reindex(columns=columns.names),
+                                schema=columns, preserve_index=False)
+
+
+def write_found(store: Store, found: Found) -> None:
+    """Store each run's outcomes and findings as the rules gave them (no diagnosis), replacing
+    those rules' stored ones: what rule-level tests read."""
+    for run_id, run in found.runs.items():
+        store.write_findings(run_id, list(run.rules), findings_table(run.findings()), run.statuses())
+
+
+@dataclass
+class _Pass:
+    """One rules pass over some runs: the rules, their thresholds, each run's inputs digest,
+    the outcomes so far and, per cross-run rule, the runs that carry its data."""
+
+    rules: list[Rule]
+    params: dict[str, dict[str, Any]]
+    run_ids: list[str]
+    inputs: dict[str, str]
+    outcomes: dict[tuple[str, str], RuleOutcome] = field(default_factory=dict)
+    frames: dict[tuple[str, str], pd.DataFrame] = field(default_factory=dict)  # (run, rule) -> its findings
+    evaluated: dict[str, list[Rule]] = field(default_factory=dict)  # per run, the rules computed here
+    across: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _plan(store: Store, run_ids: Iterable[str] | None, settings: Settings) -> _Pass:
+    rules = settings.rules()
+    run_ids = list(run_ids) if run_ids is not None else store.run_ids()
+    return _Pass(rules, {r.id: settings.params_for(r) for r in rules}, run_ids,
+                 {rid: inputs_digest(store, rid, settings.thresholds) for rid in run_ids},
+                 across={r.id: [] for r in rules if r.scope == "runs"})
+
+
+def _reused(store: Store, p: _Pass, run_id: str, found: RunFound | None) -> dict[str, RuleOutcome]:
+    """The per-run rules whose outcome on the run was computed from the same inputs: this
+    command's earlier pass's where it ran the rule, else the stored one (`_stored_outcomes`)."""
+    mine = found.rules if found is not None else {}
+    stored = _stored_outcomes(store, run_id, [r for r in p.rules if r.id not in mine], p.inputs[run_id])
+    for r in p.rules:
+        row = mine.get(r.id, ({},))[0]
+        if r.scope == "run" and row.get("inputs") == p.inputs[run_id] and row.get("status") in ("ran", "no-data"):
+            stored[r.id] = RuleOutcome(r.id, run_id, row["status"], row["findings"] or 0, row["note"] or "")
+    return stored
+
+
+def _checker(p: _Pass, run_id: str) -> Callable:
+    """`check(store, rule)`: whether the run has the rule's data and, for a per-run rule, its
+    findings: (outcome, findings or None); a rule's error is its outcome, not the pass's."""
+    def check(st: Store, rule: Rule):
+        oc = RuleOutcome(rule.id, run_id, "ran")
+        df = None
+        try:
+            if not applies(st, rule, run_id):
+                oc.status, oc.note = "no-data", f"needs {rule.requires}"
+            elif rule.scope == "run":
+                df = evaluate_rule(st, rule, run_id, p.params[rule.id])
+                oc.findings = len(df)
+        except Exception as e:  # one broken rule must not hide the others' findings
+            interrupt.stop_if_interrupted(e)
+            oc.status, oc.note, df = "error", _error_note(e), None
+        return oc, df
+    return check
+
+
+def _run_scope(store: Store, run_id: str, todo: list[Rule], check: Callable) -> list:
+    """`check` for each rule of `todo` on one run, in its scope: the views the rules share
+    computed once for the run (run_cache.scoped_to_run), the rules on threads or one at a
+    time and DuckDB's memory held as the run's size says (the constants above)."""
+    threads = rule_threads(store)
+    ops = run_cache.gpu_ops(store.con, run_id)
+    big = ops > PARALLEL_MAX_GPU_OPS  # its rules one at a time
+    parallel = threads > 1 and len(todo) > 1 and PARALLEL_MIN_GPU_OPS <= ops <= PARALLEL_MAX_GPU_OPS
+    cursors = _Cursors(store, threads) if parallel else None
+    try:
+        with store.memory_held(BIG_RUN_MEMORY if big else None), \
+                run_cache.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
+            return _map_rules(store, cache, todo, check, cursors)
+    finally:
+        if cursors is not None:
+            cursors.close()  # unused (a run read on this thread), or an error
+
+
+def _run_pass(store: Store, p: _Pass, run_id: str, reused: dict[str, RuleOutcome]) -> None:
+    """The pass over one run: the rules not `reused`, per-run rules evaluated and cross-run
+    rules asked whether the run has their data."""
+    p.outcomes.update({(run_id, rule_id): oc for rule_id, oc in reused.items()})
+    todo = p.evaluated[run_id] = [r for r in p.rules if r.id not in reused]
+    check = _checker(p, run_id)
+    if any(r.scope == "run" for r in todo):
+        results = _run_scope(store, run_id, todo, check)
+    else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
+        results = [check(store, rule) for rule in todo]
+    for rule, (oc, df) in zip(todo, results):
+        p.outcomes[(run_id, rule.id)] = oc
+        if oc.status == "ran" and rule.scope == "runs":
+            p.across[rule.id].append(run_id)
+        elif df is not None and not df.empty:
+            p.frames[(run_id, rule.id)] = df
+
+
+def _cross_run(store: Store, p: _Pass, rule: Rule) -> None:
+    """A cross-run rule on the runs that carry its data and that its `groups` put beside
+    another (the others: no data); an error is the outcome of each of those runs."""
+    runs = p.across[rule.id]
+    try:
+        if rule.groups is not None:
+            grouped = {r for group in rule.groups(store, runs) for r in group}
+            for run_id in runs:
+                if run_id not in grouped:
+                    p.outcomes[(run_id, rule.id)].status = "no-data"
+                    p.outcomes[(run_id, rule.id)].note = f"needs {rule.requires}"
+            runs = p.across[rule.id] = [r for r in runs if r in grouped]
+            if not runs:
+                return
+        df = evaluate_across(store, rule, runs, p.params[rule.id])
+        for run_id, part in df.groupby("run_id"):
+            p.frames[(run_id, rule.id)] = part
+            p.outcomes[(run_id, rule.id)].findings = len(part)
+    except Exception as e:
+        interrupt.stop_if_interrupted(e)
+        for run_id in runs:
+            p.outcomes[(run_id, rule.id)].status = "error"
+            p.outcomes[(run_id, rule.id)].note = _error_note(e)
+
+
+def _record(p: _Pass, found: Found) -> None:
+    """The pass's outcomes and findings of the rules it computed, into `found`: per run, the
+    per-run rules' first, then the cross-run rules'."""
+    for run_id in p.run_ids:
+        run = found.run(run_id)
+        for rule in sorted(p.evaluated[run_id], key=lambda r: r.scope == "runs"):
+            oc = p.outcomes[(run_id, rule.id)]
+            row = {"rule_id": rule.id, "status": oc.status, "findings": oc.findings, "note": oc.note,
+                   "params": json.dumps(p.params[rule.id], sort_keys=True), "evaluated_at": utcnow(),
+                   "inputs": p.inputs[run_id]}
+            run.add(rule.id, row, p.frames.get((run_id, rule.id)))
+
+
+def run_rules(store: Store, run_ids: Iterable[str] | None = None,
+              settings: Settings | None = None, *, into: Found | None = None) -> list[RuleOutcome]:
+    """Evaluate the selected rules on each run: into `into` (what a command's passes found,
+    stored once after the last, diagnosed: `diagnosis.store_diagnosed`), or without it stored
+    now as the rules gave them (`write_found`), replacing those rules' stored findings.
+
+    A per-run rule whose outcome on a run was computed from the same inputs (the code, the
+    run's data and the thresholds, `inputs_digest`), by an earlier pass into `into` or stored,
+    keeps it, findings and all, instead of being computed again (`Settings.reuse`).
 
     Per-run rules see one run at a time; cross-run rules (scope "runs", e.g. the straggler
     rank of a multi-rank job) see every run given here that carries their data and that their
-    `groups` put beside another (the others: no data). `diagnose`:
-    given every finding of a run (the stored ones of rules not run here too), what to store.
+    `groups` put beside another (the others: no data).
     """
     _import_pandas_meanwhile()
     settings = settings or Settings()
-    rules = settings.rules()
-    params = {r.id: settings.params_for(r) for r in rules}
-    run_ids = list(run_ids) if run_ids is not None else store.run_ids()
-    outcomes: dict[tuple[str, str], RuleOutcome] = {}
-    frames: dict[str, list[pd.DataFrame]] = {rid: [] for rid in run_ids}
-
-    applicable: dict[str, list[str]] = {r.id: [] for r in rules}
-    threads = rule_threads(store)
-    inputs = {rid: inputs_digest(store, rid, settings.thresholds) for rid in run_ids}
-    evaluated: dict[str, list[Rule]] = {}  # per run, the rules computed in this pass
-    for run_id in run_ids:
-        reused = _stored_outcomes(store, run_id, rules, inputs[run_id]) if settings.reuse else {}
-        outcomes.update({(run_id, rule_id): oc for rule_id, oc in reused.items()})
-        todo = evaluated[run_id] = [r for r in rules if r.id not in reused]
-        per_run = any(r.scope == "run" for r in todo)
-        def check(st: Store, rule: Rule, run_id=run_id):
-            oc = RuleOutcome(rule.id, run_id, "ran")
-            df = None
-            try:
-                if not applies(st, rule, run_id):
-                    oc.status, oc.note = "no-data", f"needs {rule.requires}"
-                elif rule.scope == "run":
-                    df = evaluate_rule(st, rule, run_id, params[rule.id])
-                    oc.findings = len(df)
-            except Exception as e:  # one broken rule must not hide the others' findings
-                interrupt.stop_if_interrupted(e)
-                oc.status, oc.note, df = "error", _error_note(e), None
-            return oc, df
-
-        if per_run:  # run by run, so the views the rules share are computed once per run (run_cache.scoped_to_run)
-            ops = run_cache.gpu_ops(store.con, run_id)
-            big = ops > PARALLEL_MAX_GPU_OPS  # its rules one at a time
-            parallel = threads > 1 and len(todo) > 1 and PARALLEL_MIN_GPU_OPS <= ops <= PARALLEL_MAX_GPU_OPS
-            cursors = _Cursors(store, threads) if parallel else None
-            try:
-                with store.memory_held(BIG_RUN_MEMORY if big else None), \
-                        run_cache.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
-                    results = _map_rules(store, cache, todo, check, cursors)
-            finally:
-                if cursors is not None:
-                    cursors.close()  # unused (a run read on this thread), or an error
-        else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
-            results = [check(store, rule) for rule in todo]
-        for rule, (oc, df) in zip(todo, results):
-            outcomes[(run_id, rule.id)] = oc
-            if oc.status == "ran" and rule.scope == "runs":
-                applicable[rule.id].append(run_id)
-            elif df is not None and not df.empty:
-                frames[run_id].append(df)
-
-    for rule in rules:  # cross-run rules, on every run that carries their data and has runs to compare with
-        if rule.scope != "runs" or not applicable[rule.id]:
-            continue
-        try:
-            if rule.groups is not None:
-                grouped = {r for group in rule.groups(store, applicable[rule.id]) for r in group}
-                for run_id in applicable[rule.id]:
-                    if run_id not in grouped:
-                        outcomes[(run_id, rule.id)].status = "no-data"
-                        outcomes[(run_id, rule.id)].note = f"needs {rule.requires}"
-                applicable[rule.id] = [r for r in applicable[rule.id] if r in grouped]
-                if not applicable[rule.id]:
-                    continue
-            df = evaluate_across(store, rule, applicable[rule.id], params[rule.id])
-            for run_id, part in df.groupby("run_id"):
-                frames[run_id].append(part)
-                outcomes[(run_id, rule.id)].findings = len(part)
-        except Exception as e:
-            interrupt.stop_if_interrupted(e)
-            for run_id in applicable[rule.id]:
-                outcomes[(run_id, rule.id)].status = "error"
-                outcomes[(run_id, rule.id)].note = _error_note(e)
-
-    import pandas as pd
-
-    for run_id in run_ids:
-        statuses = pa.Table.from_pylist(
-            [{"rule_id": r.id, "status": outcomes[(run_id, r.id)].status,
-              "findings": outcomes[(run_id, r.id)].findings, "note": outcomes[(run_id, r.id)].note,
-              "params": json.dumps(params[r.id], sort_keys=True), "evaluated_at": utcnow(), "inputs": inputs[run_id]}
-             for r in evaluated[run_id]],
-            schema=arrow_schema("rule_runs").remove(0))
-        rule_ids = [r.id for r in evaluated[run_id]]
-        found = [f for f in frames[run_id] if not f.empty]
-        # A pass whose rules found nothing where they had found nothing before (the cross-run
-        # pass on most runs) leaves the run's diagnosis as it is: only their outcomes are written.
-        if diagnose is not None and (found or store.sql(
-                "SELECT count(*) FROM findings WHERE run_id = ? AND list_contains(?, rule_id)",
-                [run_id, rule_ids]).fetchone()[0]):
-            # The other rules' stored findings are diagnosed again with these, and rewritten
-            # with their outcomes as they were.
-            kept = store.read_findings(run_id, [r.id for r in all_rules() if r.id not in rule_ids])
-            others = sorted(set(kept.rule_runs.column("rule_id").to_pylist()))
-            statuses = pa.concat_tables([statuses, kept.rule_runs.select(statuses.column_names)])
-            rule_ids += others
-            parts = [f for f in (kept.findings.to_pandas(), *found) if not f.empty]
-            found = [diagnose(store, run_id, pd.concat(parts, ignore_index=True).assign(run_id=run_id))] if parts else []
-        columns = arrow_schema("findings")
-        findings = (pa.Table.from_pandas(pd.concat(found, ignore_index=True).reindex(columns=columns.names),
-                                         schema=columns, preserve_index=False)
-                    if found else columns.empty_table())
-        store.write_findings(run_id, rule_ids, findings, statuses)
-    return [outcomes[(rid, r.id)] for rid in run_ids for r in rules]
+    p = _plan(store, run_ids, settings)
+    found = Found() if into is None else into
+    for run_id in p.run_ids:
+        _run_pass(store, p, run_id, _reused(store, p, run_id, found.runs.get(run_id)) if settings.reuse else {})
+    for rule in p.rules:
+        if rule.scope == "runs" and p.across[rule.id]:
+            _cross_run(store, p, rule)
+    _record(p, found)
+    if into is None:
+        write_found(store, found)
+    return [p.outcomes[(rid, r.id)] for rid in p.run_ids for r in p.rules]
