@@ -458,7 +458,7 @@ def _checker(p: _Pass, run_id: str) -> Callable:
     return check
 
 
-def _run_scope(store: Store, run_id: str, todo: list[Rule], check: Callable) -> list:
+def _rules_in_scope(store: Store, run_id: str, todo: list[Rule], check: Callable) -> list:
     """`check` for each rule of `todo` on one run, in its scope: the views the rules share
     computed once for the run (run_cache.scoped_to_run), the rules on threads or one at a
     time and DuckDB's memory held as the run's size says (the constants above)."""
@@ -483,7 +483,7 @@ def _run_pass(store: Store, p: _Pass, run_id: str, reused: dict[str, RuleOutcome
     todo = p.evaluated[run_id] = [r for r in p.rules if r.id not in reused]
     check = _checker(p, run_id)
     if any(r.scope == "run" for r in todo):
-        results = _run_scope(store, run_id, todo, check)
+        results = _rules_in_scope(store, run_id, todo, check)
     else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
         results = [check(store, rule) for rule in todo]
     for rule, (oc, df) in zip(todo, results):
