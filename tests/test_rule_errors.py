@@ -238,27 +238,3 @@ def test_b003_runs_on_rocm_traces_with_the_described_device(rocm, name):
         ev = json.loads(evidence)
         assert device_id == 0 and math.isclose(ev["peak_bw"], mi300x.dram_bandwidth_bytes_per_s)
         assert "MI300X" in ev["peak_flops_source"]
-
-
-def test_a_rule_whose_data_question_fails_has_that_error_and_the_others_run(tmp_path, monkeypatch):
-    """A pass asks every rule whether the run has its data in one query (`engine._applicable`).
-    One rule's question failing fails that query; then each rule asks alone: the broken one's
-    outcome is its error, the others' are what they are without it."""
-    import dataclasses
-
-    ids = SELECT[1].split(",")
-    asked: list[str] = []
-    real_applies = engine.applies
-    monkeypatch.setattr(engine, "applies", lambda st, rule, rid: asked.append(rule.id) or real_applies(st, rule, rid))
-    with Store(tmp_path / "s.duckdb") as store:
-        run_id = store.ingest(CLEAN).run_id
-        before = {o.rule_id: (o.status, o.findings) for o in engine.run_rules(store, [run_id], Settings(select=ids))}
-        assert asked == [] and set(before) == set(ids)  # one query answered them all
-        broken = tuple(dataclasses.replace(r, applies_sql="SELECT no_such_column FROM runs WHERE run_id = $run_id")
-                       if r.id == "T002" else r for r in engine.all_rules())
-        monkeypatch.setattr(engine, "all_rules", lambda: broken)
-        after = {o.rule_id: o for o in engine.run_rules(store, [run_id], Settings(select=ids, reuse=False))}
-    assert after["T002"].status == "error" and "no_such_column" in after["T002"].note
-    assert {k: (o.status, o.findings) for k, o in after.items() if k != "T002"} == \
-        {k: v for k, v in before.items() if k != "T002"}
-    assert sorted(asked) == sorted(ids)
