@@ -81,7 +81,7 @@ import pyarrow as pa
 from .fmt import loss_bound, ns, pct
 from .rules.base import SEVERITIES, Threshold
 from .rules import all_rules
-from .rules.engine import Found, RuleOutcome, RunFound, Settings, findings_table, run_rules
+from .rules.engine import Found, RuleOutcome, RunFound, Settings, findings_table, run_rules, write_run_found
 from .store import Store
 from .analyses.steps import PROFILER_STEP
 
@@ -145,7 +145,7 @@ def store_diagnosed(store: Store, found: Found, settings: Settings | None = None
                                        [run_id, list(run.rules)]).fetchone()[0]:
             diagnose_run(store, run_id, run, floors)
         else:
-            store.write_findings(run_id, list(run.rules), findings_table([]), run.statuses())
+            write_run_found(store, run_id, run)
 
 
 def diagnose_run(store: Store, run_id: str, run: RunFound | None = None, floors: dict | None = None) -> None:

@@ -401,7 +401,12 @@ def write_found(store: Store, found: Found) -> None:
     """Store each run's outcomes and findings as the rules gave them (no diagnosis), replacing
     those rules' stored ones: what rule-level tests read."""
     for run_id, run in found.runs.items():
-        store.write_findings(run_id, list(run.rules), findings_table(run.findings()), run.statuses())
+        write_run_found(store, run_id, run)
+
+
+def write_run_found(store: Store, run_id: str, run: RunFound) -> None:
+    """One run's outcomes and findings as its rules gave them, replacing those rules' stored ones."""
+    store.write_findings(run_id, list(run.rules), findings_table(run.findings()), run.statuses())
 
 
 @dataclass
