@@ -1,5 +1,5 @@
 """A run's rules pass on one thread against two (`engine.rule_threads`), for choosing
-`engine.PARALLEL_MIN_GPU_OPS`: each file is checked into a scratch store once, then its rules
+`RunPolicy.parallel_min_gpu_ops`: each file is checked into a scratch store once, then its rules
 pass runs again and again (stored outcomes not reused), one and two threads in turn; the
 fastest of the tries of each is printed, wall and CPU seconds of this process.
 
@@ -17,6 +17,7 @@ from traceanalyzer.batch.check import check_file
 from traceanalyzer.rules import engine
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store, run_cache
+from traceanalyzer.store.run_policy import RunPolicy
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--tries", type=int, default=3)
     args = ap.parse_args()
-    engine.PARALLEL_MIN_GPU_OPS = 0  # the thread count alone decides
+    any_size = Settings(reuse=False, policy=RunPolicy(parallel_min_gpu_ops=0))  # the thread count alone decides
     print(f"{'gpu ops':>9}  {'1 thread wall/cpu s':>20}  {'2 threads wall/cpu s':>20}  file")
     for path in args.files:
         with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.duckdb") as st:
@@ -35,7 +36,7 @@ def main() -> None:
                 for n in (1, 2):
                     engine.rule_threads = lambda _st, n=n: n
                     wall, cpu = time.perf_counter(), time.process_time()
-                    run_rules(st, [run_id], Settings(reuse=False))
+                    run_rules(st, [run_id], any_size)
                     took = (time.perf_counter() - wall, time.process_time() - cpu)
                     best[n] = min(best.get(n, took), took)
             ops = run_cache.gpu_ops(st.con, run_id)

@@ -130,7 +130,7 @@ def main() -> None:
         stages.append((name, holder.stage))
     nsys.STAGES = tuple(stages)
     wrap(run_cache, "scoped_to_run", "the run's shared views (scoped_to_run, entered)")
-    # Rules on worker threads (runs under engine.PARALLEL_MAX_GPU_OPS) overlap: their peaks are
+    # Rules on worker threads (runs under `RunPolicy.parallel_max_gpu_ops`) overlap: their peaks are
     # the rules pass's; a rule on the main thread has its own.
     wrap(engine, "evaluate_rule", peak="main", label=lambda st, rule, *a, **k: f"rule {rule.id}", depth=2)
     wrap(diagnosis, "diagnose", "diagnosis")

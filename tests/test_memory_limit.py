@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,13 +77,14 @@ def test_a_scan_workers_store_is_limited(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("env, during", [(None, "953.6 MiB"), ("700MiB", "700.0 MiB")])
 def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, env, during):
-    """The rules pass of a run above `engine.PARALLEL_MAX_GPU_OPS`, its kept cache's build and
-    the drops of cached blocks between rules included, runs under `engine.BIG_RUN_MEMORY`
+    """The rules pass of a run above `RunPolicy.parallel_max_gpu_ops`, its kept cache's build and
+    the drops of cached blocks between rules included, runs under `RunPolicy.big_run_memory`
     (1GB) where TRACEANALYZER_MEMORY_LIMIT sets none, under that limit where it does; the
     limit before the pass holds again after it, and a smaller run's pass is not held."""
     from traceanalyzer.rules import engine
     from traceanalyzer.rules.engine import run_rules
     from traceanalyzer.store import Store, run_cache
+    from traceanalyzer.store.run_policy import RunPolicy
 
     if env is None:
         monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
@@ -101,16 +103,16 @@ def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, e
 
     monkeypatch.setattr(run_cache, "_build", build)
     monkeypatch.setattr(engine, "evaluate_rule", evaluate)
-    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
+    keep = RunPolicy(keep_min_gpu_ops=1)
     with Store(tmp_path / "s.duckdb") as st:
         st.ingest(FIXTURES / "nsys" / "planted.sqlite")
         before = st.sql(SETTING).fetchall()[0][0]
-        run_rules(st)  # a small run
+        run_rules(st, settings=engine.Settings(policy=keep))  # a small run
         assert set(seen["build"] + seen["rules"]) == {before}
         seen["build"].clear(), seen["rules"].clear()
         drop_kept_caches(st)
-        monkeypatch.setattr(engine, "PARALLEL_MAX_GPU_OPS", 0)  # every run is big
-        run_rules(st, settings=engine.Settings(reuse=False))
+        big = replace(keep, parallel_max_gpu_ops=0)  # every run is big
+        run_rules(st, settings=engine.Settings(reuse=False, policy=big))
         assert seen["build"] == [during] and set(seen["rules"]) == {during} and len(seen["rules"]) > 1
         assert st.sql(SETTING).fetchall()[0][0] == before
 

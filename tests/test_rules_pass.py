@@ -13,6 +13,7 @@ from traceanalyzer.resources import Resources
 from traceanalyzer.rules import _launches, engine
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
+from traceanalyzer.store.run_policy import RunPolicy
 
 from .conftest import FIXTURES
 
@@ -62,10 +63,10 @@ def test_launch_groups_are_computed_once_per_run_in_a_pass_on_two_threads(tmp_pa
         return real(store, run_id)
 
     monkeypatch.setattr(_launches, "_launch_groups", counting)
-    monkeypatch.setattr(engine, "PARALLEL_MIN_GPU_OPS", 0)  # two threads on runs this small too
     with Store(tmp_path / "s.duckdb", resources=Resources(2)) as store:
         run_ids = [store.ingest(FIXTURES / f).run_id for f in ("kineto/bottleneck_gemm.json", "ncu/raw_waves.csv")]
-        outcomes = run_rules(store, run_ids, Settings(select=["B001", "B002", "T005"]))
+        outcomes = run_rules(store, run_ids, Settings(select=["B001", "B002", "T005"],  # two threads on runs this small too
+                                                       policy=RunPolicy(parallel_min_gpu_ops=0)))
         assert {o.status for o in outcomes} == {"ran"} and sum(o.findings for o in outcomes) > 0
         assert [r for r, _, _ in computed] == run_ids
         assert all(thread.startswith("rules") for _, thread, _ in computed)  # the two-thread path

@@ -15,8 +15,11 @@ from traceanalyzer import schema
 from traceanalyzer.ingest.base import ParsedTrace
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store, StoreError
+from traceanalyzer.store.run_policy import RunPlan, RunPolicy
 
 from .conftest import FIXTURES
+
+KEEP_ALL = RunPolicy(keep_min_gpu_ops=1)  # every run keeps its rules' cache in the store
 
 
 def _trace(n_kernels: int = 3, gap_ns: int = 12_000) -> ParsedTrace:
@@ -348,8 +351,7 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
         store.ingest(FIXTURES / f)
     if real.exists():
         store.ingest(real)
-    if where == "kept":
-        monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
+    policy = KEEP_ALL if where == "kept" else RunPolicy()
     names = run_cache.RUN_CACHED
 
     def rows(name):  # (column names, rows)
@@ -359,7 +361,8 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
     whole = {n: rows(n) for n in names}
     assert all(r for _, r in whole.values())
     for run_id in store.run_ids():
-        with run_cache.scoped_to_run(store.con, run_id, shared=where == "attached", keep=where == "kept") as cache:
+        with run_cache.scoped_to_run(store.con, run_id, shared=where == "attached", keep=where == "kept",
+                                     policy=policy) as cache:
             assert cache.cached == list(names) and cache.shared == (where != "temp") and cache.kept == (where == "kept")
             for n in names:
                 columns, all_runs = whole[n]
@@ -375,7 +378,7 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
 @pytest.mark.parametrize("slices", [2, 40])
 def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, monkeypatch, slices):
     """stream_ops and kernel_launches are built one slice of start time at a time
-    (run_cache.SLICE_GPU_OPS), each slice of stream_ops going on from the last operation per stream
+    (`RunPolicy.slice_gpu_ops`), each slice of stream_ops going on from the last operation per stream
     before it. Whatever the slices, the rows are those of the one query over the whole run:
     streams idle for whole slices, operations sharing a start, operations ending after later
     ones of their stream (the latest end so far is carried), kernels without a start (they
@@ -391,9 +394,10 @@ def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, mo
     sliced = run_cache._RUN_CACHE_SLICED
     whole = {n: store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in sliced}
     for run_id in store.run_ids():
-        monkeypatch.setattr(run_cache, "SLICE_GPU_OPS", -(-run_cache.gpu_ops(store.con, run_id) // slices))
-        assert len(run_cache._slices(store.con, run_id)) >= slices // 2
-        with run_cache.scoped_to_run(store.con, run_id):
+        ops = run_cache.gpu_ops(store.con, run_id)
+        policy = RunPolicy(slice_gpu_ops=-(-ops // slices))
+        assert len(run_cache._slices(store.con, run_id, policy.plan(ops).slices)) >= slices // 2
+        with run_cache.scoped_to_run(store.con, run_id, policy=policy):
             for n in sliced:
                 rows = store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall()
                 assert rows and rows == [r for r in whole[n] if r[0] == run_id], (n, run_id)
@@ -421,13 +425,13 @@ def _record_builds(monkeypatch) -> list[tuple[str, bool]]:
 
     built: list[tuple[str, bool]] = []
     real_build = run_cache._build
-    monkeypatch.setattr(run_cache, "_build", lambda con, run_id, cache, temp: built.append((run_id, cache.kept))
-                        or real_build(con, run_id, cache, temp))
+    monkeypatch.setattr(run_cache, "_build", lambda con, run_id, cache, *a: built.append((run_id, cache.kept))
+                        or real_build(con, run_id, cache, *a))
     return built
 
 
 def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
-    """A run at or above KEEP_MIN_GPU_OPS keeps its per-run cache in the store file; later rule
+    """A run at or above `RunPolicy.keep_min_gpu_ops` keeps its per-run cache in the store file; later rule
     passes (this process or another, read-only too) use it instead of building one, and find
     exactly what a pass on a cache built for the block finds."""
     from traceanalyzer.store import run_cache
@@ -441,13 +445,12 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
         assert _kept(st) == ({}, set()) and [kept for _, kept in built] == [False] * 3
         reference = _stored_results(st)
 
-    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
     path = tmp_path / "kept.duckdb"
     with Store(path) as st:
         for f in files:
             st.ingest(FIXTURES / f)
         built.clear()
-        run_rules(st)
+        run_rules(st, settings=Settings(policy=KEEP_ALL))
         registry, tables = _kept(st)
         assert sorted(built) == sorted((r, True) for r in st.run_ids())
         assert registry == {r: run_cache.CACHE_VERSION for r in st.run_ids()}
@@ -458,7 +461,7 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
         assert {t.split("_result_")[1].rsplit("_", 1)[0] for t in tables if "_result_" in t} <= {"launch_sites", "time_budget"}
         assert _stored_results(st) == reference
         built.clear()
-        run_rules(st, settings=Settings(reuse=False))  # warm, computed again: nothing built
+        run_rules(st, settings=Settings(reuse=False, policy=KEEP_ALL))  # warm, computed again: nothing built
         assert built == [] and _stored_results(st) == reference
     with Store(path, read_only=True) as ro:
         for run_id in ro.run_ids():
@@ -468,30 +471,41 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
     assert not Store(":memory:").keeps_caches and not ro.keeps_caches
 
 
+def test_a_run_policy_decides_by_the_run_size_alone():
+    """Each layout decision of a rules pass is the policy's, from the run's GPU operations, at
+    the edges its fields name; another policy is another object, not another module constant."""
+    p = RunPolicy()
+    assert [p.plan(n).parallel for n in (19_999, 20_000, 1_000_000, 1_000_001)] == [False, True, True, False]
+    assert [p.plan(n).memory for n in (1_000_000, 1_000_001)] == [None, "1GB"]
+    assert [p.plan(n).keep for n in (99_999, 100_000)] == [False, True]
+    assert [p.plan(n).slices for n in (0, 1, 1_000_000, 1_000_001, 6_300_000)] == [1, 1, 1, 2, 7]
+    tiny = RunPolicy(keep_min_gpu_ops=1, slice_gpu_ops=10, parallel_min_gpu_ops=0, parallel_max_gpu_ops=5,
+                     big_run_memory="2GB")
+    assert tiny.plan(25) == RunPlan(gpu_ops=25, keep=True, slices=3, parallel=False, memory="2GB")
+    assert p.plan(25) == RunPlan(gpu_ops=25, keep=False, slices=1, parallel=False, memory=None)
+
+
 def test_the_pass_that_builds_a_kept_cache_drops_cached_blocks_before_each_rule(tmp_path, monkeypatch):
     """On the pass that has just built a run's kept cache, rules run one at a time with DuckDB's
-    buffer pool cut down before each (engine.DROP_BLOCKS_WHEN_BUILT); later passes do not. The
+    buffer pool cut down before each (`RunPolicy.drop_blocks_when_built`); later passes do not. The
     memory limit is what it was afterwards, and the findings are those of a pass that drops nothing."""
-    from traceanalyzer.store import run_cache
-    from traceanalyzer.rules import engine
 
     drops = []
     real_drop = Store.drop_cached_blocks
     monkeypatch.setattr(Store, "drop_cached_blocks", lambda st, *a: drops.append(1) or real_drop(st, *a))
-    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
-    monkeypatch.setattr(engine, "PARALLEL_MAX_GPU_OPS", 0)  # one at a time, as on a big run
     monkeypatch.setenv("TRACEANALYZER_MEMORY_LIMIT", "3GB")
     results = []
     for drop in (False, True):
-        monkeypatch.setattr(engine, "DROP_BLOCKS_WHEN_BUILT", drop)
+        # kept, and one rule at a time as on a big run
+        settings = Settings(policy=RunPolicy(keep_min_gpu_ops=1, parallel_max_gpu_ops=0, drop_blocks_when_built=drop))
         with Store(tmp_path / f"d{drop}.duckdb") as st:
             st.ingest(FIXTURES / "nsys/planted.sqlite")
             drops.clear()
-            run_rules(st)
+            run_rules(st, settings=settings)
             first = len(drops)
             assert st.sql("SELECT current_setting('memory_limit')").fetchone()[0] == "2.7 GiB"
             drops.clear()
-            run_rules(st)  # warm: reads the kept cache, drops nothing
+            run_rules(st, settings=settings)  # warm: reads the kept cache, drops nothing
             assert drops == [] and first == (len(Settings().rules()) if drop else 0)
             results.append(_stored_results(st))
     assert results[0] == results[1]
@@ -513,8 +527,7 @@ def test_summary_and_diff_read_a_kept_cache_and_build_none(tmp_path, monkeypatch
         run_id = st.ingest(FIXTURES / "nsys/planted.sqlite").run_id
         whole = st.sql("SELECT * FROM device_busy ORDER BY ALL").fetchall()
         assert list(summary.busy(st, run_id)["busy_ns"]) == [r[2] for r in whole]  # nothing kept: store-wide
-        monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
-        run_rules(st, [run_id], Settings(select=["T001"]))
+        run_rules(st, [run_id], Settings(select=["T001"], policy=KEEP_ALL))
         assert built == [(run_id, True)]
         st.sql(f"UPDATE {run_cache.kept_prefix(run_id)}device_busy SET busy_ns = 7")
         assert set(summary.busy(st, run_id)["busy_ns"]) == {7}
@@ -529,23 +542,23 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
     read, and is rebuilt where the store is writable."""
     from traceanalyzer.store import run_cache
 
-    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
+    keep = Settings(policy=KEEP_ALL)
     path = tmp_path / "kept.duckdb"
     with Store(path) as st:
         first = st.ingest(FIXTURES / "nsys/planted.sqlite").run_id
         other = st.ingest(FIXTURES / "kineto/planted.json").run_id
-        run_rules(st)
+        run_rules(st, settings=keep)
         reference = _stored_results(st)
         assert set(_kept(st)[0]) == {first, other}
         st.ingest(FIXTURES / "nsys/planted.sqlite")  # same content: the run is replaced
         registry, tables = _kept(st)
         assert set(registry) == {other} and not any(first in t for t in tables)
-        run_rules(st)
+        run_rules(st, settings=keep)
         st.delete_run(other)
         registry, tables = _kept(st)
         assert set(registry) == {first} and not any(other in t for t in tables)
         st.ingest(FIXTURES / "kineto/planted.json")
-        run_rules(st)
+        run_rules(st, settings=keep)
         assert _stored_results(st) == reference
         st.sql(f"UPDATE {run_cache.KEPT_REGISTRY} SET version = 'older' WHERE run_id = $1", [first])
         # `other` replaced by a traceanalyzer that knew nothing of kept caches: its rows are new
@@ -555,12 +568,12 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
     with Store(path, read_only=True) as ro:  # cannot rebuild them: caches for the block
         run_ids = ro.run_ids()
         for run_id in run_ids:
-            with run_cache.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
+            with run_cache.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches, policy=KEEP_ALL) as cache:
                 assert not cache.kept
         assert sorted(built) == sorted([(first, False), (other, False)])
     built.clear()
     with Store(path) as st:
-        run_rules(st, settings=Settings(reuse=False))
+        run_rules(st, settings=Settings(reuse=False, policy=KEEP_ALL))
         assert sorted(built) == sorted([(first, True), (other, True)])
         assert _kept(st)[0] == {r: run_cache.CACHE_VERSION for r in run_ids}
         assert _stored_results(st) == reference
@@ -568,10 +581,10 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
         st.sql(f"DROP TABLE {run_cache.KEPT_REGISTRY}")
         st.sql(f"CREATE TABLE {run_cache.KEPT_REGISTRY} AS SELECT run_id, $1 AS version, now() AS built_at FROM runs",
                [run_cache.CACHE_VERSION])
-        with run_cache.scoped_to_run(st.con, first) as cache:
+        with run_cache.scoped_to_run(st.con, first, policy=KEEP_ALL) as cache:
             assert not cache.kept
         built.clear()
-        run_rules(st, settings=Settings(reuse=False))
+        run_rules(st, settings=Settings(reuse=False, policy=KEEP_ALL))
         assert sorted(built) == sorted([(first, True), (other, True)])
         assert _kept(st)[0] == {r: run_cache.CACHE_VERSION for r in run_ids}
         assert _stored_results(st) == reference
@@ -582,21 +595,20 @@ def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
     the findings and outcomes are those of a one-thread pass, and no cache is left behind."""
     from traceanalyzer.store import run_cache
     from traceanalyzer.resources import Resources
-    from traceanalyzer.rules import engine
 
     for f in ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite"):
         store.ingest(FIXTURES / f)
     store.use(Resources(2))  # two rule threads whatever this machine has
-    monkeypatch.setattr(engine, "PARALLEL_MIN_GPU_OPS", 0)  # and on runs this small
+    any_size = Settings(policy=RunPolicy(parallel_min_gpu_ops=0))  # and on runs this small
 
     shared = []
     real_use = run_cache.use_run_cache
     monkeypatch.setattr(run_cache, "use_run_cache", lambda con, cache: shared.append(cache.database) or real_use(con, cache))
-    two = run_rules(store)
+    two = run_rules(store, settings=any_size)
     assert len(shared) == 2 * len(store.run_ids())  # two cursors per run, on the attached cache
     on_two = _stored_results(store)
-    monkeypatch.setattr(engine, "rule_threads", lambda st: 1)
-    one = run_rules(store)
+    store.use(Resources(1))
+    one = run_rules(store, settings=any_size)
     assert _stored_results(store) == on_two and [(o.rule_id, o.status, o.findings) for o in one] == \
         [(o.rule_id, o.status, o.findings) for o in two]
     assert sum(o.findings for o in one) > 0

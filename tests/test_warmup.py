@@ -15,6 +15,7 @@ from traceanalyzer.batch.check import check_file
 from traceanalyzer.report.budget import budget_of, warmup_line
 from traceanalyzer.rules.engine import Settings
 from traceanalyzer.store import Store
+from traceanalyzer.store.run_policy import RunPolicy
 
 from .conftest import FIXTURES, shared_traces
 
@@ -24,9 +25,9 @@ import gen_timeline  # noqa: E402
 PLANTED = gen_timeline.PLANTED["kineto/timeline_warmup.json"]
 
 
-def _checked(tmp_path, path) -> tuple[Store, str]:
+def _checked(tmp_path, path, settings: Settings | None = None) -> tuple[Store, str]:
     store = Store(tmp_path / "w.duckdb")
-    check_file(store, path, Settings())
+    check_file(store, path, settings or Settings())
     (run_id,) = store.sql("SELECT run_id FROM runs").fetchone()
     return store, run_id
 
@@ -222,8 +223,8 @@ def test_a_run_that_keeps_its_cache_keeps_its_warm_up(tmp_path, monkeypatch):
     are the rows computed; another definition of the views is not read back."""
     from traceanalyzer.store import run_cache
 
-    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
-    store, run_id = _checked(tmp_path, FIXTURES / "kineto" / "timeline_warmup.json")
+    keep = Settings(policy=RunPolicy(keep_min_gpu_ops=1))
+    store, run_id = _checked(tmp_path, FIXTURES / "kineto" / "timeline_warmup.json", keep)
     kept = store.warmup([run_id])
     stems = [t for (t,) in store.sql("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '%result_warmup%'")
              .fetchall()]
@@ -231,7 +232,6 @@ def test_a_run_that_keeps_its_cache_keeps_its_warm_up(tmp_path, monkeypatch):
     monkeypatch.setattr(run_cache, "kept_version", lambda con, run_id: None)  # as a run without a kept cache
     assert store.warmup([run_id]) == kept and kept[0] and kept[1]
     monkeypatch.undo()
-    monkeypatch.setattr(run_cache, "KEEP_MIN_GPU_OPS", 1)
     monkeypatch.setattr(run_cache, "_module_digest", lambda: "another")
     assert store.warmup([run_id]) == kept  # computed again, and the same
     store.close()

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import duckdb
 
 # DuckDB's syntax: `2GB`, `512MiB`, `40%`. Unset: DuckDB's own default (80% of RAM), but for
-# the rules pass of a big run (`rules.engine.BIG_RUN_MEMORY`).
+# the rules pass of a big run (`store.run_policy.RunPolicy.big_run_memory`).
 MEMORY_LIMIT_ENV = "TRACEANALYZER_MEMORY_LIMIT"
 
 
@@ -101,5 +101,5 @@ class Resources:
     def rule_threads(self) -> int:
         """Threads one run's rules are spread over: two where there are two cores, where one
         rule's DuckDB work (which lets go of the GIL) overlaps another's Python. The rules
-        engine keeps a small run's rules on one thread (`engine.PARALLEL_MIN_GPU_OPS`)."""
+        engine keeps a small run's rules on one thread (`RunPolicy.parallel_min_gpu_ops`)."""
         return 2 if self.cpus >= 2 else 1

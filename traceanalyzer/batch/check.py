@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -85,13 +85,13 @@ class FileResult:
 def per_run_settings(settings: Settings) -> Settings | None:
     """The per-run part of a rule selection; None when it selects nothing."""
     ids = [r.id for r in settings.rules() if r.scope == "run"]
-    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
+    return replace(settings, select=ids, ignore=[]) if ids else None
 
 
 def cross_run_settings(settings: Settings) -> Settings | None:
     """The cross-run part (scope "runs": rules that need every run at once)."""
     ids = [r.id for r in settings.rules() if r.scope == "runs"]
-    return Settings(select=ids, thresholds=settings.thresholds) if ids else None
+    return replace(settings, select=ids, ignore=[]) if ids else None
 
 
 def up_to_date_hashes(store: Store, settings: Settings | None) -> set[str]:
@@ -426,7 +426,7 @@ def run_linked_rules(store: Store, run_ids: list[str], rules: Settings | None, f
     selected = {r.id for r in per_run.rules()} if per_run is not None else set()
     ids = [i for i in linked_rule_ids() if i in selected]
     if run_ids and ids:
-        per_run_pass(store, run_ids, Settings(select=ids, thresholds=rules.thresholds), found)
+        per_run_pass(store, run_ids, replace(rules, select=ids, ignore=[]), found)
 
 
 def _threshold_owner(ref: str) -> str:

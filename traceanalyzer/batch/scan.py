@@ -62,7 +62,7 @@ IN_FLIGHT_PER_WORKER = 2
 # writer itself with `Store.ingest`, its rules run on the store, instead of in a worker: a worker
 # holds every table whole, copies them into its scratch store for the rules and hands them over
 # once more, where the streamed read holds about one table part at a time, and the run keeps
-# its rules' cache in the store (see run_cache.KEEP_MIN_GPU_OPS) for later checks and reports.
+# its rules' cache in the store (see `RunPolicy.keep_min_gpu_ops`) for later checks and reports.
 WRITER_READS_MIN_BYTES = 256 << 20
 
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 from .. import interrupt, schema
 from ..schema import arrow_schema
 from ..store import Store, run_cache
+from ..store.run_policy import DEFAULT_POLICY, RunPolicy
 from ..store.writer import utcnow
 from . import all_rules
 from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
@@ -40,6 +41,8 @@ class Settings:
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)  # rule id -> {name: value}
     # take a rule's stored outcome where it was computed from the same code, data and thresholds
     reuse: bool = True
+    # how each run's pass is laid out by its size (threads, cache kept, memory): not what it finds
+    policy: RunPolicy = DEFAULT_POLICY
 
     def rules(self) -> list[Rule]:
         from . import get_rule
@@ -180,35 +183,10 @@ def rule_threads(store: Store) -> int:
     return store.resources.rule_threads
 
 
-# Above this many GPU operations in a run, its rules run one at a time: they are DuckDB's
-# work then, which already uses every core inside each query, and two big queries at once
-# only add memory (5 M kernels: 3 % faster, 0.9 GB more at the peak).
-PARALLEL_MAX_GPU_OPS = 1_000_000
-# Below this many, too: each rule thread's cursor needs the views installed (~0.12 s of CPU,
-# DuckDB parsing them), more than a second thread saves on a small run. A check's rules pass
-# (CPU, one thread against two, 2 cores at load 6): 0.76 against 1.08 s on 11 operations,
-# 0.93 against 1.39 s on 1,707, 1.30 against 1.65 s on 9,096 (`python bench/bench_rule_threads.py FILE...`).
-PARALLEL_MIN_GPU_OPS = 20_000
-# DuckDB's memory limit in the rules pass of a run above PARALLEL_MAX_GPU_OPS (its kept cache's
-# build too), where TRACEANALYZER_MEMORY_LIMIT sets none (`Store.memory_held`). Rule after rule
-# adds the blocks it reads to DuckDB's buffer pool, and the pass peaked at the sum (5 M kernels,
-# a stored run's check: 1.89 GB, T004 alone ~1.1 GB of working memory); held to this, blocks
-# are let go and the rest spills: 1.26 GB, for ~1 s of a ~10 s check.
-BIG_RUN_MEMORY = "1GB"
-
-
-# The pass that has just built a big run's kept cache (run_cache.KEEP_MIN_GPU_OPS) starts with all of
-# it in DuckDB's buffer pool, and each rule adds what it reads: the pass's peak was the sum of
-# those rather than one rule's working memory (5 M kernels: 1.6-1.75 GB). There the pool is cut
-# to 256 MB before each rule (1.4 GB; the blocks are read again from the file: 0.5-1.2 s of a
-# 14-15 s pass). Later passes read only what their rules need, and keep it.
-DROP_BLOCKS_WHEN_BUILT = True
-
-
 class _Cursors:
     """Cursors for a run's rule threads, their views installed on a thread of their own
     while this one builds the run's cache (~0.12 s of CPU a cursor, DuckDB parsing the views;
-    a run under PARALLEL_MIN_GPU_OPS has its rules on one thread instead)."""
+    a run under `RunPolicy.parallel_min_gpu_ops` has its rules on one thread instead)."""
 
     def __init__(self, store: Store, n: int):
         self.stores = [store.cursor(set_up=False) for _ in range(n)]
@@ -250,22 +228,24 @@ def _in_pass(stores: list[Store], cache: run_cache.RunCache) -> Iterator[None]:
 
 
 @contextmanager
-def run_scope(store: Store, run_id: str) -> Iterator[run_cache.RunCache]:
+def run_scope(store: Store, run_id: str, policy: RunPolicy = DEFAULT_POLICY) -> Iterator[run_cache.RunCache]:
     """One run's rules evaluated one by one (`evaluate_rule`) as a pass evaluates them: the views
     scoped to the run's cache, and the results the rules share (launch groups, linked ncu runs)
     computed once in the block (`RunCache.memo`)."""
-    with run_cache.scoped_to_run(store.con, run_id) as cache, _in_pass([store], cache):
+    with run_cache.scoped_to_run(store.con, run_id, policy=policy) as cache, _in_pass([store], cache):
         yield cache
 
 
-def _map_rules(store: Store, cache: run_cache.RunCache, rules: list[Rule], check, cursors: _Cursors | None) -> list:
+def _map_rules(store: Store, cache: run_cache.RunCache, rules: list[Rule], check, cursors: _Cursors | None,
+               drop_blocks: bool) -> list:
     """`check(store, rule)` for every rule, in order; on the `cursors`, a thread each, when
-    there are some and the run's cached views are readable from them (else on this one)."""
+    there are some and the run's cached views are readable from them (else on this one, DuckDB's
+    cached blocks dropped before each rule with `drop_blocks` where the cache was just built)."""
     if cursors is None or not cache.shared:
         results = []
         with _in_pass([store], cache):
             for r in rules:
-                if cache.built and DROP_BLOCKS_WHEN_BUILT:
+                if cache.built and drop_blocks:
                     store.drop_cached_blocks()
                 results.append(check(store, r))
         return results
@@ -415,6 +395,7 @@ class _Pass:
     the outcomes so far and, per cross-run rule, the runs that carry its data."""
 
     rules: list[Rule]
+    policy: RunPolicy
     params: dict[str, dict[str, Any]]
     run_ids: list[str]
     inputs: dict[str, str]
@@ -427,7 +408,7 @@ class _Pass:
 def _plan(store: Store, run_ids: Iterable[str] | None, settings: Settings) -> _Pass:
     rules = settings.rules()
     run_ids = list(run_ids) if run_ids is not None else store.run_ids()
-    return _Pass(rules, {r.id: settings.params_for(r) for r in rules}, run_ids,
+    return _Pass(rules, settings.policy, {r.id: settings.params_for(r) for r in rules}, run_ids,
                  {rid: inputs_digest(store, rid, settings.thresholds) for rid in run_ids},
                  across={r.id: [] for r in rules if r.scope == "runs"})
 
@@ -463,19 +444,18 @@ def _checker(p: _Pass, run_id: str) -> Callable:
     return check
 
 
-def _rules_in_scope(store: Store, run_id: str, todo: list[Rule], check: Callable) -> list:
+def _rules_in_scope(store: Store, run_id: str, todo: list[Rule], check: Callable, policy: RunPolicy) -> list:
     """`check` for each rule of `todo` on one run, in its scope: the views the rules share
     computed once for the run (run_cache.scoped_to_run), the rules on threads or one at a
-    time and DuckDB's memory held as the run's size says (the constants above)."""
+    time and DuckDB's memory held as `policy` says for the run's size."""
     threads = rule_threads(store)
-    ops = run_cache.gpu_ops(store.con, run_id)
-    big = ops > PARALLEL_MAX_GPU_OPS  # its rules one at a time
-    parallel = threads > 1 and len(todo) > 1 and PARALLEL_MIN_GPU_OPS <= ops <= PARALLEL_MAX_GPU_OPS
-    cursors = _Cursors(store, threads) if parallel else None
+    plan = policy.plan(run_cache.gpu_ops(store.con, run_id))
+    cursors = _Cursors(store, threads) if threads > 1 and len(todo) > 1 and plan.parallel else None
     try:
-        with store.memory_held(BIG_RUN_MEMORY if big else None), \
-                run_cache.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches) as cache:
-            return _map_rules(store, cache, todo, check, cursors)
+        with store.memory_held(plan.memory), \
+                run_cache.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches,
+                                        policy=policy) as cache:
+            return _map_rules(store, cache, todo, check, cursors, policy.drop_blocks_when_built)
     finally:
         if cursors is not None:
             cursors.close()  # unused (a run read on this thread), or an error
@@ -488,7 +468,7 @@ def _run_pass(store: Store, p: _Pass, run_id: str, reused: dict[str, RuleOutcome
     todo = p.evaluated[run_id] = [r for r in p.rules if r.id not in reused]
     check = _checker(p, run_id)
     if any(r.scope == "run" for r in todo):
-        results = _rules_in_scope(store, run_id, todo, check)
+        results = _rules_in_scope(store, run_id, todo, check, p.policy)
     else:  # cross-run rules only (scan's last pass): each run is just asked if it has their data
         results = [check(store, rule) for rule in todo]
     for rule, (oc, df) in zip(todo, results):

@@ -1,7 +1,7 @@
 """The per-run cache of the analyses the rules share (`scoped_to_run`): the expensive views
 (`RUN_CACHED`) materialised as tables of one run's rows, for the block of a rules pass on that
 run, in a TEMP table, an attached in-memory database, or the store file (a big run's kept
-cache, `KEEP_MIN_GPU_OPS`); and results kept beside a kept cache (`kept_rows`).
+cache, `RunPolicy.keep_min_gpu_ops`); and results kept beside a kept cache (`kept_rows`).
 
 Within the block the views named in RUN_CACHED are redefined over those tables; outside it
 they are the store-wide views of the analysis library again (`analyses.VIEWS`)."""
@@ -26,6 +26,7 @@ from ..analyses.launches import STREAM_OPS_CARRY, kernel_launches_sql, stream_op
 from ..analyses.timeline import busy_intervals_sql, device_idle_gaps_sql, run_idle_gaps_sql
 from ..analyses.warmup import warmup_windows_sql
 from . import views
+from .run_policy import DEFAULT_POLICY, RunPlan, RunPolicy
 
 
 # The views the rules read that cost a sort of all GPU work each time, in dependency order
@@ -33,7 +34,7 @@ from . import views
 # T001 and S002 both need; kernel_names hashes the long names once for it and S002.
 # kernel_launches (S001) is a join of every kernel with its launch call rather than a sort.
 # T002 alone reads kernel_busy_intervals, and T004 run_idle_gaps, but a big run keeps its
-# cache (KEEP_MIN_GPU_OPS), and there work paid once is work no later pass pays.
+# cache (RunPolicy.keep_min_gpu_ops), and there work paid once is work no later pass pays.
 RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kernel_busy_intervals",
               "run_idle_gaps", "kernel_names", "stream_ops", "kernel_launches", "warmup_windows")
 
@@ -54,25 +55,14 @@ _RUN_CACHE_SQL = {
     "warmup_windows": f"SELECT * EXCLUDE (run_id) FROM ({warmup_windows_sql('run_id = $1')})",
 }
 _RUN_CACHE_HIDDEN = {"device_busy_intervals": " EXCLUDE (next_start_ns, first_start_ns)"}
-# Tables built in slices of start time of about SLICE_GPU_OPS operations each, with the table
-# that carries each slice's last rows into the next (or None). A window holds all of its input
-# while it computes, and a hash join its whole build side (here every kernel, with its name):
-# on 5 M kernels (6.3 M operations) building both took 1.9 GB above what the process held
-# before, and ~0.65 GB in slices of 1 M, in the same time within the noise (5.5-6.0 s against
-# 5.6 s; slices of 500 k: 0.5 GB, +1.2 s, the fixed cost of each slice's query).
+# Tables built in slices of start time (`RunPolicy.slice_gpu_ops`, where the memory this saves
+# is measured), with the table that carries each slice's last rows into the next (or None).
 _RUN_CACHE_SLICED = {"stream_ops": STREAM_OPS_CARRY, "kernel_launches": None}
-SLICE_GPU_OPS = 1_000_000
 # Not stored: views over the cached tables, a filter of the islands, cheaper to scan again
 # than to hold (5 M kernels: 250 MB).
 _RUN_CACHE_VIEWS = ("device_idle_gaps",)
 _cache_ids = itertools.count()
 
-# A run with at least this many GPU operations keeps its cache in the store file, so later
-# rule passes on it skip the sorts (5 M kernels: ~5 s of a ~13-18 s pass, for ~350 MB on
-# disk; the dense Kineto trace 8x, 180 k operations: a stored run's check 4.0 s -> 2.3 s for
-# 15 MB, the first check +0.1 s). Below it, the cache costs a few hundred ms to build (21 k
-# operations: 0.2 s of a 1.2 s check) and is not worth the disk.
-KEEP_MIN_GPU_OPS = 100_000
 # Kept caches are tables `_ta_kept_<run_id>_<view>` listed in this table with the version of
 # the cache's definition they were built by and the run's `ingested_at`; a cache of another
 # version or ingest is not read, and is built again (its old tables dropped) the next time the
@@ -127,7 +117,7 @@ class RunCache:
 
 @contextmanager
 def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = False,
-                  keep: bool = False) -> Iterator[RunCache]:
+                  keep: bool = False, policy: RunPolicy = DEFAULT_POLICY) -> Iterator[RunCache]:
     """Within the block, the RUN_CACHED views hold only `run_id`'s rows, computed once.
 
     The rules of one run each filter these views on that run; materializing them first
@@ -136,17 +126,20 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     If the cache cannot be built, the block runs on the store-wide views (slower, same
     answers), and any error shows up in the rules that read them.
 
-    A cache kept in the store (`KEEP_MIN_GPU_OPS`) is used when its version is current;
-    with `keep` (a writable store), a big run's cache is built into the store and kept.
+    A cache kept in the store is used when its version is current; with `keep` (a writable
+    store), the cache of a run `policy` says to keep is built into the store and kept.
     Otherwise it lives for the block: with `shared`, in an attached in-memory database
     (TEMP tables where that fails: a read-only store). The RunCache yielded also holds the
     block's `memo` of other results the run's rules share."""
     views.install_on_demand(con)  # the rules read them, and the cache points some at its tables
-    current = kept_version(con, run_id) == CACHE_VERSION
-    built = not current and keep and gpu_ops(con, run_id) >= KEEP_MIN_GPU_OPS and _keep(con, run_id)
-    if current or built:
+    if kept_version(con, run_id) == CACHE_VERSION:
         with _on_kept(con, run_id) as cache:
-            cache.built = built
+            yield cache
+        return
+    plan = policy.plan(gpu_ops(con, run_id))
+    if keep and plan.keep and _keep(con, run_id, plan):
+        with _on_kept(con, run_id) as cache:
+            cache.built = True
             yield cache
         return
     cache = RunCache("temp", run_id=run_id)
@@ -160,7 +153,7 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = Fa
     db = cache.database
     cache.prefix = f"{db}._run_"
     try:
-        _build(con, run_id, cache, "TEMP " if db == "temp" else "")  # DuckDB creates in temp only with TEMP
+        _build(con, run_id, cache, "TEMP " if db == "temp" else "", plan)  # DuckDB creates in temp only with TEMP
     except duckdb.Error:
         _restore(con, cache)
         cache.cached = []
@@ -198,14 +191,15 @@ def _on_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[RunCache]:
         _restore_views(con, cache)
 
 
-def _build(con: duckdb.DuckDBPyConnection, run_id: str, cache: RunCache, temp: str) -> None:
+def _build(con: duckdb.DuckDBPyConnection, run_id: str, cache: RunCache, temp: str, plan: RunPlan) -> None:
     """Create the cache's tables at `cache.prefix`, pointing each view at its table as soon
-    as it is made (later tables are computed from the earlier ones)."""
+    as it is made (later tables are computed from the earlier ones); the windowed ones in
+    `plan.slices` slices."""
     con.execute(f"CREATE OR REPLACE {temp}TABLE {cache.prefix}scope AS SELECT $1::VARCHAR AS run_id", [run_id])
     slices = None
     for name in RUN_CACHED:
         if name in _RUN_CACHE_SLICED:
-            slices = slices or _slices(con, run_id)
+            slices = slices or _slices(con, run_id, plan.slices)
             _build_in_slices(con, run_id, f"{cache.prefix}{name}", temp, name, slices)
         elif name not in _RUN_CACHE_VIEWS:
             sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $1")
@@ -215,10 +209,9 @@ def _build(con: duckdb.DuckDBPyConnection, run_id: str, cache: RunCache, temp: s
         cache.cached.append(name)
 
 
-def _slices(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[int, int | None]]:
-    """`run_id`'s GPU operations cut by start time into slices of about SLICE_GPU_OPS each, as
+def _slices(con: duckdb.DuckDBPyConnection, run_id: str, count: int) -> list[tuple[int, int | None]]:
+    """`run_id`'s GPU operations cut by start time into about `count` slices of as many each, as
     (start, end) bounds for `analyses.launches._in_slice`: the first from the smallest BIGINT, the last open (None)."""
-    count = -(-gpu_ops(con, run_id) // SLICE_GPU_OPS)
     bounds: list[int] = []
     if count > 1:  # approximate quantiles: slices need only be disjoint and in order, not equal
         (quantiles,) = con.execute("SELECT approx_quantile(start_ns, $2::FLOAT[]) FROM gpu_activity "
@@ -280,7 +273,7 @@ def gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
                        "WHERE run_id = $1) + (SELECT count(*) FROM memsets WHERE run_id = $1)", [run_id]).fetchall()[0][0]
 
 
-def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
+def _keep(con: duckdb.DuckDBPyConnection, run_id: str, plan: RunPlan) -> bool:
     """Build `run_id`'s cache into the store in one transaction, replacing any older one.
     False (and nothing written) when that fails."""
     cache = RunCache("main", kept=True, prefix=kept_prefix(run_id), run_id=run_id)
@@ -291,7 +284,7 @@ def _keep(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
             con.execute(f"DROP TABLE {KEPT_REGISTRY}")
         con.execute(f"CREATE TABLE IF NOT EXISTS {KEPT_REGISTRY} (run_id VARCHAR, version VARCHAR, "
                     "ingested_at TIMESTAMP, built_at TIMESTAMP)")
-        _build(con, run_id, cache, "")
+        _build(con, run_id, cache, "", plan)
         con.execute(f"INSERT INTO {KEPT_REGISTRY} SELECT $1, $2, ingested_at, now()::TIMESTAMP FROM runs "
                     "WHERE run_id = $1", [run_id, CACHE_VERSION])
         con.execute("COMMIT")
@@ -315,7 +308,7 @@ def drop_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
 def kept_rows(con: duckdb.DuckDBPyConnection, run_id: str, name: str, sql: str, params: dict | None = None,
               *, write: bool = False) -> list[dict]:
     """The rows of `sql`, a small result of one run (`params` its parameters), kept beside the
-    run's kept cache (`KEEP_MIN_GPU_OPS`): read from the store when there; else computed and,
+    run's kept cache (`RunPolicy.keep_min_gpu_ops`): read from the store when there; else computed and,
     with `write` (a writable store), stored there for the next pass (the launch sites and the
     time budget: work a check of a stored run would otherwise redo). Without a current kept
     cache, computed each time. The table's name carries a digest of the query and of every
