@@ -17,6 +17,7 @@ from traceanalyzer.cli import app
 from traceanalyzer.ingest.base import ParsedTrace
 from traceanalyzer.analyses.budget import BLOCKING_CALL, COMM_PATTERN, IDLE_CAUSES
 from traceanalyzer.store import Store, budget_rows
+from traceanalyzer.store.run_policy import RunPolicy
 
 from .conftest import FIXTURES, shared_traces
 
@@ -61,9 +62,7 @@ def _budget(store: Store, trace: ParsedTrace, name: str = "t") -> dict:
 
 def _in_windows(store: Store, run_id: str, ops: int) -> list[tuple]:
     """The run's budget as a big run's is computed: in windows of about `ops` operations."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(budget_rows, "BUDGET_WINDOW_GPU_OPS", ops)
-        rows = budget_rows.time_budget_rows(store.con, [run_id])
+    rows = budget_rows.time_budget_rows(store.con, [run_id], policy=RunPolicy(budget_window_gpu_ops=ops))
     return sorted((r["category"], r["cause"], r["ns"], r["span_ns"]) for r in rows)
 
 
@@ -277,9 +276,7 @@ def test_on_every_real_trace_the_budget_in_windows_is_the_whole_sweeps(real):
                                 "ORDER BY ALL").fetchall():
         rows = sorted((d if d is not None else -1, c, cause or "", ns, span) for d, c, cause, ns, span in real.sql(
             "SELECT device_id, category, cause, ns, span_ns FROM run_time_budget(?)", [run_id]).fetchall())
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(budget_rows, "BUDGET_WINDOW_GPU_OPS", ops // 4)
-            got = budget_rows.time_budget_rows(real.con, [run_id])
+        got = budget_rows.time_budget_rows(real.con, [run_id], policy=RunPolicy(budget_window_gpu_ops=ops // 4))
         assert sorted((r["device_id"] if r["device_id"] is not None else -1, r["category"], r["cause"] or "", r["ns"],
                        r["span_ns"]) for r in got) == rows, run_id
         windowed += 1

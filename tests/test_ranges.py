@@ -479,7 +479,7 @@ def test_real_tables_keep_every_number_whole_at_80_and_200_columns(key_averages_
     from rich.console import Console
 
     from traceanalyzer import fmt
-    from traceanalyzer.cli.ranges import print_ops, print_ranges
+    from traceanalyzer.report.ranges_text import print_ops, print_ranges
 
     st, ids = key_averages_store
     rid = ids[KEY_AVERAGES[1]]

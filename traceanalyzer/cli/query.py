@@ -4,10 +4,8 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from .. import fmt
-from ..report.terminal import cell
+from ..report.terminal import query_table
 from .common import StoreOpt, err, open_store, out
 
 
@@ -27,10 +25,7 @@ def query(sql: Annotated[str, typer.Argument(metavar="SQL", help="A query over t
     elif as_json:
         sys.stdout.write(df.to_json(orient="records", date_format="iso", default_handler=str) + "\n")
     else:
-        t = Table(*map(str, df.columns))
-        for row in df.itertuples(index=False):
-            t.add_row(*(cell(fmt.text(v, "")) for v in row))
-        out.print(t)
+        out.print(query_table(df))
 
 
 def register(app: typer.Typer) -> None:

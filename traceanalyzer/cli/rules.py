@@ -3,9 +3,8 @@
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Column
 
-from ..report.terminal import fit_table
+from ..report.terminal import rules_table
 from .common import err, out
 
 
@@ -23,9 +22,7 @@ def rules(rule: Annotated[Optional[str], typer.Argument(metavar="RULE", help="A 
         from rich.markdown import Markdown
         out.print(Markdown(rule_markdown(r)), soft_wrap=False)
         return
-    t, _ = fit_table(out, [*(Column(h, no_wrap=True) for h in ("id", "name", "phase", "severity")), Column("title")],
-                     [[r.id, r.name, r.phase, r.severity, r.title] for r in all_rules()])
-    out.print(t)
+    out.print(rules_table(out, all_rules()))
 
 
 def register(app: typer.Typer) -> None:

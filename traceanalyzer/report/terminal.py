@@ -1,7 +1,7 @@
 """Text for a terminal: tables laid out for the console's width (`fit_table`, with the line
 naming the columns left out), plain lines wrapped between words (`say`), trace text shown as
-written (`cell`). The text renderers (`diff_text`, `runs_text`) and the commands' own
-tables use these."""
+written (`cell`); and the tables of `query` and `rules`. The other text renderers
+(`diff_text`, `runs_text`, `ranges_text`, `scan_text`) use these."""
 
 from __future__ import annotations
 
@@ -138,3 +138,21 @@ def say(console: Console, line: str) -> None:
     with its unit."""
     for piece in Text(fmt.glue_units(line)).wrap(console, console.width):
         console.print(fmt.unglue(piece.plain.rstrip()), markup=False, soft_wrap=True)
+
+
+# -- the small commands' tables ------------------------------------------------------------
+
+def query_table(df) -> Table:
+    """A query's result (a DataFrame) as a table: its columns as named, each value as `fmt.text`
+    writes it, trace text as written."""
+    t = Table(*map(str, df.columns))
+    for row in df.itertuples(index=False):
+        t.add_row(*(cell(fmt.text(v, "")) for v in row))
+    return t
+
+
+def rules_table(console: Console, rules: Sequence) -> Table:
+    """The rules (id, name, phase, severity, title), fitted to the console (titles wrap)."""
+    t, _ = fit_table(console, [*(Column(h, no_wrap=True) for h in ("id", "name", "phase", "severity")), Column("title")],
+                     [[r.id, r.name, r.phase, r.severity, r.title] for r in rules])
+    return t

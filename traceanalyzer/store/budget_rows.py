@@ -12,27 +12,24 @@ import pyarrow as pa
 from ..analyses.core import MAX_BIGINT, MIN_BIGINT
 from ..analyses.warmup import warmup_budget_sql
 from . import run_cache, views
+from .run_policy import DEFAULT_POLICY, RunPolicy
 
-
-# A run with more GPU operations than this has its time budget computed one window of about
-# this many operations at a time (`run_window_time_budget`): the sweep holds every event of
-# what it sweeps, and the whole of 5 M kernels' (6.3 M operations) took 4.4 GB for 13.8 s,
-# against 0.95 GB for 14.1 s in windows of 1 M (the same rows).
-BUDGET_WINDOW_GPU_OPS = 1_000_000
 _BUDGET = "SELECT device_id, span_ns, category, cause, ns FROM run_time_budget($rid)"
 _WINDOW_BUDGET = "SELECT device_id, category, cause, ns FROM run_window_time_budget($rid, $device_id, $lo_ns, $hi_ns)"
 
 
-def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, write: bool = False) -> list[dict]:
+def time_budget_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *, write: bool = False,
+                     policy: RunPolicy = DEFAULT_POLICY) -> list[dict]:
     """`time_budget`'s rows of these runs (run_id, device_id, span_ns, category, cause, ns): a
     run with a kept cache's from its kept result (`kept_rows`), a run of more than
-    BUDGET_WINDOW_GPU_OPS operations computed in windows, the others' in one query."""
+    `policy.budget_window_gpu_ops` operations computed in windows, the others' in one query."""
     views.install_on_demand(con)
     out, rest = [], []
+    window = policy.budget_window_gpu_ops
     for run_id in run_ids:
-        big = run_cache.gpu_ops(con, run_id) > BUDGET_WINDOW_GPU_OPS
+        big = run_cache.gpu_ops(con, run_id) > window
         if big:
-            compute = functools.partial(_budget_in_windows, con, run_id)
+            compute = functools.partial(_budget_in_windows, con, run_id, window)
         else:
             compute = functools.partial(con.sql, _BUDGET, params={"rid": run_id})
         if run_cache.kept_version(con, run_id) == run_cache.CACHE_VERSION:
@@ -83,14 +80,14 @@ def warmup_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], *,
     return windows, parts
 
 
-def _budget_in_windows(con: duckdb.DuckDBPyConnection, run_id: str) -> duckdb.DuckDBPyRelation:
+def _budget_in_windows(con: duckdb.DuckDBPyConnection, run_id: str, window: int) -> duckdb.DuckDBPyRelation:
     """`run_time_budget`'s rows of `run_id`, summed over windows of each device's time of
-    about BUDGET_WINDOW_GPU_OPS operations, cut at starts of its operations (`quantile_disc`
+    about `window` operations, cut at starts of its operations (`quantile_disc`
     gives starts, not interpolations): the busy parts, and idle causes with time."""
     parts = []
     for device_id, n in con.execute("SELECT device_id, count(*) FROM gpu_activity WHERE run_id = $1 GROUP BY ALL "
                                     "ORDER BY ALL", [run_id]).fetchall():
-        count, cuts = -(-n // BUDGET_WINDOW_GPU_OPS), []
+        count, cuts = -(-n // window), []
         if count > 1:
             (cuts,) = con.execute("SELECT quantile_disc(start_ns, $q::DOUBLE[]) FROM gpu_activity WHERE run_id = $rid "
                                   "AND device_id IS NOT DISTINCT FROM $device_id",
