@@ -74,6 +74,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 import pyarrow as pa
@@ -168,93 +169,136 @@ def diagnose_run(store: Store, run_id: str, run: RunFound | None = None, floors:
     store.write_findings(run_id, [*run.rules, *others], findings_table(found), statuses)
 
 
+@dataclass
+class _Facts:
+    """What the diagnosis reads of one run besides its findings."""
+
+    whole: dict[tuple, int]  # the time budget: (device, part) -> ns
+    budget: dict[tuple, int]  # its steady state's (the time inside warm-up windows taken out)
+    warm: dict[tuple, int]  # the time inside warm-up windows, by the same keys
+    steps: int
+    kernel_ns: dict
+    span_ns: int | None
+
+
+@dataclass
+class _Verdict:
+    """The diagnosis of a run's findings (each by its row index): the headlines' bounded losses
+    and the related findings' headlines, each finding's severity and the notes it gains."""
+
+    loss: dict[int, float | None] = field(default_factory=dict)  # per headline
+    related: dict[int, int] = field(default_factory=dict)  # finding -> its headline
+    lent: dict[int, str] = field(default_factory=dict)  # the worst severity of its group, where no band applies
+    bounds: dict[int, str] = field(default_factory=dict)  # what lowered a headline's loss below its rule's, in words
+    warmup_ns: dict[int, float] = field(default_factory=dict)  # of a headline's loss bounded by the whole budget, warm-up's part
+    severity: dict[int, str] = field(default_factory=dict)
+    notes: dict[int, str] = field(default_factory=dict)  # on the bound and the severity band
+
+
 def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | None = None) -> pd.DataFrame:
     """Every finding of `run_id`, with `finding_no`, `related_to`, `rule_loss_ns`, the bounded
     `est_loss_ns` and the group's severity set (see the module's docstring)."""
     floors = floor_params() if floors is None else floors
     df = _as_found(findings.reset_index(drop=True).copy())
+    facts = _facts(store, run_id, df)
+    rows = df.to_dict("records")
+    units = [_units(r, sorted({d for d, _ in facts.budget})) for r in rows]
+    v = _Verdict(lent={i: r["severity"] for i, r in enumerate(rows)})
+    for members in _groups(units):
+        _headline(v, rows, units, members, facts)
+    _share_parts(rows, units, v.loss, facts.budget, v.bounds)
+    _severities(v, rows, units, facts, floors)
+    return _written(df, rows, v, facts.steps)
+
+
+def _facts(store: Store, run_id: str, df: pd.DataFrame) -> _Facts:
     whole = _budget(store, run_id)
     warm, steps = _warmup(store, run_id)
-    budget = {k: ns - warm.get(k, 0) for k, ns in whole.items()}  # the steady state's
-    devices = sorted({d for d, _ in budget})
-    kernel_ns = _kernel_ns(store, run_id, df)
-
-    rows = df.to_dict("records")
-    units = [_units(r, devices) for r in rows]
-    groups = _groups(units)
-
-    loss: dict[int, float | None] = {}
-    related: dict[int, int] = {}
-    lent = {i: r["severity"] for i, r in enumerate(rows)}  # the worst of its group, where no band applies
-    bounds: dict[int, str] = {}  # what lowered a headline's loss below its rule's, in words
-    warmup_ns: dict[int, float] = {}  # of a headline's loss bounded by the whole budget, the part warm-up took
     span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
-    for members in groups:
-        main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
-        naming = [_num(rows[i]["rule_loss_ns"]) for i in members if _names(rows[i], main)]
-        head = min(members, key=lambda i: _headline_order(rows[i], main, max(naming, default=-1.0)))
-        for i in members:
-            if i != head:
-                related[i] = head
-                if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(lent[head]):
-                    lent[head] = rows[i]["severity"]
-        loss[head], bounds[head] = _bounded(rows[head], units[head], budget, kernel_ns, span_ns,
-                                            _steady_share(units[head], budget, whole))
-        if warm and loss[head] is not None:
-            left_out = _bounded(rows[head], units[head], whole, kernel_ns, span_ns)[0] - loss[head]
-            if left_out > WARMUP_NOTE_SHARE * (loss[head] + left_out):
-                warmup_ns[head] = left_out
-    _share_parts(rows, units, loss, budget, bounds)
+    return _Facts(whole, {k: ns - warm.get(k, 0) for k, ns in whole.items()}, warm, steps,
+                  _kernel_ns(store, run_id, df), span_ns)
 
-    severity = {i: r["severity"] for i, r in enumerate(rows)}
-    notes: dict[int, str] = {i: f"; {b}" for i, b in bounds.items() if b}
-    spans = _spans(budget)
-    for i in loss:
-        share = _share(rows[i], units[i], loss[i], spans, span_ns)
-        band = lent[i] if share is None else _band(loss[i], share, floors)
+
+def _headline(v: _Verdict, rows: list[dict], units: list, members: list[int], facts: _Facts) -> None:
+    """The headline of one group, the others related to it, and its loss bounded by the budget."""
+    budget = facts.budget
+    main = _main_idle_cause(units[members[0]], budget)  # the members share their devices
+    naming = [_num(rows[i]["rule_loss_ns"]) for i in members if _names(rows[i], main)]
+    head = min(members, key=lambda i: _headline_order(rows[i], main, max(naming, default=-1.0)))
+    for i in members:
+        if i != head:
+            v.related[i] = head
+            if SEVERITIES.index(rows[i]["severity"]) > SEVERITIES.index(v.lent[head]):
+                v.lent[head] = rows[i]["severity"]
+    v.loss[head], v.bounds[head] = _bounded(rows[head], units[head], budget, facts.kernel_ns, facts.span_ns,
+                                            _steady_share(units[head], budget, facts.whole))
+    if facts.warm and v.loss[head] is not None:
+        left_out = _bounded(rows[head], units[head], facts.whole, facts.kernel_ns, facts.span_ns)[0] - v.loss[head]
+        if left_out > WARMUP_NOTE_SHARE * (v.loss[head] + left_out):
+            v.warmup_ns[head] = left_out
+
+
+def _severities(v: _Verdict, rows: list[dict], units: list, facts: _Facts, floors: dict) -> None:
+    """Each headline's severity from its loss's band, lowered by its rule's cap, with the notes
+    that say why; each related finding's from its headline's."""
+    v.severity = {i: r["severity"] for i, r in enumerate(rows)}
+    v.notes = {i: f"; {b}" for i, b in v.bounds.items() if b}
+    spans = _spans(facts.budget)
+    for i in v.loss:
+        share = _share(rows[i], units[i], v.loss[i], spans, facts.span_ns)
+        band = v.lent[i] if share is None else _band(v.loss[i], share, floors)
         cap, reason = _cap(rows[i])
-        severity[i] = _lower(band, cap)
-        if share is not None and severity[i] != band:
-            notes[i] = notes.get(i, "") + f" ({severity[i]}, not {band}: {reason})"
+        v.severity[i] = _lower(band, cap)
+        if share is not None and v.severity[i] != band:
+            v.notes[i] = v.notes.get(i, "") + f" ({v.severity[i]}, not {band}: {reason})"
         elif share is not None and band == "info" and rows[i]["severity"] != "info":
-            notes[i] = notes.get(i, "") + _FLOOR_NOTE.format(pct(share), pct(floors["min_loss_span_share"]),
-                                                            ns(floors["min_loss_ns"]))
-    for i, head in related.items():
-        if _share(rows[head], units[head], loss[head], spans, span_ns) is not None:
-            severity[i] = _lower(severity[head], _cap(rows[i])[0])  # its time is the headline's
+            v.notes[i] = v.notes.get(i, "") + _FLOOR_NOTE.format(pct(share), pct(floors["min_loss_span_share"]),
+                                                                 ns(floors["min_loss_ns"]))
+    for i, head in v.related.items():
+        if _share(rows[head], units[head], v.loss[head], spans, facts.span_ns) is not None:
+            v.severity[i] = _lower(v.severity[head], _cap(rows[i])[0])  # its time is the headline's
         else:
-            severity[i] = _lower(rows[i]["severity"], _cap(rows[i])[0])
+            v.severity[i] = _lower(rows[i]["severity"], _cap(rows[i])[0])
 
-    order = sorted(loss, key=lambda i: (-(loss[i] if loss[i] is not None else -1), -SEVERITIES.index(severity[i]),
-                                         rows[i]["rule_id"], i))
+
+def _numbers(rows: list[dict], v: _Verdict) -> dict[int, int]:
+    """Each finding's `finding_no`: headlines by loss (then severity), each followed by its related findings."""
+    order = sorted(v.loss, key=lambda i: (-(v.loss[i] if v.loss[i] is not None else -1),
+                                          -SEVERITIES.index(v.severity[i]), rows[i]["rule_id"], i))
     numbered: list[int] = []
     for head in order:
         numbered.append(head)
-        numbered += sorted((i for i, h in related.items() if h == head),
-                           key=lambda i: (-SEVERITIES.index(severity[i]), -_num(rows[i]["rule_loss_ns"]),
+        numbered += sorted((i for i, h in v.related.items() if h == head),
+                           key=lambda i: (-SEVERITIES.index(v.severity[i]), -_num(rows[i]["rule_loss_ns"]),
                                           rows[i]["rule_id"], i))
-    no = {i: n + 1 for n, i in enumerate(numbered)}
-    df["finding_no"] = [no[i] for i in range(len(rows))]
-    df["related_to"] = [no[related[i]] if i in related else None for i in range(len(rows))]
-    df["est_loss_ns"] = [None if i in related or loss[i] is None else int(round(loss[i])) for i in range(len(rows))]
-    df["severity"] = [severity[i] for i in range(len(rows))]
+    return {i: n + 1 for n, i in enumerate(numbered)}
+
+
+def _written(df: pd.DataFrame, rows: list[dict], v: _Verdict, steps: int) -> pd.DataFrame:
+    """`df` with the verdict's columns, notes and evidence (`warmup_ns`, per step), in `finding_no` order."""
+    no = _numbers(rows, v)
+    n = range(len(rows))
+    df["finding_no"] = [no[i] for i in n]
+    df["related_to"] = [no[v.related[i]] if i in v.related else None for i in n]
+    df["est_loss_ns"] = [None if i in v.related or v.loss[i] is None else int(round(v.loss[i])) for i in n]
+    df["related_to"], df["est_loss_ns"] = df["related_to"].astype("Int64"), df["est_loss_ns"].astype("Int64")
+    df["severity"] = [v.severity[i] for i in n]
     extra: dict[int, dict] = {}
     own: dict[int, str] = defaultdict(str)  # the notes on warm-up and per step, after the floor's
-    for i, left_out in warmup_ns.items():
+    for i, left_out in v.warmup_ns.items():
         own[i] += f" ({ns(left_out)} more in warm-up, not counted)"
         extra.setdefault(i, {})["warmup_ns"] = int(round(left_out))
-    for i in loss if steps > 1 else ():
-        if loss[i]:
-            own[i] += f" ({ns(loss[i] / steps)} per step over {steps} steps)"
-            extra.setdefault(i, {}).update(loss_per_step_ns=int(round(loss[i] / steps)), steps=steps)
+    for i in v.loss if steps > 1 else ():
+        if v.loss[i]:
+            own[i] += f" ({ns(v.loss[i] / steps)} per step over {steps} steps)"
+            extra.setdefault(i, {}).update(loss_per_step_ns=int(round(v.loss[i] / steps)), steps=steps)
+    notes = v.notes
     if notes:  # (a stored finding has its notes already: `_as_found`)
         df["message"] = [m + notes[i] if i in notes and notes[i] not in m else m for i, m in enumerate(df["message"])]
     if own:
         df["message"] = [m + own[i] if i in own else m for i, m in enumerate(df["message"])]
     if extra:
         df["evidence"] = [_with(e, extra[i]) if i in extra else e for i, e in enumerate(df["evidence"])]
-    df["related_to"] = df["related_to"].astype("Int64")
-    df["est_loss_ns"] = df["est_loss_ns"].astype("Int64")
     return df.sort_values("finding_no", kind="stable").reset_index(drop=True)
 
 
