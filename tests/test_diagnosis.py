@@ -280,7 +280,7 @@ def test_no_warning_or_error_claims_warm_up_time_on_every_real_trace(real):
             checked += 1  # the diagnosis bounds a loss by the steady part of its category
             assert all(f["est_loss_ns"] <= s for s in steady(_category(f))), (f["run_id"], f["message"])
         if f["rule_id"] in ("T001", "T003", "T004") and f["run_id"] in warm_runs:
-            assert "warmup_ns" in f["evidence"], f["message"]
+            assert "warmup_ns" in f["evidence"], f["message"]  # the rule's own: idle time left out
         if f["rule_id"] in ("T001", "T004") and f["run_id"] in warm_runs:
             # the rule's own figure: steady idle of the cause it claims (T003's can hold idle before
             # the device's first operation, outside the budget: the diagnosis bounds it)
@@ -648,4 +648,14 @@ def test_diagnosing_a_run_again_gives_the_same_rows(tmp_path, monkeypatch):
     for rid in run_ids:
         diagnose_run(store, rid)
         assert _stored_rows(store, rid) == before[rid], rid
+    # what the diagnosis added is taken off before it diagnoses again: a finding no longer a
+    # headline keeps none of it (the rules' own keys stay as they are)
+    stored = store.df("SELECT * FROM findings ORDER BY run_id, finding_no")
+    with_own = [e for e in stored["evidence"] if e and diagnosis.DIAGNOSIS_KEYS & json.loads(e).keys()]
+    assert with_own
+    undone = diagnosis._as_found(stored.copy())
+    for was, now in zip(stored["evidence"], undone["evidence"]):
+        if was:
+            assert json.loads(now) == {k: v for k, v in json.loads(was).items() if k not in diagnosis.DIAGNOSIS_KEYS}
+    assert not any("more in warm-up" in m or "per step over" in m for m in undone["message"])
     store.close()

@@ -146,7 +146,7 @@ def test_t002_says_the_kernel_time_bounds_its_loss_and_where_its_copies_are(h100
         d = f["device_id"]
         # kernels overlap little here: their union is within 1% of their sum; the diagnosis
         # leaves out the part of it in warm-up (the device's first launches), and says so
-        warm = json.loads(f["evidence"]).get("warmup_ns", 0)
+        warm = json.loads(f["evidence"]).get("loss_warmup_ns", 0)
         assert abs(f["est_loss_ns"] + warm - kernel_ns[d]) < 0.01 * kernel_ns[d]
         assert abs(f["rule_loss_ns"] - kernel_ns[d]) < 0.01 * kernel_ns[d]
         from traceanalyzer import fmt

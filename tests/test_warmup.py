@@ -90,7 +90,7 @@ def test_the_planted_losses_are_the_steady_states_per_step_too(planted):
     assert t004["related_to"] is None and stream["related_to"] == t004["finding_no"]
     assert t004["est_loss_ns"] == PLANTED["T004"]["total_ns"] and t004["severity"] == "error"
     steps = PLANTED["steps"]
-    assert t004["evidence"]["steps"] == steps
+    assert t004["evidence"]["loss_steps"] == steps
     assert t004["evidence"]["loss_per_step_ns"] == PLANTED["T004"]["total_ns"] // steps
     assert "(1.18 ms per step over 4 steps)" in t004["message"]
     assert "warm-up" not in t004["message"]  # nothing of warm-up was left to bound away

@@ -30,7 +30,7 @@ diagnosed together (`diagnose`):
    communication, copies) is first scaled by that part's share outside warm-up; idle losses
    are measured outside warm-up by the timeline rules themselves. A headline's loss that the
    whole budget would have allowed more of says what warm-up took ("(X more in warm-up, not
-   counted)", evidence `warmup_ns`). A headline's loss is at most the time of its part: the
+   counted)", evidence `loss_warmup_ns`). A headline's loss is at most the time of its part: the
    device's idle or copy time; a kernel's own time on the device and, summed over the
    device's kernels, its compute (or communication) time, each scaled down in proportion when
    they sum to more (kernels on concurrent streams overlap). A finding without a device is
@@ -60,7 +60,7 @@ diagnosed together (`diagnose`):
    findings follow it. Every report keeps this order.
 
 6. **Per step.** Where the run has steps (the `steps` view's most frequent name, warm-up
-   steps left out), a headline's message and evidence (`loss_per_step_ns`, `steps`) give its
+   steps left out), a headline's message and evidence (`loss_per_step_ns`, `loss_steps`) give its
    loss per step as well.
 
 A finding that claims no part (`claims` NULL: a recompile's compile time, a straggler's lag,
@@ -275,7 +275,7 @@ def _numbers(rows: list[dict], v: _Verdict) -> dict[int, int]:
 
 
 def _written(df: pd.DataFrame, rows: list[dict], v: _Verdict, steps: int) -> pd.DataFrame:
-    """`df` with the verdict's columns, notes and evidence (`warmup_ns`, per step), in `finding_no` order."""
+    """`df` with the verdict's columns, notes and evidence (`DIAGNOSIS_KEYS`), in `finding_no` order."""
     no = _numbers(rows, v)
     n = range(len(rows))
     df["finding_no"] = [no[i] for i in n]
@@ -287,11 +287,11 @@ def _written(df: pd.DataFrame, rows: list[dict], v: _Verdict, steps: int) -> pd.
     own: dict[int, str] = defaultdict(str)  # the notes on warm-up and per step, after the floor's
     for i, left_out in v.warmup_ns.items():
         own[i] += f" ({ns(left_out)} more in warm-up, not counted)"
-        extra.setdefault(i, {})["warmup_ns"] = int(round(left_out))
+        extra.setdefault(i, {})["loss_warmup_ns"] = int(round(left_out))
     for i in v.loss if steps > 1 else ():
         if v.loss[i]:
             own[i] += f" ({ns(v.loss[i] / steps)} per step over {steps} steps)"
-            extra.setdefault(i, {}).update(loss_per_step_ns=int(round(v.loss[i] / steps)), steps=steps)
+            extra.setdefault(i, {}).update(loss_per_step_ns=int(round(v.loss[i] / steps)), loss_steps=steps)
     notes = v.notes
     if notes:  # (a stored finding has its notes already: `_as_found`)
         df["message"] = [m + notes[i] if i in notes and notes[i] not in m else m for i, m in enumerate(df["message"])]
@@ -306,15 +306,27 @@ def _as_found(df: pd.DataFrame) -> pd.DataFrame:
     """Findings as their rules gave them, as far as the store keeps that: a stored finding was
     diagnosed (the store holds no other), and a later command diagnoses it again with the
     findings of the rules it ran (`diagnose_run`). Its rule's own estimate is in
-    `rule_loss_ns`, and the notes on warm-up and per step are taken off its message, to be
-    added again as they are now. The notes on what bounded its loss or lowered its severity
+    `rule_loss_ns`, and the notes and evidence on warm-up and per step (`DIAGNOSIS_KEYS`, which
+    no rule writes) are taken off its message and evidence, to be added again as they are now.
+    The notes on what bounded its loss or lowered its severity
     stay, and `diagnose` adds none that the message holds; its severity stays the diagnosed
     one, which a band or cap applied again leaves as it is. The store keeps nothing else of
     what the rule said, so this stays as long as the store holds diagnosed findings only."""
     rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
     df["rule_loss_ns"] = df["est_loss_ns"] if rule_loss is None else rule_loss.where(rule_loss.notna(), df["est_loss_ns"])
     df["message"] = [_OWN_NOTES.sub("", m) if isinstance(m, str) else m for m in df["message"]]
+    df["evidence"] = [_without_own(e) for e in df["evidence"]]
     return df
+
+
+def _without_own(evidence):
+    """`evidence` (JSON text) without the diagnosis's keys; as it was where it has none."""
+    if not isinstance(evidence, str) or not any(k in evidence for k in DIAGNOSIS_KEYS):
+        return evidence
+    data = json.loads(evidence)
+    if not isinstance(data, dict) or not DIAGNOSIS_KEYS & data.keys():
+        return evidence
+    return json.dumps({k: v for k, v in data.items() if k not in DIAGNOSIS_KEYS})
 
 
 def _budget(store: Store, run_id: str) -> dict[tuple, int]:
@@ -328,6 +340,8 @@ def _budget(store: Store, run_id: str) -> dict[tuple, int]:
     return out
 
 
+# The evidence keys `diagnose` adds to a headline's (`rules.evidence.Evidence` declares them).
+DIAGNOSIS_KEYS = frozenset({"loss_warmup_ns", "loss_per_step_ns", "loss_steps"})
 # The notes on warm-up and per-step losses that `diagnose` adds to a message.
 _OWN_NOTES = re.compile(r" \([^()]* (more in warm-up, not counted|per step over \d+ steps)\)")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Raised with each change a store needs a step for (`migrations.MIGRATIONS`); a new table or
 # column needs none.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,7 @@ class T006Example(StreamRange, kw_only=True, forbid_unknown_fields=True):
 
 
 class T006Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
-    steps: Annotated[Optional[int], doc("steps with copies (the diagnosis sets the steady steps where it spreads a loss)")] = None
+    steps: Annotated[Optional[int], doc("steps in the run (iteration ranges)")] = None
     copies: Annotated[int, doc("copies counted")]
     direction: Annotated[Optional[str], doc("copy direction (HtoD, DtoH, DtoD, ...)")] = None
     bytes: Annotated[int, doc("bytes")]

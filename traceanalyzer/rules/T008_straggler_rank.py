@@ -192,6 +192,7 @@ class T008Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     median_step_ns: Annotated[float, doc("median step time over ranks")]
     ranks: Annotated[list[T008Rank], doc("per rank: step, compute and communication time")]
     signal: Annotated[str, doc("what marks the straggler (compute or late arrival)")]
+    steps: Annotated[int, doc("the steps every rank of the job has (1: without those, the whole run)")]
     straggler_rank: Annotated[int, doc("the slow rank")]
 
 

@@ -32,9 +32,9 @@ class Evidence(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     severity_reason: Annotated[Optional[str], doc("why this finding is less severe than its loss says")] = None
     cause: Annotated[Optional[str], doc("`unknown` where the trace cannot tell the cause the rule names")] = None
     missing: Annotated[Optional[list[str]], doc("what the trace lacks to tell the cause, and how to record it")] = None
-    warmup_ns: Annotated[Optional[int], doc("time of the loss inside warm-up windows, not counted")] = None
-    loss_per_step_ns: Annotated[Optional[int], doc("the estimated loss divided by the steady steps")] = None
-    steps: Annotated[Optional[int], doc("steady steps the loss is spread over")] = None
+    loss_warmup_ns: Annotated[Optional[int], doc("the diagnosis: time of the loss inside warm-up windows, not counted")] = None
+    loss_per_step_ns: Annotated[Optional[int], doc("the diagnosis: the estimated loss divided by the steady steps")] = None
+    loss_steps: Annotated[Optional[int], doc("the diagnosis: steady steps the loss is spread over")] = None
 
 
 class TimeRange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

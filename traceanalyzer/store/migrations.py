@@ -14,10 +14,12 @@ version 1. A store of a newer version than this release knows is refused, not gu
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
 import duckdb
+import pyarrow as pa
 
 from .. import kernel_library, schema
 
@@ -69,10 +71,43 @@ def _hip_memory_events(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("UPDATE memory_events SET device_type = 'cuda' WHERE device_type = '6'")
 
 
+# The rules whose own evidence has a `warmup_ns` (idle time inside warm-up windows) or a
+# `steps` (steps counted): stores of version 4 held the diagnosis's figure there instead.
+_OWN_WARMUP_NS, _OWN_STEPS = ("T001", "T003", "T004"), ("T006", "T008")
+
+
+def _diagnosis_evidence_keys(con: duckdb.DuckDBPyConnection) -> None:
+    # The diagnosis wrote a headline's warm-up and per-step figures as `warmup_ns` and `steps`,
+    # keys some rules use for figures of their own; it writes them as `loss_warmup_ns` and
+    # `loss_steps` now. It wrote `warmup_ns` where it noted warm-up in the message, and `steps`
+    # beside `loss_per_step_ns`.
+    rows = con.execute("""SELECT rowid, rule_id, message, evidence FROM findings
+                          WHERE evidence LIKE '%"loss_per_step_ns"%'
+                             OR (evidence LIKE '%"warmup_ns"%' AND message LIKE '%more in warm-up, not counted)%')""").fetchall()
+    changed = []
+    for rowid, rule_id, message, evidence in rows:
+        data = json.loads(evidence)
+        if not isinstance(data, dict):
+            continue
+        if "warmup_ns" in data and "more in warm-up, not counted)" in (message or ""):
+            data["loss_warmup_ns"] = data["warmup_ns"] if rule_id in _OWN_WARMUP_NS else data.pop("warmup_ns")
+        if "loss_per_step_ns" in data and "steps" in data:
+            data["loss_steps"] = data["steps"] if rule_id in _OWN_STEPS else data.pop("steps")
+        changed.append((rowid, json.dumps(data)))
+    if not changed:
+        return
+    con.register("_ta_evidence", pa.table({"row": [r for r, _ in changed], "evidence": [e for _, e in changed]}))
+    try:
+        con.execute("UPDATE findings SET evidence = e.evidence FROM _ta_evidence e WHERE findings.rowid = e.row")
+    finally:
+        con.unregister("_ta_evidence")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "finding fingerprints name what a finding is about, not the file", _fingerprints_without_file_names),
     Migration(3, "kernels name the library they come from", _kernel_libraries),
     Migration(4, "allocator events of ROCm (HIP) devices are GPU memory", _hip_memory_events),
+    Migration(5, "the diagnosis's evidence keys name the loss (loss_warmup_ns, loss_steps)", _diagnosis_evidence_keys),
 )
 
 
