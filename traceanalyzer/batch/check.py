@@ -20,8 +20,7 @@ from ..rules import get_rule
 from ..rules._ncu import linked_rule_ids
 from ..rules.base import SEVERITIES
 from ..rules.engine import Found, Settings, run_rules
-from ..store import Store, StoreError, file_hash, run_id_for
-from ..store.writer import one_line_error
+from ..store import Store, StoreError, file_hash, one_line_error, run_id_for
 
 
 class UsageError(Exception):

@@ -19,9 +19,8 @@ import pyarrow as pa
 
 from .. import interrupt, schema
 from ..schema import arrow_schema
-from ..store import Store, run_cache
+from ..store import Store, run_cache, utcnow
 from ..store.run_policy import DEFAULT_POLICY, RunPolicy
-from ..store.writer import utcnow
 from . import all_rules
 from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
 

@@ -42,7 +42,7 @@ from ..resources import MemoryLimitError, Resources, connect_duckdb, limit_memor
 from ..sql import sql_literal
 from . import budget_rows, capture_merge, launch_sweep, migrations, run_cache, views
 from .writer import (IngestResult, RuleResults, RunWriter, StoreError, conform, delete_rows, insert,
-                     replace_findings)
+                     one_line_error, replace_findings, utcnow)
 
 DEFAULT_STORE = "traceanalyzer.duckdb"
 STORE_ENV = "TRACEANALYZER_STORE"
