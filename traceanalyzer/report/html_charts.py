@@ -20,7 +20,10 @@ _CTRL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 KERNEL_COLOR = "#3b6fd8"
 MEMORY_BOUND = "#e8871e"
 COMPUTE_BOUND = "#3b6fd8"
-BOUND_COLORS = {"memory": MEMORY_BOUND, "compute": COMPUTE_BOUND, "balanced": "#9467bd", "latency": "#c44e52"}
+BOUND_COLORS = {"memory": MEMORY_BOUND, "compute": COMPUTE_BOUND, "balanced": "#9467bd", "latency": "#c44e52",
+                "unknown": "#777"}
+# B003's word for an estimate above the roof, which says nothing of what ran
+_BOUND_LABELS = {"balanced": "balanced", "unknown": "not judged"}
 ROOF_COLOR = "#444"
 PEAK_COLOR = "#d62728"
 # One color per stall reason, in the order of I001's REASONS (stable across kernels and runs).
@@ -159,7 +162,7 @@ def _legend(points: list[dict], xkey: str, ridge: float | None, x: float, y: flo
     out = []
     for b in [b for b in BOUND_COLORS if any(_bound(p, xkey, ridge) == b for p in points)]:
         out.append(f'<circle cx="{x:.1f}" cy="{y - 4:.1f}" r="5" fill="{BOUND_COLORS[b]}" fill-opacity="0.75" stroke="#222"/>'
-                   + _text(x + 9, y, f"{b}-bound" if b != "balanced" else "balanced", cls="tick"))
+                   + _text(x + 9, y, _BOUND_LABELS.get(b, f"{b}-bound"), cls="tick"))
         x += 110
     return out
 

@@ -372,6 +372,8 @@ _KINETO_HINTS = {
               "neighbours, lower precision, larger tiles that reuse operands).",
     "compute": "On the compute side of the roof: less or cheaper math helps (lower precision on tensor/matrix "
                "cores, a better-tuned kernel for this shape).",
+    "unknown": "The estimate does not fit what ran: profile the kernel with Nsight Compute, which measures its "
+               "FLOPs, bytes and bound.",
     "latency": "Far from its roof for a reason the trace shows: give the GPU more work per launch (batch or fuse "
                "the small calls, CUDA graphs or torch.compile for launch overhead, split-K or smaller tiles for "
                "small grids); B001/B002 show the launch configuration.",
@@ -382,10 +384,14 @@ def _kineto_finding(r: dict, p: dict) -> dict:
     share = max(r["compute_pct"], r["memory_pct"]) / 100
     target = p["throughput_bound_pct"] / 100
     bound, side = r["bound"], r["side"]
-    saturated = share >= target
+    saturated = share >= target and bound != "unknown"
     roof = f"{r['roof_unit']} roof" if side == "compute" else "memory roof"
     if bound == "latency":
         what = f"est. latency-bound ({'; '.join(r['latency_reasons'])})"
+    elif bound == "unknown":
+        what = (f"est. above the {roof}, which no kernel can be, so not judged: the shapes' work at {r['dtype']} "
+                "exceeds the device's peak in the kernels' time (they may run another precision, such as TF32, "
+                "or the call may record other shapes than it ran)")
     else:
         what = f"est. {side} side of the roof" + ("" if saturated else ", below saturation")
     # the time saved were the same FLOPs and bytes done at the throughput-bound share of the roof:
@@ -414,7 +420,7 @@ def _kineto_finding(r: dict, p: dict) -> dict:
         r, evidence, start_ns=as_int(r.get("start_ns")), end_ns=as_int(r.get("end_ns")),
         value=share, value_unit="share", threshold=p["latency_bound_pct"] / 100 if bound == "latency" else target,
         est_loss_ns=loss, severity="warning" if bound == "latency" and hot else "info", message=msg,
-        hint=_KINETO_HINTS[bound] + " Estimated from shapes: confirm with Nsight Compute.",
+        hint=_KINETO_HINTS[bound] + ("" if bound == "unknown" else " Estimated from shapes: confirm with Nsight Compute."),
     )
 
 
@@ -447,9 +453,12 @@ def _kineto_findings(store, run_id: str, p: dict) -> list[dict]:
     g = keep_hot(g, p["min_time_share"])
     out = []
     for r in g.to_dict("records"):
-        below = max(r["compute_pct"], r["memory_pct"]) < p["latency_bound_pct"]
+        top = max(r["compute_pct"], r["memory_pct"])
+        below = top < p["latency_bound_pct"]
         r["latency_reasons"] = _latency_reasons(r, p) if below else []
-        r["bound"] = "latency" if r["latency_reasons"] else r["side"]
+        # The roofs are the vendor's dense peaks at boost clock: over them, the shapes' FLOPs or
+        # bytes cannot have run in the kernels' time, and the estimate says nothing of what ran.
+        r["bound"] = "unknown" if top > 100 else "latency" if r["latency_reasons"] else r["side"]
         out.append(_kineto_finding(r, p))
     return out
 
@@ -489,7 +498,8 @@ _APPLIES = f"SELECT ({_NCU_APPLIES.strip()}) OR ({_SHAPES_APPLIES.strip()})"
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
 class B003Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
-    bound: Annotated[str, doc("what the kernel is bound by (memory, compute, balanced, latency)")]
+    bound: Annotated[str, doc("what the kernel is bound by (memory, compute, balanced, latency; unknown: an "
+                              "estimate above the roof, which says nothing of what ran)")]
     compute_pct: Annotated[float, doc("compute throughput, % of peak")]
     dram_bytes: Annotated[Optional[float], doc("bytes moved to and from DRAM")]
     estimate: Annotated[bool, doc("whether (or how) the figures are estimated rather than measured")]
