@@ -168,12 +168,6 @@ class GpuProduct:
         peak = {"fp16": self.fp16_tensor_flops_per_s, "bf16": self.bf16_tensor_flops_per_s}.get(roof)
         return peak, f"{roof.upper()} {unit}", self.source
 
-    @property
-    def ridge_fp32_flop_per_byte(self) -> float | None:
-        if not self.fp32_flops_per_s:
-            return None
-        return self.fp32_flops_per_s / self.dram_bandwidth_bytes_per_s
-
 
 def _p(key, name, vendor, cc, sms, mem_gb, bw_gbs, l2_mib, fp32_tf, fp16_tf, bf16_tf, fp64_tf,
        conf, source, aliases=(), fp8=None, tf32=None, fp32_matrix=None, fp64_matrix=None,
