@@ -1,10 +1,10 @@
 """Warm-up and one-time costs: their windows (`warmup_windows`), the time budget inside
-them, and where an idle stretch's steady part begins (`steady_start`)."""
+them, and where an idle stretch's steady part begins (the macro `steady_start`)."""
 
 from __future__ import annotations
 
 from .budget import SEGMENTS, budget_sweep
-from .core import TableMacro, View, qualified
+from .core import Macro, TableMacro, View, qualified
 from .steps import PROFILER_STEP
 from .timeline import islands
 
@@ -187,31 +187,22 @@ def warmup_budget_sql(runs: str, windows: str | None = None) -> str:
         """
 
 
-def warmup_merged(where: str, across_devices: bool = False) -> str:
-    """The warm-up windows (`warmup_windows`) that `where` selects, merged into disjoint ones per
-    run and device (`islands`: run_id, device_id, start_ns, end_ns), or, `across_devices`, over
-    all devices of a run (device_id -1). A device_id NULL is -1, so that ASOF joins can match it."""
-    device = "-1" if across_devices else "coalesce(device_id, -1)"
-    return islands(f"SELECT run_id, {device} AS device_id, start_ns, end_ns FROM warmup_windows WHERE {where}")
-
-
-def steady_start(start: str, end: str, w: str = "w", w0: str = "w0") -> str:
-    """Where the steady part of an idle stretch [`start`, `end`], which ends at an operation's
-    start, begins, as SQL: `start` moved later by the stretch's time inside warm-up windows,
-    NULL when that is all of it. `w` and `w0` are the last merged warm-up windows
-    (`warmup_merged`, with `busy_before_ns`: the window time before each) starting at or before
-    `end` and `start` (ASOF joins; NULL: none). A stretch is read from the operation that ends
-    it, so its steady part is kept as one piece reaching that operation, as long as the time
-    outside the windows: exact where a window covers its start or its end (warm-up before
-    the steady state, or work launched in warm-up), and for a window inside it, its time is
-    taken from the stretch's first part (the `sync`, then `host` causes)."""
-    inside = f"({_warm_before(end, w)} - {_warm_before(start, w0)})"
-    return f"CASE WHEN {start} + {inside} < {end} THEN {start} + {inside} END"
-
-
-def _warm_before(t: str, w: str) -> str:
-    """The warm-up window time before `t`, from `w`, the last merged window starting at or before it."""
-    return f"coalesce({w}.busy_before_ns + least(greatest({t} - {w}.start_ns, 0), {w}.end_ns - {w}.start_ns), 0)"
+# Where the steady part of an idle stretch [t0, t1], which ends at an operation's start, begins:
+# t0 moved later by the stretch's time inside warm-up windows, NULL when that is all of it. `w`
+# and `w0` are the last merged warm-up windows (`run_warmup_merged`, with `busy_before_ns`: the
+# window time before each) starting at or before t1 and t0 (ASOF joins; NULL: none), given by
+# their start, end and busy_before_ns. A stretch is read from the operation that ends it, so its
+# steady part is kept as one piece reaching that operation, as long as the time outside the
+# windows: exact where a window covers its start or its end (warm-up before the steady state, or
+# work launched in warm-up), and for a window inside it, its time is taken from the stretch's
+# first part (the `sync`, then `host` causes).
+_WARM_BEFORE = "(t, w_start, w_end, w_before) AS coalesce(w_before + least(greatest(t - w_start, 0), w_end - w_start), 0)"
+_STEADY_START = ("(t0, t1, w_start, w_end, w_before, w0_start, w0_end, w0_before) AS "
+                 "CASE WHEN t0 + warm_before(t1, w_start, w_end, w_before) - warm_before(t0, w0_start, w0_end, w0_before) "
+                 "< t1 THEN t0 + warm_before(t1, w_start, w_end, w_before) - warm_before(t0, w0_start, w0_end, w0_before) END")
+# One run's warm-up windows merged into disjoint ones per device, or over all its devices.
+_MERGED = islands("SELECT run_id, CASE WHEN across_devices THEN -1 ELSE coalesce(device_id, -1) END AS device_id, "
+                  "start_ns, end_ns FROM warmup_windows WHERE run_id = rid")
 
 
 DEFINES = (
@@ -250,6 +241,17 @@ DEFINES = (
         "`warmup_windows` of one run, computed from its rows only: `run_warmup_windows('<run id>')`.",
         f"(rid) AS TABLE {warmup_windows_sql('run_id = rid')}",
         reads=("gpu_activity", "kernel_launches", "steps"),
+    ),
+    Macro("warm_before", _WARM_BEFORE),
+    Macro("steady_start", _STEADY_START, reads=("warm_before",)),
+    TableMacro(
+        "run_warmup_merged",
+        "One run's warm-up windows (`warmup_windows`) merged into disjoint ones per device (a `device_id` NULL "
+        "as -1, so that ASOF joins match it), or with `across_devices` over all its devices (`device_id` -1): "
+        "`run_id`, `device_id`, `island`, `start_ns`, `end_ns` and `busy_before_ns` (the window time before "
+        "each), as `steady_start(t0, t1, ...)` reads them: `run_warmup_merged('<run id>', false)`.",
+        f"(rid, across_devices) AS TABLE {_MERGED}",
+        reads=("warmup_windows",),
     ),
     TableMacro(
         "run_warmup_budget",

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 from ..analyses.budget import blocked_at, blocking_calls, idle_marks
 from ..analyses.timeline import covered_ns
-from ..analyses.warmup import steady_start, warmup_merged
 from ..sql import sql_literal
 from ._code import around_gaps, device_key, phrase
 from ._place import HOW as PLACE_HOW, majority_window, place_json
@@ -112,15 +111,16 @@ HINT = "CASE main_cause " + " ".join(f"WHEN {sql_literal(c)} THEN {sql_literal(h
 # streams.
 SQL = r"""
 WITH warm AS (  -- the warm-up windows per device
-    __WARM__
+    SELECT * FROM run_warmup_merged($run_id, false)
 ), all_gaps AS (
     -- Operations in stream order come computed once per run for T001 and S002 (analyses.launches.stream_ops),
     -- read straight from the cache: sharing them as a CTE would copy every row again.
     -- Names are looked up only for the gaps the evidence lists. With each gap, the launch call
     -- of the operation that ends it, and that call's thread; and where its steady part begins.
     SELECT o.device_id, o.stream_id, o.prev_max_end_ns AS whole_start, o.start_ns AS gap_end,
-           __STEADY_START_OP__ AS gap_start, o.kind AS next_kind, o.item_id AS next_id,
-           o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end, a.pid, a.tid
+           steady_start(o.prev_max_end_ns, o.start_ns,
+                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS gap_start,
+           o.kind AS next_kind, o.item_id AS next_id, o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end, a.pid, a.tid
     FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
     ASOF LEFT JOIN warm w ON w.device_id = coalesce(o.device_id, -1) AND o.start_ns >= w.start_ns
     ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(o.device_id, -1) AND o.prev_max_end_ns >= w0.start_ns
@@ -137,7 +137,9 @@ WITH warm AS (  -- the warm-up windows per device
 ), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
 ), device_stretches AS (
-    SELECT g.device_id, __STEADY_START_GAP__ AS start_ns, g.end_ns, g.gap_ns AS whole_ns
+    SELECT g.device_id, g.end_ns, g.gap_ns AS whole_ns,
+           steady_start(g.start_ns, g.end_ns,
+                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
     FROM device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
     ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(g.device_id, -1) AND g.start_ns >= w0.start_ns
     WHERE g.run_id = $run_id AND g.gap_ns > $min_gap_ns
@@ -359,9 +361,6 @@ FROM per_device  -- (stretches keeps only devices with several streams: with one
 ORDER BY item_kind DESC, device_id, stream_id
 """
 for _key, _sql in {
-    "__WARM__": warmup_merged("run_id = $run_id"),
-    "__STEADY_START_OP__": steady_start("o.prev_max_end_ns", "o.start_ns"),
-    "__STEADY_START_GAP__": steady_start("g.start_ns", "g.end_ns"),
     "__BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__PROBE_SYNC_UNTIL__": PROBE_SYNC_UNTIL, "__BLOCKED_AT_START__": blocked_at("b", "p.gap_start"),
     "__BLOCKED_AT_UNTIL__": blocked_at("b", "p.sync_until"),
@@ -471,7 +470,7 @@ RULE = Rule(
         "that cannot keep up, or a copy the stream waits for.",
     how="Operations are ordered per device and stream; a gap is the time from the latest end "
         "so far to the next start, less its time inside warm-up windows of its device "
-        "(`warmup_windows`; see `analyses.warmup.steady_start`: the gap's start moves later by that time; the "
+        "(`warmup_windows`; see the macro `steady_start`: the gap's start moves later by that time; the "
         "gap time so left out is the evidence's `warmup_ns`). Each gap's time is split in time between causes, read from the "
         "launch call of the operation that ends it and that call's thread, as the time budget "
         "(`time_budget`) splits an idle stretch: until the launch call returned (or a blocking call "

@@ -4,7 +4,6 @@ from typing import Annotated, Optional
 
 from ..analyses.budget import host_until, issued_at
 from ..analyses.timeline import next_busy_candidates
-from ..analyses.warmup import steady_start, warmup_merged
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, TimeRange, doc
@@ -57,9 +56,10 @@ WITH active AS (
     SELECT p.*, b.start_ns AS busy_start
     FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
 ), warm AS (  -- the warm-up windows per device
-    __WARM__
+    SELECT * FROM run_warmup_merged($run_id, false)
 ), steady AS (  -- where the idle after each call begins to be steady (NULL: it ends in warm-up)
-    SELECT n.*, __STEADY_START__ AS steady_from
+    SELECT n.*, steady_start(n.end_ns, n.busy_start,
+                             w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS steady_from
     FROM next_busy n ASOF LEFT JOIN warm w ON w.device_id = coalesce(n.dev, -1) AND n.busy_start >= w.start_ns
     ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(n.dev, -1) AND n.end_ns >= w0.start_ns
 ), issued AS (  -- when the work that ended the idle after a call was issued (analyses.budget.issued_at)
@@ -151,8 +151,6 @@ ORDER BY loss_ns DESC, name, tid
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT dev AS device_id, end_ns AS t FROM per_device"))
 SQL = SQL.replace("__ISSUED__", issued_at("SELECT dev AS device_id, busy_start FROM next_busy WHERE busy_start > end_ns"))
 SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.end_ns", "n.busy_start"))
-SQL = SQL.replace("__WARM__", warmup_merged("run_id = $run_id"))
-SQL = SQL.replace("__STEADY_START__", steady_start("n.end_ns", "n.busy_start"))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
@@ -208,7 +206,7 @@ RULE = Rule(
         "reads an idle stretch: `analyses.budget.issued_at`) is the budget's `host` idle, which this rule claims: "
         "the sync drained the queue and the host then launched from empty; the rest the work waited "
         "on something else, which the sync did not cause. Idle inside warm-up windows of the device "
-        "(`warmup_windows`) is left out (`analyses.warmup.steady_start`; the host idle so left out is the "
+        "(`warmup_windows`) is left out (the macro `steady_start`; the host idle so left out is the "
         "evidence's `warmup_ns`). Calls of a thread back to back before the "
         "same next work count that idle once, after the last. Calls are grouped by name and thread. "
         "The estimated loss of a group is the smaller of its total blocked time and its host idle "

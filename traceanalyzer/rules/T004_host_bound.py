@@ -6,7 +6,6 @@ import msgspec
 
 from ..analyses.budget import blocked_at, blocking_calls, idle_marks
 from ..analyses.steps import PROFILER_STEP
-from ..analyses.warmup import steady_start, warmup_merged
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
@@ -29,9 +28,11 @@ ISSUED = idle_marks("e.d_start", "e.d_end", "e.call_start", "e.call_end", "b.rea
 
 SQL = r"""
 WITH warm AS (  -- the warm-up windows of every device together
-    __WARM__
+    SELECT * FROM run_warmup_merged($run_id, true)
 ), steady AS (  -- each GPU-idle stretch's steady part (none: all warm-up)
-    SELECT g.start_ns AS idle_start, __STEADY_START__ AS start_ns, g.end_ns
+    SELECT g.start_ns AS idle_start, g.end_ns,
+           steady_start(g.start_ns, g.end_ns,
+                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
     FROM (SELECT start_ns, end_ns FROM run_idle_gaps WHERE run_id = $run_id) g
     ASOF LEFT JOIN warm w ON g.end_ns >= w.start_ns
     ASOF LEFT JOIN warm w0 ON g.start_ns >= w0.start_ns
@@ -214,7 +215,6 @@ for _key, _sql in {
     "__THREAD_BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__RUN_BLOCKING__": blocking_calls("run_id = $run_id", "run_id"),
     "__ISSUED__": ISSUED, "__PROFILER_STEP__": PROFILER_STEP,
-    "__WARM__": warmup_merged("run_id = $run_id", across_devices=True), "__STEADY_START__": steady_start("g.start_ns", "g.end_ns"),
     "__BLOCKED_AT_START__": blocked_at("b", "h.start_ns"), "__BLOCKED_AT_END__": blocked_at("b", "h.end_ns"),
     "__BLOCKED_AT_C_START__": blocked_at("b", "c.c_start"), "__BLOCKED_AT_C_END__": blocked_at("b", "c.c_end"),
     "__BLOCKED_AT_I_START__": blocked_at("b", "i.i_start"), "__BLOCKED_AT_I_END__": blocked_at("b", "i.i_end"),
@@ -271,7 +271,7 @@ RULE = Rule(
     how="GPU operations of all devices are merged into busy intervals; the gaps between them of at "
         "least `min_stretch_ns` are GPU-idle stretches (time before the first and after the last "
         "GPU operation is not counted), less their time inside warm-up windows of any device "
-        "(`warmup_windows`; see `analyses.warmup.steady_start`: a stretch's start moves later by that time; the "
+        "(`warmup_windows`; see the macro `steady_start`: a stretch's start moves later by that time; the "
         "GPU-idle time so left out is the evidence's `warmup_ns`). Of each stretch only its host part counts: up to where the "
         "first device was given the work that ends its idle stretch (the return of that work's "
         "launch call, or of a blocking call its thread was in when the device went idle, as the "
