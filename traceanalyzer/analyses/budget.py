@@ -1,10 +1,11 @@
 """The time budget: where each device's span went (busy by category, idle by cause), for the
 whole span (`time_budget`), a window of it, or each step; and the idle-time marks that the
-rules read their gaps with, so that they agree with the budget (`idle_marks`, `issued_at`)."""
+rules read their gaps with, so that they agree with the budget (the macros `idle_issued_at`,
+`idle_sync_until` and `blocked_at`; `issued_at`)."""
 
 from __future__ import annotations
 
-from .core import MAX_BIGINT, TableMacro, View, qualified
+from .core import MAX_BIGINT, Macro, TableMacro, View, qualified
 
 
 # Kernel names of collectives: NCCL/RCCL kernels and the usual custom all-reduce kernels.
@@ -36,29 +37,25 @@ def blocking_calls(where: str, keys: str) -> str:
         """
 
 
-def blocked_at(row: str, t: str) -> str:
-    """The time a thread spent in blocking calls up to `t`, from `row`, its row of `blocking_calls`
-    found by an ASOF join on `start_ns <= t` (NULL: none): the calls up to that row cover all of
-    [`row`.start_ns, `row`.reach_ns] (they are merged into islands), so up to `t` the union lacks
-    only what lies after `t`."""
-    return f"coalesce({row}.blocked_ns - greatest({row}.reach_ns - {t}, 0), 0)"
-
-
-def idle_marks(start: str, end: str, call_start: str, call_end: str, reach: str) -> tuple[str, str]:
-    """Where an idle stretch [`start`, `end`] stops being host time, and up to where its
-    launching thread's blocking calls count as `sync`, as SQL (`issued`, `sync_until`).
-
-    `issued`: the return of the launch call (`call_start`, `call_end`) or of the blocking call the
-    thread was in when the stretch began (`reach`: the latest end of those it started by `start`;
-    NULL: none), whichever is later, clamped to the stretch; after it the work was issued.
-    `sync_until`: the blocking calls that count are the one in progress at `start` and those the
-    thread entered before the launch call (the launch call itself, a synchronous copy, is the
-    launch); of [`start`, `issued`], the time in them is `sync` (`blocked_at` at `sync_until`
-    minus at `start`), the rest `host`. The time budget splits its idle stretches with it and
-    rule T001 its gaps, so the two agree."""
-    issued = f"least(greatest(coalesce({call_end}, {call_start}), coalesce({reach}, {start}), {start}), {end})"
-    sync_until = f"least(greatest(coalesce({reach}, {start}), coalesce({call_start}, {start}), {start}), {issued})"
-    return issued, sync_until
+# The time a thread spent in blocking calls up to `t`, from its row of `blocking_calls` found by
+# an ASOF join on `start_ns <= t` (its `blocked_ns` and `reach_ns`; NULL: none): the calls up to
+# that row cover all of [start_ns, reach_ns] (they are merged into islands), so up to `t` the
+# union lacks only what lies after `t`.
+_BLOCKED_AT = "(t, blocked_ns, reach_ns) AS coalesce(blocked_ns - greatest(reach_ns - t, 0), 0)"
+# Where an idle stretch [t0, t1] stops being host time (`idle_issued_at`), and up to where its
+# launching thread's blocking calls count as `sync` (`idle_sync_until`).
+# Issued: the return of the launch call (call_start, call_end) or of the blocking call the thread
+# was in when the stretch began (reach: the latest end of those it started by t0; NULL: none),
+# whichever is later, clamped to the stretch; after it the work was issued.
+# Sync until: the blocking calls that count are the one in progress at t0 and those the thread
+# entered before the launch call (the launch call itself, a synchronous copy, is the launch); of
+# [t0, issued], the time in them is `sync` (`blocked_at` at sync-until minus at t0), the rest
+# `host`. The time budget splits its idle stretches with these and rule T001 its gaps, so the
+# two agree.
+_IDLE_ISSUED_AT = ("(t0, t1, call_start, call_end, reach) AS "
+                   "least(greatest(coalesce(call_end, call_start), coalesce(reach, t0), t0), t1)")
+_IDLE_SYNC_UNTIL = ("(t0, t1, call_start, call_end, reach) AS least(greatest(coalesce(reach, t0), "
+                    "coalesce(call_start, t0), t0), idle_issued_at(t0, t1, call_start, call_end, reach))")
 
 
 def issued_at(busy_starts: str) -> str:
@@ -161,7 +158,7 @@ def budget_sweep(runs: str | None, window: bool = False, hull: str | None = None
     those starting then, the one whose launch call started first) and that call's thread, and
     split in time: up to the return of the launch call (or of a blocking call the thread was in
     when the device went idle, if later), the time the thread spent in blocking calls (`sync`,
-    see `idle_marks`; counted first in the stretch) and the rest (`host`: not issued yet), then
+    see `idle_sync_until`; counted first in the stretch) and the rest (`host`: not issued yet), then
     the rest (`dependency`: issued, the work waited); all `unknown` without a launch call.
 
     With `window`, the sweep of one device (`win_device_id`, a parameter of the table macro)
@@ -183,7 +180,6 @@ def budget_sweep(runs: str | None, window: bool = False, hull: str | None = None
         starts_in_window = f"{device} AND a.start_ns BETWEEN win_lo_ns AND win_hi_ns"  # what can end its stretches
         clip_start, clip_end = "greatest(a.start_ns, win_lo_ns)", "least(a.end_ns, win_hi_ns)"
         bound = f"UNION ALL SELECT rid, win_device_id, win_hi_ns, 0 WHERE win_hi_ns < {MAX_BIGINT}"
-    issued, sync_until = idle_marks("i.start_ns", "i.end_ns", "i.call_start_ns", "i.call_end_ns", "b.reach_ns")
     # The four counts ride in one running sum, 15 bits each (far more operations than one device
     # runs at once): one window aggregate instead of four, for a fraction of the sweep's memory.
     category = " ".join(f"WHEN (counts >> {15 * i}) & 32767 > 0 THEN '{c}'" for i, c in enumerate(BUDGET_CATEGORIES))
@@ -234,19 +230,29 @@ def budget_sweep(runs: str | None, window: bool = False, hull: str | None = None
             {blocking_calls(of_run, "run_id, pid, tid")}
         ), reached AS (  -- each idle stretch with the blocking call its thread was in when it began
             SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, i.call_start_ns IS NOT NULL AS linked, i.pid, i.tid,
-                   {issued} AS issued_ns, {sync_until} AS sync_until_ns, {blocked_at("b", "i.start_ns")} AS blocked_ns
+                   idle_issued_at(i.start_ns, i.end_ns, i.call_start_ns, i.call_end_ns, b.reach_ns) AS issued_ns,
+                   idle_sync_until(i.start_ns, i.end_ns, i.call_start_ns, i.call_end_ns, b.reach_ns) AS sync_until_ns,
+                   blocked_at(i.start_ns, b.blocked_ns, b.reach_ns) AS blocked_ns
             FROM idle i ASOF LEFT JOIN blocking b
               ON b.run_id = i.run_id AND b.pid = i.pid AND b.tid = i.tid AND b.start_ns <= i.start_ns
         ), marks AS (  -- where in each idle stretch the `sync` part ends (its time counted first), then
             -- the `host` part (the launch)
             SELECT r.run_id, r.device_id, r.start_ns, r.end_ns, r.linked,
-                   r.start_ns + {blocked_at("b", "r.sync_until_ns")} - r.blocked_ns AS sync_end_ns, r.issued_ns
+                   r.start_ns + blocked_at(r.sync_until_ns, b.blocked_ns, b.reach_ns) - r.blocked_ns AS sync_end_ns,
+                   r.issued_ns
             FROM reached r ASOF LEFT JOIN blocking b
               ON b.run_id = r.run_id AND b.pid = r.pid AND b.tid = r.tid AND b.start_ns <= r.sync_until_ns
         )"""
 
 
+# The macros the budget's sweep reads (`budget_sweep`): every view of it declares them.
+_MARKS = ("blocked_at", "idle_issued_at", "idle_sync_until")
+
+
 DEFINES = (
+    Macro("blocked_at", _BLOCKED_AT),
+    Macro("idle_issued_at", _IDLE_ISSUED_AT),
+    Macro("idle_sync_until", _IDLE_SYNC_UNTIL, reads=("idle_issued_at",)),
     View(
         "time_budget",
         "Per run and device, where the device's span (first GPU operation's start to last one's end) "
@@ -259,7 +265,7 @@ DEFINES = (
         "rest); then `dependency` (the rest: issued, the work waited on something else: another "
         "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         time_budget_sql(),
-        reads=("gpu_activity", "kernel_names"),
+        reads=("gpu_activity", "kernel_names", *_MARKS),
         on_demand=True,
     ),
     # Views of some runs, computed from those runs' rows only (see `time_budget_sql`).
@@ -267,7 +273,7 @@ DEFINES = (
         "run_time_budget",
         "`time_budget` of one run, computed from its rows only: `SELECT * FROM run_time_budget('<run id>')`.",
         f"(rid) AS TABLE {time_budget_sql('run_id = rid')}",
-        reads=("gpu_activity", "kernel_names"),
+        reads=("gpu_activity", "kernel_names", *_MARKS),
     ),
     TableMacro(
         "run_window_time_budget",
@@ -277,13 +283,13 @@ DEFINES = (
         "window of about a million operations at a time): "
         "`SELECT * FROM run_window_time_budget('<run id>', 0, 1000, 2000)`.",
         f"(rid, win_device_id, win_lo_ns, win_hi_ns) AS TABLE {time_budget_sql('run_id = rid', window=True)}",
-        reads=("gpu_activity", "kernel_names"),
+        reads=("gpu_activity", "kernel_names", *_MARKS),
     ),
     TableMacro(
         "runs_time_budget",
         "`time_budget` of the runs listed: `runs_time_budget(['<id>', ...])`.",
         f"(rids) AS TABLE {time_budget_sql('list_contains(rids, run_id)')}",
-        reads=("gpu_activity", "kernel_names"),
+        reads=("gpu_activity", "kernel_names", *_MARKS),
     ),
     TableMacro(
         "run_step_budget",
@@ -292,6 +298,6 @@ DEFINES = (
         "`ns` (parts with time only), and `span_ns`, the step's window inside the device's span, "
         "which its parts sum to.",
         f"(rid) AS TABLE {step_budget_sql('run_id = rid')}",
-        reads=("gpu_activity", "kernel_names", "steps"),
+        reads=("gpu_activity", "kernel_names", "steps", *_MARKS),
     ),
 )

@@ -259,6 +259,6 @@ DEFINES = (
         "the time budget: `run_id`, `device_id`, `category`, `cause`, `ns` (parts with time only). "
         "The budget's parts less these are the steady state's.",
         f"(rid) AS TABLE {warmup_budget_sql('run_id = rid', 'SELECT rid AS run_id, * FROM run_warmup_windows(rid)')}",
-        reads=("gpu_activity", "kernel_names", "run_warmup_windows"),
+        reads=("gpu_activity", "kernel_names", "run_warmup_windows", "blocked_at", "idle_issued_at", "idle_sync_until"),
     ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
-from ..analyses.budget import blocked_at, blocking_calls, idle_marks
+from ..analyses.budget import blocking_calls
 from ..analyses.timeline import covered_ns
 from ..sql import sql_literal
 from ._code import around_gaps, device_key, phrase
@@ -40,13 +40,6 @@ REPLAYED_LATE_HINT = ("The host submits work too slowly between its graph replay
 REPLAYS_SQL = "SELECT EXISTS (SELECT 1 FROM api_calls c JOIN gpu_activity a ON a.run_id = c.run_id " \
               "AND a.launch_call_id = c.call_id WHERE c.run_id = $run_id AND c.name ILIKE '%graphlaunch%')"
 
-# Where the host stopped waiting in a gap or stretch `g` of the `marks` CTEs, from the launch
-# call of the operation that ends it and that thread's blocking calls (`sh.reach_ns`): the work
-# was issued, and the `sync` part ends (its time, `sh.sync_ns`, counted first in the gap).
-ISSUED = idle_marks("g.gap_start", "g.gap_end", "g.call_start", "g.call_end", "sh.reach_ns")[0]
-SYNC_END = "g.gap_start + coalesce(sh.sync_ns, 0)"
-# In `sync_hits`: a probe `p` with the blocking call its thread was in when the gap began (`b`).
-PROBE_SYNC_UNTIL = idle_marks("p.gap_start", "p.gap_end", "p.call_start", "p.call_end", "b.reach_ns")[1]
 
 
 def _split(copy_hit: str) -> str:
@@ -182,14 +175,18 @@ WITH warm AS (  -- the warm-up windows per device
     __BLOCKING__
 ), reached AS (  -- an ASOF join sorts its probes, so they get only the columns it needs
     SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.pid, p.tid, p.gap_start, b.reach_ns,
-           __PROBE_SYNC_UNTIL__ AS sync_until, __BLOCKED_AT_START__ AS blocked_at_start
+           idle_sync_until(p.gap_start, p.gap_end, p.call_start, p.call_end, b.reach_ns) AS sync_until,
+           blocked_at(p.gap_start, b.blocked_ns, b.reach_ns) AS blocked_at_start
     FROM probes p ASOF LEFT JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.gap_start
 ), sync_hits AS (  -- with the thread's time in blocking calls from the gap's start up to the launch
     SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.reach_ns,
-           __BLOCKED_AT_UNTIL__ - p.blocked_at_start AS sync_ns
+           blocked_at(p.sync_until, b.blocked_ns, b.reach_ns) - p.blocked_at_start AS sync_ns
     FROM reached p ASOF LEFT JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.sync_until
-), marks AS (  -- each gap with where the host stopped waiting in it (see SYNC_END, ISSUED)
-    SELECT g.*, g.call_start IS NOT NULL AS linked, __SYNC_END__ AS sync_end, __ISSUED__ AS issued,
+), marks AS (  -- each gap with where the host stopped waiting in it, from the launch call of the
+    -- operation that ends it and that thread's blocking calls (`sh.reach_ns`): where the `sync`
+    -- part ends (its time, `sh.sync_ns`, counted first in the gap), and where the work was issued
+    SELECT g.*, g.call_start IS NOT NULL AS linked, g.gap_start + coalesce(sh.sync_ns, 0) AS sync_end,
+           idle_issued_at(g.gap_start, g.gap_end, g.call_start, g.call_end, sh.reach_ns) AS issued,
            g.device_id IN (SELECT device_id FROM one_stream) AS one_stream
     FROM gaps g
     LEFT JOIN sync_hits sh ON NOT sh.on_device AND sh.device_id IS NOT DISTINCT FROM g.device_id
@@ -231,7 +228,8 @@ WITH warm AS (  -- the warm-up windows per device
     SELECT *, __GAP_CAUSE__ AS cause FROM split
 ), device_marks AS (
     SELECT g.device_id, g.gap_start, g.gap_end, g.gap_ns, g.call_start IS NOT NULL AS linked,
-           __SYNC_END__ AS sync_end, __ISSUED__ AS issued
+           g.gap_start + coalesce(sh.sync_ns, 0) AS sync_end,
+           idle_issued_at(g.gap_start, g.gap_end, g.call_start, g.call_end, sh.reach_ns) AS issued
     FROM (SELECT device_id, gap_start, gap_end, gap_ns, next_op.call_start, next_op.call_end FROM device_gaps) g
     LEFT JOIN sync_hits sh ON sh.on_device AND sh.device_id = g.device_id AND sh.seq = g.gap_start
 ), device_split AS (  -- (no timed copy runs while a whole device is idle)
@@ -362,9 +360,6 @@ ORDER BY item_kind DESC, device_id, stream_id
 """
 for _key, _sql in {
     "__BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
-    "__PROBE_SYNC_UNTIL__": PROBE_SYNC_UNTIL, "__BLOCKED_AT_START__": blocked_at("b", "p.gap_start"),
-    "__BLOCKED_AT_UNTIL__": blocked_at("b", "p.sync_until"),
-    "__SYNC_END__": SYNC_END, "__ISSUED__": ISSUED,
     "__STREAM_SPLIT__": _split("(coalesce(ch.copy_hit, false) OR oc.seq IS NOT NULL)"),
     "__DEVICE_SPLIT__": _split("false"), "__GAP_CAUSE__": GAP_CAUSE,
     "__CAUSE_SUMS__": CAUSE_SUMS, "__CAUSE_IDLE_SUMS__": CAUSE_IDLE_SUMS, "__STREAM_IDLE__": STREAM_IDLE,

@@ -4,7 +4,7 @@ from typing import Annotated
 
 import msgspec
 
-from ..analyses.budget import blocked_at, blocking_calls, idle_marks
+from ..analyses.budget import blocking_calls
 from ..analyses.steps import PROFILER_STEP
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
@@ -14,7 +14,7 @@ from .evidence import Place, PlacedEvidence, TimeRange, doc
 # The stretches are the gaps in the union of GPU work over all devices (analyses.timeline.run_idle_gaps:
 # idle on every GPU, computed once per run and kept with a big run's cache). Of each, only its
 # host part can be host-bound: up to where some device was given the work that ends its idle
-# stretch (its launch call returned, as the time budget reads it: analyses.budget.idle_marks), less the
+# stretch (its launch call returned, as the time budget reads it: the macro `idle_issued_at`), less the
 # time threads spent in blocking calls (waiting, not working: the budget's `sync`). After that
 # the GPU had work and waited for something else (the budget's `dependency`); with no launch
 # call known, nobody can tell (`unknown`). So a stretch's host time is at most the budget's
@@ -24,7 +24,6 @@ from .evidence import Place, PlacedEvidence, TimeRange, doc
 # host works: a range around a step covers the time the host waits for the GPU too.
 # What the host was doing in a stretch is the innermost of those events (shortest) with at
 # least half of its host work (time outside blocking calls), else the one with most of it.
-ISSUED = idle_marks("e.d_start", "e.d_end", "e.call_start", "e.call_end", "b.reach_ns")[0]
 
 SQL = r"""
 WITH warm AS (  -- the warm-up windows of every device together
@@ -63,7 +62,8 @@ WITH warm AS (  -- the warm-up windows of every device together
     __THREAD_BLOCKING__
 ), issued AS (  -- per stretch and device, where the device's work was issued (the stretch's start
     -- when no launch call is known: the host's share cannot be told)
-    SELECT e.sid, CASE WHEN e.call_start IS NULL THEN e.d_start ELSE __ISSUED__ END AS issued_ns
+    SELECT e.sid, CASE WHEN e.call_start IS NULL THEN e.d_start
+                       ELSE idle_issued_at(e.d_start, e.d_end, e.call_start, e.call_end, b.reach_ns) END AS issued_ns
     FROM (SELECT sid, dkey, d_start, d_end, first.call_start, first.call_end, first.pid, first.tid FROM ending) e
     ASOF LEFT JOIN thread_blocking b ON b.pid = e.pid AND b.tid = e.tid AND b.start_ns <= e.d_start
 ), host_end AS (  -- the host part of each stretch ends where the first device had its work
@@ -73,13 +73,13 @@ WITH warm AS (  -- the warm-up windows of every device together
 ), run_blocking AS (  -- every thread's blocking calls together: time some thread waited
     __RUN_BLOCKING__
 ), host_start AS (
-    SELECT h.*, __BLOCKED_AT_START__ AS blocked_before
+    SELECT h.*, blocked_at(h.start_ns, b.blocked_ns, b.reach_ns) AS blocked_before
     FROM host_end h ASOF LEFT JOIN run_blocking b ON b.start_ns <= h.start_ns
 ), stretches AS MATERIALIZED (  -- the host parts with at least min_stretch_ns of time outside
     -- blocking calls (read by several CTEs: computed once)
     SELECT * FROM (
         SELECT h.sid, h.start_ns, h.end_ns, h.end_ns - h.start_ns AS part_ns, h.gap_ns AS idle_ns,
-               h.end_ns - h.start_ns - (__BLOCKED_AT_END__ - h.blocked_before) AS host_ns
+               h.end_ns - h.start_ns - (blocked_at(h.end_ns, b.blocked_ns, b.reach_ns) - h.blocked_before) AS host_ns
         FROM host_start h ASOF LEFT JOIN run_blocking b ON b.start_ns <= h.end_ns)
     WHERE host_ns >= $min_stretch_ns AND host_ns > 0
 ), host_all AS (
@@ -128,10 +128,10 @@ host_reach AS (
            greatest(o.start_ns, o.s_start) AS c_start, least(o.end_ns, o.s_end) AS c_end
     FROM overlapping o
 ), clipped_from AS (
-    SELECT c.*, __BLOCKED_AT_C_START__ AS blocked_before FROM clipped c
+    SELECT c.*, blocked_at(c.c_start, b.blocked_ns, b.reach_ns) AS blocked_before FROM clipped c
     ASOF LEFT JOIN run_blocking b ON b.start_ns <= c.c_start
 ), inside AS (  -- with each one's time outside blocking calls
-    SELECT c.*, c.c_end - c.c_start - (__BLOCKED_AT_C_END__ - c.blocked_before) AS work_ns
+    SELECT c.*, c.c_end - c.c_start - (blocked_at(c.c_end, b.blocked_ns, b.reach_ns) - c.blocked_before) AS work_ns
     FROM clipped_from c ASOF LEFT JOIN run_blocking b ON b.start_ns <= c.c_end
 ), islands AS (  -- the union of the clipped host events per stretch
     SELECT sid, min(c_start) AS i_start, max(c_end) AS i_end FROM (
@@ -143,10 +143,10 @@ host_reach AS (
               FROM inside))
     GROUP BY sid, isl
 ), islands_from AS (
-    SELECT i.*, __BLOCKED_AT_I_START__ AS blocked_before FROM islands i
+    SELECT i.*, blocked_at(i.i_start, b.blocked_ns, b.reach_ns) AS blocked_before FROM islands i
     ASOF LEFT JOIN run_blocking b ON b.start_ns <= i.i_start
 ), covered AS (  -- per stretch, the host's work: the union less the time in blocking calls
-    SELECT i.sid, sum(i.i_end - i.i_start - (__BLOCKED_AT_I_END__ - i.blocked_before)) AS work_ns
+    SELECT i.sid, sum(i.i_end - i.i_start - (blocked_at(i.i_end, b.blocked_ns, b.reach_ns) - i.blocked_before)) AS work_ns
     FROM islands_from i ASOF LEFT JOIN run_blocking b ON b.start_ns <= i.i_end
     GROUP BY i.sid
 ), main_event AS (  -- innermost event with half the stretch's work, else the one with most
@@ -214,10 +214,7 @@ for _key, _sql in {
     "__PLACE_JSON__": place_json("stretches"),
     "__THREAD_BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__RUN_BLOCKING__": blocking_calls("run_id = $run_id", "run_id"),
-    "__ISSUED__": ISSUED, "__PROFILER_STEP__": PROFILER_STEP,
-    "__BLOCKED_AT_START__": blocked_at("b", "h.start_ns"), "__BLOCKED_AT_END__": blocked_at("b", "h.end_ns"),
-    "__BLOCKED_AT_C_START__": blocked_at("b", "c.c_start"), "__BLOCKED_AT_C_END__": blocked_at("b", "c.c_end"),
-    "__BLOCKED_AT_I_START__": blocked_at("b", "i.i_start"), "__BLOCKED_AT_I_END__": blocked_at("b", "i.i_end"),
+    "__PROFILER_STEP__": PROFILER_STEP,
 }.items():
     SQL = SQL.replace(_key, _sql)
 

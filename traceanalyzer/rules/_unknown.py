@@ -2,7 +2,7 @@
 trace) and by the idle-cause rules (T001, T003, T004, T006), which then abstain.
 
 An idle cause is read from the operation that ends an idle stretch and its launch call (the
-time budget, `analyses.budget.idle_marks`). Two things make that reading a guess:
+time budget, the macro `idle_issued_at`). Two things make that reading a guess:
 
 * **The trace is sampled or stripped** (`gaps`): GPU operations that follow a launched one on
   their stream yet have no launch call of their own (a stream runs its work in launch order,
