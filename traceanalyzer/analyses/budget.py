@@ -250,6 +250,20 @@ _MARKS = ("blocked_at", "idle_issued_at", "idle_sync_until")
 
 
 DEFINES = (
+    TableMacro(
+        "run_thread_blocking",
+        "One run's blocking calls per thread (`pid`, `tid`; calls without a thread left out), one row per "
+        "start time: `start_ns`, `reach_ns` (the latest end so far) and `blocked_ns` (the thread's time in "
+        "blocking calls up to `reach_ns`, their union), as the time budget reads them and `blocked_at` takes "
+        "them: `run_thread_blocking('<run id>')`.",
+        f"(rid) AS TABLE {blocking_calls('run_id = rid AND pid IS NOT NULL AND tid IS NOT NULL', 'pid, tid')}",
+    ),
+    TableMacro(
+        "run_all_threads_blocking",
+        "`run_thread_blocking` over all of one run's threads together (`run_id` instead of `pid`, `tid`): "
+        "`run_all_threads_blocking('<run id>')`.",
+        f"(rid) AS TABLE {blocking_calls('run_id = rid', 'run_id')}",
+    ),
     Macro("blocked_at", _BLOCKED_AT),
     Macro("idle_issued_at", _IDLE_ISSUED_AT),
     Macro("idle_sync_until", _IDLE_SYNC_UNTIL, reads=("idle_issued_at",)),

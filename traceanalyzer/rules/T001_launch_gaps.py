@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
-from ..analyses.budget import blocking_calls
 from ..analyses.timeline import covered_ns
 from ..sql import sql_literal
 from ._code import around_gaps, device_key, phrase
@@ -169,10 +168,10 @@ WITH warm AS (  -- the warm-up windows per device
     WHERE next_op.call_start IS NOT NULL AND next_op.pid IS NOT NULL AND next_op.tid IS NOT NULL
 ), blocking AS (
     -- Per thread, the latest end so far of its blocking calls and its time in them, as the time
-    -- budget reads them (analyses.budget.blocking_calls): ASOF joins (sync_hits) find the call a thread
+    -- budget reads them (`run_thread_blocking`): ASOF joins (sync_hits) find the call a thread
     -- was in when a gap began and its time in blocking calls up to any point, in O(n log n);
     -- an interval-overlap join is quadratic on long runs.
-    __BLOCKING__
+    SELECT * FROM run_thread_blocking($run_id)
 ), reached AS (  -- an ASOF join sorts its probes, so they get only the columns it needs
     SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.pid, p.tid, p.gap_start, b.reach_ns,
            idle_sync_until(p.gap_start, p.gap_end, p.call_start, p.call_end, b.reach_ns) AS sync_until,
@@ -359,7 +358,6 @@ FROM per_device  -- (stretches keeps only devices with several streams: with one
 ORDER BY item_kind DESC, device_id, stream_id
 """
 for _key, _sql in {
-    "__BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
     "__STREAM_SPLIT__": _split("(coalesce(ch.copy_hit, false) OR oc.seq IS NOT NULL)"),
     "__DEVICE_SPLIT__": _split("false"), "__GAP_CAUSE__": GAP_CAUSE,
     "__CAUSE_SUMS__": CAUSE_SUMS, "__CAUSE_IDLE_SUMS__": CAUSE_IDLE_SUMS, "__STREAM_IDLE__": STREAM_IDLE,

@@ -4,7 +4,6 @@ from typing import Annotated
 
 import msgspec
 
-from ..analyses.budget import blocking_calls
 from ..analyses.steps import PROFILER_STEP
 from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
@@ -59,7 +58,7 @@ WITH warm AS (  -- the warm-up windows of every device together
     LEFT JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
     GROUP BY ALL
 ), thread_blocking AS (
-    __THREAD_BLOCKING__
+    SELECT * FROM run_thread_blocking($run_id)
 ), issued AS (  -- per stretch and device, where the device's work was issued (the stretch's start
     -- when no launch call is known: the host's share cannot be told)
     SELECT e.sid, CASE WHEN e.call_start IS NULL THEN e.d_start
@@ -71,7 +70,7 @@ WITH warm AS (  -- the warm-up windows of every device together
            greatest(least(coalesce(min(i.issued_ns), s.start_ns), s.end_ns), s.start_ns) AS end_ns
     FROM gpu_idle s LEFT JOIN issued i USING (sid) GROUP BY s.sid, s.start_ns, s.end_ns, s.gap_ns
 ), run_blocking AS (  -- every thread's blocking calls together: time some thread waited
-    __RUN_BLOCKING__
+    SELECT * FROM run_all_threads_blocking($run_id)
 ), host_start AS (
     SELECT h.*, blocked_at(h.start_ns, b.blocked_ns, b.reach_ns) AS blocked_before
     FROM host_end h ASOF LEFT JOIN run_blocking b ON b.start_ns <= h.start_ns
@@ -212,8 +211,6 @@ WHERE n > 0 AND total_ns >= $min_share * span_ns
 for _key, _sql in {
     "__PLACE__": majority_window("SELECT start_ns, end_ns, host_ns AS ns FROM bound", ()),
     "__PLACE_JSON__": place_json("stretches"),
-    "__THREAD_BLOCKING__": blocking_calls("run_id = $run_id AND pid IS NOT NULL AND tid IS NOT NULL", "pid, tid"),
-    "__RUN_BLOCKING__": blocking_calls("run_id = $run_id", "run_id"),
     "__PROFILER_STEP__": PROFILER_STEP,
 }.items():
     SQL = SQL.replace(_key, _sql)
