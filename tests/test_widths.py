@@ -64,7 +64,7 @@ def _fits(text: str, width: int, args) -> None:
 
 
 def _views(db) -> list[tuple]:
-    return [("runs",), ("summary",), ("rules",), ("rules", "T001"),
+    return [("runs",), ("summary",), ("rules",), ("rules", "T001"), ("ranges",), ("ranges", "--by", "op"),
             *(("diff", a, b) for a, b in PAIRS),
             ("check", *(f.split("/")[1] for f in FILES), LONG, "--fail-on", "never"),
             ("--help",), *((name, "--help") for name in COMMANDS)]

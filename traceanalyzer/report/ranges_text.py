@@ -15,6 +15,7 @@ from rich.text import Text
 
 from .. import fmt
 from ..ranges import WHAT
+from .terminal import left_out
 
 CSV_FIELDS = ("run_id", "name", "path", "depth", "instances", "cpu_ns", "kernels", "gpu_ns", "gpu_proj_ns", "share",
               "gpu_ops", "self_cuda_memory_bytes")
@@ -86,11 +87,6 @@ def _table(console: Console, name: Column, names: list[str], columns: list[tuple
     return t, dropped[::-1]
 
 
-def _left_out(console: Console, dropped: list) -> None:
-    if dropped:
-        console.print(f"(not shown at this width: {', '.join(dropped)}; --format json has every column)", markup=False)
-
-
 def print_ranges(console: Console, r: dict, limit: int = 0) -> None:
     """A run's `ranges.run_ranges` as an indented tree of rows, the first `limit` (0: all)."""
     console.rule(Text(f"{r['run_id']}  {fmt.printable(r['file_name'])}  ({r['format']})"), style="bold")
@@ -115,7 +111,7 @@ def print_ranges(console: Console, r: dict, limit: int = 0) -> None:
                         names, columns,
                         f"GPU time by {what[:-1]} ({fmt.num(r['kernels'])} kernels, {fmt.ns(r['kernel_ns'])})")
     console.print(t)
-    _left_out(console, dropped)
+    left_out(console, dropped, "; --format json has every column")
     more = len(r["ranges"]) - limit if limit else 0
     if more > 0:
         console.print(f"... and {fmt.num(more)} more rows (--top 0 shows all, --depth N fewer levels)", markup=False)
@@ -143,7 +139,7 @@ def print_ops(console: Console, o: dict) -> None:
                         [fmt.printable(x["name"]) for x in rows], columns,
                         f"PyTorch operators by {SORT_WORDS[o['sort']]} (%: of all operators' self time)")
     console.print(t)
-    _left_out(console, dropped)
+    left_out(console, dropped, "; --format json has every column")
     if o.get("more"):
         console.print(f"... and {fmt.num(o['more'])} more operators (--top 0 shows all, --sort COLUMN orders them)",
                       markup=False)
