@@ -340,7 +340,7 @@ def test_memory_limit_comes_from_the_environment(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("where", ["temp", "attached", "kept"])
-def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store, traces_dir, monkeypatch, where):
+def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store, traces_dir, where):
     """Every RUN_CACHED view, scoped to a run (its cache for the block: TEMP tables, an attached
     database, or kept in the store), has the columns and rows of the store-wide view filtered on
     the run: one definition, whichever way it is computed. Afterwards the views are store-wide."""
@@ -376,7 +376,7 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
 
 
 @pytest.mark.parametrize("slices", [2, 40])
-def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, monkeypatch, slices):
+def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, slices):
     """stream_ops and kernel_launches are built one slice of start time at a time
     (`RunPolicy.slice_gpu_ops`), each slice of stream_ops going on from the last operation per stream
     before it. Whatever the slices, the rows are those of the one query over the whole run:

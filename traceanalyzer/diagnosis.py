@@ -190,7 +190,7 @@ class _Verdict:
     related: dict[int, int] = field(default_factory=dict)  # finding -> its headline
     lent: dict[int, str] = field(default_factory=dict)  # the worst severity of its group, where no band applies
     bounds: dict[int, str] = field(default_factory=dict)  # what lowered a headline's loss below its rule's, in words
-    warmup_ns: dict[int, float] = field(default_factory=dict)  # of a headline's loss bounded by the whole budget, warm-up's part
+    loss_warmup_ns: dict[int, float] = field(default_factory=dict)  # of a headline's loss bounded by the whole budget, warm-up's part
     severity: dict[int, str] = field(default_factory=dict)
     notes: dict[int, str] = field(default_factory=dict)  # on the bound and the severity band
 
@@ -235,7 +235,7 @@ def _headline(v: _Verdict, rows: list[dict], units: list, members: list[int], fa
     if facts.warm and v.loss[head] is not None:
         left_out = _bounded(rows[head], units[head], facts.whole, facts.kernel_ns, facts.span_ns)[0] - v.loss[head]
         if left_out > WARMUP_NOTE_SHARE * (v.loss[head] + left_out):
-            v.warmup_ns[head] = left_out
+            v.loss_warmup_ns[head] = left_out
 
 
 def _severities(v: _Verdict, rows: list[dict], units: list, facts: _Facts, floors: dict) -> None:
@@ -285,16 +285,16 @@ def _written(df: pd.DataFrame, rows: list[dict], v: _Verdict, steps: int) -> pd.
     df["severity"] = [v.severity[i] for i in n]
     extra: dict[int, dict] = {}
     own: dict[int, str] = defaultdict(str)  # the notes on warm-up and per step, after the floor's
-    for i, left_out in v.warmup_ns.items():
+    for i, left_out in v.loss_warmup_ns.items():
         own[i] += f" ({ns(left_out)} more in warm-up, not counted)"
         extra.setdefault(i, {})["loss_warmup_ns"] = int(round(left_out))
     for i in v.loss if steps > 1 else ():
         if v.loss[i]:
             own[i] += f" ({ns(v.loss[i] / steps)} per step over {steps} steps)"
             extra.setdefault(i, {}).update(loss_per_step_ns=int(round(v.loss[i] / steps)), loss_steps=steps)
-    notes = v.notes
-    if notes:  # (a stored finding has its notes already: `_as_found`)
-        df["message"] = [m + notes[i] if i in notes and notes[i] not in m else m for i, m in enumerate(df["message"])]
+    if v.notes:  # (a stored finding has its notes already: `_as_found`)
+        df["message"] = [m + v.notes[i] if i in v.notes and v.notes[i] not in m else m
+                         for i, m in enumerate(df["message"])]
     if own:
         df["message"] = [m + own[i] if i in own else m for i, m in enumerate(df["message"])]
     if extra:
@@ -308,10 +308,10 @@ def _as_found(df: pd.DataFrame) -> pd.DataFrame:
     findings of the rules it ran (`diagnose_run`). Its rule's own estimate is in
     `rule_loss_ns`, and the notes and evidence on warm-up and per step (`DIAGNOSIS_KEYS`, which
     no rule writes) are taken off its message and evidence, to be added again as they are now.
-    The notes on what bounded its loss or lowered its severity
-    stay, and `diagnose` adds none that the message holds; its severity stays the diagnosed
-    one, which a band or cap applied again leaves as it is. The store keeps nothing else of
-    what the rule said, so this stays as long as the store holds diagnosed findings only."""
+    The notes on what bounded its loss or lowered its severity stay, and `diagnose` adds none
+    that the message holds; its severity stays the diagnosed one, which a band or cap applied
+    again leaves as it is. The store keeps nothing else of what the rule said, so this stays as
+    long as the store holds diagnosed findings only."""
     rule_loss = df["rule_loss_ns"] if "rule_loss_ns" in df else None
     df["rule_loss_ns"] = df["est_loss_ns"] if rule_loss is None else rule_loss.where(rule_loss.notna(), df["est_loss_ns"])
     df["message"] = [_OWN_NOTES.sub("", m) if isinstance(m, str) else m for m in df["message"]]

@@ -246,7 +246,7 @@ def budget_sweep(runs: str | None, window: bool = False, hull: str | None = None
 
 
 # The macros the budget's sweep reads (`budget_sweep`): every view of it declares them.
-_MARKS = ("blocked_at", "idle_issued_at", "idle_sync_until")
+SWEEP_MACROS = ("blocked_at", "idle_issued_at", "idle_sync_until")
 
 
 DEFINES = (
@@ -279,7 +279,7 @@ DEFINES = (
         "rest); then `dependency` (the rest: issued, the work waited on something else: another "
         "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         time_budget_sql(),
-        reads=("gpu_activity", "kernel_names", *_MARKS),
+        reads=("gpu_activity", "kernel_names", *SWEEP_MACROS),
         on_demand=True,
     ),
     # Views of some runs, computed from those runs' rows only (see `time_budget_sql`).
@@ -287,7 +287,7 @@ DEFINES = (
         "run_time_budget",
         "`time_budget` of one run, computed from its rows only: `SELECT * FROM run_time_budget('<run id>')`.",
         f"(rid) AS TABLE {time_budget_sql('run_id = rid')}",
-        reads=("gpu_activity", "kernel_names", *_MARKS),
+        reads=("gpu_activity", "kernel_names", *SWEEP_MACROS),
     ),
     TableMacro(
         "run_window_time_budget",
@@ -297,13 +297,13 @@ DEFINES = (
         "window of about a million operations at a time): "
         "`SELECT * FROM run_window_time_budget('<run id>', 0, 1000, 2000)`.",
         f"(rid, win_device_id, win_lo_ns, win_hi_ns) AS TABLE {time_budget_sql('run_id = rid', window=True)}",
-        reads=("gpu_activity", "kernel_names", *_MARKS),
+        reads=("gpu_activity", "kernel_names", *SWEEP_MACROS),
     ),
     TableMacro(
         "runs_time_budget",
         "`time_budget` of the runs listed: `runs_time_budget(['<id>', ...])`.",
         f"(rids) AS TABLE {time_budget_sql('list_contains(rids, run_id)')}",
-        reads=("gpu_activity", "kernel_names", *_MARKS),
+        reads=("gpu_activity", "kernel_names", *SWEEP_MACROS),
     ),
     TableMacro(
         "run_step_budget",
@@ -312,6 +312,6 @@ DEFINES = (
         "`ns` (parts with time only), and `span_ns`, the step's window inside the device's span, "
         "which its parts sum to.",
         f"(rid) AS TABLE {step_budget_sql('run_id = rid')}",
-        reads=("gpu_activity", "kernel_names", "steps", *_MARKS),
+        reads=("gpu_activity", "kernel_names", "steps", *SWEEP_MACROS),
     ),
 )

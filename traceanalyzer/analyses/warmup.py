@@ -3,7 +3,7 @@ them, and where an idle stretch's steady part begins (the macro `steady_start`).
 
 from __future__ import annotations
 
-from .budget import SEGMENTS, budget_sweep
+from .budget import SEGMENTS, SWEEP_MACROS, budget_sweep
 from .core import Macro, TableMacro, View, qualified
 from .steps import PROFILER_STEP
 from .timeline import islands
@@ -259,6 +259,6 @@ DEFINES = (
         "the time budget: `run_id`, `device_id`, `category`, `cause`, `ns` (parts with time only). "
         "The budget's parts less these are the steady state's.",
         f"(rid) AS TABLE {warmup_budget_sql('run_id = rid', 'SELECT rid AS run_id, * FROM run_warmup_windows(rid)')}",
-        reads=("gpu_activity", "kernel_names", "run_warmup_windows", "blocked_at", "idle_issued_at", "idle_sync_until"),
+        reads=("gpu_activity", "kernel_names", "run_warmup_windows", *SWEEP_MACROS),
     ),
 )
