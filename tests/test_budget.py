@@ -390,7 +390,12 @@ def test_a_run_without_a_budget_says_why_from_its_times(tmp_path):
         runs = st.arrow("SELECT * FROM runs WHERE list_contains(?, run_id)", [ids]).to_pylist()
     for run in runs:  # no event times, whichever file the ncu values came from
         assert no_budget_line({**run, "format": "?"}).startswith("no timeline:")
+        assert "Nsight Compute" in no_budget_line(run)
     assert no_budget_line({"span_ns": 0}) == "no timed GPU operations: no time budget"
+    # an nsys capture that recorded nothing timed (a real export holds only StringIds and
+    # ThreadNames) is not a kernel replay: its run has a session clock and no span
+    empty = no_budget_line({"span_ns": None, "clock": "nsys-session"})
+    assert empty.startswith("no timeline: the capture recorded no timed events") and "Nsight Compute" not in empty
 
 
 def test_the_host_work_in_the_budget_says_what_its_name_is():

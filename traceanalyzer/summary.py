@@ -136,7 +136,7 @@ def compiled_kernels(store: Store, run_id: str) -> dict | None:
             "regions": sorted({g for r in rows for g in r["regions"] if g}), "graph_calls": calls}
 
 
-RUN_FIELDS = ("run_id", "file_name", "format", "producer", "producer_version", "host", "span_ns")
+RUN_FIELDS = ("run_id", "file_name", "format", "producer", "producer_version", "host", "span_ns", "clock")
 
 STORED_RUNS_SQL = """
 SELECT r.run_id, r.format, r.file_name, r.producer_version, r.span_ns,

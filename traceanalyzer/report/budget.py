@@ -218,7 +218,9 @@ def budget_cell(budget: list[dict]) -> str:
 
 def no_budget_line(run: dict) -> str:
     """What a run without a budget says instead."""
-    if run.get("span_ns") is None:  # no event times at all: Nsight Compute's runs, untimed snapshots
+    if run.get("span_ns") is not None:
+        return "no timed GPU operations: no time budget"
+    if run.get("clock") == "none":  # a profiler that replays kernels one at a time, off any timeline
         return ("no timeline: the trace holds no event times (Nsight Compute profiles kernels one at a time), "
                 "so there is no time budget")
-    return "no timed GPU operations: no time budget"
+    return "no timeline: the capture recorded no timed events, so there is no time budget"
