@@ -1,7 +1,8 @@
 """Where a `check` spends its time and memory, phase by phase (`python bench/profile_check.py FILE`).
 
 Runs `traceanalyzer check FILE --store STORE` in this process, as the CLI does, and prints
-for each phase its wall seconds, the peak resident memory reached within it (Linux: the
+for each phase its wall seconds, the CPU seconds of all its threads (phases on rule threads
+see each other's), the peak resident memory reached within it (Linux: the
 process's high-water mark is reset at each phase's start by writing 5 to
 /proc/self/clear_refs) and the resident memory at its start. The phases are the functions a check goes through: the read into the
 store, the run's shared views (`run_cache.scoped_to_run`), the rules (each rule's wall time,
@@ -27,7 +28,7 @@ from types import SimpleNamespace
 
 _depth = threading.local()
 _lock = threading.Lock()
-rows: list[tuple[float, int, str, float, int, int]] = []  # (start, depth, phase, seconds, peak, held at start)
+rows: list[tuple[float, int, str, float, float, int, int]] = []  # (start, depth, phase, seconds, CPU seconds, peak, held at start)
 
 
 def _status_bytes(key: str) -> int:
@@ -66,7 +67,7 @@ def phase(name: str, peak: bool = True, depth: int | None = None):
         _open.append(seen)
     held = _status_bytes("VmRSS:") if peak else 0
     first = len(rows)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
@@ -74,9 +75,9 @@ def phase(name: str, peak: bool = True, depth: int | None = None):
         if peak:
             _open[:] = [p for p in _open if p is not seen]  # by identity: equal marks are other phases'
         with _lock:
-            inner = max((r[4] for r in rows[first:]), default=0)
+            inner = max((r[5] for r in rows[first:]), default=0)
             top = max(_rss_peak(), seen[0], inner) if peak else 0
-            rows.append((t0, depth, name, time.perf_counter() - t0, top, held))
+            rows.append((t0, depth, name, time.perf_counter() - t0, time.process_time() - c0, top, held))
 
 
 def wrap(owner, attr: str, name: str | None = None, peak: bool | str = True, label=None, depth: int | None = None) -> None:
@@ -153,10 +154,10 @@ def main() -> None:
         total = time.perf_counter() - t0
 
     sys.stderr.flush()
-    print(f"{a.file}: check {total:.2f} s, peak {max(r[4] for r in rows) / 1e6:,.0f} MB; imports {imports_s:.2f} s")
-    print(f"  {'phase':<56} {'wall':>10} {'peak':>12} {'at start':>12}")
-    for _, depth, name, s, peak, held in sorted(rows):
-        print(f"  {'  ' * depth}{name:<{56 - 2 * depth}} {s:8.2f} s"
+    print(f"{a.file}: check {total:.2f} s, peak {max(r[5] for r in rows) / 1e6:,.0f} MB; imports {imports_s:.2f} s")
+    print(f"  {'phase':<56} {'wall':>10} {'CPU':>10} {'peak':>12} {'at start':>12}")
+    for _, depth, name, s, cpu, peak, held in sorted(rows):
+        print(f"  {'  ' * depth}{name:<{56 - 2 * depth}} {s:8.2f} s {cpu:8.2f} s"
               + (f" {peak / 1e6:9,.0f} MB {held / 1e6:9,.0f} MB" if peak else ""))
 
 

@@ -902,9 +902,27 @@ def test_call_index_refuses_what_it_cannot_key():
     assert list(zip(rows, calls)) == [(0, 3), (1, 2), (5, 0)]
 
 
-def test_runtime_read_in_two_halves_falls_back_as_a_whole(tmp_path, monkeypatch, small_parts):
-    """Runtime calls are fetched as two rowid halves on two threads; a value of another type
-    in the second half sends the whole table to sqlite3, as a whole read would."""
+@pytest.mark.parametrize("threads", [2, 3])
+def test_runtime_read_in_one_part_per_fetch_thread(tmp_path, monkeypatch, small_parts, threads):
+    """A big table is fetched as one rowid range per fetch thread: the parts hold every row
+    once, in rowid order, and the reader's tables are a whole read's."""
+    from traceanalyzer.ingest import nsys_sqlite
+
+    path = FIXTURES / "nsys" / "planted.sqlite"
+    monkeypatch.setattr(nsys_sqlite, "fetch_threads", lambda resources: threads)
+    with nsys_sqlite.NsysFile(path) as f:
+        parts = f._parts(f'"{RUNTIME}"', "", split_rows=1)
+        assert len(parts) == threads
+        ids = [r for part in parts for (r,) in f.rows(f"SELECT rowid FROM {RUNTIME} WHERE {part} ORDER BY rowid")]
+        assert ids == [r for (r,) in f.rows(f"SELECT rowid FROM {RUNTIME} ORDER BY rowid")]
+    in_parts = nsys.read(path)
+    monkeypatch.setattr(nsys_sources, "CHUNK_ROWS", 1 << 30)
+    assert plain(in_parts) == plain(nsys.read(path))
+
+
+def test_runtime_read_in_parts_falls_back_as_a_whole(tmp_path, monkeypatch, small_parts):
+    """Runtime calls are fetched in rowid ranges on the fetch threads; a value of another type
+    in the last part sends the whole table to sqlite3, as a whole read would."""
     path = edited_planted(tmp_path, "odd_runtime.sqlite",
                           f"UPDATE {RUNTIME} SET returnValue = 'oops' WHERE rowid = (SELECT max(rowid) FROM {RUNTIME})")
     halves = nsys.read(path)

@@ -8,7 +8,7 @@ Bulk queries go through the ADBC SQLite driver (`fetch_arrow_table`): on 1M kern
 fails on a query. `submit` runs ADBC fetches on a small pool of threads, each with its own
 connection (the driver releases the GIL): the reader fetches the next table while it
 works on the last one; fallbacks and checks still run in the calling thread. A big table
-may be fetched as two rowid halves at once (`split_rows`). `stream` reads a table in
+may be fetched in parts, a rowid range per fetch thread, at once (`split_rows`). `stream` reads a table in
 batches on a thread and connection of its own, a few batches ahead of its reader, for the
 tables the nsys reader builds part by part. With one read CPU (`Resources.read_cpus` of 1:
 scan's `--jobs 1`, or a worker of a scan that shares the cores) there are no such threads:
@@ -235,14 +235,14 @@ class NsysFile:
                split_rows: int = 0) -> "Pending":
         """`arrow(...)` started now on a fetch thread; `.result()` gives the same table.
 
-        A table (`from_sql` its quoted name) of more than `split_rows` rows is read as two
-        halves of its rowid range on two threads: SQLite decodes rows on one core per
-        connection. The bounded row count (the guard) runs here, before any thread reads."""
+        A table (`from_sql` its quoted name) of more than `split_rows` rows is read in parts,
+        one range of its rowids per fetch thread (`_parts`): SQLite decodes rows on one core
+        per connection. The bounded row count (the guard) runs here, before any thread reads."""
         label = label or from_sql.split()[0].strip('"')
         self._guard(f"FROM {from_sql}")
         futures: list = []
         if self._adbc is not None:
-            for part in self._halves(from_sql, where, split_rows):
+            for part in self._parts(from_sql, where, split_rows):
                 sql = _select_sql(cols, from_sql, part, cast_ints=False)
                 if self.threads < 2:
                     futures.append(_Later(self._fetch_adbc, sql))
@@ -252,16 +252,20 @@ class NsysFile:
                 futures.append(self._pool.submit(self._fetch_pooled, sql))
         return Pending(self, futures, cols, from_sql, where, label)
 
-    def _halves(self, from_sql: str, where: str, split_rows: int) -> list[str]:
+    def _parts(self, from_sql: str, where: str, split_rows: int) -> list[str]:
+        """`where` as one condition per part, in rowid order: one part per fetch thread, of
+        equal rowid ranges (an export's rowids are dense), where the table has more than
+        `split_rows` rows; else the one condition."""
         name = from_sql[1:-1].replace('""', '"') if from_sql.startswith('"') else from_sql
-        if not split_rows or self.threads < 2 or name not in self.tables or self.checked_rows(name) <= split_rows:
+        n = self.threads
+        if not split_rows or n < 2 or name not in self.tables or self.checked_rows(name) <= split_rows:
             return [where]
         low, high = self.rows(f"SELECT min(rowid), max(rowid) FROM {from_sql}")[0]
-        if low is None or high - low < 2:
+        if low is None or high - low < n:
             return [where]
-        mid = low + (high - low) // 2
+        cuts = [low - 1, *(low + (high - low) * k // n for k in range(1, n)), high]
         both = f"({where}) AND " if where else ""
-        return [f"{both}rowid <= {mid}", f"{both}rowid > {mid}"]
+        return [f"{both}rowid > {a} AND rowid <= {b}" for a, b in zip(cuts, cuts[1:])]
 
     def stream(self, cols: Sequence[Col], from_sql: str, where: str = "", label: str = "",
                batches_ahead: int = 8) -> "Stream | None":
