@@ -238,6 +238,9 @@ SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, wor
        chain_name AS item_name, w_start AS start_ns, w_end AS end_ns,
        share AS value, 'share' AS value_unit, $min_saving_share AS threshold,
        CAST(round(saving_ns) AS BIGINT) AS est_loss_ns,
+       -- the saving is the gaps between the kernels and the intermediates' traffic: mostly gaps,
+       -- it is idle time of the device (the late launches T001 finds there), else compute time
+       CASE WHEN 2 * gap_ns >= saving_ns THEN 'idle' ELSE 'compute' END AS claims,
        CASE WHEN share >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: %d chain(s) of %d element-wise kernels (%s) run unfused%s, %s of kernel time with %s of gaps '
               || 'and %s of intermediates; fusing would save about %s (%s of the device''s span)',
@@ -343,7 +346,9 @@ RULE = Rule(
         "element size, linked by `External id`); without it, grid x block threads x 4 bytes is used "
         "as a proxy (stated in the evidence). The saving of a chain is its gaps plus the DRAM round "
         "trip of its intermediates (2 x bytes / the device's DRAM bandwidth), the latter capped at "
-        "the chain's kernel time minus its longest kernel. Chains with the same kernels are reported "
+        "the chain's kernel time minus its longest kernel; a saving mostly of gaps is the device's idle "
+        "time (`claims` = `idle`, the late launches T001 finds there, under which the diagnosis "
+        "places it), else its compute time. Chains with the same kernels are reported "
         "together per device, when their saving reaches `min_saving_share` of the device's active "
         "span; it assumes each kernel consumes the previous one's output. TorchInductor's kernels are "
         "fusions already: a chain of them all launched in one call of one compiled graph (the "
