@@ -348,3 +348,6 @@ def test_a_findings_window_is_never_zero_width():
     assert fmt.window(122_000_000, 122_045_200) == "at 122 ms for 45.2 us"
     assert fmt.window(1_000_000_500, 1_000_900_000, origin_ns=1_000_000_000) == "at 500 ns–900 us"
     assert fmt.window(5, 5) == fmt.window(5, None) == "at 5 ns"
+    # a finding's place: "into the run" follows the time, not the length
+    assert fmt.place(122_000_000, 122_045_200) == "at 122 ms into the run, for 45.2 us"
+    assert fmt.place(717_000_000, 780_000_000) == "at 717 ms–780 ms into the run"

@@ -57,14 +57,15 @@ def ns(x) -> str:
     return "-" if _missing(x) else _scaled(x, (("s", 1e9), ("ms", 1e6), ("us", 1e3)), "ns")
 
 
-def window(start_ns: int, end_ns: int | None, origin_ns: int = 0) -> str:
+def window(start_ns: int, end_ns: int | None, origin_ns: int = 0, after: str = "") -> str:
     """Where a finding is, from the run's start: "at 717 ms–780 ms", or, where the two ends
-    read the same at three digits, "at 122 ms for 45.2 us" (never a zero-width "122 ms–122 ms")."""
+    read the same at three digits, "at 122 ms for 45.2 us" (never a zero-width "122 ms–122 ms").
+    `after` follows the time ("into the run"): "at 122 ms into the run, for 45.2 us"."""
     end_ns = start_ns if end_ns is None else end_ns
     a, b = ns(start_ns - origin_ns), ns(end_ns - origin_ns)
     if a != b:
-        return f"at {a}–{b}"
-    return f"at {a}" + (f" for {ns(end_ns - start_ns)}" if end_ns > start_ns else "")
+        return f"at {a}–{b}{after}"
+    return f"at {a}{after}" + (f"{',' if after else ''} for {ns(end_ns - start_ns)}" if end_ns > start_ns else "")
 
 
 def place(start_ns: int, end_ns: int | None, origin_ns: int = 0, p=None) -> str:
@@ -74,15 +75,15 @@ def place(start_ns: int, end_ns: int | None, origin_ns: int = 0, p=None) -> str:
     and how much of their time the window holds ("at 1.2 ms–3.4 ms into the run: 57 of the 127
     gaps, 61.0% of their time"), or, where it holds them all, "127 gaps between 0.5 ms and 7.5 ms
     into the run"."""
-    where = window(start_ns, end_ns, origin_ns)
+    where = window(start_ns, end_ns, origin_ns, " into the run")
     if p is None or not p.of or p.of <= 1:
-        return f"{where} into the run"
+        return where
     if p.count >= p.of:
         a, b = ns(start_ns - origin_ns), ns((start_ns if end_ns is None else end_ns) - origin_ns)
-        return f"{p.of:,} {p.what} between {a} and {b} into the run" if a != b else f"{where} into the run"
+        return f"{p.of:,} {p.what} between {a} and {b} into the run" if a != b else where
     share = p.ns / p.total_ns if p.total_ns else None
     held = f", {pct(share)} of their time" if share is not None else ""
-    return f"{where} into the run: {p.count:,} of the {p.of:,} {p.what}{held}"
+    return f"{where}: {p.count:,} of the {p.of:,} {p.what}{held}"
 
 
 # The one phrasing of what bounds an estimated loss, said in a finding's message wherever
