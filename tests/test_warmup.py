@@ -92,7 +92,7 @@ def test_the_planted_losses_are_the_steady_states_per_step_too(planted):
     steps = PLANTED["steps"]
     assert t004["evidence"]["loss_steps"] == steps
     assert t004["evidence"]["loss_per_step_ns"] == PLANTED["T004"]["total_ns"] // steps
-    assert "(1.18 ms per step over 4 steps)" in t004["message"]
+    assert "(1.18 ms lost per step over 4 steps)" in t004["message"]
     assert "warm-up" not in t004["message"]  # nothing of warm-up was left to bound away
 
 

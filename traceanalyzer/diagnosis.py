@@ -290,7 +290,7 @@ def _written(df: pd.DataFrame, rows: list[dict], v: _Verdict, steps: int) -> pd.
         extra.setdefault(i, {})["loss_warmup_ns"] = int(round(left_out))
     for i in v.loss if steps > 1 else ():
         if v.loss[i]:
-            own[i] += f" ({ns(v.loss[i] / steps)} per step over {steps} steps)"
+            own[i] += f" ({ns(v.loss[i] / steps)} lost per step over {steps} steps)"
             extra.setdefault(i, {}).update(loss_per_step_ns=int(round(v.loss[i] / steps)), loss_steps=steps)
     if v.notes:  # (a stored finding has its notes already: `_as_found`)
         df["message"] = [m + v.notes[i] if i in v.notes and v.notes[i] not in m else m

@@ -168,7 +168,8 @@ host_reach AS (
     SELECT to_json(list({'name': main_name, 'kind': main_kind, 'stretches': n, 'ns': ns}
                         ORDER BY ns DESC, main_name)[1:$max_examples]) AS top_json,
            arg_max(main_name, (ns, -n, main_name)) AS top_name,
-           arg_max(main_kind, (ns, -n, main_name)) AS top_kind
+           arg_max(main_kind, (ns, -n, main_name)) AS top_kind,
+           max(ns) AS top_ns
     FROM (SELECT main_name, main_kind, count(*) AS n, sum(host_ns) AS ns FROM bound GROUP BY ALL)
 ), summary AS (
     SELECT count(*) AS n, sum(host_ns) AS total_ns, max(host_ns) AS max_ns, median(host_ns) AS median_ns,
@@ -189,9 +190,12 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
        total_ns AS est_loss_ns,
        CASE WHEN total_ns / span_ns >= $error_share THEN 'error' END AS severity,
        printf('every GPU idle while the host worked before issuing the work: %d stretch(es) of %s or more, %s in all '
-              || '(%s of %s, longest %s); most of it in %s',
+              || '(%s of %s, longest %s); %s %s',
               n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns),
               CASE WHEN n_devices = 1 THEN 'the device''s span' ELSE 'the GPUs'' span' END, fmt_ns(max_ns),
+              -- "most of it" only where it is: else the largest part, with its share
+              CASE WHEN 2 * top_ns >= total_ns THEN 'most of it in'
+                   ELSE printf('its largest part (%s) in', fmt_pct(top_ns / total_ns)) END,
               -- what the name is, and that a trailing N stands for the numbers merged
               CASE top_kind WHEN 'cpu_op' THEN 'operator ' WHEN 'api_call' THEN 'API call ' ELSE 'range ' END
                 || '"' || coalesce(top_name, '?') || '"'
