@@ -89,16 +89,18 @@ def test_the_place_of_a_finding_is_the_window_holding_most_of_its_time():
     is at most a quarter of their extent; else the whole extent. Per key, NULL keys included."""
     import duckdb
 
-    from traceanalyzer.rules._place import majority_window
+    from traceanalyzer.analyses.place import DEFINES
 
     con = duckdb.connect()
+    for d in DEFINES:
+        con.execute(d.create())
     # key 1: one 10 ns interval, then 10 of 1 ns spread over 100-119: the first holds half
     # key 2: evenly spread, no dense window; key NULL: a single interval
     rows = [(1, 0, 10, 10)] + [(1, 100 + 2 * i, 101 + 2 * i, 1) for i in range(10)]
     rows += [(2, 100 * i, 100 * i + 10, 10) for i in range(8)] + [(None, 5, 7, 2)]
     con.sql("CREATE TABLE t (k INTEGER, start_ns BIGINT, end_ns BIGINT, ns BIGINT)")
     con.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", rows)
-    got = {r[0]: r[1:] for r in con.sql(majority_window("SELECT * FROM t", ("k",))).fetchall()}
+    got = {r[0]: r[1:] for r in con.sql("SELECT * FROM majority_window('t')").fetchall()}
     assert got[1] == (0, 10, 1, 10, 11, 20)
     assert got[2] == (0, 710, 8, 80, 8, 80)
     assert got[None] == (5, 7, 1, 2, 1, 2)

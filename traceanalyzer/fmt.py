@@ -70,7 +70,7 @@ def window(start_ns: int, end_ns: int | None, origin_ns: int = 0, after: str = "
 
 def place(start_ns: int, end_ns: int | None, origin_ns: int = 0, p=None) -> str:
     """Where a finding is, for a line of its own: its window (`window`) "into the run"; for a
-    finding over many intervals, `p` its evidence's `place` (rules/_place.py, rules.evidence.Place),
+    finding over many intervals, `p` its evidence's `place` (analyses/place.py, rules.evidence.Place),
     how many of them
     and how much of their time the window holds ("at 1.2 ms–3.4 ms into the run: 57 of the 127
     gaps, 61.0% of their time"), or, where it holds them all, "127 gaps between 0.5 ms and 7.5 ms

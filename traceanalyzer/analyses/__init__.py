@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 
-from . import attribution, budget, formatting, kernels, launches, memory, steps, timeline, warmup
+from . import attribution, budget, formatting, kernels, launches, memory, place, steps, timeline, warmup
 from .core import Definition, Macro, TableMacro, View
 
 # The families, in the order the documentation lists their views.
-FAMILIES = (formatting, timeline, launches, kernels, steps, memory, budget, warmup, attribution)
+FAMILIES = (formatting, timeline, place, launches, kernels, steps, memory, budget, warmup, attribution)
 DECLARED: tuple[Definition, ...] = tuple(d for family in FAMILIES for d in family.DEFINES)
 
 # What a kind of definition may read: macros are created first, then views, and the on-demand

@@ -1,7 +1,7 @@
 """The time budget: where each device's span went (busy by category, idle by cause), for the
 whole span (`time_budget`), a window of it, or each step; and the idle-time marks that the
 rules read their gaps with, so that they agree with the budget (the macros `idle_issued_at`,
-`idle_sync_until` and `blocked_at`; `issued_at`)."""
+`idle_sync_until` and `blocked_at`; the table macro `issued_at`)."""
 
 from __future__ import annotations
 
@@ -56,30 +56,6 @@ _IDLE_ISSUED_AT = ("(t0, t1, call_start, call_end, reach) AS "
                    "least(greatest(coalesce(call_end, call_start), coalesce(reach, t0), t0), t1)")
 _IDLE_SYNC_UNTIL = ("(t0, t1, call_start, call_end, reach) AS least(greatest(coalesce(reach, t0), "
                     "coalesce(call_start, t0), t0), idle_issued_at(t0, t1, call_start, call_end, reach))")
-
-
-def issued_at(busy_starts: str) -> str:
-    """When the work that ends an idle stretch was issued, as the time budget reads it: for each
-    (`device_id`, `busy_start`) of the query `busy_starts` (a start of the device's busy
-    intervals, after idle time), of the operations of $run_id starting then, the return of the
-    launch call that started first (`issued_ns`; its start when it has no end). NULL where that
-    operation has no launch call: whether the host was late is unknown. Before `issued_ns` the
-    idle time is the budget's `host` (or `sync`, in a blocking call), after it `dependency`."""
-    return f"""
-        SELECT g.device_id, g.start_ns AS busy_start,
-               arg_min(coalesce(c.end_ns, c.start_ns), coalesce(c.start_ns, {MAX_BIGINT})) AS issued_ns
-        FROM gpu_activity g
-        SEMI JOIN ({busy_starts}) x ON x.device_id = g.device_id AND x.busy_start = g.start_ns
-        LEFT JOIN api_calls c ON c.run_id = $run_id AND c.call_id = g.launch_call_id
-        WHERE g.run_id = $run_id
-        GROUP BY ALL
-        """
-
-
-def host_until(issued: str, start: str, end: str) -> str:
-    """Where the host part of the idle time [`start`, `end`] ends, as SQL: the issue of the work
-    that ends it (`issued_at`'s `issued_ns`), clamped to the interval (NULL: unknown)."""
-    return f"least(greatest({issued}, {start}), {end})"
 
 
 def time_budget_sql(runs: str | None = None, window: bool = False) -> str:
@@ -264,6 +240,27 @@ DEFINES = (
         "`run_all_threads_blocking('<run id>')`.",
         f"(rid) AS TABLE {blocking_calls('run_id = rid', 'run_id')}",
     ),
+    TableMacro(
+        "issued_at",
+        "When the work that ends an idle stretch was issued, as the time budget reads it: for each "
+        "(`device_id`, `busy_start`) of the table named (a CTE's name; a start of the device's busy intervals, "
+        "after idle time), of the run's operations starting then, the return of the launch call that started "
+        "first (`issued_ns`; its start when it has no end). NULL where that operation has no launch call: "
+        "whether the host was late is unknown. Before `issued_ns` the idle time is the budget's `host` (or "
+        "`sync`, in a blocking call), after it `dependency`: `issued_at('<run id>', 'busy_starts')`.",
+        f"""(rid, busy_starts) AS TABLE
+        SELECT g.device_id, g.start_ns AS busy_start,
+               arg_min(coalesce(c.end_ns, c.start_ns), coalesce(c.start_ns, {MAX_BIGINT})) AS issued_ns
+        FROM gpu_activity g
+        SEMI JOIN query_table(busy_starts) x ON x.device_id = g.device_id AND x.busy_start = g.start_ns
+        LEFT JOIN api_calls c ON c.run_id = rid AND c.call_id = g.launch_call_id
+        WHERE g.run_id = rid
+        GROUP BY ALL""",
+        reads=("gpu_activity",),
+    ),
+    # Where the host part of the idle time [t0, t1] ends: the issue of the work that ends it
+    # (`issued_at`'s `issued_ns`), clamped to the interval (NULL: unknown).
+    Macro("host_until", "(issued, t0, t1) AS least(greatest(issued, t0), t1)"),
     Macro("blocked_at", _BLOCKED_AT),
     Macro("idle_issued_at", _IDLE_ISSUED_AT),
     Macro("idle_sync_until", _IDLE_SYNC_UNTIL, reads=("idle_issued_at",)),

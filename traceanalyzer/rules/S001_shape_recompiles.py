@@ -2,7 +2,6 @@
 
 from typing import Annotated
 
-from ..analyses.budget import host_until, issued_at
 from .base import Rule, Threshold, pair_key
 from .evidence import Evidence, TimeRange, doc
 
@@ -146,10 +145,12 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (analy
     SELECT DISTINCT g.device_id, g.start_ns, g.end_ns FROM device_idle_gaps g
     JOIN slow_first s ON g.start_ns < s.first_end AND g.end_ns > s.first_start
     WHERE g.run_id = $run_id
+), gap_ends AS (
+    SELECT device_id, end_ns AS busy_start FROM gaps
 ), issued AS (  -- when the work that ended each of them was issued (analyses.budget.issued_at)
-    __ISSUED__
+    SELECT * FROM issued_at($run_id, 'gap_ends')
 ), waiting AS (  -- their part before that: the budget's host idle, the GPU waiting for the host
-    SELECT g.device_id, g.start_ns, {host_until('i.issued_ns', 'g.start_ns', 'g.end_ns')} AS end_ns
+    SELECT g.device_id, g.start_ns, host_until(i.issued_ns, g.start_ns, g.end_ns) AS end_ns
     FROM gaps g JOIN issued i ON i.device_id = g.device_id AND i.busy_start = g.end_ns
     WHERE i.issued_ns > g.start_ns
 ), shape_idle AS (  -- per slow first call, the GPU time it kept waiting (on the device it kept most)
@@ -208,7 +209,6 @@ LEFT JOIN claimed c USING (kind, group_key)
 LEFT JOIN inner_names i ON i.outer_key = r.kind || ': ' || r.group_key
 ORDER BY r.excess_ns DESC, r.group_key
 """
-SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, end_ns AS busy_start FROM gaps"))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from ..kernel_library import INDUCTOR_MEMORY_BOUND
 from ..analyses.kernels import compiled_places
-from ._place import HOW as PLACE_HOW, majority_window, place_json
+from ..analyses.place import HOW as PLACE_HOW
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, StreamRange, doc
 
@@ -178,8 +178,10 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
                     'intermediate_bytes': c.intermediate_bytes, 'saving_ns': c.saving_ns}},
                    (c.saving_ns, -c.start_ns, -c.stream_id), heap_size($max_examples))[1:$max_examples] AS worst
     FROM costed c GROUP BY c.device_id, c.n, c.sig_a, c.sig_b
-), chain_place AS (  -- where most of each group's saving is (rules/_place.py)
-    __PLACE__
+), chain_savings AS (
+    SELECT device_id, n, sig_a, sig_b, start_ns, end_ns, saving_ns AS ns FROM costed
+), chain_place AS (  -- where most of each group's saving is (analyses/place.py)
+    SELECT * FROM majority_window('chain_savings')
 ), reported AS (  -- the groups that save enough
     SELECT g.*, g.saving_ns / nullif(b.active_span_ns, 0) AS share
     FROM grouped g LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = g.device_id
@@ -279,15 +281,12 @@ SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, wor
          || ', "bytes_source": ' || to_json(bytes_sources)
          || ', "dram_bytes_per_s": ' || coalesce(bandwidth, 0)
          || ', "round_trip_ns": ' || coalesce(round(round_trip_ns), 0)
-         || ', "saving_ns": ' || round(saving_ns) || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || worst || '}}' AS evidence
+         || ', "saving_ns": ' || round(saving_ns) || ', "place": ' || place_json(chain_place, 'chains') || ', "worst": ' || worst || '}}' AS evidence
 FROM judged LEFT JOIN chain_place USING (device_id, n, sig_a, sig_b)
 ORDER BY saving_ns DESC, item_name
 """
 
-SQL = (SQL.replace("__PLACE__", majority_window("SELECT device_id, n, sig_a, sig_b, start_ns, end_ns, saving_ns AS ns "
-                                                "FROM costed", ("device_id", "n", "sig_a", "sig_b")))
-       .replace("__PLACE_JSON__", place_json("chains"))
-       .replace("__COMPILED_PLACES__", compiled_places("SELECT DISTINCT $run_id AS run_id, external_id FROM compiled_members "
+SQL = (SQL.replace("__COMPILED_PLACES__", compiled_places("SELECT DISTINCT $run_id AS run_id, external_id FROM compiled_members "
                                                        "WHERE external_id IS NOT NULL")))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page

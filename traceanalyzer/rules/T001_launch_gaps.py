@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
+from ..analyses.place import HOW as PLACE_HOW
 from ..analyses.timeline import covered_ns
 from ..sql import sql_literal
 from ._code import around_gaps, device_key, phrase
-from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, TimeRange, doc
@@ -256,10 +256,14 @@ WITH warm AS (  -- the warm-up windows per device
     SELECT *, __GAP_CAUSE__ AS cause FROM device_split
 ), spans AS (  -- each device's span (the time budget's: first GPU operation to last)
     SELECT device_id, active_span_ns AS span_ns FROM device_busy WHERE run_id = $run_id
-), stream_place AS (  -- where most of each stream's gap time is (rules/_place.py)
-    __STREAM_PLACE__
+), stream_gap_times AS (
+    SELECT device_id, stream_id, gap_start AS start_ns, gap_end AS end_ns, gap_ns AS ns FROM classified
+), stream_place AS (  -- where most of each stream's gap time is (analyses/place.py)
+    SELECT * FROM majority_window('stream_gap_times')
+), device_gap_times AS (
+    SELECT device_id, gap_start AS start_ns, gap_end AS end_ns, gap_ns AS ns FROM device_classified
 ), device_place AS (
-    __DEVICE_PLACE__
+    SELECT * FROM majority_window('device_gap_times')
 ), per_stream_all AS (  -- one pass over the classified gaps per stream (read once, not kept): totals,
     -- time and gaps per cause, and the ones the evidence lists (the longest, the earliest among
     -- equals, from a bounded heap rather than a sort of all gaps)
@@ -298,7 +302,7 @@ WITH warm AS (  -- the warm-up windows per device
     SELECT p.* EXCLUDE (top), s.span_ns, __STREAM_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main,
            main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
            __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
-           coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, __PLACE_SP__ AS place,
+           coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, place_json(sp, 'gaps') AS place,
            coalesce(wl.warmup_ns, 0) AS warmup_ns
     FROM per_stream_idle p JOIN spans s USING (device_id)
     LEFT JOIN worst_gaps w USING (device_id, stream_id)  -- no gaps listed with max_examples = 0
@@ -319,7 +323,7 @@ WITH warm AS (  -- the warm-up windows per device
 ), per_device AS (  -- a device-idle stretch is device-idle time through and through
     SELECT d.*, __DEVICE_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main, main['cause'] AS main_cause,
            main['ns'] AS main_ns, __CAUSE_NS__ AS cause_ns, __CAUSE_COUNTS__ AS cause_counts,
-           dp.w_start, dp.w_end, __PLACE_DP__ AS place
+           dp.w_start, dp.w_end, place_json(dp, 'device-idle gaps') AS place
     FROM per_device_all d LEFT JOIN device_place dp USING (device_id)
 )
 SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
@@ -365,11 +369,6 @@ for _key, _sql in {
     "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"),
     "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
     "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
-    "__STREAM_PLACE__": majority_window("SELECT device_id, stream_id, gap_start AS start_ns, gap_end AS end_ns, "
-                                        "gap_ns AS ns FROM classified", ("device_id", "stream_id")),
-    "__DEVICE_PLACE__": majority_window("SELECT device_id, gap_start AS start_ns, gap_end AS end_ns, gap_ns AS ns "
-                                        "FROM device_classified", ("device_id",)),
-    "__PLACE_SP__": place_json("gaps", "sp"), "__PLACE_DP__": place_json("device-idle gaps", "dp"),
     # Device-idle time within the gaps of multi-stream devices, per stream and cause: the
     # covered_ns of each cause's device segments, a key per device and cause.
     "__SEGMENT_IDLE__": covered_ns("SELECT * FROM stream_probes", ("dev", "stream_id", "cause"),

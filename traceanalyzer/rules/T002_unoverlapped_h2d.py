@@ -3,7 +3,7 @@
 from typing import Annotated, Optional
 
 from ..analyses.timeline import covered_ns
-from ._place import HOW as PLACE_HOW, majority_window, place_json
+from ..analyses.place import HOW as PLACE_HOW
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import PlacedEvidence, StreamRange, doc
@@ -64,8 +64,10 @@ WITH h2d AS (
     LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns FROM kernel_busy_intervals
                WHERE run_id = $run_id GROUP BY device_id) k ON k.device_id = p.device_id
     GROUP BY p.device_id
-), copy_place AS (  -- where most of each device's exposed copy time is (rules/_place.py)
-    __PLACE__
+), exposed AS (
+    SELECT device_id, start_ns, end_ns, exposed_ns AS ns FROM per_copy WHERE exposed_ns > 0
+), copy_place AS (  -- where most of each device's exposed copy time is (analyses/place.py)
+    SELECT * FROM majority_window('exposed')
 ), small AS (  -- runs of small copies back to back on one stream: candidates for one batched copy
     SELECT *, sum(CASE WHEN prev_end IS NULL OR start_ns - prev_end > $max_batch_gap_ns
                        OR NOT prev_small THEN 1 ELSE 0 END)
@@ -108,7 +110,7 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
          || ', "exposed_ns": ' || exposed_ns || ', "bytes": ' || bytes || ', "pageable_copies": ' || n_pageable
          || ', "pageable_exposed_ns": ' || exposed_pageable_ns || ', "sync_copies": ' || n_sync
          || ', "sync_exposed_ns": ' || exposed_sync_ns || ', "device_active_span_ns": ' || coalesce(span_ns, 0)
-         || ', "kernel_ns": ' || kernel_ns || ', "place": ' || __PLACE_JSON__
+         || ', "kernel_ns": ' || kernel_ns || ', "place": ' || place_json(cp, 'exposed copies')
          || ', "worst": ' || worst || '}' AS evidence
 FROM per_device LEFT JOIN copy_place cp USING (device_id) WHERE exposed_ns > $min_exposed_ns
 UNION ALL
@@ -132,10 +134,7 @@ SELECT device_id, NULL, 'device', device_id, 'unified-memory migrations', start_
 FROM unified
 ORDER BY 3, 1, 2
 """
-SQL = (SQL.replace("__COVERED__", COVERED)
-       .replace("__PLACE__", majority_window("SELECT device_id, start_ns, end_ns, exposed_ns AS ns FROM per_copy "
-                                             "WHERE exposed_ns > 0", ("device_id",)))
-       .replace("__PLACE_JSON__", place_json("exposed copies", "cp")))
+SQL = SQL.replace("__COVERED__", COVERED)
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.

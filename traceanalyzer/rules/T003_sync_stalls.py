@@ -2,7 +2,6 @@
 
 from typing import Annotated, Optional
 
-from ..analyses.budget import host_until, issued_at
 from ..analyses.timeline import next_busy_candidates
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
@@ -62,8 +61,10 @@ WITH active AS (
                              w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS steady_from
     FROM next_busy n ASOF LEFT JOIN warm w ON w.device_id = coalesce(n.dev, -1) AND n.busy_start >= w.start_ns
     ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(n.dev, -1) AND n.end_ns >= w0.start_ns
+), late AS (  -- the busy starts after idle time
+    SELECT dev AS device_id, busy_start FROM next_busy WHERE busy_start > end_ns
 ), issued AS (  -- when the work that ended the idle after a call was issued (analyses.budget.issued_at)
-    __ISSUED__
+    SELECT * FROM issued_at($run_id, 'late')
 ), per_call AS (
     -- GPU idle after the return: 0 when the device was still busy, NULL when no work followed;
     -- of it, the part before the next work was issued: the budget's host idle (after that, the
@@ -73,9 +74,9 @@ WITH active AS (
            any_value(n.device_id) AS device_id,
            min(greatest(n.busy_start - n.end_ns, 0)) AS idle_after_ns,
            min(CASE WHEN n.busy_start > n.end_ns
-                    THEN coalesce(greatest(__HOST_UNTIL__ - n.steady_from, 0), 0) END) AS host_after_ns,
+                    THEN coalesce(greatest(host_until(i.issued_ns, n.end_ns, n.busy_start) - n.steady_from, 0), 0) END) AS host_after_ns,
            min(CASE WHEN n.busy_start > n.end_ns
-                    THEN coalesce(__HOST_UNTIL__ - n.end_ns, 0) END) AS whole_host_after_ns,
+                    THEN coalesce(host_until(i.issued_ns, n.end_ns, n.busy_start) - n.end_ns, 0) END) AS whole_host_after_ns,
            min(n.busy_start) AS next_gpu_start_ns
     FROM steady n LEFT JOIN issued i ON i.device_id = n.dev AND i.busy_start = n.busy_start
     GROUP BY n.call_id, n.sync_id
@@ -149,8 +150,6 @@ WHERE loss_ns > $min_loss_ns AND loss_ns / span_ns >= $min_share
 ORDER BY loss_ns DESC, name, tid
 """
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT dev AS device_id, end_ns AS t FROM per_device"))
-SQL = SQL.replace("__ISSUED__", issued_at("SELECT dev AS device_id, busy_start FROM next_busy WHERE busy_start > end_ns"))
-SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.end_ns", "n.busy_start"))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.

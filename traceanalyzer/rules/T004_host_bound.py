@@ -4,8 +4,8 @@ from typing import Annotated
 
 import msgspec
 
+from ..analyses.place import HOW as PLACE_HOW
 from ..analyses.steps import PROFILER_STEP
-from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, TimeRange, doc
@@ -181,8 +181,10 @@ host_reach AS (
 ), run AS (  -- the GPUs' span: first GPU operation on any device to the last (one device: its span)
     SELECT max(last_end_ns) - min(first_start_ns) AS span_ns, count(*) AS n_devices
     FROM device_busy WHERE run_id = $run_id
-), place AS (  -- where most of the host-bound time is (rules/_place.py)
-    __PLACE__
+), bound_host AS (
+    SELECT start_ns, end_ns, host_ns AS ns FROM bound
+), place AS (  -- where most of the host-bound time is (analyses/place.py)
+    SELECT * FROM majority_window('bound_host')
 )
 SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind, NULL::BIGINT AS item_id,
        'host-bound stretches' AS item_name, w_start AS start_ns, w_end AS end_ns,
@@ -208,16 +210,11 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
        '{"stretches": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "gpu_span_ns": ' || span_ns
          || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns || ', "warmup_ns": ' || warmup_ns
-         || ', "top_activity": ' || top_json || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || worst || '}' AS evidence
+         || ', "top_activity": ' || top_json || ', "place": ' || place_json(place, 'stretches') || ', "worst": ' || worst || '}' AS evidence
 FROM summary, top, run, idle_total, place, warm_total
 WHERE n > 0 AND total_ns >= $min_share * span_ns
 """
-for _key, _sql in {
-    "__PLACE__": majority_window("SELECT start_ns, end_ns, host_ns AS ns FROM bound", ()),
-    "__PLACE_JSON__": place_json("stretches"),
-    "__PROFILER_STEP__": PROFILER_STEP,
-}.items():
-    SQL = SQL.replace(_key, _sql)
+SQL = SQL.replace("__PROFILER_STEP__", PROFILER_STEP)
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.

@@ -3,9 +3,8 @@ device-to-host copies the host waits on (the `.item()` pattern), per step."""
 
 from typing import Annotated, Optional
 
-from ..analyses.budget import host_until, issued_at
+from ..analyses.place import HOW as PLACE_HOW
 from ..analyses.timeline import next_busy_candidates
-from ._place import HOW as PLACE_HOW, majority_window, place_json
 from ._unknown import idle_unknown
 from .base import Rule, Threshold, pair_key
 from .evidence import PlacedEvidence, StreamRange, doc
@@ -91,8 +90,10 @@ d2h AS (
 ), next_busy AS (
     SELECT s.*, b.start_ns AS busy_start
     FROM serial s ASOF LEFT JOIN busy b ON b.device_id = s.device_id AND b.end_ns > s.wait_end
+), late AS (  -- the busy starts after idle time
+    SELECT device_id, busy_start FROM next_busy WHERE busy_start > wait_end
 ), issued AS (  -- when the work that ended the idle after a wait was issued (analyses.budget.issued_at)
-    __ISSUED__
+    SELECT * FROM issued_at($run_id, 'late')
 ), serial_idle AS (
     -- GPU idle from the end of the wait to the device's next operation; of it, the part before
     -- that operation was issued (the budget's host idle: the host launched from an empty queue),
@@ -102,7 +103,7 @@ d2h AS (
                  CASE WHEN n.busy_start > n.wait_end
                            AND row_number() OVER (PARTITION BY n.device_id, n.busy_start
                                                   ORDER BY n.wait_end DESC, n.copy_id DESC) = 1
-                      THEN coalesce(__HOST_UNTIL__ - n.wait_end, 0)
+                      THEN coalesce(host_until(i.issued_ns, n.wait_end, n.busy_start) - n.wait_end, 0)
                       ELSE 0 END AS own_host_ns
           FROM next_busy n LEFT JOIN issued i ON i.device_id = n.device_id AND i.busy_start = n.busy_start)
 ), serial_step AS (
@@ -136,8 +137,11 @@ d2h AS (
         WHERE s.call_start <= st.end_ns GROUP BY ALL) GROUP BY device_id
 ), spans AS (
     SELECT device_id, active_span_ns FROM device_busy WHERE run_id = $run_id
-), wait_place AS (  -- where most of each device's hideable idle is (rules/_place.py)
-    __PLACE__
+), waits AS (
+    SELECT device_id, call_start AS start_ns, wait_end + coalesce(idle_after_ns, 0) AS end_ns,
+           coalesce(hideable_ns, 0) AS ns FROM serial_idle
+), wait_place AS (  -- where most of each device's hideable idle is (analyses/place.py)
+    SELECT * FROM majority_window('waits')
 )
 SELECT s.device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, s.worst_id AS item_id,
        'small ' || s.direction || ' copies' AS item_name, s.worst_start AS start_ns, s.worst_end AS end_ns,
@@ -186,7 +190,7 @@ SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', w
        '{"copies": ' || d.n || ', "bytes": ' || d.bytes || ', "wait_ns": ' || d.wait_ns || ', "idle_after_ns": ' || d.idle_ns
          || ', "host_idle_ns": ' || d.host_ns || ', "loss_ns": ' || d.loss_ns || ', "steps": ' || d.n_steps || ', "copies_in_steps": ' || d.n_in_steps
          || ', "steps_with_copies": ' || d.steps_with || ', "max_per_step": ' || coalesce(ps.max_per_step, 0)
-         || ', "how": ' || d.how_counts || ', "place": ' || __PLACE_JSON__ || ', "worst": ' || d.worst || '}',
+         || ', "how": ' || d.how_counts || ', "place": ' || place_json(wp, 'waits') || ', "worst": ' || d.worst || '}',
        'idle:host'  -- the host waited, the GPU's queue drained: it then launched late
 FROM serial_dev d LEFT JOIN spans sp USING (device_id) LEFT JOIN per_step ps USING (device_id)
 LEFT JOIN wait_place wp USING (device_id)
@@ -194,12 +198,7 @@ WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
 ORDER BY 5, 1
 """
 SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT device_id, wait_end AS t FROM serial"))
-SQL = SQL.replace("__ISSUED__", issued_at("SELECT device_id, busy_start FROM next_busy WHERE busy_start > wait_end"))
-SQL = SQL.replace("__HOST_UNTIL__", host_until("i.issued_ns", "n.wait_end", "n.busy_start"))
 # The longest copy first, the lowest id among equals: (dur_ns, -copy_id) as one integer.
-SQL = SQL.replace("__PLACE__", majority_window(
-    "SELECT device_id, call_start AS start_ns, wait_end + coalesce(idle_after_ns, 0) AS end_ns, "
-    "coalesce(hideable_ns, 0) AS ns FROM serial_idle", ("device_id",))).replace("__PLACE_JSON__", place_json("waits", "wp"))
 SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descending=True))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page

@@ -86,7 +86,7 @@ def _shared_keys() -> list[str]:
     base = {"severity_reason": "a rule lowering one finding's severity, abstention (rules/_unknown.py)",
             "cause": "abstention (rules/_unknown.py)", "missing": "abstention (rules/_unknown.py)"}
     for kind, by in ((e.Evidence, "the diagnosis (traceanalyzer/diagnosis.py)"),
-                     (e.PlacedEvidence, "rules over many intervals (rules/_place.py)"),
+                     (e.PlacedEvidence, "rules over many intervals (analyses/place.py)"),
                      (e.KernelEvidence, "kernel rules: the launching operator (rules/_code.py)"),
                      (e.NcuEvidence, "Nsight Compute rules on a linked timeline (rules/_ncu.py)"),
                      (e.NcuTimedEvidence, "Nsight Compute rules that time the kernel")):

@@ -53,7 +53,7 @@ class StreamRange(TimeRange, kw_only=True, forbid_unknown_fields=True, omit_defa
 
 
 class Place(TimeRange, kw_only=True, forbid_unknown_fields=True):
-    """Where most of a finding's intervals lie (rules/_place.py)."""
+    """Where most of a finding's intervals lie (analyses/place.py)."""
 
     count: Annotated[int, doc("intervals inside the window")]
     of: Annotated[int, doc("intervals in all")]
