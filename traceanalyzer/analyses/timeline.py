@@ -1,10 +1,10 @@
 """The GPU timeline: every operation as one interval table (`gpu_activity`), its union per
 device as busy intervals (gaps and islands), the idle gaps between them, per device and per run,
-and the helpers the rules read busy time with (`covered_ns`, `next_busy_candidates`)."""
+and the helpers the rules read busy time with (the table macro `covered_ns`, `next_busy_candidates`)."""
 
 from __future__ import annotations
 
-from .core import View
+from .core import TableMacro, View
 
 
 def islands(source: str, successors: bool = False, per_run: bool = False) -> str:
@@ -102,32 +102,6 @@ def next_busy_candidates(probes: str) -> str:
         """
 
 
-def covered_ns(probes: str, keys: tuple[str, ...], stretches: str, device: str = "device_id") -> str:
-    """How much of each probe interval some stretch covers: columns `keys` + `covered_ns`.
-
-    `probes`: a query with the columns `keys` (naming a probe), `device_id`, `start_ns` and
-    `end_ns`. `stretches`: a query with `device_id`, `start_ns`, `end_ns` and `to_end_ns`
-    (the stretches' total length up to each one's end), disjoint per device: islands from
-    `islands()`, whose `to_end_ns` is `busy_before_ns + end_ns - start_ns`.
-
-    Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read
-    from the last stretch starting by t. Both ends go through one ASOF join (one sort of the
-    stretches), where an interval-overlap join is quadratic on long runs. A probe with no
-    stretch on its device gets 0. `device` names the column that plays `device_id` in both
-    (any key the stretches are disjoint per)."""
-    key_list = ", ".join(f"p.{k}" for k in keys)
-    cols = ", ".join(dict.fromkeys((*keys, device)))
-    ends = f"SELECT {cols}, end_ns AS t, 1 AS sign FROM ({probes})"
-    starts = f"SELECT {cols}, start_ns AS t, -1 AS sign FROM ({probes})"
-    return f"""
-        SELECT {key_list},
-               CAST(sum(p.sign * coalesce(c.to_end_ns - c.end_ns + least(p.t, c.end_ns), 0)) AS BIGINT) AS covered_ns
-        FROM ({ends} UNION ALL {starts}) p
-        ASOF LEFT JOIN ({stretches}) c ON c.{device} = p.{device} AND c.start_ns <= p.t
-        GROUP BY {key_list}
-        """
-
-
 DEFINES = (
     View(
         "gpu_activity",
@@ -198,5 +172,25 @@ DEFINES = (
         "is not a gap).",
         run_idle_gaps_sql(),
         reads=("gpu_activity",),
+    ),
+    # Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read from
+    # the last stretch starting by t. Both ends go through one ASOF join (one sort of the
+    # stretches), where an interval-overlap join is quadratic on long runs.
+    TableMacro(
+        "covered_ns",
+        "How much of each probe interval some stretch covers: `covered_ns('probes', 'stretches')` names two "
+        "tables (CTEs): the probes, with `device_id`, `start_ns`, `end_ns` and the columns that name a probe, and "
+        "the stretches, disjoint per `device_id` (any key the stretches are disjoint per), with `start_ns`, "
+        "`end_ns` and `to_end_ns` (their total length up to each one's end: for islands, `busy_before_ns + end_ns "
+        "- start_ns`). One row per probe: its columns but the interval, and `covered_ns` (0 with no stretch on "
+        "its device).",
+        """(probes, stretches) AS TABLE
+        SELECT p.* EXCLUDE (t, sign),
+               CAST(sum(p.sign * coalesce(c.to_end_ns - c.end_ns + least(p.t, c.end_ns), 0)) AS BIGINT) AS covered_ns
+        FROM (SELECT * EXCLUDE (start_ns, end_ns), end_ns AS t, 1 AS sign FROM query_table(probes)
+              UNION ALL
+              SELECT * EXCLUDE (start_ns, end_ns), start_ns AS t, -1 AS sign FROM query_table(probes)) p
+        ASOF LEFT JOIN query_table(stretches) c ON c.device_id = p.device_id AND c.start_ns <= p.t
+        GROUP BY ALL""",
     ),
 )

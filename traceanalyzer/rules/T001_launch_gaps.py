@@ -6,7 +6,6 @@ import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
 from ..analyses.place import HOW as PLACE_HOW
-from ..analyses.timeline import covered_ns
 from ..sql import sql_literal
 from ._code import around_gaps, device_key, phrase
 from ._unknown import launch_gap_unknown
@@ -241,17 +240,18 @@ WITH warm AS (  -- the warm-up windows per device
                unnest(CASE WHEN linked THEN [sync_end, issued, gap_end] ELSE [gap_end] END) AS end_ns
         FROM device_marks)
     WHERE end_ns > start_ns
-), cause_cum AS (  -- per device and cause (one key: `part`), the segments with their time up to each one's end
-    SELECT __PART__ AS part, start_ns, end_ns,
+), cause_cum AS (  -- per device and cause (one key, in `device_id` for covered_ns: the segments of
+    -- each are disjoint), the segments with their time up to each one's end
+    SELECT __PART__ AS device_id, start_ns, end_ns,
            sum(end_ns - start_ns) OVER (PARTITION BY device_id, cause ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS to_end_ns
     FROM device_segments
 ), stream_probes AS (  -- each gap of a multi-stream device, once per cause a device-idle stretch has
-    SELECT g.device_id AS dev, g.stream_id, c.cause, __PART__ AS part, g.gap_start AS start_ns, g.gap_end AS end_ns
+    SELECT g.device_id AS dev, g.stream_id, c.cause, __PART__ AS device_id, g.gap_start AS start_ns, g.gap_end AS end_ns
     FROM multi_marks g, (SELECT unnest(__CAUSES__) AS cause) c
 ), stream_idle AS (  -- per stream, the device-idle time in its gaps, by the cause the device's
     -- stretches give it (covered_ns sums over the probes of a key: one small group per cause)
     SELECT dev AS device_id, stream_id, __CAUSE_IDLE_SUMS__
-    FROM (__SEGMENT_IDLE__) GROUP BY dev, stream_id
+    FROM covered_ns('stream_probes', 'cause_cum') GROUP BY dev, stream_id
 ), device_classified AS (
     SELECT *, __GAP_CAUSE__ AS cause FROM device_split
 ), spans AS (  -- each device's span (the time budget's: first GPU operation to last)
@@ -369,10 +369,6 @@ for _key, _sql in {
     "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"),
     "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
     "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
-    # Device-idle time within the gaps of multi-stream devices, per stream and cause: the
-    # covered_ns of each cause's device segments, a key per device and cause.
-    "__SEGMENT_IDLE__": covered_ns("SELECT * FROM stream_probes", ("dev", "stream_id", "cause"),
-                                   "SELECT * FROM cause_cum", device="part"),
     "__PART__": f"device_id * {len(CAUSES)} + list_position({list(CAUSES)}, cause)",
     "__CAUSES__": str([c for c in CAUSES if c != "copy"]),  # no timed copy runs while a whole device is idle
 }.items():

@@ -2,18 +2,10 @@
 
 from typing import Annotated, Optional
 
-from ..analyses.timeline import covered_ns
 from ..analyses.place import HOW as PLACE_HOW
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import PlacedEvidence, StreamRange, doc
-
-# Only copies a kernel can overlap are probed, and only their devices' kernel intervals read
-# (an ASOF join sorts its right side even for no probes).
-COVERED = covered_ns("SELECT copy_id, device_id, start_ns, end_ns FROM probed", ("copy_id",),
-                     "SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns "
-                     "FROM kernel_busy_intervals WHERE run_id = $run_id AND device_id IS NOT NULL "
-                     "AND device_id IN (SELECT device_id FROM probed)")
 
 SQL = r"""
 WITH h2d AS (
@@ -33,10 +25,14 @@ WITH h2d AS (
     SELECT device_id, any_value(stream_id) AS stream_id FROM stream_facts WHERE kernels > 0
     GROUP BY device_id HAVING count(*) = 1 AND bool_and(disjoint)
 ), probed AS (  -- the copies some kernel may overlap
-    SELECT * FROM explicit e
+    SELECT copy_id, device_id, start_ns, end_ns FROM explicit e
     WHERE NOT EXISTS (SELECT 1 FROM lone_stream l WHERE l.device_id = e.device_id AND l.stream_id = e.stream_id)
-), covered AS (  -- time of each copy during which some kernel ran on its device
-    __COVERED__
+), kernel_cum AS (  -- only the probed devices' kernel intervals (an ASOF join sorts its right side even
+    -- for no probes), each with the kernel time up to its end
+    SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM kernel_busy_intervals
+    WHERE run_id = $run_id AND device_id IS NOT NULL AND device_id IN (SELECT device_id FROM probed)
+), covered AS (  -- time of each copy during which some kernel ran on its device (analyses.timeline)
+    SELECT * FROM covered_ns('probed', 'kernel_cum')
 ), per_copy AS (
     SELECT e.*, dur_ns - coalesce(c.covered_ns, 0) AS exposed_ns,
            src_kind = 'pageable' AS pageable,
@@ -134,7 +130,6 @@ SELECT device_id, NULL, 'device', device_id, 'unified-memory migrations', start_
 FROM unified
 ORDER BY 3, 1, 2
 """
-SQL = SQL.replace("__COVERED__", COVERED)
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.

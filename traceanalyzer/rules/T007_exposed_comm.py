@@ -6,7 +6,7 @@ import msgspec
 
 # Kernel names of collectives (COMM_PATTERN): the ones the time budget counts as communication.
 from ..analyses.budget import COMM_PATTERN
-from ..analyses.timeline import covered_ns, islands
+from ..analyses.timeline import islands
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, StreamRange, doc
@@ -18,15 +18,19 @@ WITH comm_keys AS (  -- the pattern is matched once per distinct name (analyses.
     SELECT item_id AS kernel_id, device_id, stream_id, start_ns, end_ns,
            name_key IN (SELECT name_key FROM comm_keys) AS is_comm
     FROM stream_ops WHERE run_id = $run_id AND kind = 'kernel' AND end_ns > start_ns
+), comm_kernels AS (
+    SELECT kernel_id, device_id, start_ns, end_ns FROM k WHERE is_comm
 ), comm_islands AS (  -- disjoint collective-busy intervals per device
     __COMM_ISLANDS__
 ), compute_cum AS (  -- disjoint compute-busy intervals, each with the compute time up to its end
     SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM (__COMPUTE_ISLANDS__)
-), overlap AS (  -- collective time with some compute kernel running on the same device
-    SELECT device_id, sum(covered_ns) AS overlap_ns FROM (__ISLAND_OVERLAP__) GROUP BY device_id
+), -- Compute time beside each collective island and each collective kernel: covered_ns (one ASOF
+   -- join over running totals), where an interval-overlap join is quadratic on long multi-GPU runs.
+overlap AS (  -- collective time with some compute kernel running on the same device
+    SELECT device_id, sum(covered_ns) AS overlap_ns FROM covered_ns('comm_islands', 'compute_cum') GROUP BY device_id
 ), per_kernel AS (  -- the collectives, named only now
     SELECT k.*, coalesce(n.short_name, n.name) AS short_name, k.end_ns - k.start_ns - o.covered_ns AS exposed_ns
-    FROM k JOIN (__KERNEL_OVERLAP__) o USING (kernel_id)
+    FROM k JOIN covered_ns('comm_kernels', 'compute_cum') o USING (kernel_id)
     JOIN kernels n ON n.run_id = $run_id AND n.kernel_id = k.kernel_id
 ), by_name AS (
     SELECT device_id, to_json(list({'kernel': short_name, 'launches': n, 'ns': ns, 'exposed_ns': exposed}
@@ -75,15 +79,9 @@ FROM scored
 WHERE exposed_ns > $min_exposed_ns AND exposed_ns >= $min_share * active_span_ns
 ORDER BY device_id
 """
-# Compute time beside each collective island and each collective kernel: covered_ns (one ASOF
-# join over running totals), where an interval-overlap join is quadratic on long multi-GPU runs.
 SQL = SQL.replace("__COMM__", COMM_PATTERN).replace(
     "__COMM_ISLANDS__", islands("SELECT device_id, start_ns, end_ns FROM k WHERE is_comm", per_run=True)).replace(
-    "__COMPUTE_ISLANDS__", islands("SELECT device_id, start_ns, end_ns FROM k WHERE NOT is_comm", per_run=True)).replace(
-    "__ISLAND_OVERLAP__", covered_ns("SELECT device_id, island, start_ns, end_ns FROM comm_islands",
-                                     ("device_id", "island"), "SELECT * FROM compute_cum")).replace(
-    "__KERNEL_OVERLAP__", covered_ns("SELECT kernel_id, device_id, start_ns, end_ns FROM k WHERE is_comm",
-                                     ("kernel_id",), "SELECT * FROM compute_cum"))
+    "__COMPUTE_ISLANDS__", islands("SELECT device_id, start_ns, end_ns FROM k WHERE NOT is_comm", per_run=True))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
