@@ -23,9 +23,9 @@ FAMILIES = (formatting, timeline, place, launches, kernels, steps, memory, budge
 DECLARED: tuple[Definition, ...] = tuple(d for family in FAMILIES for d in family.DEFINES)
 
 # What a kind of definition may read: macros are created first, then views, and the on-demand
-# views and table macros at a connection's first use of one.
-_MAY_READ = {"macro": ("macro",), "view": ("macro", "view"), "on-demand view": ("macro", "view", "on-demand view"),
-             "table macro": ("macro", "view", "on-demand view", "table macro")}
+# views and table macros at a connection's first use of one, in the order their reads give.
+_LATER = ("macro", "view", "on-demand view", "table macro")
+_MAY_READ = {"macro": ("macro",), "view": ("macro", "view"), "on-demand view": _LATER, "table macro": _LATER}
 
 
 def _kind(d: Definition) -> str:

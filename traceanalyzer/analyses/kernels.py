@@ -6,7 +6,7 @@ timeline (`kernel_durations`), TorchInductor kernels and where they were compile
 from __future__ import annotations
 
 from ..kernel_library import SQL_MACROS as KERNEL_NAME_MACROS
-from .core import Macro, View
+from .core import Macro, TableMacro, View
 
 
 # Nsight Compute's duration of a launch (its runs have no timeline).
@@ -68,43 +68,42 @@ COMPILED_REGION_OPS = "(name LIKE 'Torch-Compiled Region%' OR name IN ('Compiled
 COMPILED_GRAPH_CALL = r"^## Call CompiledFxGraph (\S+) ##$"
 
 
-def compiled_places(ids: str) -> str:
-    """For the (run_id, external_id) pairs `ids` selects, the operator that launched the kernels of
-    that Kineto `External id` (the one holding Inductor's record, `kernel_meta`, else the latest to
-    start) and the compiled region and graph call open on its thread when it began: run_id,
-    external_id, op_id, kernel_meta, region_op_id, region_name, graph_range_id, graph_hash (the
-    innermost of each)."""
-    return f"""
-    WITH ids AS MATERIALIZED ({ids}), launchers AS (
-        SELECT o.run_id, o.external_id,
-               arg_max({{'op_id': o.op_id, 'pid': o.pid, 'tid': o.tid, 'start_ns': o.start_ns,
-                         'kernel_meta': o.kernel_meta}}, (o.kernel_meta IS NOT NULL, o.start_ns, o.op_id)) AS op
-        FROM cpu_ops o SEMI JOIN ids e ON e.run_id = o.run_id AND e.external_id = o.external_id
-        GROUP BY o.run_id, o.external_id
-    ), regions AS (
-        SELECT run_id, op_id AS id, name, pid, tid, start_ns, end_ns FROM cpu_ops
-        WHERE run_id IN (SELECT run_id FROM ids) AND {COMPILED_REGION_OPS}
-    ), graph_calls AS (
-        SELECT run_id, range_id AS id, regexp_extract(name, '{COMPILED_GRAPH_CALL}', 1) AS hash, pid, tid, start_ns, end_ns
-        FROM ranges WHERE kind = 'user_annotation' AND name LIKE '## Call CompiledFxGraph %'
-          AND run_id IN (SELECT run_id FROM ids)
-    ), placed AS (
-        SELECT l.run_id, l.external_id, l.op,
-               (SELECT arg_max({{'id': r.id, 'name': r.name}}, (r.start_ns, r.id)) FROM regions r
-                WHERE r.run_id = l.run_id AND r.pid IS NOT DISTINCT FROM l.op.pid AND r.tid IS NOT DISTINCT FROM l.op.tid
-                  AND r.start_ns <= l.op.start_ns AND r.end_ns >= l.op.start_ns) AS region,
-               (SELECT arg_max({{'id': g.id, 'hash': g.hash}}, (g.start_ns, g.id)) FROM graph_calls g
-                WHERE g.run_id = l.run_id AND g.pid IS NOT DISTINCT FROM l.op.pid AND g.tid IS NOT DISTINCT FROM l.op.tid
-                  AND g.start_ns <= l.op.start_ns AND g.end_ns >= l.op.start_ns) AS graph
-        FROM launchers l
-    )
-    SELECT run_id, external_id, op.op_id AS op_id, op.kernel_meta AS kernel_meta, region.id AS region_op_id,
-           region.name AS region_name, graph.id AS graph_range_id, nullif(graph.hash, '') AS graph_hash
-    FROM placed
-    """
-
-
 DEFINES = (
+    TableMacro(
+        "compiled_places",
+        "For the (`run_id`, `external_id`) pairs of the table named (a CTE's name), the operator that launched "
+        "the kernels of that Kineto `External id` (the one holding Inductor's record, `kernel_meta`, else the latest "
+        "to start) and the compiled region and graph call open on its thread when it began: `run_id`, "
+        "`external_id`, `op_id`, `kernel_meta`, `region_op_id`, `region_name`, `graph_range_id`, `graph_hash` (the "
+        "innermost of each): `compiled_places('launches')`.",
+        f"""(ids) AS TABLE
+        WITH c_ids AS MATERIALIZED (SELECT * FROM query_table(ids)), launchers AS (
+            SELECT o.run_id, o.external_id,
+                   arg_max({{'op_id': o.op_id, 'pid': o.pid, 'tid': o.tid, 'start_ns': o.start_ns,
+                             'kernel_meta': o.kernel_meta}}, (o.kernel_meta IS NOT NULL, o.start_ns, o.op_id)) AS op
+            FROM cpu_ops o SEMI JOIN c_ids e ON e.run_id = o.run_id AND e.external_id = o.external_id
+            GROUP BY o.run_id, o.external_id
+        ), regions AS (
+            SELECT run_id, op_id AS id, name, pid, tid, start_ns, end_ns FROM cpu_ops
+            WHERE run_id IN (SELECT run_id FROM c_ids) AND {COMPILED_REGION_OPS}
+        ), graph_calls AS (
+            SELECT run_id, range_id AS id, regexp_extract(name, '{COMPILED_GRAPH_CALL}', 1) AS hash, pid, tid, start_ns, end_ns
+            FROM ranges WHERE kind = 'user_annotation' AND name LIKE '## Call CompiledFxGraph %'
+              AND run_id IN (SELECT run_id FROM c_ids)
+        ), placed AS (
+            SELECT l.run_id, l.external_id, l.op,
+                   (SELECT arg_max({{'id': r.id, 'name': r.name}}, (r.start_ns, r.id)) FROM regions r
+                    WHERE r.run_id = l.run_id AND r.pid IS NOT DISTINCT FROM l.op.pid AND r.tid IS NOT DISTINCT FROM l.op.tid
+                      AND r.start_ns <= l.op.start_ns AND r.end_ns >= l.op.start_ns) AS region,
+                   (SELECT arg_max({{'id': g.id, 'hash': g.hash}}, (g.start_ns, g.id)) FROM graph_calls g
+                    WHERE g.run_id = l.run_id AND g.pid IS NOT DISTINCT FROM l.op.pid AND g.tid IS NOT DISTINCT FROM l.op.tid
+                      AND g.start_ns <= l.op.start_ns AND g.end_ns >= l.op.start_ns) AS graph
+            FROM launchers l
+        )
+        SELECT run_id, external_id, op.op_id AS op_id, op.kernel_meta AS kernel_meta, region.id AS region_op_id,
+               region.name AS region_name, graph.id AS graph_range_id, nullif(graph.hash, '') AS graph_hash
+        FROM placed""",
+    ),
     View(
         "kernel_names",
         "Per run, each distinct kernel name with `name_key`, a small integer (in name order) that "
@@ -135,14 +134,16 @@ DEFINES = (
             SELECT k.run_id, k.kernel_id, k.device_id, k.stream_id, k.start_ns, k.end_ns, k.name, n.kernel_class,
                    n.fused_ops, k.external_id
             FROM kernels k JOIN names n ON n.run_id = k.run_id AND n.name = k.name
+        ), launched AS (
+            SELECT DISTINCT run_id, external_id FROM ks WHERE external_id IS NOT NULL
         ), placed AS (
-            {compiled_places("SELECT DISTINCT run_id, external_id FROM ks WHERE external_id IS NOT NULL")}
+            SELECT * FROM compiled_places('launched')
         )
         SELECT k.run_id, k.kernel_id, k.device_id, k.stream_id, k.start_ns, k.end_ns, k.name, k.kernel_class,
                k.fused_ops, p.op_id, p.kernel_meta, p.region_op_id, p.region_name, p.graph_range_id, p.graph_hash
         FROM ks k LEFT JOIN placed p ON p.run_id = k.run_id AND p.external_id = k.external_id
         """,
-        reads=("inductor_class", "inductor_ops", "kernel_names"),
+        reads=("inductor_class", "inductor_ops", "kernel_names", "compiled_places"),
         on_demand=True,
     ),
     View(

@@ -3,7 +3,6 @@
 from typing import Annotated
 
 from ..kernel_library import INDUCTOR_MEMORY_BOUND
-from ..analyses.kernels import compiled_places
 from ..analyses.place import HOW as PLACE_HOW
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, StreamRange, doc
@@ -96,8 +95,10 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     -- launched it (NULL where the trace does not say)
     SELECT m.device_id, m.stream_id, m.chain, m.external_id
     FROM chain_members m JOIN names n ON n.name_key = m.name_key AND n.compiled
+), compiled_ids AS (
+    SELECT DISTINCT $run_id AS run_id, external_id FROM compiled_members WHERE external_id IS NOT NULL
 ), compiled_calls AS (
-    __COMPILED_PLACES__
+    SELECT * FROM compiled_places('compiled_ids')
 ), compiled_chains AS (
     SELECT c.device_id, c.stream_id, c.chain, count(*) AS compiled,
            count(DISTINCT coalesce('graph ' || p.graph_range_id, 'region ' || p.region_op_id)) AS graph_calls
@@ -285,9 +286,6 @@ SELECT device_id, worst_chain.stream_id AS stream_id, 'kernel' AS item_kind, wor
 FROM judged LEFT JOIN chain_place USING (device_id, n, sig_a, sig_b)
 ORDER BY saving_ns DESC, item_name
 """
-
-SQL = (SQL.replace("__COMPILED_PLACES__", compiled_places("SELECT DISTINCT $run_id AS run_id, external_id FROM compiled_members "
-                                                       "WHERE external_id IS NOT NULL")))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
