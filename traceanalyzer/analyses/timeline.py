@@ -1,6 +1,6 @@
 """The GPU timeline: every operation as one interval table (`gpu_activity`), its union per
 device as busy intervals (gaps and islands), the idle gaps between them, per device and per run,
-and the helpers the rules read busy time with (the table macro `covered_ns`, `next_busy_candidates`)."""
+and the table macros the rules read busy time with (`covered_ns`, `next_busy_candidates`)."""
 
 from __future__ import annotations
 
@@ -79,29 +79,6 @@ def run_idle_gaps_sql(per_run: bool = False) -> str:
         """
 
 
-def next_busy_candidates(probes: str) -> str:
-    """The busy intervals of $run_id (device_busy_intervals) among which the first one ending
-    after each probe (`device_id`, `t` columns of the query `probes`) lies.
-
-    An ASOF join for "the first busy interval ending after t" sorts its whole right side:
-    millions of intervals for a few thousand probes. Intervals are numbered in time order,
-    so their ends rise with the number; the answer lies in the first block of 64 whose last
-    end is past t, and only the blocks some probe lands in are kept. Exact: the answer is
-    among them, and every interval before it ends by t."""
-    return f"""
-        WITH blocks AS (
-            SELECT device_id, (island - 1) // 64 AS block, max(end_ns) AS block_end
-            FROM device_busy_intervals WHERE run_id = $run_id GROUP BY ALL
-        ), hit AS (
-            SELECT DISTINCT b.device_id, b.block
-            FROM ({probes}) p ASOF JOIN blocks b ON b.device_id = p.device_id AND b.block_end > p.t
-        )
-        SELECT i.device_id, i.start_ns, i.end_ns FROM device_busy_intervals i
-        SEMI JOIN hit h ON h.device_id = i.device_id AND h.block = (i.island - 1) // 64
-        WHERE i.run_id = $run_id
-        """
-
-
 DEFINES = (
     View(
         "gpu_activity",
@@ -172,6 +149,29 @@ DEFINES = (
         "is not a gap).",
         run_idle_gaps_sql(),
         reads=("gpu_activity",),
+    ),
+    # An ASOF join for "the first busy interval ending after t" sorts its whole right side:
+    # millions of intervals for a few thousand probes. Intervals are numbered in time order, so
+    # their ends rise with the number; the answer lies in the first block of 64 whose last end is
+    # past t, and only the blocks some probe lands in are kept. Exact: the answer is among them,
+    # and every interval before it ends by t.
+    TableMacro(
+        "next_busy_candidates",
+        "The busy intervals of one run (`device_busy_intervals`) among which the first one ending after "
+        "each probe lies: `next_busy_candidates('<run id>', 'probes')`, the probes a table (a CTE's name) "
+        "with `device_id` and `t`; `device_id`, `start_ns`, `end_ns`.",
+        """(rid, probes) AS TABLE
+        WITH blocks AS (
+            SELECT device_id, (island - 1) // 64 AS block, max(end_ns) AS block_end
+            FROM device_busy_intervals WHERE run_id = rid GROUP BY ALL
+        ), hit AS (
+            SELECT DISTINCT b.device_id, b.block
+            FROM query_table(probes) p ASOF JOIN blocks b ON b.device_id = p.device_id AND b.block_end > p.t
+        )
+        SELECT i.device_id, i.start_ns, i.end_ns FROM device_busy_intervals i
+        SEMI JOIN hit h ON h.device_id = i.device_id AND h.block = (i.island - 1) // 64
+        WHERE i.run_id = rid""",
+        reads=("device_busy_intervals",),
     ),
     # Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read from
     # the last stretch starting by t. Both ends go through one ASOF join (one sort of the

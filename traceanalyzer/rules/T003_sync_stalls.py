@@ -2,7 +2,6 @@
 
 from typing import Annotated, Optional
 
-from ..analyses.timeline import next_busy_candidates
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, TimeRange, doc
@@ -49,8 +48,10 @@ WITH active AS (
     SELECT c.* REPLACE (coalesce(c.device_id, (SELECT min(device_id) FROM active HAVING count(*) = 1)) AS device_id),
            d.device_id AS dev
     FROM calls c JOIN active d ON c.device_id IS NULL OR d.device_id = c.device_id
+), call_ends AS (
+    SELECT dev AS device_id, end_ns AS t FROM per_device
 ), busy AS (  -- the busy intervals that can follow a call (analyses.timeline.next_busy_candidates)
-    __NEXT_BUSY__
+    SELECT * FROM next_busy_candidates($run_id, 'call_ends')
 ), next_busy AS (  -- the first busy interval of that device ending after the call returned
     SELECT p.*, b.start_ns AS busy_start
     FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
@@ -149,7 +150,6 @@ FROM scored
 WHERE loss_ns > $min_loss_ns AND loss_ns / span_ns >= $min_share
 ORDER BY loss_ns DESC, name, tid
 """
-SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT dev AS device_id, end_ns AS t FROM per_device"))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.

@@ -4,7 +4,6 @@ device-to-host copies the host waits on (the `.item()` pattern), per step."""
 from typing import Annotated, Optional
 
 from ..analyses.place import HOW as PLACE_HOW
-from ..analyses.timeline import next_busy_candidates
 from ._unknown import idle_unknown
 from .base import Rule, Threshold, pair_key
 from .evidence import PlacedEvidence, StreamRange, doc
@@ -85,8 +84,10 @@ d2h AS (
     SELECT *, CASE WHEN how_waited = 'sync after' THEN next_sync_end ELSE call_end END AS wait_end,
            CASE WHEN how_waited = 'sync after' THEN next_sync_name END AS sync_name
     FROM waited WHERE how_waited IS NOT NULL
+), wait_ends AS (
+    SELECT device_id, wait_end AS t FROM serial
 ), busy AS (  -- the busy intervals that can follow a wait (analyses.timeline.next_busy_candidates)
-    __NEXT_BUSY__
+    SELECT * FROM next_busy_candidates($run_id, 'wait_ends')
 ), next_busy AS (
     SELECT s.*, b.start_ns AS busy_start
     FROM serial s ASOF LEFT JOIN busy b ON b.device_id = s.device_id AND b.end_ns > s.wait_end
@@ -197,7 +198,6 @@ LEFT JOIN wait_place wp USING (device_id)
 WHERE d.loss_ns > $min_loss_ns AND d.loss_ns >= $min_share * sp.active_span_ns
 ORDER BY 5, 1
 """
-SQL = SQL.replace("__NEXT_BUSY__", next_busy_candidates("SELECT device_id, wait_end AS t FROM serial"))
 # The longest copy first, the lowest id among equals: (dur_ns, -copy_id) as one integer.
 SQL = SQL.replace("__LONGEST__", pair_key("c.dur_ns", "c.copy_id", then_descending=True))
 
