@@ -338,7 +338,14 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
               stream_id, device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
               fmt_ns(lost_ns), fmt_pct(lost_ns / span_ns), replace(main_cause, '_', ' '),
               fmt_pct(main_idle_ns / lost_ns)) AS message,
-       __HINT__ AS hint,
+       -- On a device's only stream, work issued in time waits for no other stream: the time from
+       -- a launch call's return to its kernel's start is the launch's own latency.
+       CASE WHEN main_cause = 'dependency' AND one_stream
+            THEN 'The work was issued in time, and the rest of each gap is the launch latency (from a launch '
+                 || 'call''s return to its kernel''s start; this device ran one stream, so nothing else held it): '
+                 || 'fewer, larger kernels (fusion) cut the launches that pay it, and a CUDA/HIP graph shortens '
+                 || 'it where kernels are launched one by one.'
+            ELSE __HINT__ END AS hint,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "device_idle_ns": ' || lost_ns
          || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns || ', "cause_idle_ns": ' || cause_idle_ns
@@ -467,7 +474,8 @@ RULE = Rule(
         "memset: one in progress when the gap began or entered before the launch call, however late "
         "in the gap) is `sync`, the rest `late_launch` (the budget's `host`: a CPU-bound launch); "
         "the rest of the gap is `copy` when a copy on another stream of the device ran in it, else "
-        "`dependency` (issued, the work waited: another stream, an event, the launch latency); all "
+        "`dependency` (issued, the work waited: another stream, an event, the launch latency; on a "
+        "device's only stream, the latency, which its hint then names); all "
         "`unknown` when no launch call is linked. A gap's sync time is counted first in it. The "
         "estimated loss is the part of the gaps during which the whole device was idle; severity is "
         "by that loss as a share of the device's span (first GPU operation to last, the time budget's), and a stream whose "
