@@ -96,7 +96,16 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
          || CASE WHEN kernel_ns < exposed_ns
                  THEN '; ' || fmt_loss_bound(kernel_ns, 'of kernel time on the device that could have hidden it')
                  ELSE '' END AS message,
-       CASE WHEN exposed_pageable_ns >= exposed_ns / 2 THEN
+       -- where the kernels could hide less than half of it, overlap is not the fix: the volume is
+       CASE WHEN 2 * kernel_ns < exposed_ns THEN
+              printf('Overlap cannot fix this: the copies took %s and the device''s kernels %s, all that could '
+                     || 'hide them. Move fewer bytes: keep data and weights resident on the GPU across steps, copy '
+                     || 'once and reuse, or copy a smaller dtype; and check the rate, %.1f GB/s over these copies, '
+                     || 'against what the host link gives (PCIe 4.0 x16 about 25 GB/s, 5.0 about 50)%s.',
+                     fmt_ns(exposed_ns), fmt_ns(kernel_ns), bytes / nullif(dur_ns, 0),
+                     CASE WHEN exposed_pageable_ns >= exposed_ns / 2
+                          THEN '; most of it is from pageable host memory, which pinned buffers copy faster' ELSE '' END)
+            WHEN exposed_pageable_ns >= exposed_ns / 2 THEN
               'Most exposed time is from pageable host memory, which cannot be copied asynchronously: allocate the buffers pinned (cudaHostAlloc / cudaHostRegister, or pin_memory=True in a PyTorch DataLoader).'
             WHEN exposed_sync_ns >= exposed_ns / 2 THEN
               'Most exposed time is from synchronous copy calls: use cudaMemcpyAsync on a non-default stream (tensor.to(device, non_blocking=True) from pinned memory) so the copy can overlap compute.'
@@ -185,7 +194,9 @@ RULE = Rule(
         "time bounds a device's loss, its message says so." + PLACE_HOW,
     fix="Pin host buffers; use cudaMemcpyAsync on a separate stream and issue copies ahead of use "
         "(double buffering, DataLoader pin_memory + non_blocking); merge small copies; prefetch "
-        "managed memory.",
+        "managed memory. Where the device's kernels could hide less than half of the exposed time, "
+        "overlap cannot: move fewer bytes (keep data resident, copy once, a smaller dtype) and check "
+        "the copies' rate against the host link's (the hint gives it).",
     requires="timed host-to-device copies",
     applies_sql="SELECT EXISTS (SELECT 1 FROM copies WHERE run_id = $run_id AND direction = 'HtoD' "
                 "AND start_ns IS NOT NULL)",
