@@ -45,21 +45,39 @@ WITH reasons(reason, meaning, hint) AS (VALUES
            to_json(map_from_entries(list((reason, round(share, 4)) ORDER BY share DESC)
                                     OVER (PARTITION BY name))) AS profile, nvidia_speedup_pct
     FROM by_name QUALIFY row_number() OVER (PARTITION BY name ORDER BY share DESC, reason) = 1
-), r AS (SELECT * FROM measured UNION ALL SELECT * FROM vendor)
+), r AS (SELECT * FROM measured UNION ALL SELECT * FROM vendor
+), local_ops AS (  -- local-memory instructions per kernel, where the report measured them
+    SELECT k.name, sum(m.value) AS n FROM kernel_metrics m
+    JOIN kernels k ON k.run_id = m.run_id AND k.kernel_id = m.kernel_id
+    WHERE m.run_id = $run_id AND m.metric_id IN ('sass__inst_executed_local_loads', 'sass__inst_executed_local_stores',
+                                                 'smsp__sass_inst_executed_op_local_ld.sum',
+                                                 'smsp__sass_inst_executed_op_local_st.sum')
+    GROUP BY k.name
+), said AS (  -- a full LG queue with no local-memory instruction run is not register spills
+    SELECT r.*,
+           CASE WHEN r.reason = 'lg_throttle' AND l.n = 0
+                THEN 'the local/global memory queue is full: too many global memory instructions; no '
+                     || 'local-memory instruction ran, so not register spills' ELSE x.meaning END AS meaning,
+           CASE WHEN r.reason = 'lg_throttle' AND l.n = 0
+                THEN 'Issue fewer, wider global memory instructions: vector loads/stores (float4), and reuse '
+                     || 'loaded data from registers or shared memory (tiling) instead of loading it again.'
+                ELSE x.hint END AS hint
+    FROM r LEFT JOIN reasons x USING (reason) LEFT JOIN local_ops l ON l.name = r.name
+)
 SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, first_id AS item_id, name AS item_name,
        NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns,
        share AS value, 'share' AS value_unit, $min_dominant_share AS threshold, est_loss_ns,
-       CASE WHEN r.reason = 'not_selected' THEN 'info' ELSE NULL END AS severity,
-       printf('%s: %s of stall cycles are %s (%s)%s%s', short_name, fmt_pct(share), replace(r.reason, '_', ' '),
-              coalesce(x.meaning, 'see Nsight Compute'),
+       CASE WHEN reason = 'not_selected' THEN 'info' ELSE NULL END AS severity,
+       printf('%s: %s of stall cycles are %s (%s)%s%s', short_name, fmt_pct(share), replace(reason, '_', ' '),
+              coalesce(meaning, 'see Nsight Compute'),
               CASE WHEN launches > 1 THEN printf(', averaged over %d launches', launches) ELSE '' END,
               CASE WHEN source <> 'stall metrics' THEN ', from NVIDIA''s CPIStall verdict' ELSE '' END) AS message,
-       coalesce(x.hint, 'Look at the stall reasons in the Nsight Compute source view.') AS hint,
-       '{"reason": "' || r.reason || '", "launches": ' || launches || ', "issue_active": '
+       coalesce(hint, 'Look at the stall reasons in the Nsight Compute source view.') AS hint,
+       '{"reason": "' || reason || '", "launches": ' || launches || ', "issue_active": '
          || coalesce(CAST(issue_active AS VARCHAR), 'null') || ', "metric_family": ' || family
          || ', "source": "' || source || '", "nvidia_speedup_pct": '
          || coalesce(CAST(nvidia_speedup_pct AS VARCHAR), 'null') || ', "profile": ' || profile || '}' AS evidence
-FROM r LEFT JOIN reasons x USING (reason)
+FROM said
 WHERE share >= $min_dominant_share
   AND (issue_active IS NULL OR issue_active < $max_issue_active_ratio)
 ORDER BY est_loss_ns DESC NULLS LAST, name
@@ -107,7 +125,8 @@ RULE = linked(Rule(
         "it quotes (that reason's cycles over all cycles between two issues, the `selected` cycle "
         "included, so slightly below the profile's share), averaged over the kernel's flagged "
         "launches; NVIDIA has applied its own issue-active gate, and the estimated loss is "
-        "duration x NVIDIA's estimated speedup.",
+        "duration x NVIDIA's estimated speedup. LG throttle is not put down to register spills "
+        "where the report counted local-memory instructions and found none.",
     fix="Follow the hint for the dominant reason; confirm in Nsight Compute's source view which "
         "instructions carry the stalls.",
     requires="Nsight Compute stall-reason metrics (e.g. `--section WarpStateStats` or "
