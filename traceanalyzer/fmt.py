@@ -101,6 +101,16 @@ def loss_bound(bound_ns, what: str) -> str:
 _BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3))
 
 
+def related_estimate(rule_loss_ns, claims, headline: str = "the above") -> str:
+    """What a related finding's own estimate is beside its headline's loss: time of the same
+    budget part (its `claims`), which the diagnosis counts once, under the headline. It may be
+    larger than the headline's (another threshold, or an upper bound), so it is not "part of" it:
+    "its estimate 383 ms, the same idle time as the above, not added"."""
+    part = str(claims).split(":")[0] if claims else None
+    same = f"the same {part} time as {headline}" if part else f"the same time as {headline}"
+    return f"its estimate {ns(rule_loss_ns)}, {same}, not added"
+
+
 def nbytes(x) -> str:
     return "-" if _missing(x) else _scaled(x, _BYTE_UNITS, "B")
 

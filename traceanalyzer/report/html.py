@@ -534,7 +534,7 @@ def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl:
             if has_tl and f.get("start_ns") is not None else "")
     loss = f'<span class="loss">est. loss {esc(fmt.ns(f["est_loss_ns"]))}</span>' if f.get("est_loss_ns") else ""
     if f.get("related_to") is not None and f.get("rule_loss_ns"):
-        loss = f'<span class="loss quiet">rule\'s estimate {esc(fmt.ns(f["rule_loss_ns"]))}, part of the headline\'s</span>'
+        loss = f'<span class="loss quiet">{esc(fmt.related_estimate(f["rule_loss_ns"], f.get("claims"), "the headline"))}</span>'
     return (f'<article class="finding sev-{sev}" id="f-{esc(rid)}-{i}"><header>'
             f'<span class="badge sev-{sev}">{sev}</span> <b>{esc(f["rule_id"])}</b> '
             f'<span class="rtitle">{esc(rule.title if rule else "")}</span>{loss}</header>'

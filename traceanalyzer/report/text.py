@@ -76,7 +76,7 @@ def _loss(f: dict) -> str:
 
 
 def _related_line(console: Console, result: CheckResult, r: dict, indent: int) -> None:
-    own = f" [dim](its estimate {fmt.ns(r['rule_loss_ns'])}, part of the above)[/]" if r.get("rule_loss_ns") else ""
+    own = f" [dim]({escape(fmt.related_estimate(r['rule_loss_ns'], r.get('claims')))})[/]" if r.get("rule_loss_ns") else ""
     note = _baseline_note(result, r)
     _line(console, f"[bold]{r['rule_id']}[/] {escape(r['message'])}{own}{' ' + note if note else ''}",
           "[dim]related:[/]", indent)
