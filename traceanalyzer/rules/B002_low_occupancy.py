@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import msgspec
@@ -83,6 +85,7 @@ def _configuration(r, p: dict) -> dict | None:
     else:
         share = 1 - measured / theo
         what = f"achieved occupancy {pct(measured)} (measured) vs theoretical {pct(theo)}"
+    what += _lanes(r)
     sol = max((x for x in (r.sm_sol, r.memory_sol) if x == x), default=None)
     bound = "an upper bound, if it is latency-bound"
     if sol is not None:
@@ -92,6 +95,15 @@ def _configuration(r, p: dict) -> dict | None:
     return {"row": r, "low_theo": low_theo, "gap": gap, "what": what, "limiters": limiters, "share": share,
             "loss": loss, "bound": bound, "sol": sol, "estimate": estimate, "estimate_note": estimate_note,
             "measured": None if measured != measured else measured}
+
+
+def _lanes(r) -> str:
+    """A block that is not a whole number of warps leaves lanes of its last warp idle, which no
+    occupancy figure counts: "; blocks of 16 threads fill 50.0% of their warps' lanes"."""
+    threads, warp = r.threads_per_block, getattr(r, "warp_size", float("nan"))
+    if threads != threads or warp != warp or warp <= 0 or threads <= 0 or threads % warp == 0:
+        return ""
+    return f"; blocks of {int(threads)} threads fill {pct(threads / (math.ceil(threads / warp) * warp))} of their warps' lanes"
 
 
 def _finding(configs: list[dict], p: dict) -> dict:
@@ -246,7 +258,9 @@ RULE = linked(Rule(
         "kernel without Speed Of Light is info too: those keep few large blocks resident by design. One finding per kernel (its launch "
         "configurations in `evidence.configurations`, losses summed); kernels under "
         "`warning_time_share` of kernel time are info, under `min_time_share` skipped. Collectives "
-        "are T007's; library kernels (`kernels.library`) get hints about the call, not registers." + " " + LAUNCHER_HOW,
+        "are T007's; library kernels (`kernels.library`) get hints about the call, not registers. A "
+        "block that is not a whole number of warps (the device's `warp_size`) is said to leave lanes "
+        "of its warps idle, which no occupancy figure counts." + " " + LAUNCHER_HOW,
     fix="Reduce the limiting resource (registers via __launch_bounds__, shared memory per block, "
         "block size) in your own kernels; for a library's, change what selects its variant (dtype, "
         "shape, algorithm search); balance work so warps retire together.",

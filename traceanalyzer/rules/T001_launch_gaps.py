@@ -24,7 +24,7 @@ HINTS = {
             "it, or move it out of the loop and use events/stream ordering and asynchronous copies instead.",
     "late_launch": "The host submits work too slowly (CPU-bound launch): fuse small kernels, capture the loop "
                    "in a CUDA graph, or take other work off the launch thread (Python and framework dispatch; in "
-                   "compiled code, allocations, copies and synchronizations repeated in every iteration).",
+                   "compiled code, allocations and copies made anew in every iteration).",
     "copy": "The stream waits on a copy: issue copies asynchronously from pinned memory on another stream and "
             "prefetch ahead of use.",
     "dependency": "Work was submitted in time but waited on another stream or event: check cross-stream "

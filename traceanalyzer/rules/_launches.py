@@ -110,6 +110,7 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     out = df[["device_id", "name", "short_name", "library", "grid_blocks", "threads_per_block", "registers_per_thread",
               "static_shared_mem_bytes", "dynamic_shared_mem_bytes", "launches", "first_id", "total_ns",
               "first_start_ns", "first_end_ns", "sm_count"]].copy()
+    out["warp_size"] = df["warp_size"] if "warp_size" in df.columns else np.nan
     out["time_share"] = df["total_ns"] / total if total and total > 0 else np.nan
     ncu_limits = df[[f"ncu_limit_{x}" for x in ("blocks", "registers", "shared_mem", "warps", "barriers")]]
     has_ncu = ncu_limits.notna().any(axis=1)
