@@ -98,13 +98,12 @@ def by_kernel(launches: dict, weight_label: str | None = "Duration") -> dict[str
 
 
 def sol_verdict(sm: float, mem: float) -> str:
-    """NVIDIA SOLBottleneck lines 80 / 60 / 10, written out again here."""
-    if max(sm, mem) >= 80:
-        return "compute" if sm >= mem else "memory"
-    if sm < 60 and mem < 60:
+    """NVIDIA SOLBottleneck lines 80 / 60 / 10, written out again here; at or over 80, where NVIDIA
+    names no side, the higher one unless the two are within 10 points (both busy)."""
+    if max(sm, mem) < 60:
         return "latency"
     if abs(sm - mem) >= 10:
-        return "compute" if sm > mem else "memory"
+        return "compute" if sm >= mem else "memory"
     return "balanced"
 
 

@@ -113,16 +113,19 @@ def keep_hot(g: pd.DataFrame, min_time_share: float) -> pd.DataFrame:
 
 
 def classify(compute_pct: pd.Series, memory_pct: pd.Series, p: dict) -> pd.Series:
-    """NVIDIA's SOLBottleneck verdict from compute and memory % of peak: `compute`/`memory`
-    (one at or over `throughput_bound_pct`, or over `latency_bound_pct` and `balanced_pct` points
-    ahead of the other), `balanced` (both over the latency line, close together) or `latency`."""
+    """NVIDIA's SOLBottleneck verdict from compute and memory % of peak: `latency` (both under
+    `latency_bound_pct` and `throughput_bound_pct`), else `compute`/`memory` (one `balanced_pct`
+    points ahead of the other) or `balanced` (close together). Where one is at or over
+    `throughput_bound_pct` NVIDIA says "High Throughput" without a side: the higher one is the
+    bound unless the two are close, when both are busy (a naive GEMM's 83% compute is L1's load
+    instructions, with memory at 83% too)."""
     import pandas as pd
 
     c, m = compute_pct.fillna(0), memory_pct.fillna(0)
     hi = np.maximum(c, m)
     return pd.Series(np.select(
-        [hi >= p["throughput_bound_pct"], hi < p["latency_bound_pct"], (c - m).abs() >= p["balanced_pct"]],
-        [np.where(c >= m, "compute", "memory"), "latency", np.where(c >= m, "compute", "memory")],
+        [(hi < p["latency_bound_pct"]) & (hi < p["throughput_bound_pct"]), (c - m).abs() >= p["balanced_pct"]],
+        ["latency", np.where(c >= m, "compute", "memory")],
         "balanced"), index=compute_pct.index)
 
 
