@@ -35,6 +35,15 @@ REASONS = [
 ]
 
 
+# What a reason means and what to try where the report counted local-memory instructions and
+# found none: then the reason cannot be register spills (I001 reads these instead of REASONS').
+WITHOUT_LOCAL_MEMORY = {
+    "lg_throttle": ("the local/global memory queue is full: too many global memory instructions; no "
+                    "local-memory instruction ran, so not register spills",
+                    "Issue fewer, wider global memory instructions: vector loads/stores (float4), and reuse "
+                    "loaded data from registers or shared memory (tiling) instead of loading it again."),
+}
+
 # How NVIDIA's CPIStall rule message names each reason ("... cycles being stalled waiting for
 # sibling warps at a CTA barrier ..."), for reports that carry the rule's verdict but not the
 # stall metrics. The long-scoreboard, LG-throttle, MIO-throttle, barrier and wait phrases are read

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import msgspec
@@ -100,7 +99,7 @@ def _configuration(r, p: dict) -> dict | None:
 def _lanes(r) -> str:
     """A block that is not a whole number of warps leaves lanes of its last warp idle, which no
     occupancy figure counts: "; blocks of 16 threads fill 50.0% of their warps' lanes"."""
-    threads, warp = r.threads_per_block, getattr(r, "warp_size", float("nan"))
+    threads, warp = r.threads_per_block, r.warp_size
     if threads != threads or warp != warp or warp <= 0 or threads <= 0 or threads % warp == 0:
         return ""
     return f"; blocks of {int(threads)} threads fill {pct(threads / (math.ceil(threads / warp) * warp))} of their warps' lanes"

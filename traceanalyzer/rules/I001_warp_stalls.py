@@ -2,7 +2,7 @@
 
 from typing import Annotated, Optional
 
-from ..devices.stalls import PHRASES, REASONS
+from ..devices.stalls import PHRASES, REASONS, WITHOUT_LOCAL_MEMORY
 from ..sql import sql_literal
 from ._code import named
 from ._ncu import linked
@@ -18,7 +18,7 @@ def _values_sql(rows) -> str:
 # NVIDIA's CPIStall verdicts: the verdict's reason and share ("represents about 72.6% of the total
 # average of 32.9 cycles between issuing two instructions"), NVIDIA's own gate and estimate.
 SQL = r"""
-WITH reasons(reason, meaning, hint) AS (VALUES
+WITH reasons(reason, meaning, hint, meaning_no_local, hint_no_local) AS (VALUES
         __REASONS__
 ), phrases(reason, phrase) AS (VALUES
         __PHRASES__
@@ -53,15 +53,9 @@ WITH reasons(reason, meaning, hint) AS (VALUES
                                                  'smsp__sass_inst_executed_op_local_ld.sum',
                                                  'smsp__sass_inst_executed_op_local_st.sum')
     GROUP BY k.name
-), said AS (  -- a full LG queue with no local-memory instruction run is not register spills
-    SELECT r.*,
-           CASE WHEN r.reason = 'lg_throttle' AND l.n = 0
-                THEN 'the local/global memory queue is full: too many global memory instructions; no '
-                     || 'local-memory instruction ran, so not register spills' ELSE x.meaning END AS meaning,
-           CASE WHEN r.reason = 'lg_throttle' AND l.n = 0
-                THEN 'Issue fewer, wider global memory instructions: vector loads/stores (float4), and reuse '
-                     || 'loaded data from registers or shared memory (tiling) instead of loading it again.'
-                ELSE x.hint END AS hint
+), said AS (  -- a reason's words, those for no local-memory traffic where none was counted
+    SELECT r.*, CASE WHEN l.n = 0 THEN coalesce(x.meaning_no_local, x.meaning) ELSE x.meaning END AS meaning,
+           CASE WHEN l.n = 0 THEN coalesce(x.hint_no_local, x.hint) ELSE x.hint END AS hint
     FROM r LEFT JOIN reasons x USING (reason) LEFT JOIN local_ops l ON l.name = r.name
 )
 SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, first_id AS item_id, name AS item_name,
@@ -81,7 +75,7 @@ FROM said
 WHERE share >= $min_dominant_share
   AND (issue_active IS NULL OR issue_active < $max_issue_active_ratio)
 ORDER BY est_loss_ns DESC NULLS LAST, name
-""".replace("__REASONS__", _values_sql(REASONS)).replace("__PHRASES__", _values_sql(PHRASES))
+""".replace("__REASONS__", _values_sql((*row, *WITHOUT_LOCAL_MEMORY.get(row[0], (None, None))) for row in REASONS)).replace("__PHRASES__", _values_sql(PHRASES))
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
