@@ -72,7 +72,7 @@ class _SortedCalls(NamedTuple):
     corr: pa.Array
     name: pa.DictionaryArray
     idx: pa.Array  # per call, its index into the distinct name ids
-    api_by_string: pa.Array
+    api: pa.Array  # per call: 0 runtime, 1 driver (int8)
     raw_by_string: pa.Array
 
 
@@ -90,6 +90,9 @@ def _api_calls(state: ReadState) -> None:
     g = col("global_tid")
     idx, pos = lookup(state, col("name_id"))
     name = arrow.dictionary(idx, pc.take(state.strings["stripped"], pos))
+    # Runtime or driver: from the name, else from eventClass (0 runtime, 1 driver).
+    by_class = arrow.take(_api_class(r.pop("event_class")), order)
+    api = pc.coalesce(pc.take(pc.take(state.strings["api"], pos), idx), by_class)
     corr = col("correlation_id")
     given_back(state)  # the source columns sorted so far
     state.calls = CallLookup(state.duck, corr, g, name)
@@ -99,36 +102,36 @@ def _api_calls(state: ReadState) -> None:
     for c in list(r):
         rest[c] = arrow.array(r.pop(c))
         given_back(state)  # the source's batches, now copied
-    calls = _SortedCalls(order, rest, g, corr, name, idx, pc.take(state.strings["api"], pos),
-                         pc.take(state.strings["value"], pos))
+    calls = _SortedCalls(order, rest, g, corr, name, idx, api, pc.take(state.strings["value"], pos))
     step = state.sources.chunk_rows
     for lo in range(0, max(n, 1), step):
         store(state, "api_calls", _calls_part(calls, lo, min(n, lo + step) - lo))
-    _capture_calls(state, g, arrow.take(rest["start_ns"], order), arrow.take(rest["end_ns"], order))
+    _capture_calls(state, calls)
+
+
+def _api_class(event_class: pa.ChunkedArray) -> pa.Array:
+    """eventClass as int8: 0 runtime, 1 driver, NULL for any other code (8 bytes a row less
+    to hold while the calls are stored)."""
+    c = arrow.array(event_class)
+    return pc.if_else(pc.is_in(c, pa.array([0, 1], c.type)), c.cast(pa.int8(), safe=False), pa.scalar(None, pa.int8()))
 
 
 def _calls_part(c: _SortedCalls, lo: int, size: int) -> pa.Table:
     """Rows lo..lo+size of `api_calls`."""
     rows = None if c.order is None else c.order[lo:lo + size]
     part = lambda col: c.rest[col].slice(lo, size) if rows is None else c.rest[col].take(rows)  # noqa: E731
-    i = c.idx.slice(lo, size)
-    # Runtime or driver: from the name, else from eventClass (0 runtime, 1 driver).
-    event_class = part("event_class")
-    by_class = pc.if_else(pc.equal(event_class, 0), pa.scalar(0, pa.int8()),
-                          pc.if_else(pc.equal(event_class, 1), pa.scalar(1, pa.int8()), pa.scalar(None, pa.int8())))
-    api = pc.coalesce(pc.take(c.api_by_string, i), by_class)
     g = c.global_tid.slice(lo, size)
     return pa.table({
         "call_id": pa.array(np.arange(lo, lo + size, dtype=np.int64)),
-        "api": pa.DictionaryArray.from_arrays(api.cast(pa.int32()), pa.array(["runtime", "driver"])),
+        "api": pa.DictionaryArray.from_arrays(c.api.slice(lo, size).cast(pa.int32()), pa.array(["runtime", "driver"])),
         "name": pa.DictionaryArray.from_arrays(c.name.indices.slice(lo, size), c.name.dictionary),
-        "raw_name": arrow.dictionary(i, c.raw_by_string),
+        "raw_name": arrow.dictionary(c.idx.slice(lo, size), c.raw_by_string),
         "pid": pid_of(g), "tid": pc.bit_wise_and(g, 16777215),
         "start_ns": part("start_ns"), "end_ns": part("end_ns"),
         "correlation_id": c.corr.slice(lo, size), "return_value": part("return_value")})
 
 
-def _capture_calls(state: ReadState, global_tid: pa.Array, start: pa.Array, end: pa.Array) -> None:
+def _capture_calls(state: ReadState, calls: _SortedCalls) -> None:
     """Per node creation event (`CUDA_GRAPH_NODE_EVENTS` without an original: made while
     capturing), the call it was made in: on its thread, containing its start, the outermost
     (a runtime call holds the driver call it makes). Calls by start, as `call_id` counts them."""
@@ -138,11 +141,12 @@ def _capture_calls(state: ReadState, global_tid: pa.Array, start: pa.Array, end:
     ev = ev.filter(pc.and_(pc.is_null(ev["original_id"]), pc.is_valid(ev["global_tid"])))
     if not ev.num_rows:
         return
-    keep = pc.fill_null(pc.is_in(global_tid, pc.unique(ev["global_tid"])), False)
+    keep = pc.fill_null(pc.is_in(calls.global_tid, pc.unique(ev["global_tid"])), False)
+    sorted_col = lambda c: arrow.take(calls.rest[c], calls.order).filter(keep)  # noqa: E731
     state.duck.register("node_events", ev.select(["global_tid", "start_ns"]))
     state.duck.register("node_calls", pa.table({
-        "call_id": pc.indices_nonzero(keep), "global_tid": global_tid.filter(keep),
-        "start_ns": start.filter(keep), "end_ns": end.filter(keep)}))
+        "call_id": pc.indices_nonzero(keep), "global_tid": calls.global_tid.filter(keep),
+        "start_ns": sorted_col("start_ns"), "end_ns": sorted_col("end_ns")}))
     try:
         rows = state.duck.sql("""
             SELECT e.global_tid, e.start_ns, arg_min(c.call_id, (c.start_ns, c.call_id)) AS call_id
