@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from traceanalyzer.cli import app
-from traceanalyzer.ranges import normalize_name, normalized_sql, range_rows, run_ops, run_ranges
+from traceanalyzer.analyses import attribution
+from traceanalyzer.ranges import normalize_name, range_rows, run_ops, run_ranges
 from traceanalyzer.rules.engine import Settings, run_rules
 from traceanalyzer.store import Store
 
@@ -136,6 +137,13 @@ NAMES = {
     "1 2 3": "N N N",
     "layer.12.attn": "layer.12.attn",
     "nn.Module: Linear_0": "nn.Module: Linear_0",
+    # NVIDIA pyprof's (DLProf's) ranges, as a real DLProf export names them
+    "{'mod': 'Tensor', 'op': 'cuda', 'args': [{'name': '', 'type': 'tensor', 'shape': (6,), 'dtype': 'float32'}]}":
+        "Tensor.cuda",
+    "{'mod': 'torch.nn.functional', 'op': 'conv2d', 'args': []}": "torch.nn.functional.conv2d",
+    "{'traceMarker': ['dummy_network.py:34', 'dummy_network.py:22'], "
+    "'funcStack': '/<module>/dummy_network::_call_impl/dummy_network::forward/flatten'}": "flatten",
+    '{"model_config": {"emit_nvtx": true}}': '{"model_config": {"emit_nvtx": true}}',
     "": "",
 }
 
@@ -146,7 +154,9 @@ def test_names_are_normalised_alike_in_python_and_sql():
     for name, want in NAMES.items():
         assert normalize_name(name) == want, name
     con = duckdb.connect()
-    got = dict(con.execute(f"SELECT name, {normalized_sql('name')} FROM (SELECT unnest($n) AS name)",
+    macro = next(d for d in attribution.DEFINES if d.name == "normalized_name")
+    con.execute(macro.create())
+    got = dict(con.execute("SELECT name, normalized_name(name) FROM (SELECT unnest($n) AS name)",
                            {"n": list(NAMES)}).fetchall())
     assert got == NAMES
     assert normalize_name(None) == ""

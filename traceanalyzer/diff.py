@@ -63,7 +63,6 @@ import pandas as pd
 from . import comparability, step_stats, summary
 from .link import run_roles
 from .rules import _ncu as ncu
-from .ranges import normalized_sql
 from .analyses.steps import PROFILER_STEP
 from .store import run_cache
 from .store import Store
@@ -374,7 +373,7 @@ NOT_COUNTED_SQL = f"SELECT count(*) FROM kernels k WHERE k.run_id = $run_id AND 
 
 RANGES_SQL = f"""
 SELECT CASE WHEN kind = 'gpu_user_annotation' THEN 'gpu' ELSE 'host' END AS side,
-       {normalized_sql(f"regexp_replace(name, '{PROFILER_STEP}', '{STEP_KEY}')")} AS range,
+       normalized_name(regexp_replace(name, '{PROFILER_STEP}', '{STEP_KEY}')) AS range,
        count(*) AS count, sum(end_ns - start_ns) AS total_ns
 FROM ranges
 WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND name IS NOT NULL AND end_ns >= start_ns
@@ -383,8 +382,8 @@ GROUP BY ALL
 
 # Per PyTorch operator (`cpu_ops`), its name normalised: calls and host time (nested operators
 # are each counted in their own row, as torch.profiler's CPU total).
-OPERATORS_SQL = f"""
-SELECT {normalized_sql('name')} AS operator, count(*) AS count, sum(end_ns - start_ns) AS total_ns
+OPERATORS_SQL = """
+SELECT normalized_name(name) AS operator, count(*) AS count, sum(end_ns - start_ns) AS total_ns
 FROM cpu_ops WHERE run_id = $run_id AND name IS NOT NULL AND end_ns >= start_ns
 GROUP BY ALL
 """

@@ -41,20 +41,7 @@ from .store import Store, StoreError
 BY = {"range": "range", "op": "op", "module": "module"}
 WHAT = {"range": "ranges", "op": "operators", "module": "modules"}
 
-# What is rewritten in a range or operator name before names are compared, in order, as
-# (pattern, replacement): patterns RE2 (DuckDB) and Python's `re` read alike. The ids PyTorch's
-# `emit_nvtx` adds to every range (`aten::to, op_id = 998949`, `seq = 12`, the input ops'
-# ids), addresses (`object at 0x7f3a...`), step numbers (`ProfilerStep#12`) and numbers that stand
-# alone as a word (`Residual 0`, `Step 0 to 10`: twice, since one pass skips the second of two
-# adjacent numbers); numbers inside a word stay (`layer.12.attn`, `Linear_0`).
-NAME_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r",?\s*\b(?:op_id|seq|input_op_ids|stashed seq)\s*=\s*(?:\[[^\]]*\]|-?\d+)", ""),
-    (r"0[xX][0-9a-fA-F]+", "0x?"),
-    (r"#\d+\b", "#N"),
-    (r"(^|\s)\d+(\s|$)", r"\1N\2"),
-    (r"(^|\s)\d+(\s|$)", r"\1N\2"),
-)
-_COMPILED = tuple((re.compile(p), r) for p, r in NAME_PATTERNS)
+_COMPILED = tuple((re.compile(p), r) for p, r in attribution.NAME_PATTERNS)
 
 
 def normalize_name(name: str | None) -> str:
@@ -63,14 +50,6 @@ def normalize_name(name: str | None) -> str:
     for pattern, replacement in _COMPILED:
         out = pattern.sub(replacement, out)
     return out.strip()
-
-
-def normalized_sql(expr: str) -> str:
-    """SQL for `normalize_name(expr)`."""
-    out = f"coalesce({expr}, '')"
-    for pattern, replacement in NAME_PATTERNS:
-        out = f"regexp_replace({out}, '{pattern}', '{replacement}', 'g')"
-    return f"trim({out})"
 
 
 def _tree_sql(by: str, runs: str = "run_id = $run_id", memory: bool = True) -> str:
@@ -114,7 +93,7 @@ def _tree_sql(by: str, runs: str = "run_id = $run_id", memory: bool = True) -> s
         ), memory AS (  -- CUDA allocator events, each to the frame innermost on its thread then
             {placed}
         ), keys AS (
-            SELECT name, {normalized_sql("name")} AS key FROM (SELECT DISTINCT coalesce(name, '') AS name FROM frames)
+            SELECT name, normalized_name(name) AS key FROM (SELECT DISTINCT coalesce(name, '') AS name FROM frames)
         ), nodes AS (  -- each frame's path of names as a node id: a hash of its parent's node and its name
             SELECT f.run_id, f.frame_id, hash(k.key) AS node, NULL::UBIGINT AS parent_node, k.key AS name, 0 AS depth
             FROM frames f JOIN keys k ON k.name = coalesce(f.name, '') WHERE f.parent_id IS NULL
@@ -143,12 +122,12 @@ FROM kernel_durations WHERE run_id = $run_id
 
 # Per profiled launch of an ncu run with ranges: its path of (normalised) range names,
 # outermost first, and its duration (NULL where the export has no duration metric).
-NCU_PATHS_SQL = f"""
+NCU_PATHS_SQL = """
 WITH listed AS (
     SELECT *, bool_or(kind = 'push_pop') OVER (PARTITION BY kernel_id) AS has_stack
     FROM launch_ranges WHERE run_id = $run_id
 ), paths AS (
-    SELECT kernel_id, list({normalized_sql("name")} ORDER BY kind, depth) AS path
+    SELECT kernel_id, list(normalized_name(name) ORDER BY kind, depth) AS path
     FROM listed WHERE kind = 'push_pop' OR NOT has_stack GROUP BY kernel_id
 )
 SELECT p.path, CAST(k.duration_ns AS BIGINT) AS ns
@@ -343,7 +322,7 @@ def _ops_sql() -> str:
             SELECT parent_id AS frame_id, sum(end_ns - start_ns) AS child_ns
             FROM frames WHERE parent_id IS NOT NULL GROUP BY ALL
         )
-        SELECT {normalized_sql("f.name")} AS name, count(*) AS calls,
+        SELECT normalized_name(f.name) AS name, count(*) AS calls,
                CAST(sum(f.end_ns - f.start_ns - coalesce(c.child_ns, 0)) AS BIGINT) AS self_cpu_ns,
                CAST(sum(f.end_ns - f.start_ns) AS BIGINT) AS cpu_ns,
                CAST(coalesce(sum(d.gpu_ns), 0) AS BIGINT) AS self_gpu_ns,

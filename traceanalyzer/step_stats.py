@@ -21,7 +21,6 @@ communication, copy, memset, idle by cause) averaged over the steady steps, from
 
 from __future__ import annotations
 
-from .ranges import normalized_sql
 from .analyses.steps import PROFILER_STEP
 from .store import Store, views
 
@@ -41,7 +40,7 @@ SELECT CASE WHEN kind = 'gpu_user_annotation' THEN 'gpu' ELSE 'host' END AS side
        start_ns, end_ns - start_ns AS ns
 FROM ranges
 WHERE run_id = $run_id AND kind <> 'nvtx_mark' AND end_ns >= start_ns
-  AND (name = $name OR {normalized_sql(f"regexp_replace(name, '{PROFILER_STEP}', '{STEP_KEY}')")} = $name)
+  AND (name = $name OR normalized_name(regexp_replace(name, '{PROFILER_STEP}', '{STEP_KEY}')) = $name)
 ORDER BY start_ns, range_id
 """
 

@@ -4,7 +4,8 @@ frame of each source open at it (`launch_context`)."""
 
 from __future__ import annotations
 
-from .core import TableMacro, View, qualified
+from ..sql import sql_literal
+from .core import Macro, TableMacro, View, qualified
 
 
 # Where host frames come from (host_frames' `source`): NVTX and user-annotation ranges, PyTorch
@@ -16,6 +17,32 @@ FRAME_SOURCES = ("range", "op", "module", "python")
 _BOUNDARY_ORDER = ("t, phase, CASE WHEN phase = 1 THEN -end_ns ELSE -start_ns END, "
                    "CASE WHEN phase = 1 THEN frame_id ELSE -frame_id END")
 _FRAME_THREAD = "run_id, source, pid, tid"
+
+# What is rewritten in a range or operator name before names are compared, in order, as
+# (pattern, replacement): patterns RE2 (DuckDB) and Python's `re` read alike. The ids PyTorch's
+# `emit_nvtx` adds to every range (`aten::to, op_id = 998949`, `seq = 12`, the input ops'
+# ids), addresses (`object at 0x7f3a...`), step numbers (`ProfilerStep#12`) and numbers that stand
+# alone as a word (`Residual 0`, `Step 0 to 10`: twice, since one pass skips the second of two
+# adjacent numbers); numbers inside a word stay (`layer.12.attn`, `Linear_0`). NVIDIA's pyprof
+# (DLProf) names each range with a Python dict printed as text: its call's module and op
+# (`{'mod': 'Tensor', 'op': 'cuda', 'args': [...]}` -> `Tensor.cuda`), or the stack it was
+# pushed from (`{'traceMarker': [...], 'funcStack': '/<module>/...::forward/flatten'}` -> `flatten`).
+NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"^\{'mod': '([^']*)', 'op': '([^']*)'.*\}$", r"\1.\2"),
+    (r"^\{'traceMarker': .*'funcStack': '[^']*/([^'/]+)'\}$", r"\1"),
+    (r",?\s*\b(?:op_id|seq|input_op_ids|stashed seq)\s*=\s*(?:\[[^\]]*\]|-?\d+)", ""),
+    (r"0[xX][0-9a-fA-F]+", "0x?"),
+    (r"#\d+\b", "#N"),
+    (r"(^|\s)\d+(\s|$)", r"\1N\2"),
+    (r"(^|\s)\d+(\s|$)", r"\1N\2"),
+)
+
+
+def _normalized(expr: str) -> str:
+    out = f"coalesce({expr}, '')"
+    for pattern, replacement in NAME_PATTERNS:
+        out = f"regexp_replace({out}, {sql_literal(pattern)}, {sql_literal(replacement)}, 'g')"
+    return f"trim({out})"
 
 
 def frame_rows_sql(runs: str | None, sources: tuple[str, ...]) -> str:
@@ -212,6 +239,9 @@ def launch_context_sql(runs: str | None = None, sources: tuple[str, ...] = FRAME
 
 
 DEFINES = (
+    # A frame's name with its per-instance parts rewritten (NAME_PATTERNS), as names are compared
+    # and shown: `ranges.normalize_name` in SQL.
+    Macro("normalized_name", f"(name) AS {_normalized('name')}"),
     View(
         "host_frames",
         "Every host frame a GPU operation's launch can sit in, per run and thread, by `source`: `range` (NVTX "

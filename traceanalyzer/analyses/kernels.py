@@ -126,7 +126,7 @@ DEFINES = (
         "`CompiledFunctionBackward`); and the compiled graph's call (`graph_range_id`, `graph_hash`: the "
         "`## Call CompiledFxGraph <hash> ##` annotation). One call of a graph is one `graph_range_id` (else "
         "`region_op_id`): kernels of two calls were compiled apart.",
-        f"""
+        """
         WITH names AS (
             SELECT run_id, name, inductor_class(name) AS kernel_class, inductor_ops(name) AS fused_ops
             FROM kernel_names WHERE inductor_class(name) IS NOT NULL

@@ -51,7 +51,7 @@ def timeline_data(store: Store, run_id: str, findings: list[dict], run_start_ns:
     if not total:
         return None
     span = max(int(t1 - t0), 1)
-    tracks = store.sql(f"""
+    tracks = store.sql("""
         SELECT device_id, stream_id, count(*) AS n, sum(end_ns - start_ns) AS busy_ns
         FROM gpu_activity WHERE run_id = ? GROUP BY ALL
         ORDER BY device_id NULLS LAST, stream_id NULLS LAST""", [run_id]).fetchall()

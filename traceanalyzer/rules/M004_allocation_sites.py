@@ -3,9 +3,8 @@ allocated memory peaked in a memory snapshot's history."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
-import msgspec
 
 from ..fmt import nbytes, ns
 from . import _memory as mem

@@ -153,7 +153,7 @@ host_reach AS (
     FROM inside i JOIN covered c USING (sid) WHERE i.work_ns > 0 GROUP BY i.sid
 ), main AS (  -- named only now: the names of millions of host events are never read
     SELECT m.sid, m.e.kind AS main_kind, m.e.id AS main_id,
-           regexp_replace(coalesce(o.name, r.name, c.name), '([#\s_:.-])\d+$', '\1N') AS main_name
+           regexp_replace(normalized_name(coalesce(o.name, r.name, c.name)), '([#\s_:.-])\d+$', '\1N') AS main_name
     FROM main_event m
     LEFT JOIN cpu_ops o ON m.e.kind = 'cpu_op' AND o.run_id = $run_id AND o.op_id = m.e.id
     LEFT JOIN ranges r ON m.e.kind = 'range' AND r.run_id = $run_id AND r.range_id = m.e.id

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..kernel_library import inductor_class, inductor_ops
-from ..ranges import normalized_sql
 from ..store import Store, launch_sweep
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ WITH kernels AS (
 ), by_raw AS (  -- (kernel names run to hundreds of characters: the launches grouped once, first)
     SELECT device_id, name, raw, sum(ns) AS ns, count(*) AS launches FROM kernels GROUP BY ALL
 ), labels AS (
-    SELECT raw, {normalized_sql("raw")} AS label FROM (SELECT DISTINCT raw FROM by_raw WHERE raw IS NOT NULL)
+    SELECT raw, normalized_name(raw) AS label FROM (SELECT DISTINCT raw FROM by_raw WHERE raw IS NOT NULL)
 ), per_label AS (
     SELECT k.device_id, k.name, l.label, sum(k.ns) AS ns, sum(k.launches) AS launches
     FROM by_raw k JOIN labels l USING (raw) GROUP BY ALL
@@ -228,7 +227,7 @@ def named(sql: str):
     return evaluate
 
 
-AROUND_SQL = f"""
+AROUND_SQL = """
 WITH gaps AS (
     SELECT unnest($key::BIGINT[]) AS key, unnest($device::INTEGER[]) AS device_id, unnest($kind::VARCHAR[]) AS kind,
            unnest($item::BIGINT[]) AS item_id, unnest($start::BIGINT[]) AS start_ns, unnest($end::BIGINT[]) AS end_ns
@@ -254,7 +253,7 @@ WITH gaps AS (
     SELECT key, name FROM frames
     QUALIFY row_number() OVER (PARTITION BY key ORDER BY source = 'op' DESC, start_ns DESC, name) = 1
 )
-SELECT key, {normalized_sql("name")} AS label FROM innermost
+SELECT key, normalized_name(name) AS label FROM innermost
 """
 
 
