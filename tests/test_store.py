@@ -476,7 +476,7 @@ def test_a_run_policy_decides_by_the_run_size_alone():
     the edges its fields name; another policy is another object, not another module constant."""
     p = RunPolicy()
     assert [p.plan(n).parallel for n in (19_999, 20_000, 1_000_000, 1_000_001)] == [False, True, True, False]
-    assert [p.plan(n).memory for n in (1_000_000, 1_000_001)] == [None, "1GB"]
+    assert [p.plan(n).memory for n in (99_999, 100_000, 1_000_000, 1_000_001)] == [None, "512MB", "512MB", "1GB"]
     assert [p.plan(n).keep for n in (99_999, 100_000)] == [False, True]
     assert [p.plan(n).slices for n in (0, 1, 1_000_000, 1_000_001, 6_300_000)] == [1, 1, 1, 2, 7]
     tiny = RunPolicy(keep_min_gpu_ops=1, slice_gpu_ops=10, parallel_min_gpu_ops=0, parallel_max_gpu_ops=5,
