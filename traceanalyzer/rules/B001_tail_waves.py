@@ -71,6 +71,13 @@ def _configuration(r, p: dict) -> dict | None:
         if wasted < p["min_wasted_share"]:
             severity = "info"
     loss = None if r.total_ns != r.total_ns or wasted is None else int(r.total_ns * wasted)
+    mean_ns = r.total_ns / r.launches if r.total_ns == r.total_ns and r.launches else None
+    if mean_ns is not None and mean_ns < p["short_kernel_ns"]:
+        # the estimate assumes the work scales with busy SMs; a launch this short is mostly the
+        # fixed cost of starting a kernel, which more blocks do not shorten: no estimate
+        what += (f"; at {ns(mean_ns)} a launch, mostly the fixed cost of starting a kernel, which more blocks "
+                 "do not shorten (no loss estimated)")
+        loss, severity = None, "info"
     return {"row": r, "kind": kind, "what": what, "per_wave": per_wave, "whole": whole, "partial": partial,
             "idle": idle, "headroom": headroom, "sol": sol, "wasted": wasted, "loss": loss, "severity": severity}
 
@@ -96,6 +103,8 @@ def _finding(configs: list[dict], p: dict) -> dict:
         message += f"; {launches} launch(es), est. {ns(loss)} lost"
         total = sum(c["row"].total_ns for c in configs if c["loss"] is not None)
         message += f"; {loss_bound(total, 'the kernel ran')}"
+    else:
+        message += f"; {launches} launch(es)"
     hint = library_hint(library_of(r), "grid", r.name)
     if hint is None and worst["kind"] == "tail":
         hint = (f"Make the grid a multiple of SMs x resident blocks per SM ({worst['per_wave']}): "
@@ -229,6 +238,10 @@ RULE = Rule(
         Threshold("max_full_waves", 4, "Tails after more full waves than this are not reported (NVIDIA's Tail Effect: 4)."),
         Threshold("max_small_grid_waves", 1.0, "Grids under this many waves are reported as under-filled."),
         Threshold("min_time_share", 0.01, "Kernels under this share of the run's kernel time are skipped (when timed)."),
+        Threshold("short_kernel_ns", 5_000, "A configuration whose launches take less than this on average is info "
+                  "without an estimate: such a launch is mostly the fixed cost of starting a kernel (a few "
+                  "microseconds), which a bigger grid does not shorten, so the estimate (work scaling with busy "
+                  "SMs) does not hold."),
     ),
     evaluate=evaluate,
     references=(
