@@ -324,7 +324,7 @@ def test_severity_and_order_follow_the_loss_on_every_real_trace(real):
         for (small, sev_small, a), (large, sev_large, b) in zip(weighed, weighed[1:]):
             compared += 1
             assert large == small or sev_large >= sev_small, (run_id, a["message"], small, b["message"], large)
-    assert compared > 300 and lowered >= 5
+    assert compared > 250 and lowered >= 5
     # the runs
     hpc = sorted(by_run[_run(real, "hpc_assignment3__report3.sqlite")], key=lambda f: f["finding_no"])
     assert hpc[0]["rule_id"] == "B001" and hpc[0]["severity"] == "warning" and "(warning, not error: " in hpc[0]["message"]

@@ -462,13 +462,22 @@ def _headline_order(row: dict, main_idle_cause: str | None, naming_loss: float =
     the group's findings that name the main idle cause."""
     by_loss = (-_num(row["rule_loss_ns"]), -SEVERITIES.index(row["severity"]), row["rule_id"])
     if not isinstance(row["claims"], str) or _category(row["claims"]) != "idle":
-        # a kernel's warning before its info, however large the info's estimate
-        return (0, -SEVERITIES.index(row["severity"]), *by_loss)
+        # a kernel's warning before its info, however large the info's estimate; of the same
+        # severity, a finding that gives its own reason to be no more (it names another limiter,
+        # or assumes what it measures) after those that do not
+        return (0, -SEVERITIES.index(row["severity"]), _own_reason(row), *by_loss)
     # A rule that names its cause heads before the launch-gap rule only while it explains at
     # least half of the time found for that cause: two syncs' 74 us must not stand for 5 ms of
     # launch-bound gaps (TraceLens mi300 Falconsai).
     small = _num(row["rule_loss_ns"]) < HEADLINE_SHARE * naming_loss
     return (not _names(row, main_idle_cause), small, row["claims"] == "idle", *by_loss)
+
+
+def _own_reason(row: dict) -> bool:
+    from .rules import evidence_of
+
+    ev = evidence_of(row["rule_id"], row["evidence"])
+    return bool(ev is not None and ev.severity_reason)
 
 
 def _num(v) -> float:

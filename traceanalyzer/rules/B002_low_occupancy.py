@@ -113,6 +113,8 @@ def _finding(configs: list[dict], p: dict) -> dict:
     shares = [c["row"].time_share for c in configs if c["row"].time_share == c["row"].time_share]
     time_share = sum(shares) if shares else None
     throughput_bound = worst["sol"] is not None and worst["sol"] >= SOL_THROUGHPUT_BOUND
+    if throughput_bound:  # occupancy is not what limits it: more of it wins nothing to estimate
+        loss = None
     # Library GEMM, convolution and attention kernels keep few, large blocks resident by design
     # (big tiles, deep pipelines): low occupancy alone says nothing about them, a measurement does.
     by_design = library_of(r) in LOW_OCCUPANCY_BY_DESIGN and worst["sol"] is None
