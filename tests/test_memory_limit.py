@@ -75,12 +75,14 @@ def test_a_scan_workers_store_is_limited(tmp_path, monkeypatch):
     assert out.result.error is None and seen == ["700.0 MiB"]
 
 
-@pytest.mark.parametrize("env, during", [(None, "953.6 MiB"), ("700MiB", "700.0 MiB")])
-def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, env, during):
+@pytest.mark.parametrize("env, kept, during", [(None, "488.2 MiB", "953.6 MiB"),
+                                               ("700MiB", "700.0 MiB", "700.0 MiB")])
+def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, env, kept, during):
     """The rules pass of a run above `RunPolicy.parallel_max_gpu_ops`, its kept cache's build and
     the drops of cached blocks between rules included, runs under `RunPolicy.big_run_memory`
-    (1GB) where TRACEANALYZER_MEMORY_LIMIT sets none, under that limit where it does; the
-    limit before the pass holds again after it, and a smaller run's pass is not held."""
+    (1GB) where TRACEANALYZER_MEMORY_LIMIT sets none, under that limit where it does; a run that
+    keeps its cache but is not big, under `kept_run_memory` (512MB); the limit before the pass
+    holds again after it, and a run too small to keep its cache is not held."""
     from traceanalyzer.rules import engine
     from traceanalyzer.rules.engine import run_rules
     from traceanalyzer.store import Store, run_cache
@@ -107,8 +109,12 @@ def test_a_big_runs_rules_pass_is_held_to_its_own_limit(tmp_path, monkeypatch, e
     with Store(tmp_path / "s.duckdb") as st:
         st.ingest(FIXTURES / "nsys" / "planted.sqlite")
         before = st.sql(SETTING).fetchall()[0][0]
-        run_rules(st, settings=engine.Settings(policy=keep))  # a small run
+        run_rules(st, settings=engine.Settings(policy=RunPolicy()))  # a small run
         assert set(seen["build"] + seen["rules"]) == {before}
+        seen["build"].clear(), seen["rules"].clear()
+        run_rules(st, settings=engine.Settings(reuse=False, policy=keep))  # a kept run
+        assert seen["build"] == [kept] and set(seen["rules"]) == {kept}
+        assert st.sql(SETTING).fetchall()[0][0] == before
         seen["build"].clear(), seen["rules"].clear()
         drop_kept_caches(st)
         big = replace(keep, parallel_max_gpu_ops=0)  # every run is big
