@@ -80,8 +80,8 @@ def test_every_real_finding_is_diagnosed(real):
 
 def test_headline_losses_fit_the_budget_on_every_real_trace(real):
     """Per device: headline losses sum to no more than the span; those that claim a part of the
-    budget sum to no more than that part; one headline per part of a device (idle, copy) and
-    per kernel."""
+    budget sum to no more than that part; one headline per part of a device (idle, copies of
+    one direction) and per kernel."""
     budget = _budget(real)
     spans = dict(real.sql("SELECT run_id, span_ns FROM runs").fetchall())
     claimed: dict[tuple, int] = defaultdict(int)
@@ -101,7 +101,8 @@ def test_headline_losses_fit_the_budget_on_every_real_trace(real):
             cat = _category(f)
             claimed[(f["run_id"], d, "span")] += loss
             claimed[(f["run_id"], d, cat)] += loss
-            key = (f["run_id"], d, cat, f["item_name"] if cat in ("compute", "communication") else None)
+            within = f["item_name"] if cat in ("compute", "communication") else f["claims"].partition(":")[2]
+            key = (f["run_id"], d, cat, within if cat != "idle" else None)
             heads[key].append(f["rule_id"])
     assert timed > 100
     for key, ns in claimed.items():

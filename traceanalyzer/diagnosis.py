@@ -8,8 +8,8 @@ diagnosed together (`diagnose`):
 
 1. **Units.** A finding's `claims` names the part of its device's time budget (the
    `time_budget` view) its loss is time of. Findings that claim the same part of one device
-   share a unit: the device's idle time (of any cause), its copy time, and the compute or
-   communication time of one kernel (by `item_name`). A finding with no device (T004: every
+   share a unit: the device's idle time (of any cause), its copy time of one direction
+   (`copy:HtoD`, ...), and the compute or communication time of one kernel (by `item_name`). A finding with no device (T004: every
    GPU idle at once) sits in that part's unit on every device, which joins those units into
    one group.
 2. **One headline per group.** Every other finding of the group is related evidence of it
@@ -392,12 +392,17 @@ def _category(claims: str) -> str:
 
 
 def _units(row: dict, devices: list) -> list[tuple]:
-    """The units a finding sits in: (device, category, kernel name or None)."""
+    """The units a finding sits in: (device, category, kernel name, copy direction or None)."""
     claims = row["claims"]
     if not isinstance(claims, str):
         return [("finding", id(row), None)]  # claims no part: a unit of its own, on no device
     category = _category(claims)
-    name = row["item_name"] if category in _PER_KERNEL else None
+    # kernels by name; copies by direction (`copy:DtoD`): small device copies are not the
+    # host-to-device copies that went unhidden
+    if category in _PER_KERNEL:
+        name = row["item_name"]
+    else:
+        name = (claims.partition(":")[2] or None) if category == "copy" else None
     device = _device(row)
     on = [device] if device is not None or not devices else devices
     return [(d, category, name) for d in on]
@@ -525,8 +530,8 @@ def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, span_
 
 
 def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget: dict, bounds: dict) -> None:
-    """Kernel headlines of one device and category sum to at most its part: scaled down in
-    proportion when they sum to more (`bounds` says so)."""
+    """Kernel headlines (copy headlines, one per direction) of one device and category sum to
+    at most its part: scaled down in proportion when they sum to more (`bounds` says so)."""
     heads = defaultdict(list)
     for i in loss:
         if loss[i] is not None and isinstance(rows[i]["claims"], str):
@@ -539,8 +544,9 @@ def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget:
         if part is not None and total > part:
             for i in members:
                 loss[i] *= part / total
+                among = "its copy findings by direction" if key[1] == "copy" else "its kernels' findings"
                 bounds[i] = loss_bound(part, f"of device {key[0]}'s {_PART_WORDS.get(key[1], key[1])}, "
-                                             "shared in proportion among its kernels' findings")
+                                             f"shared in proportion among {among}")
 
 
 _FLOOR_NOTE = " (info: its estimated loss, {} of the device's span, is under the severity floor: {} of the span and {})"

@@ -513,7 +513,7 @@ FINDINGS = _t(
     ("hint", "VARCHAR", "A concrete thing to try."),
     ("evidence", "JSON", "Details: counts, worst examples with time ranges, causes."),
     ("fingerprint", "VARCHAR", "Identity for baselines: the rule and what the finding is about (the run's rank, device, stream, item kind and name), never the file name, run id or a measured value (`rules.engine.fingerprint`)."),
-    ("claims", "VARCHAR", "The part of the device's time budget (`time_budget`) the loss is time of: `compute` or `communication` (of the kernel named), `copy`, `idle`, or idle of one cause (`idle:sync`, `idle:host`); NULL: none. Set by the rule."),
+    ("claims", "VARCHAR", "The part of the device's time budget (`time_budget`) the loss is time of: `compute` or `communication` (of the kernel named), `copy` or copies of one direction (`copy:HtoD`, `copy:DtoH`, `copy:DtoD`), `idle`, or idle of one cause (`idle:sync`, `idle:host`); NULL: none. Set by the rule."),
     ("finding_no", "INTEGER", "The finding's number in its run: headlines by estimated loss, largest first (then severity), each followed by its related findings (`diagnosis`)."),
     ("related_to", "INTEGER", "For a finding that shares its root cause (the same part of the budget, the same kernel) with a headline finding: that headline's `finding_no`; NULL on headlines. A related finding claims no time of its own (`est_loss_ns` NULL)."),
     ("rule_loss_ns", "BIGINT", "The rule's own estimate, before `diagnosis` bounded it by the budget (`est_loss_ns`)."),

@@ -175,7 +175,7 @@ RULE = Rule(
     name="unoverlapped-h2d",
     title="Host-to-device copies not hidden behind compute",
     phase="timeline",
-    claims="copy",
+    claims="copy:HtoD",
     severity="warning",
     what="Host-to-device copy time during which no kernel ran on the same device; among those "
          "copies, the ones from pageable memory and the ones made through synchronous calls; runs "

@@ -159,7 +159,7 @@ SELECT s.device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, s.worst_id A
        '{"copies": ' || s.n || ', "direction": "' || s.direction || '", "bytes": ' || s.bytes
          || ', "copy_ns": ' || s.dur_ns || ', "streams": ' || s.streams || ', "steps": ' || s.n_steps
          || ', "best_bytes_per_ns": ' || coalesce(s.best_rate, 0) || ', "worst": ' || s.worst || '}' AS evidence,
-       'copy' AS claims
+       'copy:' || s.direction AS claims
 FROM small s
 UNION ALL
 SELECT p.device_id, NULL, 'copy', p.worst_id, 'pageable DtoH copies', p.worst_start, p.worst_end,
@@ -173,7 +173,7 @@ SELECT p.device_id, NULL, 'copy', p.worst_id, 'pageable DtoH copies', p.worst_st
        '{"copies": ' || p.n || ', "bytes": ' || p.bytes || ', "copy_ns": ' || p.dur_ns
          || ', "async_calls": ' || p.n_async || ', "extra_ns": ' || coalesce(CAST(p.extra_ns AS VARCHAR), 'null')
          || ', "worst": ' || p.worst || '}',
-       'copy'
+       'copy:DtoH'
 FROM pageable p WHERE p.n >= $min_pageable_count
 UNION ALL
 SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', wp.w_start, wp.w_end,

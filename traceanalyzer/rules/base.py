@@ -35,7 +35,7 @@ DIAGNOSIS_COLUMNS = ("finding_no", "related_to", "rule_loss_ns")
 FINDING_COLUMNS: tuple[str, ...] = tuple(c for c in schema.FINDINGS.column_names if c not in DIAGNOSIS_COLUMNS)
 # The parts of a device's time budget a finding's loss can be time of (the `claims` column):
 # idle of any cause, or of the one cause a rule names.
-CLAIMS = ("compute", "communication", "copy", "idle", "idle:sync", "idle:host")
+CLAIMS = ("compute", "communication", "copy", "copy:HtoD", "copy:DtoH", "copy:DtoD", "idle", "idle:sync", "idle:host")
 
 
 def pair_key(first: str, then: str, *, then_descending: bool = False) -> str:
