@@ -22,14 +22,16 @@ from .core import Definition, Macro, TableMacro, View
 FAMILIES = (formatting, timeline, place, launches, kernels, steps, memory, budget, warmup, attribution)
 DECLARED: tuple[Definition, ...] = tuple(d for family in FAMILIES for d in family.DEFINES)
 
-# What a kind of definition may read: macros are created first, then views, and the on-demand
-# views and table macros at a connection's first use of one, in the order their reads give.
+# What a kind of definition may read: macros (and table macros not on demand) are created first, then
+# views, and the on-demand views and table macros at a connection's first use of one, in read order.
 _LATER = ("macro", "view", "on-demand view", "table macro")
 _MAY_READ = {"macro": ("macro",), "view": ("macro", "view"), "on-demand view": _LATER, "table macro": _LATER}
 
 
 def _kind(d: Definition) -> str:
-    return {Macro: "macro", TableMacro: "table macro"}.get(type(d)) or ("on-demand view" if d.on_demand else "view")
+    if isinstance(d, TableMacro):
+        return "table macro" if d.on_demand else "macro"
+    return "macro" if isinstance(d, Macro) else "on-demand view" if d.on_demand else "view"
 
 
 def install_order(definitions: tuple[Definition, ...]) -> list[Definition]:
@@ -73,7 +75,7 @@ MACROS: dict[str, Macro] = {d.name: d for d in _ORDERED if isinstance(d, Macro)}
 VIEWS: dict[str, View] = {d.name: d for d in _ORDERED if isinstance(d, View)}
 TABLE_MACROS: dict[str, TableMacro] = {d.name: d for d in _ORDERED if isinstance(d, TableMacro)}
 # What every connection gets, and what it gets at its first use of one, each in install order.
-EAGER: tuple[Definition, ...] = tuple(d for d in _ORDERED if isinstance(d, Macro) or _kind(d) == "view")
+EAGER: tuple[Definition, ...] = tuple(d for d in _ORDERED if _kind(d) in ("macro", "view"))
 ON_DEMAND: tuple[Definition, ...] = tuple(d for d in _ORDERED if _kind(d) in ("on-demand view", "table macro"))
 
 
@@ -83,7 +85,7 @@ def markdown() -> str:
            "Every connection to a store has these views over the tables (`traceanalyzer/analyses/`).", "",
            "| view | what it holds |", "|---|---|"]
     out += [f"| `{d.name}` | {d.doc} |" for d in DECLARED if isinstance(d, View)]
-    out += ["", "Table macros compute a view for some runs only, from their rows:", "",
+    out += ["", "Table macros compute a view for some runs only, from their rows, or of the tables a query names:", "",
             "| macro | what it returns |", "|---|---|"]
     out += [f"| `{d.name}` | {d.doc} |" for d in DECLARED if isinstance(d, TableMacro)]
     return "\n".join(out)

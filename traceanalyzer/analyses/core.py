@@ -39,13 +39,14 @@ class Macro:
 
 @dataclass(frozen=True)
 class TableMacro:
-    """A view of some runs, computed from their rows only: `(rid) AS TABLE ...`, created at its
-    connection's first use of one (`store.views.install_on_demand`)."""
+    """A view of some runs from their rows only (`(rid) AS TABLE ...`), or of tables a query names;
+    created with the macros, or (`on_demand`) at its connection's first use of one (`views.install_on_demand`)."""
 
     name: str
     doc: str
     sql: str
     reads: tuple[str, ...] = ()
+    on_demand: bool = True
 
     def create(self) -> str:
         return f"CREATE OR REPLACE TEMP MACRO {self.name}{self.sql}"

@@ -1,60 +1,15 @@
 """The GPU timeline: every operation as one interval table (`gpu_activity`), its union per
 device as busy intervals (gaps and islands), the idle gaps between them, per device and per run,
-and the table macros the rules read busy time with (`covered_ns`, `next_busy_candidates`)."""
+and the table macros the rules read busy time with (`islands`, `covered_ns`, `next_busy_candidates`)."""
 
 from __future__ import annotations
 
 from .core import TableMacro, View
 
 
-def islands(source: str, successors: bool = False, per_run: bool = False) -> str:
-    """Merge overlapping intervals of `source` per run and device into disjoint ones.
-
-    An island starts at each interval that begins after every earlier one has ended, and
-    ends where the next island starts minus the gap, i.e. at the latest end seen before
-    that start (or the latest end of all, for the last island): two window passes, the
-    second over island starts only, and no GROUP BY. `busy_before_ns` is the busy time
-    before each island (a running total, so busy time in any window is a difference).
-    With `successors`, each island also gets the next one's start and the device's first
-    start (`next_start_ns`, `first_start_ns`): all device_idle_gaps needs, from the same pass.
-    With `per_run`, `source` is one run's intervals without a run_id column, and so is the result."""
-    extra = (", lead(start_ns) OVER w AS next_start_ns, first_value(start_ns) OVER w AS first_start_ns"
-             if successors else "")
-    run = "" if per_run else "run_id, "
-    return f"""
-        WITH ordered AS (
-            SELECT {run}device_id, start_ns,
-                   max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_end,
-                   max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_end
-            FROM ({source})
-            WINDOW w AS (PARTITION BY {run}device_id ORDER BY start_ns, end_ns)
-        )
-        -- An earlier island ends at the next one's prev_max_end, so the busy time before an
-        -- island (sum of earlier ends minus earlier starts) comes out of the same window pass.
-        SELECT {run}device_id, row_number() OVER w AS island, start_ns,
-               coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns,
-               CAST(coalesce(sum(prev_max_end) OVER (w ROWS UNBOUNDED PRECEDING), 0)
-                    - coalesce(sum(start_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-                    AS BIGINT) AS busy_before_ns{extra}
-        FROM ordered WHERE prev_max_end IS NULL OR start_ns > prev_max_end
-        WINDOW w AS (PARTITION BY {run}device_id ORDER BY start_ns)
-        """
-
-
-def busy_intervals_sql(kernels_only: bool = False, successors: bool = False, per_run: bool = False) -> str:
-    """The device_busy_intervals view's query (with `kernels_only`, kernel_busy_intervals'):
-    `islands` of the GPU activity; with `per_run`, one run's ($1) rows without a run_id column.
-    `successors` as in `islands` (what device_idle_gaps reads)."""
-    conditions = [*(["run_id = $1"] if per_run else []), *(["kind = 'kernel'"] if kernels_only else [])]
-    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    run = "" if per_run else "run_id, "
-    return islands(f"SELECT {run}device_id, start_ns, end_ns FROM gpu_activity{where}",
-                   successors=successors, per_run=per_run)
-
-
 def device_idle_gaps_sql(islands_with_successors: str, per_run: bool = False) -> str:
-    """The device_idle_gaps view's query: a filter over the islands of `busy_intervals_sql` with
-    `successors` (the query, or a table holding its rows); with `per_run`, islands and result
+    """The device_idle_gaps view's query: a filter over the `islands` of the GPU activity with
+    their successors (the query, or a table holding its rows); with `per_run`, islands and result
     without a run_id column. Each island but a device's last ends a gap, up to the next one's start."""
     run = "" if per_run else "run_id, "
     return f"""
@@ -79,7 +34,45 @@ def run_idle_gaps_sql(per_run: bool = False) -> str:
         """
 
 
+# An island starts at each interval that begins after every earlier one has ended, and ends
+# where the next island starts minus the gap, i.e. at the latest end seen before that start (or
+# the latest end of all, for the last island): two window passes, the second over island starts
+# only, and no GROUP BY. An earlier island ends at the next one's prev_max_end, so the busy time
+# before an island (sum of earlier ends minus earlier starts) comes out of the same pass. DuckDB
+# drops the windows nothing reads (the successors, for most callers). One text for two macros:
+# a partition key the same on every row (a run id, or NULL) is still sorted on, so one run's
+# rows are partitioned by device alone (5 M GPU operations: about 10% less time).
+_ISLANDS = """(source) AS TABLE
+        SELECT {key}, row_number() OVER w AS island, start_ns,
+               coalesce(lead(prev_max_end) OVER w, last_end) AS end_ns,
+               CAST(coalesce(sum(prev_max_end) OVER (w ROWS UNBOUNDED PRECEDING), 0)
+                    - coalesce(sum(start_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                    AS BIGINT) AS busy_before_ns,
+               lead(start_ns) OVER w AS next_start_ns, first_value(start_ns) OVER w AS first_start_ns
+        FROM (SELECT {key}, start_ns,
+                     max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_end,
+                     max(end_ns) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_end
+              FROM query_table(source)
+              WINDOW w AS (PARTITION BY {key} ORDER BY start_ns, end_ns))
+        WHERE prev_max_end IS NULL OR start_ns > prev_max_end
+        WINDOW w AS (PARTITION BY {key} ORDER BY start_ns)"""
+
+
 DEFINES = (
+    TableMacro(
+        "islands",
+        "Intervals merged into disjoint ones per run and device: `islands('<table>')` names a table (a CTE or "
+        "view) with `run_id`, `device_id`, `start_ns` and `end_ns`. Per island: `run_id`, `device_id`, `island` "
+        "(from 1, in time order), `start_ns`, `end_ns`, `busy_before_ns` (the islands' time before it), "
+        "`next_start_ns` (the next island's start) and `first_start_ns` (the device's first start).",
+        _ISLANDS.format(key="run_id, device_id"),
+        on_demand=False,
+    ),
+    TableMacro(
+        "device_islands",
+        "`islands` of one run's rows, per device, without `run_id`: `device_islands('<table>')`.",
+        _ISLANDS.format(key="device_id"),
+    ),
     View(
         "gpu_activity",
         "Every timed GPU operation (kernel, copy, memset) as one interval table, with the "
@@ -111,15 +104,16 @@ DEFINES = (
         "Per run and device, the union of all GPU activity as disjoint busy intervals "
         "(gaps-and-islands over `gpu_activity`), with `busy_before_ns`, the busy time before each "
         "(busy time in any window = a difference of two such running totals, read by ASOF joins).",
-        busy_intervals_sql(),
-        reads=("gpu_activity",),
+        "SELECT * EXCLUDE (next_start_ns, first_start_ns) FROM islands('gpu_activity')",
+        reads=("islands", "gpu_activity"),
     ),
     View(
         "kernel_busy_intervals",
         "Per run and device, the union of kernel execution only (what copies can hide behind), "
         "with `busy_before_ns` as in `device_busy_intervals`.",
-        busy_intervals_sql(kernels_only=True),
-        reads=("gpu_activity",),
+        "WITH kernel_activity AS (SELECT * FROM gpu_activity WHERE kind = 'kernel') "
+        "SELECT * EXCLUDE (next_start_ns, first_start_ns) FROM islands('kernel_activity')",
+        reads=("islands", "gpu_activity"),
     ),
     View(
         "device_busy",
@@ -139,8 +133,8 @@ DEFINES = (
         "device_idle_gaps",
         "Per run and device, the idle stretches between busy intervals (no work on any stream), "
         "with `idle_before_ns`, the idle time before each (from the device's first operation).",
-        device_idle_gaps_sql(busy_intervals_sql(successors=True)),
-        reads=("gpu_activity",),
+        device_idle_gaps_sql("SELECT * FROM islands('gpu_activity')"),
+        reads=("islands", "gpu_activity"),
     ),
     View(
         "run_idle_gaps",

@@ -6,7 +6,6 @@ from __future__ import annotations
 from .budget import SEGMENTS, SWEEP_MACROS, budget_sweep
 from .core import Macro, TableMacro, View, qualified
 from .steps import PROFILER_STEP
-from .timeline import islands
 
 
 # Warm-up and one-time costs (`warmup_windows`). Ranges named warm-up (NVTX, user annotations,
@@ -173,8 +172,8 @@ def warmup_budget_sql(runs: str, windows: str | None = None) -> str:
                coalesce((SELECT min(a.start_ns) FROM gpu_activity a WHERE a.run_id = w.run_id
                            AND a.device_id IS NOT DISTINCT FROM w.device_id AND a.start_ns >= w.hi), w.hi) AS hi
         FROM (SELECT run_id, device_id, min(start_ns) AS lo, max(end_ns) AS hi FROM warm_windows GROUP BY ALL) w)"""
-    return budget_sweep(runs, hull=hull) + SEGMENTS + f"""
-        , windows AS ({islands("SELECT * FROM warm_windows")}
+    return budget_sweep(runs, hull=hull) + SEGMENTS + """
+        , windows AS (SELECT run_id, device_id, start_ns, end_ns FROM islands('warm_windows')
         ), clipped AS (
             SELECT g.run_id, g.device_id, g.category, g.cause,
                    least(g.end_ns, w.end_ns) - greatest(g.start_ns, w.start_ns) AS ns
@@ -200,9 +199,6 @@ _WARM_BEFORE = "(t, w_start, w_end, w_before) AS coalesce(w_before + least(great
 _STEADY_START = ("(t0, t1, w_start, w_end, w_before, w0_start, w0_end, w0_before) AS "
                  "CASE WHEN t0 + warm_before(t1, w_start, w_end, w_before) - warm_before(t0, w0_start, w0_end, w0_before) "
                  "< t1 THEN t0 + warm_before(t1, w_start, w_end, w_before) - warm_before(t0, w0_start, w0_end, w0_before) END")
-# One run's warm-up windows merged into disjoint ones per device, or over all its devices.
-_MERGED = islands("SELECT run_id, CASE WHEN across_devices THEN -1 ELSE coalesce(device_id, -1) END AS device_id, "
-                  "start_ns, end_ns FROM warmup_windows WHERE run_id = rid")
 
 
 DEFINES = (
@@ -250,8 +246,11 @@ DEFINES = (
         "as -1, so that ASOF joins match it), or with `across_devices` over all its devices (`device_id` -1): "
         "`run_id`, `device_id`, `island`, `start_ns`, `end_ns` and `busy_before_ns` (the window time before "
         "each), as `steady_start(t0, t1, ...)` reads them: `run_warmup_merged('<run id>', false)`.",
-        f"(rid, across_devices) AS TABLE {_MERGED}",
-        reads=("warmup_windows",),
+        """(rid, across_devices) AS TABLE
+        WITH device_windows AS (SELECT run_id, CASE WHEN across_devices THEN -1 ELSE coalesce(device_id, -1) END AS device_id,
+                                       start_ns, end_ns FROM warmup_windows WHERE run_id = rid)
+        SELECT * EXCLUDE (next_start_ns, first_start_ns) FROM islands('device_windows')""",
+        reads=("islands", "warmup_windows"),
     ),
     TableMacro(
         "run_warmup_budget",
@@ -259,6 +258,6 @@ DEFINES = (
         "the time budget: `run_id`, `device_id`, `category`, `cause`, `ns` (parts with time only). "
         "The budget's parts less these are the steady state's.",
         f"(rid) AS TABLE {warmup_budget_sql('run_id = rid', 'SELECT rid AS run_id, * FROM run_warmup_windows(rid)')}",
-        reads=("gpu_activity", "kernel_names", "run_warmup_windows", *SWEEP_MACROS),
+        reads=("gpu_activity", "islands", "kernel_names", "run_warmup_windows", *SWEEP_MACROS),
     ),
 )

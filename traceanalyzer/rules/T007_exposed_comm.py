@@ -6,7 +6,6 @@ import msgspec
 
 # Kernel names of collectives (COMM_PATTERN): the ones the time budget counts as communication.
 from ..analyses.budget import COMM_PATTERN
-from ..analyses.timeline import islands
 from ._unknown import idle_unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, StreamRange, doc
@@ -20,10 +19,12 @@ WITH comm_keys AS (  -- the pattern is matched once per distinct name (analyses.
     FROM stream_ops WHERE run_id = $run_id AND kind = 'kernel' AND end_ns > start_ns
 ), comm_kernels AS (
     SELECT kernel_id, device_id, start_ns, end_ns FROM k WHERE is_comm
+), compute_kernels AS (
+    SELECT device_id, start_ns, end_ns FROM k WHERE NOT is_comm
 ), comm_islands AS (  -- disjoint collective-busy intervals per device
-    __COMM_ISLANDS__
+    SELECT device_id, island, start_ns, end_ns, busy_before_ns FROM device_islands('comm_kernels')
 ), compute_cum AS (  -- disjoint compute-busy intervals, each with the compute time up to its end
-    SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM (__COMPUTE_ISLANDS__)
+    SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM device_islands('compute_kernels')
 ), -- Compute time beside each collective island and each collective kernel: covered_ns (one ASOF
    -- join over running totals), where an interval-overlap join is quadratic on long multi-GPU runs.
 overlap AS (  -- collective time with some compute kernel running on the same device
@@ -79,9 +80,7 @@ FROM scored
 WHERE exposed_ns > $min_exposed_ns AND exposed_ns >= $min_share * active_span_ns
 ORDER BY device_id
 """
-SQL = SQL.replace("__COMM__", COMM_PATTERN).replace(
-    "__COMM_ISLANDS__", islands("SELECT device_id, start_ns, end_ns FROM k WHERE is_comm", per_run=True)).replace(
-    "__COMPUTE_ISLANDS__", islands("SELECT device_id, start_ns, end_ns FROM k WHERE NOT is_comm", per_run=True))
+SQL = SQL.replace("__COMM__", COMM_PATTERN)
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.

@@ -9,7 +9,6 @@ import msgspec
 
 from ..fmt import ns as fmt_ns, pct
 from ..analyses.budget import COMM_PATTERN
-from ..analyses.timeline import islands
 from . import _unknown
 from .base import Rule, Threshold
 from .evidence import Evidence, StreamRange, doc
@@ -33,7 +32,9 @@ GROUP BY ALL
 
 # The union of the chosen streams' operations on one device (`$streams`): their time together.
 UNION_SQL = """
-SELECT coalesce(sum(end_ns - start_ns), 0) FROM (__ISLANDS__)
+WITH ops AS (SELECT device_id, start_ns, end_ns FROM stream_ops WHERE run_id = $run_id AND end_ns > start_ns
+             AND device_id IS NOT DISTINCT FROM $device_id AND list_contains($streams, stream_id))
+SELECT coalesce(sum(end_ns - start_ns), 0) FROM device_islands('ops')
 """
 
 # Each operation of the chosen streams with when it was ready to run: issued (its launch call
@@ -181,10 +182,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         if len(chosen) < 2:
             continue  # one stream does (nearly) all the work: nothing to overlap
         ids = [int(s) for s in chosen["stream_id"]]
-        union_ns = store.sql(UNION_SQL.replace("__ISLANDS__", islands(
-            "SELECT run_id, device_id, start_ns, end_ns FROM stream_ops WHERE run_id = $run_id AND end_ns > start_ns "
-            "AND device_id IS NOT DISTINCT FROM $device_id AND list_contains($streams, stream_id)")),
-            {"run_id": run_id, "device_id": device_id, "streams": ids}).fetchone()[0]
+        union_ns = store.sql(UNION_SQL, {"run_id": run_id, "device_id": device_id, "streams": ids}).fetchone()[0]
         stream_ns = int(chosen["busy_ns"].sum())
         shorter_ns = stream_ns - int(chosen["busy_ns"].max())
         overlap_ns = max(stream_ns - int(union_ns), 0)

@@ -23,7 +23,7 @@ from .. import analyses
 from ..analyses import MACROS, TABLE_MACROS, VIEWS
 from ..analyses.core import MIN_BIGINT
 from ..analyses.launches import STREAM_OPS_CARRY, kernel_launches_sql, stream_ops_sql
-from ..analyses.timeline import busy_intervals_sql, device_idle_gaps_sql, run_idle_gaps_sql
+from ..analyses.timeline import device_idle_gaps_sql, run_idle_gaps_sql
 from ..analyses.warmup import warmup_windows_sql
 from . import views
 from .run_policy import DEFAULT_POLICY, RunPlan, RunPolicy
@@ -40,15 +40,19 @@ RUN_CACHED = ("device_busy_intervals", "device_busy", "device_idle_gaps", "kerne
 
 # How the cache computes each table: one run's rows ($1) without the run_id column, which the
 # view over the table takes from the one-row `<prefix>scope` (a run id on every row would cost
-# a string per row to sort and store). Each is made by the generator of the view's own query
-# (a view not listed here: its query filtered on the run), so a cached view and the store-wide
-# one cannot disagree (tests/test_store.py compares them). The islands table also keeps each
-# island's successor, so the idle gaps are the view's filter over it rather than another sort.
+# a string per row to sort and store). Each is made by the generator or macro text of the view's
+# own query (the busy intervals: `device_islands`, `islands` per device; a view not listed here:
+# its query filtered on the run), so a cached view and the store-wide one cannot disagree
+# (tests/test_store.py compares them). The islands table also keeps each island's successors, so
+# the idle gaps are the view's filter over it rather than another sort.
 # `{cache}` is the prefix of the cached tables' names (see RunCache).
 _RUN_CACHE_SQL = {
-    "device_busy_intervals": busy_intervals_sql(successors=True, per_run=True),
+    "device_busy_intervals": "WITH run_activity AS (SELECT device_id, start_ns, end_ns FROM gpu_activity "
+                             "WHERE run_id = $1) SELECT * FROM device_islands('run_activity')",
     "device_idle_gaps": device_idle_gaps_sql("SELECT * FROM {cache}device_busy_intervals", per_run=True),
-    "kernel_busy_intervals": busy_intervals_sql(kernels_only=True, per_run=True),
+    "kernel_busy_intervals": "WITH run_kernels AS (SELECT device_id, start_ns, end_ns FROM gpu_activity "
+                             "WHERE run_id = $1 AND kind = 'kernel') "
+                             "SELECT * EXCLUDE (next_start_ns, first_start_ns) FROM device_islands('run_kernels')",
     "run_idle_gaps": run_idle_gaps_sql(per_run=True),
     "stream_ops": stream_ops_sql(per_run=True, sliced=True),
     "kernel_launches": kernel_launches_sql(per_run=True, sliced=True),
@@ -66,10 +70,11 @@ _cache_ids = itertools.count()
 # Kept caches are tables `_ta_kept_<run_id>_<view>` listed in this table with the version of
 # the cache's definition they were built by and the run's `ingested_at`; a cache of another
 # version or ingest is not read, and is built again (its old tables dropped) the next time the
-# run's rules run on a writable store.
+# run's rules run on a writable store. The version covers the islands text the busy tables are made by.
 KEPT_REGISTRY = "_ta_kept_cache"
 CACHE_VERSION = hashlib.sha1(repr((RUN_CACHED, _RUN_CACHE_SQL, _RUN_CACHE_HIDDEN, _RUN_CACHE_VIEWS, _RUN_CACHE_SLICED,
-                                   [VIEWS[n].sql for n in RUN_CACHED])).encode()).hexdigest()[:16]
+                                   [VIEWS[n].sql for n in RUN_CACHED], TABLE_MACROS["device_islands"].sql)
+                                  ).encode()).hexdigest()[:16]
 
 
 _T = TypeVar("_T")
