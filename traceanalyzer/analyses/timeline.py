@@ -169,22 +169,23 @@ DEFINES = (
     ),
     # Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read from
     # the last stretch starting by t. Both ends go through one ASOF join (one sort of the
-    # stretches), where an interval-overlap join is quadratic on long runs.
+    # stretches), where an interval-overlap join is quadratic on long runs. The key is substituted
+    # as written; the stretches' columns are renamed so that in the join it names the probe's.
     TableMacro(
         "covered_ns",
-        "How much of each probe interval some stretch covers: `covered_ns('probes', 'stretches')` names two "
-        "tables (CTEs): the probes, with `device_id`, `start_ns`, `end_ns` and the columns that name a probe, and "
-        "the stretches, disjoint per `device_id` (any key the stretches are disjoint per), with `start_ns`, "
-        "`end_ns` and `to_end_ns` (their total length up to each one's end: for islands, `busy_before_ns + end_ns "
-        "- start_ns`). One row per probe: its columns but the interval, and `covered_ns` (0 with no stretch on "
-        "its device).",
-        """(probes, stretches) AS TABLE
+        "How much of each probe interval some stretch covers: `covered_ns('probes', 'stretches', key)` names two "
+        "tables (CTEs) and the column of both the stretches are disjoint per (e.g. `device_id`): the probes, with "
+        "`start_ns`, `end_ns` and the columns that name a probe, and the stretches, with `start_ns`, `end_ns` and "
+        "`to_end_ns` (their total length up to each one's end: for islands, `busy_before_ns + end_ns - start_ns`). "
+        "One row per probe: its columns but the interval, and `covered_ns` (0 with no stretch of its key).",
+        """(probes, stretches, key) AS TABLE
         SELECT p.* EXCLUDE (t, sign),
-               CAST(sum(p.sign * coalesce(c.to_end_ns - c.end_ns + least(p.t, c.end_ns), 0)) AS BIGINT) AS covered_ns
+               CAST(sum(p.sign * coalesce(c.c_to_end - c.c_end + least(p.t, c.c_end), 0)) AS BIGINT) AS covered_ns
         FROM (SELECT * EXCLUDE (start_ns, end_ns), end_ns AS t, 1 AS sign FROM query_table(probes)
               UNION ALL
               SELECT * EXCLUDE (start_ns, end_ns), start_ns AS t, -1 AS sign FROM query_table(probes)) p
-        ASOF LEFT JOIN query_table(stretches) c ON c.device_id = p.device_id AND c.start_ns <= p.t
+        ASOF LEFT JOIN (SELECT key AS c_key, start_ns AS c_start, end_ns AS c_end, to_end_ns AS c_to_end
+                        FROM query_table(stretches)) c ON c.c_key = key AND c.c_start <= p.t
         GROUP BY ALL""",
     ),
 )

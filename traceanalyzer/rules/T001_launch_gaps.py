@@ -241,18 +241,18 @@ WITH warm AS (  -- the warm-up windows per device
                unnest(CASE WHEN linked THEN [sync_end, issued, gap_end] ELSE [gap_end] END) AS end_ns
         FROM device_marks)
     WHERE end_ns > start_ns
-), cause_cum AS (  -- per device and cause (one key, in `device_id` for covered_ns: the segments of
-    -- each are disjoint), the segments with their time up to each one's end
-    SELECT __PART__ AS device_id, start_ns, end_ns,
+), cause_cum AS (  -- per device and cause (one key, `part`, for covered_ns: the segments of each
+    -- are disjoint), the segments with their time up to each one's end
+    SELECT __PART__ AS part, start_ns, end_ns,
            sum(end_ns - start_ns) OVER (PARTITION BY device_id, cause ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS to_end_ns
     FROM device_segments
 ), stream_probes AS (  -- each gap of a multi-stream device, once per cause a device-idle stretch has
-    SELECT g.device_id AS dev, g.stream_id, c.cause, __PART__ AS device_id, g.gap_start AS start_ns, g.gap_end AS end_ns
+    SELECT g.device_id, g.stream_id, c.cause, __PART__ AS part, g.gap_start AS start_ns, g.gap_end AS end_ns
     FROM multi_marks g, (SELECT unnest(__CAUSES__) AS cause) c
 ), stream_idle AS (  -- per stream, the device-idle time in its gaps, by the cause the device's
     -- stretches give it (covered_ns sums over the probes of a key: one small group per cause)
-    SELECT dev AS device_id, stream_id, __CAUSE_IDLE_SUMS__
-    FROM covered_ns('stream_probes', 'cause_cum') GROUP BY dev, stream_id
+    SELECT device_id, stream_id, __CAUSE_IDLE_SUMS__
+    FROM covered_ns('stream_probes', 'cause_cum', part) GROUP BY device_id, stream_id
 ), device_classified AS (
     SELECT *, __GAP_CAUSE__ AS cause FROM device_split
 ), spans AS (  -- each device's span (the time budget's: first GPU operation to last)

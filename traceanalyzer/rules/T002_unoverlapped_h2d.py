@@ -32,7 +32,7 @@ WITH h2d AS (
     SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM kernel_busy_intervals
     WHERE run_id = $run_id AND device_id IS NOT NULL AND device_id IN (SELECT device_id FROM probed)
 ), covered AS (  -- time of each copy during which some kernel ran on its device (analyses.timeline)
-    SELECT * FROM covered_ns('probed', 'kernel_cum')
+    SELECT * FROM covered_ns('probed', 'kernel_cum', device_id)
 ), per_copy AS (
     SELECT e.*, dur_ns - coalesce(c.covered_ns, 0) AS exposed_ns,
            src_kind = 'pageable' AS pageable,

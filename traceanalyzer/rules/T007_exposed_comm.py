@@ -28,10 +28,11 @@ WITH comm_keys AS (  -- the pattern is matched once per distinct name (analyses.
 ), -- Compute time beside each collective island and each collective kernel: covered_ns (one ASOF
    -- join over running totals), where an interval-overlap join is quadratic on long multi-GPU runs.
 overlap AS (  -- collective time with some compute kernel running on the same device
-    SELECT device_id, sum(covered_ns) AS overlap_ns FROM covered_ns('comm_islands', 'compute_cum') GROUP BY device_id
+    SELECT device_id, sum(covered_ns) AS overlap_ns FROM covered_ns('comm_islands', 'compute_cum', device_id)
+    GROUP BY device_id
 ), per_kernel AS (  -- the collectives, named only now
     SELECT k.*, coalesce(n.short_name, n.name) AS short_name, k.end_ns - k.start_ns - o.covered_ns AS exposed_ns
-    FROM k JOIN covered_ns('comm_kernels', 'compute_cum') o USING (kernel_id)
+    FROM k JOIN covered_ns('comm_kernels', 'compute_cum', device_id) o USING (kernel_id)
     JOIN kernels n ON n.run_id = $run_id AND n.kernel_id = k.kernel_id
 ), by_name AS (
     SELECT device_id, to_json(list({'kernel': short_name, 'launches': n, 'ns': ns, 'exposed_ns': exposed}
