@@ -92,7 +92,7 @@ def test_the_harness_scores_and_can_fail(tmp_path, capsys):
     _write(labels, "nsys/planted.toml", PLANTED + '''
 [[expect]]
 rule = "T002"
-claims = "copy"
+claims = "copy:HtoD"
 headline = true
 severity = "error"
 required = true

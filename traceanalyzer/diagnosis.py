@@ -530,13 +530,14 @@ def _bounded(row: dict, units: list[tuple], budget: dict, kernel_ns: dict, span_
 
 
 def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget: dict, bounds: dict) -> None:
-    """Kernel headlines (copy headlines, one per direction) of one device and category sum to
-    at most its part: scaled down in proportion when they sum to more (`bounds` says so)."""
+    """Kernel headlines (copy headlines: one per direction, and one of copies of any direction)
+    of one device and category sum to at most its part: scaled down in proportion when they
+    sum to more (`bounds` says so)."""
     heads = defaultdict(list)
     for i in loss:
         if loss[i] is not None and isinstance(rows[i]["claims"], str):
             for device, category, name in units[i]:
-                if name is not None:
+                if name is not None or category == "copy":
                     heads[(device, category)].append(i)
     for key, members in heads.items():
         part = budget.get(key)

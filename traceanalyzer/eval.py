@@ -49,7 +49,7 @@ DEFAULT_LABELS = ROOT / "tests" / "eval" / "labels"
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
 
 KINDS = ("nsys", "ncu", "ncu-rep", "ncu-text", "torch", "torch-memory", "torch-graphs")
-BUDGET_PARTS = (*BUDGET_CATEGORIES, "idle", *(f"idle:{c}" for c in IDLE_CAUSES))
+BUDGET_PARTS = (*BUDGET_CATEGORIES, "idle", *(f"idle:{c}" for c in IDLE_CAUSES), "copy:HtoD", "copy:DtoH", "copy:DtoD")
 SEVERITY_NAMES = ("info", "warning", "error")
 _TOP_KEYS = {"trace", "summary", "derived", "input_error", "expect", "budget", "must_not", "gap"}
 _SELECTORS = {"rule", "rules", "claims", "headline", "severity", "loss_ms", "item", "device"}
