@@ -9,9 +9,9 @@ diagnosed together (`diagnose`):
 1. **Units.** A finding's `claims` names the part of its device's time budget (the
    `time_budget` view) its loss is time of. Findings that claim the same part of one device
    share a unit: the device's idle time (of any cause), its copy time of one direction
-   (`copy:HtoD`, ...), and the compute or communication time of one kernel (by `item_name`). A finding with no device (T004: every
-   GPU idle at once) sits in that part's unit on every device, which joins those units into
-   one group.
+   (`copy:HtoD`, ...; `copy`: of any), and the compute or communication time of one kernel
+   (by `item_name`). A finding with no device (T004: every GPU idle at once) sits in that
+   part's unit on every device, which joins those units into one group.
 2. **One headline per group.** Every other finding of the group is related evidence of it
    (`related_to`), claims no time of its own (`est_loss_ns` NULL; the rule's figure stays in
    `rule_loss_ns`) and takes the headline's severity (4.; where there is no loss to weigh, it
@@ -20,7 +20,9 @@ diagnosed together (`diagnose`):
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
    covers them all, while its estimate is at least half (`HEADLINE_SHARE`) of the largest
    among those naming that cause (a sync's 74 us does not stand for 5 ms of launch-bound
-   gaps); elsewhere the most severe, and among equals, the largest loss. A finding that
+   gaps); elsewhere the most severe, among equals one that gives no reason of its own to be
+   less (`severity_reason` in its evidence: B002 at a throughput roof) first, then the largest
+   loss. A finding that
    abstained (`"cause": "unknown"` in its evidence: the trace cannot tell, see
    rules/_unknown.py) names `unknown`, whatever the budget's marks say.
 3. **Losses bounded by the budget's steady state.** The budget here is the steady state's:

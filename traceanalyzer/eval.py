@@ -40,6 +40,7 @@ from .batch.check import check_file, up_to_date_hashes
 from .ingest import find_traces
 from .report.model import load_result
 from .rules import all_rules
+from .rules.base import CLAIMS
 from .rules.engine import Settings
 from .store import Store, file_hash, run_id_for
 from .analyses.budget import BUDGET_CATEGORIES, IDLE_CAUSES
@@ -49,7 +50,7 @@ DEFAULT_LABELS = ROOT / "tests" / "eval" / "labels"
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
 
 KINDS = ("nsys", "ncu", "ncu-rep", "ncu-text", "torch", "torch-memory", "torch-graphs")
-BUDGET_PARTS = (*BUDGET_CATEGORIES, "idle", *(f"idle:{c}" for c in IDLE_CAUSES), "copy:HtoD", "copy:DtoH", "copy:DtoD")
+BUDGET_PARTS = (*BUDGET_CATEGORIES, "idle", *(f"idle:{c}" for c in IDLE_CAUSES))
 SEVERITY_NAMES = ("info", "warning", "error")
 _TOP_KEYS = {"trace", "summary", "derived", "input_error", "expect", "budget", "must_not", "gap"}
 _SELECTORS = {"rule", "rules", "claims", "headline", "severity", "loss_ms", "item", "device"}
@@ -111,8 +112,8 @@ def _check_selectors(path: Path, where: str, entry: dict, rule_ids: set[str]) ->
     for i in ids:
         if i not in rule_ids:
             _fail(path, f"{where}: unknown rule id {i!r}")
-    if "claims" in entry and entry["claims"] not in BUDGET_PARTS:
-        _fail(path, f"{where}: claims {entry['claims']!r} is no budget part ({', '.join(BUDGET_PARTS)})")
+    if "claims" in entry and entry["claims"] not in CLAIMS:
+        _fail(path, f"{where}: claims {entry['claims']!r} is no budget part a rule claims ({', '.join(CLAIMS)})")
     if "headline" in entry and not isinstance(entry["headline"], bool):
         _fail(path, f"{where}: headline must be true or false")
     if "severity" in entry:

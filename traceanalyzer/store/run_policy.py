@@ -30,8 +30,9 @@ The thresholds and what each was measured to trade:
   spills: 1.26 GB, for ~1 s of a ~10 s check).
 - `kept_run_memory`: a run that keeps its cache (`keep_min_gpu_ops`) but is not big has its pass
   held to this: its rules' blocks would stay in the buffer pool to the end of the pass (the
-  dense Kineto trace 8x, 171 k operations: the check's peak 931 MB in its rules pass, 731 MB
-  with DuckDB held to 500 MB, 676 MB at 300 MB, the time within the noise).
+  dense Kineto trace 8x, 171 k operations: the check's peak 931 MB in its rules pass, 755 MB
+  with the pass held to 512 MB; the whole check held by TRACEANALYZER_MEMORY_LIMIT: 731 MB at
+  500 MB, 676 MB at 300 MB; the time within the noise).
 - `budget_window_gpu_ops`: a run with more operations than this has its time budget summed
   over windows of about as many (`budget_rows.time_budget_rows`): the sweep holds every event
   of what it sweeps, and the whole of 5 M kernels' (6.3 M operations) took 4.4 GB for 13.8 s,
