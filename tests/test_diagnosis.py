@@ -189,7 +189,9 @@ def test_no_related_finding_names_a_cause_its_budget_does_not_hold_on_every_real
 
 def test_copy_claims_are_bounded_by_the_kernel_time_that_could_hide_them(real):
     for f in _findings(real):
-        if f["rule_id"] == "T002" and f["related_to"] is None and f["est_loss_ns"]:
+        # (a batch of small copies claims the copy time one batched copy would save: no hiding)
+        if f["rule_id"] == "T002" and f["related_to"] is None and f["est_loss_ns"] \
+                and f["item_name"] == "host-to-device copies":
             assert f["est_loss_ns"] <= f["evidence"]["kernel_ns"], f["message"]
 
 

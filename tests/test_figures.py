@@ -225,8 +225,9 @@ def test_the_markdown_table_ranks_runs_by_loss(tmp_path):
 
 def test_one_denominator_per_device(falconsai, h100_2gpu):
     """A run's shares are of one figure per device, its span (first GPU operation to last, the
-    budget's), said once in the budget line: no finding says 'active span', 'the stream's span'
-    or 'wall time', and T001's share is its device-idle time over that span."""
+    budget's) or where it has warm-up its steady span, said once in the budget lines: no finding
+    says 'active span', 'the stream's span' or 'wall time', and T001's share is its device-idle
+    time over that span."""
     import re
 
     from traceanalyzer import fmt
@@ -234,13 +235,17 @@ def test_one_denominator_per_device(falconsai, h100_2gpu):
 
     for path, store, run_id, rows in (falconsai, h100_2gpu):
         spans = {d["device_id"]: d["span_ns"] for d in budget_of(store, run_id)}
+        steady = {d["device_id"]: d["warmup"]["steady_span_ns"] for d in budget_of(store, run_id) if "warmup" in d}
         for d in budget_of(store, run_id):
             assert budget_line(d).startswith(f"GPU {d['device_id']} (span {fmt.ns(d['span_ns'])}): ")
         for f in rows:
             assert not re.search(r"active span|stream's span|wall time", f["message"]), f["message"]
             if f["rule_id"] == "T001" and f["item_kind"] == "stream":
                 lost = json.loads(f["evidence"])["device_idle_ns"]
-                assert f"({fmt.pct(lost / spans[f['device_id']])} of the device's span)" in f["message"]
+                device = f["device_id"]
+                words = "steady span" if device in steady else "span"
+                share = lost / steady.get(device, spans[device])
+                assert f"({fmt.pct(share)} of the device's {words})" in f["message"]
     # the raw trace: Falconsai's span is its kernels' extent, 6.87 ms, not the run's 7.84 ms
     path, store, run_id, rows = falconsai
     span_us, _ = _raw_gaps(path)

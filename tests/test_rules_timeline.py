@@ -137,6 +137,17 @@ def _kineto(rel_path: str) -> tuple[dict, list[dict]]:
     return data, events
 
 
+def _steady(check, finding: dict, span: int, across: bool = False) -> int:
+    """`span` less its time inside the run's merged warm-up windows (the finding's device's, or
+    every device's with `across`): what a timeline rule's share is of. The windows are the store's
+    (tests/test_warmup.py checks them); the span is recomputed from the raw file."""
+    warm = check.store.sql("SELECT coalesce(sum(end_ns - start_ns), 0) FROM run_warmup_merged($r, $a) "
+                           "WHERE $a OR device_id = coalesce($d, -1)",
+                           {"r": finding["run_id"], "a": across, "d": finding["device_id"]}).fetchone()[0]
+    assert finding["evidence"].get("steady_span_ns") == span - warm
+    return span - warm
+
+
 def _severity(share: float, warning: float, error: float) -> str:
     return "error" if share >= error else "warning" if share >= warning else "info"
 
@@ -165,8 +176,11 @@ def test_t003_nsys_sync_loops(check, path, name):
     assert (ev["calls"], ev["blocked_ns"], ev["idle_after_ns"], ev["host_idle_ns"] + ev["warmup_ns"]) == (
         len(calls), blocked, idle, host)
     loss = min(blocked, host - ev["warmup_ns"])
-    assert f["est_loss_ns"] == loss and f["value"] == pytest.approx(loss / span)
-    assert f["severity"] == _severity(loss / span, 0.05, 0.25)
+    # the share is of the steady span: the warm-up windows' time is left out of it as of the idle
+    assert ev["span_ns"] == span
+    steady = _steady(check, f, span)
+    assert f["est_loss_ns"] == loss and f["value"] == pytest.approx(loss / steady)
+    assert f["severity"] == _severity(loss / steady, 0.05, 0.25)
     # every other blocking call hides less than 1% of the span: only this group is reported
     assert len(findings) == 1
 
@@ -188,7 +202,7 @@ def test_t003_kineto_stream_syncs(check):
     assert f["evidence"]["calls"] == len(syncs) == 80
     assert (f["evidence"]["blocked_ns"], f["evidence"]["idle_after_ns"], f["evidence"]["host_idle_ns"]) == (blocked, idle, host)
     assert f["est_loss_ns"] == min(blocked, host)
-    assert f["value"] == pytest.approx(min(blocked, host) / (busy[-1][1] - busy[0][0]))
+    assert f["value"] == pytest.approx(min(blocked, host) / _steady(check, f, busy[-1][1] - busy[0][0]))
 
 
 def test_t003_quiet_and_no_data(check):
@@ -286,7 +300,8 @@ def test_t004_nsys_power_iteration(check):
     assert f["evidence"]["top_activity"][0]["name"] == _top(bound) == "IO N"
     # the NVTX ranges "IO 0", "IO 10", ...: the message says what "IO N" is
     assert f["message"].endswith('most of it in range "IO N" (N: any number)')
-    assert f["value"] == pytest.approx(total / span) and f["severity"] == _severity(total / span, 0.05, 0.25)
+    steady = _steady(check, f, span, across=True)
+    assert f["value"] == pytest.approx(total / steady) and f["severity"] == _severity(total / steady, 0.05, 0.25)
 
 
 def test_t004_kineto_dataloader(check):

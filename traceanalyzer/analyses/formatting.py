@@ -41,6 +41,9 @@ DEFINES = (
     Macro("fmt_pct", "(x) AS CASE WHEN x IS NULL THEN '-' ELSE printf('%.1f%%', 100 * x) END"),
     # fmt.loss_bound: "est. loss at most the 22.4 ms of kernel time that could have hidden it"
     Macro("fmt_loss_bound", "(x, what) AS " + _sql_format(LOSS_BOUND, "fmt_ns(x)", "what"), reads=("fmt_ns",)),
+    # "steady " before "span" where a share is of the span less its warm-up windows (what the
+    # diagnosis weighs losses against), so a share is never read against the whole span.
+    Macro("steady_word", "(span_ns, steady_ns) AS CASE WHEN steady_ns < span_ns THEN 'steady ' ELSE '' END"),
     # How many rows a bounded `arg_max(x, key, n)` heap keeps for a list of at most n examples:
     # at least one (the heap needs n >= 1; slice the result with [1:n] for n < 1).
     Macro("heap_size", "(n) AS CAST(greatest(floor(n), 1) AS BIGINT)"),

@@ -167,7 +167,7 @@ def _roof_text(r: dict) -> str:
     if r["source"] == "sol":
         unit = f" ({r['memory_unit']} {r['memory_unit_pct']:.0f}%)" if r.get("memory_unit") == r.get("memory_unit") \
             and r.get("memory_unit") else ""
-        return f"SOL: compute {r['compute_pct']:.0f}%, memory {r['memory_pct']:.0f}%{unit}"
+        return f"SOL: compute {r['compute_pct']:.0f}%, memory {r['memory_pct']:.0f}%{unit}{_counters_text(r)}"
     fam = FAMILY_LABEL.get(r.get("roof_family"), "compute")
     ai = r.get("intensity")
     ridge = r.get("ridge")
@@ -176,6 +176,33 @@ def _roof_text(r: dict) -> str:
         side = f"; intensity {ai:.3g} FLOP/B {'<' if ai < ridge else '>='} ridge {ridge:.3g}"
     return f"{fam} {r['compute_pct']:.0f}% of peak, DRAM {r['memory_pct']:.0f}% of peak{side}"
 
+
+def _counters(r: dict) -> tuple[float, float] | None:
+    """The roofline's shares from the FLOP and DRAM byte counters (% of peak), where the report has them."""
+    c, m = r.get("roof_compute_pct"), r.get("roof_memory_pct")
+    return None if c is None or m is None or c != c or m != m else (c, m)
+
+
+def _busy_inside(r: dict) -> bool:
+    """Speed of Light's busy units are moving data inside the chip: both counter shares are under
+    half the busier SOL share (its SM throughput is the busiest pipe, often load/store; its memory
+    L1 or L2), so neither arithmetic nor DRAM is what keeps them busy."""
+    counters = _counters(r)
+    return r["source"] == "sol" and counters is not None and max(counters) < max(r["compute_pct"], r["memory_pct"]) / 2
+
+
+def _counters_text(r: dict) -> str:
+    counters = _counters(r)
+    if counters is None:
+        return ""
+    text = f"; counters: {FAMILY_LABEL.get(r.get('roof_family'), 'compute')} {counters[0]:.0f}% of peak, DRAM {counters[1]:.0f}%"
+    return text + (": the busy units move data inside the SM and caches, not arithmetic or DRAM traffic"
+                   if _busy_inside(r) else "")
+
+
+_INSIDE_HINT = ("The units Speed of Light finds busy are not doing arithmetic or reaching DRAM: the kernel "
+                "issues too many load/store instructions for its FLOPs. Load each value once and reuse it from "
+                "registers or shared memory (tiling), and use wider loads (float4); I001 and I005 say more.")
 
 _HINTS = {
     "memory": "Near the memory roof: only moving fewer bytes helps (fuse with neighbours, lower precision, "
@@ -229,7 +256,7 @@ def _finding(r: dict, p: dict) -> dict:
         value=share, value_unit="share",
         threshold=p["latency_bound_pct"] / 100 if bound == "latency" else target,
         est_loss_ns=loss, severity=severity, message=msg,
-        hint=_HINTS[bound],
+        hint=_INSIDE_HINT if _busy_inside(r) else _HINTS[bound],
     )
 
 
@@ -566,7 +593,10 @@ RULE = linked(Rule(
         "over the duration, against ncu's own `peak_sustained` x clock when collected (the clock ncu locked), "
         "else the device's peaks (trace values, then the product table by name, then SMs x FP32 lanes x "
         "clock). The compute side is the precision family nearest its peak; intensity and ridge point are in "
-        "the evidence. NVIDIA's SOLBottleneck thresholds classify: both < `latency_bound_pct` (and "
+        "the evidence. With Speed Of Light, the counters' shares are given beside it where the report has them "
+        "(`roof_compute_pct`, `roof_memory_pct`); both under half the busier SOL share means the busy units "
+        "move data inside the SM and caches (SM throughput is its busiest pipe, often load/store), which the "
+        "message and hint say. NVIDIA's SOLBottleneck thresholds classify: both < `latency_bound_pct` (and "
         "`throughput_bound_pct`) -> latency-bound; else bound by the higher side, unless the two are within "
         "`balanced_pct` points (balanced: both busy), at or over `throughput_bound_pct` too, where NVIDIA "
         "says \"High Throughput\" and names no side. The share reported is the higher side. Estimated "

@@ -255,8 +255,13 @@ WITH warm AS (  -- the warm-up windows per device
     FROM covered_ns('stream_probes', 'cause_cum', part) GROUP BY device_id, stream_id
 ), device_classified AS (
     SELECT *, __GAP_CAUSE__ AS cause FROM device_split
-), spans AS (  -- each device's span (the time budget's: first GPU operation to last)
-    SELECT device_id, active_span_ns AS span_ns FROM device_busy WHERE run_id = $run_id
+), spans AS (  -- each device's span (the time budget's: first GPU operation to last) and its
+    -- steady part, what the shares are of: the gaps' time inside warm-up windows is left out
+    SELECT b.device_id, b.active_span_ns AS span_ns, b.active_span_ns - coalesce(w.warm_ns, 0) AS steady_ns
+    FROM device_busy b
+    LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS warm_ns FROM warm GROUP BY ALL) w
+      ON w.device_id = coalesce(b.device_id, -1)
+    WHERE b.run_id = $run_id
 ), stream_gap_times AS (
     SELECT device_id, stream_id, gap_start AS start_ns, gap_end AS end_ns, gap_ns AS ns FROM classified
 ), stream_place AS (  -- where most of each stream's gap time is (analyses/place.py)
@@ -300,7 +305,7 @@ WITH warm AS (  -- the warm-up windows per device
     LEFT JOIN listed_names a ON a.kind = t.next_kind AND a.item_id = t.next_id
     GROUP BY t.device_id, t.stream_id
 ), per_stream AS (
-    SELECT p.* EXCLUDE (top), s.span_ns, __STREAM_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main,
+    SELECT p.* EXCLUDE (top), s.span_ns, s.steady_ns, __STREAM_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main,
            main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
            __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
            coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, place_json(sp, 'gaps') AS place,
@@ -312,11 +317,11 @@ WITH warm AS (  -- the warm-up windows per device
     LEFT JOIN warm_left wl ON wl.device_id IS NOT DISTINCT FROM p.device_id AND wl.stream_id IS NOT DISTINCT FROM p.stream_id
 ), per_device_all AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
-           any_value(b.active_span_ns) AS span_ns, any_value(wd.warmup_ns) AS warmup_ns,
+           any_value(b.span_ns) AS span_ns, any_value(b.steady_ns) AS steady_ns, any_value(wd.warmup_ns) AS warmup_ns,
            __CAUSE_SUMS__,
            to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause},
                            (gap_ns, -d.gap_start), heap_size($max_examples))[1:$max_examples]) AS worst
-    FROM device_classified d JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
+    FROM device_classified d JOIN spans b ON b.device_id = d.device_id
     LEFT JOIN (SELECT device_id, sum(whole_ns - coalesce(end_ns - start_ns, 0)) AS warmup_ns FROM device_stretches
                GROUP BY ALL) wd
       ON wd.device_id = d.device_id
@@ -329,15 +334,16 @@ WITH warm AS (  -- the warm-up windows per device
 )
 SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
        'stream ' || stream_id AS item_name, w_start AS start_ns, w_end AS end_ns,
-       lost_ns / span_ns AS value, 'share' AS value_unit, $warning_share AS threshold,
+       lost_ns / nullif(steady_ns, 0) AS value, 'share' AS value_unit, $warning_share AS threshold,
        lost_ns AS est_loss_ns,
        -- Judged by the device-idle part: a side stream that waits while others work costs nothing.
-       CASE WHEN lost_ns / span_ns >= $error_share THEN 'error'
-            WHEN lost_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
+       CASE WHEN lost_ns / nullif(steady_ns, 0) >= $error_share THEN 'error'
+            WHEN lost_ns / nullif(steady_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('stream %d on device %d: %d gap(s) over %s, total %s (median %s), '
-              || 'device idle in %s of it (%s of the device''s span); mostly %s (%s of that)',
+              || 'device idle in %s of it (%s of the device''s %sspan); mostly %s (%s of that)',
               stream_id, device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
-              fmt_ns(lost_ns), fmt_pct(lost_ns / span_ns), replace(main_cause, '_', ' '),
+              fmt_ns(lost_ns), fmt_pct(lost_ns / nullif(steady_ns, 0)), steady_word(span_ns, steady_ns),
+              replace(main_cause, '_', ' '),
               fmt_pct(main_idle_ns / lost_ns)) AS message,
        -- On a device's only stream, work issued in time waits for no other stream: the time from
        -- a launch call's return to its kernel's start is the launch's own latency.
@@ -348,24 +354,26 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
                  || 'it where kernels are launched one by one.'
             ELSE __HINT__ END AS hint,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
-         || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "device_idle_ns": ' || lost_ns
+         || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "steady_span_ns": ' || steady_ns
+         || ', "device_idle_ns": ' || lost_ns
          || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns || ', "cause_idle_ns": ' || cause_idle_ns
          || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "warmup_ns": ' || warmup_ns || ', "worst": ' || worst || '}' AS evidence
 FROM per_stream
 WHERE lost_ns > 0  -- gaps while other streams kept the device busy cost nothing
 UNION ALL
 SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, w_start, w_end,
-       total_ns / span_ns, 'share', $warning_share, total_ns,
-       CASE WHEN total_ns / span_ns >= $error_share THEN 'error'
-            WHEN total_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END,
+       total_ns / nullif(steady_ns, 0), 'share', $warning_share, total_ns,
+       CASE WHEN total_ns / nullif(steady_ns, 0) >= $error_share THEN 'error'
+            WHEN total_ns / nullif(steady_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END,
        printf('device %d idle (no work on any stream) in %d gap(s) over %s, total %s (median %s, %s of its '
-              || 'span); mostly %s (%s of it)',
-              device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns), fmt_pct(total_ns / span_ns),
+              || '%sspan); mostly %s (%s of it)',
+              device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
+              fmt_pct(total_ns / nullif(steady_ns, 0)), steady_word(span_ns, steady_ns),
               replace(main_cause, '_', ' '), fmt_pct(main_ns / total_ns)),
        __HINT__,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "device idle", "median_ns": ' || median_ns
-         || ', "span_ns": ' || span_ns || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns
-         || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "warmup_ns": ' || coalesce(warmup_ns, 0) || ', "worst": ' || worst || '}'
+         || ', "span_ns": ' || span_ns || ', "steady_span_ns": ' || steady_ns
+         || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "warmup_ns": ' || coalesce(warmup_ns, 0) || ', "worst": ' || worst || '}'
 FROM per_device  -- (stretches keeps only devices with several streams: with one, this would repeat the stream's)
 ORDER BY item_kind DESC, device_id, stream_id
 """
@@ -439,7 +447,8 @@ class T001Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
     total_of: Annotated[str, doc("what total_ns is the time of")]
     median_ns: Annotated[float, doc("median interval")]
     max_ns: Annotated[Optional[int], doc("the longest interval")] = None
-    span_ns: Annotated[int, doc("time span of the intervals")]
+    span_ns: Annotated[int, doc("the device's span (first GPU operation to last)")]
+    steady_span_ns: Annotated[Optional[int], doc("the device's span less its time inside warm-up windows: what the shares are of")] = None
     device_idle_ns: Annotated[Optional[int], doc("time of the gaps with the whole device idle")] = None
     main_cause: Annotated[str, doc("the cause with the most gap time")]
     cause_ns: Annotated[dict[str, int], doc("gap time per cause")]
@@ -479,7 +488,8 @@ RULE = Rule(
         "device's only stream, the latency, which its hint then names); all "
         "`unknown` when no launch call is linked. A gap's sync time is counted first in it. The "
         "estimated loss is the part of the gaps during which the whole device was idle; severity is "
-        "by that loss as a share of the device's span (first GPU operation to last, the time budget's), and a stream whose "
+        "by that loss as a share of the device's steady span (first GPU operation to last, the time budget's, less its "
+        "time inside warm-up windows: the gaps leave that time out too), and a stream whose "
         "gaps were all covered by other streams' work is not reported. A device-wide finding reports "
         "idle stretches across all streams when a device has several, each stretch split the same "
         "way from the operation that ends it (of those starting then, the first launched). On such "
@@ -504,8 +514,8 @@ RULE = Rule(
     applies_sql="SELECT EXISTS (SELECT 1 FROM gpu_activity WHERE run_id = $run_id)",
     thresholds=(
         Threshold("min_gap_ns", 5000, "Gaps at or below this are ignored (5 us, by design)."),
-        Threshold("warning_share", 0.05, "Device-idle gap time as a share of the device's span that makes a warning (below: info)."),
-        Threshold("error_share", 0.25, "Device-idle gap time as a share of the device's span that makes an error."),
+        Threshold("warning_share", 0.05, "Device-idle gap time as a share of the device's steady span that makes a warning (below: info)."),
+        Threshold("error_share", 0.25, "Device-idle gap time as a share of the device's steady span that makes an error."),
         Threshold("max_examples", 5, "How many of the worst gaps the evidence lists."),
     ),
     evaluate=evaluate,

@@ -121,13 +121,16 @@ FROM per_device LEFT JOIN copy_place cp USING (device_id) WHERE exposed_ns > $mi
 UNION ALL
 SELECT b.device_id, b.stream_id, 'copy', first_id, 'small host-to-device copies', b.start_ns, b.end_ns,
        n, 'copies', $min_batch_count,
-       CAST(greatest(b.dur_ns - b.bytes / nullif(w.bytes_per_ns, 0), 0) AS BIGINT),
+       -- where no large copy shows the rate one batched copy would get, at most the batch's copy time
+       CAST(greatest(b.dur_ns - coalesce(b.bytes / nullif(w.bytes_per_ns, 0), 0), 0) AS BIGINT),
        'warning',
        printf('stream %d on device %d: %d host-to-device copies under %s in a row (%s in all) took %s',
-              b.stream_id, b.device_id, n, fmt_bytes($small_copy_bytes), fmt_bytes(b.bytes), fmt_ns(b.dur_ns)),
+              b.stream_id, b.device_id, n, fmt_bytes($small_copy_bytes), fmt_bytes(b.bytes), fmt_ns(b.dur_ns))
+         || CASE WHEN w.bytes_per_ns > 0 THEN ''
+                 ELSE '; no copy of 1 MB or more in the run gives the rate one batched copy would get: est. at most their copy time' END,
        'Gather the small buffers into one pinned staging buffer and copy once (or use cudaMemcpyBatchAsync); each copy pays a fixed launch and DMA setup cost.',
        '{"copies": ' || n || ', "bytes": ' || b.bytes || ', "copy_ns": ' || b.dur_ns
-         || ', "best_bytes_per_ns": ' || coalesce(w.bytes_per_ns, 0) || '}'
+         || ', "best_bytes_per_ns": ' || coalesce(CAST(w.bytes_per_ns AS VARCHAR), 'null') || '}'
 FROM batches b, best_bw w
 UNION ALL
 SELECT device_id, NULL, 'device', device_id, 'unified-memory migrations', start_ns, end_ns,
@@ -190,7 +193,8 @@ RULE = Rule(
         "severity; its estimated loss is the part of it kernels could hide, at most the device's "
         "kernel time (`kernel_ns` in the evidence): overlap hides a copy behind compute, and no more. Small copies (< `small_copy_bytes`) on one stream with at most `max_batch_gap_ns` "
         "between them form a batch; a batch of `min_batch_count` or more is reported, its cost "
-        "estimated as its copy time minus the bytes at the run's best large-copy rate. Where the kernel "
+        "estimated as its copy time minus the bytes at the run's best rate on a copy of 1 MB or more (with no "
+        "such copy, at most the batch's copy time, which the message says). Where the kernel "
         "time bounds a device's loss, its message says so." + PLACE_HOW,
     fix="Pin host buffers; use cudaMemcpyAsync on a separate stream and issue copies ahead of use "
         "(double buffering, DataLoader pin_memory + non_blocking); merge small copies; prefetch "

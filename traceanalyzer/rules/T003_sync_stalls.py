@@ -112,28 +112,35 @@ WITH active AS (
                          'next_gpu_start_ns': next_gpu_start_ns}
                         ORDER BY hideable_ns DESC, blocked_ns DESC, start_ns)[1:$max_examples]) AS worst
     FROM costed GROUP BY name, pid, tid
-), scored AS (
-    SELECT g.*, coalesce(b.active_span_ns, s.last_ns - s.first_ns) AS span_ns
+), warm_ns AS (  -- per device (-1: the GPUs together), the span's time inside warm-up windows
+    SELECT device_id, sum(end_ns - start_ns) AS ns FROM warm GROUP BY ALL
+    UNION ALL
+    SELECT -1, sum(end_ns - start_ns) FROM run_warmup_merged($run_id, true)
+), scored AS (  -- the span of the group's device (else the GPUs') and its steady part, what the
+    -- share is of: the idle time inside warm-up windows is left out
+    SELECT g.*, coalesce(b.active_span_ns, s.last_ns - s.first_ns) AS span_ns,
+           coalesce(b.active_span_ns, s.last_ns - s.first_ns) - coalesce(w.ns, 0) AS steady_ns
     FROM groups g CROSS JOIN spans s
     LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = g.device_id
+    LEFT JOIN warm_ns w ON w.device_id = coalesce(g.device_id, -1)
 )
 SELECT device_id, NULL::BIGINT AS stream_id,
        CASE WHEN device_id IS NULL THEN 'run' ELSE 'device' END AS item_kind,
        device_id AS item_id,
        name || CASE WHEN tid IS NULL THEN '' ELSE ' (thread ' || tid || ')' END AS item_name,
        worst_start AS start_ns, worst_end AS end_ns,
-       loss_ns / span_ns AS value, 'share' AS value_unit, $warning_share AS threshold,
+       loss_ns / nullif(steady_ns, 0) AS value, 'share' AS value_unit, $warning_share AS threshold,
        loss_ns AS est_loss_ns,
-       CASE WHEN loss_ns / span_ns >= $error_share THEN 'error'
-            WHEN loss_ns / span_ns >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
+       CASE WHEN loss_ns / nullif(steady_ns, 0) >= $error_share THEN 'error'
+            WHEN loss_ns / nullif(steady_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('%s%s: %d call(s) blocked the host %s (median %s, longest %s); the GPU sat idle %s after '
               || '%d of them, %s of it until the host issued the next work, %s (%s of %s) hideable had the '
               || 'host not waited',
               name, CASE WHEN tid IS NULL THEN '' ELSE ' on thread ' || tid END, n,
               fmt_ns(blocked_ns), fmt_ns(median_blocked_ns), fmt_ns(max_blocked_ns), fmt_ns(idle_ns), n_idle,
-              fmt_ns(host_ns), fmt_ns(loss_ns), fmt_pct(loss_ns / span_ns),
-              CASE WHEN device_id IS NULL THEN 'the GPUs'' span'
-                   ELSE 'device ' || device_id || '''s span' END) AS message,
+              fmt_ns(host_ns), fmt_ns(loss_ns), fmt_pct(loss_ns / nullif(steady_ns, 0)),
+              CASE WHEN device_id IS NULL THEN 'the GPUs'' ' ELSE 'device ' || device_id || '''s ' END
+                || steady_word(span_ns, steady_ns) || 'span') AS message,
        CASE what
          WHEN 'sync' THEN 'Each synchronization drains the GPU queue, so the next launch starts from empty: remove syncs from the loop, or defer them (keep results on the GPU; avoid .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() per step; use events and cudaStreamWaitEvent for ordering).'
          WHEN 'copy' THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync with pinned memory (tensor.to(..., non_blocking=True) from/to pinned buffers) and synchronize once, where the data is needed.'
@@ -144,10 +151,10 @@ SELECT device_id, NULL::BIGINT AS stream_id,
          || ', "blocked_ns": ' || blocked_ns || ', "median_blocked_ns": ' || median_blocked_ns
          || ', "max_blocked_ns": ' || max_blocked_ns || ', "idle_after_ns": ' || idle_ns
          || ', "calls_followed_by_idle": ' || n_idle || ', "host_idle_ns": ' || host_ns || ', "warmup_ns": ' || warmup_ns
-         || ', "loss_ns": ' || loss_ns || ', "span_ns": ' || span_ns
+         || ', "loss_ns": ' || loss_ns || ', "span_ns": ' || span_ns || ', "steady_span_ns": ' || steady_ns
          || ', "worst": ' || worst || '}' AS evidence
 FROM scored
-WHERE loss_ns > $min_loss_ns AND loss_ns / span_ns >= $min_share
+WHERE loss_ns > $min_loss_ns AND loss_ns / nullif(steady_ns, 0) >= $min_share
 ORDER BY loss_ns DESC, name, tid
 """
 
@@ -174,7 +181,8 @@ class T003Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     calls_followed_by_idle: Annotated[int, doc("calls after which the GPU sat idle")]
     host_idle_ns: Annotated[int, doc("host time blocked while the GPU was idle")]
     loss_ns: Annotated[int, doc("estimated loss")]
-    span_ns: Annotated[int, doc("time span of the intervals")]
+    span_ns: Annotated[int, doc("the span of the device (or of the GPUs, first GPU operation to last)")]
+    steady_span_ns: Annotated[Optional[int], doc("span_ns less its time inside warm-up windows: what the share is of")] = None
     worst: Annotated[list[T003Example], doc("the calls that left the GPU idle longest")]
 
 
@@ -213,9 +221,9 @@ RULE = Rule(
         "overlapped the GPU work it waited for, so no more idle than the waits can be hidden. It is "
         "an upper bound. The worst examples are ranked by "
         "min(blocked, idle after) per call. A group is "
-        "reported when its loss exceeds `min_loss_ns` and `min_share` of the device's active span "
-        "(first to last GPU operation; all devices when the call's device is unknown), with "
-        "severity by that share.",
+        "reported when its loss exceeds `min_loss_ns` and `min_share` of the device's steady span "
+        "(first to last GPU operation, all devices when the call's device is unknown, less its time "
+        "inside warm-up windows: `steady_span_ns`), with severity by that share.",
     fix="Take synchronizations out of loops; keep values on the GPU until they are needed; use "
         "asynchronous copies into pinned memory and events for ordering.",
     requires="host API calls or sync records, and timed GPU operations",
@@ -224,8 +232,8 @@ RULE = Rule(
                 "EXISTS (SELECT 1 FROM api_calls WHERE run_id = $run_id))",
     thresholds=(
         Threshold("min_loss_ns", 20000, "A group is reported when its estimated loss exceeds this (20 us)."),
-        Threshold("min_share", 0.01, "...and when that loss is at least this share of the device's active span."),
-        Threshold("warning_share", 0.05, "Estimated loss as a share of the device's active span that makes a warning (below: info)."),
+        Threshold("min_share", 0.01, "...and when that loss is at least this share of the device's steady span."),
+        Threshold("warning_share", 0.05, "Estimated loss as a share of the device's steady span that makes a warning (below: info)."),
         Threshold("error_share", 0.25, "Share that makes an error."),
         Threshold("max_early_return_htod_bytes", 65536, "Synchronous host-to-device copies up to this size return early and are not counted (CUDA semantics; nsys cuda_memcpy_sync)."),
         Threshold("max_examples", 5, "How many of the worst calls the evidence lists."),

@@ -1,6 +1,6 @@
 """T004 host-bound stretches: every GPU of the run idle while the host works on what it has not issued yet."""
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import msgspec
 
@@ -178,8 +178,11 @@ host_reach AS (
                             'main_kind': main_kind, 'main_id': main_id},
                            (host_ns, -start_ns), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM bound
-), run AS (  -- the GPUs' span: first GPU operation on any device to the last (one device: its span)
-    SELECT max(last_end_ns) - min(first_start_ns) AS span_ns, count(*) AS n_devices
+), run AS (  -- the GPUs' span: first GPU operation on any device to the last (one device: its span),
+    -- and its steady part, what the share is of: the stretches' time inside warm-up windows is left out
+    SELECT max(last_end_ns) - min(first_start_ns) AS span_ns,
+           max(last_end_ns) - min(first_start_ns) - (SELECT coalesce(sum(end_ns - start_ns), 0) FROM warm) AS steady_ns,
+           count(*) AS n_devices
     FROM device_busy WHERE run_id = $run_id
 ), bound_host AS (
     SELECT start_ns, end_ns, host_ns AS ns FROM bound
@@ -188,13 +191,14 @@ host_reach AS (
 )
 SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind, NULL::BIGINT AS item_id,
        'host-bound stretches' AS item_name, w_start AS start_ns, w_end AS end_ns,
-       total_ns / span_ns AS value, 'share' AS value_unit, $min_share AS threshold,
+       total_ns / nullif(steady_ns, 0) AS value, 'share' AS value_unit, $min_share AS threshold,
        total_ns AS est_loss_ns,
-       CASE WHEN total_ns / span_ns >= $error_share THEN 'error' END AS severity,
+       CASE WHEN total_ns / nullif(steady_ns, 0) >= $error_share THEN 'error' END AS severity,
        printf('every GPU idle while the host worked before issuing the work: %d stretch(es) of %s or more, %s in all '
               || '(%s of %s, longest %s); %s %s',
-              n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / span_ns),
-              CASE WHEN n_devices = 1 THEN 'the device''s span' ELSE 'the GPUs'' span' END, fmt_ns(max_ns),
+              n, fmt_ns($min_stretch_ns), fmt_ns(total_ns), fmt_pct(total_ns / nullif(steady_ns, 0)),
+              CASE WHEN n_devices = 1 THEN 'the device''s ' ELSE 'the GPUs'' ' END || steady_word(span_ns, steady_ns) || 'span',
+              fmt_ns(max_ns),
               -- "most of it" only where it is: else the largest part, with its share
               CASE WHEN 2 * top_ns >= total_ns THEN 'most of it in'
                    ELSE printf('its largest part (%s) in', fmt_pct(top_ns / total_ns)) END,
@@ -208,11 +212,11 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
             ELSE 'The bottleneck is on the host, not in any kernel: look at what the host runs in the stretches listed in the evidence. Move that work off the loop or overlap it with GPU work (background threads or processes, prefetching), and cut Python overhead between launches (torch.compile, CUDA graphs).'
        END AS hint,
        '{"stretches": ' || n || ', "total_ns": ' || total_ns || ', "median_ns": ' || median_ns
-         || ', "max_ns": ' || max_ns || ', "gpu_span_ns": ' || span_ns
+         || ', "max_ns": ' || max_ns || ', "gpu_span_ns": ' || span_ns || ', "steady_span_ns": ' || steady_ns
          || ', "gpu_idle_stretches": ' || n_all || ', "gpu_idle_ns": ' || all_ns || ', "warmup_ns": ' || warmup_ns
          || ', "top_activity": ' || top_json || ', "place": ' || place_json(place, 'stretches') || ', "worst": ' || worst || '}' AS evidence
 FROM summary, top, run, idle_total, place, warm_total
-WHERE n > 0 AND total_ns >= $min_share * span_ns
+WHERE n > 0 AND total_ns / nullif(steady_ns, 0) >= $min_share
 """
 SQL = SQL.replace("__PROFILER_STEP__", PROFILER_STEP)
 
@@ -241,6 +245,7 @@ class T004Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
     median_ns: Annotated[float, doc("median interval")]
     max_ns: Annotated[int, doc("the longest interval")]
     gpu_span_ns: Annotated[int, doc("time from the first to the last GPU activity")]
+    steady_span_ns: Annotated[Optional[int], doc("gpu_span_ns less its time inside warm-up windows: what the share is of")] = None
     gpu_idle_stretches: Annotated[int, doc("stretches with the GPU idle")]
     gpu_idle_ns: Annotated[int, doc("GPU idle time")]
     top_activity: Annotated[list[T004TopActivity], doc("host activities taking most of the stretches")]
@@ -281,7 +286,8 @@ RULE = Rule(
         "The host activity of a stretch is the innermost event (shortest) with at least half of its "
         "work, else the event with most of it (`#N` suffixes are merged). The finding's value is the "
         "host time of the host-bound stretches as a share of the GPUs' span (first GPU operation on any "
-        "device to the last: with one device, its span in the time budget; `gpu_span_ns`); it is "
+        "device to the last: with one device, its span in the time budget; `gpu_span_ns`) less its time "
+        "inside warm-up windows (`steady_span_ns`, the span the message names steady); it is "
         "reported at `min_share` and becomes an error at `error_share`. The estimated loss is that "
         "host time (an upper bound: the GPU could have worked through all of it). The evidence lists "
         "the stretches with the most host time (`host_ns`, the GPU-idle stretch's `gpu_idle_ns`)." + PLACE_HOW,
@@ -296,7 +302,7 @@ RULE = Rule(
     thresholds=(
         Threshold("min_stretch_ns", 100000, "Stretches with less host time than this are left to T001 (100 us)."),
         Threshold("min_host_busy_share", 0.5, "Share of a stretch's host time that the host's work must cover for it to count as host-bound."),
-        Threshold("min_share", 0.05, "Host-bound time as a share of the GPUs' span that is reported."),
+        Threshold("min_share", 0.05, "Host-bound time as a share of the GPUs' steady span that is reported."),
         Threshold("error_share", 0.25, "Share that makes an error."),
         Threshold("max_examples", 5, "How many stretches and activities the evidence lists."),
     ),

@@ -151,14 +151,16 @@ SELECT s.device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, s.worst_id A
        NULL AS severity,
        printf('device %d: %d %s copies under %s (%s in all) took %s%s; each pays a fixed setup cost',
               s.device_id, s.n, s.direction, fmt_bytes($small_copy_bytes), fmt_bytes(s.bytes), fmt_ns(s.dur_ns),
-              CASE WHEN s.n_steps > 0 THEN printf(', %.1f per step', s.n / s.n_steps) ELSE '' END) AS message,
+              CASE WHEN s.n_steps > 0 THEN printf(', %.1f per step', s.n / s.n_steps) ELSE '' END)
+         || CASE WHEN s.best_rate > 0 THEN ''
+                 ELSE '; no copy of 1 MB or more in this direction gives the rate one batched copy would get: est. at most their copy time' END AS message,
        CASE WHEN s.direction = 'DtoH'
             THEN 'Gather the values on the GPU (torch.stack/cat, one buffer) and copy them to the host once per step, into pinned memory.'
             ELSE 'Pack the small buffers into one contiguous (pinned, for host memory) buffer and copy once; for device-to-device copies, fuse them into the producing kernel or use a single batched copy.'
        END AS hint,
        '{"copies": ' || s.n || ', "direction": "' || s.direction || '", "bytes": ' || s.bytes
          || ', "copy_ns": ' || s.dur_ns || ', "streams": ' || s.streams || ', "steps": ' || s.n_steps
-         || ', "best_bytes_per_ns": ' || coalesce(s.best_rate, 0) || ', "worst": ' || s.worst || '}' AS evidence,
+         || ', "best_bytes_per_ns": ' || coalesce(CAST(s.best_rate AS VARCHAR), 'null') || ', "worst": ' || s.worst || '}' AS evidence,
        'copy:' || s.direction AS claims
 FROM small s
 UNION ALL
@@ -259,7 +261,8 @@ RULE = Rule(
         "leaving out host-to-device copies in the back-to-back batches T002 reports (T002's "
         "`small_copy_bytes`, `max_batch_gap_ns` and `min_batch_count` set both rules); reported at "
         "`min_small_count`; estimated loss = their time minus their bytes at "
-        "the run's best large-copy rate in that direction. Pageable: device-to-host copies whose "
+        "the run's best rate on a copy of 1 MB or more in that direction (with no such copy, at most their "
+        "time, which the message says). Pageable: device-to-host copies whose "
         "destination is pageable, reported at `min_pageable_count`; estimated loss = their time "
         "beyond the run's best pinned device-to-host rate (NULL when the run has no large pinned "
         "copy). Waited-on copies: a device-to-host copy made by a non-Async call, by an Async call "
