@@ -20,7 +20,8 @@ diagnosed together (`diagnose`):
    host, dependency, unknown), a rule that names its cause before the launch-gap rule, which
    covers them all, while its estimate is at least half (`HEADLINE_SHARE`) of the largest
    among those naming that cause (a sync's 74 us does not stand for 5 ms of launch-bound
-   gaps); elsewhere the most severe, among equals one that gives no reason of its own to be
+   gaps), and of those one that says what the host did in the idle time (T004) before one that
+   says what it waited on before it (T003, T006); elsewhere the most severe, among equals one that gives no reason of its own to be
    less (`severity_reason` in its evidence: B002 at a throughput roof) first, then the largest
    loss. A finding that
    abstained (`"cause": "unknown"` in its evidence: the trace cannot tell, see
@@ -477,7 +478,18 @@ def _headline_order(row: dict, main_idle_cause: str | None, naming_loss: float =
     # least half of the time found for that cause: two syncs' 74 us must not stand for 5 ms of
     # launch-bound gaps (TraceLens mi300 Falconsai).
     small = _num(row["rule_loss_ns"]) < HEADLINE_SHARE * naming_loss
-    return (not _names(row, main_idle_cause), small, row["claims"] == "idle", *by_loss)
+    return (not _names(row, main_idle_cause), small, row["claims"] == "idle", not _host_work(row), *by_loss)
+
+
+def _host_work(row: dict) -> bool:
+    """Whether a finding says what the host did in the idle time (T004's `top_activity`): of the
+    idle findings that name the host, it heads before those saying what the host waited on before
+    it (a copy, a sync): the wait emptied the queue, the work kept it empty (nsightful's power
+    iteration: 654 ms after waited-on copies, 653 ms of it host work in ranges "IO N")."""
+    from .rules import evidence_of
+
+    ev = evidence_of(row["rule_id"], row["evidence"])
+    return bool(getattr(ev, "top_activity", None))
 
 
 def _own_reason(row: dict) -> bool:
