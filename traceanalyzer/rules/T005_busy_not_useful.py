@@ -253,7 +253,7 @@ RULE = Rule(
     fix="Give kernels enough blocks and resident warps to fill the GPU, fuse tiny kernels, and "
         "profile the top kernels with Nsight Compute to see which limit they hit.",
     requires="timed kernels (busy share), or Nsight Compute speed-of-light metrics",
-    applies_sql="SELECT EXISTS (SELECT 1 FROM device_busy WHERE run_id = $run_id) OR "
+    applies_sql="SELECT EXISTS (SELECT 1 FROM gpu_activity WHERE run_id = $run_id) OR "
                 "EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND metric_id IN ("
                 + ", ".join(f"'{m}'" for m in SOL_METRICS) + "))",
     thresholds=(
