@@ -48,8 +48,8 @@ def test_references_skip_comments_and_longer_names():
 
 def test_a_connection_gets_the_on_demand_views_at_its_first_use_of_one(tmp_path):
     """A store's connection has the eager views only; a query naming an on-demand view or a
-    table macro installs them and runs; a run's cache points the on-demand ones at its tables
-    too (they are installed before it)."""
+    table macro installs them and runs; a run's scope is the database's: another cursor reads it,
+    its own views as they were."""
     from traceanalyzer.store import Store, run_cache, views
 
     on_demand_views = [d.name for d in analyses.ON_DEMAND if isinstance(d, View)]
@@ -60,10 +60,10 @@ def test_a_connection_gets_the_on_demand_views_at_its_first_use_of_one(tmp_path)
         assert views_there().isdisjoint(on_demand_views) and "gpu_activity" in views_there()
         assert st.sql("SELECT count(*) FROM warmup_windows").fetchone() == (0,)
         assert set(on_demand_views) <= views_there()
-        cursor = st.cursor()  # a new connection: again without them, until a cache is pointed at
-        with run_cache.scoped_to_run(st.con, "no-such-run", shared=True) as cache:
-            run_cache.use_run_cache(cursor.con, cache)
-            definition = cursor.con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'warmup_windows'").fetchone()
-            assert cache.prefix in definition[0]
+        cursor = st.cursor()  # a new connection: again without them
+        with run_cache.scoped_to_run(st.con, "no-such-run"):
+            assert cursor.con.execute("SELECT count(*) FROM this_run.warmup_windows").fetchone() == (0,)
+            assert "warmup_windows" not in {n for (n,) in cursor.con.execute(
+                "SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
         cursor.close()
     assert views.names_on_demand(Exception()) is False

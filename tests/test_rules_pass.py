@@ -19,7 +19,7 @@ from .conftest import FIXTURES
 
 
 def test_memo_computes_once_while_threads_wait_and_keeps_no_failure():
-    cache = run_cache.RunCache("temp", run_id="r")
+    cache = run_cache.RunCache("r")
     calls = []
     start = threading.Barrier(2)
 

@@ -339,11 +339,12 @@ def test_memory_limit_comes_from_the_environment(tmp_path, monkeypatch):
         Store(tmp_path / "m.duckdb")
 
 
-@pytest.mark.parametrize("where", ["temp", "attached", "kept"])
-def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store, traces_dir, where):
-    """Every RUN_CACHED view, scoped to a run (its cache for the block: TEMP tables, an attached
-    database, or kept in the store), has the columns and rows of the store-wide view filtered on
-    the run: one definition, whichever way it is computed. Afterwards the views are store-wide."""
+@pytest.mark.parametrize("where", ["scope", "kept", "none"])
+def test_a_runs_scope_matches_the_store_wide_views(store, traces_dir, where):
+    """Every RUN_CACHED view in a run's scope (`this_run.<view>`, over tables built for the block in
+    the scope's database, kept in the store, or none: the store-wide view filtered on the run) has
+    the columns and rows of the store-wide view filtered on the run: one definition, whichever way
+    it is computed. No store-wide view is redefined meanwhile, and the scope goes with the block."""
     from traceanalyzer.store import run_cache
 
     real = traces_dir / "nsys" / "nsys-ai__tests__fixtures__h100_2gpu_1s.sqlite"  # 2 GPUs, 4.3 k operations
@@ -353,6 +354,7 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
         store.ingest(real)
     policy = KEEP_ALL if where == "kept" else RunPolicy()
     names = run_cache.RUN_CACHED
+    definitions = "SELECT view_name, sql FROM duckdb_views() WHERE temporary ORDER BY ALL"
 
     def rows(name):  # (column names, rows)
         result = store.sql(f"SELECT * FROM {name} ORDER BY ALL")
@@ -360,19 +362,66 @@ def test_views_scoped_to_a_run_match_the_store_wide_ones_and_are_restored(store,
 
     whole = {n: rows(n) for n in names}
     assert all(r for _, r in whole.values())
+    store_wide = store.sql(definitions).fetchall()
     for run_id in store.run_ids():
-        with run_cache.scoped_to_run(store.con, run_id, shared=where == "attached", keep=where == "kept",
+        with run_cache.scoped_to_run(store.con, run_id, build=where != "none", keep=where == "kept",
                                      policy=policy) as cache:
-            assert cache.cached == list(names) and cache.shared == (where != "temp") and cache.kept == (where == "kept")
+            assert cache.cached == (where != "none") and cache.kept == (where == "kept")
             for n in names:
                 columns, all_runs = whole[n]
-                assert rows(n) == (columns, [r for r in all_runs if r[0] == run_id]), (n, run_id)
-    for n in names:  # store-wide again, and no cache tables or views left behind
-        assert rows(n) == whole[n]
-    run_objects = "SELECT {0}_name FROM duckdb_{0}s() WHERE {0}_name LIKE '\\_run\\_%' ESCAPE '\\'"
-    assert not store.sql(run_objects.format("table")).fetchall()
-    assert not store.sql(run_objects.format("view")).fetchall()
-    assert not store.sql("SELECT 1 FROM duckdb_databases() WHERE database_name LIKE '_ta_run_cache%'").fetchall()
+                assert rows(f"this_run.{n}") == (columns, [r for r in all_runs if r[0] == run_id]), (n, run_id)
+            assert store.sql(definitions).fetchall() == store_wide
+    assert store.sql(definitions).fetchall() == store_wide
+    assert not store.sql("SELECT 1 FROM duckdb_databases() WHERE database_name = 'this_run'").fetchall()
+
+
+@pytest.mark.parametrize("layout", ["one thread", "two threads", "kept"])
+def test_during_a_pass_the_store_wide_views_stay_and_the_scope_holds_the_run(store, monkeypatch, layout):
+    """In a rules pass laid out by its policy (its cache built for the block and read on one thread
+    or by two cursors, or kept in the store), every rule reads `this_run.device_busy` as the run's
+    rows of `device_busy`, whose definition stays the store-wide one on every cursor."""
+    from traceanalyzer.resources import Resources
+    from traceanalyzer.rules import engine
+
+    run_ids = [store.ingest(FIXTURES / f).run_id for f in ("nsys/planted.sqlite", "kineto/planted.json")]
+    policy = {"one thread": RunPolicy(), "two threads": RunPolicy(parallel_min_gpu_ops=0), "kept": KEEP_ALL}[layout]
+    store.use(Resources(2 if layout == "two threads" else 1))
+    definition = "SELECT sql FROM duckdb_views() WHERE temporary AND view_name = 'device_busy'"
+    store_wide = store.sql(definition).fetchall()
+    busy = {r: store.sql("SELECT * FROM device_busy WHERE run_id = $1 ORDER BY ALL", [r]).fetchall() for r in run_ids}
+    seen = []
+    real = engine.evaluate_rule
+
+    def evaluate(st, rule, run_id, params):  # a spy: what each rule's cursor sees
+        seen.append((threading.current_thread().name.startswith("rules"), st.run_cache.kept,
+                     st.sql(definition).fetchall() == store_wide,
+                     st.sql("SELECT * FROM this_run.device_busy ORDER BY ALL").fetchall() == busy[run_id]))
+        return real(st, rule, run_id, params)
+
+    monkeypatch.setattr(engine, "evaluate_rule", evaluate)
+    run_rules(store, settings=Settings(policy=policy))
+    assert seen and {s[1:] for s in seen} == {(layout == "kept", True, True)}
+    assert any(s[0] for s in seen) == (layout == "two threads")
+
+
+def test_one_scope_at_a_time(store):
+    """A second scope on the same database, from any cursor, is an error, and leaves the first open."""
+    from traceanalyzer.store import run_cache
+
+    run_id = store.ingest(FIXTURES / "nsys/planted.sqlite").run_id
+    with run_cache.scoped_to_run(store.con, run_id):
+        cursor = store.cursor()
+        for con in (store.con, cursor.con):
+            with pytest.raises(RuntimeError, match="open on this database already"), \
+                    run_cache.scoped_to_run(con, run_id, build=False):
+                pass
+        assert cursor.sql("SELECT count(*) FROM this_run.device_busy").fetchone()[0] > 0
+        cursor.close()
+
+
+def test_a_store_cannot_be_named_as_the_scope(tmp_path):
+    with pytest.raises(StoreError, match="cannot be named this_run"):
+        Store(tmp_path / "This_Run.duckdb")
 
 
 @pytest.mark.parametrize("slices", [2, 40])
@@ -399,7 +448,7 @@ def test_tables_built_in_slices_match_the_store_wide_views(store, traces_dir, sl
         assert len(run_cache._slices(store.con, run_id, policy.plan(ops).slices)) >= slices // 2
         with run_cache.scoped_to_run(store.con, run_id, policy=policy):
             for n in sliced:
-                rows = store.sql(f"SELECT * FROM {n} ORDER BY ALL").fetchall()
+                rows = store.sql(f"SELECT * FROM this_run.{n} ORDER BY ALL").fetchall()
                 assert rows and rows == [r for r in whole[n] if r[0] == run_id], (n, run_id)
     assert not store.sql("SELECT 1 FROM duckdb_tables() WHERE table_name = $1", [sliced["stream_ops"]]).fetchall()
 
@@ -425,8 +474,8 @@ def _record_builds(monkeypatch) -> list[tuple[str, bool]]:
 
     built: list[tuple[str, bool]] = []
     real_build = run_cache._build
-    monkeypatch.setattr(run_cache, "_build", lambda con, run_id, cache, *a: built.append((run_id, cache.kept))
-                        or real_build(con, run_id, cache, *a))
+    monkeypatch.setattr(run_cache, "_build", lambda con, run_id, prefix, *a: built.append(
+        (run_id, prefix == run_cache.kept_prefix(run_id))) or real_build(con, run_id, prefix, *a))
     return built
 
 
@@ -467,7 +516,7 @@ def test_big_runs_keep_their_cache_in_the_store(tmp_path, monkeypatch):
         for run_id in ro.run_ids():
             with run_cache.scoped_to_run(ro.con, run_id, keep=ro.keeps_caches) as cache:
                 assert cache.kept and built == []
-                assert ro.sql("SELECT count(*) FROM stream_ops WHERE run_id <> $1", [run_id]).fetchone()[0] == 0
+                assert ro.sql("SELECT count(*) FROM this_run.stream_ops WHERE run_id <> $1", [run_id]).fetchone()[0] == 0
     assert not Store(":memory:").keeps_caches and not ro.keeps_caches
 
 
@@ -592,27 +641,28 @@ def test_a_kept_cache_goes_with_its_rows_and_its_version(tmp_path, monkeypatch):
 
 def test_rules_on_two_threads_find_what_one_thread_finds(store, monkeypatch):
     """A run's rules are spread over two cursors reading one shared cache (engine.rule_threads);
-    the findings and outcomes are those of a one-thread pass, and no cache is left behind."""
-    from traceanalyzer.store import run_cache
+    the findings and outcomes are those of a one-thread pass, and no scope is left behind."""
     from traceanalyzer.resources import Resources
+    from traceanalyzer.rules import engine
 
     for f in ("nsys/planted.sqlite", "kineto/planted.json", "nsys/graph_memory.sqlite"):
         store.ingest(FIXTURES / f)
     store.use(Resources(2))  # two rule threads whatever this machine has
     any_size = Settings(policy=RunPolicy(parallel_min_gpu_ops=0))  # and on runs this small
 
-    shared = []
-    real_use = run_cache.use_run_cache
-    monkeypatch.setattr(run_cache, "use_run_cache", lambda con, cache: shared.append(cache.database) or real_use(con, cache))
+    threads = set()
+    real = engine.evaluate_rule
+    monkeypatch.setattr(engine, "evaluate_rule", lambda st, *a: threads.add(threading.current_thread().name)
+                        or real(st, *a))
     two = run_rules(store, settings=any_size)
-    assert len(shared) == 2 * len(store.run_ids())  # two cursors per run, on the attached cache
+    assert any(t.startswith("rules") for t in threads)  # on the cursors' threads
     on_two = _stored_results(store)
     store.use(Resources(1))
     one = run_rules(store, settings=any_size)
     assert _stored_results(store) == on_two and [(o.rule_id, o.status, o.findings) for o in one] == \
         [(o.rule_id, o.status, o.findings) for o in two]
     assert sum(o.findings for o in one) > 0
-    assert not store.sql("SELECT database_name FROM duckdb_databases() WHERE database_name LIKE '_ta_run_cache%'").fetchall()
+    assert not store.sql("SELECT 1 FROM duckdb_databases() WHERE database_name = 'this_run'").fetchall()
 
 
 # -- stores survive upgrades -----------------------------------------------------------------

@@ -391,7 +391,7 @@ GROUP BY ALL
 # Per device: busy time (the union of its GPU work) and its idle share of the run's span.
 BUSY_SQL = """
 SELECT b.device_id, b.busy_ns, 1 - b.busy_ns / nullif(r.span_ns, 0) AS idle_share
-FROM device_busy b JOIN runs r USING (run_id) WHERE b.run_id = $run_id ORDER BY b.device_id
+FROM this_run.device_busy b JOIN runs r USING (run_id) ORDER BY b.device_id
 """
 
 
@@ -409,8 +409,8 @@ def _scalar(store: Store, sql: str, run_id: str):
 
 
 def _side(store: Store, run_id: str, by: str, step: str | None) -> dict:
-    with run_cache.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
-        busy = store.df(BUSY_SQL, {"run_id": run_id})
+    with run_cache.scoped_to_run(store.con, run_id, build=False):  # a big run's kept cache, when it has one
+        busy = store.df(BUSY_SQL)
     setup = comparability.setup(store, run_id)
     step_list = step_stats.step_rows(store, run_id, step)
     dist = step_stats.distribution(step_list)

@@ -82,9 +82,9 @@ BUSY_SQL = """
 SELECT b.device_id, d.name AS device, CAST(b.busy_ns AS BIGINT) AS busy_ns, CAST(b.active_span_ns AS BIGINT) AS active_span_ns,
        b.busy_share,
        b.busy_ns / nullif(r.span_ns, 0) AS busy_share_of_run
-FROM device_busy b JOIN runs r USING (run_id)
+FROM this_run.device_busy b JOIN runs r USING (run_id)
 LEFT JOIN devices d ON d.run_id = b.run_id AND d.device_id = b.device_id
-WHERE b.run_id = ? ORDER BY b.device_id
+ORDER BY b.device_id
 """
 
 # TorchInductor's kernels (the `compiled_kernels` view), per kernel name: its class and fused
@@ -198,8 +198,8 @@ def memsets(store: Store, run_id: str) -> pd.DataFrame:
 
 
 def busy(store: Store, run_id: str) -> pd.DataFrame:
-    with run_cache.kept_views(store.con, run_id):  # a big run's kept cache, when it has one
-        return store.df(BUSY_SQL, [run_id])
+    with run_cache.scoped_to_run(store.con, run_id, build=False):  # a big run's kept cache, when it has one
+        return store.df(BUSY_SQL)
 
 
 # Per graph replayed (the `graph_replays` view): replays, operations per replay, time. The launch
@@ -354,8 +354,8 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
 
     info = rows(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", [run_id])[0]
     kernels = rows(_stats_sql(by, graphs=False), [run_id])
-    with run_cache.kept_views(store.con, run_id):
-        gpus = rows(BUSY_SQL, [run_id])
+    with run_cache.scoped_to_run(store.con, run_id, build=False):
+        gpus = rows(BUSY_SQL, [])
     return {
         **info, "by": by, "busy": gpus,
         "kernels": kernels if top is None else kernels[:top],

@@ -151,21 +151,19 @@ DEFINES = (
     # and every interval before it ends by t.
     TableMacro(
         "next_busy_candidates",
-        "The busy intervals of one run (`device_busy_intervals`) among which the first one ending after "
-        "each probe lies: `next_busy_candidates('<run id>', 'probes')`, the probes a table (a CTE's name) "
-        "with `device_id` and `t`; `device_id`, `start_ns`, `end_ns`.",
-        """(rid, probes) AS TABLE
+        "The busy intervals of one run (a table of its `device_busy_intervals` rows, as `this_run.device_busy_intervals`) "
+        "among which the first one ending after each probe lies: `next_busy_candidates('this_run.device_busy_intervals', "
+        "'probes')`, the probes a table (a CTE's name) with `device_id` and `t`; `device_id`, `start_ns`, `end_ns`.",
+        """(intervals, probes) AS TABLE
         WITH blocks AS (
             SELECT device_id, (island - 1) // 64 AS block, max(end_ns) AS block_end
-            FROM device_busy_intervals WHERE run_id = rid GROUP BY ALL
+            FROM query_table(intervals) GROUP BY ALL
         ), hit AS (
             SELECT DISTINCT b.device_id, b.block
             FROM query_table(probes) p ASOF JOIN blocks b ON b.device_id = p.device_id AND b.block_end > p.t
         )
-        SELECT i.device_id, i.start_ns, i.end_ns FROM device_busy_intervals i
-        SEMI JOIN hit h ON h.device_id = i.device_id AND h.block = (i.island - 1) // 64
-        WHERE i.run_id = rid""",
-        reads=("device_busy_intervals",),
+        SELECT i.device_id, i.start_ns, i.end_ns FROM query_table(intervals) i
+        SEMI JOIN hit h ON h.device_id = i.device_id AND h.block = (i.island - 1) // 64""",
     ),
     # Covered time in [a, b] is covered time up to b minus that up to a; up to t it is read from
     # the last stretch starting by t. Both ends go through one ASOF join (one sort of the

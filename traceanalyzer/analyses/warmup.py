@@ -242,15 +242,16 @@ DEFINES = (
     Macro("steady_start", _STEADY_START, reads=("warm_before",)),
     TableMacro(
         "run_warmup_merged",
-        "One run's warm-up windows (`warmup_windows`) merged into disjoint ones per device (a `device_id` NULL "
-        "as -1, so that ASOF joins match it), or with `across_devices` over all its devices (`device_id` -1): "
-        "`run_id`, `device_id`, `island`, `start_ns`, `end_ns` and `busy_before_ns` (the window time before "
-        "each), as `steady_start(t0, t1, ...)` reads them: `run_warmup_merged('<run id>', false)`.",
-        """(rid, across_devices) AS TABLE
+        "One run's warm-up windows (a table of its `warmup_windows` rows, as `this_run.warmup_windows`) merged into "
+        "disjoint ones per device (a `device_id` NULL as -1, so that ASOF joins match it), or with `across_devices` "
+        "over all its devices (`device_id` -1): `run_id`, `device_id`, `island`, `start_ns`, `end_ns` and "
+        "`busy_before_ns` (the window time before each), as `steady_start(t0, t1, ...)` reads them: "
+        "`run_warmup_merged('this_run.warmup_windows', false)`.",
+        """(windows, across_devices) AS TABLE
         WITH device_windows AS (SELECT run_id, CASE WHEN across_devices THEN -1 ELSE coalesce(device_id, -1) END AS device_id,
-                                       start_ns, end_ns FROM warmup_windows WHERE run_id = rid)
+                                       start_ns, end_ns FROM query_table(windows))
         SELECT * EXCLUDE (next_start_ns, first_start_ns) FROM islands('device_windows')""",
-        reads=("islands", "warmup_windows"),
+        reads=("islands",),
     ),
     TableMacro(
         "run_warmup_budget",

@@ -45,8 +45,8 @@ _ARCH_CC = {"volta": 70, "turing": 75, "ampere": 80, "ada": 89, "hopper": 90, "b
 
 SQL = f"""
 WITH simt_names AS MATERIALIZED (  -- the patterns matched once per distinct name
-    SELECT name FROM kernel_names
-    WHERE run_id = $run_id AND regexp_matches(lower(name), '{SIMT_FP32}')
+    SELECT name FROM this_run.kernel_names
+    WHERE regexp_matches(lower(name), '{SIMT_FP32}')
       AND NOT regexp_matches(lower(name), '{TENSOR_OR_HALF}')
 ), timed AS (
     SELECT device_id, name, short_name, library, kernel_id, start_ns, end_ns, end_ns - start_ns AS dur
@@ -73,8 +73,8 @@ SELECT device_id, name, vendor, compute_major, compute_minor FROM devices WHERE 
 # compute capability for).
 TAGGED_SQL = f"""
 WITH tagged AS MATERIALIZED (
-    SELECT name FROM kernel_names
-    WHERE run_id = $run_id AND regexp_matches(lower(name), '{_ARCH_TAG.pattern}')
+    SELECT name FROM this_run.kernel_names
+    WHERE regexp_matches(lower(name), '{_ARCH_TAG.pattern}')
 )
 SELECT DISTINCT k.device_id, k.name FROM kernels k JOIN tagged USING (name)
 WHERE k.run_id = $run_id AND list_contains($devices, k.device_id)

@@ -49,8 +49,8 @@ SQL = rf"""
 WITH launch AS (  -- kernels with their launch calls, joined once per run (analyses.launches.kernel_launches)
     SELECT kernel_id, device_id, name_key, grid_x, grid_y, grid_z, block_x, block_y, block_z,
            call_id, pid, tid, call_start_ns AS start_ns, call_end_ns AS end_ns
-    FROM kernel_launches
-    WHERE run_id = $run_id AND call_start_ns IS NOT NULL AND call_end_ns >= call_start_ns AND tid IS NOT NULL
+    FROM this_run.kernel_launches
+    WHERE call_start_ns IS NOT NULL AND call_end_ns >= call_start_ns AND tid IS NOT NULL
 ), prep_all AS (  -- loads and compiles on a launching thread
     SELECT DISTINCT pid, tid, start_ns, end_ns FROM (
         SELECT pid, tid, start_ns, end_ns FROM api_calls
@@ -110,7 +110,7 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (analy
     SELECT kind, n.name AS group_key,
            printf('grid (%d,%d,%d) block (%d,%d,%d)', grid_x, grid_y, grid_z, block_x, block_y, block_z),
            {SHAPE_COLUMNS}
-    FROM kernel_shapes s LEFT JOIN kernel_names n ON n.run_id = $run_id AND n.name_key = s.name_key
+    FROM kernel_shapes s LEFT JOIN this_run.kernel_names n ON n.name_key = s.name_key
 ), judged AS (
     SELECT *, first_ns - later_ns AS excess_ns,
            calls > 1 AND first_ns >= $min_first_call_slowdown_ratio * later_ns
@@ -142,9 +142,8 @@ WITH launch AS (  -- kernels with their launch calls, joined once per run (analy
 ), inner_names AS (
     SELECT outer_key, list(DISTINCT group_key ORDER BY group_key) AS inner FROM folded GROUP BY outer_key
 ), gaps AS (  -- the device idle stretches a slow first call overlaps (any device)
-    SELECT DISTINCT g.device_id, g.start_ns, g.end_ns FROM device_idle_gaps g
+    SELECT DISTINCT g.device_id, g.start_ns, g.end_ns FROM this_run.device_idle_gaps g
     JOIN slow_first s ON g.start_ns < s.first_end AND g.end_ns > s.first_start
-    WHERE g.run_id = $run_id
 ), gap_ends AS (
     SELECT device_id, end_ns AS busy_start FROM gaps
 ), issued AS (  -- when the work that ended each of them was issued (analyses.budget.issued_at)

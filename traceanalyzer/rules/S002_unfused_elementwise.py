@@ -48,7 +48,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            END AS ew_name,
            inductor_class(name) IS NOT NULL AS compiled,
            regexp_matches(lower(name), '{REDUCTION}') AS reduction, {functor_label('name')} AS functor
-    FROM kernel_names WHERE run_id = $run_id
+    FROM this_run.kernel_names
 ), acts AS NOT MATERIALIZED (  -- names travel as integer keys (analyses.kernels.kernel_names): cheaper to sort, group and compare
     -- Operations in stream order with the previous one's fields, computed once per run
     -- (analyses.launches.stream_ops): every operation takes part, so a GEMM or copy in between breaks a chain.
@@ -60,10 +60,9 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
            o.prev_kind = 'kernel' AND o.prev_end_ns - o.prev_start_ns <= $max_kernel_ns
              AND coalesce(p.ew_name, false) AS prev_ew,
            coalesce(p.reduction, false) AS prev_reduction
-    FROM stream_ops o
+    FROM this_run.stream_ops o
     LEFT JOIN names n ON n.name_key = o.name_key
     LEFT JOIN names p ON p.name_key = o.prev_name_key
-    WHERE o.run_id = $run_id
 ), steps AS NOT MATERIALIZED (  -- whether each operation follows an element-wise kernel closely enough to
     -- continue its chain (if it is one itself)
     SELECT *, coalesce(prev_ew AND NOT prev_reduction AND start_ns - prev_end <= $max_gap_ns, false) AS follows
@@ -81,7 +80,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     SELECT b.device_id, b.stream_id, b.chain, coalesce(b.next_bound - 1, l.last_seq) AS last_seq
     FROM (SELECT device_id, stream_id, seq AS chain, ew,
                  lead(seq) OVER (PARTITION BY device_id, stream_id ORDER BY seq) AS next_bound FROM bounds) b
-    LEFT JOIN (SELECT device_id, stream_id, max(seq) AS last_seq FROM stream_ops WHERE run_id = $run_id GROUP BY ALL) l
+    LEFT JOIN (SELECT device_id, stream_id, max(seq) AS last_seq FROM this_run.stream_ops GROUP BY ALL) l
       ON l.device_id = b.device_id AND l.stream_id = b.stream_id
     WHERE b.ew AND coalesce(b.next_bound - 1, l.last_seq) - b.chain + 1 >= $min_chain_count
 ), member_seqs AS (  -- each kernel of a long chain, by position: its seq
@@ -185,7 +184,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     SELECT * FROM majority_window('chain_savings')
 ), reported AS (  -- the groups that save enough
     SELECT g.*, g.saving_ns / nullif(b.active_span_ns, 0) AS share
-    FROM grouped g LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = g.device_id
+    FROM grouped g LEFT JOIN this_run.device_busy b ON b.device_id = g.device_id
     WHERE g.saving_ns / nullif(b.active_span_ns, 0) >= $min_saving_share
       AND g.saving_ns > 0  -- nothing to save, nothing to report (at a threshold of 0 too)
 ), shown AS (  -- the chains their findings show: the one that names each, and the worst ones
@@ -196,7 +195,7 @@ WITH names AS MATERIALIZED (  -- the name patterns are matched once per distinct
     SELECT s.device_id, s.stream_id, s.chain, list(o.item_id ORDER BY o.seq) AS kernel_ids,
            list(o.name_key ORDER BY o.seq) AS keys
     FROM (SELECT *, unnest(range(chain, last_seq + 1)) AS seq FROM shown) s
-    JOIN stream_ops o ON o.run_id = $run_id AND o.device_id = s.device_id AND o.stream_id = s.stream_id AND o.seq = s.seq
+    JOIN this_run.stream_ops o ON o.device_id = s.device_id AND o.stream_id = s.stream_id AND o.seq = s.seq
     GROUP BY s.device_id, s.stream_id, s.chain
 ), worst_shown AS (  -- the evidence's chains, with their kernels
     SELECT w.device_id, w.n, w.sig_a, w.sig_b,

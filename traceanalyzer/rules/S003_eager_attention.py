@@ -154,7 +154,7 @@ WITH mm AS MATERIALIZED (  -- matrix products on the host (an aten::matmul and t
     FROM per_device p
     JOIN shapes s USING (device_id)
     LEFT JOIN kernel_time t USING (device_id)
-    LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = p.device_id
+    LEFT JOIN this_run.device_busy b ON b.device_id = p.device_id
     LEFT JOIN devices d ON d.run_id = $run_id AND d.device_id = p.device_id
     WHERE p.other_ns / nullif(b.active_span_ns, 0) >= $min_share AND p.other_ns > 0
 )

@@ -103,7 +103,7 @@ HINT = "CASE main_cause " + " ".join(f"WHEN {sql_literal(c)} THEN {sql_literal(h
 # streams.
 SQL = r"""
 WITH warm AS (  -- the warm-up windows per device
-    SELECT * FROM run_warmup_merged($run_id, false)
+    SELECT * FROM run_warmup_merged('this_run.warmup_windows', false)
 ), all_gaps AS (
     -- Operations in stream order come computed once per run for T001 and S002 (analyses.launches.stream_ops),
     -- read straight from the cache: sharing them as a CTE would copy every row again.
@@ -113,10 +113,10 @@ WITH warm AS (  -- the warm-up windows per device
            steady_start(o.prev_max_end_ns, o.start_ns,
                         w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS gap_start,
            o.kind AS next_kind, o.item_id AS next_id, o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end, a.pid, a.tid
-    FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
+    FROM this_run.stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
     ASOF LEFT JOIN warm w ON w.device_id = coalesce(o.device_id, -1) AND o.start_ns >= w.start_ns
     ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(o.device_id, -1) AND o.prev_max_end_ns >= w0.start_ns
-    WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NOT NULL AND o.start_ns - o.prev_max_end_ns > $min_gap_ns
+    WHERE o.prev_max_end_ns IS NOT NULL AND o.start_ns - o.prev_max_end_ns > $min_gap_ns
 ), gaps AS (  -- the gaps' steady parts (warm-up left out)
     SELECT * EXCLUDE (whole_start), gap_end - gap_start AS gap_ns FROM all_gaps
     WHERE gap_end - gap_start > $min_gap_ns
@@ -125,16 +125,16 @@ WITH warm AS (  -- the warm-up windows per device
     FROM all_gaps GROUP BY ALL
 ), stream_counts AS (  -- per device: its streams, and whether every operation has one
     SELECT device_id, count(DISTINCT stream_id) AS n_streams, count(stream_id) = count(*) AS all_on_streams
-    FROM stream_ops WHERE run_id = $run_id AND device_id IS NOT NULL GROUP BY device_id
+    FROM this_run.stream_ops WHERE device_id IS NOT NULL GROUP BY device_id
 ), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
 ), device_stretches AS (
     SELECT g.device_id, g.end_ns, g.gap_ns AS whole_ns,
            steady_start(g.start_ns, g.end_ns,
                         w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
-    FROM device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
+    FROM this_run.device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
     ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(g.device_id, -1) AND g.start_ns >= w0.start_ns
-    WHERE g.run_id = $run_id AND g.gap_ns > $min_gap_ns
+    WHERE g.gap_ns > $min_gap_ns
       AND g.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
 ), stretches AS (
     -- Idle stretches of devices with several streams (with one, its stream's finding says it all),
@@ -150,8 +150,8 @@ WITH warm AS (  -- the warm-up windows per device
     FROM gaps WHERE device_id IN (SELECT device_id FROM stretches)
     UNION ALL
     SELECT o.device_id, o.start_ns, o.kind, o.item_id, a.pid, a.tid, a.start_ns, a.end_ns
-    FROM stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
-    WHERE o.run_id = $run_id AND o.prev_max_end_ns IS NULL AND o.device_id IN (SELECT device_id FROM stretches)
+    FROM this_run.stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
+    WHERE o.prev_max_end_ns IS NULL AND o.device_id IN (SELECT device_id FROM stretches)
 ), device_gaps AS (  -- of the operations ending a stretch, the one whose launch call started first
     SELECT d.device_id, d.start_ns AS gap_start, d.end_ns AS gap_end, d.gap_ns,
            arg_min({'pid': o.pid, 'tid': o.tid, 'call_start': o.call_start, 'call_end': o.call_end},
@@ -258,10 +258,9 @@ WITH warm AS (  -- the warm-up windows per device
 ), spans AS (  -- each device's span (the time budget's: first GPU operation to last) and its
     -- steady part, what the shares are of: the gaps' time inside warm-up windows is left out
     SELECT b.device_id, b.active_span_ns AS span_ns, b.active_span_ns - coalesce(w.warm_ns, 0) AS steady_ns
-    FROM device_busy b
+    FROM this_run.device_busy b
     LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS warm_ns FROM warm GROUP BY ALL) w
       ON w.device_id = coalesce(b.device_id, -1)
-    WHERE b.run_id = $run_id
 ), stream_gap_times AS (
     SELECT device_id, stream_id, gap_start AS start_ns, gap_end AS end_ns, gap_ns AS ns FROM classified
 ), stream_place AS (  -- where most of each stream's gap time is (analyses/place.py)

@@ -18,7 +18,7 @@ WITH h2d AS (
 ), stream_facts AS (  -- per stream: its kernels, and whether its operations never overlap one another
     SELECT device_id, stream_id, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
            coalesce(max(prev_max_end_ns - start_ns), 0) <= 0 AS disjoint
-    FROM stream_ops WHERE run_id = $run_id GROUP BY device_id, stream_id
+    FROM this_run.stream_ops GROUP BY device_id, stream_id
 ), lone_stream AS (  -- devices whose kernels all run on one stream whose operations never overlap: no
     -- kernel can run during a copy on that stream (a CUDA stream runs its work in order; traces rarely
     -- break this, and then the copies are probed)
@@ -29,8 +29,8 @@ WITH h2d AS (
     WHERE NOT EXISTS (SELECT 1 FROM lone_stream l WHERE l.device_id = e.device_id AND l.stream_id = e.stream_id)
 ), kernel_cum AS (  -- only the probed devices' kernel intervals (an ASOF join sorts its right side even
     -- for no probes), each with the kernel time up to its end
-    SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM kernel_busy_intervals
-    WHERE run_id = $run_id AND device_id IS NOT NULL AND device_id IN (SELECT device_id FROM probed)
+    SELECT device_id, start_ns, end_ns, busy_before_ns + end_ns - start_ns AS to_end_ns FROM this_run.kernel_busy_intervals
+    WHERE device_id IS NOT NULL AND device_id IN (SELECT device_id FROM probed)
 ), covered AS (  -- time of each copy during which some kernel ran on its device (analyses.timeline)
     SELECT * FROM covered_ns('probed', 'kernel_cum', device_id)
 ), per_copy AS (
@@ -56,9 +56,9 @@ WITH h2d AS (
            any_value(b.active_span_ns) AS span_ns,
            -- Overlap can hide copy time behind kernels only: at most the device's kernel time.
            coalesce(any_value(k.kernel_ns), 0) AS kernel_ns
-    FROM per_copy p LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = p.device_id
-    LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns FROM kernel_busy_intervals
-               WHERE run_id = $run_id GROUP BY device_id) k ON k.device_id = p.device_id
+    FROM per_copy p LEFT JOIN this_run.device_busy b ON b.device_id = p.device_id
+    LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns FROM this_run.kernel_busy_intervals
+               GROUP BY device_id) k ON k.device_id = p.device_id
     GROUP BY p.device_id
 ), exposed AS (
     SELECT device_id, start_ns, end_ns, exposed_ns AS ns FROM per_copy WHERE exposed_ns > 0

@@ -13,7 +13,7 @@ from .evidence import Evidence, TimeRange, doc
 # every active device of the run is considered (the call waited on all of them).
 SQL = r"""
 WITH active AS (
-    SELECT device_id, first_start_ns, last_end_ns FROM device_busy WHERE run_id = $run_id
+    SELECT device_id, first_start_ns, last_end_ns FROM this_run.device_busy
 ), blocking AS (  -- API calls that wait for the GPU, by name
     SELECT call_id, name, pid, tid, start_ns, end_ns FROM api_calls
     WHERE run_id = $run_id AND end_ns >= start_ns
@@ -51,12 +51,12 @@ WITH active AS (
 ), call_ends AS (
     SELECT dev AS device_id, end_ns AS t FROM per_device
 ), busy AS (  -- the busy intervals that can follow a call (analyses.timeline.next_busy_candidates)
-    SELECT * FROM next_busy_candidates($run_id, 'call_ends')
+    SELECT * FROM next_busy_candidates('this_run.device_busy_intervals', 'call_ends')
 ), next_busy AS (  -- the first busy interval of that device ending after the call returned
     SELECT p.*, b.start_ns AS busy_start
     FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
 ), warm AS (  -- the warm-up windows per device
-    SELECT * FROM run_warmup_merged($run_id, false)
+    SELECT * FROM run_warmup_merged('this_run.warmup_windows', false)
 ), steady AS (  -- where the idle after each call begins to be steady (NULL: it ends in warm-up)
     SELECT n.*, steady_start(n.end_ns, n.busy_start,
                              w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS steady_from
@@ -115,13 +115,13 @@ WITH active AS (
 ), warm_ns AS (  -- per device (-1: the GPUs together), the span's time inside warm-up windows
     SELECT device_id, sum(end_ns - start_ns) AS ns FROM warm GROUP BY ALL
     UNION ALL
-    SELECT -1, sum(end_ns - start_ns) FROM run_warmup_merged($run_id, true)
+    SELECT -1, sum(end_ns - start_ns) FROM run_warmup_merged('this_run.warmup_windows', true)
 ), scored AS (  -- the span of the group's device (else the GPUs') and its steady part, what the
     -- share is of: the idle time inside warm-up windows is left out
     SELECT g.*, coalesce(b.active_span_ns, s.last_ns - s.first_ns) AS span_ns,
            coalesce(b.active_span_ns, s.last_ns - s.first_ns) - coalesce(w.ns, 0) AS steady_ns
     FROM groups g CROSS JOIN spans s
-    LEFT JOIN device_busy b ON b.run_id = $run_id AND b.device_id = g.device_id
+    LEFT JOIN this_run.device_busy b ON b.device_id = g.device_id
     LEFT JOIN warm_ns w ON w.device_id = coalesce(g.device_id, -1)
 )
 SELECT device_id, NULL::BIGINT AS stream_id,

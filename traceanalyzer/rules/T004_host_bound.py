@@ -26,12 +26,12 @@ from .evidence import Place, PlacedEvidence, TimeRange, doc
 
 SQL = r"""
 WITH warm AS (  -- the warm-up windows of every device together
-    SELECT * FROM run_warmup_merged($run_id, true)
+    SELECT * FROM run_warmup_merged('this_run.warmup_windows', true)
 ), steady AS (  -- each GPU-idle stretch's steady part (none: all warm-up)
     SELECT g.start_ns AS idle_start, g.end_ns,
            steady_start(g.start_ns, g.end_ns,
                         w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
-    FROM (SELECT start_ns, end_ns FROM run_idle_gaps WHERE run_id = $run_id) g
+    FROM (SELECT start_ns, end_ns FROM this_run.run_idle_gaps) g
     ASOF LEFT JOIN warm w ON g.end_ns >= w.start_ns
     ASOF LEFT JOIN warm w0 ON g.start_ns >= w0.start_ns
 ), gpu_idle AS (
@@ -40,12 +40,12 @@ WITH warm AS (  -- the warm-up windows of every device together
 ), warm_total AS (  -- the GPU-idle time left out as warm-up
     SELECT coalesce(sum(end_ns - idle_start) - sum(end_ns - coalesce(start_ns, end_ns)), 0) AS warmup_ns FROM steady
 ), devices AS (
-    SELECT DISTINCT coalesce(device_id, -1) AS dkey FROM device_idle_gaps WHERE run_id = $run_id
+    SELECT DISTINCT coalesce(device_id, -1) AS dkey FROM this_run.device_idle_gaps
 ), device_stretch AS (  -- per stretch, each device's idle stretch that holds it (a device whose span
     -- does not hold it has none: none of its budget is idle then)
     SELECT i.sid, g.dkey, g.start_ns AS d_start, g.end_ns AS d_end
     FROM (SELECT * FROM gpu_idle, devices) i
-    ASOF JOIN (SELECT coalesce(device_id, -1) AS dkey, start_ns, end_ns FROM device_idle_gaps WHERE run_id = $run_id) g
+    ASOF JOIN (SELECT coalesce(device_id, -1) AS dkey, start_ns, end_ns FROM this_run.device_idle_gaps) g
       ON g.dkey = i.dkey AND g.start_ns <= i.start_ns
     WHERE g.end_ns >= i.end_ns
 ), ending AS (  -- the operation that ends each device's idle stretch: of those starting then, the
@@ -183,7 +183,7 @@ host_reach AS (
     SELECT max(last_end_ns) - min(first_start_ns) AS span_ns,
            max(last_end_ns) - min(first_start_ns) - (SELECT coalesce(sum(end_ns - start_ns), 0) FROM warm) AS steady_ns,
            count(*) AS n_devices
-    FROM device_busy WHERE run_id = $run_id
+    FROM this_run.device_busy
 ), bound_host AS (
     SELECT start_ns, end_ns, host_ns AS ns FROM bound
 ), place AS (  -- where most of the host-bound time is (analyses/place.py)

@@ -19,13 +19,12 @@ if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays chea
 DEVICE_SQL = """
 SELECT b.device_id, b.busy_share, b.busy_ns, b.active_span_ns, b.first_start_ns, b.last_end_ns,
        k.kernel_ns, k.kernels, k.tiny_ns, k.tiny_kernels
-FROM device_busy b
+FROM this_run.device_busy b
 LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns, count(*) AS kernels,
                   coalesce(sum(end_ns - start_ns) FILTER (WHERE end_ns - start_ns < $tiny_kernel_ns), 0) AS tiny_ns,
                   count(*) FILTER (WHERE end_ns - start_ns < $tiny_kernel_ns) AS tiny_kernels
            FROM kernels WHERE run_id = $run_id AND start_ns IS NOT NULL AND end_ns >= start_ns
            GROUP BY device_id) k USING (device_id)
-WHERE b.run_id = $run_id
 ORDER BY b.device_id
 """
 

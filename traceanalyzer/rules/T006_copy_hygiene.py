@@ -87,7 +87,7 @@ d2h AS (
 ), wait_ends AS (
     SELECT device_id, wait_end AS t FROM serial
 ), busy AS (  -- the busy intervals that can follow a wait (analyses.timeline.next_busy_candidates)
-    SELECT * FROM next_busy_candidates($run_id, 'wait_ends')
+    SELECT * FROM next_busy_candidates('this_run.device_busy_intervals', 'wait_ends')
 ), next_busy AS (
     SELECT s.*, b.start_ns AS busy_start
     FROM serial s ASOF LEFT JOIN busy b ON b.device_id = s.device_id AND b.end_ns > s.wait_end
@@ -137,7 +137,7 @@ d2h AS (
         SELECT s.device_id, s.step_id, count(*) AS k FROM serial_step s JOIN steps st ON st.range_id = s.step_id
         WHERE s.call_start <= st.end_ns GROUP BY ALL) GROUP BY device_id
 ), spans AS (
-    SELECT device_id, active_span_ns FROM device_busy WHERE run_id = $run_id
+    SELECT device_id, active_span_ns FROM this_run.device_busy
 ), waits AS (
     SELECT device_id, call_start AS start_ns, wait_end + coalesce(idle_after_ns, 0) AS end_ns,
            coalesce(hideable_ns, 0) AS ns FROM serial_idle

@@ -12,11 +12,11 @@ from .evidence import Evidence, StreamRange, doc
 
 SQL = r"""
 WITH comm_keys AS (  -- the pattern is matched once per distinct name (analyses.kernels.kernel_names), not per launch
-    SELECT name_key FROM kernel_names WHERE run_id = $run_id AND regexp_matches(name, '__COMM__')
+    SELECT name_key FROM this_run.kernel_names WHERE regexp_matches(name, '__COMM__')
 ), k AS (  -- the run's kernels as its cache holds them (analyses.launches.stream_ops), their names by key
     SELECT item_id AS kernel_id, device_id, stream_id, start_ns, end_ns,
            name_key IN (SELECT name_key FROM comm_keys) AS is_comm
-    FROM stream_ops WHERE run_id = $run_id AND kind = 'kernel' AND end_ns > start_ns
+    FROM this_run.stream_ops WHERE kind = 'kernel' AND end_ns > start_ns
 ), comm_kernels AS (
     SELECT kernel_id, device_id, start_ns, end_ns FROM k WHERE is_comm
 ), compute_kernels AS (
@@ -57,7 +57,7 @@ overlap AS (  -- collective time with some compute kernel running on the same de
     SELECT d.*, t.comm_ns, t.comm_ns - t.overlap_ns AS exposed_ns, b.active_span_ns, n.names,
            r.rank, r.world_size
     FROM per_device d JOIN totals t USING (device_id) JOIN by_name n USING (device_id)
-    JOIN device_busy b ON b.run_id = $run_id AND b.device_id = d.device_id
+    JOIN this_run.device_busy b ON b.device_id = d.device_id
     JOIN runs r ON r.run_id = $run_id
 )
 SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_kernel.id AS item_id,

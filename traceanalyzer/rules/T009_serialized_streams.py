@@ -21,18 +21,18 @@ if TYPE_CHECKING:
 # and collectives aside: a collective's overlap with compute is T007's) and their time.
 STREAMS_SQL = """
 WITH comm AS (
-    SELECT name_key FROM kernel_names WHERE run_id = $run_id AND regexp_matches(name, '__COMM__')
+    SELECT name_key FROM this_run.kernel_names WHERE regexp_matches(name, '__COMM__')
 )
 SELECT device_id, stream_id, count(*) AS ops, sum(end_ns - start_ns) AS busy_ns, min(start_ns) AS first_ns,
        max(end_ns) AS last_ns
-FROM stream_ops WHERE run_id = $run_id AND end_ns > start_ns AND stream_id IS NOT NULL
+FROM this_run.stream_ops WHERE end_ns > start_ns AND stream_id IS NOT NULL
   AND (kind <> 'kernel' OR name_key IS NULL OR name_key NOT IN (SELECT name_key FROM comm))
 GROUP BY ALL
 """
 
 # The union of the chosen streams' operations on one device (`$streams`): their time together.
 UNION_SQL = """
-WITH ops AS (SELECT device_id, start_ns, end_ns FROM stream_ops WHERE run_id = $run_id AND end_ns > start_ns
+WITH ops AS (SELECT device_id, start_ns, end_ns FROM this_run.stream_ops WHERE end_ns > start_ns
              AND device_id IS NOT DISTINCT FROM $device_id AND list_contains($streams, stream_id))
 SELECT coalesce(sum(end_ns - start_ns), 0) FROM device_islands('ops')
 """
@@ -41,14 +41,14 @@ SELECT coalesce(sum(end_ns - start_ns), 0) FROM device_islands('ops')
 # returned) and its stream's earlier work done; its resource (copy direction, a kernel's threads).
 OPS_SQL = """
 WITH comm AS (
-    SELECT name_key FROM kernel_names WHERE run_id = $run_id AND regexp_matches(name, '__COMM__')
+    SELECT name_key FROM this_run.kernel_names WHERE regexp_matches(name, '__COMM__')
 )
 SELECT o.stream_id, o.kind, o.item_id, o.start_ns, o.end_ns, o.prev_max_end_ns, o.threads,
        c.direction, coalesce(a.end_ns, a.start_ns) AS issued_ns
-FROM stream_ops o
+FROM this_run.stream_ops o
 LEFT JOIN copies c ON o.kind = 'copy' AND c.run_id = $run_id AND c.copy_id = o.item_id
 LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
-WHERE o.run_id = $run_id AND o.device_id IS NOT DISTINCT FROM $device_id AND list_contains($streams, o.stream_id)
+WHERE o.device_id IS NOT DISTINCT FROM $device_id AND list_contains($streams, o.stream_id)
   AND o.end_ns > o.start_ns AND (o.kind <> 'kernel' OR o.name_key IS NULL OR o.name_key NOT IN (SELECT name_key FROM comm))
 ORDER BY o.start_ns, o.end_ns, o.kind, o.item_id
 """
@@ -172,7 +172,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 
     if _unknown.gaps(store, run_id)["missing"]:
         return pd.DataFrame()  # sampled or stripped (T010): the work that overlapped may be what it dropped
-    streams = store.sql(STREAMS_SQL.replace("__COMM__", COMM_PATTERN), {"run_id": run_id}).df()
+    streams = store.sql(STREAMS_SQL.replace("__COMM__", COMM_PATTERN)).df()
     rows = []
     for device_id, per in streams.groupby("device_id", dropna=False, sort=True):
         device_id = None if pd.isna(device_id) else int(device_id)
@@ -182,7 +182,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         if len(chosen) < 2:
             continue  # one stream does (nearly) all the work: nothing to overlap
         ids = [int(s) for s in chosen["stream_id"]]
-        union_ns = store.sql(UNION_SQL, {"run_id": run_id, "device_id": device_id, "streams": ids}).fetchone()[0]
+        union_ns = store.sql(UNION_SQL, {"device_id": device_id, "streams": ids}).fetchone()[0]
         stream_ns = int(chosen["busy_ns"].sum())
         shorter_ns = stream_ns - int(chosen["busy_ns"].max())
         overlap_ns = max(stream_ns - int(union_ns), 0)

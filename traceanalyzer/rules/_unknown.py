@@ -71,7 +71,7 @@ FROM launches l, ids i
 # calls of several threads count once).
 UNSEEN_SQL = f"""
 WITH gaps AS (
-    SELECT start_ns, end_ns FROM run_idle_gaps WHERE run_id = $run_id
+    SELECT start_ns, end_ns FROM this_run.run_idle_gaps
 ), issued AS (
     SELECT g.start_ns, g.end_ns, min(coalesce(c.end_ns, c.start_ns)) AS issued_ns
     FROM gaps g JOIN gpu_activity a ON a.run_id = $run_id AND a.start_ns = g.end_ns

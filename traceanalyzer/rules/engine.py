@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from .. import interrupt, schema
 from ..schema import arrow_schema
-from ..store import Store, run_cache, utcnow
+from ..store import Store, run_cache, utcnow, views
 from ..store.run_policy import DEFAULT_POLICY, RunPolicy
 from . import all_rules
 from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
@@ -185,7 +185,8 @@ def rule_threads(store: Store) -> int:
 class _Cursors:
     """Cursors for a run's rule threads, their views installed on a thread of their own
     while this one builds the run's cache (~0.12 s of CPU a cursor, DuckDB parsing the views;
-    a run under `RunPolicy.parallel_min_gpu_ops` has its rules on one thread instead)."""
+    a run under `RunPolicy.parallel_min_gpu_ops` has its rules on one thread instead). The
+    run's scope (`this_run.<view>`) is the database's: every cursor reads it as it is."""
 
     def __init__(self, store: Store, n: int):
         self.stores = [store.cursor(set_up=False) for _ in range(n)]
@@ -197,6 +198,7 @@ class _Cursors:
         try:
             for st in self.stores:
                 st.set_up()
+                views.install_on_demand(st.con)
         except BaseException as e:  # raised where the cursors are used
             self._error = e
 
@@ -228,8 +230,8 @@ def _in_pass(stores: list[Store], cache: run_cache.RunCache) -> Iterator[None]:
 
 @contextmanager
 def run_scope(store: Store, run_id: str, policy: RunPolicy = DEFAULT_POLICY) -> Iterator[run_cache.RunCache]:
-    """One run's rules evaluated one by one (`evaluate_rule`) as a pass evaluates them: the views
-    scoped to the run's cache, and the results the rules share (launch groups, linked ncu runs)
+    """One run's rules evaluated one by one (`evaluate_rule`) as a pass evaluates them: the run's
+    scope open (`this_run.<view>`), and the results the rules share (launch groups, linked ncu runs)
     computed once in the block (`RunCache.memo`)."""
     with run_cache.scoped_to_run(store.con, run_id, policy=policy) as cache, _in_pass([store], cache):
         yield cache
@@ -238,9 +240,9 @@ def run_scope(store: Store, run_id: str, policy: RunPolicy = DEFAULT_POLICY) -> 
 def _map_rules(store: Store, cache: run_cache.RunCache, rules: list[Rule], check, cursors: _Cursors | None,
                drop_blocks: bool) -> list:
     """`check(store, rule)` for every rule, in order; on the `cursors`, a thread each, when
-    there are some and the run's cached views are readable from them (else on this one, DuckDB's
-    cached blocks dropped before each rule with `drop_blocks` where the cache was just built)."""
-    if cursors is None or not cache.shared:
+    there are some and the run's scope reads a cache (else on this one, DuckDB's cached blocks
+    dropped before each rule with `drop_blocks` where the cache was just built)."""
+    if cursors is None or not cache.cached:
         results = []
         with _in_pass([store], cache):
             for r in rules:
@@ -263,8 +265,6 @@ def _map_rules(store: Store, cache: run_cache.RunCache, rules: list[Rule], check
 
     try:
         clones = cursors.ready()
-        for st in clones:
-            run_cache.use_run_cache(st.con, cache)
         with _in_pass(clones, cache), ThreadPoolExecutor(len(clones), thread_name_prefix="rules") as pool:
             try:
                 for f in [pool.submit(worker, st) for st in clones]:
@@ -445,15 +445,14 @@ def _checker(p: _Pass, run_id: str) -> Callable:
 
 def _rules_in_scope(store: Store, run_id: str, todo: list[Rule], check: Callable, policy: RunPolicy) -> list:
     """`check` for each rule of `todo` on one run, in its scope: the views the rules share
-    computed once for the run (run_cache.scoped_to_run), the rules on threads or one at a
+    computed once for the run (`run_cache.scoped_to_run`), the rules on threads or one at a
     time and DuckDB's memory held as `policy` says for the run's size."""
     threads = rule_threads(store)
     plan = policy.plan(run_cache.gpu_ops(store.con, run_id))
     cursors = _Cursors(store, threads) if threads > 1 and len(todo) > 1 and plan.parallel else None
     try:
         with store.memory_held(plan.memory), \
-                run_cache.scoped_to_run(store.con, run_id, shared=threads > 1, keep=store.keeps_caches,
-                                        policy=policy) as cache:
+                run_cache.scoped_to_run(store.con, run_id, keep=store.keeps_caches, policy=policy) as cache:
             return _map_rules(store, cache, todo, check, cursors, policy.drop_blocks_when_built)
     finally:
         if cursors is not None:

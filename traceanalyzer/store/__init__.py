@@ -112,8 +112,8 @@ def run_id_for(content_hash: str) -> str:
 class Store:
     """A DuckDB file holding any number of runs. Use as a context manager or call close()."""
 
-    # The run cache of the rules pass this store (or cursor) is in, set by the rules engine for
-    # the run's pass: its views are scoped to the run, and rules share results by its `memo`.
+    # The run's scope of the rules pass this store (or cursor) is in, set by the rules engine for
+    # the run's pass: rules share results by its `memo`.
     run_cache: run_cache.RunCache | None = None
 
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
@@ -153,6 +153,9 @@ class Store:
             self._upgrade_for_reading(lock_timeout_s)
             con = self._connect(lock_timeout_s)
         try:
+            if con.execute("SELECT lower(current_database())").fetchone()[0] == run_cache.SCOPE:
+                raise StoreError(f"{self.path}: a store cannot be named {run_cache.SCOPE} (DuckDB names its catalog "
+                                 "after the file, and a run's rules read their views under that name); rename it")
             if create:
                 self._upgrade(con)
             _set_up(con)

@@ -1,16 +1,16 @@
-"""The per-run cache of the analyses the rules share (`scoped_to_run`): the expensive views
-(`RUN_CACHED`) materialised as tables of one run's rows, for the block of a rules pass on that
-run, in a TEMP table, an attached in-memory database, or the store file (a big run's kept
-cache, `RunPolicy.keep_min_gpu_ops`); and results kept beside a kept cache (`kept_rows`).
+"""A run's scope (`scoped_to_run`): the expensive views the rules share (`RUN_CACHED`) as
+`this_run.<view>` (SCOPE), one run's rows under fixed names that the rules and the readers of one
+run's numbers query. They are computed once per block from tables of the run's cache, built for
+the block in the scope's in-memory database, or kept in the store file (a big run's kept cache,
+`RunPolicy.keep_min_gpu_ops`); and results are kept beside a kept cache (`kept_rows`).
 
-Within the block the views named in RUN_CACHED are redefined over those tables; outside it
-they are the store-wide views of the analysis library again (`analyses.VIEWS`)."""
+The store-wide views of the analysis library (`analyses.VIEWS`) are never redefined: the
+scope's views are other views, in a database of their own, attached for the block."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,9 +25,12 @@ from ..analyses.core import MIN_BIGINT
 from ..analyses.launches import STREAM_OPS_CARRY, kernel_launches_sql, stream_ops_sql
 from ..analyses.timeline import device_idle_gaps_sql, run_idle_gaps_sql
 from ..analyses.warmup import warmup_windows_sql
+from ..sql import sql_literal
 from . import views
 from .run_policy import DEFAULT_POLICY, RunPlan, RunPolicy
 
+# The catalog a run's scope is attached under: its readers name its views `this_run.<view>`.
+SCOPE = "this_run"
 
 # The views the rules read that cost a sort of all GPU work each time, in dependency order
 # (later ones are computed from the cached earlier ones). stream_ops is the per-stream order
@@ -65,7 +68,6 @@ _RUN_CACHE_SLICED = {"stream_ops": STREAM_OPS_CARRY, "kernel_launches": None}
 # Not stored: views over the cached tables, a filter of the islands, cheaper to scan again
 # than to hold (5 M kernels: 250 MB).
 _RUN_CACHE_VIEWS = ("device_idle_gaps",)
-_cache_ids = itertools.count()
 
 # Kept caches are tables `_ta_kept_<run_id>_<view>` listed in this table with the version of
 # the cache's definition they were built by and the run's `ingested_at`; a cache of another
@@ -82,18 +84,16 @@ _T = TypeVar("_T")
 
 @dataclass
 class RunCache:
-    """Where `scoped_to_run` keeps its tables (named `<prefix><view>`): `temp` (this
-    connection's own), an in-memory database attached for the block, or the store file
-    (`kept`); the last two are readable by every cursor of the same database
-    (`use_run_cache`), so rules can run on several threads. Also the block's `memo` of
-    other per-run results the rules share."""
+    """A run's scope (`scoped_to_run`): the run, where the tables its views read are (`prefix`:
+    `this_run._run_` in the scope's own database, or a kept cache's in the store file, `kept`;
+    empty: none, the views filter the store-wide ones), whether this block has just built a kept
+    cache (`built`: DuckDB holds all of it then), and the block's `memo` of other per-run results
+    the rules share."""
 
-    database: str
-    cached: list[str] = field(default_factory=list)
-    kept: bool = False
+    run_id: str
     prefix: str = ""
-    built: bool = False  # kept tables this block has just written (DuckDB holds all of them then)
-    run_id: str = ""
+    kept: bool = False
+    built: bool = False
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
     _locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -116,102 +116,89 @@ class RunCache:
             self._locks.clear()
 
     @property
-    def shared(self) -> bool:
-        return self.database != "temp" and bool(self.cached)
+    def cached(self) -> bool:
+        """Whether the views read tables of the run's cache, which every cursor of the database
+        reads too (so its rules may run on several threads)."""
+        return bool(self.prefix)
 
 
 @contextmanager
-def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, shared: bool = False,
-                  keep: bool = False, policy: RunPolicy = DEFAULT_POLICY) -> Iterator[RunCache]:
-    """Within the block, the RUN_CACHED views hold only `run_id`'s rows, computed once.
+def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, *, build: bool = True, keep: bool = False,
+                  policy: RunPolicy = DEFAULT_POLICY) -> Iterator[RunCache]:
+    """Within the block, `this_run.<view>` (SCOPE) for each view of RUN_CACHED: `run_id`'s rows of
+    the store-wide view, with its columns, computed once.
 
-    The rules of one run each filter these views on that run; materializing them first
-    turns ~10 recomputations (a window sort over every GPU operation each) into one.
-    Outside the block (reports, cross-run rules) the views are the store-wide ones again.
-    If the cache cannot be built, the block runs on the store-wide views (slower, same
-    answers), and any error shows up in the rules that read them.
-
-    A cache kept in the store is used when its version is current; with `keep` (a writable
-    store), the cache of a run `policy` says to keep is built into the store and kept.
-    Otherwise it lives for the block: with `shared`, in an attached in-memory database
-    (TEMP tables where that fails: a read-only store). The RunCache yielded also holds the
-    block's `memo` of other results the run's rules share."""
-    views.install_on_demand(con)  # the rules read them, and the cache points some at its tables
-    if kept_version(con, run_id) == CACHE_VERSION:
-        with _on_kept(con, run_id) as cache:
-            yield cache
-        return
-    plan = policy.plan(gpu_ops(con, run_id))
-    if keep and plan.keep and _keep(con, run_id, plan):
-        with _on_kept(con, run_id) as cache:
-            cache.built = True
-            yield cache
-        return
-    cache = RunCache("temp", run_id=run_id)
-    if shared:
-        name = f"_ta_run_cache_{next(_cache_ids)}"
-        try:
-            con.execute(f"ATTACH ':memory:' AS {name}")
-            cache.database = name
-        except duckdb.Error:
-            pass
-    db = cache.database
-    cache.prefix = f"{db}._run_"
+    The rules of one run each read these views; materializing them first turns ~10
+    recomputations (a window sort over every GPU operation each) into one. The views live in an
+    in-memory database attached as SCOPE for the block, which every cursor of the database sees,
+    and are defined once, when it opens: over the run's kept cache where it has a current one;
+    else, with `build`, over tables built now, kept in the store when `keep` (a writable store)
+    and `policy` says to keep the run's, else in the scope's database. Without a cache (`build`
+    False: readers of a few numbers of one run, as summary and diff; or one that could not be
+    built) they filter the store-wide views on the run: slower, same answers, and any error shows
+    up in the readers. One scope is open at a time on a database. The RunCache yielded also holds
+    the block's `memo` of other results the run's rules share."""
+    views.install_on_demand(con)  # the cache's queries and the store-wide views read them
     try:
-        _build(con, run_id, cache, "TEMP " if db == "temp" else "", plan)  # DuckDB creates in temp only with TEMP
-    except duckdb.Error:
-        _restore(con, cache)
-        cache.cached = []
+        con.execute(f"ATTACH ':memory:' AS {SCOPE} (READ_WRITE)")  # READ_WRITE: also on a read-only store
+    except duckdb.BinderException:
+        raise RuntimeError(f"a run's scope ({SCOPE}) is open on this database already") from None
+    cache = RunCache(run_id)
     try:
+        if kept_version(con, run_id) == CACHE_VERSION:
+            cache.prefix, cache.kept = kept_prefix(run_id), True
+        elif build:
+            plan = policy.plan(gpu_ops(con, run_id))
+            if keep and plan.keep and _keep(con, run_id, plan):
+                cache.prefix, cache.kept, cache.built = kept_prefix(run_id), True, True
+            else:
+                try:
+                    _build(con, run_id, f"{SCOPE}._run_", plan)
+                    cache.prefix = f"{SCOPE}._run_"
+                except duckdb.Error:  # its tables so far go: the views filter the store-wide ones
+                    con.execute(f"DETACH {SCOPE}")
+                    con.execute(f"ATTACH ':memory:' AS {SCOPE} (READ_WRITE)")
+        for name in RUN_CACHED:
+            con.execute(f"CREATE VIEW {SCOPE}.{name} AS {_scoped_view(cache.prefix, run_id, name)}")
         yield cache
     finally:
         cache.forget()
-        _restore(con, cache)
-        if db != "temp":
-            con.execute(f"DETACH {db}")
+        con.execute(f"DETACH {SCOPE}")
 
 
-@contextmanager
-def kept_views(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[bool]:
-    """Within the block, the RUN_CACHED views read `run_id`'s kept cache when it has a current
-    one (True); else they stay the store-wide views (False). Nothing is built: this is for
-    readers of a few numbers of one run (summary, reports, diff), for whom a big run's
-    `device_busy` would otherwise be a sort of every GPU operation (5 M kernels: ~1.9 s)."""
-    if kept_version(con, run_id) != CACHE_VERSION:
-        yield False
-        return
-    with _on_kept(con, run_id):
-        yield True
+def _scoped_view(prefix: str, run_id: str, name: str) -> str:
+    """The query of `this_run.<name>`: the run's table at `prefix` with its run_id, or without a
+    prefix the store-wide view (the connection's TEMP one) filtered on the run, its id written in
+    (a view takes no parameter)."""
+    if not prefix:
+        return f"SELECT * FROM temp.main.{name} WHERE run_id = {sql_literal(run_id)}"
+    return f"SELECT r.run_id, t.*{_RUN_CACHE_HIDDEN.get(name, '')} FROM {prefix}scope r, {_cached_table(prefix, name)} t"
 
 
-@contextmanager
-def _on_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[RunCache]:
-    """The views pointed at `run_id`'s kept tables for the block (their version checked by the caller)."""
-    cache = RunCache("main", list(RUN_CACHED), kept=True, prefix=kept_prefix(run_id), run_id=run_id)
-    use_run_cache(con, cache)
-    try:
-        yield cache
-    finally:
-        cache.forget()
-        _restore_views(con, cache)
+def _cached_table(prefix: str, name: str) -> str:
+    """The cached rows of `name` at `prefix`, without run_id: its table, or for a view of the cache its query."""
+    return f"({_RUN_CACHE_SQL[name].replace('{cache}', prefix)})" if name in _RUN_CACHE_VIEWS else f"{prefix}{name}"
 
 
-def _build(con: duckdb.DuckDBPyConnection, run_id: str, cache: RunCache, temp: str, plan: RunPlan) -> None:
-    """Create the cache's tables at `cache.prefix`, pointing each view at its table as soon
-    as it is made (later tables are computed from the earlier ones); the windowed ones in
-    `plan.slices` slices."""
-    con.execute(f"CREATE OR REPLACE {temp}TABLE {cache.prefix}scope AS SELECT $1::VARCHAR AS run_id", [run_id])
+def _build(con: duckdb.DuckDBPyConnection, run_id: str, prefix: str, plan: RunPlan) -> None:
+    """Create the cache's tables at `prefix`, the windowed ones in `plan.slices` slices. Later
+    tables are computed from the earlier ones: a query reads each cached view it reads as a CTE
+    of that name over the table."""
+    con.execute(f"CREATE OR REPLACE TABLE {prefix}scope AS SELECT $1::VARCHAR AS run_id", [run_id])
     slices = None
     for name in RUN_CACHED:
+        if name in _RUN_CACHE_VIEWS:
+            continue
+        sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM ({VIEWS[name].sql}) WHERE run_id = $1")
+        reads = [r for r in VIEWS[name].reads if r in RUN_CACHED]
+        if reads:
+            sql = "WITH " + ", ".join(f"{r} AS NOT MATERIALIZED ({_scoped_view(prefix, run_id, r)})"
+                                      for r in reads) + f" SELECT * FROM ({sql})"
         if name in _RUN_CACHE_SLICED:
             slices = slices or _slices(con, run_id, plan.slices)
-            _build_in_slices(con, run_id, f"{cache.prefix}{name}", temp, name, slices)
-        elif name not in _RUN_CACHE_VIEWS:
-            sql = _RUN_CACHE_SQL.get(name, f"SELECT * EXCLUDE (run_id) FROM {name} WHERE run_id = $1")
-            con.execute(f"CREATE OR REPLACE {temp}TABLE {cache.prefix}{name} AS {sql}",
-                        [run_id] if "$1" in sql else [])
-        _use(con, cache.prefix, name)
-        cache.cached.append(name)
+            _build_in_slices(con, run_id, f"{prefix}{name}", name, sql, slices)
+        else:
+            con.execute(f"CREATE OR REPLACE TABLE {prefix}{name} AS {sql}", [run_id] if "$1" in sql else [])
 
 
 def _slices(con: duckdb.DuckDBPyConnection, run_id: str, count: int) -> list[tuple[int, int | None]]:
@@ -226,16 +213,16 @@ def _slices(con: duckdb.DuckDBPyConnection, run_id: str, count: int) -> list[tup
     return list(zip(edges, edges[1:]))
 
 
-def _build_in_slices(con: duckdb.DuckDBPyConnection, run_id: str, table: str, temp: str, name: str,
+def _build_in_slices(con: duckdb.DuckDBPyConnection, run_id: str, table: str, name: str, sql: str,
                      slices: list[tuple[int, int | None]]) -> None:
-    """Create `table` from the sliced query of `name`, one slice at a time; where the slices
+    """Create `table` from `sql`, the sliced query of `name`, one slice at a time; where the slices
     go on from each other, each from the last row per stream of the slices before it."""
-    sql, carry = _RUN_CACHE_SQL[name], _RUN_CACHE_SLICED[name]
+    carry = _RUN_CACHE_SLICED[name]
     if carry:  # empty at first; its columns are the table's, so take them from the unsliced query
         con.execute(f"CREATE OR REPLACE TEMP TABLE {carry} AS SELECT * EXCLUDE (run_id) FROM ({VIEWS[name].sql}) LIMIT 0")
     try:
         for i, (start, end) in enumerate(slices):
-            into = f"CREATE OR REPLACE {temp}TABLE {table} AS" if i == 0 else f"INSERT INTO {table}"
+            into = f"CREATE OR REPLACE TABLE {table} AS" if i == 0 else f"INSERT INTO {table}"
             con.execute(f"{into} {sql}", [run_id, start, end, end is None])
             if carry and end is not None:  # each stream's last row so far (zone maps keep the scan to this slice)
                 con.execute(f"CREATE OR REPLACE TEMP TABLE {carry} AS SELECT unnest(max_by(c, c.seq)) "
@@ -281,7 +268,6 @@ def gpu_ops(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
 def _keep(con: duckdb.DuckDBPyConnection, run_id: str, plan: RunPlan) -> bool:
     """Build `run_id`'s cache into the store in one transaction, replacing any older one.
     False (and nothing written) when that fails."""
-    cache = RunCache("main", kept=True, prefix=kept_prefix(run_id), run_id=run_id)
     try:
         con.execute("BEGIN TRANSACTION")
         drop_kept(con, run_id)
@@ -289,7 +275,7 @@ def _keep(con: duckdb.DuckDBPyConnection, run_id: str, plan: RunPlan) -> bool:
             con.execute(f"DROP TABLE {KEPT_REGISTRY}")
         con.execute(f"CREATE TABLE IF NOT EXISTS {KEPT_REGISTRY} (run_id VARCHAR, version VARCHAR, "
                     "ingested_at TIMESTAMP, built_at TIMESTAMP)")
-        _build(con, run_id, cache, "", plan)
+        _build(con, run_id, kept_prefix(run_id), plan)
         con.execute(f"INSERT INTO {KEPT_REGISTRY} SELECT $1, $2, ingested_at, now()::TIMESTAMP FROM runs "
                     "WHERE run_id = $1", [run_id, CACHE_VERSION])
         con.execute("COMMIT")
@@ -297,8 +283,6 @@ def _keep(con: duckdb.DuckDBPyConnection, run_id: str, plan: RunPlan) -> bool:
     except duckdb.Error:
         con.execute("ROLLBACK")
         return False
-    finally:
-        _restore_views(con, cache)
 
 
 def drop_kept(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
@@ -378,31 +362,3 @@ def _result_digest(sql: str) -> str:
 def _tables_named(con: duckdb.DuckDBPyConnection, prefix: str) -> list[str]:
     return [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
                                       "AND schema_name = 'main' AND starts_with(table_name, $1)", [prefix]).fetchall()]
-
-
-def use_run_cache(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
-    """Point another cursor's views (see `install`) at a shared RunCache."""
-    views.install_on_demand(con)  # first: created later, a view would be the store-wide one again
-    for name in cache.cached:
-        _use(con, cache.prefix, name)
-
-
-def _use(con: duckdb.DuckDBPyConnection, prefix: str, name: str) -> None:
-    hidden = _RUN_CACHE_HIDDEN.get(name, "")
-    table = (f"({_RUN_CACHE_SQL[name].replace('{cache}', prefix)})" if name in _RUN_CACHE_VIEWS
-             else f"{prefix}{name}")
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT r.run_id, t.*{hidden} "
-                f"FROM {prefix}scope r, {table} t")
-
-
-def _restore_views(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
-    for name in reversed(cache.cached):
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name].sql}")
-
-
-def _restore(con: duckdb.DuckDBPyConnection, cache: RunCache) -> None:
-    _restore_views(con, cache)
-    for name in reversed(cache.cached):  # views first: they read the tables
-        if name not in _RUN_CACHE_VIEWS:
-            con.execute(f"DROP TABLE IF EXISTS {cache.prefix}{name}")
-    con.execute(f"DROP TABLE IF EXISTS {cache.prefix}scope")

@@ -35,8 +35,7 @@ _on_demand: weakref.WeakSet = weakref.WeakSet()  # connections that have ON_DEMA
 
 def install_on_demand(con: duckdb.DuckDBPyConnection) -> None:
     """ON_DEMAND (the on-demand views and the table macros, in the order their reads give) on
-    `con`, once per connection. Call it before pointing views at a run's cache (`run_cache`):
-    created afterwards, a cached view would be the store-wide one again."""
+    `con`, once per connection."""
     if con in _on_demand:
         return
     for definition in ON_DEMAND:
