@@ -141,8 +141,8 @@ def _steady(check, finding: dict, span: int, across: bool = False) -> int:
     """`span` less its time inside the run's merged warm-up windows (the finding's device's, or
     every device's with `across`): what a timeline rule's share is of. The windows are the store's
     (tests/test_warmup.py checks them); the span is recomputed from the raw file."""
-    warm = check.store.sql("SELECT coalesce(sum(end_ns - start_ns), 0) FROM run_warmup_merged($r, $a) "
-                           "WHERE $a OR device_id = coalesce($d, -1)",
+    warm = check.store.sql("SELECT coalesce(sum(end_ns - start_ns), 0) FROM run_warmup_merged('warmup_windows', $a) "
+                           "WHERE run_id = $r AND ($a OR device_id = coalesce($d, -1))",
                            {"r": finding["run_id"], "a": across, "d": finding["device_id"]}).fetchone()[0]
     assert finding["evidence"].get("steady_span_ns") == span - warm
     return span - warm
