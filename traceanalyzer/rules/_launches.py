@@ -105,7 +105,9 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     df["sm_count"] = df["sm_count"].fillna(df["ncu_sm_count"])
     occ = _plain(occupancy_table(df.assign(block_x=df["threads_per_block"], block_y=1, block_z=1,
                                            grid_x=df["grid_blocks"], grid_y=1, grid_z=1)))
-    df = _plain(df)
+    # Times since the epoch (~1.8e18 ns) are held as Python ints: float64 steps by 256 ns there.
+    times = {c: df[c].astype(object).where(df[c].notna(), np.nan) for c in ("first_start_ns", "first_end_ns")}
+    df = _plain(df).assign(**times)
     total = df["total_ns"].sum(min_count=1)
     out = df[["device_id", "name", "short_name", "library", "grid_blocks", "threads_per_block", "registers_per_thread",
               "static_shared_mem_bytes", "dynamic_shared_mem_bytes", "launches", "first_id", "total_ns",
