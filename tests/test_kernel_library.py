@@ -24,6 +24,11 @@ REVIEWED = [
     ("cask_cudnn::computeOffsetsKernel(cask_cudnn::ComputeOffsetsParams)", None, "cudnn"),
     ("_ZN19cutlass_cudnn_train6KernelINS_4conv6kernel23ImplicitGemmConvolutionEEEvNT_6ParamsE", None, "cudnn"),
     ("igemm_fwd_gtcx2_nhwc_bf16_bx0_ex1_bt128x128x32_wt32x32x8_ws1x1_wr2x2", None, "cudnn"),
+    # TensorRT's tactics: cuDNN- and cuBLAS-like names with the engine's `_trt` suffix or `trt_` prefix
+    ("sm80_xmma_fprop_implicit_gemm_f16f16_f16f16_f16_nhwckrsc_nhwc_tilesize128x128x32_stage4_warpsize2x2x1_g1_"
+     "tensor16x8x16_t1r3s3_aACCESS_execute_kernel_trt", None, "tensorrt"),
+    ("trt_ampere_h16816gemm_64x64_ldg8_relu_stages_64x5_tn_v1", None, "tensorrt"),
+    ("sm50_xmma_pooling_coalescedC_NHWC_kMAX_3_False_execute_kernel_trt", None, "tensorrt"),
     ("void fft2d_r2c_32x32<float, (bool)0, (unsigned int)5, (bool)0>(float2 *, const T1 *, int)", None, "cufft"),
     ("ampere_sgemm_128x64_nn", None, "cublas"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",

@@ -37,6 +37,10 @@ class Library(NamedTuple):
 LIBRARIES: tuple[Library, ...] = (
     Library("nccl", "NCCL / RCCL", r"(?i)nccl|rccl|msccl",
             "ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_AllGather_RING_LL"),
+    # A TensorRT engine's tactics carry cuDNN- or cuBLAS-like names (`sm80_xmma_fprop_..._execute_kernel_trt`):
+    # the `_trt` suffix, matched from the name's start, wins over them.
+    Library("tensorrt", "TensorRT", r"(?i)^.*_trt$|^(void )?trt_|^(void )?genericReformat|nvinfer1::",
+            "sm80_xmma_fprop_implicit_gemm_..._execute_kernel_trt, trt_ampere_h16816gemm_64x64_..., genericReformat::..."),
     Library("attention", "flash-attention / fused attention",
             r"(?i)flash|fmha|xformers|paged_?attention|^attn_(fwd|bwd)|_sdpa|sdpa_|cudnn_generated_fort_native_sdpa",
             "flash_fwd_kernel<...>, fmhaSm100aKernel_..., ck_tile::...FmhaBatchPrefill..."),
@@ -68,9 +72,9 @@ LIBRARIES: tuple[Library, ...] = (
             r"index_elementwise_kernel|RowwiseMoments|LayerNorm|GammaBeta|CatArrayBatchedCopy|multi_tensor_apply_kernel)",
             "at::native::vectorized_elementwise_kernel<...>, (anonymous namespace)::softmax_warp_forward<...>"),
     Library("other", "Another library or code generator (FBGEMM, Apex, Transformer Engine, vLLM, SGLang, AITER, "
-            "FlashInfer, TensorRT(-LLM), cuTENSOR, CuPy, nvFuser)",
+            "FlashInfer, TensorRT-LLM, cuTENSOR, CuPy, nvFuser)",
             r"(?i)fbgemm|split_embedding_|bounds_check_indices|permute_pooled_embs|apex|transformer_engine|\bte::|vllm|"
-            r"sgl_|sglang|aiter|flashinfer|tensorrt|trtllm|moe::dev::|genericReformat|^trt_|_trt$|deepspeed|megatron|"
+            r"sgl_|sglang|aiter|flashinfer|tensorrt_llm|trtllm|moe::dev::|deepspeed|megatron|"
             r"cutensor|^cupy_|nvfuser|^bmm_[A-Za-z0-9]+_[A-Za-z0-9]+_",
             "fbgemm_gpu::..., vllm::fused_add_rms_norm_kernel, aiter::add_rmsnorm_quant_kernel"),
 )

@@ -10,7 +10,7 @@ import msgspec
 from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import configurations_by_kernel, int_or_none, launch_groups
-from ._library import library_hint, library_of, not_collectives
+from ._library import LOW_OCCUPANCY_BY_DESIGN, library_hint, library_of, not_collectives
 from ._ncu import linked
 from .base import UPPER_BOUND, Rule, Threshold
 from .evidence import NcuEvidence, doc
@@ -32,7 +32,6 @@ _LIMITER_HINT = {
 CUPTI_SHARED_MEM_LIMIT_BYTES = 48 * 1024
 # NVIDIA's line between throughput- and latency-bound (Speed Of Light at 60% of peak or more).
 SOL_THROUGHPUT_BOUND = 0.6
-LOW_OCCUPANCY_BY_DESIGN = frozenset({"cublas", "cutlass", "cudnn", "attention"})
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..fmt import ns, pct
 from ._launches import launch_groups
+from ._library import LOW_OCCUPANCY_BY_DESIGN
 from .base import Rule, Threshold
 from .evidence import Evidence, doc
 
@@ -100,17 +101,35 @@ def _timeline(store, run_id: str, p: dict) -> list[dict]:
                 known = known.assign(idle_ns=known["total_ns"] * (1 - known["estimate"]))
                 worst = known.sort_values(["idle_ns", "first_id"], ascending=[False, True]).head(p["max_examples"])
                 sources = sorted(set(known["estimate_source"].dropna()))
+                # Most of the empty slots in library kernels that run few large blocks by design: an
+                # estimate alone is no sign of a problem there (as B002 says of each of them).
+                by_design = known["library"].isin(LOW_OCCUPANCY_BY_DESIGN)
+                design_share = float(known.loc[by_design, "idle_ns"].sum() / known["idle_ns"].sum()) \
+                    if known["idle_ns"].sum() > 0 else 0.0
+                mostly_design = design_share >= 0.5
                 rows.append({**base, "item_name": "busy, low estimated occupancy", "value": occ,
                              "value_unit": "share", "threshold": p["max_occupancy_share"],
                              "message": f"{busy}, but its kernels keep {'at most' if sources == ['sm-fill'] else 'about'} "
                                         f"{pct(occ)} of its warp slots occupied (time-weighted estimated occupancy from "
-                                        f"{'/'.join(sources)}, over {ns(d.kernel_ns)} of kernels): busy is not efficient",
-                             "hint": "Most kernel time runs grids too small to fill the GPU or blocks the SMs can hold "
-                                     "few of: give kernels more blocks (batch work, split-K, smaller tiles) and see "
-                                     "B001/B002 for each kernel; confirm with ncu --section SpeedOfLight.",
+                                        f"{'/'.join(sources)}, over {ns(d.kernel_ns)} of kernels)"
+                                        + (f"; {pct(design_share)} of the empty slots are in library GEMM, convolution "
+                                           "and attention kernels, which run few large blocks by design: without a "
+                                           "measurement this is no sign of waste" if mostly_design
+                                           else ": busy is not efficient"),
+                             "hint": ("Measure before changing anything: library kernels that run few large blocks "
+                                      "can be near their throughput roof at low occupancy (ncu --section SpeedOfLight "
+                                      "on the top kernels); see B002 for what each library lets you change."
+                                      if mostly_design else
+                                      "Most kernel time runs grids too small to fill the GPU or blocks the SMs can hold "
+                                      "few of: give kernels more blocks (batch work, split-K, smaller tiles) and see "
+                                      "B001/B002 for each kernel; confirm with ncu --section SpeedOfLight."),
+                             **({"severity": "info"} if mostly_design else {}),
                              "evidence": {**facts, "estimated_occupancy": occ, "estimate": "time-weighted "
                                           "estimated achieved occupancy (resident warps / max, grid fill included)",
-                                          "estimate_sources": sources,
+                                          "estimate_sources": sources, "library_share": design_share,
+                                          **({"severity_reason": "most of the empty warp slots are in library kernels "
+                                              "that run few large blocks by design, and no measurement says they are slow"}
+                                             if mostly_design else {}),
                                           "worst": [{"kernel": r.short_name, "first_kernel_id": int(r.first_id),
                                                      "launches": int(r.launches), "kernel_ns": int(r.total_ns),
                                                      "estimated_occupancy": r.estimate,
@@ -214,6 +233,8 @@ class T005Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     estimate: Annotated[Optional[str], doc("how the occupancy is averaged")] = None
     estimate_sources: Annotated[Optional[list[str]], doc("where the occupancy estimates come from")] = None
     estimated_occupancy: Annotated[Optional[float], doc("estimated achieved occupancy")] = None
+    library_share: Annotated[Optional[float], doc("share of the empty warp slots in library GEMM, convolution and "
+                                                  "attention kernels, which run few large blocks by design")] = None
     worst: Annotated[Optional[list[T005Example]], doc("the kernels that fill the GPU least")] = None
     launches: Annotated[Optional[int], doc("launches")] = None
     launches_below: Annotated[Optional[int], doc("launches below the throughput threshold")] = None
@@ -242,7 +263,9 @@ RULE = Rule(
         "min(1, waves), the same quantity: resident warps over the maximum, small grids counting as "
         "partial fill; without the device's limits, the SM fill min(1, blocks / SMs), an upper "
         "bound), reported below `max_occupancy_share` when launch data covers at least "
-        "`min_estimate_coverage_share` of kernel time; and (b) the share of kernel time in kernels "
+        "`min_estimate_coverage_share` of kernel time (info, with a hint to measure first, when half or more "
+        "of the empty warp slots are in library GEMM, convolution and attention kernels, which run few "
+        "large blocks by design: `library_share`); and (b) the share of kernel time in kernels "
         "shorter than `tiny_kernel_ns`, reported at `min_tiny_share`. Occupancy is an estimate of "
         "the GPU's resources in use, not of throughput. A busy device with neither kind of data "
         "gets an info finding saying so. Nsight Compute runs (no timeline, so no busy share): the "

@@ -27,6 +27,14 @@ _HINTS = {
                      "dimensions, or a larger batch lets it pick another; cuBLASLt's heuristics take a workspace "
                      "size and preferences (torch.compile mode='max-autotune' searches them)",
     },
+    "tensorrt": {
+        "grid": "TensorRT picked this tactic for the shapes the engine was built for: build it for the shapes "
+                "and batch it runs (the optimization profile's opt shapes), a larger batch, or let the builder "
+                "time more tactics (a higher builder optimization level)",
+        "occupancy": "the tactic TensorRT picked sets this: build the engine for the shapes it runs, with the "
+                     "precisions it may use (FP16, INT8/FP8 where accuracy allows), or a higher builder "
+                     "optimization level",
+    },
     "cudnn": {
         "grid": "cuDNN sizes the grid from the convolution's shape and the algorithm it picked: let it search "
                 "(torch.backends.cudnn.benchmark = True), use channels-last (NHWC) with a 16-bit dtype and "
@@ -73,6 +81,11 @@ _HINTS = {
         "occupancy": "a library's kernel: another dtype, shape or library configuration selects another variant",
     },
 }
+
+
+# Libraries whose GEMM, convolution and attention kernels run few large blocks by design (large
+# tiles in shared memory and registers): low occupancy alone says nothing of them.
+LOW_OCCUPANCY_BY_DESIGN = frozenset({"cublas", "cutlass", "cudnn", "attention", "tensorrt"})
 
 
 def library_of(row) -> str | None:
