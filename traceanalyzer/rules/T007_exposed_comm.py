@@ -40,6 +40,24 @@ overlap AS (  -- collective time with some compute kernel running on the same de
     FROM (SELECT device_id, short_name, count(*) AS n, sum(end_ns - start_ns) AS ns, sum(exposed_ns) AS exposed
           FROM per_kernel GROUP BY ALL)
     GROUP BY device_id
+), seq AS (  -- each collective's place among its device's launches of that kernel
+    SELECT *, row_number() OVER (PARTITION BY device_id, short_name ORDER BY start_ns, kernel_id) AS i,
+           count(*) OVER (PARTITION BY device_id, short_name) AS n_of_name
+    FROM per_kernel
+), matched AS (  -- kernels every device of the run launches equally often: their i-th launches
+    -- on each device are one collective (the GPUs of one job in one trace)
+    SELECT short_name FROM seq GROUP BY short_name
+    HAVING count(DISTINCT device_id) > 1 AND min(n_of_name) = max(n_of_name)
+       AND count(DISTINCT device_id) = (SELECT count(DISTINCT device_id) FROM comm_kernels)
+), waits AS (  -- of each collective's exposed time, the part before the last device started it:
+    -- waiting for the other GPUs to arrive, which no overlap hides
+    SELECT device_id, least(exposed_ns, greatest(max(start_ns) OVER (PARTITION BY short_name, i) - start_ns, 0)) AS wait_ns
+    FROM seq SEMI JOIN matched USING (short_name)
+), wait_totals AS (
+    SELECT device_id, sum(wait_ns) AS wait_ns FROM waits GROUP BY device_id
+), shared_streams AS (  -- streams that run collectives and compute kernels both
+    SELECT device_id, count(*) AS n FROM (SELECT device_id, stream_id FROM k GROUP BY ALL HAVING bool_or(is_comm) AND NOT bool_and(is_comm))
+    GROUP BY device_id
 ), per_device AS (
     SELECT p.device_id, count(*) AS n, count(DISTINCT p.stream_id) AS streams,
            -- the most exposed kernel (the earliest, then lowest id, among equals), from one arg_max:
@@ -55,10 +73,12 @@ overlap AS (  -- collective time with some compute kernel running on the same de
     FROM comm_islands i LEFT JOIN overlap o USING (device_id) GROUP BY i.device_id
 ), scored AS (
     SELECT d.*, t.comm_ns, t.comm_ns - t.overlap_ns AS exposed_ns, b.active_span_ns, n.names,
-           r.rank, r.world_size
+           r.rank, r.world_size, w.wait_ns, coalesce(ss.n, 0) = 0 AS own_streams
     FROM per_device d JOIN totals t USING (device_id) JOIN by_name n USING (device_id)
     JOIN this_run.device_busy b ON b.device_id = d.device_id
     JOIN runs r ON r.run_id = $run_id
+    LEFT JOIN wait_totals w USING (device_id)
+    LEFT JOIN shared_streams ss USING (device_id)
 )
 SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_kernel.id AS item_id,
        'exposed communication' AS item_name, worst_kernel.start_ns AS start_ns, worst_kernel.end_ns AS end_ns,
@@ -70,10 +90,19 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, worst_kernel
               CASE WHEN rank IS NULL THEN '' ELSE printf('rank %d%s, ', rank,
                    CASE WHEN world_size IS NULL THEN '' ELSE '/' || world_size END) END,
               device_id, fmt_pct(exposed_ns / comm_ns), fmt_ns(comm_ns), n, fmt_ns(exposed_ns),
-              fmt_pct(exposed_ns / active_span_ns)) AS message,
-       'Overlap communication with computation: launch collectives asynchronously on their own stream as soon as their inputs are ready (DDP gradient bucketing: tune bucket_cap_mb; FSDP: forward/backward prefetch; async_op=True and wait late), and check the other ranks (T008) when the time is waiting for a straggler.' AS hint,
+              fmt_pct(exposed_ns / active_span_ns))
+         || CASE WHEN wait_ns > 0
+                 THEN printf('; %s of it before the last of the run''s GPUs started the same collective (waiting for it)',
+                             fmt_ns(wait_ns)) ELSE '' END AS message,
+       CASE WHEN 2 * coalesce(wait_ns, 0) >= exposed_ns
+            THEN 'Most of it is waiting for another GPU to reach the collective, which overlap cannot hide: the GPUs are unbalanced. Compare the work each does between collectives (the kernels before them, their inputs'' sizes, the host feeding each GPU) and even it out.'
+            WHEN own_streams
+            THEN 'The collectives already run on streams of their own: what is exposed had no compute ready beside it. Start them earlier (DDP gradient bucketing: a smaller bucket_cap_mb; FSDP: forward/backward prefetch), give the compute streams work to overlap, and if the compute streams sit idle waiting on the host, that is the idle findings'' time, not the network''s; check the other ranks (T008) for a straggler.'
+            ELSE 'Overlap communication with computation: launch collectives asynchronously on their own stream as soon as their inputs are ready (DDP gradient bucketing: tune bucket_cap_mb; FSDP: forward/backward prefetch; async_op=True and wait late), and check the other ranks (T008) when the time is waiting for a straggler.'
+       END AS hint,
        '{"collective_launches": ' || n || ', "collective_ns": ' || comm_ns || ', "exposed_ns": ' || exposed_ns
          || ', "active_span_ns": ' || active_span_ns || ', "streams": ' || streams
+         || ', "own_streams": ' || own_streams || ', "wait_ns": ' || coalesce(CAST(wait_ns AS VARCHAR), 'null')
          || ', "rank": ' || coalesce(CAST(rank AS VARCHAR), 'null') || ', "world_size": '
          || coalesce(CAST(world_size AS VARCHAR), 'null') || ', "by_kernel": ' || names
          || ', "worst": ' || worst || '}' AS evidence
@@ -105,6 +134,10 @@ class T007Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     exposed_ns: Annotated[int, doc("time with nothing running beside it")]
     active_span_ns: Annotated[int, doc("time from the device's first to its last GPU activity")]
     streams: Annotated[int, doc("streams")]
+    own_streams: Annotated[Optional[bool], doc("whether no stream of the collectives runs compute kernels")] = None
+    wait_ns: Annotated[Optional[int], doc("of the exposed time, the part before the last of the run's GPUs started the "
+                                          "same collective (its i-th launch of that kernel on each device; NULL where the "
+                                          "devices do not launch it equally often, or the run has one)")] = None
     rank: Annotated[Optional[int], doc("the rank")]
     world_size: Annotated[Optional[int], doc("ranks in the job")]
     by_kernel: Annotated[list[T007KernelExposure], doc("exposed time per collective kernel")]
@@ -131,7 +164,12 @@ RULE = Rule(
         "merged into disjoint intervals per device, and so are all other kernels (compute; copies "
         "do not count as compute). Exposed time = collective time minus its overlap with compute. "
         "One finding per device when exposed time exceeds `min_exposed_ns` and `min_share` of the "
-        "device's active span; an error from `error_share`. The estimated loss is the exposed time: "
+        "device's active span; an error from `error_share`. Where the run holds several GPUs of one "
+        "job that launch a collective kernel equally often, the i-th launches on each are one collective, "
+        "and a device's exposed time before the last of them started is waiting for the others "
+        "(`wait_ns`): when it is half the exposed time or more, the hint is the GPUs' imbalance, which "
+        "overlap cannot hide; where the collectives' streams run no compute (`own_streams`), it does "
+        "not ask for a stream of their own. The estimated loss is the exposed time: "
         "an upper bound, since part of it may be waiting for other ranks (see T008) or have no "
         "independent compute to hide behind.",
     fix="Issue collectives asynchronously on a dedicated stream as early as their inputs allow "
