@@ -3,10 +3,10 @@ allocated memory peaked in a memory snapshot's history."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 
-from ..fmt import nbytes, ns
+from ..fmt import nbytes, ns, pct
 from . import _memory as mem
 from .base import Rule, Threshold
 from .evidence import AllocationSite, Evidence, doc
@@ -26,6 +26,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         ts = peak["ts_ns"]
         at = "" if ts is None or start is None else f" at +{ns(ts - start)}"
         top = ranked[0] if ranked else None
+        optimizer = sum(h.bytes for h in ranked if _in_optimizer(h.site))
         rows.append({
             "device_id": peak["device_id"], "item_kind": "memory", "item_id": peak["event_id"],
             "item_name": "allocation sites at the peak", "start_ns": ts,
@@ -33,7 +34,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             "value": float(allocated), "value_unit": "bytes", "threshold": None, "severity": "info",
             "message": (f"device {peak['device_id']}: allocated memory peaked at {nbytes(allocated)}{at} "
                         f"({nbytes(peak['reserved'])} reserved); held most by {mem.holders_text(ranked, before, allocated)}"),
-            "hint": ("The lines listed made the tensors alive at the peak: free them earlier, recompute them "
+            "hint": (_optimizer_hint(optimizer, allocated) if optimizer >= p["min_optimizer_share"] * allocated else
+                     "The lines listed made the tensors alive at the peak: free them earlier, recompute them "
                      "(activation checkpointing), make them smaller (micro-batches, bf16/fp16) or shard them "
                      "(FSDP/ZeRO)" + (f"; start with {top.site.label}." if top else ".")
                      + (" Most of the peak was allocated before the history was recorded (parameters and buffers, "
@@ -43,10 +45,24 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
                 "peak_allocated_bytes": allocated, "peak_reserved_bytes": peak["reserved"],
                 "before_history_bytes": before, "history_events": peak["events"],
                 "sites": [mem.holder_evidence(h, allocated) for h in ranked[:p["max_examples"]]],
-                "sites_total": len(ranked),
+                "sites_total": len(ranked), "optimizer_bytes": optimizer,
             },
         })
     return pd.DataFrame(rows)
+
+
+def _in_optimizer(site: mem.Site) -> bool:
+    """Whether an allocation was made in an optimizer's code (a frame in a file or module named
+    like `optim`: torch/optim/adamw.py, the user's optimizers.py): its state, made at its first step."""
+    return any("optim" in f.split(":", 1)[0].lower() for f in (site.label, *site.user_frames, site.via or ""))
+
+
+def _optimizer_hint(optimizer: int, allocated: int) -> str:
+    return (f"{nbytes(optimizer)} of the peak ({pct(optimizer / allocated)}) is optimizer state made in its step "
+            "(Adam and AdamW keep two moments per parameter: 8 bytes per fp32 parameter, besides the parameters and "
+            "their gradients): activation checkpointing and micro-batches do not touch it. An 8-bit or factored "
+            "optimizer (bitsandbytes' 8-bit AdamW, Adafactor), 16-bit states, or sharding the states across GPUs "
+            "(ZeRO, FSDP) do.")
 
 
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
@@ -58,6 +74,7 @@ class M004Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     peak_reserved_bytes: Annotated[int, doc("peak reserved bytes")]
     sites: Annotated[list[AllocationSite], doc("allocation sites by bytes held at the peak")]
     sites_total: Annotated[int, doc("allocation sites in all")]
+    optimizer_bytes: Annotated[Optional[int], doc("of the peak, bytes allocated in an optimizer's code (its state)")] = None
 
 
 RULE = Rule(
@@ -76,13 +93,17 @@ RULE = Rule(
         "peak may have fallen out of it). The allocations alive then (address neither freed nor reused since) "
         "are grouped by the innermost frame of the user's own code (a `.py` file outside site-packages, "
         "dist-packages, the Python library and `torch/`), most bytes first; memory the history does not "
-        "account for was allocated before it began.",
+        "account for was allocated before it began. Where `min_optimizer_share` of the peak was allocated in "
+        "an optimizer's code (a frame in a file named like `optim`: its state, `optimizer_bytes`), the hint is "
+        "about optimizer state, which checkpointing does not touch.",
     fix="Free, recompute (activation checkpointing), shrink (micro-batches, mixed precision) or shard "
         "(FSDP/ZeRO) what the top sites hold at the peak.",
     requires="a PyTorch memory snapshot with its allocator history (torch.cuda.memory._record_memory_history)",
     applies_sql="SELECT EXISTS (SELECT 1 FROM allocator_events WHERE run_id = $run_id AND action = 'alloc')",
     thresholds=(
         Threshold("max_examples", 5, "How many sites the evidence lists."),
+        Threshold("min_optimizer_share", 0.25, "Share of the peak allocated in an optimizer's code from which the "
+                  "hint is about optimizer state (activation checkpointing does not touch it)."),
     ),
     evaluate=evaluate,
     references=(
