@@ -256,3 +256,38 @@ def spans_of(store, run_id):
     from traceanalyzer.report.budget import budget_of
 
     return {d["device_id"]: d["span_ns"] for d in budget_of(store, run_id)}
+
+
+def test_issued_work_waiting_on_a_one_stream_device_is_launch_latency(falconsai, h100_2gpu, tmp_path):
+    """The budget's `dependency` (work issued in time that waited) on a device whose every
+    operation ran on one stream had nothing to wait for but the launch itself: the budget line
+    says `launch latency` there (Falconsai on MI300X, and each GPU of nsys-ai's h100_2gpu: one
+    stream each in the raw files), and `dependency` where the device ran several (hta's alexnet:
+    streams 7 and 20)."""
+    import sqlite3
+
+    from traceanalyzer.report.budget import budget_line, budget_of
+
+    path, store, run_id, _ = falconsai
+    events = json.load(gzip.open(path))["traceEvents"]
+    streams = {e["args"].get("stream") for e in events
+               if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
+    assert len(streams) == 1
+    [device] = budget_of(store, run_id)
+    assert any(p["cause"] == "dependency" and p["ns"] > 0 for p in device["parts"])
+    line = budget_line(device)
+    assert "launch latency" in line and "dependency" not in line, line
+
+    path, store, run_id, _ = h100_2gpu
+    con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    per_device = dict(con.execute(
+        "SELECT deviceId, count(DISTINCT streamId) FROM (SELECT deviceId, streamId FROM CUPTI_ACTIVITY_KIND_KERNEL "
+        "UNION ALL SELECT deviceId, streamId FROM CUPTI_ACTIVITY_KIND_MEMCPY UNION ALL "
+        "SELECT deviceId, streamId FROM CUPTI_ACTIVITY_KIND_MEMSET) GROUP BY 1").fetchall())
+    assert per_device == {0: 1, 1: 1}
+    assert all("launch latency" in budget_line(d) and "dependency" not in budget_line(d) for d in budget_of(store, run_id))
+
+    alexnet = shared_traces() / "torch" / "hta__critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz"
+    with Store(tmp_path / "a.duckdb") as st:
+        [device] = budget_of(st, check_file(st, alexnet, Settings()).run_id)
+        assert "dependency" in budget_line(device) and "launch latency" not in budget_line(device)

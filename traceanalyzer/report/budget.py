@@ -48,6 +48,14 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
         work = ev.top_activity[0] if ev is not None and ev.top_activity else None
         for d in out[run_id].values() if work else ():
             d["host_work"] = {"name": work.name, "kind": work.kind, "ns": work.ns}
+    # A device whose every operation ran on one stream: there the time its issued work waited
+    # (the budget's `dependency`) had no other stream or event to wait for; it is launch latency.
+    for run_id, device_id in store.sql(
+            "SELECT run_id, device_id FROM gpu_activity WHERE list_contains(?::VARCHAR[], run_id) "
+            "GROUP BY ALL HAVING count(DISTINCT stream_id) = 1 AND count(stream_id) = count(*)",
+            [list(run_ids)]).fetchall():
+        if device_id in out[run_id]:
+            out[run_id][device_id]["one_stream"] = True
     _add_warmup(store, out)
     return {r: list(devices.values()) for r, devices in out.items()}
 
@@ -156,8 +164,9 @@ def _pct(ns: int, span: int) -> str:
 
 def budget_line(device: dict) -> str:
     """'GPU 0 (span 1.07 s): 61% compute, 5% copies, 34% idle: host 21% (15% in range
-    "enumerate(DataLoader)..."), sync 7%, dependency 4%, unknown 2%'. The span is said here once:
-    every share of the device's time, in the budget and in the findings, is of it."""
+    "enumerate(DataLoader)..."), sync 7%, dependency 4%, unknown 2%' ('launch latency' for
+    dependency on a device that ran one stream). The span is said here once: every share of the
+    device's time, in the budget and in the findings, is of it."""
     span = device["span_ns"] or 0
     busy = [p for p in device["parts"] if p["category"] != "idle"]
     idle = [p for p in device["parts"] if p["category"] == "idle" and p["ns"] > 0]
@@ -167,9 +176,15 @@ def budget_line(device: dict) -> str:
     text = (f"GPU {'?' if device['device_id'] is None else device['device_id']} (span {fmt.ns(span)}): "
             + ", ".join(words))
     if idle_ns:
-        text += f", {_pct(idle_ns, span)} idle: " + ", ".join(f"{p['cause']} {_pct(p['ns'], span)}{_host_work(device, p)}"
-                                                              for p in idle)
+        text += f", {_pct(idle_ns, span)} idle: " + ", ".join(
+            f"{_cause_words(device, p['cause'])} {_pct(p['ns'], span)}{_host_work(device, p)}" for p in idle)
     return text
+
+
+def _cause_words(device: dict, cause: str | None) -> str:
+    """An idle part's cause as the budget line says it: `dependency` on a one-stream device is
+    the launch latency (from a launch call's return to its kernel's start), with nothing to wait for."""
+    return "launch latency" if cause == "dependency" and device.get("one_stream") else str(cause)
 
 
 def warmup_line(device: dict) -> str | None:
