@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
+import msgspec
+
 from ..analyses.place import HOW as PLACE_HOW
+from ..fmt import ns as fmt_ns
 from ..sql import sql_literal
 from ._code import around_gaps, device_key, phrase
 from ._unknown import launch_gap_unknown
@@ -392,6 +395,41 @@ for _key, _sql in {
 
 
 LABEL_GAPS = 5
+HOST_CALLS = 3  # how many API calls a finding with no code around its gaps names
+
+# Where no operator or range was open around the gaps (compiled code: OpenACC, CUDA C++), what the
+# launching threads' API calls took of each device's idle time: per device, each call name's time
+# inside the idle gaps (covered_ns: running totals, not an interval join). Runtime calls when the
+# run has them (a runtime call holds the driver calls it makes), else driver calls.
+HOST_CALLS_SQL = """
+WITH threads AS (
+    SELECT DISTINCT a.device_id, c.pid, c.tid FROM gpu_activity a
+    JOIN api_calls c ON c.run_id = a.run_id AND c.call_id = a.launch_call_id
+    WHERE a.run_id = $run_id AND a.device_id IN (SELECT unnest($devices))
+), level AS (
+    SELECT CASE WHEN bool_or(api = 'runtime') THEN 'runtime' ELSE 'driver' END AS api FROM api_calls WHERE run_id = $run_id
+), probes AS (
+    SELECT t.device_id, c.name, c.start_ns, c.end_ns FROM api_calls c JOIN threads t USING (pid, tid)
+    WHERE c.run_id = $run_id AND c.end_ns > c.start_ns AND c.api IS NOT DISTINCT FROM (SELECT api FROM level)
+), stretches AS (
+    SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS to_end_ns FROM this_run.device_idle_gaps
+    WHERE device_id IN (SELECT unnest($devices))
+)
+SELECT device_id, name, sum(covered_ns) AS ns FROM covered_ns('probes', 'stretches', device_id)
+GROUP BY ALL HAVING sum(covered_ns) > 0 ORDER BY device_id, ns DESC, name
+"""
+
+
+def host_calls(store, run_id: str, devices: list[int]) -> dict[int, list[dict]]:
+    """Per device of `devices`, the API calls (name, ns) that took most of its idle time on the
+    threads that launch its work (HOST_CALLS_SQL): at most HOST_CALLS, each with at least a tenth
+    of the first's time (a 2 us query beside 1.4 ms of launches says nothing)."""
+    out: dict[int, list[dict]] = {}
+    for device, name, ns in store.sql(HOST_CALLS_SQL, {"run_id": run_id, "devices": devices}).fetchall():
+        calls = out.setdefault(device, [])
+        if len(calls) < HOST_CALLS and (not calls or 10 * ns >= calls[0]["ns"]):
+            calls.append({"name": name, "ns": int(ns)})
+    return out
 
 
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
@@ -413,16 +451,27 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     labels = around_gaps(store, run_id, [{**g, "device_id": d} for g, d in zip(gaps, devices)])
     for g, label in zip(gaps, labels):
         g["around"] = label
-    messages = []
-    for ev, message in zip(evidence, df["message"]):
+    for ev in evidence:
         by_label: dict[str, int] = {}
         for g in ev["worst"]:
             if g["around"] is not None:
                 by_label[g["around"]] = by_label.get(g["around"], 0) + g["gap_ns"]
-        top = min(by_label, key=lambda k: (-by_label[k], k)) if by_label else None
-        ev["around"] = top
-        listed_ns = sum(g["gap_ns"] for g in ev["worst"])
-        messages.append(message if top is None else f"{message} {phrase(top, by_label[top] / listed_ns)}")
+        ev["around"] = min(by_label, key=lambda k: (-by_label[k], k)) if by_label else None
+        ev["around_share"] = by_label[ev["around"]] / sum(g["gap_ns"] for g in ev["worst"]) if by_label else None
+    # With no code around a late launch's gaps, the calls the host made in the idle time say what kept it
+    unnamed = {int(d) for ev, d in zip(evidence, df["device_id"])
+               if ev["around"] is None and ev["main_cause"] == "late_launch" and d == d and d is not None}
+    calls = host_calls(store, run_id, sorted(unnamed)) if unnamed else {}
+    messages = []
+    for ev, message, device in zip(evidence, df["message"], df["device_id"]):
+        top, share = ev["around"], ev.pop("around_share")
+        if top is not None:
+            message = f"{message} {phrase(top, share)}"
+        elif device == device and calls.get(int(device)):
+            ev["host_calls"] = calls[int(device)]
+            message += " (the launching thread's calls in the device's idle time: " + ", ".join(
+                f"{c['name']} {fmt_ns(c['ns'])}" for c in ev["host_calls"]) + ")"
+        messages.append(message)
         ev["worst"] = ev["worst"][:p["max_examples"]]
     return df.assign(message=messages, evidence=[json.dumps(ev) for ev in evidence])
 
@@ -437,6 +486,11 @@ class T001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
     after_kind: Annotated[Optional[str], doc("kind of the operation after the gap (kernel, memcpy, ...)")] = None
     after_id: Annotated[Optional[int], doc("id of the operation after the gap")] = None
     around: Annotated[Optional[str], doc("the code (operator or range) around most of the gaps' time")]
+
+
+class T001HostCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: Annotated[str, doc("the API call's name")]
+    ns: Annotated[int, doc("its calls' time inside the device's idle gaps")]
 
 
 class T001Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
@@ -456,6 +510,9 @@ class T001Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
     place: Annotated[Place, doc("where most of the intervals lie")]
     worst: Annotated[list[T001Example], doc("the longest gaps, with their neighbours and cause")]
     around: Annotated[Optional[str], doc("the code (operator or range) around most of the gaps' time")]
+    host_calls: Annotated[Optional[list[T001HostCall]], doc(
+        "with no code around a late launch's gaps, the API calls of the threads launching the device's work that "
+        "took most of its idle time")] = None
 
 
 RULE = Rule(
@@ -506,7 +563,9 @@ RULE = Rule(
         "most gaps, then the order above). Each gap listed names the code the host was in when the GPU "
         "went idle (`around`): the innermost PyTorch operator, else NVTX range or user annotation, open at "
         "the gap's start on the thread that launched the operation ending it; the finding names the one "
-        "around most of the listed gaps' time." + PLACE_HOW,
+        "around most of the listed gaps' time; where none is (compiled code) and the main cause is a late "
+        "launch, the finding names the API calls of the threads launching the device's work that took most of "
+        "its idle time (`host_calls`: runtime calls where the run has them, else driver calls)." + PLACE_HOW,
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",
