@@ -435,6 +435,8 @@ def host_calls(store, run_id: str, devices: list[int]) -> dict[int, list[dict]]:
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     """The findings of SQL, each naming the code around its gaps (`_code.around_gaps`): every gap
     the evidence lists gets `around`, and the finding the one around most of their time."""
+    import pandas as pd
+
     from .engine import query  # here: the engine imports every rule module
 
     # The code around a finding's gaps is judged on the same worst gaps whatever the evidence
@@ -459,16 +461,17 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         ev["around"] = min(by_label, key=lambda k: (-by_label[k], k)) if by_label else None
         ev["around_share"] = by_label[ev["around"]] / sum(g["gap_ns"] for g in ev["worst"]) if by_label else None
     # With no code around a late launch's gaps, the calls the host made in the idle time say what kept it
-    unnamed = {int(d) for ev, d in zip(evidence, df["device_id"])
-               if ev["around"] is None and ev["main_cause"] == "late_launch" and d == d and d is not None}
+    found_on = [None if pd.isna(d) else int(d) for d in df["device_id"]]
+    unnamed = {d for ev, d in zip(evidence, found_on)
+               if ev["around"] is None and ev["main_cause"] == "late_launch" and d is not None}
     calls = host_calls(store, run_id, sorted(unnamed)) if unnamed else {}
     messages = []
-    for ev, message, device in zip(evidence, df["message"], df["device_id"]):
+    for ev, message, device in zip(evidence, df["message"], found_on):
         top, share = ev["around"], ev.pop("around_share")
         if top is not None:
             message = f"{message} {phrase(top, share)}"
-        elif device == device and calls.get(int(device)):
-            ev["host_calls"] = calls[int(device)]
+        elif calls.get(device):
+            ev["host_calls"] = calls[device]
             message += " (the launching thread's calls in the device's idle time: " + ", ".join(
                 f"{c['name']} {fmt_ns(c['ns'])}" for c in ev["host_calls"]) + ")"
         messages.append(message)
