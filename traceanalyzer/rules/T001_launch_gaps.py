@@ -279,7 +279,7 @@ WITH warm AS (  -- the warm-up windows per device
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns, coalesce(bool_and(one_stream), false) AS one_stream,
            __CAUSE_SUMS__,
            arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
-                    'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'prev_kind': prev_kind,
+                    'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'sync_ns': sync_ns, 'late_launch_ns': late_launch_ns, 'prev_kind': prev_kind,
                     'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
                    (gap_ns, -gap_start), heap_size($max_examples)) AS top
     FROM classified GROUP BY device_id, stream_id
@@ -299,7 +299,8 @@ WITH warm AS (  -- the warm-up windows per device
 ), worst_gaps AS (
     SELECT t.device_id, t.stream_id,
            to_json(list({'start_ns': t.gap_start, 'end_ns': t.gap_end, 'gap_ns': t.gap_ns,
-                         'cause': t.cause, 'before': p.name, 'after': a.name,
+                         'cause': t.cause, 'sync_ns': t.sync_ns, 'late_launch_ns': t.late_launch_ns,
+                         'before': p.name, 'after': a.name,
                          'after_kind': t.next_kind, 'after_id': t.next_id}
                         ORDER BY t.gap_ns DESC, t.gap_start)) AS worst
     FROM listed t
@@ -321,7 +322,8 @@ WITH warm AS (  -- the warm-up windows per device
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.span_ns) AS span_ns, any_value(b.steady_ns) AS steady_ns, any_value(wd.warmup_ns) AS warmup_ns,
            __CAUSE_SUMS__,
-           to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause},
+           to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause,
+                            'sync_ns': sync_ns, 'late_launch_ns': late_launch_ns},
                            (gap_ns, -d.gap_start), heap_size($max_examples))[1:$max_examples]) AS worst
     FROM device_classified d JOIN spans b ON b.device_id = d.device_id
     LEFT JOIN (SELECT device_id, sum(whole_ns - coalesce(end_ns - start_ns, 0)) AS warmup_ns FROM device_stretches
@@ -432,6 +434,15 @@ def host_calls(store, run_id: str, devices: list[int]) -> dict[int, list[dict]]:
     return out
 
 
+def _window(gap: dict) -> dict:
+    """Where the code around a gap is read (`_code.around_gaps`): for a late launch its late-launch
+    part (after its sync part, up to the work's issue), else its start, when the GPU went idle."""
+    if gap["cause"] != "late_launch" or not gap.get("late_launch_ns"):
+        return {}
+    start = gap["start_ns"] + (gap.get("sync_ns") or 0)
+    return {"from_ns": start, "to_ns": start + gap["late_launch_ns"]}
+
+
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     """The findings of SQL, each naming the code around its gaps (`_code.around_gaps`): every gap
     the evidence lists gets `around`, and the finding the one around most of their time."""
@@ -450,7 +461,9 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         df = df.assign(hint=[REPLAYED_LATE_HINT if is_late else h for is_late, h in zip(late, df["hint"])])
     gaps = [g for ev in evidence for g in ev["worst"]]
     devices = [device_key(device) for ev, device in zip(evidence, df["device_id"]) for _ in ev["worst"]]
-    labels = around_gaps(store, run_id, [{**g, "device_id": d} for g, d in zip(gaps, devices)])
+    # A late launch's code is what the host was in through its late-launch part: the work that kept
+    # the GPU idle (power iteration: "IO N", not the "Copy N" it left as the gap began)
+    labels = around_gaps(store, run_id, [{**g, "device_id": d, **_window(g)} for g, d in zip(gaps, devices)])
     for g, label in zip(gaps, labels):
         g["around"] = label
     for ev in evidence:
@@ -484,6 +497,8 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
 class T001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
     gap_ns: Annotated[int, doc("time between the kernels")]
     cause: Annotated[str, doc("the gap's cause (late_launch, dependency, sync, copy, unknown)")]
+    sync_ns: Annotated[Optional[int], doc("the gap's time in a blocking call, from its start (NULL: no launch call)")] = None
+    late_launch_ns: Annotated[Optional[int], doc("then its time until the work was issued (NULL: no launch call)")] = None
     before: Annotated[Optional[str], doc("name of the operation before the gap")] = None
     after: Annotated[Optional[str], doc("name of the operation after the gap")] = None
     after_kind: Annotated[Optional[str], doc("kind of the operation after the gap (kernel, memcpy, ...)")] = None
@@ -565,7 +580,10 @@ RULE = Rule(
         "message and hint follow, is the one with the most device-idle time (ties: most gap time, "
         "most gaps, then the order above). Each gap listed names the code the host was in when the GPU "
         "went idle (`around`): the innermost PyTorch operator, else NVTX range or user annotation, open at "
-        "the gap's start on the thread that launched the operation ending it; the finding names the one "
+        "the gap's start on the thread that launched the operation ending it, or for a late launch the "
+        "innermost one covering at least half of its late-launch part (from the end of its sync part to the "
+        "work's issue; a profiler step aside), where one does: the work that kept the GPU waiting, not what "
+        "the host was leaving when it went idle; the finding names the one "
         "around most of the listed gaps' time; where none is (compiled code) and the main cause is a late "
         "launch, the finding names the API calls of the threads launching the device's work that took most of "
         "its idle time (`host_calls`: runtime calls where the run has them, else driver calls)." + PLACE_HOW,

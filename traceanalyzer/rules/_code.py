@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..analyses.steps import PROFILER_STEP
 from ..kernel_library import inductor_class, inductor_ops
 from ..store import Store, launch_sweep
 
@@ -227,31 +228,45 @@ def named(sql: str):
     return evaluate
 
 
-AROUND_SQL = """
+AROUND_SQL = f"""
 WITH gaps AS (
     SELECT unnest($key::BIGINT[]) AS key, unnest($device::INTEGER[]) AS device_id, unnest($kind::VARCHAR[]) AS kind,
-           unnest($item::BIGINT[]) AS item_id, unnest($start::BIGINT[]) AS start_ns, unnest($end::BIGINT[]) AS end_ns
-), threads AS (  -- the thread that launched the operation ending each gap (of several, the first launched);
-    -- for an operation of a graph replay merged with its capture, where the capture launched its node
-    SELECT g.key, arg_min(coalesce(n.at_ns, g.start_ns), c.start_ns) AS t, arg_min(coalesce(n.pid, c.pid), c.start_ns) AS pid,
-           arg_min(coalesce(n.tid, c.tid), c.start_ns) AS tid
+           unnest($item::BIGINT[]) AS item_id, unnest($start::BIGINT[]) AS start_ns, unnest($end::BIGINT[]) AS end_ns,
+           unnest($from::BIGINT[]) AS from_ns, unnest($to::BIGINT[]) AS to_ns
+), threads AS (  -- the thread that launched the operation ending each gap (of several, the first launched),
+    -- the gap's start and its window (none for an operation of a graph replay merged with its
+    -- capture: the moment the capture launched its node stands for the start)
+    SELECT g.key, arg_min(coalesce(n.at_ns, g.start_ns), c.start_ns) AS s,
+           arg_min(CASE WHEN n.at_ns IS NULL THEN g.from_ns END, c.start_ns) AS a,
+           arg_min(CASE WHEN n.at_ns IS NULL THEN g.to_ns END, c.start_ns) AS b,
+           arg_min(coalesce(n.pid, c.pid), c.start_ns) AS pid, arg_min(coalesce(n.tid, c.tid), c.start_ns) AS tid
     FROM gaps g
     JOIN gpu_activity a ON a.run_id = $run_id AND a.device_id = g.device_id AND a.start_ns = g.end_ns
                        AND (g.kind IS NULL OR (a.kind = g.kind AND a.item_id = g.item_id))
     JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
     LEFT JOIN graph_nodes n ON n.run_id = $run_id AND n.placed AND n.kind = a.kind AND n.item_id = a.item_id
     GROUP BY g.key
-), frames AS (  -- (a join on the thread: the gaps are few, and each frame is read once)
-    SELECT p.key, f.source, f.name, f.start_ns
-    FROM threads p JOIN (
-        SELECT 'op' AS source, name, pid, tid, start_ns, end_ns FROM cpu_ops WHERE run_id = $run_id
-        UNION ALL
-        SELECT 'range', name, pid, tid, start_ns, end_ns FROM ranges
-        WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')
-    ) f ON f.pid = p.pid AND f.tid = p.tid AND f.start_ns <= p.t AND (f.end_ns > p.t OR f.end_ns IS NULL)
-), innermost AS (  -- an operator before a range; of each, the one that started last
+), frames AS (  -- open at the gap's start, or covering at least half of its window but a profiler
+    -- step (a step running says nothing of what the host did); a join on the thread: the gaps are
+    -- few, and each frame is read once
+    SELECT * FROM (
+        SELECT p.key, f.source, f.name, f.start_ns,
+               p.b > p.a AND f.start_ns < p.b AND (f.end_ns > p.a OR f.end_ns IS NULL)
+                 AND 2 * (least(coalesce(f.end_ns, p.b), p.b) - greatest(f.start_ns, p.a)) >= p.b - p.a
+                 AND NOT regexp_matches(f.name, '{PROFILER_STEP}') AS in_window,
+               f.start_ns <= p.s AND (f.end_ns > p.s OR f.end_ns IS NULL) AS at_start
+        FROM threads p JOIN (
+            SELECT 'op' AS source, name, pid, tid, start_ns, end_ns FROM cpu_ops WHERE run_id = $run_id
+            UNION ALL
+            SELECT 'range', name, pid, tid, start_ns, end_ns FROM ranges
+            WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')
+        ) f ON f.pid = p.pid AND f.tid = p.tid AND f.start_ns < greatest(p.s + 1, coalesce(p.b, p.s))
+           AND (f.end_ns > least(p.s, coalesce(p.a, p.s)) OR f.end_ns IS NULL))
+    WHERE in_window OR at_start
+), innermost AS (  -- the window's frames where it has some, else those open at the start; an
+    -- operator before a range; of each, the one that started last
     SELECT key, name FROM frames
-    QUALIFY row_number() OVER (PARTITION BY key ORDER BY source = 'op' DESC, start_ns DESC, name) = 1
+    QUALIFY row_number() OVER (PARTITION BY key ORDER BY in_window DESC, source = 'op' DESC, start_ns DESC, name) = 1
 )
 SELECT key, normalized_name(name) AS label FROM innermost
 """
@@ -259,14 +274,17 @@ SELECT key, normalized_name(name) AS label FROM innermost
 
 def around_gaps(store: Store, run_id: str, gaps: list[dict]) -> list[str | None]:
     """For each GPU idle gap (`device_id`, `start_ns`, `end_ns`, and `after_kind`/`after_id`, the
-    operation that ends it, when known): the code the host was in when the GPU went idle, on the
-    thread that launched the operation ending the gap: the normalised name of the innermost
-    operator open then, else of the innermost range; None when none is known."""
+    operation that ends it, when known): the code the host was in, on the thread that launched the
+    operation ending the gap, when the GPU went idle (`start_ns`) or, where the gap gives a window
+    (`from_ns`, `to_ns`), through at least half of it: the normalised name of the innermost operator
+    so open, else of the innermost range; None when none is known."""
     if not gaps or not store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
         return [None] * len(gaps)
     rows = store.sql(AROUND_SQL, {
         "run_id": run_id, "key": list(range(len(gaps))), "device": [g["device_id"] for g in gaps],
         "kind": [g.get("after_kind") for g in gaps], "item": [g.get("after_id") for g in gaps],
-        "start": [g["start_ns"] for g in gaps], "end": [g["end_ns"] for g in gaps]}).fetchall()
+        "start": [g["start_ns"] for g in gaps], "end": [g["end_ns"] for g in gaps],
+        "from": [g.get("from_ns", g["start_ns"]) for g in gaps],
+        "to": [g.get("to_ns", g.get("from_ns", g["start_ns"])) for g in gaps]}).fetchall()
     labels = dict(rows)
     return [labels.get(i) for i in range(len(gaps))]
