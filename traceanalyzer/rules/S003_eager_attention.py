@@ -175,7 +175,13 @@ SELECT device_id, 'kernel' AS item_kind, worst.id AS item_id, 'eager attention: 
               CASE WHEN softmax_bytes_per_s IS NOT NULL AND bandwidth > 0
                    THEN printf('; the softmax moves %s/s, %s of the device''s DRAM bandwidth',
                                fmt_bytes(softmax_bytes_per_s), fmt_pct(softmax_bytes_per_s / bandwidth))
-                   ELSE '' END) AS message,
+                   ELSE '' END)
+         -- the products' time is the fused kernel's work too, done faster without the score matrix's
+         -- round trip: said, not estimated (how much faster the trace cannot tell)
+         || CASE WHEN gemm_ns > 0
+                 THEN printf('; the matrix products around them take another %s (%s of kernel time), which the '
+                             || 'fused kernel replaces too', fmt_ns(gemm_ns), fmt_pct(gemm_ns / nullif(kernel_ns, 0)))
+                 ELSE '' END AS message,
        CASE WHEN sdpa_math_blocks < blocks THEN
               'Use a fused attention kernel: torch.nn.functional.scaled_dot_product_attention (flash or '
               || 'memory-efficient backend; Hugging Face: attn_implementation="sdpa" or "flash_attention_2"), '
