@@ -446,8 +446,6 @@ def _window(gap: dict) -> dict:
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     """The findings of SQL, each naming the code around its gaps (`_code.around_gaps`): every gap
     the evidence lists gets `around`, and the finding the one around most of their time."""
-    import pandas as pd
-
     from .engine import query  # here: the engine imports every rule module
 
     # The code around a finding's gaps is judged on the same worst gaps whatever the evidence
@@ -459,30 +457,30 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     late = [ev["main_cause"] == "late_launch" for ev in evidence]
     if any(late) and store.sql(REPLAYS_SQL, {"run_id": run_id}).fetchone()[0]:
         df = df.assign(hint=[REPLAYED_LATE_HINT if is_late else h for is_late, h in zip(late, df["hint"])])
+    found_on = [device_key(device) for device in df["device_id"]]
     gaps = [g for ev in evidence for g in ev["worst"]]
-    devices = [device_key(device) for ev, device in zip(evidence, df["device_id"]) for _ in ev["worst"]]
+    devices = [d for ev, d in zip(evidence, found_on) for _ in ev["worst"]]
     # A late launch's code is what the host was in through its late-launch part: the work that kept
     # the GPU idle (power iteration: "IO N", not the "Copy N" it left as the gap began)
     labels = around_gaps(store, run_id, [{**g, "device_id": d, **_window(g)} for g, d in zip(gaps, devices)])
     for g, label in zip(gaps, labels):
         g["around"] = label
+    shares = []  # of the listed gaps' time, the part around the code the finding names
     for ev in evidence:
         by_label: dict[str, int] = {}
         for g in ev["worst"]:
             if g["around"] is not None:
                 by_label[g["around"]] = by_label.get(g["around"], 0) + g["gap_ns"]
         ev["around"] = min(by_label, key=lambda k: (-by_label[k], k)) if by_label else None
-        ev["around_share"] = by_label[ev["around"]] / sum(g["gap_ns"] for g in ev["worst"]) if by_label else None
+        shares.append(by_label[ev["around"]] / sum(g["gap_ns"] for g in ev["worst"]) if by_label else None)
     # With no code around a late launch's gaps, the calls the host made in the idle time say what kept it
-    found_on = [None if pd.isna(d) else int(d) for d in df["device_id"]]
     unnamed = {d for ev, d in zip(evidence, found_on)
                if ev["around"] is None and ev["main_cause"] == "late_launch" and d is not None}
     calls = host_calls(store, run_id, sorted(unnamed)) if unnamed else {}
     messages = []
-    for ev, message, device in zip(evidence, df["message"], found_on):
-        top, share = ev["around"], ev.pop("around_share")
-        if top is not None:
-            message = f"{message} {phrase(top, share)}"
+    for ev, message, device, share in zip(evidence, df["message"], found_on, shares):
+        if ev["around"] is not None:
+            message = f"{message} {phrase(ev['around'], share)}"
         elif calls.get(device):
             ev["host_calls"] = calls[device]
             message += " (the launching thread's calls in the device's idle time: " + ", ".join(
