@@ -52,7 +52,7 @@ def budgets_of(store: Store, run_ids: list[str]) -> dict[str, list[dict]]:
     # (the budget's `dependency`) had no other stream or event to wait for; it is launch latency.
     for run_id, device_id in store.sql(
             "SELECT run_id, device_id FROM gpu_activity WHERE list_contains(?::VARCHAR[], run_id) "
-            "GROUP BY ALL HAVING count(DISTINCT stream_id) = 1 AND count(stream_id) = count(*)",
+            "GROUP BY ALL HAVING min(stream_id) = max(stream_id) AND count(stream_id) = count(*)",
             [list(run_ids)]).fetchall():
         if device_id in out[run_id]:
             out[run_id][device_id]["one_stream"] = True

@@ -92,7 +92,6 @@ class RunCache:
 
     run_id: str
     prefix: str = ""
-    kept: bool = False
     built: bool = False
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
     _locks: dict[Any, threading.Lock] = field(default_factory=dict, repr=False)
@@ -121,6 +120,11 @@ class RunCache:
         reads too (so its rules may run on several threads)."""
         return bool(self.prefix)
 
+    @property
+    def kept(self) -> bool:
+        """Whether those tables are the run's kept cache in the store file."""
+        return self.prefix == kept_prefix(self.run_id)
+
 
 @contextmanager
 def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, *, build: bool = True, keep: bool = False,
@@ -146,11 +150,11 @@ def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, *, build: bool = 
     cache = RunCache(run_id)
     try:
         if kept_version(con, run_id) == CACHE_VERSION:
-            cache.prefix, cache.kept = kept_prefix(run_id), True
+            cache.prefix = kept_prefix(run_id)
         elif build:
             plan = policy.plan(gpu_ops(con, run_id))
             if keep and plan.keep and _keep(con, run_id, plan):
-                cache.prefix, cache.kept, cache.built = kept_prefix(run_id), True, True
+                cache.prefix, cache.built = kept_prefix(run_id), True
             else:
                 try:
                     _build(con, run_id, f"{SCOPE}._run_", plan)
