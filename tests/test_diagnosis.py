@@ -495,7 +495,7 @@ def test_every_real_kernel_name_is_classified(real):
                               GROUP BY ALL""").fetchall())
     assert "NULL" not in counts
     assert set(counts) == {"aten", "attention", "cub", "cublas", "cudnn", "cufft", "cutlass", "nccl", "other",
-                           "tensorrt", "triton", "user"}
+                           "tensorrt", "triton", "trtllm_gemm", "user"}
     assert counts["other"] <= 0.1 * sum(counts.values()), counts
 
 

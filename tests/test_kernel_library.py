@@ -55,6 +55,10 @@ REVIEWED = [
     ("void vllm::rms_norm_kernel<c10::BFloat16, 8, 2>(c10::BFloat16*, c10::BFloat16 const*)", None, "other"),
     ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16ELb0ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib", None, "other"),
     ("cupy_multiply__float64_float64_float64", None, "other"),
+    ("bmm_MxE4m3_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN_transOut_schedP2x1x2x3_"
+     "biasM_bN_tma_tmaOpt_clmp_swiGlu_dynBatch_sm100f", None, "trtllm_gemm"),
+    ("void moe::dev::routing::routingIndicesHistogramKernel<moe::dev::routing::routingRenormalize::KernelParams>", None,
+     "other"),
     ("Fan2(float *, float *, float *, int, int, int)", None, "user"),
     ("sgemm_global_mem_coalesce(const float *, const float *, float *, int, int, int, float, float)", None, "user"),
     ("__pgi_uacc_cuda_fill_42_gpu", None, "user"),

@@ -61,6 +61,10 @@ LIBRARIES: tuple[Library, ...] = (
     Library("cutlass", "CUTLASS / Composable Kernel",
             r"(?i)cutlass|(^|[^a-z])ck(_tile)?::|\dck(_tile)?\d|composable_kernel",
             "cutlass::Kernel<cutlass_80_tensorop_s1688gemm_...>, ck::tensor_operation::device::kernel_..."),
+    # trtllm-gen's batched GEMMs (`bmm_<A dtype>_<B dtype>_..._t128x16x256..._sm100f`: MoE and FP4/FP8
+    # GEMMs in TensorRT-LLM, vLLM and FlashInfer): TMA, warp-specialized, a few big blocks per SM.
+    Library("trtllm_gemm", "TensorRT-LLM GEMM (trtllm-gen)", r"^bmm_[A-Za-z0-9]+_[A-Za-z0-9]+_",
+            "bmm_MxE4m3_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_..._sm100f, bmm_Bfloat16_E4m3_Fp32_t128x8x256..."),
     Library("triton", "Triton (TorchInductor included)", r"^triton_|^triton__|_triton$|^triton\b",
             "triton_poi_fused_add_0, triton_red_fused_native_layer_norm_1, triton__0d1d2d"),
     Library("cub", "CUB / Thrust (hipCUB, rocPRIM)", r"(?i)(^|[^a-z])(cub|thrust|rocprim|hipcub)::|\d(cub|thrust|rocprim)\d|_kernel_agent",
@@ -75,7 +79,7 @@ LIBRARIES: tuple[Library, ...] = (
             "FlashInfer, TensorRT-LLM, cuTENSOR, CuPy, nvFuser)",
             r"(?i)fbgemm|split_embedding_|bounds_check_indices|permute_pooled_embs|apex|transformer_engine|\bte::|vllm|"
             r"sgl_|sglang|aiter|flashinfer|tensorrt_llm|trtllm|moe::dev::|deepspeed|megatron|"
-            r"cutensor|^cupy_|nvfuser|^bmm_[A-Za-z0-9]+_[A-Za-z0-9]+_",
+            r"cutensor|^cupy_|nvfuser",
             "fbgemm_gpu::..., vllm::fused_add_rms_norm_kernel, aiter::add_rmsnorm_quant_kernel"),
 )
 USER = Library("user", "The user's own", "", "any name no pattern above matches")

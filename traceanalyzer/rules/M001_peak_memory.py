@@ -108,6 +108,8 @@ WITH level AS (  -- allocated (and reserved) memory after each event, the `memor
     LEFT JOIN top_blocks t USING (device_id) LEFT JOIN top_ops o USING (device_id)
 ), described AS (
     SELECT *, greatest(peak_allocated, coalesce(peak_reserved, 0)) / nullif(capacity, 0) AS capacity_share,
+           -- most of the peak allocated before the trace began: what holds it is not in the trace
+           coalesce(by_address AND 2 * (peak_allocated - held_bytes) >= peak_allocated, false) AS held_before,
            1 - peak_allocated / nullif(peak_reserved, 0) AS unused_share,
            '{{"peak_allocated_bytes": ' || peak_allocated || ', "peak_allocated_start_ns": ' || pa_start
              || ', "peak_allocated_end_ns": ' || pa_end
@@ -129,7 +131,7 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'memory' AS item_kind, pa_id AS ite
        'peak allocated memory' AS item_name, pa_start AS start_ns, pa_end AS end_ns,
        peak_allocated AS value, 'bytes' AS value_unit,
        $warning_capacity_share * capacity AS threshold, NULL::BIGINT AS est_loss_ns,
-       CASE WHEN capacity_share >= $warning_capacity_share THEN 'warning' ELSE 'info' END AS severity,
+       CASE WHEN capacity_share >= $warning_capacity_share AND NOT held_before THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: peak allocated %s at +%s%s%s; %s',
               device_id, fmt_bytes(peak_allocated), fmt_ns(pa_start - run_start),
               CASE WHEN peak_reserved IS NOT NULL
@@ -144,7 +146,12 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'memory' AS item_kind, pa_id AS ite
               || CASE WHEN by_address AND peak_allocated > held_bytes
                       THEN printf(', besides %s held from before the trace began', fmt_bytes(peak_allocated - held_bytes))
                       ELSE '' END) AS message,
-       CASE WHEN capacity_share >= $warning_capacity_share THEN
+       CASE WHEN held_before THEN
+              'Most of the peak was allocated before the trace began (model weights, or memory reserved up front: '
+              || 'an inference server''s KV cache, e.g. vLLM''s gpu_memory_utilization): the trace cannot say what holds '
+              || 'it. Record from the start (torch.cuda.memory._record_memory_history) to see; a deliberate '
+              || 'preallocation is nothing to fix.'
+            WHEN capacity_share >= $warning_capacity_share THEN
               'The device is close to full: free or reuse the largest tensors held at the peak (see evidence), use '
               || 'activation checkpointing, smaller micro-batches, lower-precision activations, or shard states (FSDP/ZeRO).'
             ELSE 'The operators holding most memory at the peak are listed in the evidence; they are where to cut if memory limits the batch size.'
@@ -227,7 +234,8 @@ RULE = Rule(
         "by then; otherwise those made since the last low point before the peak. Each is charged "
         "to the innermost enclosing operator on its thread (Kineto `cpu_ops`), past allocator-only "
         "ones like `aten::empty`. A peak finding is made per device (a warning at "
-        "`warning_capacity_share` of device memory); a fragmentation finding when 1 - peak "
+        "`warning_capacity_share` of device memory, unless most of the peak was allocated before the trace "
+        "began: what holds it is not in the trace, e.g. an inference server's preallocated KV cache); a fragmentation finding when 1 - peak "
         "allocated / peak reserved reaches `min_fragmentation_share` and the difference "
         "`min_fragmentation_bytes`.",
     fix="Free or shrink what is live at the peak (activation checkpointing, smaller micro-batches, "

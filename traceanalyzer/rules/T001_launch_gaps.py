@@ -10,7 +10,7 @@ import msgspec
 from ..analyses.place import HOW as PLACE_HOW
 from ..fmt import ns as fmt_ns
 from ..sql import sql_literal
-from ._code import around_gaps, device_key, phrase
+from ._code import HAS_CPU_OPS_SQL, MOSTLY, around_gaps, device_key, phrase
 from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, TimeRange, doc
@@ -39,6 +39,10 @@ HINTS = {
 REPLAYED_LATE_HINT = ("The host submits work too slowly between its graph replays (CPU-bound): capture more "
                       "of each step in one graph (fewer, larger replays, e.g. full rather than piecewise "
                       "capture), and take the Python/scheduler work between replays off the launch thread.")
+# What a late launch's gaps are said to be in where operators are traced and none covers them:
+# the launching thread was outside every operator (Python or framework code between ops, or a wait
+# of its own: the trace cannot tell which).
+OUTSIDE_OPERATORS = "outside any operator"
 REPLAYS_SQL = "SELECT EXISTS (SELECT 1 FROM api_calls c JOIN gpu_activity a ON a.run_id = c.run_id " \
               "AND a.launch_call_id = c.call_id WHERE c.run_id = $run_id AND c.name ILIKE '%graphlaunch%')"
 
@@ -398,6 +402,7 @@ for _key, _sql in {
 
 LABEL_GAPS = 5
 HOST_CALLS = 3  # how many API calls a finding with no code around its gaps names
+MIN_HOST_CALLS_SHARE = 0.1  # ... when the first took at least this share of its late-launch time
 
 # Where no operator or range was open around the gaps (compiled code: OpenACC, CUDA C++), what the
 # launching threads' API calls took of each device's idle time: per device, each call name's time
@@ -462,9 +467,13 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     devices = [d for ev, d in zip(evidence, found_on) for _ in ev["worst"]]
     # A late launch's code is what the host was in through its late-launch part: the work that kept
     # the GPU idle (power iteration: "IO N", not the "Copy N" it left as the gap began)
-    labels = around_gaps(store, run_id, [{**g, "device_id": d, **_window(g)} for g, d in zip(gaps, devices)])
-    for g, label in zip(gaps, labels):
-        g["around"] = label
+    windows = [_window(g) for g in gaps]
+    labels = around_gaps(store, run_id, [{**g, "device_id": d, **w} for g, d, w in zip(gaps, devices, windows)])
+    # With operators traced, a late launch that none covers happened outside them
+    outside = any(w and label is None for w, label in zip(windows, labels)) and \
+        store.sql(HAS_CPU_OPS_SQL, {"run_id": run_id}).fetchone()[0]
+    for g, w, label in zip(gaps, windows, labels):
+        g["around"] = OUTSIDE_OPERATORS if outside and w and label is None else label
     shares = []  # of the listed gaps' time, the part around the code the finding names
     for ev in evidence:
         by_label: dict[str, int] = {}
@@ -479,9 +488,11 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     calls = host_calls(store, run_id, sorted(unnamed)) if unnamed else {}
     messages = []
     for ev, message, device, share in zip(evidence, df["message"], found_on, shares):
-        if ev["around"] is not None:
+        if ev["around"] == OUTSIDE_OPERATORS:
+            message += f" ({'partly ' if share < MOSTLY else ''}{OUTSIDE_OPERATORS})"
+        elif ev["around"] is not None:
             message = f"{message} {phrase(ev['around'], share)}"
-        elif calls.get(device):
+        elif calls.get(device) and calls[device][0]["ns"] >= MIN_HOST_CALLS_SHARE * ev["cause_ns"].get("late_launch", 0):
             ev["host_calls"] = calls[device]
             message += " (the launching thread's calls in the device's idle time: " + ", ".join(
                 f"{c['name']} {fmt_ns(c['ns'])}" for c in ev["host_calls"]) + ")"
@@ -501,7 +512,9 @@ class T001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
     after: Annotated[Optional[str], doc("name of the operation after the gap")] = None
     after_kind: Annotated[Optional[str], doc("kind of the operation after the gap (kernel, memcpy, ...)")] = None
     after_id: Annotated[Optional[int], doc("id of the operation after the gap")] = None
-    around: Annotated[Optional[str], doc("the code (operator or range) around most of the gaps' time")]
+    around: Annotated[Optional[str], doc(
+        "the code (operator or range) around the gap; for a late launch that no operator covers in a trace with "
+        "operators, \"outside any operator\"")]
 
 
 class T001HostCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -525,7 +538,8 @@ class T001Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
     cause_counts: Annotated[dict[str, int], doc("gaps per cause")]
     place: Annotated[Place, doc("where most of the intervals lie")]
     worst: Annotated[list[T001Example], doc("the longest gaps, with their neighbours and cause")]
-    around: Annotated[Optional[str], doc("the code (operator or range) around most of the gaps' time")]
+    around: Annotated[Optional[str], doc("the code (operator or range) around most of the listed gaps' time, as "
+                                          "`worst[].around` names it")]
     host_calls: Annotated[Optional[list[T001HostCall]], doc(
         "with no code around a late launch's gaps, the API calls of the threads launching the device's work that "
         "took most of its idle time")] = None
@@ -580,11 +594,12 @@ RULE = Rule(
         "went idle (`around`): the innermost PyTorch operator, else NVTX range or user annotation, open at "
         "the gap's start on the thread that launched the operation ending it, or for a late launch the "
         "innermost one covering at least half of its late-launch part (from the end of its sync part to the "
-        "work's issue; a profiler step aside), where one does: the work that kept the GPU waiting, not what "
-        "the host was leaving when it went idle; the finding names the one "
-        "around most of the listed gaps' time; where none is (compiled code) and the main cause is a late "
+        "work's issue), where one does (a profiler step is never named: it says nothing of what the host did): the work that kept the GPU waiting, not what "
+        "the host was leaving when it went idle; in a trace with PyTorch operators, a late launch that none "
+        "covers so, nor is open at its start, is \"outside any operator\" (Python or framework code between ops, or "
+        "a wait of the thread's own: the trace cannot tell); the finding names the one around most of the listed gaps' time; where none is (compiled code) and the main cause is a late "
         "launch, the finding names the API calls of the threads launching the device's work that took most of "
-        "its idle time (`host_calls`: runtime calls where the run has them, else driver calls)." + PLACE_HOW,
+        "its idle time, where the first took at least a tenth of the finding's late-launch time (`host_calls`: runtime calls where the run has them, else driver calls)." + PLACE_HOW,
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",

@@ -13,7 +13,7 @@ made without `--nvtx`.
 
 Rules given as one query take `named(sql)` as their `evaluate`. Gap findings (T001) go through
 `around_gaps`: the innermost operator (else range) open on the launching thread when the GPU
-went idle; for a gap ended by an operation of a graph replay merged with its capture
+went idle (a profiler step never: it says nothing of what the host did); for a gap ended by an operation of a graph replay merged with its capture
 (`graph_nodes`), the one open where the capture launched that operation's node (at replay the
 host was in the graph launch). Kernel launch sites read a replayed kernel's frames the same way,
 through `launch_context`.
@@ -246,14 +246,13 @@ WITH gaps AS (
     JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
     LEFT JOIN graph_nodes n ON n.run_id = $run_id AND n.placed AND n.kind = a.kind AND n.item_id = a.item_id
     GROUP BY g.key
-), frames AS (  -- open at the gap's start, or covering at least half of its window but a profiler
-    -- step (a step running says nothing of what the host did); a join on the thread: the gaps are
-    -- few, and each frame is read once
+), frames AS (  -- open at the gap's start, or covering at least half of its window; a profiler
+    -- step never (a step running says nothing of what the host did); a join on the thread: the
+    -- gaps are few, and each frame is read once
     SELECT * FROM (
         SELECT p.key, f.source, f.name, f.start_ns,
                p.b > p.a AND f.start_ns < p.b AND (f.end_ns > p.a OR f.end_ns IS NULL)
-                 AND 2 * (least(coalesce(f.end_ns, p.b), p.b) - greatest(f.start_ns, p.a)) >= p.b - p.a
-                 AND NOT regexp_matches(f.name, '{PROFILER_STEP}') AS in_window,
+                 AND 2 * (least(coalesce(f.end_ns, p.b), p.b) - greatest(f.start_ns, p.a)) >= p.b - p.a AS in_window,
                f.start_ns <= p.s AND (f.end_ns > p.s OR f.end_ns IS NULL) AS at_start
         FROM threads p JOIN (
             SELECT 'op' AS source, name, pid, tid, start_ns, end_ns FROM cpu_ops WHERE run_id = $run_id
@@ -261,7 +260,8 @@ WITH gaps AS (
             SELECT 'range', name, pid, tid, start_ns, end_ns FROM ranges
             WHERE run_id = $run_id AND kind IN ('nvtx', 'user_annotation')
         ) f ON f.pid = p.pid AND f.tid = p.tid AND f.start_ns < greatest(p.s + 1, coalesce(p.b, p.s))
-           AND (f.end_ns > least(p.s, coalesce(p.a, p.s)) OR f.end_ns IS NULL))
+           AND (f.end_ns > least(p.s, coalesce(p.a, p.s)) OR f.end_ns IS NULL)
+        WHERE NOT regexp_matches(f.name, '{PROFILER_STEP}'))
     WHERE in_window OR at_start
 ), innermost AS (  -- the window's frames where it has some, else those open at the start; an
     -- operator before a range; of each, the one that started last
@@ -277,7 +277,7 @@ def around_gaps(store: Store, run_id: str, gaps: list[dict]) -> list[str | None]
     operation that ends it, when known): the code the host was in, on the thread that launched the
     operation ending the gap, when the GPU went idle (`start_ns`) or, where the gap gives a window
     (`from_ns`, `to_ns`), through at least half of it: the normalised name of the innermost operator
-    so open, else of the innermost range; None when none is known."""
+    so open, else of the innermost range (a profiler step never); None when none is known."""
     if not gaps or not store.sql(HAS_FRAMES_SQL, {"run_id": run_id}).fetchone()[0]:
         return [None] * len(gaps)
     rows = store.sql(AROUND_SQL, {

@@ -49,6 +49,13 @@ _HINTS = {
         "occupancy": "a library-built CUTLASS/CK kernel: another dtype, alignment or problem size selects "
                      "another configuration; or let the library autotune (torch.compile mode='max-autotune')",
     },
+    "trtllm_gemm": {
+        "grid": "its grid follows the GEMM's shape (tokens per expert in a MoE layer) and the tile the runtime "
+                "picked: more tokens per call (a larger batch, fewer and larger experts per rank), or let the "
+                "runtime autotune its tactics (vLLM's and FlashInfer's autotuner, TensorRT-LLM's tactic profiling)",
+        "occupancy": "the tile and stage count of the tactic the runtime picked set this (few large blocks by "
+                     "design): another tactic through the autotuner, another dtype, or more tokens per call",
+    },
     "attention": {
         "grid": "an attention kernel's grid is batch x heads x query blocks: with a small batch, few heads or "
                 "short queries (decoding) use a split-KV / flash-decoding variant, batch requests together, or "
@@ -85,7 +92,7 @@ _HINTS = {
 
 # Libraries whose GEMM, convolution and attention kernels run few large blocks by design (large
 # tiles in shared memory and registers): low occupancy alone says nothing of them.
-LOW_OCCUPANCY_BY_DESIGN = frozenset({"cublas", "cutlass", "cudnn", "attention", "tensorrt"})
+LOW_OCCUPANCY_BY_DESIGN = frozenset({"cublas", "cutlass", "cudnn", "attention", "tensorrt", "trtllm_gemm"})
 
 
 def library_of(row) -> str | None:
