@@ -69,6 +69,9 @@ COMPILED_GRAPH_CALL = r"^## Call CompiledFxGraph (\S+) ##$"
 
 
 DEFINES = (
+    # Whether a frame's name is compiled code running: a compiled region's operator or a graph
+    # call's annotation (what a host-bound finding's advice follows).
+    Macro("compiled_code_name", f"(name) AS {COMPILED_REGION_OPS} OR regexp_matches(name, '{COMPILED_GRAPH_CALL}')"),
     TableMacro(
         "compiled_places",
         "For the (`run_id`, `external_id`) pairs of the table named (a CTE's name), the operator that launched "

@@ -100,6 +100,8 @@ WITH level AS (  -- allocated (and reserved) memory after each event, the `memor
            pr.event_id AS pr_id, pr.reserved AS peak_reserved, pr.allocated AS allocated_at_reserved_peak,
            pr.ts_ns AS pr_start, coalesce(pr.next_ts, pr.ts_ns) AS pr_end,
            dev.total_memory_bytes AS capacity, coalesce(t.held_bytes, 0) AS held_bytes, coalesce(t.held_count, 0) AS held_count,
+           -- of the peak, what was allocated before the trace began (known only from addresses)
+           CASE WHEN m.by_address THEN pa.allocated - coalesce(t.held_bytes, 0) END AS before_held_bytes,
            coalesce(t.blocks, '[]') AS blocks, coalesce(o.ops, '[]') AS ops, o.top_op, o.top_bytes,
            (SELECT start_ns FROM runs WHERE run_id = $run_id) AS run_start
     FROM per_device d JOIN address_mode m USING (device_id) JOIN peak_alloc pa USING (device_id)
@@ -109,7 +111,7 @@ WITH level AS (  -- allocated (and reserved) memory after each event, the `memor
 ), described AS (
     SELECT *, greatest(peak_allocated, coalesce(peak_reserved, 0)) / nullif(capacity, 0) AS capacity_share,
            -- most of the peak allocated before the trace began: what holds it is not in the trace
-           coalesce(by_address AND 2 * (peak_allocated - held_bytes) >= peak_allocated, false) AS held_before,
+           coalesce(2 * before_held_bytes >= peak_allocated, false) AS held_before,
            1 - peak_allocated / nullif(peak_reserved, 0) AS unused_share,
            '{{"peak_allocated_bytes": ' || peak_allocated || ', "peak_allocated_start_ns": ' || pa_start
              || ', "peak_allocated_end_ns": ' || pa_end
@@ -119,7 +121,7 @@ WITH level AS (  -- allocated (and reserved) memory after each event, the `memor
              || ', "allocated_at_reserved_peak_bytes": ' || coalesce(allocated_at_reserved_peak::VARCHAR, 'null')
              || ', "device_memory_bytes": ' || coalesce(capacity::VARCHAR, 'null')
              || ', "events": ' || events || ', "before_trace_bytes": ' || before_trace_bytes
-             || ', "held_from_before_trace_bytes": ' || CASE WHEN by_address THEN (peak_allocated - held_bytes)::VARCHAR ELSE 'null' END
+             || ', "held_from_before_trace_bytes": ' || coalesce(before_held_bytes::VARCHAR, 'null')
              || ', "totals": ' || to_json(CASE WHEN has_totals THEN 'allocator totals' ELSE 'running sum of signed sizes' END)
              || ', "attribution": ' || to_json(CASE WHEN by_address THEN 'live at the peak'
                                                     ELSE 'allocated since the last low point before the peak' END)
@@ -143,8 +145,8 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'memory' AS item_kind, pa_id AS ite
                    ELSE printf('most %s by %s (%s)', CASE WHEN by_address THEN 'held at the peak'
                                                           ELSE 'allocated on the climb to it' END,
                                top_op, fmt_bytes(top_bytes)) END
-              || CASE WHEN by_address AND peak_allocated > held_bytes
-                      THEN printf(', besides %s held from before the trace began', fmt_bytes(peak_allocated - held_bytes))
+              || CASE WHEN before_held_bytes > 0
+                      THEN printf(', besides %s held from before the trace began', fmt_bytes(before_held_bytes))
                       ELSE '' END) AS message,
        CASE WHEN held_before THEN
               'Most of the peak was allocated before the trace began (model weights, or memory reserved up front: '

@@ -209,7 +209,7 @@ SELECT NULL::INTEGER AS device_id, NULL::BIGINT AS stream_id, 'run' AS item_kind
        -- The advice follows what the host did most: waiting for data is not launch overhead.
        CASE WHEN top_name ILIKE '%DataLoader%'
             THEN 'The GPU waits for the next batch: load and preprocess data in background workers (DataLoader num_workers > 0, persistent_workers, prefetch_factor), pin_memory=True, and move preprocessing to the GPU.'
-            WHEN regexp_matches(coalesce(top_name, ''), '(?i)CompiledFxGraph|Torch-Compiled Region|CompiledFunction')
+            WHEN compiled_code_name(top_name)
             THEN 'The host time is inside compiled code (TorchInductor''s generated calls): compiling did not remove the per-kernel launches; compile with mode="reduce-overhead" (CUDA/HIP graphs) so each call replays its kernels in one launch, and keep shapes static so the graphs are reused.'
             ELSE 'The bottleneck is on the host, not in any kernel: look at what the host runs in the stretches listed in the evidence. Move that work off the loop or overlap it with GPU work (background threads or processes, prefetching), and cut Python overhead between launches (torch.compile, CUDA graphs).'
        END AS hint,
