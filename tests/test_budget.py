@@ -83,6 +83,10 @@ def test_overlap_between_streams_goes_to_the_part_of_highest_priority(store):
     ({"sync": 1, "host": 4, "dependency": 5}, [("cudaMemcpy", 7, 9, 11), ("cudaLaunchKernel", 7, 14, 15)], 1),
     # a blocking call past the end of the stretch: all of it is sync
     ({"sync": 10}, [("cudaStreamSynchronize", 7, 8, 25), ("cudaLaunchKernel", 7, 26, 27)], 1),
+    # launched before the device went idle, then a synchronize or a synchronous copy: entered
+    # after the launch, they hold none of the work; it waited on something else
+    ({"dependency": 10}, [("cudaLaunchKernel", 7, 5, 6), ("cudaStreamSynchronize", 7, 8, 25)], 0),
+    ({"dependency": 10}, [("cudaLaunchKernel", 7, 5, 6), ("cudaMemcpy", 7, 8, 25)], 0),
     # the launch call starts after the device went idle
     ({"host": 3, "dependency": 7}, [("cudaLaunchKernel", 7, 12, 13)], 0),
     # or had not returned when it did: the work was not issued in time
@@ -223,9 +227,10 @@ def _python_budget(store: Store, run_id: str) -> dict:
                     pieces = {"idle:unknown": nxt - t}
                 else:
                     # the thread's blocking calls up to the launch (one in progress at t, then
-                    # those it entered before the launch call) until the work was issued
+                    # those it entered before the launch call) until the work was issued (the
+                    # launch call's return)
                     reached = min(blocked_until(first[0], first[1], t), nxt)
-                    issued = min(max(first[3] if first[3] is not None else first[2], reached), nxt)
+                    issued = min(max(first[3] if first[3] is not None else first[2], t), nxt)
                     sync = blocked_in(first[0], first[1], t, min(max(reached, first[2]), issued))
                     pieces = {"idle:sync": sync, "idle:host": issued - t - sync, "idle:dependency": nxt - issued}
                 for k, v in pieces.items():

@@ -112,24 +112,24 @@ def _budget_idle(store: Store, run_id: str) -> dict[int, dict[str, int]]:
 #              cudaStreamWaitEvent (not a blocking call) and thread 2 in cudaDeviceSynchronize.
 #   [40, 100]  thread 1 in cudaStreamSynchronize until 90 (sync 50), K2's launch returns at 94
 #              (late launch 4), then 6 of dependency.
-#   [110, 120] thread 1 in a synchronous cudaMemcpy until 115 (sync 5); K3 launched long before
-#              (dependency 5): a tie, the gap counts as sync (the earlier cause).
+#   [110, 120] K3 launched long before: dependency 10. Thread 1 is in a synchronous cudaMemcpy
+#              until 115, entered after the launch: it holds none of K3's work.
 #   [130, 140] K4 has no launch call: unknown 10.
 CALLS = [("cudaLaunchKernel", 1, 1, 2), ("cudaLaunchKernel", 1, 3, 4), ("cudaLaunchKernel", 1, 92, 94),
          ("cudaLaunchKernel", 1, 5, 5.5), ("cudaStreamWaitEvent", 1, 6, 35),
          ("cudaDeviceSynchronize", 2, 6, 45), ("cudaStreamSynchronize", 1, 36, 90), ("cudaMemcpy", 1, 105, 115),
          ("cudaLaunchKernel", 2, 7, 8)]
 KERNELS = [(7, 5, 10, 0), (7, 30, 40, 1), (7, 100, 110, 2), (7, 120, 130, 3), (7, 140, 150, None)]
-PLANTED_NS = {"sync": 55 * US, "late_launch": 4 * US, "dependency": 31 * US, "unknown": 10 * US}
+PLANTED_NS = {"sync": 50 * US, "late_launch": 4 * US, "dependency": 36 * US, "unknown": 10 * US}
 # With a kernel on stream 8 in [45, 95] (launched by thread 2), only [40, 45] and [95, 100] of
 # gap [40, 100] are device-idle; the stream's device-idle time takes the causes of the device's
 # idle stretches (below), as the budget does.
 SIDE_KERNEL = (8, 45, 95, 8)
-PLANTED_IDLE_NS = {"sync": 10 * US, "dependency": 30 * US, "unknown": 10 * US}
-# The device's idle stretches: [10, 30] dependency, [40, 45] sync (ended by the side kernel,
-# whose thread 2 was in cudaDeviceSynchronize until 45), [95, 100] dependency, [110, 120] sync
-# and dependency 5 each, [130, 140] unknown.
-PLANTED_DEVICE_NS = {"sync": 10 * US, "dependency": 30 * US, "unknown": 10 * US}
+PLANTED_IDLE_NS = {"dependency": 40 * US, "unknown": 10 * US}
+# The device's idle stretches: [10, 30] dependency, [40, 45] dependency (ended by the side
+# kernel, issued at 8: thread 2's cudaDeviceSynchronize until 45 holds none of it), [95, 100]
+# and [110, 120] dependency, [130, 140] unknown.
+PLANTED_DEVICE_NS = {"dependency": 40 * US, "unknown": 10 * US}
 
 
 def _planted(store: Store, name: str, kernels: list[tuple], calls: list[tuple] = CALLS) -> str:
@@ -153,10 +153,10 @@ def test_planted_gaps_split_in_time_on_the_launching_thread(store):
     ev = f["evidence"]
     assert f["item_kind"] == "stream" and ev["count"] == 4 and ev["total_ns"] == 100 * US
     assert ev["cause_ns"] == ev["cause_idle_ns"] == PLANTED_NS
-    assert ev["cause_counts"] == {"sync": 2, "late_launch": 0, "dependency": 1, "unknown": 1}
+    assert ev["cause_counts"] == {"sync": 1, "late_launch": 0, "dependency": 2, "unknown": 1}
     assert [(w["gap_ns"], w["cause"]) for w in ev["worst"]] == [
-        (60 * US, "sync"), (20 * US, "dependency"), (10 * US, "sync"), (10 * US, "unknown")]
-    assert ev["main_cause"] == "sync" and "mostly sync (55.0% of that)" in f["message"]
+        (60 * US, "sync"), (20 * US, "dependency"), (10 * US, "dependency"), (10 * US, "unknown")]
+    assert ev["main_cause"] == "sync" and "mostly sync (50.0% of that)" in f["message"]
     assert f["hint"] == HINTS["sync"]
     assert _budget_idle(store, run_id) == {0: _as_budget(PLANTED_NS)}
 
@@ -171,7 +171,7 @@ def test_planted_device_idle_time_per_cause_on_several_streams(store):
     assert ev["main_cause"] == "dependency"
     device = found["device"]["evidence"]
     assert device["cause_ns"] == PLANTED_DEVICE_NS and device["main_cause"] == "dependency"
-    assert device["cause_counts"] == {"sync": 2, "dependency": 2, "unknown": 1}
+    assert device["cause_counts"] == {"dependency": 4, "unknown": 1}
     assert _budget_idle(store, run_id) == {0: _as_budget(PLANTED_DEVICE_NS)}
 
 

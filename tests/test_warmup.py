@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import sys
 
 import pytest
@@ -235,3 +236,45 @@ def test_a_run_that_keeps_its_cache_keeps_its_warm_up(tmp_path, monkeypatch):
     monkeypatch.setattr(run_cache, "_module_digest", lambda: "another")
     assert store.warmup([run_id]) == kept  # computed again, and the same
     store.close()
+
+
+FUSER = "nsys/Fuser__64ee035__report1.sqlite"
+
+
+def test_a_librarys_set_up_before_its_first_launch_is_one_window(tmp_path):
+    """Fuser 64ee035: between nvFuser's kernel launch and cuBLAS's first GEMM the launching thread
+    readies cuBLAS (838 cuGetProcAddress, cuInit, cudaFree, 15 cuLibraryLoadData a few ms apart):
+    one window from the launch before to the GEMM's launch return, recomputed from the raw rows;
+    none of the 66 ms is then a late launch."""
+    con = sqlite3.connect(shared_traces() / FUSER)
+    calls = con.execute("""SELECT r.start, r."end", s.value, r.correlationId IN (SELECT correlationId FROM
+                               CUPTI_ACTIVITY_KIND_KERNEL) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+                           JOIN StringIds s ON s.id = r.nameId ORDER BY r.start""").fetchall()
+    (gemm_corr,) = con.execute("""SELECT k.correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
+                                  ON s.id = k.shortName WHERE s.value LIKE 'nvjet%'""").fetchone()
+    (gemm_start,) = con.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId = ?",
+                                [gemm_corr]).fetchone()
+    launch = next(c for c in calls if c[0] == gemm_start and c[3])
+    before = max((c for c in calls if c[3] and c[0] < gemm_start), key=lambda c: c[0])
+    between = [c[2] for c in calls if before[1] <= c[0] < gemm_start]
+    assert sum(n.startswith("cuLibraryLoadData") for n in between) == 15
+    assert sum(n.startswith("cuGetProcAddress") for n in between) == 838
+    assert launch[1] - before[1] > 66e6
+    store, run_id = _checked(tmp_path, shared_traces() / FUSER)
+    windows = store.sql("""SELECT start_ns, end_ns FROM run_warmup_windows($r)
+                           WHERE reason = 'library set-up before a first launch' ORDER BY start_ns""",
+                        {"r": run_id}).fetchall()
+    assert (before[1], launch[1]) in windows
+    found = _findings(store, run_id)
+    t001 = [f for f in found if f["rule_id"] == "T001"]
+    assert all(f["rule_loss_ns"] < 5e6 for f in t001), [f["message"] for f in t001]
+    # What is left is a first run too: the fusion, its GEMM and most kernel time ran once, and
+    # warm-up takes all but ~2 ms of the span. No idle finding is more than info.
+    kernels = con.execute("""SELECT s.value, count(*), sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                             JOIN StringIds s ON s.id = k.demangledName GROUP BY 1""").fetchall()
+    assert sum(ns for _, n, ns in kernels if n > 1) < 0.5 * sum(ns for _, _, ns in kernels)
+    [device] = budget_of(store, run_id)
+    assert device["warmup"]["steady_span_ns"] < 0.1 * device["span_ns"]
+    idle = [f for f in found if (f["claims"] or "").startswith("idle")]
+    assert idle and all(f["severity"] == "info" for f in idle), [(f["severity"], f["message"]) for f in idle]
+    assert all("one cold execution" in f["message"] for f in idle if f["related_to"] is None)

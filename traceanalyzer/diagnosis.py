@@ -52,7 +52,12 @@ diagnosed together (`diagnose`):
    `max_severity` for all its findings (the bottleneck and instruction rules' losses are what
    a faster kernel could save, an upper bound: at most a warning), or for one finding the
    severity it gives with a `severity_reason` in its evidence (a library kernel's low
-   occupancy, by design). A headline the cap lowered says so in its message, and so does a
+   occupancy, by design). A headline that claims idle time of devices that ran one cold
+   execution is at most info: mostly warm-up (steady span under `COLD_SPAN_SHARE`, 10%, of the
+   span) with most of its kernel time in kernels its process ran once (compilation, loading
+   and a first run: no steady state to judge; a benchmark that warms up repeats its kernels,
+   and a program whose one kernel is its work is not mostly warm-up). A headline the cap
+   lowered says so in its message, and so does a
    warning or error of its rule that the bands made info. Related findings take their
    headline's severity (their time is its), lowered by their own rule's cap. The bands are
    set like a rule's thresholds, under the name `floor` (`--threshold
@@ -102,6 +107,19 @@ HEADLINE_SHARE = 0.5
 # A headline says what warm-up took of its loss when that is more than this share of it (a few
 # microseconds of a kernel's first launch are not worth a note).
 WARMUP_NOTE_SHARE = 0.01
+
+
+# A device whose steady span is under this share of its span, with under half of its kernel
+# time in kernels its process ran more than once, ran one cold execution (`_cold_devices`).
+COLD_SPAN_SHARE = 0.1
+COLD_REASON = ("the trace holds one cold execution of its work (warm-up takes most of the span, and most kernel time "
+               "is in kernels run once): no steady state to judge; profile later iterations")
+# Of a device's kernel time, the share in kernels its process ran more than once.
+_REPEATED_SQL = """
+SELECT sum(ns) FILTER (WHERE n > 1) / nullif(sum(ns), 0) FROM (
+    SELECT pid, name, count(*) AS n, sum(end_ns - start_ns) AS ns FROM kernels
+    WHERE run_id = $r AND device_id IS NOT DISTINCT FROM $d AND end_ns >= start_ns GROUP BY ALL)
+"""
 
 
 # The severity bands, set like a rule's thresholds under this name (it began as a floor only).
@@ -182,6 +200,7 @@ class _Facts:
     steps: int
     kernel_ns: dict
     span_ns: int | None
+    cold: set = field(default_factory=set)  # devices that ran one cold execution (`_cold_devices`)
 
 
 @dataclass
@@ -218,8 +237,21 @@ def _facts(store: Store, run_id: str, df: pd.DataFrame) -> _Facts:
     whole = _budget(store, run_id)
     warm, steps = _warmup(store, run_id)
     span_ns = store.sql("SELECT span_ns FROM runs WHERE run_id = $r", {"r": run_id}).fetchone()[0]
-    return _Facts(whole, {k: ns - warm.get(k, 0) for k, ns in whole.items()}, warm, steps,
-                  _kernel_ns(store, run_id, df), span_ns)
+    budget = {k: ns - warm.get(k, 0) for k, ns in whole.items()}
+    return _Facts(whole, budget, warm, steps, _kernel_ns(store, run_id, df), span_ns,
+                  _cold_devices(store, run_id, whole, budget))
+
+
+def _cold_devices(store: Store, run_id: str, whole: dict, budget: dict) -> set:
+    """The devices that ran one cold execution: steady span under COLD_SPAN_SHARE of the span,
+    and under half of their kernel time in kernels their process ran more than once."""
+    steady, cold = _spans(budget), set()
+    for device, span in _spans(whole).items():
+        if span and steady.get(device, 0) < COLD_SPAN_SHARE * span:
+            (repeated,) = store.sql(_REPEATED_SQL, {"r": run_id, "d": device}).fetchone()
+            if repeated is not None and repeated < 0.5:
+                cold.add(device)
+    return cold
 
 
 def _headline(v: _Verdict, rows: list[dict], units: list, members: list[int], facts: _Facts) -> None:
@@ -251,17 +283,24 @@ def _severities(v: _Verdict, rows: list[dict], units: list, facts: _Facts, floor
         share = _share(rows[i], units[i], v.loss[i], spans, facts.span_ns)
         band = v.lent[i] if share is None else _band(v.loss[i], share, floors)
         cap, reason = _cap(rows[i])
+        if _cold(rows[i], units[i], facts.cold):
+            cap, reason = "info", COLD_REASON
         v.severity[i] = _lower(band, cap)
         if share is not None and v.severity[i] != band:
             v.notes[i] = v.notes.get(i, "") + f" ({v.severity[i]}, not {band}: {reason})"
         elif share is not None and band == "info" and rows[i]["severity"] != "info":
-            v.notes[i] = v.notes.get(i, "") + _FLOOR_NOTE.format(pct(share), pct(floors["min_loss_span_share"]),
-                                                                 ns(floors["min_loss_ns"]))
+            v.notes[i] = v.notes.get(i, "") + _floor_note(v.loss[i], share, floors)
     for i, head in v.related.items():
         if _share(rows[head], units[head], v.loss[head], spans, facts.span_ns) is not None:
             v.severity[i] = _lower(v.severity[head], _cap(rows[i])[0])  # its time is the headline's
         else:
             v.severity[i] = _lower(rows[i]["severity"], _cap(rows[i])[0])
+
+
+def _cold(row: dict, units: list[tuple], cold: set) -> bool:
+    """Whether a finding claims idle time of devices that all ran one cold execution."""
+    devices = {d for d, category, _ in units if category == "idle"}
+    return bool(devices) and devices <= cold and str(row["claims"] or "").startswith("idle")
 
 
 def _numbers(rows: list[dict], v: _Verdict) -> dict[int, int]:
@@ -564,7 +603,12 @@ def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget:
                                              f"shared in proportion among {among}")
 
 
-_FLOOR_NOTE = " (info: its estimated loss, {} of the device's span, is under the severity floor: {} of the span and {})"
+def _floor_note(loss: float, share: float, floors: dict) -> str:
+    """Why a warning or error of its rule is info: the floor its loss is under."""
+    if share < floors["min_loss_span_share"]:
+        return (f" (info: its estimated loss, {pct(share)} of the device's span, is under the severity floor of "
+                f"{pct(floors['min_loss_span_share'])} of the span)")
+    return f" (info: its estimated loss is under the severity floor of {ns(floors['min_loss_ns'])})"
 
 
 def _spans(budget: dict) -> dict:

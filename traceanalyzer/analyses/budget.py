@@ -44,18 +44,19 @@ def blocking_calls(where: str, keys: str) -> str:
 _BLOCKED_AT = "(t, blocked_ns, reach_ns) AS coalesce(blocked_ns - greatest(reach_ns - t, 0), 0)"
 # Where an idle stretch [t0, t1] stops being host time (`idle_issued_at`), and up to where its
 # launching thread's blocking calls count as `sync` (`idle_sync_until`).
-# Issued: the return of the launch call (call_start, call_end) or of the blocking call the thread
-# was in when the stretch began (reach: the latest end of those it started by t0; NULL: none),
-# whichever is later, clamped to the stretch; after it the work was issued.
-# Sync until: the blocking calls that count are the one in progress at t0 and those the thread
-# entered before the launch call (the launch call itself, a synchronous copy, is the launch); of
-# [t0, issued], the time in them is `sync` (`blocked_at` at sync-until minus at t0), the rest
-# `host`. The time budget splits its idle stretches with these and rule T001 its gaps, so the
-# two agree.
-_IDLE_ISSUED_AT = ("(t0, t1, call_start, call_end, reach) AS "
-                   "least(greatest(coalesce(call_end, call_start), coalesce(reach, t0), t0), t1)")
+# Issued: the return of the launch call (call_start, call_end), clamped to the stretch; after it
+# the work was issued, and what it waited on was not the host. A blocking call the thread was in
+# when the stretch began does not hold it: the thread entered that call after the launch, and
+# work on a stream never waits for work issued after it (a synchronous copy on the legacy
+# default stream holds later work only).
+# Sync until: the blocking calls that count are the one in progress at t0 (reach: the latest end
+# of those the thread started by t0; NULL: none) and those it entered before the launch call
+# (the launch call itself, a synchronous copy, is the launch); of [t0, issued], the time in them
+# is `sync` (`blocked_at` at sync-until minus at t0), the rest `host`. The time budget splits its
+# idle stretches with these and rule T001 its gaps, so the two agree.
+_IDLE_ISSUED_AT = "(t0, t1, call_start, call_end) AS least(greatest(coalesce(call_end, call_start), t0), t1)"
 _IDLE_SYNC_UNTIL = ("(t0, t1, call_start, call_end, reach) AS least(greatest(coalesce(reach, t0), "
-                    "coalesce(call_start, t0), t0), idle_issued_at(t0, t1, call_start, call_end, reach))")
+                    "coalesce(call_start, t0), t0), idle_issued_at(t0, t1, call_start, call_end))")
 
 
 def time_budget_sql(runs: str | None = None, window: bool = False) -> str:
@@ -132,10 +133,10 @@ def budget_sweep(runs: str | None, window: bool = False, hull: str | None = None
     communication > copy > memset), or idle. So the parts partition the device's span (first
     start to last end) exactly. An idle stretch is read from the operation that ends it (of
     those starting then, the one whose launch call started first) and that call's thread, and
-    split in time: up to the return of the launch call (or of a blocking call the thread was in
-    when the device went idle, if later), the time the thread spent in blocking calls (`sync`,
-    see `idle_sync_until`; counted first in the stretch) and the rest (`host`: not issued yet), then
-    the rest (`dependency`: issued, the work waited); all `unknown` without a launch call.
+    split in time: up to the return of the launch call, the time the thread spent in blocking
+    calls (`sync`, see `idle_sync_until`; counted first in the stretch) and the rest (`host`: not
+    issued yet), then the rest (`dependency`: issued, the work waited); all `unknown` without a
+    launch call.
 
     With `window`, the sweep of one device (`win_device_id`, a parameter of the table macro)
     within [`win_lo_ns`, `win_hi_ns`): the operations overlapping it clipped to it, and an
@@ -206,7 +207,7 @@ def budget_sweep(runs: str | None, window: bool = False, hull: str | None = None
             {blocking_calls(of_run, "run_id, pid, tid")}
         ), reached AS (  -- each idle stretch with the blocking call its thread was in when it began
             SELECT i.run_id, i.device_id, i.start_ns, i.end_ns, i.call_start_ns IS NOT NULL AS linked, i.pid, i.tid,
-                   idle_issued_at(i.start_ns, i.end_ns, i.call_start_ns, i.call_end_ns, b.reach_ns) AS issued_ns,
+                   idle_issued_at(i.start_ns, i.end_ns, i.call_start_ns, i.call_end_ns) AS issued_ns,
                    idle_sync_until(i.start_ns, i.end_ns, i.call_start_ns, i.call_end_ns, b.reach_ns) AS sync_until_ns,
                    blocked_at(i.start_ns, b.blocked_ns, b.reach_ns) AS blocked_ns
             FROM idle i ASOF LEFT JOIN blocking b
@@ -272,7 +273,7 @@ DEFINES = (
         "order of priority) or `idle`; idle split by `cause`, from the operation that ends each idle "
         "stretch and its launch call: until the launch call returned (the work was not issued yet), "
         "`sync` (the time the launching thread spent in blocking calls, a synchronize or a synchronous "
-        "copy, one it was in when the device went idle or entered before the launch) and `host` (the "
+        "copy, one it was in when the device went idle or entered before the launch call) and `host` (the "
         "rest); then `dependency` (the rest: issued, the work waited on something else: another "
         "stream, an event, the launch latency); all `unknown` without a launch call. `ns` per part; the parts of a device sum to `span_ns`.",
         time_budget_sql(),

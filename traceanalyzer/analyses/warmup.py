@@ -24,13 +24,20 @@ WARMUP_MIN_CALL_NS = 100_000  # a one-time call shorter than this is no warm-up 
 # when its launch call takes this long and this many times the median of the kernel's later
 # launch calls (of the run's launch calls, for a kernel launched once).
 FIRST_LAUNCH_MIN_NS = 1_000_000
+# A library's first call readies it with a chain of set-up calls: driver entry points, module
+# and library loads, context work (cuBLAS: cuGetProcAddress, cuInit, cudaFree, then a load per
+# kernel it needs), each within this of the one before, the host's own work between them (the
+# shared library's own loading, tens of ms for cuBLAS, makes no call). A kernel's first launch
+# this soon after such a chain ends its set-up.
+SETUP_CALL = r"(?i)^(cuInit|cuGetProcAddress|cudaGetDriverEntryPoint|hipGetProcAddress)"
+SETUP_CHAIN_NS = 50_000_000
 FIRST_LAUNCH_FACTOR = 10
 # Leading steps longer than this many times the median of the steps after the first are warm-up
 # (at most half of them, of runs with 3 steps or more): step_stats' rule.
 WARMUP_STEP_FACTOR = 1.5
 # What each reason of warmup_windows says, in the order reports list them.
 WARMUP_REASONS = ("range named warm-up", "first step", "uploads before the first kernel", "JIT compilation",
-                  "lazy module loading", "first launch", "cudaFree", "hipFree")
+                  "lazy module loading", "library set-up before a first launch", "first launch", "cudaFree", "hipFree")
 
 
 def warmup_windows_sql(runs: str | None) -> str:
@@ -85,7 +92,7 @@ def warmup_windows_sql(runs: str | None) -> str:
             FROM api_calls c JOIN call_names n USING (run_id, name) WHERE c.end_ns >= c.start_ns
         ), launches AS (  -- kernel launch calls, one per call and kernel name (a graph launch replays
             -- what was launched before)
-            SELECT DISTINCT l.run_id, l.device_id, l.pid, l.name_key, l.call_id, l.call_start_ns, l.call_end_ns,
+            SELECT DISTINCT l.run_id, l.device_id, l.pid, l.tid, l.name_key, l.call_id, l.call_start_ns, l.call_end_ns,
                    l.call_end_ns - l.call_start_ns AS ns
             FROM kernel_launches l
             WHERE {qualified(of_run, 'l')} AND l.call_end_ns >= l.call_start_ns
@@ -97,6 +104,7 @@ def warmup_windows_sql(runs: str | None) -> str:
             SELECT run_id, device_id, pid, name_key,
                    arg_min(call_start_ns, (call_start_ns, call_id)) AS start_ns,
                    arg_min(call_end_ns, (call_start_ns, call_id)) AS end_ns,
+                   arg_min(tid, (call_start_ns, call_id)) AS tid,
                    count(*) AS n
             FROM launches GROUP BY ALL
         ), first_launches AS (
@@ -108,6 +116,40 @@ def warmup_windows_sql(runs: str | None) -> str:
                         ELSE r.median_ns END AS median_ns
             FROM kernel_launch k JOIN run_launch r USING (run_id)
             WHERE k.end_ns - k.start_ns >= {FIRST_LAUNCH_MIN_NS}
+        ), setup_names AS (
+            SELECT run_id, name FROM (SELECT run_id, name, row_number() OVER (PARTITION BY run_id) AS barrier
+                                      FROM (SELECT DISTINCT run_id, name FROM api_calls WHERE {of_run}))
+            WHERE regexp_matches(name, '{SETUP_CALL}') OR regexp_matches(name, '{ONE_TIME_CALL}')
+               OR regexp_matches(name, '{EARLY_FREE}')
+        ), setup AS (  -- set-up calls by known threads, chained while each starts within
+            -- SETUP_CHAIN_NS of the latest end before it (`chain_ns`: the chain's first start;
+            -- `loads`: whether it loads code or resolves entry points, not only frees memory)
+            SELECT *, min(start_ns) OVER (PARTITION BY run_id, pid, tid, chain) AS chain_ns,
+                   bool_or(NOT freed) OVER (PARTITION BY run_id, pid, tid, chain) AS loads
+            FROM (SELECT *, sum(CASE WHEN start_ns - prev_reach <= {SETUP_CHAIN_NS} THEN 0 ELSE 1 END)
+                                OVER (PARTITION BY run_id, pid, tid ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS chain
+                  FROM (SELECT c.run_id, c.pid, c.tid, c.start_ns, c.end_ns, regexp_matches(c.name, '{EARLY_FREE}') AS freed,
+                               max(c.end_ns) OVER (PARTITION BY c.run_id, c.pid, c.tid ORDER BY c.start_ns, c.end_ns
+                                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_reach
+                        FROM api_calls c SEMI JOIN setup_names n ON n.run_id = c.run_id AND n.name = c.name
+                        WHERE {qualified(of_run, 'c')} AND c.end_ns >= c.start_ns AND c.pid IS NOT NULL
+                          AND c.tid IS NOT NULL))
+        ), thread_launches AS (  -- the kernel launch calls of the threads that made set-up calls
+            SELECT l.run_id, l.pid, l.tid, l.call_start_ns, l.call_end_ns
+            FROM launches l SEMI JOIN setup s ON s.run_id = l.run_id AND s.pid = l.pid AND s.tid = l.tid
+        ), first_use AS (  -- a kernel's first launch in its process within SETUP_CHAIN_NS of a chain
+            -- of set-up calls on its thread, no launch between: from the chain's start (or the
+            -- thread's launch before it, if later) the host readied the code (a library's first
+            -- call: its handles, lazy loading of its kernels), every load of it one-time
+            SELECT f.run_id, f.device_id, greatest(f.chain_ns, coalesce(p.call_end_ns, f.chain_ns)) AS start_ns, f.end_ns
+            FROM (SELECT k.run_id, k.device_id, k.pid, k.tid, k.start_ns AS call_start_ns, k.end_ns, s.chain_ns,
+                         s.start_ns AS setup_start_ns
+                  FROM kernel_launch k
+                  ASOF JOIN setup s ON s.run_id = k.run_id AND s.pid = k.pid AND s.tid = k.tid AND s.end_ns <= k.start_ns
+                  WHERE k.start_ns - s.end_ns <= {SETUP_CHAIN_NS} AND s.loads) f
+            ASOF LEFT JOIN thread_launches p ON p.run_id = f.run_id AND p.pid = f.pid AND p.tid = f.tid
+                                            AND p.call_start_ns < f.call_start_ns
+            WHERE p.call_end_ns IS NULL OR p.call_end_ns <= f.setup_start_ns
         ), step_rows AS (
             SELECT run_id, start_ns, end_ns, end_ns - start_ns AS ns,
                    row_number() OVER w AS i, count(*) OVER (PARTITION BY run_id, pooled) AS n,
@@ -138,6 +180,9 @@ def warmup_windows_sql(runs: str | None) -> str:
             UNION ALL
             SELECT run_id, device_id, 'first launch', NULL, start_ns, end_ns FROM first_launches
             WHERE end_ns - start_ns >= {FIRST_LAUNCH_FACTOR} * coalesce(median_ns, 0)
+            UNION ALL
+            SELECT run_id, device_id, 'library set-up before a first launch', NULL, start_ns, end_ns FROM first_use
+            WHERE end_ns - start_ns >= {WARMUP_MIN_CALL_NS}
             UNION ALL
             SELECT d.run_id, d.device_id, 'uploads before the first kernel', NULL, d.first_ns,
                    least(d.first_kernel_ns, coalesce(f.first_step_ns, d.first_kernel_ns))
@@ -218,7 +263,12 @@ DEFINES = (
         "process id); `first launch` (a kernel's first launch call per process that takes at least "
         f"{FIRST_LAUNCH_MIN_NS // 1_000_000} ms and {FIRST_LAUNCH_FACTOR}x the median of the kernel's later launch "
         "calls (of the run's launch calls, for a kernel launched once): "
-        "module loading, a library's first call); `uploads before the first kernel` (a device's span up "
+        "module loading, a library's first call); `library set-up before a first launch` (a kernel's first launch "
+        "per process that comes at most 50 ms after a chain of set-up calls on its thread, each within 50 ms "
+        "of the one before (`cuGetProcAddress`, `cuInit`, `cudaGetDriverEntryPoint`, the loads above, "
+        "`cudaFree`; at least one not a free), with no launch between: from the chain's start, or the "
+        "thread's launch before it if later, to the first launch's return, at least 100 us: cuBLAS's first "
+        "GEMM, every load of it one-time); `uploads before the first kernel` (a device's span up "
         "to its first kernel, when it begins with copies or memsets before the first of the run's steps (2 "
         "or more), or in a "
         "run with a range named warm-up: a run that repeats its work, whose uploads before it are set-up; "

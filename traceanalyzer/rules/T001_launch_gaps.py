@@ -180,19 +180,19 @@ WITH warm AS (  -- the warm-up windows per device
     -- an interval-overlap join is quadratic on long runs.
     SELECT * FROM run_thread_blocking($run_id)
 ), reached AS (  -- an ASOF join sorts its probes, so they get only the columns it needs
-    SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.pid, p.tid, p.gap_start, b.reach_ns,
+    SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.pid, p.tid, p.gap_start,
            idle_sync_until(p.gap_start, p.gap_end, p.call_start, p.call_end, b.reach_ns) AS sync_until,
            blocked_at(p.gap_start, b.blocked_ns, b.reach_ns) AS blocked_at_start
     FROM probes p ASOF LEFT JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.gap_start
 ), sync_hits AS (  -- with the thread's time in blocking calls from the gap's start up to the launch
-    SELECT p.on_device, p.device_id, p.stream_id, p.seq, p.reach_ns,
+    SELECT p.on_device, p.device_id, p.stream_id, p.seq,
            blocked_at(p.sync_until, b.blocked_ns, b.reach_ns) - p.blocked_at_start AS sync_ns
     FROM reached p ASOF LEFT JOIN blocking b ON b.pid = p.pid AND b.tid = p.tid AND b.start_ns <= p.sync_until
 ), marks AS (  -- each gap with where the host stopped waiting in it, from the launch call of the
-    -- operation that ends it and that thread's blocking calls (`sh.reach_ns`): where the `sync`
-    -- part ends (its time, `sh.sync_ns`, counted first in the gap), and where the work was issued
+    -- operation that ends it and that thread's blocking calls: where the `sync` part ends (its
+    -- time, `sh.sync_ns`, counted first in the gap), and where the work was issued
     SELECT g.*, g.call_start IS NOT NULL AS linked, g.gap_start + coalesce(sh.sync_ns, 0) AS sync_end,
-           idle_issued_at(g.gap_start, g.gap_end, g.call_start, g.call_end, sh.reach_ns) AS issued,
+           idle_issued_at(g.gap_start, g.gap_end, g.call_start, g.call_end) AS issued,
            g.device_id IN (SELECT device_id FROM one_stream) AS one_stream
     FROM gaps g
     LEFT JOIN sync_hits sh ON NOT sh.on_device AND sh.device_id IS NOT DISTINCT FROM g.device_id
@@ -235,7 +235,7 @@ WITH warm AS (  -- the warm-up windows per device
 ), device_marks AS (
     SELECT g.device_id, g.gap_start, g.gap_end, g.gap_ns, g.call_start IS NOT NULL AS linked,
            g.gap_start + coalesce(sh.sync_ns, 0) AS sync_end,
-           idle_issued_at(g.gap_start, g.gap_end, g.call_start, g.call_end, sh.reach_ns) AS issued
+           idle_issued_at(g.gap_start, g.gap_end, g.call_start, g.call_end) AS issued
     FROM (SELECT device_id, gap_start, gap_end, gap_ns, next_op.call_start, next_op.call_end FROM device_gaps) g
     LEFT JOIN sync_hits sh ON sh.on_device AND sh.device_id = g.device_id AND sh.seq = g.gap_start
 ), device_split AS (  -- (no timed copy runs while a whole device is idle)
@@ -564,8 +564,8 @@ RULE = Rule(
         "(`warmup_windows`; see the macro `steady_start`: the gap's start moves later by that time; the "
         "gap time so left out is the evidence's `warmup_ns`). Each gap's time is split in time between causes, read from the "
         "launch call of the operation that ends it and that call's thread, as the time budget "
-        "(`time_budget`) splits an idle stretch: until the launch call returned (or a blocking call "
-        "the thread was in when the gap began, if later) the host had not issued the work; of that "
+        "(`time_budget`) splits an idle stretch: until the launch call returned the host had not issued "
+        "the work (a blocking call the thread entered after the launch holds none of it); of that "
         "time, the time the thread spent in blocking calls (a synchronize, or a synchronous copy or "
         "memset: one in progress when the gap began or entered before the launch call, however late "
         "in the gap) is `sync`, the rest `late_launch` (the budget's `host`: a CPU-bound launch); "

@@ -62,6 +62,15 @@ WITH h2d AS (
     GROUP BY p.device_id
 ), exposed AS (
     SELECT device_id, start_ns, end_ns, exposed_ns AS ns FROM per_copy WHERE exposed_ns > 0
+), host_link AS (  -- the host link a discrete NVIDIA GPU's generation comes with (integrated and
+    -- C2C-linked parts aside: they share or bypass PCIe); the host may run it slower
+    SELECT device_id,
+           printf('a %s, compute capability %d.%d, has PCIe %s: x16 about %d GB/s', name, compute_major,
+                  compute_minor, CASE WHEN compute_major < 8 THEN '3.0' WHEN compute_major < 9 THEN '4.0' ELSE '5.0' END,
+                  CASE WHEN compute_major < 8 THEN 12 WHEN compute_major < 9 THEN 25 ELSE 50 END) AS link
+    FROM devices
+    WHERE run_id = $run_id AND vendor = 'nvidia' AND compute_major >= 3 AND compute_minor IS NOT NULL
+      AND NOT regexp_matches(coalesce(name, ''), '(?i)(orin|xavier|jetson|tegra|thor|gh200|gb200|gb300|gb10)')
 ), copy_place AS (  -- where most of each device's exposed copy time is (analyses/place.py)
     SELECT * FROM majority_window('exposed')
 ), small AS (  -- runs of small copies back to back on one stream: candidates for one batched copy
@@ -101,8 +110,9 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
               printf('Overlap cannot fix this: the copies took %s and the device''s kernels %s, all that could '
                      || 'hide them. Move fewer bytes: keep data and weights resident on the GPU across steps, copy '
                      || 'once and reuse, or copy a smaller dtype; and check the rate, %.1f GB/s over these copies, '
-                     || 'against what the host link gives (PCIe 4.0 x16 about 25 GB/s, 5.0 about 50)%s.',
+                     || 'against what the host link gives (%s)%s.',
                      fmt_ns(exposed_ns), fmt_ns(kernel_ns), bytes / nullif(dur_ns, 0),
+                     coalesce(hl.link, 'PCIe 4.0 x16 about 25 GB/s, 5.0 about 50'),
                      CASE WHEN exposed_pageable_ns >= exposed_ns / 2
                           THEN '; most of it is from pageable host memory, which pinned buffers copy faster' ELSE '' END)
             WHEN exposed_pageable_ns >= exposed_ns / 2 THEN
@@ -117,7 +127,8 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
          || ', "sync_exposed_ns": ' || exposed_sync_ns || ', "device_active_span_ns": ' || coalesce(span_ns, 0)
          || ', "kernel_ns": ' || kernel_ns || ', "place": ' || place_json(cp, 'exposed copies')
          || ', "worst": ' || worst || '}' AS evidence
-FROM per_device LEFT JOIN copy_place cp USING (device_id) WHERE exposed_ns > $min_exposed_ns
+FROM per_device LEFT JOIN copy_place cp USING (device_id) LEFT JOIN host_link hl USING (device_id)
+WHERE exposed_ns > $min_exposed_ns
 UNION ALL
 SELECT b.device_id, b.stream_id, 'copy', first_id, 'small host-to-device copies', b.start_ns, b.end_ns,
        n, 'copies', $min_batch_count,

@@ -51,20 +51,17 @@ WITH warm AS (  -- the warm-up windows of every device together
 ), ending AS (  -- the operation that ends each device's idle stretch: of those starting then, the
     -- first launched (as the budget reads it)
     SELECT d.sid, d.dkey, d.d_start, d.d_end,
-           arg_min({'call_start': c.start_ns, 'call_end': c.end_ns, 'pid': c.pid, 'tid': c.tid},
+           arg_min({'call_start': c.start_ns, 'call_end': c.end_ns},
                    coalesce(c.start_ns, 9223372036854775807)) AS first
     FROM device_stretch d
     JOIN gpu_activity a ON a.run_id = $run_id AND coalesce(a.device_id, -1) = d.dkey AND a.start_ns = d.d_end
     LEFT JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
     GROUP BY ALL
-), thread_blocking AS (
-    SELECT * FROM run_thread_blocking($run_id)
 ), issued AS (  -- per stretch and device, where the device's work was issued (the stretch's start
     -- when no launch call is known: the host's share cannot be told)
-    SELECT e.sid, CASE WHEN e.call_start IS NULL THEN e.d_start
-                       ELSE idle_issued_at(e.d_start, e.d_end, e.call_start, e.call_end, b.reach_ns) END AS issued_ns
-    FROM (SELECT sid, dkey, d_start, d_end, first.call_start, first.call_end, first.pid, first.tid FROM ending) e
-    ASOF LEFT JOIN thread_blocking b ON b.pid = e.pid AND b.tid = e.tid AND b.start_ns <= e.d_start
+    SELECT sid, CASE WHEN first.call_start IS NULL THEN d_start
+                     ELSE idle_issued_at(d_start, d_end, first.call_start, first.call_end) END AS issued_ns
+    FROM ending
 ), host_end AS (  -- the host part of each stretch ends where the first device had its work
     SELECT s.sid, s.start_ns, s.gap_ns,
            greatest(least(coalesce(min(i.issued_ns), s.start_ns), s.end_ns), s.start_ns) AS end_ns

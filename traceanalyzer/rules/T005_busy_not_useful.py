@@ -16,11 +16,15 @@ from .evidence import Evidence, doc
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
 
-# Per device, the busy share and kernel time split by kernel size (timeline runs only).
+# Per device, the share of its span with a kernel running (copies alone are T002's: a device busy
+# with copies is not judged by its kernels) and kernel time split by kernel size (timeline runs
+# only).
 DEVICE_SQL = """
-SELECT b.device_id, b.busy_share, b.busy_ns, b.active_span_ns, b.first_start_ns, b.last_end_ns,
-       k.kernel_ns, k.kernels, k.tiny_ns, k.tiny_kernels
+SELECT b.device_id, coalesce(kb.busy_ns, 0) / b.active_span_ns AS busy_share, coalesce(kb.busy_ns, 0) AS busy_ns,
+       b.active_span_ns, b.first_start_ns, b.last_end_ns, k.kernel_ns, k.kernels, k.tiny_ns, k.tiny_kernels
 FROM this_run.device_busy b
+LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS busy_ns FROM this_run.kernel_busy_intervals
+           GROUP BY device_id) kb USING (device_id)
 LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS kernel_ns, count(*) AS kernels,
                   coalesce(sum(end_ns - start_ns) FILTER (WHERE end_ns - start_ns < $tiny_kernel_ns), 0) AS tiny_ns,
                   count(*) FILTER (WHERE end_ns - start_ns < $tiny_kernel_ns) AS tiny_kernels
@@ -91,7 +95,7 @@ def _timeline(store, run_id: str, p: dict) -> list[dict]:
         facts = {"busy_share": d.busy_share, "busy_ns": int(d.busy_ns), "active_span_ns": int(d.active_span_ns),
                  "kernel_ns": int(d.kernel_ns), "kernels": int(d.kernels), "tiny_kernel_share": tiny_share,
                  "tiny_kernels": int(d.tiny_kernels), "estimate_coverage": coverage}
-        busy = f"device {int(d.device_id)} is busy {pct(d.busy_share)} of its span"
+        busy = f"device {int(d.device_id)} runs kernels {pct(d.busy_share)} of its span"
         judged = False
         # Without any estimate there is nothing to judge by, whatever coverage is asked for.
         if covered_ns > 0 and coverage >= p["min_estimate_coverage_share"]:
@@ -250,13 +254,14 @@ RULE = Rule(
     phase="timeline",
     claims="compute",
     severity="warning",
-    what="Devices busy most of their active span (`device_busy.busy_share`) whose kernels use little "
+    what="Devices running kernels most of their active span (`kernel_busy_intervals`) whose kernels use little "
          "of the GPU: low estimated occupancy or mostly tiny kernels on a timeline, low speed-of-light "
          "throughput in Nsight Compute data; and busy devices whose efficiency the trace cannot judge.",
     why="Utilization counts time with any kernel running, not how much of the GPU the kernel uses: a "
         "one-block kernel keeps a device 100 % busy on one SM. A high busy share hides this waste, "
         "and it is the common reason a 'fully utilized' GPU is still slow.",
-    how="Timeline runs (nsys, Kineto): devices with busy share >= `min_busy_share` and an active span of at least "
+    how="Timeline runs (nsys, Kineto): devices with a kernel running (the union of their kernels) at least "
+        "`min_busy_share` of their active span (copies alone are T002's) and an active span of at least "
         "`min_active_span_ns` are judged by "
         "(a) the time-weighted estimated achieved occupancy of their kernels (Kineto's `est. achieved "
         "occupancy %` when present; otherwise the occupancy calculator's theoretical occupancy x "
@@ -279,7 +284,7 @@ RULE = Rule(
                 "EXISTS (SELECT 1 FROM kernel_metrics WHERE run_id = $run_id AND metric_id IN ("
                 + ", ".join(f"'{m}'" for m in SOL_METRICS) + "))",
     thresholds=(
-        Threshold("min_busy_share", 0.7, "Devices busy at least this share of their active span are judged."),
+        Threshold("min_busy_share", 0.7, "Devices running kernels at least this share of their active span are judged."),
         Threshold("min_active_span_ns", 1000000, "Devices active for less than this (first to last operation) are not judged (1 ms)."),
         Threshold("max_occupancy_share", 0.25, "Time-weighted estimated occupancy below this is reported."),
         Threshold("min_estimate_coverage_share", 0.5, "Share of kernel time that needs an occupancy estimate to judge by it."),

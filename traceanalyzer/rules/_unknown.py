@@ -96,6 +96,36 @@ SELECT name, sum(ns) AS ns, count(*) AS stretches, arg_max(s, ns) AS worst_start
 FROM hit GROUP BY name ORDER BY ns DESC, name
 """
 
+# Stream waits on an event that no call in the trace recorded (they come before its first event
+# record): what recorded it ran before the trace began, and GPU work launched before a trace is
+# not in it, yet runs in it. The first GPU operation the waiting thread launched after such a
+# wait is held by that work; where it ends a device-idle stretch, the stretch may be that work
+# running, not idle time.
+PRETRACE_WAITS_SQL = """
+SELECT count(*) FROM api_calls
+WHERE run_id = $run_id AND regexp_matches(name, '(?i)StreamWaitEvent') AND pid IS NOT NULL AND tid IS NOT NULL
+  AND start_ns < (SELECT coalesce(min(start_ns), 9223372036854775807) FROM api_calls
+                  WHERE run_id = $run_id AND regexp_matches(name, '(?i)EventRecord'))
+"""
+PRETRACE_SQL = """
+WITH waits AS (
+    SELECT pid, tid, start_ns FROM api_calls
+    WHERE run_id = $run_id AND regexp_matches(name, '(?i)StreamWaitEvent') AND pid IS NOT NULL AND tid IS NOT NULL
+      AND start_ns < (SELECT coalesce(min(start_ns), 9223372036854775807) FROM api_calls
+                      WHERE run_id = $run_id AND regexp_matches(name, '(?i)EventRecord'))
+), launches AS (  -- (the threads that waited only)
+    SELECT c.pid, c.tid, c.start_ns, a.device_id, a.start_ns AS op_start_ns
+    FROM gpu_activity a JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
+    WHERE a.run_id = $run_id AND (c.pid, c.tid) IN (SELECT (pid, tid) FROM waits)
+), held AS (  -- each wait's first launch after it (an ASOF join: the launches of its thread)
+    SELECT DISTINCT l.device_id, l.op_start_ns
+    FROM waits w ASOF JOIN launches l ON l.pid = w.pid AND l.tid = w.tid AND l.start_ns > w.start_ns
+)
+SELECT g.device_id, g.start_ns, g.end_ns
+FROM this_run.device_idle_gaps g JOIN held h ON h.device_id IS NOT DISTINCT FROM g.device_id AND h.op_start_ns = g.end_ns
+ORDER BY g.device_id, g.start_ns
+"""
+
 HOW_TO_RECORD = ("record the whole window unsampled (torch.profiler with activities=[CPU, CUDA], no trace sampling "
                  "or filtering; nsys profile -t cuda,nvtx)")
 
@@ -151,6 +181,25 @@ def unseen_waits(store: Store, run_id: str) -> list[dict]:
             for n, ns, k, s, e in df]
 
 
+def pretrace_held(store: Store, run_id: str) -> list[tuple[int | None, int, int]]:
+    """The device-idle stretches (device_id, start_ns, end_ns) ended by work held by an event
+    recorded before the trace began (PRETRACE_SQL): none where no stream waits on one."""
+    def compute():
+        if not store.sql(PRETRACE_WAITS_SQL, {"run_id": run_id}).fetchone()[0]:
+            return []
+        return [(d, int(s), int(e)) for d, s, e in store.sql(PRETRACE_SQL, {"run_id": run_id}).fetchall()]
+
+    return _memo(store, run_id, "pretrace_held", compute)
+
+
+PRETRACE_MISSING = ("the GPU work behind the event a stream waited on, recorded before the trace began (work "
+                    "launched before a trace runs in it unrecorded): start the trace a step earlier, or drop the "
+                    "first step's idle time")
+PRETRACE_NOTE = "; cause unknown: the work ending it waited on an event recorded before the trace began"
+PRETRACE_REASON = ("most of its idle time ends where a stream waited on an event recorded before the trace began: "
+                   "that time may be GPU work launched before the trace, not time measured lost")
+
+
 def unseen_missing(waits: list[dict]) -> str:
     calls = ", ".join(w["call"] for w in waits[:3])
     return (f"the event, stream or driver work the blocking call ({calls}) and the issued work waited on while no "
@@ -174,13 +223,15 @@ UNSEEN_NOTE = "; cause unknown: what the issued work waited on is not in the tra
 def abstain(df: pd.DataFrame, missing_of, severity_reason: str = "") -> pd.DataFrame:
     """`df` (a rule's findings) with each finding for which `missing_of(row)` gives a non-empty
     (missing, note) saying `cause: unknown`: evidence `cause` and `missing`, the hint naming
-    what is missing (`unknown_hint`), `note` added to the message; with `severity_reason`, at
-    most info for that reason (the diagnosis reads it: a finding's own cap)."""
+    what is missing (`unknown_hint`), `note` added to the message; with `severity_reason` (or a
+    third item of `missing_of`'s, the row's own), at most info for that reason (the diagnosis
+    reads it: a finding's own cap)."""
     df = df.copy()
     for i, row in df.iterrows():
-        missing, note = missing_of(row)
+        missing, note, *reason = missing_of(row)
         if not missing:
             continue
+        severity_reason = reason[0] if reason else severity_reason
         ev = row["evidence"]
         ev = json.loads(ev) if isinstance(ev, str) else dict(ev or {})
         ev["cause"], ev["missing"] = CAUSE_UNKNOWN, list(missing)
@@ -208,11 +259,14 @@ def idle_unknown(store: Store, run_id: str, df: pd.DataFrame) -> pd.DataFrame:
 def launch_gap_unknown(store: Store, run_id: str, df: pd.DataFrame) -> pd.DataFrame:
     """T001's findings: all abstain on a sampled or stripped run; one whose main cause is a
     dependency (issued, waited) abstains where, for at least UNSEEN_SHARE of its dependency idle
-    time, the host sat in blocking calls with no GPU busy (`unseen_waits`)."""
+    time, the device-idle stretches end with work held by an event recorded before the trace
+    (`pretrace_held`: at most info, it may not be idle time), or else the host sat in blocking
+    calls with no GPU busy (`unseen_waits`)."""
     missing = gaps(store, run_id)["missing"]
     if missing:
         return abstain(df, lambda row: (missing, SAMPLED_NOTE), SAMPLED_REASON)
     waits: list[dict] | None = None
+    held = pretrace_held(store, run_id)
 
     def of(row):
         nonlocal waits
@@ -222,6 +276,11 @@ def launch_gap_unknown(store: Store, run_id: str, df: pd.DataFrame) -> pd.DataFr
             return [], ""
         idle = ev.get("cause_idle_ns") or ev.get("cause_ns") or {}
         dependency = idle.get("dependency", 0) + idle.get("copy", 0)
+        device = None if row["device_id"] is None or row["device_id"] != row["device_id"] else int(row["device_id"])
+        held_ns = sum(min(e, row["end_ns"]) - max(s, row["start_ns"]) for d, s, e in held
+                      if d == device and s < row["end_ns"] and e > row["start_ns"])
+        if dependency > 0 and held_ns >= UNSEEN_SHARE * dependency:
+            return [PRETRACE_MISSING], PRETRACE_NOTE, PRETRACE_REASON
         if waits is None:
             waits = unseen_waits(store, run_id)
         unseen = sum(w["ns"] for w in waits)
