@@ -14,6 +14,7 @@ import pytest
 
 from traceanalyzer.report import json_report
 from traceanalyzer.report.model import load_result
+from traceanalyzer.rules._unknown import HOW_TO_RECORD
 from traceanalyzer.rules.engine import Settings
 from traceanalyzer.store import Store
 
@@ -176,6 +177,17 @@ def test_trace_compare_lost_launches_where_the_stream_shows_they_were_recorded(t
     with st:
         (f,) = _findings(st, rid, "T010")
         assert (f["evidence"]["unlaunched_ops"], f["evidence"]["ops_after_launched"]) == (lost, after)
+
+
+def test_an_abstaining_hint_says_how_to_record_once(tmp_path):
+    """HTA's trace_compare base lacks launch calls and most operator ids (two signals, one remedy):
+    the hint names both and says how to record once."""
+    st, rid = _run(shared_traces() / "torch/hta__trace_compare__base__base.json.gz", ["T001"], tmp_path)
+    with st:
+        found = [f for f in _findings(st, rid, "T001") if (f["evidence"] or {}).get("cause") == "unknown"]
+        assert found
+        for f in found:
+            assert len(f["evidence"]["missing"]) == 2 and f["hint"].count(HOW_TO_RECORD) == 1, f["hint"]
 
 
 def test_sglang_decode_idle_is_a_wait_the_trace_does_not_show(tmp_path):

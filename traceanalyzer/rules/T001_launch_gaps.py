@@ -402,11 +402,11 @@ for _key, _sql in {
 
 LABEL_GAPS = 5
 HOST_CALLS = 3  # how many API calls a finding with no code around its gaps names
-MIN_HOST_CALLS_SHARE = 0.1  # ... when the first took at least this share of its late-launch time
+MIN_HOST_CALLS_SHARE = 0.1  # ... when the first took at least this share of its device-idle late-launch time
 
 # Where no operator or range was open around the gaps (compiled code: OpenACC, CUDA C++), what the
-# launching threads' API calls took of each device's idle time: per device, each call name's time
-# inside the idle gaps (covered_ns: running totals, not an interval join). Runtime calls when the
+# launching threads' API calls took of each device's steady idle time: per device, each call name's
+# time inside the idle gaps' steady parts (covered_ns: running totals, not an interval join). Runtime calls when the
 # run has them (a runtime call holds the driver calls it makes), else driver calls.
 HOST_CALLS_SQL = """
 WITH threads AS (
@@ -418,9 +418,19 @@ WITH threads AS (
 ), probes AS (
     SELECT t.device_id, c.name, c.start_ns, c.end_ns FROM api_calls c JOIN threads t USING (pid, tid)
     WHERE c.run_id = $run_id AND c.end_ns > c.start_ns AND c.api IS NOT DISTINCT FROM (SELECT api FROM level)
+), warm AS (
+    SELECT * FROM run_warmup_merged('this_run.warmup_windows', false)
+), steady AS (  -- the idle gaps' steady parts, as the findings count them (warm-up left out)
+    SELECT g.device_id, g.end_ns,
+           steady_start(g.start_ns, g.end_ns,
+                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
+    FROM this_run.device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
+    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(g.device_id, -1) AND g.start_ns >= w0.start_ns
+    WHERE g.device_id IN (SELECT unnest($devices))
 ), stretches AS (
-    SELECT device_id, start_ns, end_ns, idle_before_ns + gap_ns AS to_end_ns FROM this_run.device_idle_gaps
-    WHERE device_id IN (SELECT unnest($devices))
+    SELECT device_id, start_ns, end_ns,
+           sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS to_end_ns
+    FROM steady WHERE end_ns > start_ns
 )
 SELECT device_id, name, sum(covered_ns) AS ns FROM covered_ns('probes', 'stretches', device_id)
 GROUP BY ALL HAVING sum(covered_ns) > 0 ORDER BY device_id, ns DESC, name
@@ -488,11 +498,12 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     calls = host_calls(store, run_id, sorted(unnamed)) if unnamed else {}
     messages = []
     for ev, message, device, share in zip(evidence, df["message"], found_on, shares):
+        idle = ev.get("cause_idle_ns") or ev["cause_ns"]  # device-idle time per cause, as the calls are
         if ev["around"] == OUTSIDE_OPERATORS:
             message += f" ({'partly ' if share < MOSTLY else ''}{OUTSIDE_OPERATORS})"
         elif ev["around"] is not None:
             message = f"{message} {phrase(ev['around'], share)}"
-        elif calls.get(device) and calls[device][0]["ns"] >= MIN_HOST_CALLS_SHARE * ev["cause_ns"].get("late_launch", 0):
+        elif calls.get(device) and calls[device][0]["ns"] >= MIN_HOST_CALLS_SHARE * idle.get("late_launch", 0):
             ev["host_calls"] = calls[device]
             message += " (the launching thread's calls in the device's idle time: " + ", ".join(
                 f"{c['name']} {fmt_ns(c['ns'])}" for c in ev["host_calls"]) + ")"
@@ -542,7 +553,7 @@ class T001Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
                                           "`worst[].around` names it")]
     host_calls: Annotated[Optional[list[T001HostCall]], doc(
         "with no code around a late launch's gaps, the API calls of the threads launching the device's work that "
-        "took most of its idle time")] = None
+        "took most of its idle time outside warm-up")] = None
 
 
 RULE = Rule(
@@ -599,7 +610,8 @@ RULE = Rule(
         "covers so, nor is open at its start, is \"outside any operator\" (Python or framework code between ops, or "
         "a wait of the thread's own: the trace cannot tell); the finding names the one around most of the listed gaps' time; where none is (compiled code) and the main cause is a late "
         "launch, the finding names the API calls of the threads launching the device's work that took most of "
-        "its idle time, where the first took at least a tenth of the finding's late-launch time (`host_calls`: runtime calls where the run has them, else driver calls)." + PLACE_HOW,
+        "its idle time outside warm-up, where the first took at least a tenth of the finding's device-idle late-launch "
+        "time (`host_calls`: runtime calls where the run has them, else driver calls)." + PLACE_HOW,
     fix="Remove synchronizations between launches; batch small kernels or capture them in a "
         "CUDA graph; keep the launch thread free of other work; overlap copies on other streams.",
     requires="timed GPU operations (kernels, copies or memsets with start and end times)",

@@ -245,7 +245,12 @@ def abstain(df: pd.DataFrame, missing_of, severity_reason: str = "") -> pd.DataF
 
 
 def unknown_hint(missing: list[str]) -> str:
-    return "Cause unknown: the trace lacks " + "; and ".join(missing) + "."
+    """The hint of a finding that abstains: what the trace lacks, how to record it said once."""
+    how = ": " + HOW_TO_RECORD
+    lacks = [m.removesuffix(how) for m in missing]
+    shared = sum(m.endswith(how) for m in missing) > 1
+    return ("Cause unknown: the trace lacks " + "; and ".join(lacks if shared else missing)
+            + (how if shared else "") + ".")
 
 
 def idle_unknown(store: Store, run_id: str, df: pd.DataFrame) -> pd.DataFrame:
