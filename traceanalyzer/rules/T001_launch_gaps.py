@@ -10,7 +10,7 @@ import msgspec
 from ..analyses.place import HOW as PLACE_HOW
 from ..fmt import ns as fmt_ns
 from ..sql import sql_literal
-from ._code import HAS_CPU_OPS_SQL, MOSTLY, around_gaps, device_key, phrase
+from ._code import HAS_CPU_OPS_SQL, OUTSIDE_OPERATORS, around_gaps, device_key, phrase
 from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, TimeRange, doc
@@ -39,13 +39,8 @@ HINTS = {
 REPLAYED_LATE_HINT = ("The host submits work too slowly between its graph replays (CPU-bound): capture more "
                       "of each step in one graph (fewer, larger replays, e.g. full rather than piecewise "
                       "capture), and take the Python/scheduler work between replays off the launch thread.")
-# What a late launch's gaps are said to be in where operators are traced and none covers them:
-# the launching thread was outside every operator (Python or framework code between ops, or a wait
-# of its own: the trace cannot tell which).
-OUTSIDE_OPERATORS = "outside any operator"
 REPLAYS_SQL = "SELECT EXISTS (SELECT 1 FROM api_calls c JOIN gpu_activity a ON a.run_id = c.run_id " \
               "AND a.launch_call_id = c.call_id WHERE c.run_id = $run_id AND c.name ILIKE '%graphlaunch%')"
-
 
 
 def _split(copy_hit: str) -> str:
@@ -499,9 +494,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     messages = []
     for ev, message, device, share in zip(evidence, df["message"], found_on, shares):
         idle = ev.get("cause_idle_ns") or ev["cause_ns"]  # device-idle time per cause, as the calls are
-        if ev["around"] == OUTSIDE_OPERATORS:
-            message += f" ({'partly ' if share < MOSTLY else ''}{OUTSIDE_OPERATORS})"
-        elif ev["around"] is not None:
+        if ev["around"] is not None:
             message = f"{message} {phrase(ev['around'], share)}"
         elif calls.get(device) and calls[device][0]["ns"] >= MIN_HOST_CALLS_SHARE * idle.get("late_launch", 0):
             ev["host_calls"] = calls[device]

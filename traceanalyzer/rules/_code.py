@@ -119,12 +119,22 @@ def _launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
     return {(r["device_id"], r["name"]): {"label": r["label"], "share": r["share"]} for r in rows}
 
 
+# What a late launch's gaps are said to be in where operators are traced and none covers them:
+# the launching thread was outside every operator (Python or framework code between ops, or a wait
+# of its own: the trace cannot tell which).
+OUTSIDE_OPERATORS = "outside any operator"
+
+
 def phrase(label: str, share: float | None = None) -> str:
-    """The message's words for code: "(in aten::bmm)", "(in aten::bmm and elsewhere)"; a label
-    longer than LABEL_CHARS cut (the evidence keeps it whole)."""
+    """The message's words for code: "(in aten::bmm)", "(in aten::bmm and elsewhere)",
+    "(outside any operator)", "(partly outside any operator)"; a label longer than LABEL_CHARS
+    cut (the evidence keeps it whole)."""
+    partly = share is not None and share < MOSTLY
+    if label == OUTSIDE_OPERATORS:
+        return f"({'partly ' if partly else ''}{OUTSIDE_OPERATORS})"
     if len(label) > LABEL_CHARS:
         label = label[:LABEL_CHARS - 1] + "…"
-    return f"(in {label}{' and elsewhere' if share is not None and share < MOSTLY else ''})"
+    return f"(in {label}{' and elsewhere' if partly else ''})"
 
 
 def name_launchers(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
