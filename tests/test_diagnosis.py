@@ -400,7 +400,8 @@ def test_resnet50_the_dataloader_headline_and_no_cuda_graph_hint(real):
     assert device["host_work"]["name"].startswith("enumerate(DataLoader)")
     host = next(p["ns"] for p in device["parts"] if p["cause"] == "host")
     assert 0 < device["host_work"]["ns"] <= host
-    assert 'host 38% (29% in operator "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")' in budget_line(device)
+    # (the DataLoader op's own time in the stretches it is the host's activity of: 28% of the span)
+    assert 'host 38% (28% in operator "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")' in budget_line(device)
 
 
 def test_simple_add_the_headline_names_what_the_budget_says(real):

@@ -228,6 +228,19 @@ def test_sqlite_view_is_not_run(tmp_path):
     assert any("no CUDA activity tables" in w or "no kernel table" in w for w in trace.warnings)
 
 
+def test_an_empty_capture_says_the_profiler_logged_errors():
+    """A real WSL capture with no CUDA tables: Nsight Systems logged CUPTI errors while collecting
+    (DIAGNOSTIC_EVENT severity 3), so the capture may be empty for the profiler's sake, not the
+    program's, and the warning says so."""
+    path = shared_traces() / "nsys/benchmarking-n-profiling__report1.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    errors = [t for (t,) in con.execute("SELECT text FROM DIAGNOSTIC_EVENT WHERE severity = 3 ORDER BY timestamp")]
+    con.close()
+    assert errors and all("CUPTI_ERROR" in t for t in errors)
+    [warning] = [w for w in read_file(path).warnings if "no CUDA activity tables" in w]
+    assert "collection may have failed" in warning and all(t in warning for t in errors[:2])
+
+
 def test_string_limit_also_reads_dictionary_encoded_columns(monkeypatch):
     """Readers hand names over dictionary-encoded (nsys); the limit must see those strings too."""
     import pyarrow as pa

@@ -68,8 +68,8 @@ diagnosed together (`diagnose`):
    findings follow it. Every report keeps this order.
 
 6. **Per step.** Where the run has steps (the `steps` view's most frequent name, warm-up
-   steps left out), a headline's message and evidence (`loss_per_step_ns`, `loss_steps`) give its
-   loss per step as well.
+   steps and steps outside the GPUs' span left out), a headline's message and evidence
+   (`loss_per_step_ns`, `loss_steps`) give its loss per step as well.
 
 A finding that claims no part (`claims` NULL: a recompile's compile time, a straggler's lag,
 peak memory) is a headline of its own, its loss bounded by the run's span. A run without a
@@ -390,8 +390,8 @@ _OWN_NOTES = re.compile(r" \([^()]* (more in warm-up, not counted|per step over 
 
 def _warmup(store: Store, run_id: str) -> tuple[dict[tuple, int], int]:
     """The run's time inside warm-up windows (`warmup_windows`), keyed as `_budget`, and its
-    steady steps: the `steps` view's of its most frequent name (`ProfilerStep#N` pooled), less
-    those the windows set apart as warm-up."""
+    steady steps: the `steps` view's of its most frequent name (`ProfilerStep#N` pooled) that
+    overlap the GPUs' span, less those the windows set apart as warm-up."""
     windows, parts = store.warmup([run_id])
     out: dict[tuple, int] = {}
     for r in parts:
@@ -399,8 +399,11 @@ def _warmup(store: Store, run_id: str) -> tuple[dict[tuple, int], int]:
         out[(device, category)] = out.get((device, category), 0) + part_ns
         if cause is not None:
             out[(device, f"idle:{cause}")] = part_ns
+    # (a step outside the GPUs' span, as the profiler's last after all GPU work, did none of it)
     (steps,) = store.sql(f"""SELECT coalesce(max(n), 0) FROM (
-        SELECT count(*) AS n FROM steps WHERE run_id = $r
+        SELECT count(*) AS n FROM steps, (SELECT min(start_ns) AS lo, max(end_ns) AS hi FROM gpu_activity
+                                          WHERE run_id = $r) g
+        WHERE run_id = $r AND start_ns < g.hi AND end_ns > g.lo
         GROUP BY regexp_replace(name, '{PROFILER_STEP}', 'ProfilerStep#*'))""", {"r": run_id}).fetchone()
     warm_steps = {w["start_ns"] for w in windows if w["reason"] == "first step"}
     return out, steps - len(warm_steps)

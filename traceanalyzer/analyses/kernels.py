@@ -69,6 +69,14 @@ COMPILED_GRAPH_CALL = r"^## Call CompiledFxGraph (\S+) ##$"
 
 
 DEFINES = (
+    TableMacro(
+        "run_is_pytorch",
+        "Whether one run is a PyTorch program's (`pytorch`, one row): its operators were traced (Kineto), or "
+        "its kernels are ATen's (an Nsight Systems capture of one). Advice in PyTorch's terms (`.item()`, "
+        "`non_blocking=True`) follows it; other programs get it in CUDA's: `run_is_pytorch('<run id>')`.",
+        "(rid) AS TABLE SELECT EXISTS (SELECT 1 FROM cpu_ops WHERE run_id = rid) "
+        "OR EXISTS (SELECT 1 FROM kernels WHERE run_id = rid AND name LIKE '%at::native%') AS pytorch",
+    ),
     # Whether a frame's name is compiled code running: a compiled region's operator or a graph
     # call's annotation (what a host-bound finding's advice follows).
     Macro("compiled_code_name", f"(name) AS {COMPILED_REGION_OPS} OR regexp_matches(name, '{COMPILED_GRAPH_CALL}')"),

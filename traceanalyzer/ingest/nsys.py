@@ -168,6 +168,17 @@ def fetch(state: ReadState) -> None:
     state.sources.start(filters)
 
 
+def _profiler_errors(f) -> str:
+    """The errors Nsight Systems logged while collecting (DIAGNOSTIC_EVENT, severity 3: a CUPTI
+    failure, as under WSL), said beside an empty capture: it may be the profiler's, not the
+    program's (at most two, each once)."""
+    if not f.has("DIAGNOSTIC_EVENT", "severity"):
+        return ""
+    texts = list(dict.fromkeys(" ".join(str(t).split()) for (t,) in f.rows(
+        "SELECT text FROM DIAGNOSTIC_EVENT WHERE severity = 3 ORDER BY timestamp")))
+    return f"; the profiler logged errors, collection may have failed: {'; '.join(texts[:2])}" if texts else ""
+
+
 def devices(state: ReadState) -> None:
     table, meta = read_devices(state.f, sorted(state.sources.device_ids), state.warnings)
     state.tables["devices"] = table
@@ -178,9 +189,9 @@ def notes(state: ReadState) -> None:
     f = state.f
     if not any(name.startswith("CUPTI_ACTIVITY_KIND_") for name in f.tables):
         state.warnings.append("no CUDA activity tables (CUPTI_ACTIVITY_KIND_*): the capture has no "
-                              "kernels, copies or CUDA API calls")
+                              "kernels, copies or CUDA API calls" + _profiler_errors(f))
     elif not f.has(KERNEL) and not f.has(GRAPH):
-        state.warnings.append(f"no kernel table ({KERNEL}): the capture recorded no kernels")
+        state.warnings.append(f"no kernel table ({KERNEL}): the capture recorded no kernels" + _profiler_errors(f))
     if f.utf8_repaired:
         state.warnings.append("invalid UTF-8 replaced in " + ", ".join(sorted(f.utf8_repaired)))
     state.metadata["fetch_backend"] = f.backend

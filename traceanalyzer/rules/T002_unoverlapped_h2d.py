@@ -41,7 +41,7 @@ WITH h2d AS (
 ), per_device AS (
     SELECT p.device_id, count(*) AS n, sum(dur_ns) AS dur_ns, sum(exposed_ns) AS exposed_ns,
            count(*) FILTER (WHERE exposed_ns > 0) AS n_exposed,
-           count(*) FILTER (WHERE pageable) AS n_pageable,
+           count(*) FILTER (WHERE pageable) AS n_pageable, count(*) FILTER (WHERE src_kind <> 'unknown') AS n_src_known,
            coalesce(sum(exposed_ns) FILTER (WHERE pageable), 0) AS exposed_pageable_ns,
            count(*) FILTER (WHERE sync_call) AS n_sync,
            coalesce(sum(exposed_ns) FILTER (WHERE sync_call), 0) AS exposed_sync_ns,
@@ -98,9 +98,12 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
        CASE WHEN exposed_ns / nullif(span_ns, 0) >= $error_share THEN 'error'
             WHEN exposed_ns / nullif(span_ns, 0) >= $warning_share THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: %s of host-to-device copy time (%d of %d copies, %s) ran with no kernel to hide it, '
-              || '%s of the device''s span; %d from pageable memory, %d through synchronous calls',
+              || '%s of the device''s span; %s, %d through synchronous calls',
               device_id, fmt_ns(exposed_ns), n_exposed, n, fmt_bytes(bytes),
-              fmt_pct(exposed_ns / nullif(span_ns, 0)), n_pageable, n_sync)
+              fmt_pct(exposed_ns / nullif(span_ns, 0)),
+              -- (a trace that does not record the source memory's kind cannot say none was pageable)
+              CASE WHEN n_src_known = 0 THEN 'their source memory (pageable or pinned) not in the trace'
+                   ELSE printf('%d from pageable memory', n_pageable) END, n_sync)
          -- overlap hides copy time behind kernels only: the loss is at most their time
          || CASE WHEN kernel_ns < exposed_ns
                  THEN '; ' || fmt_loss_bound(kernel_ns, 'of kernel time on the device that could have hidden it')
@@ -122,7 +125,7 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'copy' AS item_kind, worst_copy.id 
             ELSE 'Issue the copies earlier on a separate stream so they overlap the preceding kernels (prefetch the next batch / double-buffer).'
        END AS hint,
        '{"copies": ' || n || ', "exposed_copies": ' || n_exposed || ', "copy_ns": ' || dur_ns
-         || ', "exposed_ns": ' || exposed_ns || ', "bytes": ' || bytes || ', "pageable_copies": ' || n_pageable
+         || ', "exposed_ns": ' || exposed_ns || ', "bytes": ' || bytes || ', "pageable_copies": ' || CASE WHEN n_src_known = 0 THEN 'null' ELSE CAST(n_pageable AS VARCHAR) END
          || ', "pageable_exposed_ns": ' || exposed_pageable_ns || ', "sync_copies": ' || n_sync
          || ', "sync_exposed_ns": ' || exposed_sync_ns || ', "device_active_span_ns": ' || coalesce(span_ns, 0)
          || ', "kernel_ns": ' || kernel_ns || ', "place": ' || place_json(cp, 'exposed copies')
@@ -171,7 +174,8 @@ class T002Evidence(PlacedEvidence, kw_only=True, forbid_unknown_fields=True):
     copy_ns: Annotated[Optional[int], doc("time of the copies")] = None
     exposed_ns: Annotated[Optional[int], doc("time with nothing running beside it")] = None
     bytes: Annotated[int, doc("bytes")]
-    pageable_copies: Annotated[Optional[int], doc("copies from pageable memory")] = None
+    pageable_copies: Annotated[Optional[int], doc("copies from pageable memory (null: the trace does not record "
+                                                  "the source memory's kind)")] = None
     pageable_exposed_ns: Annotated[Optional[int], doc("exposed time of copies from pageable memory")] = None
     sync_copies: Annotated[Optional[int], doc("synchronous copies")] = None
     sync_exposed_ns: Annotated[Optional[int], doc("exposed time of synchronous copies")] = None

@@ -141,10 +141,12 @@ SELECT device_id, NULL::BIGINT AS stream_id,
               fmt_ns(host_ns), fmt_ns(loss_ns), fmt_pct(loss_ns / nullif(steady_ns, 0)),
               CASE WHEN device_id IS NULL THEN 'the GPUs'' ' ELSE 'device ' || device_id || '''s ' END
                 || steady_word(span_ns, steady_ns) || 'span') AS message,
-       CASE what
-         WHEN 'sync' THEN 'Each synchronization drains the GPU queue, so the next launch starts from empty: remove syncs from the loop, or defer them (keep results on the GPU; avoid .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() per step; use events and cudaStreamWaitEvent for ordering).'
-         WHEN 'copy' THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync with pinned memory (tensor.to(..., non_blocking=True) from/to pinned buffers) and synchronize once, where the data is needed.'
-         ELSE 'Use cudaMemsetAsync on the work stream (tensor.zero_() is already asynchronous) instead of the synchronous memset.'
+       CASE WHEN what = 'sync' AND (SELECT pytorch FROM run_is_pytorch($run_id)) THEN 'Each synchronization drains the GPU queue, so the next launch starts from empty: remove syncs from the loop, or defer them (keep results on the GPU; avoid .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() per step; use events and cudaStreamWaitEvent for ordering).'
+            WHEN what = 'sync' THEN 'Each synchronization drains the GPU queue, so the next launch starts from empty: work on one stream runs in order without it, so remove the synchronizations between dependent launches and synchronize once, where the host needs the results; use events and cudaStreamWaitEvent for ordering between streams.'
+            WHEN what = 'copy' AND (SELECT pytorch FROM run_is_pytorch($run_id)) THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync with pinned memory (tensor.to(..., non_blocking=True) from/to pinned buffers) and synchronize once, where the data is needed.'
+            WHEN what = 'copy' THEN 'Synchronous copies block the host until the GPU finishes everything before them: use cudaMemcpyAsync on a non-default stream with pinned host buffers (cudaHostAlloc, cudaHostRegister) and synchronize once, where the data is needed.'
+            WHEN (SELECT pytorch FROM run_is_pytorch($run_id)) THEN 'Use cudaMemsetAsync on the work stream (tensor.zero_() is already asynchronous) instead of the synchronous memset.'
+            ELSE 'Use cudaMemsetAsync on the work stream instead of the synchronous memset.'
        END AS hint,
        '{"calls": ' || n || ', "kind": "' || what || '", "pid": ' || coalesce(CAST(pid AS VARCHAR), 'null')
          || ', "tid": ' || coalesce(CAST(tid AS VARCHAR), 'null')

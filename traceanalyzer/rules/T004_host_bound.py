@@ -146,17 +146,19 @@ host_reach AS (
     FROM islands_from i ASOF LEFT JOIN run_blocking b ON b.start_ns <= i.i_end
     GROUP BY i.sid
 ), main_event AS (  -- innermost event with half the stretch's work, else the one with most
-    SELECT i.sid, arg_min({'kind': i.kind, 'id': i.id}, (i.work_ns < c.work_ns / 2, i.dur_ns, -i.work_ns, i.kind, i.id)) AS e
+    SELECT i.sid, arg_min({'kind': i.kind, 'id': i.id, 'work_ns': i.work_ns},
+                          (i.work_ns < c.work_ns / 2, i.dur_ns, -i.work_ns, i.kind, i.id)) AS e
     FROM inside i JOIN covered c USING (sid) WHERE i.work_ns > 0 GROUP BY i.sid
 ), main AS (  -- named only now: the names of millions of host events are never read
-    SELECT m.sid, m.e.kind AS main_kind, m.e.id AS main_id,
+    SELECT m.sid, m.e.kind AS main_kind, m.e.id AS main_id, m.e.work_ns AS main_work_ns,
            regexp_replace(normalized_name(coalesce(o.name, r.name, c.name)), '([#\s_:.-])\d+$', '\1N') AS main_name
     FROM main_event m
     LEFT JOIN cpu_ops o ON m.e.kind = 'cpu_op' AND o.run_id = $run_id AND o.op_id = m.e.id
     LEFT JOIN ranges r ON m.e.kind = 'range' AND r.run_id = $run_id AND r.range_id = m.e.id
     LEFT JOIN api_calls c ON m.e.kind = 'api_call' AND c.run_id = $run_id AND c.call_id = m.e.id
 ), bound AS (
-    SELECT s.*, c.work_ns / s.host_ns AS host_busy_share, m.main_kind, m.main_id, m.main_name
+    SELECT s.*, c.work_ns / s.host_ns AS host_busy_share, m.main_kind, m.main_id, m.main_name,
+           least(m.main_work_ns, s.host_ns) AS main_ns  -- the activity's own work in the stretch
     FROM stretches s JOIN covered c USING (sid) JOIN main m USING (sid)
     WHERE c.work_ns >= $min_host_busy_share * s.host_ns
 ), idle_total AS (
@@ -167,7 +169,7 @@ host_reach AS (
            arg_max(main_name, (ns, -n, main_name)) AS top_name,
            arg_max(main_kind, (ns, -n, main_name)) AS top_kind,
            max(ns) AS top_ns
-    FROM (SELECT main_name, main_kind, count(*) AS n, sum(host_ns) AS ns FROM bound GROUP BY ALL)
+    FROM (SELECT main_name, main_kind, count(*) AS n, sum(main_ns) AS ns FROM bound GROUP BY ALL)
 ), summary AS (
     SELECT count(*) AS n, sum(host_ns) AS total_ns, max(host_ns) AS max_ns, median(host_ns) AS median_ns,
            to_json(arg_max({'start_ns': start_ns, 'end_ns': end_ns, 'host_ns': host_ns, 'gpu_idle_ns': idle_ns,
@@ -225,7 +227,7 @@ class T004TopActivity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: Annotated[str, doc("name")]
     kind: Annotated[str, doc("the activity's kind (cpu_op, runtime call, range)")]
     stretches: Annotated[int, doc("idle stretches")]
-    ns: Annotated[int, doc("time")]
+    ns: Annotated[int, doc("its own work (outside blocking calls) in the stretches it is the activity of")]
 
 
 class T004Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
@@ -283,7 +285,9 @@ RULE = Rule(
         "API calls, and NVTX or record_function ranges but `ProfilerStep#N` (a step is running, "
         "which says nothing of what the host does). "
         "The host activity of a stretch is the innermost event (shortest) with at least half of its "
-        "work, else the event with most of it (`#N` suffixes are merged). The finding's value is the "
+        "work, else the event with most of it (`#N` suffixes are merged); the message names the activity "
+        "with the most time of its own in the stretches it is the activity of (`top_activity[].ns`: its "
+        "work there, not the stretches' whole host time). The finding's value is the "
         "host time of the host-bound stretches as a share of the GPUs' span (first GPU operation on any "
         "device to the last: with one device, its span in the time budget; `gpu_span_ns`) less its time "
         "inside warm-up windows (`steady_span_ns`, the span the message names steady); it is "

@@ -171,7 +171,9 @@ SELECT p.device_id, NULL, 'copy', p.worst_id, 'pageable DtoH copies', p.worst_st
               p.device_id, p.n, fmt_bytes(p.bytes), fmt_ns(p.dur_ns),
               CASE WHEN p.n_async > 0 THEN printf(', %d of them through an Async call that cannot be asynchronous', p.n_async)
                    ELSE '' END),
-       'Copy into pinned host memory (tensor.to("cpu", non_blocking=True) into a pin_memory() buffer, cudaHostAlloc) so the copy can run asynchronously, and read it only after an event says it is done.',
+       CASE WHEN (SELECT pytorch FROM run_is_pytorch($run_id))
+            THEN 'Copy into pinned host memory (tensor.to("cpu", non_blocking=True) into a pin_memory() buffer, cudaHostAlloc) so the copy can run asynchronously, and read it only after an event says it is done.'
+            ELSE 'Copy into pinned host memory (cudaHostAlloc, cudaHostRegister) with cudaMemcpyAsync so the copy can run asynchronously, and read it only after an event says it is done.' END,
        '{"copies": ' || p.n || ', "bytes": ' || p.bytes || ', "copy_ns": ' || p.dur_ns
          || ', "async_calls": ' || p.n_async || ', "extra_ns": ' || coalesce(CAST(p.extra_ns AS VARCHAR), 'null')
          || ', "worst": ' || p.worst || '}',
@@ -189,7 +191,9 @@ SELECT d.device_id, NULL, 'copy', d.worst_id, 'DtoH copies the host waits on', w
                                                   d.steps_with, d.n_steps, coalesce(ps.max_per_step, 0))
                    ELSE '' END,
               fmt_ns(d.idle_ns), fmt_ns(d.host_ns), fmt_ns(d.loss_ns), fmt_pct(d.loss_ns / nullif(sp.active_span_ns, 0))),
-       'Each of these reads a GPU value on the host (.item(), .cpu(), .tolist(), printing or branching on a tensor) and drains the GPU queue: keep such values on the GPU, read them every N steps, or copy them non_blocking into pinned memory and read after an event.',
+       CASE WHEN (SELECT pytorch FROM run_is_pytorch($run_id))
+            THEN 'Each of these reads a GPU value on the host (.item(), .cpu(), .tolist(), printing or branching on a tensor) and drains the GPU queue: keep such values on the GPU, read them every N steps, or copy them non_blocking into pinned memory and read after an event.'
+            ELSE 'Each of these reads a GPU result on the host and drains the GPU queue: keep such values on the GPU, read them every N iterations, or copy them with cudaMemcpyAsync into pinned memory and read them after an event.' END,
        '{"copies": ' || d.n || ', "bytes": ' || d.bytes || ', "wait_ns": ' || d.wait_ns || ', "idle_after_ns": ' || d.idle_ns
          || ', "host_idle_ns": ' || d.host_ns || ', "loss_ns": ' || d.loss_ns || ', "steps": ' || d.n_steps || ', "copies_in_steps": ' || d.n_in_steps
          || ', "steps_with_copies": ' || d.steps_with || ', "max_per_step": ' || coalesce(ps.max_per_step, 0)
