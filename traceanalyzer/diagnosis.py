@@ -289,7 +289,7 @@ def _severities(v: _Verdict, rows: list[dict], units: list, facts: _Facts, floor
         if share is not None and v.severity[i] != band:
             v.notes[i] = v.notes.get(i, "") + f" ({v.severity[i]}, not {band}: {reason})"
         elif share is not None and band == "info" and rows[i]["severity"] != "info":
-            v.notes[i] = v.notes.get(i, "") + _floor_note(v.loss[i], share, floors)
+            v.notes[i] = v.notes.get(i, "") + _floor_note(share, floors)
     for i, head in v.related.items():
         if _share(rows[head], units[head], v.loss[head], spans, facts.span_ns) is not None:
             v.severity[i] = _lower(v.severity[head], _cap(rows[i])[0])  # its time is the headline's
@@ -606,7 +606,7 @@ def _share_parts(rows: list[dict], units: list[list[tuple]], loss: dict, budget:
                                              f"shared in proportion among {among}")
 
 
-def _floor_note(loss: float, share: float, floors: dict) -> str:
+def _floor_note(share: float, floors: dict) -> str:
     """Why a warning or error of its rule is info: the floor its loss is under."""
     if share < floors["min_loss_span_share"]:
         return (f" (info: its estimated loss, {pct(share)} of the device's span, is under the severity floor of "

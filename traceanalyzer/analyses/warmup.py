@@ -24,6 +24,7 @@ WARMUP_MIN_CALL_NS = 100_000  # a one-time call shorter than this is no warm-up 
 # when its launch call takes this long and this many times the median of the kernel's later
 # launch calls (of the run's launch calls, for a kernel launched once).
 FIRST_LAUNCH_MIN_NS = 1_000_000
+FIRST_LAUNCH_FACTOR = 10
 # A library's first call readies it with a chain of set-up calls: driver entry points, module
 # and library loads, context work (cuBLAS: cuGetProcAddress, cuInit, cudaFree, then a load per
 # kernel it needs), each within this of the one before, the host's own work between them (the
@@ -31,7 +32,6 @@ FIRST_LAUNCH_MIN_NS = 1_000_000
 # this soon after such a chain ends its set-up.
 SETUP_CALL = r"(?i)^(cuInit|cuGetProcAddress|cudaGetDriverEntryPoint|hipGetProcAddress)"
 SETUP_CHAIN_NS = 50_000_000
-FIRST_LAUNCH_FACTOR = 10
 # Leading steps longer than this many times the median of the steps after the first are warm-up
 # (at most half of them, of runs with 3 steps or more): step_stats' rule.
 WARMUP_STEP_FACTOR = 1.5
@@ -264,10 +264,11 @@ DEFINES = (
         f"{FIRST_LAUNCH_MIN_NS // 1_000_000} ms and {FIRST_LAUNCH_FACTOR}x the median of the kernel's later launch "
         "calls (of the run's launch calls, for a kernel launched once): "
         "module loading, a library's first call); `library set-up before a first launch` (a kernel's first launch "
-        "per process that comes at most 50 ms after a chain of set-up calls on its thread, each within 50 ms "
-        "of the one before (`cuGetProcAddress`, `cuInit`, `cudaGetDriverEntryPoint`, the loads above, "
+        f"per process that comes at most {SETUP_CHAIN_NS // 1_000_000} ms after a chain of set-up calls on its thread, "
+        f"each within {SETUP_CHAIN_NS // 1_000_000} ms of the one before (`cuGetProcAddress`, `cuInit`, `cudaGetDriverEntryPoint`, the loads above, "
         "`cudaFree`; at least one not a free), with no launch between: from the chain's start, or the "
-        "thread's launch before it if later, to the first launch's return, at least 100 us: cuBLAS's first "
+        f"thread's launch before it if later, to the first launch's return, at least {WARMUP_MIN_CALL_NS // 1000} us: "
+        "cuBLAS's first "
         "GEMM, every load of it one-time); `uploads before the first kernel` (a device's span up "
         "to its first kernel, when it begins with copies or memsets before the first of the run's steps (2 "
         "or more), or in a "

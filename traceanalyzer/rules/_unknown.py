@@ -101,19 +101,15 @@ FROM hit GROUP BY name ORDER BY ns DESC, name
 # not in it, yet runs in it. The first GPU operation the waiting thread launched after such a
 # wait is held by that work; where it ends a device-idle stretch, the stretch may be that work
 # running, not idle time.
-PRETRACE_WAITS_SQL = """
-SELECT count(*) FROM api_calls
-WHERE run_id = $run_id AND regexp_matches(name, '(?i)StreamWaitEvent') AND pid IS NOT NULL AND tid IS NOT NULL
-  AND start_ns < (SELECT coalesce(min(start_ns), 9223372036854775807) FROM api_calls
-                  WHERE run_id = $run_id AND regexp_matches(name, '(?i)EventRecord'))
-"""
-PRETRACE_SQL = """
-WITH waits AS (
+_PRETRACE_WAITS = """waits AS (
     SELECT pid, tid, start_ns FROM api_calls
     WHERE run_id = $run_id AND regexp_matches(name, '(?i)StreamWaitEvent') AND pid IS NOT NULL AND tid IS NOT NULL
       AND start_ns < (SELECT coalesce(min(start_ns), 9223372036854775807) FROM api_calls
                       WHERE run_id = $run_id AND regexp_matches(name, '(?i)EventRecord'))
-), launches AS (  -- (the threads that waited only)
+)"""
+PRETRACE_WAITS_SQL = f"WITH {_PRETRACE_WAITS} SELECT count(*) FROM waits"
+PRETRACE_SQL = f"""
+WITH {_PRETRACE_WAITS}, launches AS (  -- (the threads that waited only)
     SELECT c.pid, c.tid, c.start_ns, a.device_id, a.start_ns AS op_start_ns
     FROM gpu_activity a JOIN api_calls c ON c.run_id = $run_id AND c.call_id = a.launch_call_id
     WHERE a.run_id = $run_id AND (c.pid, c.tid) IN (SELECT (pid, tid) FROM waits)
@@ -193,8 +189,8 @@ def pretrace_held(store: Store, run_id: str) -> list[tuple[int | None, int, int]
 
 
 PRETRACE_MISSING = ("the GPU work behind the event a stream waited on, recorded before the trace began (work "
-                    "launched before a trace runs in it unrecorded): start the trace a step earlier, or drop the "
-                    "first step's idle time")
+                    "launched before a trace runs in it unrecorded): start the trace a step earlier, so that the work "
+                    "waited on is in it")
 PRETRACE_NOTE = "; cause unknown: the work ending it waited on an event recorded before the trace began"
 PRETRACE_REASON = ("most of its idle time ends where a stream waited on an event recorded before the trace began: "
                    "that time may be GPU work launched before the trace, not time measured lost")
@@ -228,15 +224,15 @@ def abstain(df: pd.DataFrame, missing_of, severity_reason: str = "") -> pd.DataF
     reads it: a finding's own cap)."""
     df = df.copy()
     for i, row in df.iterrows():
-        missing, note, *reason = missing_of(row)
+        missing, note, *own = missing_of(row)
         if not missing:
             continue
-        severity_reason = reason[0] if reason else severity_reason
+        reason = own[0] if own else severity_reason
         ev = row["evidence"]
         ev = json.loads(ev) if isinstance(ev, str) else dict(ev or {})
         ev["cause"], ev["missing"] = CAUSE_UNKNOWN, list(missing)
-        if severity_reason:
-            ev["severity_reason"] = severity_reason
+        if reason:
+            ev["severity_reason"] = reason
             df.at[i, "severity"] = "info"
         df.at[i, "evidence"] = json.dumps(ev, sort_keys=True, default=str)
         df.at[i, "hint"] = unknown_hint(missing)
