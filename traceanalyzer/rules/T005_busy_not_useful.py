@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays chea
 # with copies is not judged by its kernels) and kernel time split by kernel size (timeline runs
 # only).
 DEVICE_SQL = """
-SELECT b.device_id, coalesce(kb.busy_ns, 0) / b.active_span_ns AS busy_share, coalesce(kb.busy_ns, 0) AS busy_ns,
+SELECT b.device_id, coalesce(kb.busy_ns, 0) / nullif(b.active_span_ns, 0) AS busy_share, coalesce(kb.busy_ns, 0) AS busy_ns,
        b.active_span_ns, b.first_start_ns, b.last_end_ns, k.kernel_ns, k.kernels, k.tiny_ns, k.tiny_kernels
 FROM this_run.device_busy b
 LEFT JOIN (SELECT device_id, sum(end_ns - start_ns) AS busy_ns FROM this_run.kernel_busy_intervals
