@@ -22,6 +22,7 @@ from ..schema import arrow_schema
 from ..store import Store, run_cache, utcnow, views
 from ..store.run_policy import DEFAULT_POLICY, RunPolicy
 from . import all_rules
+from ._runtime_terms import in_run_terms
 from .base import CLAIMS, FINDING_COLUMNS, SEVERITIES, Rule, RuleOutcome
 
 if TYPE_CHECKING:  # imported where first used: commands that run no rule do not pay for it
@@ -89,7 +90,7 @@ def evaluate_rule(store: Store, rule: Rule, run_id: str, params: dict[str, Any])
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if rule.unknown is not None and not df.empty:
         df = rule.unknown(store, run_id, df)
-    return _normalize(df, rule, run_id, store)
+    return _normalize(in_run_terms(store, run_id, df), rule, run_id, store)
 
 
 def _normalize(df: pd.DataFrame, rule: Rule, run_id: str, store: Store) -> pd.DataFrame:
