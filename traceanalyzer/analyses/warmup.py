@@ -305,6 +305,22 @@ DEFINES = (
         reads=("islands",),
     ),
     TableMacro(
+        "steady_starts",
+        "Where the steady part of each interval of a table begins: the rows of the table named (a CTE's "
+        "name) with columns `w_key` (the device whose warm-up windows count, -1 for none or, with "
+        "`across_devices`, for all), `t0` and `t1` (the interval), each with `steady_start_ns`, "
+        "`steady_start(t0, t1, ...)` against the merged windows of the table `windows` "
+        "(`run_warmup_merged`): `steady_starts('gaps', 'this_run.warmup_windows', false)`.",
+        """(intervals, windows, across_devices) AS TABLE
+        WITH warm AS MATERIALIZED (SELECT * FROM run_warmup_merged(windows, across_devices))
+        SELECT r.*, steady_start(r.t0, r.t1, w.start_ns, w.end_ns, w.busy_before_ns,
+                                 w0.start_ns, w0.end_ns, w0.busy_before_ns) AS steady_start_ns
+        FROM query_table(intervals) r
+        ASOF LEFT JOIN warm w ON w.device_id = r.w_key AND r.t1 >= w.start_ns
+        ASOF LEFT JOIN warm w0 ON w0.device_id = r.w_key AND r.t0 >= w0.start_ns""",
+        reads=("run_warmup_merged", "steady_start"),
+    ),
+    TableMacro(
         "run_warmup_budget",
         "One run's time inside its warm-up windows (`warmup_windows`, merged per device), by part of "
         "the time budget: `run_id`, `device_id`, `category`, `cause`, `ns` (parts with time only). "

@@ -39,6 +39,18 @@ HINTS = {
 REPLAYED_LATE_HINT = ("The host submits work too slowly between its graph replays (CPU-bound): capture more "
                       "of each step in one graph (fewer, larger replays, e.g. full rather than piecewise "
                       "capture), and take the Python/scheduler work between replays off the launch thread.")
+# A device's only stream waited, with its work issued in time, for nothing but the launch itself.
+LATENCY_HINT = ("The work was issued in time, and the rest of each gap is the launch latency (from a launch "
+                "call's return to its kernel's start; this device ran one stream, so nothing else held it): "
+                "fewer, larger kernels (fusion) cut the launches that pay it, and a CUDA/HIP graph shortens "
+                "it where kernels are launched one by one.")
+# ... on a run that replays graphs, where the gaps are the seams between replays and work launched
+# one by one, and a replay's own start and end.
+REPLAYED_LATENCY_HINT = ("The work was issued in time, and the rest of each gap is the GPU's own latency between "
+                         "operations on this device's one stream, on a run that replays graphs: where a replay "
+                         "meets kernels or copies launched one by one (piecewise capture, eager attention), "
+                         "capturing more of each step in one graph (full rather than piecewise capture) removes "
+                         "the seam; a replay's own start and end cost remains.")
 REPLAYS_SQL = "SELECT EXISTS (SELECT 1 FROM api_calls c JOIN gpu_activity a ON a.run_id = c.run_id " \
               "AND a.launch_call_id = c.call_id WHERE c.run_id = $run_id AND c.name ILIKE '%graphlaunch%')"
 
@@ -106,19 +118,18 @@ HINT = "CASE main_cause " + " ".join(f"WHEN {sql_literal(c)} THEN {sql_literal(h
 SQL = r"""
 WITH warm AS (  -- the warm-up windows per device
     SELECT * FROM run_warmup_merged('this_run.warmup_windows', false)
-), all_gaps AS (
+), stream_gaps AS (
     -- Operations in stream order come computed once per run for T001 and S002 (analyses.launches.stream_ops),
     -- read straight from the cache: sharing them as a CTE would copy every row again.
     -- Names are looked up only for the gaps the evidence lists. With each gap, the launch call
-    -- of the operation that ends it, and that call's thread; and where its steady part begins.
-    SELECT o.device_id, o.stream_id, o.prev_max_end_ns AS whole_start, o.start_ns AS gap_end,
-           steady_start(o.prev_max_end_ns, o.start_ns,
-                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS gap_start,
+    -- of the operation that ends it, and that call's thread.
+    SELECT o.device_id, o.stream_id, coalesce(o.device_id, -1) AS w_key, o.prev_max_end_ns AS t0, o.start_ns AS t1,
            o.kind AS next_kind, o.item_id AS next_id, o.prev_kind, o.prev_id, o.seq, a.start_ns AS call_start, a.end_ns AS call_end, a.pid, a.tid
     FROM this_run.stream_ops o LEFT JOIN api_calls a ON a.run_id = $run_id AND a.call_id = o.launch_call_id
-    ASOF LEFT JOIN warm w ON w.device_id = coalesce(o.device_id, -1) AND o.start_ns >= w.start_ns
-    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(o.device_id, -1) AND o.prev_max_end_ns >= w0.start_ns
     WHERE o.prev_max_end_ns IS NOT NULL AND o.start_ns - o.prev_max_end_ns > $min_gap_ns
+), all_gaps AS (  -- each with where its steady part begins
+    SELECT * EXCLUDE (w_key, t0, t1, steady_start_ns), t0 AS whole_start, t1 AS gap_end, steady_start_ns AS gap_start
+    FROM steady_starts('stream_gaps', 'this_run.warmup_windows', false)
 ), gaps AS (  -- the gaps' steady parts (warm-up left out)
     SELECT * EXCLUDE (whole_start), gap_end - gap_start AS gap_ns FROM all_gaps
     WHERE gap_end - gap_start > $min_gap_ns
@@ -130,14 +141,13 @@ WITH warm AS (  -- the warm-up windows per device
     FROM this_run.stream_ops WHERE device_id IS NOT NULL GROUP BY device_id
 ), one_stream AS (  -- devices whose every operation runs on one stream: there a gap is all device-idle
     SELECT device_id FROM stream_counts WHERE n_streams = 1 AND all_on_streams
+), multi_stream_idle AS (
+    SELECT device_id, coalesce(device_id, -1) AS w_key, start_ns AS t0, end_ns AS t1, gap_ns
+    FROM this_run.device_idle_gaps
+    WHERE gap_ns > $min_gap_ns AND device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
 ), device_stretches AS (
-    SELECT g.device_id, g.end_ns, g.gap_ns AS whole_ns,
-           steady_start(g.start_ns, g.end_ns,
-                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
-    FROM this_run.device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
-    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(g.device_id, -1) AND g.start_ns >= w0.start_ns
-    WHERE g.gap_ns > $min_gap_ns
-      AND g.device_id IN (SELECT device_id FROM stream_counts WHERE n_streams > 1)
+    SELECT device_id, t1 AS end_ns, gap_ns AS whole_ns, steady_start_ns AS start_ns
+    FROM steady_starts('multi_stream_idle', 'this_run.warmup_windows', false)
 ), stretches AS (
     -- Idle stretches of devices with several streams (with one, its stream's finding says it all),
     -- each read from the operation that ends it, as a stream gap is (device_gaps).
@@ -346,16 +356,12 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
               || 'device idle in %s of it (%s of the device''s %sspan); mostly %s (%s of that)',
               stream_id, device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
               fmt_ns(lost_ns), fmt_pct(lost_ns / nullif(steady_ns, 0)), steady_word(span_ns, steady_ns),
-              replace(main_cause, '_', ' '),
+              -- On a device's only stream, work issued in time waits for no other stream: the time
+              -- from a launch call's return to its kernel's start is the launch's own latency (as
+              -- the time budget names it).
+              CASE WHEN main_cause = 'dependency' AND one_stream THEN 'launch latency' ELSE replace(main_cause, '_', ' ') END,
               fmt_pct(main_idle_ns / lost_ns)) AS message,
-       -- On a device's only stream, work issued in time waits for no other stream: the time from
-       -- a launch call's return to its kernel's start is the launch's own latency.
-       CASE WHEN main_cause = 'dependency' AND one_stream
-            THEN 'The work was issued in time, and the rest of each gap is the launch latency (from a launch '
-                 || 'call''s return to its kernel''s start; this device ran one stream, so nothing else held it): '
-                 || 'fewer, larger kernels (fusion) cut the launches that pay it, and a CUDA/HIP graph shortens '
-                 || 'it where kernels are launched one by one.'
-            ELSE __HINT__ END AS hint,
+       CASE WHEN main_cause = 'dependency' AND one_stream THEN __LATENCY_HINT__ ELSE __HINT__ END AS hint,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "steady_span_ns": ' || steady_ns
          || ', "device_idle_ns": ' || lost_ns
@@ -387,7 +393,7 @@ for _key, _sql in {
     "__STREAM_PER_CAUSE__": _per_cause("_idle_ns"), "__DEVICE_PER_CAUSE__": _per_cause("_ns"),
     "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"),
     "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
-    "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT,
+    "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT, "__LATENCY_HINT__": sql_literal(LATENCY_HINT),
     "__PART__": f"device_id * {len(CAUSES)} + list_position({list(CAUSES)}, cause)",
     "__CAUSES__": str([c for c in CAUSES if c != "copy"]),  # no timed copy runs while a whole device is idle
 }.items():
@@ -413,15 +419,12 @@ WITH threads AS (
 ), probes AS (
     SELECT t.device_id, c.name, c.start_ns, c.end_ns FROM api_calls c JOIN threads t USING (pid, tid)
     WHERE c.run_id = $run_id AND c.end_ns > c.start_ns AND c.api IS NOT DISTINCT FROM (SELECT api FROM level)
-), warm AS (
-    SELECT * FROM run_warmup_merged('this_run.warmup_windows', false)
+), idle AS (
+    SELECT device_id, coalesce(device_id, -1) AS w_key, start_ns AS t0, end_ns AS t1 FROM this_run.device_idle_gaps
+    WHERE device_id IN (SELECT unnest($devices))
 ), steady AS (  -- the idle gaps' steady parts, as the findings count them (warm-up left out)
-    SELECT g.device_id, g.end_ns,
-           steady_start(g.start_ns, g.end_ns,
-                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
-    FROM this_run.device_idle_gaps g ASOF LEFT JOIN warm w ON w.device_id = coalesce(g.device_id, -1) AND g.end_ns >= w.start_ns
-    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(g.device_id, -1) AND g.start_ns >= w0.start_ns
-    WHERE g.device_id IN (SELECT unnest($devices))
+    SELECT device_id, t1 AS end_ns, steady_start_ns AS start_ns
+    FROM steady_starts('idle', 'this_run.warmup_windows', false)
 ), stretches AS (
     SELECT device_id, start_ns, end_ns,
            sum(end_ns - start_ns) OVER (PARTITION BY device_id ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS to_end_ns
@@ -464,9 +467,11 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     if df.empty:
         return df
     evidence = [json.loads(e) for e in df["evidence"]]
-    late = [ev["main_cause"] == "late_launch" for ev in evidence]
-    if any(late) and store.sql(REPLAYS_SQL, {"run_id": run_id}).fetchone()[0]:
-        df = df.assign(hint=[REPLAYED_LATE_HINT if is_late else h for is_late, h in zip(late, df["hint"])])
+    # On a run that replays graphs, the graph advice is about the replays
+    replayed = {"late_launch": REPLAYED_LATE_HINT, LATENCY_HINT: REPLAYED_LATENCY_HINT}
+    keys = [ev["main_cause"] if h != LATENCY_HINT else h for ev, h in zip(evidence, df["hint"])]
+    if any(k in replayed for k in keys) and store.sql(REPLAYS_SQL, {"run_id": run_id}).fetchone()[0]:
+        df = df.assign(hint=[replayed.get(k, h) for k, h in zip(keys, df["hint"])])
     found_on = [device_key(device) for device in df["device_id"]]
     gaps = [g for ev in evidence for g in ev["worst"]]
     devices = [d for ev, d in zip(evidence, found_on) for _ in ev["worst"]]

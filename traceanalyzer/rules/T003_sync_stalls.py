@@ -55,13 +55,11 @@ WITH active AS (
 ), next_busy AS (  -- the first busy interval of that device ending after the call returned
     SELECT p.*, b.start_ns AS busy_start
     FROM per_device p ASOF LEFT JOIN busy b ON b.device_id = p.dev AND b.end_ns > p.end_ns
-), warm AS (  -- the warm-up windows per device
-    SELECT * FROM run_warmup_merged('this_run.warmup_windows', false)
+), after_calls AS (
+    SELECT *, coalesce(dev, -1) AS w_key, end_ns AS t0, busy_start AS t1 FROM next_busy
 ), steady AS (  -- where the idle after each call begins to be steady (NULL: it ends in warm-up)
-    SELECT n.*, steady_start(n.end_ns, n.busy_start,
-                             w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS steady_from
-    FROM next_busy n ASOF LEFT JOIN warm w ON w.device_id = coalesce(n.dev, -1) AND n.busy_start >= w.start_ns
-    ASOF LEFT JOIN warm w0 ON w0.device_id = coalesce(n.dev, -1) AND n.end_ns >= w0.start_ns
+    SELECT * EXCLUDE (w_key, t0, t1, steady_start_ns), steady_start_ns AS steady_from
+    FROM steady_starts('after_calls', 'this_run.warmup_windows', false)
 ), late AS (  -- the busy starts after idle time
     SELECT dev AS device_id, busy_start FROM next_busy WHERE busy_start > end_ns
 ), issued AS (  -- when the work that ended the idle after a call was issued (analyses.budget.issued_at)
@@ -113,7 +111,7 @@ WITH active AS (
                         ORDER BY hideable_ns DESC, blocked_ns DESC, start_ns)[1:$max_examples]) AS worst
     FROM costed GROUP BY name, pid, tid
 ), warm_ns AS (  -- per device (-1: the GPUs together), the span's time inside warm-up windows
-    SELECT device_id, sum(end_ns - start_ns) AS ns FROM warm GROUP BY ALL
+    SELECT device_id, sum(end_ns - start_ns) AS ns FROM run_warmup_merged('this_run.warmup_windows', false) GROUP BY ALL
     UNION ALL
     SELECT -1, sum(end_ns - start_ns) FROM run_warmup_merged('this_run.warmup_windows', true)
 ), scored AS (  -- the span of the group's device (else the GPUs') and its steady part, what the

@@ -27,13 +27,11 @@ from .evidence import Place, PlacedEvidence, TimeRange, doc
 SQL = r"""
 WITH warm AS (  -- the warm-up windows of every device together
     SELECT * FROM run_warmup_merged('this_run.warmup_windows', true)
+), idle AS (
+    SELECT -1 AS w_key, start_ns AS t0, end_ns AS t1 FROM this_run.run_idle_gaps
 ), steady AS (  -- each GPU-idle stretch's steady part (none: all warm-up)
-    SELECT g.start_ns AS idle_start, g.end_ns,
-           steady_start(g.start_ns, g.end_ns,
-                        w.start_ns, w.end_ns, w.busy_before_ns, w0.start_ns, w0.end_ns, w0.busy_before_ns) AS start_ns
-    FROM (SELECT start_ns, end_ns FROM this_run.run_idle_gaps) g
-    ASOF LEFT JOIN warm w ON g.end_ns >= w.start_ns
-    ASOF LEFT JOIN warm w0 ON g.start_ns >= w0.start_ns
+    SELECT t0 AS idle_start, t1 AS end_ns, steady_start_ns AS start_ns
+    FROM steady_starts('idle', 'this_run.warmup_windows', true)
 ), gpu_idle AS (
     SELECT row_number() OVER (ORDER BY start_ns) AS sid, start_ns, end_ns, end_ns - start_ns AS gap_ns
     FROM steady WHERE end_ns - start_ns >= $min_stretch_ns
