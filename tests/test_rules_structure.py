@@ -339,8 +339,11 @@ def test_m001_peak_and_what_holds_it(check, path):
     frag = [f for f in findings if f["item_name"] == "reserved but unallocated memory"]
     if unused >= 0.3 and max(reserved) - max(alloc) >= 1 << 30:
         [f] = frag
-        assert f["value"] == pytest.approx(unused) and f["severity"] == "warning"
-        assert path.endswith("df_index_resolver.json.gz")  # 12.8 GB reserved for 6.6 GB allocated
+        # reserved the same at every event: cached before the trace, it never grew in it
+        flat = min(reserved) == max(reserved)
+        assert f["value"] == pytest.approx(unused) and f["severity"] == ("info" if flat else "warning")
+        assert ("throughout the trace" in f["message"]) == flat
+        assert path.endswith("df_index_resolver.json.gz") and flat  # 12.8 GB reserved for 6.6 GB allocated
     else:
         assert frag == []
 

@@ -30,7 +30,9 @@ WITH level AS (  -- allocated (and reserved) memory after each event, the `memor
 ), per_device AS (
     SELECT device_id, count(*) AS events, any_value(has_totals) AS has_totals,
            count(address) = count(*) AS has_addresses, any_value(before_trace_bytes) AS before_trace_bytes,
-           min(ts_ns) AS first_ns, max(ts_ns) AS last_ns
+           min(ts_ns) AS first_ns, max(ts_ns) AS last_ns,
+           -- reserved memory the same at every event: set before the trace, it never grew in it
+           min(reserved) = max(reserved) AS reserved_flat
     FROM level GROUP BY device_id
 ), peak_alloc AS (
     {_first_at_top("allocated")}
@@ -94,7 +96,7 @@ WITH level AS (  -- allocated (and reserved) memory after each event, the `memor
                         ORDER BY bytes DESC, event_id)[1:$max_examples]) AS blocks
     FROM held_ops GROUP BY device_id
 ), summary AS (
-    SELECT d.device_id, d.events, d.has_totals, m.by_address,
+    SELECT d.device_id, d.events, d.has_totals, m.by_address, d.reserved_flat,
            d.before_trace_bytes,
            pa.event_id AS pa_id, pa.allocated AS peak_allocated, pa.ts_ns AS pa_start, coalesce(pa.next_ts, pa.ts_ns) AS pa_end,
            pr.event_id AS pr_id, pr.reserved AS peak_reserved, pr.allocated AS allocated_at_reserved_peak,
@@ -136,11 +138,18 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'memory' AS item_kind, pa_id AS ite
        CASE WHEN capacity_share >= $warning_capacity_share AND NOT held_before THEN 'warning' ELSE 'info' END AS severity,
        printf('device %d: peak allocated %s at +%s%s%s; %s',
               device_id, fmt_bytes(peak_allocated), fmt_ns(pa_start - run_start),
-              CASE WHEN peak_reserved IS NOT NULL
+              CASE WHEN peak_reserved IS NOT NULL AND reserved_flat
+                   THEN printf(', reserved %s throughout the trace', fmt_bytes(peak_reserved))
+                   WHEN peak_reserved IS NOT NULL
                    THEN printf(', peak reserved %s at +%s', fmt_bytes(peak_reserved), fmt_ns(pr_start - run_start))
                    ELSE '' END,
               CASE WHEN capacity IS NOT NULL THEN printf(' (%s of %s)', fmt_pct(capacity_share), fmt_bytes(capacity))
-                   ELSE '' END,
+                   ELSE '' END
+              -- a running sum counts from the trace's start: what was allocated before it and not
+              -- freed in it (weights, optimizer state) is not in it
+              || CASE WHEN NOT has_totals THEN ', counted from the trace''s start (no allocator totals: memory '
+                                               || 'allocated before it and not freed in it is not counted)'
+                      ELSE '' END,
               CASE WHEN top_op IS NULL THEN 'no allocation could be attributed'
                    ELSE printf('most %s by %s (%s)', CASE WHEN by_address THEN 'held at the peak'
                                                           ELSE 'allocated on the climb to it' END,
@@ -149,8 +158,8 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'memory' AS item_kind, pa_id AS ite
                       THEN printf(', besides %s held from before the trace began', fmt_bytes(before_held_bytes))
                       ELSE '' END) AS message,
        CASE WHEN held_before THEN
-              'Most of the peak was allocated before the trace began (model weights, or memory reserved up front: '
-              || 'an inference server''s KV cache, e.g. vLLM''s gpu_memory_utilization): the trace cannot say what holds '
+              'Most of the peak was allocated before the trace began (model weights and optimizer state, or memory '
+              || 'reserved up front such as an inference server''s KV cache): the trace cannot say what holds '
               || 'it. Record from the start (torch.cuda.memory._record_memory_history) to see; a deliberate '
               || 'preallocation is nothing to fix.'
             WHEN capacity_share >= $warning_capacity_share THEN
@@ -161,15 +170,27 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'memory' AS item_kind, pa_id AS ite
        evidence
 FROM described
 UNION ALL
+-- Reserved memory that never grew in the trace was cached before it (an earlier, higher peak):
+-- the allocator cost nothing here, and without a snapshot its blocks' fragmentation is unknown.
 SELECT device_id, NULL, 'memory', pr_id, 'reserved but unallocated memory', pr_start, pr_end,
-       unused_share, 'share', $min_fragmentation_share, NULL, 'warning',
-       printf('device %d: the caching allocator reserved %s at its peak but at most %s was allocated in the trace: '
-              || '%s (%s) reserved and not allocated at any time of it (fragmentation, or free blocks cached from '
-              || 'before); %s allocated at the reserved peak',
-              device_id, fmt_bytes(peak_reserved), fmt_bytes(peak_allocated), fmt_bytes(peak_reserved - peak_allocated),
-              fmt_pct(unused_share), fmt_bytes(allocated_at_reserved_peak)),
-       'Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of fragmenting), keep tensor '
-         || 'sizes steady between steps (pad or bucket varying shapes), and free large temporaries before the peak.',
+       unused_share, 'share', $min_fragmentation_share, NULL, CASE WHEN reserved_flat THEN 'info' ELSE 'warning' END,
+       CASE WHEN reserved_flat
+            THEN printf('device %d: the caching allocator held %s reserved throughout the trace but at most %s was '
+                        || 'allocated in it: %s (%s) cached from before the trace began (an earlier, higher peak: '
+                        || 'warm-up, compilation); whether it is fragmented the trace cannot tell',
+                        device_id, fmt_bytes(peak_reserved), fmt_bytes(peak_allocated),
+                        fmt_bytes(peak_reserved - peak_allocated), fmt_pct(unused_share))
+            ELSE printf('device %d: the caching allocator reserved %s at its peak but at most %s was allocated in the trace: '
+                        || '%s (%s) reserved and not allocated at any time of it (fragmentation, or free blocks cached from '
+                        || 'before); %s allocated at the reserved peak',
+                        device_id, fmt_bytes(peak_reserved), fmt_bytes(peak_allocated), fmt_bytes(peak_reserved - peak_allocated),
+                        fmt_pct(unused_share), fmt_bytes(allocated_at_reserved_peak)) END,
+       CASE WHEN reserved_flat
+            THEN 'Reserved memory did not grow in the trace, so the allocator cost nothing here; the cached blocks '
+                 || 'matter only when something else needs the memory: torch.cuda.empty_cache() after the warm-up '
+                 || 'returns them, and a memory snapshot (torch.cuda.memory._snapshot()) shows whether they are fragmented.'
+            ELSE 'Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of fragmenting), keep tensor '
+                 || 'sizes steady between steps (pad or bucket varying shapes), and free large temporaries before the peak.' END,
        evidence
 FROM described
 WHERE unused_share >= $min_fragmentation_share AND peak_reserved - peak_allocated >= $min_fragmentation_bytes
@@ -203,7 +224,7 @@ class M001Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     allocated_at_reserved_peak_bytes: Annotated[Optional[int], doc("bytes allocated when reserved memory peaked")]
     device_memory_bytes: Annotated[Optional[int], doc("the device's memory")]
     events: Annotated[int, doc("allocator events read")]
-    before_trace_bytes: Annotated[int, doc("bytes allocated before the trace began")]
+    before_trace_bytes: Annotated[int, doc("bytes allocated before the trace began (with `totals` a running sum of signed sizes: at least this, what frees of older blocks show)")]
     held_from_before_trace_bytes: Annotated[Optional[int], doc("bytes at the peak allocated before the trace began")]
     totals: Annotated[str, doc("how the allocated totals were obtained")]
     attribution: Annotated[str, doc("how allocations were attributed to operators")]
