@@ -21,9 +21,13 @@ from .conftest import FIXTURES, corpus_runs
 # same words are in the rule's docs): in the two SGEMM reports the threads of a warp read one word
 # of A together, so few of each L1 sector's bytes are used per thread (MemoryCacheAccessPattern)
 # although the Source Counters find no sector beyond the ideal (no UncoalescedGlobalAccess, no I002).
+# simpleDivergence launches one block of 64 threads: an SM holds 2 of its 48 warps whatever the
+# occupancy limits, and its achieved 4.2% is that ceiling (B002 judges achieved against what the
+# grid allows; NVIDIA's AchievedOccupancy against the theoretical 100%).
 KNOWN = {
     "I002": {("CudaCode__gemm__reps__naive.ncu-rep", None),
              ("CudaCode__gemm__reps__global_mem_coalesce.ncu-rep", None)},
+    "B002": {("CudaProgramming__profiling__profiles__simpleDivergence.ncu-rep", None)},
 }
 
 # NVIDIA's SOLBottleneck message -> the side of the roof it names.

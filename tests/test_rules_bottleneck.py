@@ -126,16 +126,18 @@ def test_b003_sol_classification_on_real_ncu(check, path, sm_label, mem_label):
     for name, k in kernels.items():
         if k["_dur"] / total >= 0.01:
             sm, mem = k[sm_label], k[mem_label]
-            expected[name] = (sol_verdict(sm, mem), max(sm, mem) / 100, k["_dur"])
+            expected[name] = (sol_verdict(sm, mem), max(sm, mem) / 100, k["_dur"], k["_dur"] / k["_n"])
     findings, status = check(path, "B003")
     assert status == "ran"
     got = {f["item_name"]: f for f in findings}
     assert set(got) == set(expected)
-    for name, (bound, share, dur) in expected.items():
+    for name, (bound, share, dur, per_launch) in expected.items():
         f = got[name]
         assert f["evidence"]["bound"] == bound and f["evidence"]["source"] == "sol"
         assert f["value"] == pytest.approx(share, rel=1e-9)
-        if bound == "latency":
+        if bound == "latency" and per_launch < 5_000:  # mostly the fixed cost of starting a kernel
+            assert f["est_loss_ns"] is None and f["severity"] == "info"
+        elif bound == "latency":
             assert f["est_loss_ns"] == round(dur * (1 - share / 0.8))
             assert f["severity"] == ("warning" if dur / total >= 0.05 else "info")
         else:

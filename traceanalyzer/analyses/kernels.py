@@ -13,6 +13,11 @@ from .core import Macro, TableMacro, View
 NCU_DURATION = "gpu__time_duration.sum"
 
 
+# DRAM's throughput, % of its peak (ncu's names by version).
+DRAM_SOL_METRICS = ("'gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed', "
+                    "'dram__throughput.avg.pct_of_peak_sustained_elapsed'")
+
+
 def _stall_profiles() -> str:
     """The stall_profiles view's query (rule I001's analysis)."""
     reason = (r"'^smsp__(?:pcsamp_warps_issue_stalled_|warp_issue_stalled_|average_warps_issue_stalled_|"
@@ -38,15 +43,19 @@ def _stall_profiles() -> str:
             WHERE f.reason NOT IN ('selected')
         ), launches AS (
             SELECT k.run_id, k.kernel_id, coalesce(k.name, '?') AS name, coalesce(k.short_name, k.name, '?') AS short_name,
-                   k.device_id, i.issue_active, k.duration_ns
+                   k.device_id, i.issue_active, i.dram_pct, k.duration_ns
             FROM kernel_durations k SEMI JOIN best b USING (run_id, kernel_id)
-            LEFT JOIN (SELECT run_id, kernel_id, max(value) AS issue_active FROM kernel_metrics
-                       WHERE metric_id = 'smsp__issue_active.avg.per_cycle_active' GROUP BY run_id, kernel_id) i
+            LEFT JOIN (SELECT run_id, kernel_id,
+                              max(value) FILTER (WHERE metric_id = 'smsp__issue_active.avg.per_cycle_active') AS issue_active,
+                              max(value) FILTER (WHERE metric_id IN ({DRAM_SOL_METRICS})) AS dram_pct
+                       FROM kernel_metrics WHERE metric_id IN ('smsp__issue_active.avg.per_cycle_active', {DRAM_SOL_METRICS})
+                       GROUP BY run_id, kernel_id) i
               USING (run_id, kernel_id)
         ), by_name AS (  -- the average profile over the launches of one kernel
             SELECT l.run_id, l.name, any_value(l.short_name) AS short_name, min(l.kernel_id) AS first_id,
                    any_value(l.device_id) AS device_id, count(DISTINCT l.kernel_id) AS launches,
                    p.reason, avg(p.share) AS share, avg(l.issue_active) AS issue_active,
+                   avg(CASE WHEN l.dram_pct IS NOT NULL THEN least(greatest(1 - l.dram_pct / 100, 0), 1) END) AS headroom,
                    sum(l.duration_ns) / count(*) * count(DISTINCT l.kernel_id) AS duration_ns,
                    any_value(p.family) AS family
             FROM profile p JOIN launches l USING (run_id, kernel_id)
@@ -57,8 +66,12 @@ def _stall_profiles() -> str:
                                             OVER (PARTITION BY run_id, name))) AS profile
             FROM by_name
         )
-        SELECT run_id, name, short_name, device_id, first_id, launches, reason, share, issue_active, duration_ns,
-               family, profile, CAST(duration_ns * (1 - coalesce(issue_active, 0)) * share AS BIGINT) AS est_loss_ns
+        -- A kernel at the DRAM roof waits on DRAM: its stalls are the symptom, and for the same bytes
+        -- no fix makes it faster than the roof allows. (A unit inside the SM near its peak is no
+        -- such bound: fewer instructions, e.g. tiling, take load off it.)
+        SELECT run_id, name, short_name, device_id, first_id, launches, reason, share, issue_active, headroom, duration_ns,
+               family, profile,
+               CAST(duration_ns * least((1 - coalesce(issue_active, 0)) * share, coalesce(headroom, 1)) AS BIGINT) AS est_loss_ns
         FROM ranked WHERE rk = 1
         """
 
@@ -178,8 +191,10 @@ DEFINES = (
         "`smsp__warp_issue_stalled_*_per_warp_active.pct`, `smsp__average_warp_latency_issue_stalled_*`, "
         "`smsp__pcsamp_warps_issue_stalled_*`) as shares summing to 1 (`selected`, the issuing state, left "
         "out), averaged over the kernel's launches (`profile`, JSON reason -> share); the top `reason` and "
-        "its `share`; `issue_active` (issue slots busy per cycle), `duration_ns` (of all launches), and "
-        "`est_loss_ns` = duration x (1 - issue active) x share. Rule I001 reports the dominant ones.",
+        "its `share`; `issue_active` (issue slots busy per cycle), `headroom` (1 - DRAM's throughput share, "
+        "`gpu__dram_throughput` or `dram__throughput` % of peak, averaged over launches; NULL unmeasured), "
+        "`duration_ns` (of all launches), and `est_loss_ns` = duration x (1 - issue active) x share, at most "
+        "duration x headroom (a kernel at the DRAM roof is no faster for fewer stalls while it moves the same bytes). Rule I001 reports the dominant ones.",
         _stall_profiles(),
         reads=("kernel_durations",),
         on_demand=True,

@@ -47,6 +47,11 @@ def _configuration(r, p: dict) -> dict | None:
         kind = "small grid"
         grid = f"grid of {int(r.grid_blocks)} blocks" if r.grid_blocks == r.grid_blocks else "grid"
         known = r.grid_blocks == r.grid_blocks and r.sm_count == r.sm_count
+        # waves = blocks / (SMs x blocks per SM): a grid of at least a block per SM has
+        # waves x blocks per SM >= 1, which ncu's printed waves say without the SM count
+        if not known and r.grid_blocks == r.grid_blocks and r.blocks_per_sm == r.blocks_per_sm \
+                and r.waves * r.blocks_per_sm >= 1:
+            known = True
         if known and r.grid_blocks < r.sm_count:
             idle = (r.sm_count - r.grid_blocks) / r.sm_count  # NVIDIA's Small Grid estimate: idle SMs
             what = (f"{grid} on {int(r.sm_count)} SMs leaves {pct(idle)} of the SMs idle "

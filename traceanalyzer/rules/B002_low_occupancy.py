@@ -67,7 +67,10 @@ def _configuration(r, p: dict) -> dict | None:
     measured = r.achieved if r.achieved_source == "ncu" else float("nan")  # only ncu measures it
     target = p["min_theoretical_share"]
     low_theo = theo < target
-    gap = measured == measured and theo - measured > p["max_achieved_gap_share"]
+    # achieved is judged against what the grid lets the SMs hold: a grid of fewer blocks than
+    # one wave puts at most ceil(blocks / SMs) on an SM (B001 says whether the grid is too small)
+    ceiling = _grid_ceiling(r, theo)
+    gap = measured == measured and ceiling - measured > p["max_achieved_gap_share"]
     if not (low_theo or gap):
         return None
     estimate, estimate_note = _kineto_estimate(r)
@@ -81,8 +84,11 @@ def _configuration(r, p: dict) -> dict | None:
         if gap:
             what += f", and achieved only {pct(measured)} (measured)"
     else:
-        share = 1 - measured / theo
+        share = 1 - measured / ceiling
         what = f"achieved occupancy {pct(measured)} (measured) vs theoretical {pct(theo)}"
+        if ceiling < theo:
+            what += (f", {pct(ceiling)} with its grid of {int(r.grid_blocks)} block(s) on {int(r.sm_count)} SMs "
+                     f"(at most {math.ceil(r.grid_blocks / r.sm_count)} an SM)")
     what += _lanes(r)
     sol = max((x for x in (r.sm_sol, r.memory_sol) if x == x), default=None)
     bound = "an upper bound, if it is latency-bound"
@@ -93,6 +99,16 @@ def _configuration(r, p: dict) -> dict | None:
     return {"row": r, "low_theo": low_theo, "gap": gap, "what": what, "limiters": limiters, "share": share,
             "loss": loss, "bound": bound, "sol": sol, "estimate": estimate, "estimate_note": estimate_note,
             "measured": None if measured != measured else measured}
+
+
+def _grid_ceiling(r, theo: float) -> float:
+    """The occupancy an SM can reach with the kernel's grid: `theo` scaled by the blocks the grid
+    gives an SM (ceil(blocks / SMs)) over the blocks it could hold; `theo` when unknown or the
+    grid fills a wave."""
+    grid, sms, per_sm = r.grid_blocks, r.sm_count, r.blocks_per_sm
+    if any(x != x or x <= 0 for x in (grid, sms, per_sm)):
+        return theo
+    return theo * min(1.0, math.ceil(grid / sms) / per_sm)
 
 
 def _lanes(r) -> str:
@@ -112,12 +128,17 @@ def _finding(configs: list[dict], p: dict) -> dict:
     shares = [c["row"].time_share for c in configs if c["row"].time_share == c["row"].time_share]
     time_share = sum(shares) if shares else None
     throughput_bound = worst["sol"] is not None and worst["sol"] >= SOL_THROUGHPUT_BOUND
-    if throughput_bound:  # occupancy is not what limits it: more of it wins nothing to estimate
+    launches = int(sum(c["row"].launches for c in configs))
+    total_ns = sum(c["row"].total_ns for c in configs if c["row"].total_ns == c["row"].total_ns)
+    # a launch of a few microseconds is mostly the fixed cost of starting a kernel, which more
+    # resident warps do not shorten
+    short = bool(total_ns) and total_ns / launches < p["short_kernel_ns"]
+    if throughput_bound or short:  # occupancy is not what limits it: more of it wins nothing to estimate
         loss = None
     # Library GEMM, convolution and attention kernels keep few, large blocks resident by design
     # (big tiles, deep pipelines): low occupancy alone says nothing about them, a measurement does.
     by_design = library_of(r) in LOW_OCCUPANCY_BY_DESIGN and worst["sol"] is None
-    sev = ("info" if throughput_bound or by_design or (time_share is not None and time_share < p["warning_time_share"])
+    sev = ("info" if throughput_bound or by_design or short or (time_share is not None and time_share < p["warning_time_share"])
            else "warning")
     # Info whatever its loss, for these two reasons (the diagnosis keeps it, see rules/base.py).
     reason = ("throughput-bound: occupancy is not what limits it" if throughput_bound else
@@ -136,6 +157,8 @@ def _finding(configs: list[dict], p: dict) -> dict:
     if by_design and worst["low_theo"]:
         message += ("; library GEMM, convolution and attention kernels run few large blocks by design, so "
                     "without a measurement (ncu's Speed Of Light) this is no sign of a problem")
+    if short and not throughput_bound:
+        message += f"; at {ns(total_ns / launches)} a launch, mostly the fixed cost of starting a kernel"
     if len(configs) > 1:
         message += f" (the worst of {len(configs)} launch configurations)"
     if loss is not None:
@@ -148,7 +171,6 @@ def _finding(configs: list[dict], p: dict) -> dict:
     elif hint is None:
         hint = ("Warps finish unevenly or blocks are scheduled poorly: balance work across warps and blocks, "
                 "avoid a small last wave, and check for long-running warps.")
-    launches = int(sum(c["row"].launches for c in configs))
     # start/end stay floats (NaN when unknown): None would not mix with the SQL rules' nullable integers
     return {
         "device_id": r.device_id, "item_kind": "kernel", "item_id": r.first_id, "item_name": r.name,
@@ -258,7 +280,7 @@ RULE = linked(Rule(
         "limits it). A cuBLAS, CUTLASS, cuDNN or attention "
         "kernel without Speed Of Light is info too: those keep few large blocks resident by design. One finding per kernel (its launch "
         "configurations in `evidence.configurations`, losses summed); kernels under "
-        "`warning_time_share` of kernel time are info, under `min_time_share` skipped. Collectives "
+        "`warning_time_share` of kernel time are info, under `min_time_share` skipped; kernels under `short_kernel_ns` a launch on average (mostly the fixed cost of starting a kernel) are info, with no loss estimated. Collectives "
         "are T007's; library kernels (`kernels.library`) get hints about the call, not registers. A "
         "block that is not a whole number of warps (the device's `warp_size`) is said to leave lanes "
         "of its warps idle, which no occupancy figure counts." + " " + LAUNCHER_HOW,
@@ -276,6 +298,7 @@ RULE = linked(Rule(
         Threshold("max_achieved_gap_share", 0.1, "Achieved more than this below theoretical is reported (NVIDIA: 10 points)."),
         Threshold("min_time_share", 0.01, "Kernels under this share of the run's kernel time are skipped (when timed)."),
         Threshold("warning_time_share", 0.05, "Kernels under this share of kernel time are reported as info."),
+        Threshold("short_kernel_ns", 5_000, "Kernels shorter than this a launch on average are mostly the fixed cost of starting a kernel: info, no loss estimated."),
     ),
     evaluate=evaluate,
     references=(

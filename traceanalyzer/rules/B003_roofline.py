@@ -228,15 +228,21 @@ def _finding(r: dict, p: dict) -> dict:
             "latency": "nearest roof"}[bound]
     target = p["throughput_bound_pct"] / 100
     loss = None
-    if bound == "latency" and r["duration_ns"] == r["duration_ns"]:
+    launches = int(r["launches"])
+    # a launch of a few microseconds is mostly the fixed cost of starting a kernel, which no roof
+    # measures: nearer the roof it would not be much shorter
+    short = (bound == "latency" and r["duration_ns"] == r["duration_ns"]
+             and r["duration_ns"] / max(launches, 1) < p["launch_cost_ns"])
+    if bound == "latency" and r["duration_ns"] == r["duration_ns"] and not short:
         loss = round(r["duration_ns"] * (1 - share / target))  # time saved at the same work near the roof
     hot = r["time_share"] != r["time_share"] or r["time_share"] >= p["warning_time_share"]
-    severity = "warning" if bound == "latency" and hot else "info"
-    launches = int(r["launches"])
+    severity = "warning" if bound == "latency" and hot and not short else "info"
     msg = (f"{kernel_label(r['name'], r['short_name'])}: {what}, at {pct(share)} of the {roof} ({_roof_text(r)})"
            + (f"; {launches} launches, {ns(r['duration_ns'])}" if launches > 1 else
               f"; {ns(r['duration_ns'])}" if r["duration_ns"] == r["duration_ns"] else "")
-           + (f", est. {ns(loss)} to gain; {loss_bound(r['duration_ns'], 'the kernel ran')}" if loss else ""))
+           + (f", est. {ns(loss)} to gain; {loss_bound(r['duration_ns'], 'the kernel ran')}" if loss else "")
+           + (f"; at {ns(r['duration_ns'] / max(launches, 1))} a launch, mostly the fixed cost of starting a kernel "
+              "(no loss estimated)" if short else ""))
     evidence = {
         "bound": bound, "saturated": share >= p["throughput_bound_pct"] / 100, "source": r["source"], "estimate": False, "compute_pct": r["compute_pct"],
         "memory_pct": r["memory_pct"], "launches": launches, "duration_ns": r["duration_ns"],
@@ -601,8 +607,10 @@ RULE = linked(Rule(
         "`balanced_pct` points (balanced: both busy), at or over `throughput_bound_pct` too, where NVIDIA "
         "says \"High Throughput\" and names no side. The share reported is the higher side. Estimated "
         "loss, for latency-bound kernels only: time x (1 - share / (`throughput_bound_pct`/100)), the time saved "
-        "if the same work ran at the throughput-bound level (part of the kernel's own time). Severity is warning "
-        "for latency-bound kernels over `warning_time_share` of profiled time, info otherwise.\n\n"
+        "if the same work ran at the throughput-bound level (part of the kernel's own time), none for kernels under "
+        "`launch_cost_ns` a launch on average (mostly the fixed cost of starting a kernel, which no roof measures). "
+        "Severity is warning for latency-bound kernels over `warning_time_share` of profiled time and not that "
+        "short, info otherwise.\n\n"
         "**PyTorch (Kineto) traces: an estimate from operator shapes.** GEMM-like operators, attention and "
         "convolutions get FLOPs and bytes from their recorded shapes (table below), over the time of the kernels "
         "they launched, grouped by operator, shape, type and device. The roof is that of the inputs' type on the "
@@ -633,6 +641,8 @@ RULE = linked(Rule(
         Threshold("balanced_pct", 10, "Sides within this many points are balanced (NVIDIA SOLBottleneck: 10)."),
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled kernel time are skipped (when timed)."),
         Threshold("warning_time_share", 0.05, "Latency-bound kernels at or over this share of time are warnings, others info."),
+        Threshold("launch_cost_ns", 5_000, "Measured kernels shorter than this a launch on average are mostly the fixed "
+                  "cost of starting a kernel: no loss is estimated for them."),
         Threshold("short_kernel_ns", 10_000, "Kineto estimate: kernels shorter than this on average are a latency "
                   "reason (launch and ramp-up dominate)."),
         Threshold("low_occupancy_pct", 10, "Kineto estimate: Kineto's estimated achieved occupancy under this % "

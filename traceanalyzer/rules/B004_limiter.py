@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Optional
 
-from ..fmt import kernel_label, nbytes, pct
+from ..fmt import kernel_label, nbytes, ns, pct
 from ._library import library_hint
 from ._ncu import (ACHIEVED, DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
                    device_peaks, kernel_finding, linked, ncu_launches, per_kernel)
@@ -138,6 +138,9 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         share = max(r[SM_SOL], r[MEM_SOL]) / 100
         hot = r["time_share"] != r["time_share"] or r["time_share"] >= p["warning_time_share"]
         launches = int(r["launches"])
+        # a launch of a few microseconds is mostly the fixed cost of starting a kernel
+        per_launch = r["duration_ns"] / max(launches, 1) if r["duration_ns"] == r["duration_ns"] else None
+        short = per_launch is not None and per_launch < p["short_kernel_ns"] and limiter != "throughput"
         evidence = {
             "limiter": limiter, "cause": cause, "bound": r["bound"], "sm_pct": r[SM_SOL], "memory_pct": r[MEM_SOL],
             "memory_unit": r["memory_unit"], "waves": r.get(WAVES), "theoretical_occupancy_pct": r.get(THEORETICAL),
@@ -151,10 +154,11 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             r, evidence,
             value=share, value_unit="share",
             threshold=(p["latency_bound_pct"] if limiter != "throughput" else p["throughput_bound_pct"]) / 100,
-            severity="warning" if limiter != "throughput" and hot else "info",
+            severity="warning" if limiter != "throughput" and hot and not short else "info",
             message=f"{kernel_label(r['name'], r['short_name'])}: {what}"
                     + (f"; {pct(r['time_share'])} of profiled time" if r["time_share"] == r["time_share"] else "")
-                    + (f" over {launches} launches" if launches > 1 else ""),
+                    + (f" over {launches} launches" if launches > 1 else "")
+                    + (f"; at {ns(per_launch)} a launch, mostly the fixed cost of starting a kernel" if short else ""),
             hint=experiment,
         ))
     return pd.DataFrame(rows)
@@ -207,7 +211,7 @@ RULE = linked(Rule(
         "occupancy under `min_theoretical_occupancy_pct` (with the binding `launch__occupancy_limit_*`) or "
         "achieved more than `max_achieved_gap_pct` points below it -> occupancy-limited; scheduler issue rate "
         "under `min_issue_active_ratio` -> stalls (NVIDIA IssueSlotUtilization); else unclear. Latency- and "
-        "occupancy-limited kernels over `warning_time_share` are warnings; throughput-limited ones info. No "
+        "occupancy-limited kernels over `warning_time_share` are warnings, unless under `short_kernel_ns` a launch on average (mostly the fixed cost of starting a kernel); throughput-limited ones info. No "
         "time estimate here: B003 gives the time at stake for the same kernels. Beside NVIDIA's SOLBottleneck, "
         "on every real report kernel it judges, the side agrees: its 'greater than 80%' and 'more heavily "
         "utilized' messages are throughput, 'too small to fill' and 'low compute throughput and memory "
@@ -229,6 +233,7 @@ RULE = linked(Rule(
         Threshold("min_time_share", 0.05, "Kernels under this share of profiled time are not judged."),
         Threshold("max_kernels_count", 10, "At most this many of the longest kernels are judged.", low=1),
         Threshold("warning_time_share", 0.1, "Latency/occupancy-limited kernels at or over this share of time are warnings."),
+        Threshold("short_kernel_ns", 5_000, "Kernels shorter than this a launch on average are mostly the fixed cost of starting a kernel: info."),
     ),
     evaluate=evaluate,
     references=(

@@ -23,7 +23,7 @@ WITH reasons(reason, meaning, hint, meaning_no_local, hint_no_local) AS (VALUES
 ), phrases(reason, phrase) AS (VALUES
         __PHRASES__
 ), measured AS (
-    SELECT device_id, first_id, name, short_name, launches, reason, share, issue_active, est_loss_ns,
+    SELECT device_id, first_id, name, short_name, launches, reason, share, issue_active, headroom, est_loss_ns,
            'stall metrics' AS source, family::VARCHAR AS family, profile, NULL::DOUBLE AS nvidia_speedup_pct
     FROM stall_profiles WHERE run_id = $run_id
 ), verdicts AS (
@@ -41,7 +41,7 @@ WITH reasons(reason, meaning, hint, meaning_no_local, hint_no_local) AS (VALUES
     GROUP BY k.name, v.reason
 ), vendor AS (
     SELECT device_id, first_id, coalesce(name, '?') AS name, short_name, launches, reason, share,
-           NULL::DOUBLE AS issue_active, est_loss_ns, 'NVIDIA CPIStall rule' AS source, 'null' AS family,
+           NULL::DOUBLE AS issue_active, NULL::DOUBLE AS headroom, est_loss_ns, 'NVIDIA CPIStall rule' AS source, 'null' AS family,
            to_json(map_from_entries(list((reason, round(share, 4)) ORDER BY share DESC)
                                     OVER (PARTITION BY name))) AS profile, nvidia_speedup_pct
     FROM by_name QUALIFY row_number() OVER (PARTITION BY name ORDER BY share DESC, reason) = 1
@@ -61,14 +61,22 @@ WITH reasons(reason, meaning, hint, meaning_no_local, hint_no_local) AS (VALUES
 SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, first_id AS item_id, name AS item_name,
        NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns,
        share AS value, 'share' AS value_unit, $min_dominant_share AS threshold, est_loss_ns,
-       CASE WHEN reason = 'not_selected' THEN 'info' ELSE NULL END AS severity,
-       printf('%s: %s of stall cycles are %s (%s)%s%s', short_name, fmt_pct(share), replace(reason, '_', ' '),
+       -- at the DRAM roof the stalls are the symptom of the busy DRAM, not a cost of their own
+       -- without durations (a stall-metrics-only report) there is no telling which kernels matter
+       CASE WHEN reason = 'not_selected' OR headroom <= 1 - $roof_share OR est_loss_ns IS NULL THEN 'info' ELSE NULL END AS severity,
+       printf('%s: %s of stall cycles are %s (%s)%s%s%s', short_name, fmt_pct(share), replace(reason, '_', ' '),
               coalesce(meaning, 'see Nsight Compute'),
               CASE WHEN launches > 1 THEN printf(', averaged over %d launches', launches) ELSE '' END,
-              CASE WHEN source <> 'stall metrics' THEN ', from NVIDIA''s CPIStall verdict' ELSE '' END) AS message,
+              CASE WHEN source <> 'stall metrics' THEN ', from NVIDIA''s CPIStall verdict' ELSE '' END,
+              CASE WHEN headroom <= 1 - $roof_share
+                   THEN printf('; DRAM runs at %s of its peak, so the stalls wait on it and, for the same bytes, at '
+                               || 'most %s of its time can be won', fmt_pct(1 - headroom), fmt_pct(headroom))
+                   WHEN est_loss_ns IS NULL THEN '; the report has no kernel durations, so what the stalls cost is unknown'
+                   ELSE '' END) AS message,
        coalesce(hint, 'Look at the stall reasons in the Nsight Compute source view.') AS hint,
        '{"reason": "' || reason || '", "launches": ' || launches || ', "issue_active": '
-         || coalesce(CAST(issue_active AS VARCHAR), 'null') || ', "metric_family": ' || family
+         || coalesce(CAST(issue_active AS VARCHAR), 'null') || ', "roof_headroom": '
+         || coalesce(CAST(headroom AS VARCHAR), 'null') || ', "metric_family": ' || family
          || ', "source": "' || source || '", "nvidia_speedup_pct": '
          || coalesce(CAST(nvidia_speedup_pct AS VARCHAR), 'null') || ', "profile": ' || profile || '}' AS evidence
 FROM said
@@ -83,6 +91,7 @@ class I001Evidence(NcuEvidence, kw_only=True, forbid_unknown_fields=True):
     reason: Annotated[str, doc("the dominant stall reason")]
     launches: Annotated[int, doc("launches")]
     issue_active: Annotated[Optional[float], doc("share of cycles with an instruction issued")]
+    roof_headroom: Annotated[Optional[float], doc("1 - DRAM's throughput share of its peak, the most of its time a kernel moving the same bytes can win; null unmeasured")]
     metric_family: Annotated[Optional[int], doc("which stall metric family was read")]
     source: Annotated[str, doc("where the stall shares come from (metrics or NVIDIA's rule)")]
     nvidia_speedup_pct: Annotated[Optional[float], doc("NVIDIA's own estimated speedup, %")]
@@ -113,7 +122,11 @@ RULE = linked(Rule(
         "averaged over the launches of a kernel. The top reason is reported when its share reaches "
         "`min_dominant_share`, unless the kernel already issues on at least `max_issue_active_ratio` "
         "of cycles (NVIDIA's CPIStall gate: stalls then cost little). Estimated loss: duration x "
-        "(1 - issue active) x share, when the duration and issue rate were collected. A kernel "
+        "(1 - issue active) x share, when the duration and issue rate were collected, at most duration x "
+        "(1 - DRAM's throughput share, `gpu__dram_throughput`): a kernel at the DRAM roof waits on DRAM, and no "
+        "fewer stalls make it faster while it moves the same bytes; one whose DRAM reaches `roof_share` of its "
+        "peak is info (a unit inside the SM near its peak is no such bound: fewer load instructions, by tiling, "
+        "take load off it), as is one whose report has no duration. A kernel "
         "without stall metrics whose report carries NVIDIA's CPIStall verdicts (details CSV rule "
         "rows, console text report, `.ncu-rep`) takes the reason its message names and the share "
         "it quotes (that reason's cycles over all cycles between two issues, the `selected` cycle "
@@ -131,6 +144,7 @@ RULE = linked(Rule(
     thresholds=(
         Threshold("min_dominant_share", 0.3, "Share of stall cycles the top reason needs (NVIDIA CPIStall: 0.3)."),
         Threshold("max_issue_active_ratio", 0.8, "Kernels issuing on at least this share of cycles are skipped (NVIDIA CPIStall: 0.8)."),
+        Threshold("roof_share", 0.8, "A kernel whose DRAM throughput reaches this share of its peak is at the DRAM roof: its stalls are info (NVIDIA's SOL rules: 80%)."),
     ),
     evaluate=named(SQL),
     references=(

@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays chea
 L1_HIT, L2_HIT = "l1tex__t_sector_hit_rate.pct", "lts__t_sector_hit_rate.pct"
 DRAM_RATE = "dram__bytes.sum.per_second"
 DRAM_IDS = ("dram__bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")
+# Global-load sectors the SMs asked L1 for, and sectors read from DRAM: about equal when each
+# byte is read once (a streaming kernel), where no cache can hit.
+LOAD_SECTORS, DRAM_READ_SECTORS = "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "dram__sectors_read.sum"
 CACHES = {"L1/TEX": (L1_HIT, "max_l1_hit_pct"), "L2": (L2_HIT, "max_l2_hit_pct")}
 _HINTS = {
     "L1/TEX": "If threads of a block re-read the same data, stage it in shared memory or reorder accesses so "
@@ -31,7 +34,8 @@ _HINTS = {
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
-    df = ncu_launches(store, run_id, [DURATION, L1_HIT, L2_HIT, MEM_SOL, DRAM_RATE, *DRAM_IDS])
+    df = ncu_launches(store, run_id, [DURATION, L1_HIT, L2_HIT, MEM_SOL, DRAM_RATE, *DRAM_IDS,
+                                      LOAD_SECTORS, DRAM_READ_SECTORS])
     if df.empty:
         return df
     # ncu reports hit rates over 100% on tiny kernels (replay passes disagree): not usable.
@@ -44,13 +48,21 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         .fillna(col(df, DRAM_RATE) * secs)
     # Weight of a launch in the kernel's average: its DRAM traffic, else its memory-busy time, else its time.
     df["_weight"] = df["dram_bytes"].fillna(col(df, MEM_SOL) / 100 * col(df, DURATION)).fillna(col(df, DURATION))
-    g = per_kernel(df, sums=["dram_bytes"], means=[L1_HIT, L2_HIT, MEM_SOL], weight="_weight")
+    df["_dram_read_sectors"] = col(df, DRAM_READ_SECTORS).fillna(col(df, "dram__bytes_read.sum") / 32)
+    g = per_kernel(df, sums=["dram_bytes", LOAD_SECTORS, "_dram_read_sectors"], means=[L1_HIT, L2_HIT, MEM_SOL],
+                   weight="_weight")
+    # sectors loaded per sector read from DRAM: 1 when every byte is read once
+    g["reuse"] = g[LOAD_SECTORS] / g["_dram_read_sectors"].where(g["_dram_read_sectors"] > 0)
     g = g[g["time_share"].isna() | (g["time_share"] >= p["min_time_share"])]
     total_dram = g["dram_bytes"].sum(min_count=1)
     g["dram_share"] = g["dram_bytes"] / total_dram if total_dram and total_dram > 0 else np.nan
     # Memory-heavy: memory SOL over the line when measured, else a large share of the run's DRAM traffic.
     heavy = np.where(g[MEM_SOL].notna(), g[MEM_SOL] >= p["min_memory_sol_pct"], g["dram_share"] >= p["min_dram_share"])
-    g = g[heavy]
+    # A kernel that reads each byte once has nothing for a cache to hit: its low rates are inherent.
+    # (more DRAM reads than loads is no streaming: lines fetched again, evicted before use)
+    ratio = p["max_streaming_reuse_ratio"]
+    streaming = (g["reuse"] * ratio >= 1) & (g["reuse"] <= ratio)
+    g = g[heavy & ~streaming]
     rows = []
     for cache, (hit_id, limit) in CACHES.items():
         low = g[g[hit_id] < p[limit]]
@@ -62,6 +74,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             severity = "warning" if mem == mem and mem >= p["warning_memory_sol_pct"] else "info"
             evidence = {"cache": cache, "hit_rate_pct": r[hit_id], "l1_hit_pct": r[L1_HIT], "l2_hit_pct": r[L2_HIT],
                         "memory_sol_pct": mem, "dram_bytes": r["dram_bytes"], "dram_share": r["dram_share"],
+                        "reuse": None if r["reuse"] != r["reuse"] else r["reuse"],
                         "launches": int(r["launches"]), "duration_ns": r["duration_ns"], "time_share": r["time_share"],
                         "cold_cache_caveat": "ncu flushes caches before each replay pass by default "
                                              "(--cache-control all): hit rates are cold-cache"}
@@ -92,6 +105,7 @@ class I003Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     l2_hit_pct: Annotated[float, doc("L2 hit rate, %")]
     launches: Annotated[int, doc("launches")]
     memory_sol_pct: Annotated[Optional[float], doc("memory Speed-of-Light throughput, % of peak")]
+    reuse: Annotated[Optional[float], doc("global-load sectors requested from L1 per sector read from DRAM (1: each byte read once); null unmeasured")] = None
     time_share: Annotated[Optional[float], doc("share of the run's kernel time")]
 
 
@@ -117,8 +131,10 @@ RULE = linked(Rule(
         "`max_l2_hit_pct`; NVIDIA has no threshold for this, these are heuristics) is one finding; warning "
         "when memory SOL reaches `warning_memory_sol_pct`, info otherwise. Caveat: ncu flushes all caches "
         "before each replay pass by default (`--cache-control all`), so the rates are cold-cache and understate "
-        "what a kernel sees in a running application; a streaming kernel that reads each byte once has a low "
-        "rate by nature. No time estimate: a hit rate alone does not say what the misses cost.",
+        "what a kernel sees in a running application. A streaming kernel that reads each byte once has a low "
+        "rate by nature: a kernel whose global-load sectors requested from L1 "
+        "(`l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum`) are within a factor `max_streaming_reuse_ratio` of the "
+        "sectors read from DRAM (`dram__sectors_read.sum`, or `dram__bytes_read.sum` / 32) is skipped. No time estimate: a hit rate alone does not say what the misses cost.",
     fix="Capture reuse: shared-memory tiling, loop reordering or block swizzling so a working set stays in "
         "L1/L2, L2 persistence windows; for read-once data, reduce the bytes instead.",
     requires="Nsight Compute hit rates (`l1tex__t_sector_hit_rate.pct`, `lts__t_sector_hit_rate.pct`, Memory "
@@ -131,6 +147,7 @@ RULE = linked(Rule(
         Threshold("warning_memory_sol_pct", 80, "Memory SOL % at which a low hit rate is a warning (memory-bound: 80)."),
         Threshold("min_dram_share", 0.05, "Without SOL: share of the run's DRAM bytes that makes a kernel memory-heavy."),
         Threshold("min_time_share", 0.01, "Kernels under this share of profiled time are skipped (when timed)."),
+        Threshold("max_streaming_reuse_ratio", 1.1, "Kernels whose loaded sectors are within this factor of the sectors read from DRAM read each byte about once (streaming): skipped."),
     ),
     evaluate=evaluate,
     references=(

@@ -61,10 +61,15 @@ def _rule_counters(store, run_id: str) -> pd.DataFrame:
     return pd.DataFrame([{"kernel_id": k, **v} for k, v in rows.items()])
 
 
+# DRAM's throughput, % of its peak (ncu's names by version)
+DRAM_SOL = ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+
+
 def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     import pandas as pd
 
-    df = ncu_launches(store, run_id, [DURATION, L1TEX_SOL, *COUNTERS])
+    df = ncu_launches(store, run_id, [DURATION, L1TEX_SOL, *DRAM_SOL, *COUNTERS])
+    df["_dram_pct"] = col(df, *DRAM_SOL)
     own = [c for c in COUNTERS if c in df.columns]
     counted = set(df.loc[df[own].notna().any(axis=1), "name"]) if own else set()
     rule = _rule_counters(store, run_id)
@@ -80,7 +85,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         from_rule = set(df.loc[df["kernel_id"].isin(rule["kernel_id"]), "name"]) - counted
     if df.empty:
         return df
-    g = per_kernel(df, sums=COUNTERS, means=[L1TEX_SOL], weight=DURATION)
+    g = per_kernel(df, sums=COUNTERS, means=[L1TEX_SOL, "_dram_pct"], weight=DURATION)
     g = g[g["time_share"].isna() | (g["time_share"] >= p["min_time_share"])]
     rows = []
     for op, m in OPS.items():
@@ -96,9 +101,13 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             s, w, l1 = float(share[idx]), ways[idx], r[L1TEX_SOL]
             # NVIDIA's GLOBAL estimate: conflict share x L1TEX throughput share; LOCAL (no time) without it.
             loss = as_int(r["duration_ns"] * s * l1 / 100) if r["duration_ns"] == r["duration_ns"] and l1 == l1 else None
+            # a kernel near the DRAM roof is no faster than it allows, however its shared memory is read
+            dram = r["_dram_pct"]
+            if loss is not None and dram == dram:
+                loss = min(loss, as_int(r["duration_ns"] * max(0.0, 1 - dram / 100)))
             evidence = {"op": op, "bank_conflicts": conflicts[idx], "wavefronts": wavefronts[idx],
                         "requests": requests[idx], "conflict_share": s, "average_ways": w,
-                        "l1tex_throughput_pct": l1, "launches": int(r["launches"]), "duration_ns": r["duration_ns"],
+                        "l1tex_throughput_pct": l1, "dram_throughput_pct": None if dram != dram else dram, "launches": int(r["launches"]), "duration_ns": r["duration_ns"],
                         "source": FROM_RULE if r["name"] in from_rule else "counters"}
             way_text = f"on average a {w:.1f}-way conflict, " if w == w else ""
             rows.append(kernel_finding(
@@ -122,6 +131,7 @@ class I004Evidence(NcuTimedEvidence, kw_only=True, forbid_unknown_fields=True):
     bank_conflicts: Annotated[float, doc("shared-memory bank conflicts counted")]
     conflict_share: Annotated[float, doc("share of shared-memory wavefronts that are bank conflicts")]
     l1tex_throughput_pct: Annotated[Optional[float], doc("L1TEX throughput, % of peak")]
+    dram_throughput_pct: Annotated[Optional[float], doc("DRAM throughput, % of peak (its headroom bounds the estimate)")] = None
     launches: Annotated[int, doc("launches")]
     op: Annotated[str, doc("the operator")]
     requests: Annotated[float, doc("memory requests")]
@@ -151,7 +161,8 @@ RULE = linked(Rule(
         "10%); the average N-way = wavefronts / requests (`smsp__sass_inst_executed_op_shared_{ld,st}.sum`, plus "
         "`smsp__inst_executed_op_ldsm.sum` for loads). Estimated loss, NVIDIA's global estimate: time x "
         "conflict share x L1/TEX throughput share (`l1tex__throughput.avg.pct_of_peak_sustained_active`, "
-        "the details page's L1/TEX Cache Throughput); none when that is missing. A report without the "
+        "the details page's L1/TEX Cache Throughput); none when that is missing; at most time x (1 - DRAM's "
+        "throughput share, `gpu__dram_throughput`), since a kernel near the DRAM roof is no faster than it allows. A report without the "
         "counters but with NVIDIA's SharedMemoryConflicts verdicts takes the requests, conflicts and "
         "wavefronts its message quotes (the evidence's `source` says so).",
     fix="Pad or swizzle shared-memory arrays so a warp's accesses spread over all 32 banks; use ldmatrix/"

@@ -184,8 +184,10 @@ def _ncu(store, run_id: str, p: dict) -> list[dict]:
             "threshold": p["max_sol_pct"],
             "message": f"profiled kernels{'' if dev is None else f' on device {dev}'} reach {sol:.1f}% of peak "
                        f"throughput ({'time-weighted ' if timed else ''}max of compute and memory speed of light, "
-                       f"{len(part)} launches; {len(low)} below {p['max_sol_pct']:g}%): the GPU is busy "
-                       "with work that uses little of it",
+                       f"{len(part)} launches; {len(low)} below {p['max_sol_pct']:g}%): the profiled work uses "
+                       "little of the GPU (how busy the GPU was with it, Nsight Compute's serialized replays cannot say)",
+            # no timeline: the kernels' own findings (B003, B004) say the same of each, with their time
+            "severity": "info",
             "hint": "Neither compute nor memory is near its limit, so latency dominates: expose more parallelism "
                     "(grid size, occupancy, independent instructions) and see the warp-stall and occupancy findings "
                     "for these kernels.",
