@@ -95,6 +95,8 @@ def _configuration(r, p: dict) -> dict | None:
     if sol is not None:
         share = min(share, max(0.0, 1 - sol))
         bound = f"at most its headroom below its busiest roof ({pct(sol)})"
+    else:  # a part of the SM measured alone says only that the SM is at least that busy
+        sol = r.sm_sol_floor if r.sm_sol_floor == r.sm_sol_floor and r.sm_sol_floor >= SOL_THROUGHPUT_BOUND else None
     loss = None if r.total_ns != r.total_ns else int(r.total_ns * share)
     return {"row": r, "low_theo": low_theo, "gap": gap, "what": what, "limiters": limiters, "share": share,
             "loss": loss, "bound": bound, "sol": sol, "estimate": estimate, "estimate_note": estimate_note,

@@ -58,6 +58,16 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
                     "cheapening the instructions on that pipe (tensor cores, fast math, less index arithmetic) "
                     "should shorten the kernel about in proportion.")
         unit = r.get("memory_unit") if r.get("memory_unit") == r.get("memory_unit") else None
+        dram = next((r.get(m) for m in MEMORY_UNITS["DRAM"] if r.get(m) == r.get(m) and r.get(m) is not None), None)
+        if bound == "balanced" and unit == "L1/TEX" and dram is not None and dram < mem / 2:
+            # the busy SM pipe and memory unit are one path: load/store instructions through L1,
+            # with DRAM far below them (B003's "busy units move data inside the SM")
+            return ("throughput", "balanced",
+                    f"throughput-limited on the load/store path (LSU and L1/TEX): SM {sm:.0f}%, memory {mem:.0f}% "
+                    f"(L1/TEX the busiest unit), DRAM {dram:.0f}%{level}",
+                    "Confirm: the load/store pipe and L1 are busy while DRAM is not: the kernel issues too many "
+                    "load/store instructions for its work; reuse values from registers or shared memory (tiling) "
+                    "and use wider loads, and the time should drop.")
         if bound == "balanced":
             return ("throughput", "balanced",
                     f"throughput-limited on compute and memory alike: SM {sm:.0f}%, memory {mem:.0f}%{level}",
@@ -207,7 +217,8 @@ RULE = linked(Rule(
         "judged. Speed Of Light first (NVIDIA SOLBottleneck): compute or memory at or over "
         "`throughput_bound_pct` -> throughput-limited on the higher side (the busiest memory unit named); one "
         "side over `latency_bound_pct` -> throughput-limited but not saturated; either way balanced (both) "
-        "where the two are within `balanced_pct` points. Both under `latency_bound_pct`: waves under `max_small_grid_waves` -> small grid; theoretical "
+        "where the two are within `balanced_pct` points (the load/store path when L1/TEX is the busiest memory "
+        "unit and DRAM runs under half of it: one limit, the LSU pipe and L1, not two). Both under `latency_bound_pct`: waves under `max_small_grid_waves` -> small grid; theoretical "
         "occupancy under `min_theoretical_occupancy_pct` (with the binding `launch__occupancy_limit_*`) or "
         "achieved more than `max_achieved_gap_pct` points below it -> occupancy-limited; scheduler issue rate "
         "under `min_issue_active_ratio` -> stalls (NVIDIA IssueSlotUtilization); else unclear. Latency- and "

@@ -32,8 +32,11 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             "item_name": "allocation sites at the peak", "start_ns": ts,
             "end_ns": peak["next_ts"] if peak["next_ts"] is not None else ts,
             "value": float(allocated), "value_unit": "bytes", "threshold": None, "severity": "info",
-            "message": (f"device {peak['device_id']}: allocated memory peaked at {nbytes(allocated)}{at} "
-                        f"({nbytes(peak['reserved'])} reserved); held most by {mem.holders_text(ranked, before, allocated)}"),
+            # the history's sizes are those asked for; the allocator rounds them up into blocks
+            # (torch.cuda.memory_allocated counts the blocks), and reserved memory is whole segments
+            "message": (f"device {peak['device_id']}: allocated memory peaked at {nbytes(allocated)} in requested "
+                        f"sizes{at} ({nbytes(peak['reserved'])} reserved); held most by "
+                        f"{mem.holders_text(ranked, before, allocated)}"),
             "hint": (_optimizer_hint(optimizer, allocated) if optimizer >= p["min_optimizer_share"] * allocated else
                      "The lines listed made the tensors alive at the peak: free them earlier, recompute them "
                      "(activation checkpointing), make them smaller (micro-batches, bf16/fp16) or shard them "
@@ -70,7 +73,7 @@ def _optimizer_hint(optimizer: int, allocated: int) -> str:
 class M004Evidence(Evidence, kw_only=True, forbid_unknown_fields=True):
     before_history_bytes: Annotated[int, doc("bytes allocated before the recorded history began")]
     history_events: Annotated[int, doc("allocator events in the snapshot's history")]
-    peak_allocated_bytes: Annotated[int, doc("peak allocated bytes")]
+    peak_allocated_bytes: Annotated[int, doc("peak allocated bytes, in the sizes requested (the history's; the allocator's blocks, rounded up, come to a little more)")]
     peak_reserved_bytes: Annotated[int, doc("peak reserved bytes")]
     sites: Annotated[list[AllocationSite], doc("allocation sites by bytes held at the peak")]
     sites_total: Annotated[int, doc("allocation sites in all")]

@@ -34,6 +34,9 @@ _NCU = {
     "limit_barriers": "launch__occupancy_limit_barriers",
     "sm_sol_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "memory_sol_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    # parts of sm__throughput (the max of the SM's sub-throughputs), where a report has them alone
+    "sm_instruction_pct": "sm__instruction_throughput.avg.pct_of_peak_sustained_elapsed",
+    "tensor_pipe_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
 }
 # Achieved occupancy above theoretical cannot happen; some ncu versions print such values (up
 # to 172%). Launches more than this many points above their theoretical (or above 100%) are
@@ -81,7 +84,8 @@ def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     `blocks_per_sm`, `theoretical`, `kineto_achieved` (Kineto's estimate, 0..1), `achieved` (0..1, the mean over launches whose achieved
     occupancy is possible: see ACHIEVED_SLACK_PCT), `achieved_impossible` (launches left out of
     that mean) and `achieved_impossible_max`, `sm_sol` and `memory_sol` (ncu's Speed Of Light
-    shares, 0..1, NaN without ncu), `limiter`, `waves` (grid blocks / (SMs x blocks per SM),
+    shares, 0..1, NaN without ncu), `sm_sol_floor` (`sm_sol`, else a lower bound of it from the SM's parts a
+    report measured: instruction throughput, tensor pipe), `limiter`, `waves` (grid blocks / (SMs x blocks per SM),
     else ncu's printed value) with `waves_source`, and `source` (`ncu` when ncu measured
     the occupancy values, else `calculator`). Callers get a copy.
 
@@ -129,6 +133,9 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     out["achieved_impossible"] = df["ncu_achieved_impossible"]
     out["achieved_impossible_max"] = df["ncu_achieved_impossible_max_pct"] / 100
     out["sm_sol"] = df["ncu_sm_sol_pct"] / 100
+    # sm__throughput is the busiest of the SM's sub-throughputs: where a report has only some of
+    # them (a --metrics list), the busiest of those is a lower bound of it (`sm_sol_floor`)
+    out["sm_sol_floor"] = out["sm_sol"].fillna(df[["ncu_sm_instruction_pct", "ncu_tensor_pipe_pct"]].max(axis=1) / 100)
     out["memory_sol"] = df["ncu_memory_sol_pct"] / 100
     # Waves from the launch whenever it is known: ncu prints two decimals (0.003 waves reads 0.00).
     calc_waves = df["grid_blocks"] / (out["blocks_per_sm"] * out["sm_count"]).where(lambda s: s > 0)
