@@ -9,6 +9,7 @@ import csv
 import functools
 import gzip
 import json
+import math
 import re
 import sqlite3
 import statistics
@@ -715,6 +716,18 @@ def test_real_mfu_pair_the_slower_iterations_are_a_regression(db):
     text = diff(db, before, after).stdout
     row = next(ln for ln in text.splitlines() if "GPU idle share" in ln)
     assert f"+{idle['delta_pp']:.1f} pp" in row and f"+{idle['delta_pp']:.1f}%" not in row
+    # Copies, from the raw MEMCPY rows (1,020 -> 904 copies, 8.05 -> 7.20 GB): fewer fit the window too.
+    copied = []
+    for path in (before, after):
+        with sqlite3.connect(path) as con:
+            copied.append(con.execute("SELECT sum(\"end\" - start), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone())
+    metric = {m["name"]: m for m in doc["metrics"]}
+    assert (metric["copy time (sum)"]["base"], metric["copy time (sum)"]["test"]) == (copied[0][0], copied[1][0])
+    assert (metric["bytes copied"]["base"], metric["bytes copied"]["test"]) == (copied[0][1], copied[1][1])
+    # A window's kernel total falls with the work that fitted: the verdict gives time per launch,
+    # and the kernel slowed most (the NCCL send/recv: every other kernel's launches take as long)
+    assert "kernel time per launch (matched kernels)" in doc["verdict_line"]
+    assert "most in ncclDevKernel_SendRecv" in doc["verdict_line"] and not re.search(r"; kernel time \d", doc["verdict_line"])
 
 
 def test_real_a100_vs_v100_is_inconclusive_and_devices_pair_by_role(db):
@@ -811,7 +824,18 @@ def test_real_repeat_runs_with_no_workers_differ_in_data_loading(db):
     assert per_step[1] < 0.7 * per_step[0]
     kernel = next(m for m in doc["metrics"] if m["name"] == "kernel time (sum)")
     assert abs(kernel["delta_pct"]) < 1
-    assert doc["verdict"] == "IMPROVED" and e2e["p_value"] < 0.05
+    # six steps against six, each of the second run's shorter: no test of so few says more than 2 / 924
+    assert doc["verdict"] == "IMPROVED" and e2e["p_value"] == pytest.approx(2 / math.comb(12, 6))
+    assert "per step, most change in idle: host" in doc["verdict_line"]
+
+
+def test_the_step_test_says_no_more_than_its_steps_can():
+    """median_test_p: at least 2 / C(n_a + n_b, n_a), the p-value of the most extreme order."""
+    from traceanalyzer.diff import median_test_p
+
+    assert median_test_p([100.0] * 5 + [101.0], [50.0, 50.5, 51.0, 50.2, 50.1, 50.3]) == pytest.approx(2 / 924)
+    assert median_test_p([1.0, 2, 3, 4, 5], [1.0, 2, 3, 4, 5]) == 1.0
+    assert median_test_p([1.0, 2, 3, 4], [5.0, 6, 7, 8, 9]) is None  # under MIN_STEPS
 
 
 @pytest.mark.parametrize("base", WORKERS_0)

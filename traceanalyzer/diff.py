@@ -167,13 +167,66 @@ class RunDiff:
         elif self.has_memory:
             parts.append("peak memory: not in both runs")
         kernel_total = next((x for x in self.metrics if x.name == KERNEL_TIME), None)
-        if kernel_total is not None and kernel_total.comparable:
+        per_launch = self.kernel_time_per_launch()
+        if per_launch is not None:
+            # a time-sliced window holds as much work as fits: its totals fall as the work slows
+            parts.append(_describe(per_launch, "kernel time per launch (matched kernels)")
+                         + self._slowest_per_launch())
+        elif kernel_total is not None and kernel_total.comparable:
             parts.append(_describe(kernel_total, "kernel time"))
+        moved = self.largest_step_change()
+        if moved:
+            parts.append(moved)
         parts.append(f"findings: {len(self.new_findings)} new, {len(self.fixed_findings)} fixed")
         if not self.comparable:
             return word, (f"{word}: the runs are not alike ({'; '.join(self.reasons)}); as measured: "
                           + "; ".join(parts))
         return word, f"{word}: " + "; ".join(parts)
+
+    def kernel_time_per_launch(self) -> Metric | None:
+        """On time-sliced captures judged by launches per second: the matched kernels' mean time
+        per launch (their totals over a fixed window say how much work fitted, not how fast it ran)."""
+        if self.end_to_end is None or self.end_to_end.unit != "per_s" or self.kernels.empty:
+            return None
+        k = self.kernels[self.kernels["status"].isin(["both", "paired"])]
+        counts = (k["base_count"].sum(), k["test_count"].sum())
+        if not all(counts):
+            return None
+        return Metric("kernel time per launch", "ns", float(k["base_total_ns"].sum()) / counts[0],
+                      float(k["test_total_ns"].sum()) / counts[1])
+
+    def _slowest_per_launch(self) -> str:
+        """', most in K (385 us -> 544 us a launch)': the matched kernel whose longer launches add
+        most time at the test run's launch count, when one does."""
+        from . import fmt
+
+        k = self.kernels[self.kernels["status"].isin(["both", "paired"])]
+        k = k[(k["base_count"] > 0) & (k["test_count"] > 0)]
+        if k.empty:
+            return ""
+        base_mean, test_mean = k["base_total_ns"] / k["base_count"], k["test_total_ns"] / k["test_count"]
+        added = (test_mean - base_mean) * k["test_count"]
+        if not added.max() > 0:
+            return ""
+        i = added.idxmax()
+        name = k.loc[i, "short_name"] if "short_name" in k and isinstance(k.loc[i, "short_name"], str) else k.loc[i, "name"]
+        return f", most in {name} ({fmt.ns(base_mean[i])} -> {fmt.ns(test_mean[i])} a launch)"
+
+    def largest_step_change(self) -> str | None:
+        """Where a step's time moved most, from the per-step budget: 'per step, idle: host
+        63.0 ms -> 43.5 ms' (the part of one GPU's budget whose mean per steady step changed
+        most), or None without a per-step budget in both runs."""
+        df = self.step_budget
+        if df.empty or not df["delta_ns"].abs().max():
+            return None
+        from . import fmt
+
+        r = df.loc[df["delta_ns"].abs().idxmax()]
+        part = r["category"] + (f": {r['cause']}" if isinstance(r["cause"], str) and r["cause"] else "")
+        gpus = df["gpu"].nunique()
+        where = f" on GPU {r['gpu']}" if gpus > 1 else ""
+        return (f"per step, most change in {part}{where} "
+                f"{fmt.ns(r['base_per_step_ns'])} -> {fmt.ns(r['test_per_step_ns'])}")
 
     @property
     def has_memory(self) -> bool:
@@ -277,7 +330,10 @@ def median_test_p(a: list[float], b: list[float]) -> float | None:
     """Two-sided p-value that the medians of `a` and `b` (two runs' steady step times) are
     equal: their difference over its standard error, each median's 1.2533 * sigma / sqrt(n)
     (the sample median's large-sample error) with sigma estimated robustly as 1.4826 * MAD, so
-    that a few stalled steps widen it little. None with fewer than MIN_STEPS steps in either."""
+    that a few stalled steps widen it little; at least the smallest p-value any test of the two
+    groups' order can give, 2 / C(n_a + n_b, n_a) (every step of one run shorter than every step
+    of the other: 6 steps against 6, 2 / 924), since a handful of steps says no more than that.
+    None with fewer than MIN_STEPS steps in either."""
     if len(a) < MIN_STEPS or len(b) < MIN_STEPS:
         return None
 
@@ -288,11 +344,12 @@ def median_test_p(a: list[float], b: list[float]) -> float | None:
         mad = median([abs(x - median(v)) for x in v])
         return (1.2533 * 1.4826 * mad) ** 2 / len(v)
 
+    floor = 2 / math.comb(len(a) + len(b), len(a))
     delta = abs(median(a) - median(b))
     se = math.sqrt(se2(a) + se2(b))
     if se == 0:
-        return 1.0 if delta == 0 else 0.0
-    return math.erfc(delta / se / math.sqrt(2))
+        return 1.0 if delta == 0 else floor
+    return max(math.erfc(delta / se / math.sqrt(2)), floor)
 
 
 def show_value(unit: str):
@@ -369,6 +426,9 @@ WHERE k.run_id = $run_id AND NOT {BEFORE_CAPTURE}
 GROUP BY key
 """
 
+# A run's copies: their time (timed ones) and bytes.
+COPIES_SQL = ("SELECT count(*) AS n, sum(end_ns - start_ns) FILTER (WHERE end_ns >= start_ns) AS ns, sum(bytes) AS bytes "
+              "FROM copies WHERE run_id = $run_id")
 NOT_COUNTED_SQL = f"SELECT count(*) FROM kernels k WHERE k.run_id = $run_id AND {BEFORE_CAPTURE}"
 
 RANGES_SQL = f"""
@@ -420,6 +480,7 @@ def _side(store: Store, run_id: str, by: str, step: str | None) -> dict:
     return {
         "kernels": store.df(KERNELS_SQL.format(key=_kernel_key(by)), {"run_id": run_id}),
         "not_counted": int(_scalar(store, NOT_COUNTED_SQL, run_id) or 0),
+        "copies": store.arrow(COPIES_SQL, {"run_id": run_id}).to_pylist()[0],
         "ranges": store.df(RANGES_SQL, {"run_id": run_id}),
         "memory": memory,
         "steps": dist,
@@ -714,8 +775,9 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
     host_ops = (Metric("host operator time per step (mean, top-level operators)", "ns",
                        b["host_operator_ns"], t["host_operator_ns"])
                 if b["host_operator_ns"] is not None and t["host_operator_ns"] is not None else None)
-    metrics = [m for m in (span, steps, throughput, *_busy_metrics(b["busy"], t["busy"]), kernel_total, host_ops)
-               if m is not None]
+    copies = _copy_metrics(b["copies"], t["copies"])
+    metrics = [m for m in (span, steps, throughput, *_busy_metrics(b["busy"], t["busy"]), kernel_total, *copies,
+                           host_ops) if m is not None]
     # A time-sliced capture's span is the window it was cut to: never the end-to-end time.
     order = (steps, throughput, kernel_total) if sliced else (steps, span, kernel_total)
     end_to_end = next((m for m in order if m is not None and m.comparable), None)
@@ -730,6 +792,14 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
                    not_counted={"base": b["not_counted"], "test": t["not_counted"]},
                    step_budget=_step_budget_table(b["step_budget"], t["step_budget"], roles),
                    operators=_per_step(_operator_table(b["operators"], t["operators"]), step_pair))
+
+
+def _copy_metrics(base: dict, test: dict) -> list[Metric]:
+    """Copy time and bytes (sums over the whole capture, as kernel time), where either run copied."""
+    if not base["n"] and not test["n"]:
+        return []
+    return [Metric("copy time (sum)", "ns", _num(base["ns"] or 0), _num(test["ns"] or 0)),
+            Metric("bytes copied", "bytes", _num(base["bytes"] or 0), _num(test["bytes"] or 0))]
 
 
 def _peak(rows: list[dict]) -> float | None:

@@ -34,8 +34,9 @@ def diff(base: Annotated[str, typer.Argument(metavar="BASE", help="The run befor
     IMPROVED, REGRESSED, MIXED, NO CHANGE, UNKNOWN, or INCONCLUSIVE with the reasons when the
     runs are not alike.
 
-    Exit 0; 1 when --gate is exceeded or the comparison is inconclusive (unless
-    --allow-different-hardware for runs not alike); 2 on unreadable input or a usage error."""
+    Exit 0 without --gate, whatever the verdict (diff gates only with --gate); with --gate, 1
+    when it is exceeded or the comparison is inconclusive (unless --allow-different-hardware for
+    runs not alike); 2 on unreadable input or a usage error."""
     from ..diff import DiffError, diff_runs
     from ..report.diff_text import gate_words, print_diff
 
