@@ -206,6 +206,24 @@ def test_upper_bounds_rank_after_measured_losses():
     assert sorted(keys, key=keys.get) == ["other", "hpc"]
 
 
+def test_scan_ranks_an_abstaining_loss_after_measured_ones(tmp_path):
+    """HTA's trace_compare base (6 kernels, 4 of 5 launches missing: sampled or stripped): T001's
+    273 ms of 'idle' abstains (cause unknown, it may not be idle at all), so the run ranks after
+    every run whose headlines measure a loss, its loss shown as a bound, and the column is named."""
+    from traceanalyzer.batch.scan import run_table
+    from traceanalyzer.report.scan_text import _loss
+
+    stripped = shared_traces() / "torch" / "hta__trace_compare__base__base.json.gz"
+    measured = shared_traces() / "torch" / "TraceLens__h100__gaunernst_bert-small-uncased__1016001.json.gz"
+    with Store(tmp_path / "s.duckdb") as st:
+        ids = [check_file(st, p, Settings()).run_id for p in (stripped, measured)]
+        table = run_table(st, ids)
+    assert list(table["run_id"]) == ids[::-1]
+    row = table.set_index("run_id").loc[ids[0]]
+    assert row["loss_share"] is None or row["loss_share"] != row["loss_share"]
+    assert _loss(table[table["run_id"] == ids[0]].iloc[0]).startswith("≤")
+
+
 def test_the_markdown_table_ranks_runs_by_loss(tmp_path):
     """The Markdown report's table and sections follow the HTML index's order: the run that
     loses the larger share of its span first, not the first file name."""

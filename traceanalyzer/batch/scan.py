@@ -375,10 +375,12 @@ def run_table(store: Store, run_ids: list[str], budgets: dict[str, list[dict]] |
     df = store.df(RUN_TABLE_SQL, {"ids": list(run_ids)})
     budgets = budgets if budgets is not None else budgets_of(store, list(df["run_id"]))
     heads: dict[str, list[dict]] = {}
-    for rid, rule, device, loss in store.sql("""SELECT run_id, rule_id, device_id, est_loss_ns FROM findings
-                                                WHERE related_to IS NULL AND est_loss_ns > 0
-                                                  AND list_contains($ids, run_id)""", {"ids": list(run_ids)}).fetchall():
-        heads.setdefault(rid, []).append({"rule_id": rule, "device_id": device, "est_loss_ns": loss})
+    for rid, rule, device, loss, evidence in store.sql(
+            """SELECT run_id, rule_id, device_id, est_loss_ns, evidence FROM findings
+               WHERE related_to IS NULL AND est_loss_ns > 0 AND list_contains($ids, run_id)""",
+            {"ids": list(run_ids)}).fetchall():
+        heads.setdefault(rid, []).append({"rule_id": rule, "device_id": device, "est_loss_ns": loss,
+                                          "evidence": evidence})
     df["loss_ns"] = [sum(f["est_loss_ns"] for f in heads.get(r, [])) for r in df["run_id"]]
     shares = [loss_shares(heads.get(r, []), budgets.get(r, [])) for r in df["run_id"]]
     df["loss_share"] = [s for s, _ in shares]

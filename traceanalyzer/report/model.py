@@ -22,13 +22,27 @@ def severity_rank(sev: str) -> int:
 
 def measured(f: dict) -> bool:
     """Whether a finding's estimated loss is time measured lost, not a what-if upper bound (the
-    rules capped with `max_severity`: what a faster kernel could save)."""
+    rules capped with `max_severity`: what a faster kernel could save) nor time whose cause the
+    trace cannot tell (a finding that abstains, `rules/_unknown.py`: on a sampled or stripped
+    trace it may not be idle at all)."""
     from ..rules import get_rule
 
+    if _abstains(f):
+        return False
     try:
         return get_rule(f["rule_id"]).max_severity is None
     except KeyError:  # a rule this version does not have
         return True
+
+
+def _abstains(f: dict) -> bool:
+    ev = f.get("evidence")
+    if isinstance(ev, str):
+        try:
+            ev = json.loads(ev)
+        except ValueError:
+            return False
+    return isinstance(ev, dict) and ev.get("cause") == "unknown"
 
 
 def place_of(f: dict):

@@ -15,11 +15,13 @@ def print_scan_table(console: Console, df, report) -> None:
     line counting what happened to its files (`report`: the scan's `ScanReport`)."""
     num = {"justify": "right", "no_wrap": True}
     columns = [Column("run", no_wrap=True, footer=f"{len(df)} runs"),
-               Column("file", overflow="fold", min_width=20), Column("format", no_wrap=True),
+               Column("file", overflow="fold", min_width=14), Column("format", no_wrap=True),
                Column("kernels", footer=fmt.num(int(df["kernels"].sum())), **num), Column("span", **num),
                # Of the device with the longest span; on two lines at most ('71% compute ·' and
                # '<1% idle, dependency').
                Column("time budget", min_width=20),
+               # the largest share of a device's span the headlines' measured losses take
+               Column("loss", **num),
                *(Column(h, footer=fmt.num(int(df[col].sum())), **num)
                  for h, col in (("error", "errors"), ("warn", "warnings"), ("info", "infos")))]
 
@@ -46,8 +48,8 @@ def print_scan_table(console: Console, df, report) -> None:
 
 def _loss(r) -> str:
     """The largest share of a device's span a run's headlines' measured losses take; for a run
-    whose losses are all upper bounds (what faster kernels could save), that share as one
-    ("≤96.0%"); without a span (Nsight Compute), their loss."""
+    whose losses are all upper bounds (what faster kernels could save) or of causes the trace
+    cannot tell, that share as one ("≤96.0%"); without a span (Nsight Compute), their loss."""
     if not r.loss_ns:
         return "-"
     share = r.loss_share if r.loss_share is not None and r.loss_share == r.loss_share else None
