@@ -28,6 +28,15 @@ def in_hip_terms(text: str) -> str:
 
 def in_run_terms(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFrame:
     """`findings` (a rule's) with their hints in HIP's terms on a run whose GPUs are all AMD's."""
-    if findings.empty or "hint" not in findings or not store.sql(AMD_ONLY_SQL, [run_id]).fetchone()[0]:
+    if findings.empty or "hint" not in findings or not _amd_only(store, run_id):
         return findings
     return findings.assign(hint=[h if not isinstance(h, str) else in_hip_terms(h) for h in findings["hint"]])
+
+
+def _amd_only(store: Store, run_id: str) -> bool:
+    """Whether the run's GPUs are all AMD's: asked once per run in a rules pass (its memo)."""
+    def ask() -> bool:
+        return bool(store.sql(AMD_ONLY_SQL, [run_id]).fetchone()[0])
+
+    cache = store.run_cache
+    return cache.memo(("amd_only", run_id), ask) if cache is not None and cache.run_id == run_id else ask()
