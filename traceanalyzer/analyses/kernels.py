@@ -62,6 +62,8 @@ def _stall_profiles() -> str:
             GROUP BY l.run_id, l.name, p.reason
         ), ranked AS (
             SELECT *, row_number() OVER (PARTITION BY run_id, name ORDER BY share DESC, reason) AS rk,
+                   lead(reason) OVER (PARTITION BY run_id, name ORDER BY share DESC, reason) AS next_reason,
+                   lead(share) OVER (PARTITION BY run_id, name ORDER BY share DESC, reason) AS next_share,
                    to_json(map_from_entries(list((reason, round(share, 4)) ORDER BY share DESC)
                                             OVER (PARTITION BY run_id, name))) AS profile
             FROM by_name
@@ -69,8 +71,8 @@ def _stall_profiles() -> str:
         -- A kernel at the DRAM roof waits on DRAM: its stalls are the symptom, and for the same bytes
         -- no fix makes it faster than the roof allows. (A unit inside the SM near its peak is no
         -- such bound: fewer instructions, e.g. tiling, take load off it.)
-        SELECT run_id, name, short_name, device_id, first_id, launches, reason, share, issue_active, headroom, duration_ns,
-               family, profile,
+        SELECT run_id, name, short_name, device_id, first_id, launches, reason, share, next_reason, next_share,
+               issue_active, headroom, duration_ns, family, profile,
                CAST(duration_ns * least((1 - coalesce(issue_active, 0)) * share, coalesce(headroom, 1)) AS BIGINT) AS est_loss_ns
         FROM ranked WHERE rk = 1
         """
@@ -191,7 +193,7 @@ DEFINES = (
         "`smsp__warp_issue_stalled_*_per_warp_active.pct`, `smsp__average_warp_latency_issue_stalled_*`, "
         "`smsp__pcsamp_warps_issue_stalled_*`) as shares summing to 1 (`selected`, the issuing state, left "
         "out), averaged over the kernel's launches (`profile`, JSON reason -> share); the top `reason` and "
-        "its `share`; `issue_active` (issue slots busy per cycle), `headroom` (1 - DRAM's throughput share, "
+        "its `share`, the runner-up's (`next_reason`, `next_share`); `issue_active` (issue slots busy per cycle), `headroom` (1 - DRAM's throughput share, "
         "`gpu__dram_throughput` or `dram__throughput` % of peak, averaged over launches; NULL unmeasured), "
         "`duration_ns` (of all launches), and `est_loss_ns` = duration x (1 - issue active) x share, at most "
         "duration x headroom (a kernel at the DRAM roof is no faster for fewer stalls while it moves the same bytes). Rule I001 reports the dominant ones.",

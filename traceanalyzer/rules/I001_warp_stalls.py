@@ -23,8 +23,8 @@ WITH reasons(reason, meaning, hint, meaning_no_local, hint_no_local) AS (VALUES
 ), phrases(reason, phrase) AS (VALUES
         __PHRASES__
 ), measured AS (
-    SELECT device_id, first_id, name, short_name, launches, reason, share, issue_active, headroom, est_loss_ns,
-           'stall metrics' AS source, family::VARCHAR AS family, profile, NULL::DOUBLE AS nvidia_speedup_pct
+    SELECT device_id, first_id, name, short_name, launches, reason, share, next_reason, next_share, issue_active,
+           headroom, est_loss_ns, 'stall metrics' AS source, family::VARCHAR AS family, profile, NULL::DOUBLE AS nvidia_speedup_pct
     FROM stall_profiles WHERE run_id = $run_id
 ), verdicts AS (
     SELECT r.kernel_id, p.reason, r.estimated_speedup_pct,
@@ -41,7 +41,7 @@ WITH reasons(reason, meaning, hint, meaning_no_local, hint_no_local) AS (VALUES
     GROUP BY k.name, v.reason
 ), vendor AS (
     SELECT device_id, first_id, coalesce(name, '?') AS name, short_name, launches, reason, share,
-           NULL::DOUBLE AS issue_active, NULL::DOUBLE AS headroom, est_loss_ns, 'NVIDIA CPIStall rule' AS source, 'null' AS family,
+           NULL::VARCHAR AS next_reason, NULL::DOUBLE AS next_share, NULL::DOUBLE AS issue_active, NULL::DOUBLE AS headroom, est_loss_ns, 'NVIDIA CPIStall rule' AS source, 'null' AS family,
            to_json(map_from_entries(list((reason, round(share, 4)) ORDER BY share DESC)
                                     OVER (PARTITION BY name))) AS profile, nvidia_speedup_pct
     FROM by_name QUALIFY row_number() OVER (PARTITION BY name ORDER BY share DESC, reason) = 1
@@ -64,8 +64,12 @@ SELECT device_id, NULL::BIGINT AS stream_id, 'kernel' AS item_kind, first_id AS 
        -- at the DRAM roof the stalls are the symptom of the busy DRAM, not a cost of their own
        -- without durations (a stall-metrics-only report) there is no telling which kernels matter
        CASE WHEN reason = 'not_selected' OR headroom <= 1 - $roof_share OR est_loss_ns IS NULL THEN 'info' ELSE NULL END AS severity,
-       printf('%s: %s of stall cycles are %s (%s)%s%s%s', short_name, fmt_pct(share), replace(reason, '_', ' '),
+       printf('%s: %s of stall cycles are %s (%s)%s%s%s%s', short_name, fmt_pct(share), replace(reason, '_', ' '),
               coalesce(meaning, 'see Nsight Compute'),
+              -- a runner-up within a tenth of the top share is as much the story
+              CASE WHEN next_share >= 0.9 * share
+                   THEN printf(', and %s close behind (%s)', replace(next_reason, '_', ' '), fmt_pct(next_share))
+                   ELSE '' END,
               CASE WHEN launches > 1 THEN printf(', averaged over %d launches', launches) ELSE '' END,
               CASE WHEN source <> 'stall metrics' THEN ', from NVIDIA''s CPIStall verdict' ELSE '' END,
               CASE WHEN headroom <= 1 - $roof_share
