@@ -63,11 +63,11 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
             # the busy SM pipe and memory unit are one path: load/store instructions through L1,
             # with DRAM far below them (B003's "busy units move data inside the SM")
             return ("throughput", "balanced",
-                    f"throughput-limited on the load/store path (LSU and L1/TEX): SM {sm:.0f}%, memory {mem:.0f}% "
-                    f"(L1/TEX the busiest unit), DRAM {dram:.0f}%{level}",
-                    "Confirm: the load/store pipe and L1 are busy while DRAM is not: the kernel issues too many "
-                    "load/store instructions for its work; reuse values from registers or shared memory (tiling) "
-                    "and use wider loads, and the time should drop.")
+                    (f"throughput-limited on the load/store path (LSU and L1/TEX): SM {sm:.0f}%, memory {mem:.0f}% "
+                     f"(L1/TEX the busiest unit), DRAM {dram:.0f}%{level}"),
+                    ("Confirm: the load/store pipe and L1 are busy while DRAM is not: the kernel issues too many "
+                     "load/store instructions for its work; reuse values from registers or shared memory (tiling) "
+                     "and use wider loads, and the time should drop."))
         if bound == "balanced":
             return ("throughput", "balanced",
                     f"throughput-limited on compute and memory alike: SM {sm:.0f}%, memory {mem:.0f}%{level}",
