@@ -89,8 +89,13 @@ def _diagnose(r: dict, p: dict, peak_bw: float | None) -> tuple[str, str, str, s
     if waves == waves and waves is not None and waves < p["max_small_grid_waves"]:
         lever = library_hint(_library(r), "grid", r.get("name")) or ("Launch more blocks (smaller tiles, split-K) or run independent "
                                                     "work concurrently.")
+        per_sm = min((r.get(m) for m in LIMITS.values() if r.get(m) == r.get(m) and r.get(m) is not None), default=None)
+        # waves x blocks an SM holds = blocks per SM: at 1 or more no SM is idle, the grid only
+        # leaves each some of its slots empty
+        filled = (f"{waves:.2f} waves give each SM about {waves * per_sm:.0f} of the {per_sm:.0f} blocks it can hold "
+                  f"(no SM idle)" if per_sm and waves * per_sm >= 1 else f"{waves:.2f} waves")
         return ("latency", "small_grid",
-                f"latency-limited by a small grid: {waves:.2f} waves, {sol}",
+                f"latency-limited by a small grid: {filled}, {sol}",
                 "Confirm: double the problem size or batch; if the duration barely grows, the GPU was under-filled. "
                 + lever)
     low_theo = theo == theo and theo is not None and theo < p["min_theoretical_occupancy_pct"]
