@@ -30,6 +30,9 @@ _LIMITER_HINT = {
 # CUPTI's occupancy estimate (Kineto's `est. achieved occupancy %`) takes the 48 KB default
 # shared-memory limit per block: a kernel that opts in to more reads 0, which says nothing.
 CUPTI_SHARED_MEM_LIMIT_BYTES = 48 * 1024
+# Blocks of at most this many warps meet the SM's resident-block limit (16-32) before its warp
+# limit (48-64): freeing their binding resource leaves occupancy capped at that.
+SMALL_BLOCK_WARPS = 2
 # NVIDIA's line between throughput- and latency-bound (Speed Of Light at 60% of peak or more).
 SOL_THROUGHPUT_BOUND = 0.6
 
@@ -170,6 +173,12 @@ def _finding(configs: list[dict], p: dict) -> dict:
     if hint is None and worst["low_theo"]:
         hint = "; ".join(_LIMITER_HINT[x] for x in worst["limiters"]) or "Check the launch configuration."
         hint = hint[0].upper() + hint[1:] + "."
+        warps = (r.threads_per_block / r.warp_size if r.threads_per_block == r.threads_per_block
+                 and r.warp_size == r.warp_size and r.warp_size > 0 else None)
+        if warps is not None and warps <= SMALL_BLOCK_WARPS and "blocks" not in worst["limiters"]:
+            # freed of its limiter, a block of a warp or two meets the SM's block limit first
+            hint += (f" With blocks of {int(r.threads_per_block)} threads, an SM's limit on resident blocks caps "
+                     "occupancy next: larger blocks (more warps each) are the lasting fix.")
     elif hint is None:
         hint = ("Warps finish unevenly or blocks are scheduled poorly: balance work across warps and blocks, "
                 "avoid a small last wave, and check for long-running warps.")
