@@ -9,7 +9,7 @@ import msgspec
 
 from ..fmt import kernel_label, loss_bound, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
-from ._launches import configurations_by_kernel, int_or_none, launch_groups
+from ._launches import configurations_by_kernel, int_or_none, launch_groups, launch_sized
 from ._library import library_hint, library_of, not_collectives
 from .base import UPPER_BOUND, Rule, Threshold
 from .evidence import KernelEvidence, doc
@@ -76,12 +76,11 @@ def _configuration(r, p: dict) -> dict | None:
         if wasted < p["min_wasted_share"]:
             severity = "info"
     loss = None if r.total_ns != r.total_ns or wasted is None else int(r.total_ns * wasted)
-    mean_ns = r.total_ns / r.launches if r.total_ns == r.total_ns and r.launches else None
-    if mean_ns is not None and mean_ns < p["short_kernel_ns"]:
+    short = launch_sized(r.total_ns, r.launches, p["short_kernel_ns"])
+    if short:
         # the estimate assumes the work scales with busy SMs; a launch this short is mostly the
         # fixed cost of starting a kernel, which more blocks do not shorten: no estimate
-        what += (f"; at {ns(mean_ns)} a launch, mostly the fixed cost of starting a kernel, which more blocks "
-                 "do not shorten (no loss estimated)")
+        what += f"; {short}, which more blocks do not shorten (no loss estimated)"
         loss, severity = None, "info"
     return {"row": r, "kind": kind, "what": what, "per_wave": per_wave, "whole": whole, "partial": partial,
             "idle": idle, "headroom": headroom, "sol": sol, "wasted": wasted, "loss": loss, "severity": severity}

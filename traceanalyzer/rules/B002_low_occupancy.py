@@ -9,7 +9,7 @@ import msgspec
 
 from ..fmt import kernel_label, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
-from ._launches import configurations_by_kernel, int_or_none, launch_groups
+from ._launches import configurations_by_kernel, int_or_none, launch_groups, launch_sized
 from ._library import LOW_OCCUPANCY_BY_DESIGN, library_hint, library_of, not_collectives
 from ._ncu import linked
 from .base import UPPER_BOUND, Rule, Threshold
@@ -136,8 +136,8 @@ def _finding(configs: list[dict], p: dict) -> dict:
     launches = int(sum(c["row"].launches for c in configs))
     total_ns = sum(c["row"].total_ns for c in configs if c["row"].total_ns == c["row"].total_ns)
     # a launch of a few microseconds is mostly the fixed cost of starting a kernel, which more
-    # resident warps do not shorten
-    short = bool(total_ns) and total_ns / launches < p["short_kernel_ns"]
+    # resident warps do not shorten (no time at all, nothing to tell)
+    short = launch_sized(total_ns or None, launches, p["short_kernel_ns"])
     if throughput_bound or short:  # occupancy is not what limits it: more of it wins nothing to estimate
         loss = None
     # Library GEMM, convolution and attention kernels keep few, large blocks resident by design
@@ -163,7 +163,7 @@ def _finding(configs: list[dict], p: dict) -> dict:
         message += ("; library GEMM, convolution and attention kernels run few large blocks by design, so "
                     "without a measurement (ncu's Speed Of Light) this is no sign of a problem")
     if short and not throughput_bound:
-        message += f"; at {ns(total_ns / launches)} a launch, mostly the fixed cost of starting a kernel"
+        message += f"; {short}"
     if len(configs) > 1:
         message += f" (the worst of {len(configs)} launch configurations)"
     if loss is not None:

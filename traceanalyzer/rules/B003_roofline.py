@@ -10,6 +10,7 @@ import numpy as np
 from ..devices import gpu
 from ..fmt import kernel_label, loss_bound, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
+from ._launches import launch_sized
 from ._ncu import (DURATION, MEMORY_UNITS, MEM_SOL, SM_SOL, as_int, busiest_memory_unit, classify, col,
                    device_peaks, keep_hot, kernel_finding, linked, ncu_launches, per_kernel)
 from ._op_cost import DTYPES, FAMILIES, FORMULAS, op_cost
@@ -231,8 +232,7 @@ def _finding(r: dict, p: dict) -> dict:
     launches = int(r["launches"])
     # a launch of a few microseconds is mostly the fixed cost of starting a kernel, which no roof
     # measures: nearer the roof it would not be much shorter
-    short = (bound == "latency" and r["duration_ns"] == r["duration_ns"]
-             and r["duration_ns"] / max(launches, 1) < p["launch_cost_ns"])
+    short = launch_sized(r["duration_ns"], launches, p["launch_cost_ns"]) if bound == "latency" else None
     if bound == "latency" and r["duration_ns"] == r["duration_ns"] and not short:
         loss = round(r["duration_ns"] * (1 - share / target))  # time saved at the same work near the roof
     hot = r["time_share"] != r["time_share"] or r["time_share"] >= p["warning_time_share"]
@@ -241,8 +241,7 @@ def _finding(r: dict, p: dict) -> dict:
            + (f"; {launches} launches, {ns(r['duration_ns'])}" if launches > 1 else
               f"; {ns(r['duration_ns'])}" if r["duration_ns"] == r["duration_ns"] else "")
            + (f", est. {ns(loss)} to gain; {loss_bound(r['duration_ns'], 'the kernel ran')}" if loss else "")
-           + (f"; at {ns(r['duration_ns'] / max(launches, 1))} a launch, mostly the fixed cost of starting a kernel "
-              "(no loss estimated)" if short else ""))
+           + (f"; {short} (no loss estimated)" if short else ""))
     evidence = {
         "bound": bound, "saturated": share >= p["throughput_bound_pct"] / 100, "source": r["source"], "estimate": False, "compute_pct": r["compute_pct"],
         "memory_pct": r["memory_pct"], "launches": launches, "duration_ns": r["duration_ns"],

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Optional
 
-from ..fmt import kernel_label, nbytes, ns, pct
+from ..fmt import kernel_label, nbytes, pct
+from ._launches import launch_sized
 from ._library import library_hint
 from ._ncu import (ACHIEVED, DURATION, MEM_SOL, MEMORY_UNITS, SM_SOL, busiest_memory_unit, classify,
                    device_peaks, kernel_finding, linked, ncu_launches, per_kernel)
@@ -153,9 +154,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
         share = max(r[SM_SOL], r[MEM_SOL]) / 100
         hot = r["time_share"] != r["time_share"] or r["time_share"] >= p["warning_time_share"]
         launches = int(r["launches"])
-        # a launch of a few microseconds is mostly the fixed cost of starting a kernel
-        per_launch = r["duration_ns"] / max(launches, 1) if r["duration_ns"] == r["duration_ns"] else None
-        short = per_launch is not None and per_launch < p["short_kernel_ns"] and limiter != "throughput"
+        short = launch_sized(r["duration_ns"], launches, p["short_kernel_ns"]) if limiter != "throughput" else None
         evidence = {
             "limiter": limiter, "cause": cause, "bound": r["bound"], "sm_pct": r[SM_SOL], "memory_pct": r[MEM_SOL],
             "memory_unit": r["memory_unit"], "waves": r.get(WAVES), "theoretical_occupancy_pct": r.get(THEORETICAL),
@@ -173,7 +172,7 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
             message=f"{kernel_label(r['name'], r['short_name'])}: {what}"
                     + (f"; {pct(r['time_share'])} of profiled time" if r["time_share"] == r["time_share"] else "")
                     + (f" over {launches} launches" if launches > 1 else "")
-                    + (f"; at {ns(per_launch)} a launch, mostly the fixed cost of starting a kernel" if short else ""),
+                    + (f"; {short}" if short else ""),
             hint=experiment,
         ))
     return pd.DataFrame(rows)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analyses.steps import PROFILER_STEP
 from ..kernel_library import inductor_class, inductor_ops
-from ..store import Store, launch_sweep
+from ..store import Store, launch_sweep, run_cache
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -97,10 +97,7 @@ NCU_SITES_SQL = _sites_sql("""
 def launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:
     """(device_id, kernel name) -> {"label", "share"}: the operator or range that launched most
     of the kernel's time there, and that share of it. Once per rules pass (the run cache's memo)."""
-    cache = store.run_cache
-    if cache is None or cache.run_id != run_id:
-        return _launch_sites(store, run_id)
-    return cache.memo("launch_sites", lambda: _launch_sites(store, run_id))
+    return run_cache.memo_for(store.run_cache, run_id, "launch_sites", lambda: _launch_sites(store, run_id))
 
 
 def _launch_sites(store: Store, run_id: str) -> dict[tuple[Any, str], dict]:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..devices.occupancy import occupancy_table
-from ..store import Store
+from ..fmt import ns
+from ..store import Store, run_cache
 from ._ncu import RUN_METRICS_SQL
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
@@ -92,10 +93,7 @@ def launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     Several rules (B001, B002, T005) read the same groups: in the run's rules pass they are
     computed once, kept in the pass's run cache (`Store.run_cache`); elsewhere, each call computes.
     """
-    cache = store.run_cache
-    if cache is None or cache.run_id != run_id:
-        return _launch_groups(store, run_id)
-    return cache.memo("launch_groups", lambda: _launch_groups(store, run_id)).copy()
+    return run_cache.memo_for(store.run_cache, run_id, "launch_groups", lambda: _launch_groups(store, run_id)).copy()
 
 
 def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
@@ -159,6 +157,17 @@ def configurations_by_kernel(g: pd.DataFrame, configure, min_time_share: float) 
         if c is not None:
             by_kernel.setdefault((r.device_id, r.name), []).append(c)
     return list(by_kernel.values())
+
+
+def launch_sized(total_ns, launches, short_kernel_ns: float) -> str | None:
+    """'at 3.17 us a launch, mostly the fixed cost of starting a kernel' where a kernel's launches
+    average under `short_kernel_ns`: more blocks, more resident warps or a nearer roof do not
+    shorten that cost, so the bottleneck rules estimate no loss for it. None otherwise, or
+    without a time (None or NaN)."""
+    if total_ns is None or total_ns != total_ns or not launches:
+        return None
+    mean_ns = total_ns / launches
+    return f"at {ns(mean_ns)} a launch, mostly the fixed cost of starting a kernel" if mean_ns < short_kernel_ns else None
 
 
 def int_or_none(x):

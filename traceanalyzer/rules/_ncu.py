@@ -13,6 +13,7 @@ import numpy as np
 
 from ..devices import gpu
 from ..sql import sql_literal
+from ..store import run_cache
 
 if TYPE_CHECKING:  # pandas is imported where used: loading the rules stays cheap (engine.run_rules)
     import pandas as pd
@@ -351,10 +352,7 @@ def linked_ncu_runs(store, run_id: str) -> list[str]:
     """The ncu runs linked to `run_id` when it is a timeline run (else none); once per rules pass."""
     from ..link import linked_ncu_runs as runs
 
-    cache = store.run_cache
-    if cache is None or cache.run_id != run_id:
-        return runs(store, run_id)
-    return cache.memo("linked_ncu_runs", lambda: runs(store, run_id))
+    return run_cache.memo_for(store.run_cache, run_id, "linked_ncu_runs", lambda: runs(store, run_id))
 
 
 def linked_rule_ids() -> list[str]:
@@ -409,12 +407,9 @@ def projected(store, run_id: str, ncu_run_id: str, evaluate, p: dict):
     from ..fmt import ns, pct
     from ._code import name_launchers
 
-    cache = store.run_cache
-    if cache is None or cache.run_id != run_id:
-        links, configs, ncu_ns, total = _timeline_facts(store, run_id, ncu_run_id)
-    else:  # the same for every linked rule of the pass
-        links, configs, ncu_ns, total = cache.memo(("linked_facts", ncu_run_id),
-                                                   lambda: _timeline_facts(store, run_id, ncu_run_id))
+    # the same for every linked rule of the pass
+    links, configs, ncu_ns, total = run_cache.memo_for(store.run_cache, run_id, ("linked_facts", ncu_run_id),
+                                                       lambda: _timeline_facts(store, run_id, ncu_run_id))
     if links.empty:
         return None
     found = evaluate(store, ncu_run_id, {**p, **{k: v for k, v in _HOT_THRESHOLDS.items() if k in p}})

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from ..store import run_cache
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -35,8 +37,5 @@ def in_run_terms(store: Store, run_id: str, findings: pd.DataFrame) -> pd.DataFr
 
 def _amd_only(store: Store, run_id: str) -> bool:
     """Whether the run's GPUs are all AMD's: asked once per run in a rules pass (its memo)."""
-    def ask() -> bool:
-        return bool(store.sql(AMD_ONLY_SQL, [run_id]).fetchone()[0])
-
-    cache = store.run_cache
-    return cache.memo(("amd_only", run_id), ask) if cache is not None and cache.run_id == run_id else ask()
+    return run_cache.memo_for(store.run_cache, run_id, "amd_only",
+                              lambda: bool(store.sql(AMD_ONLY_SQL, [run_id]).fetchone()[0]))

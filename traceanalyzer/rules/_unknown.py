@@ -28,6 +28,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..analyses.budget import BLOCKING_CALL
+from ..store import run_cache
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -126,13 +127,6 @@ HOW_TO_RECORD = ("record the whole window unsampled (torch.profiler with activit
                  "or filtering; nsys profile -t cuda,nvtx)")
 
 
-def _memo(store: Store, run_id: str, key: str, compute):
-    cache = store.run_cache
-    if cache is None or cache.run_id != run_id:
-        return compute()
-    return cache.memo(key, compute)
-
-
 def gaps(store: Store, run_id: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the trace lacks (T010's signals): the counts, and `missing`, one short line per
     thing missing with how to record it (empty: nothing missing that these signals see)."""
@@ -141,7 +135,7 @@ def gaps(store: Store, run_id: str, params: dict[str, Any] | None = None) -> dic
 
         params = get_rule("T010").params()
     p = params
-    row = _memo(store, run_id, "trace_gaps", lambda: store.sql(GAPS_SQL, {"run_id": run_id}).fetchone())
+    row = run_cache.memo_for(store.run_cache, run_id, "trace_gaps", lambda: store.sql(GAPS_SQL, {"run_id": run_id}).fetchone())
     gpu_ops, launched, after, unlaunched, ops, jumps, skipped, cpu_ops = (int(x or 0) for x in row)
     ops = ops if ops > 1 else 0  # one id: no steps to judge
     facts: dict[str, Any] = {
@@ -172,7 +166,7 @@ def gaps(store: Store, run_id: str, params: dict[str, Any] | None = None) -> dic
 def unseen_waits(store: Store, run_id: str) -> list[dict]:
     """Per blocking call name: GPU-idle time after the work ending the stretch was issued while
     the host sat in that call (`ns`, `stretches`, the longest `worst_start_ns`..`worst_end_ns`)."""
-    df = _memo(store, run_id, "unseen_waits", lambda: store.sql(UNSEEN_SQL, {"run_id": run_id}).fetchall())
+    df = run_cache.memo_for(store.run_cache, run_id, "unseen_waits", lambda: store.sql(UNSEEN_SQL, {"run_id": run_id}).fetchall())
     return [{"call": n, "ns": int(ns), "stretches": int(k), "worst_start_ns": int(s), "worst_end_ns": int(e)}
             for n, ns, k, s, e in df]
 
@@ -185,7 +179,7 @@ def pretrace_held(store: Store, run_id: str) -> list[tuple[int | None, int, int]
             return []
         return [(d, int(s), int(e)) for d, s, e in store.sql(PRETRACE_SQL, {"run_id": run_id}).fetchall()]
 
-    return _memo(store, run_id, "pretrace_held", compute)
+    return run_cache.memo_for(store.run_cache, run_id, "pretrace_held", compute)
 
 
 PRETRACE_MISSING = ("the GPU work behind the event a stream waited on, recorded before the trace began (work "
@@ -295,6 +289,6 @@ def launch_gap_unknown(store: Store, run_id: str, df: pd.DataFrame) -> pd.DataFr
 def _not_latency(df: pd.DataFrame) -> pd.DataFrame:
     """T001 names a one-stream device's waiting issued work its launch latency, where nothing else
     can have held it; a finding that abstains says the trace may lack what held it: dependency."""
-    unknown = [(json.loads(e) if isinstance(e, str) else e).get("cause") == "unknown" for e in df["evidence"]]
+    unknown = [(json.loads(e) if isinstance(e, str) else e).get("cause") == CAUSE_UNKNOWN for e in df["evidence"]]
     return df.assign(message=[m.replace("mostly launch latency (", "mostly dependency (") if u else m
                               for m, u in zip(df["message"], unknown)])

@@ -126,6 +126,14 @@ class RunCache:
         return self.prefix == kept_prefix(self.run_id)
 
 
+def memo_for(cache: RunCache | None, run_id: str, key: Any, compute: Callable[[], _T]) -> _T:
+    """`compute()`, once per rules pass: kept in `cache`'s memo (a store's `run_cache`) when it is
+    the scope of `run_id`, else computed at each call."""
+    if cache is None or cache.run_id != run_id:
+        return compute()
+    return cache.memo(key, compute)
+
+
 @contextmanager
 def scoped_to_run(con: duckdb.DuckDBPyConnection, run_id: str, *, build: bool = True, keep: bool = False,
                   policy: RunPolicy = DEFAULT_POLICY) -> Iterator[RunCache]:
