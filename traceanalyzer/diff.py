@@ -188,7 +188,7 @@ class RunDiff:
         per launch (their totals over a fixed window say how much work fitted, not how fast it ran)."""
         if self.end_to_end is None or self.end_to_end.unit != "per_s" or self.kernels.empty:
             return None
-        k = self.kernels[self.kernels["status"].isin(["both", "paired"])]
+        k = _matched(self.kernels)
         counts = (k["base_count"].sum(), k["test_count"].sum())
         if not all(counts):
             return None
@@ -200,7 +200,7 @@ class RunDiff:
         most time at the test run's launch count, when one does."""
         from . import fmt
 
-        k = self.kernels[self.kernels["status"].isin(["both", "paired"])]
+        k = _matched(self.kernels)
         k = k[(k["base_count"] > 0) & (k["test_count"] > 0)]
         if k.empty:
             return ""
@@ -637,9 +637,14 @@ def _step_metric(steps: tuple[dict | None, dict | None], step: str | None,
                   p_value=median_test_p(*steady))
 
 
+def _matched(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The kernel table's rows of kernels both runs have (by name, or paired when renamed)."""
+    return kernels[kernels["status"].isin(["both", "paired"])]
+
+
 def _throughput(kernels: pd.DataFrame, base: dict, test: dict) -> Metric | None:
     """Launches per second of the kernels both runs have, over each run's span."""
-    both = kernels[kernels["status"].isin(["both", "paired"])]
+    both = _matched(kernels)
     if both.empty or not base["span_ns"] or not test["span_ns"]:
         return None
     return Metric("matched kernel launches per second", "per_s", 1e9 * float(both["base_count"].sum()) / base["span_ns"],

@@ -27,22 +27,13 @@ def measured(f: dict) -> bool:
     trace it may not be idle at all)."""
     from ..rules import get_rule
 
-    if _abstains(f):
+    ev = evidence_of(f["rule_id"], f.get("evidence"))
+    if ev is not None and ev.cause == "unknown":
         return False
     try:
         return get_rule(f["rule_id"]).max_severity is None
     except KeyError:  # a rule this version does not have
         return True
-
-
-def _abstains(f: dict) -> bool:
-    ev = f.get("evidence")
-    if isinstance(ev, str):
-        try:
-            ev = json.loads(ev)
-        except ValueError:
-            return False
-    return isinstance(ev, dict) and ev.get("cause") == "unknown"
 
 
 def place_of(f: dict):
