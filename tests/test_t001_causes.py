@@ -338,3 +338,20 @@ def test_cause_times_are_the_budgets_idle_parts(t001, store, rel):
             for cause, ns in _as_budget(f["evidence"]["cause_idle_ns"]).items():
                 assert ns <= whole[device].get(cause, 0), (f["message"], cause)
     assert checked
+
+
+def test_query_writes_the_causes_out_in_their_order():
+    """SQL spells CAUSES out (no text templating): each split, its part keys and its per-cause
+    structs in CAUSES order, which is also the order that breaks ties."""
+    from traceanalyzer.rules.T001_launch_gaps import SQL
+
+    order = ", ".join(f"'{c}'" for c in CAUSES)
+    assert f"list_position([{order}], " in SQL
+    assert SQL.count(f"greatest({', '.join(f'{c}_ns' for c in CAUSES)})") == 1
+    for idle in ("_idle_ns", "_ns"):
+        structs = [f"{{'idle_ns': {c}{idle}, 'ns': {c}_ns, 'n': {c}_n, 'rank': {len(CAUSES) - i}, 'cause': '{c}'}}"
+                   for i, c in enumerate(CAUSES)]
+        positions = [SQL.find(s) for s in structs]
+        assert -1 not in positions and positions == sorted(positions), idle
+    for c in CAUSES:
+        assert f"AS {c}_ns," in SQL or f"AS {c}_ns\n" in SQL

@@ -9,7 +9,6 @@ import msgspec
 
 from ..analyses.place import HOW as PLACE_HOW
 from ..fmt import ns as fmt_ns
-from ..sql import sql_literal
 from ._code import HAS_CPU_OPS_SQL, OUTSIDE_OPERATORS, around_gaps, device_key, phrase
 from ._unknown import launch_gap_unknown
 from .base import Rule, Threshold
@@ -19,7 +18,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # A gap's causes, in the order its time is split in (the `how` text below says what each
-# means; copy and dependency name the same last part). The same order breaks ties.
+# means; copy and dependency name the same last part). The same order breaks ties; SQL writes
+# them out in it (tests/test_t001_causes.py checks that it does).
 CAUSES = ("sync", "late_launch", "copy", "dependency", "unknown")
 
 HINTS = {
@@ -51,65 +51,10 @@ REPLAYED_LATENCY_HINT = ("The work was issued in time, and the rest of each gap 
                          "meets kernels or copies launched one by one (piecewise capture, eager attention), "
                          "capturing more of each step in one graph (full rather than piecewise capture) removes "
                          "the seam; a replay's own start and end cost remains.")
+REPLAYED_HINTS = {"late_launch": REPLAYED_LATE_HINT, "latency": REPLAYED_LATENCY_HINT}
 REPLAYS_SQL = "SELECT EXISTS (SELECT 1 FROM api_calls c JOIN gpu_activity a ON a.run_id = c.run_id " \
               "AND a.launch_call_id = c.call_id WHERE c.run_id = $run_id AND c.name ILIKE '%graphlaunch%')"
 
-
-def _split(copy_hit: str) -> str:
-    """A gap's time per cause from its marks (columns `<cause>_ns`, NULL for a cause that cannot
-    apply), of the gap `g`: `sync` up to `sync_end`, `late_launch` up to `issued`, and the rest
-    `copy` when `copy_hit` (a copy on another stream ran in it), else `dependency`. Without a
-    launch call (not `linked`), whether the host had issued the work is unknown: all `unknown`."""
-    return f"""CASE WHEN g.linked THEN g.sync_end - g.gap_start END AS sync_ns,
-               CASE WHEN g.linked THEN g.issued - g.sync_end END AS late_launch_ns,
-               CASE WHEN g.linked AND {copy_hit} THEN g.gap_end - g.issued END AS copy_ns,
-               CASE WHEN g.linked AND NOT {copy_hit} THEN g.gap_end - g.issued END AS dependency_ns,
-               CASE WHEN NOT g.linked THEN g.gap_ns END AS unknown_ns"""
-
-
-# A gap's own cause (the evidence's list of gaps, `cause_counts`): the one with the most of its
-# time, the first in CAUSES among equals (greatest() skips the NULLs of causes that cannot apply).
-GAP_CAUSE = ("CASE greatest(" + ", ".join(f"{c}_ns" for c in CAUSES) + ") "
-             + " ".join(f"WHEN {c}_ns THEN '{c}'" for c in CAUSES[:-1]) + f" ELSE '{CAUSES[-1]}' END")
-
-
-# Per stream or device: each cause's gap time and gaps (`<cause>_ns`, `<cause>_n`).
-CAUSE_SUMS = ", ".join(f"coalesce(sum({c}_ns), 0) AS {c}_ns, count(*) FILTER (WHERE cause = '{c}') AS {c}_n"
-                       for c in CAUSES)
-# Per stream, the device-idle time of each cause (`<cause>_idle`) from the cause's segments.
-CAUSE_IDLE_SUMS = ", ".join(f"coalesce(sum(covered_ns) FILTER (WHERE cause = '{c}'), 0) AS {c}_idle"
-                            for c in CAUSES)
-# A stream's device-idle time per cause (`<cause>_idle_ns`) and in all (`lost_ns`): on a device
-# with one stream, all of its gap time; with several, what its segments' probes found (si);
-# with no device known, none.
-_IDLE = {c: f"CASE WHEN one_stream THEN {c}_ns ELSE coalesce(si.{c}_idle, 0) END" for c in CAUSES}
-STREAM_IDLE = (", ".join(f"{sql} AS {c}_idle_ns" for c, sql in _IDLE.items())
-               + ", " + " + ".join(_IDLE.values()) + " AS lost_ns")
-
-
-def _per_cause(idle: str) -> str:
-    """Per cause (CAUSES order): its device-idle time (column `<cause>{idle}`), gap time, gaps,
-    then the cause's priority and name. The fields' order makes a descending sort put the main
-    cause first: most device-idle time, then gap time, gaps, priority."""
-    fields = [f"{{'idle_ns': {c}{idle}, 'ns': {c}_ns, 'n': {c}_n, 'rank': {len(CAUSES) - i}, 'cause': '{c}'}}"
-              for i, c in enumerate(CAUSES)]
-    return "[" + ", ".join(fields) + "]"
-
-
-# Of the causes with time: the main one's struct (see _per_cause), and {cause: field} as JSON
-# (CAUSES order). A cause can have time but no gaps of its own (a short sync at the start of a
-# long late launch): it is listed, with 0 gaps. A stream's device-idle time takes its causes from
-# the device's idle stretches, so a cause can have device-idle time and no gap time of the
-# stream's own: it is the main one when it has the most device-idle time.
-SHOWN = "list_filter(per_cause, lambda x: x.ns > 0 OR x.n > 0)"
-MAIN_CAUSE = "list_sort(list_filter(per_cause, lambda x: x.idle_ns > 0 OR x.ns > 0 OR x.n > 0), 'DESC')[1]"
-
-
-def _by_cause(field: str, shown: str = SHOWN) -> str:
-    return f"to_json(map_from_entries(list_transform({shown}, lambda x: (x.cause, x.{field}))))"
-
-
-HINT = "CASE main_cause " + " ".join(f"WHEN {sql_literal(c)} THEN {sql_literal(h)}" for c, h in HINTS.items()) + " END"
 
 # One CTE chain: per-stream gaps and device-idle stretches, where in each the host stopped
 # waiting (their causes' times), how much of each cause's time the whole device was idle (the
@@ -227,24 +172,43 @@ WITH warm AS (  -- the warm-up windows per device
                              AND c.stream_id IS DISTINCT FROM g.stream_id
                              AND c.start_ns < g.gap_end AND c.end_ns > g.issued
     WHERE g.linked
-), split AS (  -- each gap's time per cause
-    SELECT g.device_id, g.stream_id, g.gap_start, g.gap_end, g.gap_ns, g.prev_kind, g.prev_id, g.next_kind,
-           g.next_id, g.one_stream, __STREAM_SPLIT__
+), copied AS (  -- each gap with whether a copy on another stream ran after its work was issued
+    SELECT g.*, coalesce(ch.copy_hit, false) OR oc.seq IS NOT NULL AS copy_hit
     FROM marks g
     LEFT JOIN copy_hits ch ON ch.device_id = g.device_id AND ch.stream_id IS NOT DISTINCT FROM g.stream_id
                           AND ch.seq = g.seq
     LEFT JOIN odd_copy_hits oc ON oc.device_id = g.device_id AND oc.stream_id IS NOT DISTINCT FROM g.stream_id
                               AND oc.seq = g.seq
-), classified AS (
-    SELECT *, __GAP_CAUSE__ AS cause FROM split
+), split AS (  -- each gap's time per cause (CAUSES), split in time: `sync` up to sync_end, `late_launch`
+    -- up to issued, the rest `copy` when a copy ran in it, else `dependency`; without a launch
+    -- call (not linked), whether the host had issued the work is unknown: all `unknown`
+    SELECT device_id, stream_id, gap_start, gap_end, gap_ns, prev_kind, prev_id, next_kind, next_id, one_stream,
+           CASE WHEN linked THEN sync_end - gap_start END AS sync_ns,
+           CASE WHEN linked THEN issued - sync_end END AS late_launch_ns,
+           CASE WHEN linked AND copy_hit THEN gap_end - issued END AS copy_ns,
+           CASE WHEN linked AND NOT copy_hit THEN gap_end - issued END AS dependency_ns,
+           CASE WHEN NOT linked THEN gap_ns END AS unknown_ns
+    FROM copied
+), classified AS (  -- a gap's own cause: the one with the most of its time, the first in CAUSES
+    -- among equals (greatest() skips the NULLs of causes that cannot apply)
+    SELECT *, CASE greatest(sync_ns, late_launch_ns, copy_ns, dependency_ns, unknown_ns)
+                   WHEN sync_ns THEN 'sync' WHEN late_launch_ns THEN 'late_launch' WHEN copy_ns THEN 'copy'
+                   WHEN dependency_ns THEN 'dependency' ELSE 'unknown' END AS cause
+    FROM split
 ), device_marks AS (
     SELECT g.device_id, g.gap_start, g.gap_end, g.gap_ns, g.call_start IS NOT NULL AS linked,
            g.gap_start + coalesce(sh.sync_ns, 0) AS sync_end,
            idle_issued_at(g.gap_start, g.gap_end, g.call_start, g.call_end) AS issued
     FROM (SELECT device_id, gap_start, gap_end, gap_ns, next_op.call_start, next_op.call_end FROM device_gaps) g
     LEFT JOIN sync_hits sh ON sh.on_device AND sh.device_id = g.device_id AND sh.seq = g.gap_start
-), device_split AS (  -- (no timed copy runs while a whole device is idle)
-    SELECT device_id, gap_start, gap_end, gap_ns, __DEVICE_SPLIT__ FROM device_marks g
+), device_split AS (  -- as split (no timed copy runs while a whole device is idle)
+    SELECT device_id, gap_start, gap_end, gap_ns,
+           CASE WHEN linked THEN sync_end - gap_start END AS sync_ns,
+           CASE WHEN linked THEN issued - sync_end END AS late_launch_ns,
+           NULL::BIGINT AS copy_ns,
+           CASE WHEN linked THEN gap_end - issued END AS dependency_ns,
+           CASE WHEN NOT linked THEN gap_ns END AS unknown_ns
+    FROM device_marks
 ), device_segments AS (  -- each cause's part of each device-idle stretch, as the device finding splits it
     SELECT * FROM (
         SELECT device_id,
@@ -255,18 +219,30 @@ WITH warm AS (  -- the warm-up windows per device
     WHERE end_ns > start_ns
 ), cause_cum AS (  -- per device and cause (one key, `part`, for covered_ns: the segments of each
     -- are disjoint), the segments with their time up to each one's end
-    SELECT __PART__ AS part, start_ns, end_ns,
+    SELECT device_id * 5 + list_position(['sync', 'late_launch', 'copy', 'dependency', 'unknown'], cause) AS part,
+           start_ns, end_ns,
            sum(end_ns - start_ns) OVER (PARTITION BY device_id, cause ORDER BY start_ns ROWS UNBOUNDED PRECEDING) AS to_end_ns
     FROM device_segments
 ), stream_probes AS (  -- each gap of a multi-stream device, once per cause a device-idle stretch has
-    SELECT g.device_id, g.stream_id, c.cause, __PART__ AS part, g.gap_start AS start_ns, g.gap_end AS end_ns
-    FROM multi_marks g, (SELECT unnest(__CAUSES__) AS cause) c
+    -- (no timed copy runs while a whole device is idle: no `copy`)
+    SELECT g.device_id, g.stream_id, c.cause,
+           g.device_id * 5 + list_position(['sync', 'late_launch', 'copy', 'dependency', 'unknown'], c.cause) AS part,
+           g.gap_start AS start_ns, g.gap_end AS end_ns
+    FROM multi_marks g, (SELECT unnest(['sync', 'late_launch', 'dependency', 'unknown']) AS cause) c
 ), stream_idle AS (  -- per stream, the device-idle time in its gaps, by the cause the device's
     -- stretches give it (covered_ns sums over the probes of a key: one small group per cause)
-    SELECT device_id, stream_id, __CAUSE_IDLE_SUMS__
+    SELECT device_id, stream_id,
+           coalesce(sum(covered_ns) FILTER (WHERE cause = 'sync'), 0) AS sync_idle,
+           coalesce(sum(covered_ns) FILTER (WHERE cause = 'late_launch'), 0) AS late_launch_idle,
+           coalesce(sum(covered_ns) FILTER (WHERE cause = 'copy'), 0) AS copy_idle,
+           coalesce(sum(covered_ns) FILTER (WHERE cause = 'dependency'), 0) AS dependency_idle,
+           coalesce(sum(covered_ns) FILTER (WHERE cause = 'unknown'), 0) AS unknown_idle
     FROM covered_ns('stream_probes', 'cause_cum', part) GROUP BY device_id, stream_id
-), device_classified AS (
-    SELECT *, __GAP_CAUSE__ AS cause FROM device_split
+), device_classified AS (  -- as classified
+    SELECT *, CASE greatest(sync_ns, late_launch_ns, dependency_ns, unknown_ns)
+                   WHEN sync_ns THEN 'sync' WHEN late_launch_ns THEN 'late_launch'
+                   WHEN dependency_ns THEN 'dependency' ELSE 'unknown' END AS cause
+    FROM device_split
 ), spans AS (  -- each device's span (the time budget's: first GPU operation to last) and its
     -- steady part, what the shares are of: the gaps' time inside warm-up windows is left out
     SELECT b.device_id, b.active_span_ns AS span_ns, b.active_span_ns - coalesce(w.warm_ns, 0) AS steady_ns
@@ -286,15 +262,30 @@ WITH warm AS (  -- the warm-up windows per device
     -- equals, from a bounded heap rather than a sort of all gaps)
     SELECT device_id, stream_id, count(*) AS n, sum(gap_ns) AS total_ns,
            median(gap_ns) AS median_ns, max(gap_ns) AS max_ns, coalesce(bool_and(one_stream), false) AS one_stream,
-           __CAUSE_SUMS__,
+           coalesce(sum(sync_ns), 0) AS sync_ns, count(*) FILTER (WHERE cause = 'sync') AS sync_n,
+           coalesce(sum(late_launch_ns), 0) AS late_launch_ns, count(*) FILTER (WHERE cause = 'late_launch') AS late_launch_n,
+           coalesce(sum(copy_ns), 0) AS copy_ns, count(*) FILTER (WHERE cause = 'copy') AS copy_n,
+           coalesce(sum(dependency_ns), 0) AS dependency_ns, count(*) FILTER (WHERE cause = 'dependency') AS dependency_n,
+           coalesce(sum(unknown_ns), 0) AS unknown_ns, count(*) FILTER (WHERE cause = 'unknown') AS unknown_n,
            arg_max({'device_id': device_id, 'stream_id': stream_id, 'gap_start': gap_start,
                     'gap_end': gap_end, 'gap_ns': gap_ns, 'cause': cause, 'sync_ns': sync_ns, 'late_launch_ns': late_launch_ns, 'prev_kind': prev_kind,
                     'prev_id': prev_id, 'next_kind': next_kind, 'next_id': next_id},
                    (gap_ns, -gap_start), heap_size($max_examples)) AS top
     FROM classified GROUP BY device_id, stream_id
-), per_stream_idle AS (  -- with one stream a gap is device-idle throughout; with no device known, not at all
-    SELECT p.*, __STREAM_IDLE__ FROM per_stream_all p
+), stream_idle_by_cause AS (  -- per cause, the stream's device-idle time: with one stream a gap
+    -- is device-idle throughout; with several, what its probes found (stream_idle); with no device
+    -- known, none
+    SELECT p.*,
+           CASE WHEN one_stream THEN sync_ns ELSE coalesce(si.sync_idle, 0) END AS sync_idle_ns,
+           CASE WHEN one_stream THEN late_launch_ns ELSE coalesce(si.late_launch_idle, 0) END AS late_launch_idle_ns,
+           CASE WHEN one_stream THEN copy_ns ELSE coalesce(si.copy_idle, 0) END AS copy_idle_ns,
+           CASE WHEN one_stream THEN dependency_ns ELSE coalesce(si.dependency_idle, 0) END AS dependency_idle_ns,
+           CASE WHEN one_stream THEN unknown_ns ELSE coalesce(si.unknown_idle, 0) END AS unknown_idle_ns
+    FROM per_stream_all p
     LEFT JOIN stream_idle si ON si.device_id = p.device_id AND si.stream_id IS NOT DISTINCT FROM p.stream_id
+), per_stream_idle AS (  -- and in all
+    SELECT *, sync_idle_ns + late_launch_idle_ns + copy_idle_ns + dependency_idle_ns + unknown_idle_ns AS lost_ns
+    FROM stream_idle_by_cause
 ), listed AS (  -- the gaps the evidence lists
     SELECT unnest(top, recursive := true) FROM per_stream_all WHERE $max_examples >= 1
 ), listed_ops AS (  -- the operations around them, by id (a few rows: the scans skip to them)
@@ -317,9 +308,27 @@ WITH warm AS (  -- the warm-up windows per device
     LEFT JOIN listed_names a ON a.kind = t.next_kind AND a.item_id = t.next_id
     GROUP BY t.device_id, t.stream_id
 ), per_stream AS (
-    SELECT p.* EXCLUDE (top), s.span_ns, s.steady_ns, __STREAM_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main,
+    -- Per cause (CAUSES order) a struct whose fields' order makes a descending sort put the main
+    -- cause first: most device-idle time, then gap time, gaps, the cause's priority (rank). Of the
+    -- causes with time: the main one, and {cause: field} as JSON. A cause can have time but no
+    -- gaps of its own (a short sync at the start of a long late launch): it is listed, with 0
+    -- gaps. A stream's device-idle time takes its causes from the device's idle stretches, so a
+    -- cause can have device-idle time and no gap time of the stream's own: it is the main one
+    -- when it has the most device-idle time.
+    SELECT p.* EXCLUDE (top), s.span_ns, s.steady_ns,
+           [{'idle_ns': sync_idle_ns, 'ns': sync_ns, 'n': sync_n, 'rank': 5, 'cause': 'sync'},
+            {'idle_ns': late_launch_idle_ns, 'ns': late_launch_ns, 'n': late_launch_n, 'rank': 4, 'cause': 'late_launch'},
+            {'idle_ns': copy_idle_ns, 'ns': copy_ns, 'n': copy_n, 'rank': 3, 'cause': 'copy'},
+            {'idle_ns': dependency_idle_ns, 'ns': dependency_ns, 'n': dependency_n, 'rank': 2, 'cause': 'dependency'},
+            {'idle_ns': unknown_idle_ns, 'ns': unknown_ns, 'n': unknown_n, 'rank': 1, 'cause': 'unknown'}] AS per_cause,
+           list_sort(list_filter(per_cause, lambda x: x.idle_ns > 0 OR x.ns > 0 OR x.n > 0), 'DESC')[1] AS main,
            main['cause'] AS main_cause, main['idle_ns'] AS main_idle_ns,
-           __CAUSE_NS__ AS cause_ns, __CAUSE_IDLE_NS__ AS cause_idle_ns, __CAUSE_COUNTS__ AS cause_counts,
+           to_json(map_from_entries(list_transform(list_filter(per_cause, lambda x: x.ns > 0 OR x.n > 0),
+                                                   lambda x: (x.cause, x.ns)))) AS cause_ns,
+           to_json(map_from_entries(list_transform(list_filter(per_cause, lambda x: x.idle_ns > 0),
+                                                   lambda x: (x.cause, x.idle_ns)))) AS cause_idle_ns,
+           to_json(map_from_entries(list_transform(list_filter(per_cause, lambda x: x.ns > 0 OR x.n > 0),
+                                                   lambda x: (x.cause, x.n)))) AS cause_counts,
            coalesce(w.worst, '[]') AS worst, sp.w_start, sp.w_end, place_json(sp, 'gaps') AS place,
            coalesce(wl.warmup_ns, 0) AS warmup_ns
     FROM per_stream_idle p JOIN spans s USING (device_id)
@@ -330,7 +339,11 @@ WITH warm AS (  -- the warm-up windows per device
 ), per_device_all AS (
     SELECT d.device_id, count(*) AS n, sum(gap_ns) AS total_ns, median(gap_ns) AS median_ns,
            any_value(b.span_ns) AS span_ns, any_value(b.steady_ns) AS steady_ns, any_value(wd.warmup_ns) AS warmup_ns,
-           __CAUSE_SUMS__,
+           coalesce(sum(sync_ns), 0) AS sync_ns, count(*) FILTER (WHERE cause = 'sync') AS sync_n,
+           coalesce(sum(late_launch_ns), 0) AS late_launch_ns, count(*) FILTER (WHERE cause = 'late_launch') AS late_launch_n,
+           coalesce(sum(copy_ns), 0) AS copy_ns, count(*) FILTER (WHERE cause = 'copy') AS copy_n,
+           coalesce(sum(dependency_ns), 0) AS dependency_ns, count(*) FILTER (WHERE cause = 'dependency') AS dependency_n,
+           coalesce(sum(unknown_ns), 0) AS unknown_ns, count(*) FILTER (WHERE cause = 'unknown') AS unknown_n,
            to_json(arg_max({'start_ns': d.gap_start, 'end_ns': d.gap_end, 'gap_ns': gap_ns, 'cause': cause,
                             'sync_ns': sync_ns, 'late_launch_ns': late_launch_ns},
                            (gap_ns, -d.gap_start), heap_size($max_examples))[1:$max_examples]) AS worst
@@ -340,8 +353,18 @@ WITH warm AS (  -- the warm-up windows per device
       ON wd.device_id = d.device_id
     GROUP BY d.device_id
 ), per_device AS (  -- a device-idle stretch is device-idle time through and through
-    SELECT d.*, __DEVICE_PER_CAUSE__ AS per_cause, __MAIN_CAUSE__ AS main, main['cause'] AS main_cause,
-           main['ns'] AS main_ns, __CAUSE_NS__ AS cause_ns, __CAUSE_COUNTS__ AS cause_counts,
+    SELECT d.*,
+           [{'idle_ns': sync_ns, 'ns': sync_ns, 'n': sync_n, 'rank': 5, 'cause': 'sync'},
+            {'idle_ns': late_launch_ns, 'ns': late_launch_ns, 'n': late_launch_n, 'rank': 4, 'cause': 'late_launch'},
+            {'idle_ns': copy_ns, 'ns': copy_ns, 'n': copy_n, 'rank': 3, 'cause': 'copy'},
+            {'idle_ns': dependency_ns, 'ns': dependency_ns, 'n': dependency_n, 'rank': 2, 'cause': 'dependency'},
+            {'idle_ns': unknown_ns, 'ns': unknown_ns, 'n': unknown_n, 'rank': 1, 'cause': 'unknown'}] AS per_cause,
+           list_sort(list_filter(per_cause, lambda x: x.idle_ns > 0 OR x.ns > 0 OR x.n > 0), 'DESC')[1] AS main,
+           main['cause'] AS main_cause, main['ns'] AS main_ns,
+           to_json(map_from_entries(list_transform(list_filter(per_cause, lambda x: x.ns > 0 OR x.n > 0),
+                                                   lambda x: (x.cause, x.ns)))) AS cause_ns,
+           to_json(map_from_entries(list_transform(list_filter(per_cause, lambda x: x.ns > 0 OR x.n > 0),
+                                                   lambda x: (x.cause, x.n)))) AS cause_counts,
            dp.w_start, dp.w_end, place_json(dp, 'device-idle gaps') AS place
     FROM per_device_all d LEFT JOIN device_place dp USING (device_id)
 )
@@ -361,7 +384,7 @@ SELECT device_id, stream_id, 'stream' AS item_kind, stream_id AS item_id,
               -- the time budget names it).
               CASE WHEN main_cause = 'dependency' AND one_stream THEN 'launch latency' ELSE replace(main_cause, '_', ' ') END,
               fmt_pct(main_idle_ns / lost_ns)) AS message,
-       CASE WHEN main_cause = 'dependency' AND one_stream THEN __LATENCY_HINT__ ELSE __HINT__ END AS hint,
+       CASE WHEN main_cause = 'dependency' AND one_stream THEN 'latency' ELSE main_cause END AS hint,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "stream gaps", "median_ns": ' || median_ns
          || ', "max_ns": ' || max_ns || ', "span_ns": ' || span_ns || ', "steady_span_ns": ' || steady_ns
          || ', "device_idle_ns": ' || lost_ns
@@ -379,25 +402,13 @@ SELECT device_id, NULL, 'device', device_id, 'device ' || device_id, w_start, w_
               device_id, n, fmt_ns($min_gap_ns), fmt_ns(total_ns), fmt_ns(median_ns),
               fmt_pct(total_ns / nullif(steady_ns, 0)), steady_word(span_ns, steady_ns),
               replace(main_cause, '_', ' '), fmt_pct(main_ns / total_ns)),
-       __HINT__,
+       main_cause,
        '{"count": ' || n || ', "total_ns": ' || total_ns || ', "total_of": "device idle", "median_ns": ' || median_ns
          || ', "span_ns": ' || span_ns || ', "steady_span_ns": ' || steady_ns
          || ', "main_cause": "' || main_cause || '", "cause_ns": ' || cause_ns || ', "cause_counts": ' || cause_counts || ', "place": ' || place || ', "warmup_ns": ' || coalesce(warmup_ns, 0) || ', "worst": ' || worst || '}'
 FROM per_device  -- (stretches keeps only devices with several streams: with one, this would repeat the stream's)
 ORDER BY item_kind DESC, device_id, stream_id
 """
-for _key, _sql in {
-    "__STREAM_SPLIT__": _split("(coalesce(ch.copy_hit, false) OR oc.seq IS NOT NULL)"),
-    "__DEVICE_SPLIT__": _split("false"), "__GAP_CAUSE__": GAP_CAUSE,
-    "__CAUSE_SUMS__": CAUSE_SUMS, "__CAUSE_IDLE_SUMS__": CAUSE_IDLE_SUMS, "__STREAM_IDLE__": STREAM_IDLE,
-    "__STREAM_PER_CAUSE__": _per_cause("_idle_ns"), "__DEVICE_PER_CAUSE__": _per_cause("_ns"),
-    "__MAIN_CAUSE__": MAIN_CAUSE, "__CAUSE_NS__": _by_cause("ns"),
-    "__CAUSE_IDLE_NS__": _by_cause("idle_ns", "list_filter(per_cause, lambda x: x.idle_ns > 0)"),
-    "__CAUSE_COUNTS__": _by_cause("n"), "__HINT__": HINT, "__LATENCY_HINT__": sql_literal(LATENCY_HINT),
-    "__PART__": f"device_id * {len(CAUSES)} + list_position({list(CAUSES)}, cause)",
-    "__CAUSES__": str([c for c in CAUSES if c != "copy"]),  # no timed copy runs while a whole device is idle
-}.items():
-    SQL = SQL.replace(_key, _sql)
 
 
 
@@ -467,11 +478,12 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     if df.empty:
         return df
     evidence = [json.loads(e) for e in df["evidence"]]
-    # On a run that replays graphs, the graph advice is about the replays
-    replayed = {"late_launch": REPLAYED_LATE_HINT, LATENCY_HINT: REPLAYED_LATENCY_HINT}
-    keys = [ev["main_cause"] if h != LATENCY_HINT else h for ev, h in zip(evidence, df["hint"])]
-    if any(k in replayed for k in keys) and store.sql(REPLAYS_SQL, {"run_id": run_id}).fetchone()[0]:
-        df = df.assign(hint=[replayed.get(k, h) for k, h in zip(keys, df["hint"])])
+    # The query names the hint (the main cause, or `latency`); on a run that replays graphs, the
+    # graph advice is about the replays
+    hints = {**HINTS, "latency": LATENCY_HINT}
+    if any(k in REPLAYED_HINTS for k in df["hint"]) and store.sql(REPLAYS_SQL, {"run_id": run_id}).fetchone()[0]:
+        hints |= REPLAYED_HINTS
+    df = df.assign(hint=[hints[k] for k in df["hint"]])
     found_on = [device_key(device) for device in df["device_id"]]
     gaps = [g for ev in evidence for g in ev["worst"]]
     devices = [d for ev, d in zip(evidence, found_on) for _ in ev["worst"]]
