@@ -202,6 +202,39 @@ def busy(store: Store, run_id: str) -> pd.DataFrame:
         return store.df(BUSY_SQL)
 
 
+# What a run with no kernels holds instead (timeline formats: an Nsight Compute report has no
+# API calls or operators, and its kernels are not on a timeline): its copies and memsets, its
+# API calls (those that launch GPU work or copy, the first start and last end, the calls that
+# took most time) and its host operators. NULL for a run with kernels.
+WITHOUT_KERNELS_SQL = """
+WITH calls AS (
+    SELECT run_id, name, count(*) AS n, sum(end_ns - start_ns) AS ns, min(start_ns) AS first_ns, max(end_ns) AS last_ns,
+           count(*) FILTER (WHERE name ILIKE '%launch%' OR name ILIKE '%memcpy%') AS launches
+    FROM api_calls WHERE list_contains($runs, run_id) AND start_ns IS NOT NULL AND end_ns >= start_ns GROUP BY ALL
+), per_run AS (
+    SELECT run_id, CAST(sum(n) AS BIGINT) AS calls, CAST(sum(launches) AS BIGINT) AS launches,
+           max(last_ns) - min(first_ns) AS calls_span_ns,
+           list({'name': name, 'n': n, 'ns': CAST(ns AS BIGINT)} ORDER BY ns DESC, name)[1:3] AS top_calls
+    FROM calls GROUP BY run_id
+)
+SELECT r.run_id, coalesce(p.calls, 0) AS calls, coalesce(p.launches, 0) AS launches, p.calls_span_ns, p.top_calls,
+       (SELECT count(*) FROM copies c WHERE c.run_id = r.run_id) AS copies,
+       (SELECT count(*) FROM memsets m WHERE m.run_id = r.run_id) AS memsets,
+       (SELECT count(*) FROM cpu_ops o WHERE o.run_id = r.run_id) AS operators
+FROM runs r LEFT JOIN per_run p USING (run_id)
+WHERE list_contains($runs, r.run_id) AND r.clock IS DISTINCT FROM 'none'
+  AND NOT EXISTS (SELECT 1 FROM kernels k WHERE k.run_id = r.run_id)
+"""
+
+
+def without_kernels(store: Store, run_ids: list[str]) -> dict[str, dict]:
+    """Of these runs, those with a timeline and no kernel, each with what it holds instead
+    (WITHOUT_KERNELS_SQL): calls, launches, calls_span_ns, top_calls ({name, n, ns}, most time
+    first), copies, memsets, operators."""
+    rows = store.arrow(WITHOUT_KERNELS_SQL, {"runs": list(run_ids)}).to_pylist()
+    return {r.pop("run_id"): r for r in rows}
+
+
 # Per graph replayed (the `graph_replays` view): replays, operations per replay, time. The launch
 # call is the host's cost of a whole replay: counted once per replay, never per kernel.
 GRAPH_REPLAYS_SQL = """
@@ -369,6 +402,7 @@ def run_summary(store: Store, run_id: str, by: str = "name", top: int | None = N
         "memsets": rows(MEMSETS_SQL, [run_id]),
         "memory": memory(store, run_id),
         "steps": run_steps(store, run_id),
+        "without_kernels": without_kernels(store, [run_id]).get(run_id),
     }
 
 

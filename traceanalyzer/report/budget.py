@@ -231,6 +231,33 @@ def budget_cell(budget: list[dict]) -> str:
     return text or "-"
 
 
+def without_kernels_line(facts: dict | None) -> str | None:
+    """What a timeline with no kernel holds instead (`summary.without_kernels`), and what it
+    means: API calls that launch nothing (the capture ends in the program's set-up), launches
+    whose work is not in the trace (activity not recorded), or host operators alone (no GPU
+    traced); None when it holds none of them."""
+    if not facts:
+        return None
+    gpu = [f"{num} {what}{'s' if num != 1 else ''}" for num, what in
+           ((facts["copies"], "copy"), (facts["memsets"], "memset")) if num]
+    if facts["calls"]:
+        calls = ", ".join(f"{c['name']} {fmt.ns(c['ns'])}" for c in facts["top_calls"] or [])
+        held = f"{facts['calls']:,} API call{'s' if facts['calls'] != 1 else ''} over {fmt.ns(facts['calls_span_ns'] or 0)}"
+        if facts["launches"]:
+            return (f"no kernel in the trace, though {facts['launches']:,} of its {held} launch work or copy: "
+                    "the work they launched was not recorded (kernel tracing off, or a counter mode such as "
+                    "CUPTI's profiler)")
+        return (f"no kernel ran: the capture holds {held}, none a launch or copy ({calls})"
+                + (f", and {' and '.join(gpu)}" if gpu else "")
+                + ": it ends in the program's CUDA set-up, or the program ran no GPU work; profile past the "
+                  "set-up (nsys --delay, or --capture-range=cudaProfilerApi around the work to judge)")
+    if facts["operators"]:
+        return (f"no GPU work: the trace holds {facts['operators']:,} host operators and no GPU activity or API "
+                "calls (a process that used no GPU, or GPU activity not traced: torch.profiler without "
+                "ProfilerActivity.CUDA)")
+    return None
+
+
 def no_budget_line(run: dict) -> str:
     """What a run without a budget says instead."""
     if run.get("span_ns") is not None:

@@ -27,7 +27,8 @@ from ..rules import all_rules
 from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
-from .budget import budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs, warmup_line
+from .budget import (budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs, warmup_line,
+                     without_kernels_line)
 from .vendor import vendor_text
 from .html_charts import clip, esc
 from .model import CheckResult, loss_shares, place_of, run_order
@@ -322,8 +323,10 @@ def _budget(run: dict, step_budgets: dict) -> str:
     page's policy allows no inline style), parts in the order of the line; then, when the run
     has steps, a bar per step (folded)."""
     budget = run.get("budget") or []
+    bare = without_kernels_line(run.get("without_kernels"))
+    bare_html = f'<p class="budget">{esc(bare)}</p>' if bare else ""
     if not budget:
-        return f'<p class="budget quiet">{esc(no_budget_line(run))}</p>'
+        return f'<p class="budget quiet">{esc(no_budget_line(run))}</p>' + bare_html
     rows = []
     for d in budget:
         rects = _stacked(d["parts"], d["span_ns"] or 0, 0, 1000, horizontal=True)
@@ -333,7 +336,7 @@ def _budget(run: dict, step_budgets: dict) -> str:
                     + f'<svg viewBox="0 0 1000 16" preserveAspectRatio="none" role="img" '
                     f'aria-label="{esc(budget_line(d))}">{"".join(rects)}</svg>'
                     + _step_bars(step_budgets.get(d["device_id"]) or []) + "</div>")
-    return '<div class="budgets">' + "".join(rows) + "</div>"
+    return '<div class="budgets">' + "".join(rows) + "</div>" + bare_html
 
 
 STEP_BARS_MAX = 400  # steps drawn per device; past that, the first ones

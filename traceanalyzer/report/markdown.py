@@ -13,7 +13,7 @@ import re
 from .. import fmt, summary
 from ..kernel_library import inductor_phrase
 from ..store import Store
-from .budget import budget_lines, no_budget_line
+from .budget import budget_lines, no_budget_line, without_kernels_line
 from .model import CheckResult, loss_shares, run_order
 
 MAX_CHARS_DEFAULT = 60_000
@@ -56,6 +56,8 @@ def _run_section(store: Store, result: CheckResult, run: dict, findings: list[di
     # Where each device's time went, first (see report/budget.py).
     budget = run.get("budget") or []
     parts += [""] + ([f"- {md(line)}" for d in budget for line in budget_lines(d)] or [f"- {md(no_budget_line(run))}"])
+    if without_kernels_line(run.get("without_kernels")):
+        parts.append(f"- {md(without_kernels_line(run['without_kernels']))}")
     if len(kernels):
         parts += ["", "Top kernels: " + "; ".join(
             f"{md(k.kernel, 80)} {md(fmt.ns(k.total_ns))} ({md(fmt.pct(k.share))}"

@@ -11,6 +11,7 @@ from ..rules import evidence_of
 from ..rules.base import SEVERITIES
 from ..rules.evidence import PlacedEvidence
 from ..store import Store
+from ..summary import without_kernels
 from .budget import budgets_of
 from .passes import hot_kernels, link_summaries
 from .vendor import unmatched, vendor_results, verdict
@@ -258,11 +259,14 @@ def load_result(store: Store, run_ids: list[str], fail_on: str = "error") -> Che
     for r in findings:
         r["evidence"] = json.loads(r["evidence"]) if r.get("evidence") else None
     budgets = budgets_of(store, [r["run_id"] for r in runs])
+    bare = without_kernels(store, [r["run_id"] for r in runs])
     nvidia = vendor_results(store, [r["run_id"] for r in runs])
     for f in findings:
         f["vendor"] = verdict(f, nvidia.get(f["run_id"]))
     for r in runs:
         r["budget"] = budgets[r["run_id"]]
+        if r["run_id"] in bare:  # a timeline with no kernel: what it holds instead
+            r["without_kernels"] = bare[r["run_id"]]
         r["vendor_unmatched"] = unmatched(nvidia.get(r["run_id"]), [f for f in findings if f["run_id"] == r["run_id"]])
         hot = hot_kernels(store, r["run_id"], [f for f in findings if f["run_id"] == r["run_id"]])
         if hot:  # a timeline linked to Nsight Compute (report/passes.py)

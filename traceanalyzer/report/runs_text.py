@@ -14,7 +14,7 @@ from rich.text import Text
 
 from .. import fmt
 from ..summary import RUN_FIELDS, run_summary
-from .budget import budget_line, budget_lines, budget_of, busy_split, no_budget_line
+from .budget import budget_line, budget_lines, budget_of, busy_split, no_budget_line, without_kernels_line
 from .terminal import cell, fit_table, left_out, say
 
 MIN_NAME_WIDTH = 36  # a narrower kernel column: the names go under the table, a line each
@@ -67,6 +67,8 @@ def print_summary(console: Console, s: dict) -> None:
                                f"{fmt.text(s['producer_version'], '')}   host: {fmt.text(s['host'])}"))
     for line in [line for d in s["budget"] for line in budget_lines(d)] or [no_budget_line(s)]:
         say(console, fmt.printable(line))
+    if without_kernels_line(s.get("without_kernels")):
+        say(console, fmt.printable(without_kernels_line(s["without_kernels"])))
     st = s.get("steps")
     if st:
         outliers = ", ".join(f"#{o['index']} {fmt.ns(o['ns'])}" for o in st["outliers"][:5])

@@ -19,7 +19,7 @@ from rich.text import Text
 from .. import fmt
 from ..rules import evidence_of
 from ..rules.evidence import NcuTimedEvidence
-from .budget import budget_line, no_budget_line, warmup_line
+from .budget import budget_line, no_budget_line, warmup_line, without_kernels_line
 from .model import CheckResult, place_of
 from .vendor import result_text, vendor_text
 
@@ -264,6 +264,8 @@ def print_result(result: CheckResult, console: Console, show_info: bool = True, 
                 _line(console, escape(warmup_line(device)))
         if "budget" in run and not run["budget"]:
             _line(console, f"[dim]{escape(no_budget_line(run))}[/]")
+        if without_kernels_line(run.get("without_kernels")):
+            _line(console, f"[bold]{escape(without_kernels_line(run['without_kernels']))}[/]")
         shown = [f for f in result.headlines(rid) if show_info or f["severity"] != "info"]
         for block in blocks(shown):
             if len(block) == 1:
