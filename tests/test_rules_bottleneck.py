@@ -536,3 +536,19 @@ def test_planted_kineto_estimates(fixture_findings):
         secs = f["ns"] / 1e9
         assert r["value"] == pytest.approx(max(f["flops"] / secs / f["peak"], f["bytes"] / secs / P["bw"]), rel=1e-9)
         assert r["evidence"]["dram_bytes"] == f["bytes"] and r["evidence"]["time_share"] == f["ns"] / P["total_ns"]
+
+
+def test_b002_carveout_advice_only_below_the_largest():
+    """B002's shared-memory fix raises the carveout only where the launches ran below the SM's
+    largest (ncu's launch__shared_mem_config_size against the device's shared memory per SM)."""
+    from types import SimpleNamespace
+
+    from traceanalyzer.rules.B002_low_occupancy import _LIMITER_HINT, _carveout_hint
+
+    nan = float("nan")
+    assert _carveout_hint(SimpleNamespace(shared_mem_config_bytes=65536.0, shared_mem_per_sm_bytes=102400.0)) \
+        == _LIMITER_HINT["shared_mem"]
+    assert _carveout_hint(SimpleNamespace(shared_mem_config_bytes=nan, shared_mem_per_sm_bytes=102400.0)) \
+        == _LIMITER_HINT["shared_mem"]  # a timeline: the driver's carveout is unknown
+    at_most = _carveout_hint(SimpleNamespace(shared_mem_config_bytes=102400.0, shared_mem_per_sm_bytes=102400.0))
+    assert "raise the carveout" not in at_most and "already the SM's largest" in at_most

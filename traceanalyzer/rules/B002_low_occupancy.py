@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import msgspec
 
-from ..fmt import kernel_label, ns, pct
+from ..fmt import kernel_label, nbytes, ns, pct
 from ._code import HOW as LAUNCHER_HOW, name_launchers
 from ._launches import configurations_by_kernel, int_or_none, launch_groups, launch_sized
 from ._library import LOW_OCCUPANCY_BY_DESIGN, library_hint, library_of, not_collectives
@@ -58,6 +58,16 @@ def _kineto_estimate(r) -> tuple[float | None, str | None]:
         return None, (f"Kineto's occupancy estimate reads 0, which is unknown: CUPTI computes it with a 48 KB "
                       f"shared-memory limit and this kernel takes {_shared_mem(r) // 1024} KB per block")
     return est, f"Kineto's estimate (CUPTI's theoretical occupancy bounded by the grid, not a measurement): {pct(est)}"
+
+
+def _carveout_hint(r) -> str:
+    """The shared-memory limiter's fix; without raising the carveout where the launches ran with
+    the SM's largest already (ncu's launch__shared_mem_config_size against the device's)."""
+    config, most = r.shared_mem_config_bytes, r.shared_mem_per_sm_bytes
+    if config == config and most == most and config >= most:
+        return (f"use less shared memory per block (smaller tiles): the carveout is already the SM's largest "
+                f"({nbytes(most)})")
+    return _LIMITER_HINT["shared_mem"]
 
 
 def _shared_mem(r) -> int:
@@ -171,7 +181,8 @@ def _finding(configs: list[dict], p: dict) -> dict:
                     if time_share is not None else f" (est. up to {ns(loss)}, {worst['bound']})")
     hint = library_hint(library_of(r), "occupancy", r.name)
     if hint is None and worst["low_theo"]:
-        hint = "; ".join(_LIMITER_HINT[x] for x in worst["limiters"]) or "Check the launch configuration."
+        hint = "; ".join(_carveout_hint(r) if x == "shared_mem" else _LIMITER_HINT[x]
+                         for x in worst["limiters"]) or "Check the launch configuration."
         hint = hint[0].upper() + hint[1:] + "."
         warps = (r.threads_per_block / r.warp_size if r.threads_per_block == r.threads_per_block
                  and r.warp_size == r.warp_size and r.warp_size > 0 else None)

@@ -33,6 +33,7 @@ _NCU = {
     "limit_shared_mem": "launch__occupancy_limit_shared_mem",
     "limit_warps": "launch__occupancy_limit_warps",
     "limit_barriers": "launch__occupancy_limit_barriers",
+    "shared_mem_config": "launch__shared_mem_config_size",  # the carveout the launch ran with
     "sm_sol_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "memory_sol_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     # parts of sm__throughput (the max of the SM's sub-throughputs), where a report has them alone
@@ -141,6 +142,9 @@ def _launch_groups(store: Store, run_id: str) -> pd.DataFrame:
     out["waves_source"] = np.where(calc_waves.notna(), "grid / (SMs x blocks per SM)",
                                    np.where(df["ncu_waves_per_multiprocessor"].notna(), "ncu Waves Per SM", None))
     out["source"] = np.where(df["ncu_theoretical_pct"].notna() | has_ncu, "ncu", "calculator")
+    # the shared-memory carveout the launches ran with (ncu), and the SM's largest
+    out["shared_mem_config_bytes"] = df["ncu_shared_mem_config"]
+    out["shared_mem_per_sm_bytes"] = df["shared_mem_per_sm_bytes"] if "shared_mem_per_sm_bytes" in df.columns else np.nan
     return _plain(out)
 
 
