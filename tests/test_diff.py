@@ -851,3 +851,21 @@ def test_real_dataloader_workers_0_to_4_is_an_improvement(db, base, test):
     loader = {r["operator"]: r for r in doc["operators"] if r["operator"].startswith("enumerate(DataLoader)")}
     assert loader["enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"]["test_per_step_ns"] < 5e6
     assert loader["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"]["base_per_step_ns"] > 40e6
+
+
+def test_a_gpu_model_no_trace_carries_is_said_to_be_assumed(db):
+    """nsys-ai's mfu pair has no TARGET_INFO_GPU: not a reason to call the runs unlike, but the
+    verdict says the same hardware is assumed; HTA's trace_diff pair names its GPUs (and differs:
+    A100 against V100, a reason), so nothing is assumed there."""
+    root = shared_traces() / "nsys"
+    before, after = root / "nsys-ai__tests__fixtures__mfu_2gpu_before.sqlite", root / "nsys-ai__tests__fixtures__mfu_2gpu_after.sqlite"
+    for f in (before, after):
+        with sqlite3.connect(f) as con:
+            assert not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'TARGET_INFO_GPU'").fetchall()
+    _, doc = diff_json(db, before, after)
+    assert doc["comparable"] is True and doc["setup"]["base"]["gpus"] is None and doc["setup"]["test"]["gpus"] is None
+    assert doc["unknowns"] == ["GPU model: in neither trace (the same hardware is assumed)"]
+    assert doc["verdict_line"].endswith("; GPU model: in neither trace (the same hardware is assumed)")
+    torch = shared_traces() / "torch"
+    _, doc = diff_json(db, torch / "hta__trace_diff__control__control.json.gz", torch / "hta__trace_diff__test__test.json.gz")
+    assert doc["unknowns"] == [] and any(r.startswith("GPU model") for r in doc["reasons"])

@@ -7,7 +7,9 @@ to a fixed window (an Nsight Systems export derived to a window: `DERIVED_WINDOW
 export metadata), else `as recorded`.
 
 `reasons` lists every fact both runs know and differ in. A fact one run does not carry is no
-reason: two traces of one program often differ in what the profiler wrote down.
+reason: two traces of one program often differ in what the profiler wrote down. But the GPU
+model is what a reader assumes first, so `unknowns` says where a trace does not carry it (an
+nsys export without TARGET_INFO_GPU): the comparison assumes the same hardware.
 
 `roles` numbers a run's devices by role, the local GPU index: the used devices in id order
 (0, 1, ...), then any other device the run's tables name. Two runs' devices are matched by
@@ -70,6 +72,16 @@ def _show(v) -> str:
 
 FACTS = (("gpus", "GPU model"), ("gpu_count", "GPU count"), ("sm_counts", "SM count"),
          ("world_size", "world size"), ("rank", "rank"))
+
+
+def unknowns(base: dict, test: dict) -> list[str]:
+    """The GPU model where a run that used GPUs does not carry it: 'GPU model: in neither trace
+    (the same hardware is assumed)', or '... not in the base trace (...)'; empty when both do."""
+    missing = [role for role, s in (("base", base), ("test", test)) if s["gpu_count"] and s["gpus"] is None]
+    if not missing:
+        return []
+    where = "in neither trace" if len(missing) == 2 else f"not in the {missing[0]} trace"
+    return [f"GPU model: {where} (the same hardware is assumed)"]
 
 
 def reasons(base: dict, test: dict) -> list[str]:

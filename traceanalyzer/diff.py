@@ -23,7 +23,8 @@ plus the findings that are new in TEST or fixed since BASE, and a verdict.
 First, whether the runs are alike (`comparability`: GPU model and count, SM count, world size,
 rank, capture window): `comparable` and the `reasons` they are not. The numbers of unlike runs
 are shown as measured, but the verdict is INCONCLUSIVE (never better or worse), and the gate
-fails on it unless told to judge them all the same.
+fails on it unless told to judge them all the same. A GPU model a trace does not carry is no
+reason, but the verdict line says the same hardware is assumed (`unknowns`).
 
 Per-device tables (busy time, step budget, memory) and the findings match devices by role
 (`comparability.roles`: the local GPU index), not by id: each row has `gpu` and each run's
@@ -131,6 +132,7 @@ class RunDiff:
     unchanged_findings: int = 0
     setups: dict = field(default_factory=dict)  # "base"/"test" -> comparability.setup
     reasons: list[str] = field(default_factory=list)  # why the runs are not alike
+    unknowns: list[str] = field(default_factory=list)  # what they may differ in, unknown (comparability.unknowns)
     steps: dict = field(default_factory=dict)  # "base"/"test" -> step_stats.distribution or None
     busy: pd.DataFrame = field(default_factory=pd.DataFrame)  # per device: busy and idle share
     step_budget: pd.DataFrame = field(default_factory=pd.DataFrame)  # per device and part: mean per step
@@ -181,7 +183,7 @@ class RunDiff:
         if not self.comparable:
             return word, (f"{word}: the runs are not alike ({'; '.join(self.reasons)}); as measured: "
                           + "; ".join(parts))
-        return word, f"{word}: " + "; ".join(parts)
+        return word, f"{word}: " + "; ".join(parts + self.unknowns)
 
     def kernel_time_per_launch(self) -> Metric | None:
         """On time-sliced captures judged by launches per second: the matched kernels' mean time
@@ -294,7 +296,7 @@ class RunDiff:
         word, line = self.verdict(noise_pct)
         return {
             "base": self.base, "test": self.test, "match_by": self.match_by,
-            "comparable": self.comparable, "reasons": self.reasons, "setup": self.setups,
+            "comparable": self.comparable, "reasons": self.reasons, "unknowns": self.unknowns, "setup": self.setups,
             "steps": self.steps, "busy": _records(self.busy), "not_counted": self.not_counted,
             "step_budget": _records(self.step_budget), "operators": _records(self.operators),
             "end_to_end": self.end_to_end.to_dict() if self.end_to_end else None,
@@ -793,6 +795,7 @@ def diff_runs(store: Store, base_id: str, test_id: str, *, by: str = "name", ste
                    metrics, end_to_end, peak, new, fixed, same,
                    setups={"base": b["setup"], "test": t["setup"]},
                    reasons=comparability.reasons(b["setup"], t["setup"]),
+                   unknowns=comparability.unknowns(b["setup"], t["setup"]),
                    steps={"base": b["steps"], "test": t["steps"]}, busy=_busy_table(b["busy"], t["busy"], roles),
                    not_counted={"base": b["not_counted"], "test": t["not_counted"]},
                    step_budget=_step_budget_table(b["step_budget"], t["step_budget"], roles),
