@@ -355,3 +355,12 @@ def test_query_writes_the_causes_out_in_their_order():
         assert -1 not in positions and positions == sorted(positions), idle
     for c in CAUSES:
         assert f"AS {c}_ns," in SQL or f"AS {c}_ns\n" in SQL
+
+
+def test_the_latency_words_are_those_the_query_writes():
+    """`_unknown` turns "mostly launch latency (" into "mostly dependency (" on a finding that
+    abstains: the words must be the ones SQL's message writes."""
+    from traceanalyzer.rules.T001_launch_gaps import LATENCY_WORDS, SQL
+
+    assert "mostly %s (%s of that)" in SQL and "THEN 'launch latency'" in SQL
+    assert LATENCY_WORDS == "mostly %s (" % "launch latency"

@@ -10,7 +10,7 @@ import msgspec
 from ..analyses.place import HOW as PLACE_HOW
 from ..fmt import ns as fmt_ns
 from ._code import HAS_CPU_OPS_SQL, OUTSIDE_OPERATORS, around_gaps, device_key, phrase
-from ._unknown import launch_gap_unknown
+from ._unknown import CAUSE_UNKNOWN, launch_gap_unknown
 from .base import Rule, Threshold
 from .evidence import Place, PlacedEvidence, TimeRange, doc
 
@@ -522,6 +522,20 @@ def evaluate(store, run_id: str, p: dict) -> pd.DataFrame:
     return df.assign(message=messages, evidence=[json.dumps(ev) for ev in evidence])
 
 
+# SQL's words for a one-stream device's issued work that waited: nothing else can have held it,
+# so the wait is the launch's own latency ...
+LATENCY_WORDS, DEPENDENCY_WORDS = "mostly launch latency (", "mostly dependency ("
+
+
+def _unknown(store, run_id: str, df: pd.DataFrame) -> pd.DataFrame:
+    """`launch_gap_unknown`; a finding that abstains says the trace may lack what held the work,
+    so not the launch latency: dependency."""
+    df = launch_gap_unknown(store, run_id, df)
+    abstained = [(json.loads(e) if isinstance(e, str) else e).get("cause") == CAUSE_UNKNOWN for e in df["evidence"]]
+    return df.assign(message=[m.replace(LATENCY_WORDS, DEPENDENCY_WORDS) if a else m
+                              for m, a in zip(df["message"], abstained)])
+
+
 # What a finding's evidence holds: the rule's JSON as a type, listed on its doc page
 # (rules/evidence.py); the query above writes it, this only declares and reads it.
 class T001Example(TimeRange, kw_only=True, forbid_unknown_fields=True):
@@ -637,5 +651,5 @@ RULE = Rule(
         "Nsight Systems `nsys analyze` rule gpu_gaps (default 500 ms; this rule looks at launch-scale gaps)",
         "CUDA C++ Best Practices Guide: 'Asynchronous and Overlapping Transfers with Computation'",
     ),
-    unknown=launch_gap_unknown,
+    unknown=_unknown,
 )

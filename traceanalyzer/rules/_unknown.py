@@ -259,7 +259,7 @@ def launch_gap_unknown(store: Store, run_id: str, df: pd.DataFrame) -> pd.DataFr
     calls with no GPU busy (`unseen_waits`)."""
     missing = gaps(store, run_id)["missing"]
     if missing:
-        return _not_latency(abstain(df, lambda row: (missing, SAMPLED_NOTE), SAMPLED_REASON))
+        return abstain(df, lambda row: (missing, SAMPLED_NOTE), SAMPLED_REASON)
     waits: list[dict] | None = None
     held = pretrace_held(store, run_id)
 
@@ -283,12 +283,4 @@ def launch_gap_unknown(store: Store, run_id: str, df: pd.DataFrame) -> pd.DataFr
             return [unseen_missing(waits)], UNSEEN_NOTE
         return [], ""
 
-    return _not_latency(abstain(df, of))
-
-
-def _not_latency(df: pd.DataFrame) -> pd.DataFrame:
-    """T001 names a one-stream device's waiting issued work its launch latency, where nothing else
-    can have held it; a finding that abstains says the trace may lack what held it: dependency."""
-    unknown = [(json.loads(e) if isinstance(e, str) else e).get("cause") == CAUSE_UNKNOWN for e in df["evidence"]]
-    return df.assign(message=[m.replace("mostly launch latency (", "mostly dependency (") if u else m
-                              for m, u in zip(df["message"], unknown)])
+    return abstain(df, of)
