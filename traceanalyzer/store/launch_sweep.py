@@ -16,10 +16,11 @@ ran out of a 1 GB cap). Here the same sweep is counted instead of walked, on eac
   or before `t`, named only if it is still open at `t` (where frames overlap only in part, the
   one found may have closed: none is named, as in the view).
 
-A thread's frames are taken in slices of time (`SLICE_FRAMES` a slice): what a slice needs of
-the time before it is three numbers and one frame per level (the starts and ends counted
-before it, and the last frame of each level to start), so a thread of any length fits in the
-memory of a slice.
+A thread's frames are taken in slices of time (`SLICE_FRAMES` a slice), each read once, by its
+start: what a slice needs of the time before it is three numbers, one frame per level (the
+starts and ends counted before it, and the last frame of each level to start) and the ends of
+the frames still open (a few: the nesting at the slice's start), so a thread of any length fits
+in the memory of a slice.
 """
 
 from __future__ import annotations
@@ -91,16 +92,18 @@ def _sweep_thread(con, run_id: str, frames: str, thread: tuple, slices: int, lo:
     rows, t = rows[order], t[order]
     edges = [lo + (hi + 1 - lo) * k // slices for k in range(slices + 1)]
     carry = _Carry()
+    still_open = np.empty(0, dtype=_I64)  # the ends of the frames started before the slice and open at its start
     for a, b in zip(edges, edges[1:]):
-        # the frames that start or end in [a, b): one scan for both
+        # the frames that start in [a, b): a range of start times, which the store's row groups
+        # (in start order) skip to; the frames ending in it started there or are still open
         s, e, ids = _columns(con, f"""SELECT start_ns, end_ns, frame_id FROM {frames}
-                                      WHERE pid = $pid AND tid = $tid
-                                        AND (($a <= start_ns AND start_ns < $b) OR ($a <= end_ns AND end_ns < $b))""",
+                                      WHERE pid = $pid AND tid = $tid AND $a <= start_ns AND start_ns < $b""",
                              {**params, "a": a, "b": b})
-        started = (a <= s) & (s < b)
-        starts = _in_start_order(s[started], e[started], ids[started])
+        starts = _in_start_order(s, e, ids)
+        ended = np.concatenate([still_open, e])
         # (a stable sort is a merge sort that finds the runs of NVTX's nearly sorted times)
-        ends = np.sort(e[(a <= e) & (e < b)], kind="stable")
+        ends = np.sort(ended[ended < b], kind="stable")
+        still_open = ended[ended >= b]
         if b == edges[-1]:  # probes past the last end see no frame open; those before `lo` none either
             b = None
         i, j = np.searchsorted(t, [a, b if b is not None else t[-1] + 1])
