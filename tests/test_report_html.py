@@ -1228,3 +1228,28 @@ def test_memory_plots_of_snapshots_and_a_timeline_stay_readable(browser, tmp_pat
         assert page.problems() == []
     finally:
         page.close()
+
+
+def test_a_timeline_marker_opens_its_own_findings_card(tmp_path):
+    """Each finding on the timeline carries the id of its own card (`f-<run>-<i>` for a headline,
+    `f-<run>-<i>-<k>` for a related finding folded inside it), and the card shows its message:
+    on Rodinia's Gaussian elimination (related findings under T001's headline) every marked
+    finding's card exists and is that finding's."""
+    trace = shared_traces() / "nsys" / "Rodinia_Gaussian__report2.sqlite"
+    out = tmp_path / "r.html"
+    assert cli("check", trace, "--store", tmp_path / "s.duckdb").exit_code in (0, 1)
+    assert cli("report", "--store", tmp_path / "s.duckdb", "-o", out).exit_code == 0
+    page = out.read_text()
+    (rid, block), = re.findall(r'<script type="application/json" id="tl-([0-9a-f]+)">(.*?)</script>', page, re.S)
+    tl = json.loads(html_lib.unescape(block))
+    marked = {m["f"] for m in tl["markers"]}
+    assert marked
+    related = 0
+    for i in marked:
+        f = tl["findings"][i]
+        card = re.search(rf'<article class="finding[^"]*" id="f-{rid}-{re.escape(f["card"])}">.*?<p class="msg">(.*?)</p>',
+                         page, re.S)
+        assert card, f
+        assert html_lib.unescape(card.group(1)).startswith(f["msg"].rstrip("…")[:200]), (f["card"], f["msg"])
+        related += "-" in f["card"]
+    assert related, "some marked findings are related ones, folded inside a headline"

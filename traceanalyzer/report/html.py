@@ -190,8 +190,9 @@ def render(store: Store, result: CheckResult, *, title: str | None = None,
         body.append(_run_section(p, rules, multi))
         if p["timeline"]:
             tl = dict(p["timeline"])
-            tl["findings"] = [{"rule": f["rule_id"], "sev": f["severity"], "msg": clip(f["message"], 600)}
-                              for f in p["findings"]]
+            cards = _card_ids(p["headlines"])
+            tl["findings"] = [{"rule": f["rule_id"], "sev": f["severity"], "msg": clip(f["message"], 600),
+                               "card": cards.get(id(f))} for f in p["findings"]]
             data_blocks.append(f'<script type="application/json" id="tl-{esc(p["run"]["run_id"])}">{json_block(tl)}</script>')
     return page(title, body, data_blocks, multi)
 
@@ -523,6 +524,16 @@ def _findings(p: dict, rules: dict) -> str:
         out.append(f'<p class="outcomes">{len(p["not_run"])} rule(s) not run on this trace (not selected when '
                    f'it was checked): {esc(", ".join(p["not_run"]))}</p>')
     return "\n".join(out)
+
+
+def _card_ids(headlines: list[tuple[dict, list[dict]]]) -> dict[int, str]:
+    """id(finding) -> its card's id after `f-<run>-` (`_findings`): a headline's index, a related
+    finding's `<headline index>-<k>`: what a timeline marker opens."""
+    out = {}
+    for i, (f, related) in enumerate(headlines):
+        out[id(f)] = str(i)
+        out.update((id(r), f"{i}-{k}") for k, r in enumerate(related))
+    return out
 
 
 def _finding_card(i: int, f: dict, rules: dict, rid: str, t_origin: int, has_tl: bool,

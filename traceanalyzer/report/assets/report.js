@@ -409,7 +409,8 @@
     if (ev.target !== this.canvas) return;
     var h = this.hit(ev);
     if (!h || !h.markers.length) return;
-    var card = document.getElementById('f-' + this.runId + '-' + h.markers[0].f);
+    var f = this.data.findings[h.markers[0].f];
+    var card = f && f.card != null ? document.getElementById('f-' + this.runId + '-' + f.card) : null;
     if (card) {
       for (var d = card.parentElement; d; d = d.parentElement) if (d.tagName === 'DETAILS') d.open = true;
       card.scrollIntoView({ block: 'center' });
