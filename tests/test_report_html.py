@@ -1253,3 +1253,16 @@ def test_a_timeline_marker_opens_its_own_findings_card(tmp_path):
         assert html_lib.unescape(card.group(1)).startswith(f["msg"].rstrip("…")[:200]), (f["card"], f["msg"])
         related += "-" in f["card"]
     assert related, "some marked findings are related ones, folded inside a headline"
+
+
+def test_evidence_times_are_into_the_run_and_lengths_carry_units():
+    """Evidence values named as times (`*_start_ns`, `*_end_ns`) show time into the run, as
+    `start_ns` does (Falconsai's M001 peak: 1.82 ms, not 1,750,000,000 s); lengths under a bare
+    `ns` key or inside a `*_ns` mapping ({cause: ns}) show a unit."""
+    origin = 1_752_825_292_661_418_781
+    assert ">1.82 ms<" in html._scalar("peak_allocated_start_ns", origin + 1_820_000, origin)
+    assert ">562 ms<" in html._scalar("next_gpu_start_ns", 878_426_038, 316_177_721)
+    assert ">66 ms<" in html._scalar("ns", 65_987_226, 0)
+    table = html._ev_value("", {"cause_ns": {"sync": 13_091_201}, "cause_counts": {"sync": 4},
+                               "host_calls": [{"name": "cudaLaunchKernel", "ns": 35_367_875}]}, "r", 0, False, 0)
+    assert ">13.1 ms<" in table and ">35.4 ms<" in table and "<td>4</td>" in table

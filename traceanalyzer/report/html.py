@@ -602,9 +602,9 @@ def _scalar(key: str, v, t_origin: int) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return esc(clip(v, 300) if isinstance(v, str) else json.dumps(v, ensure_ascii=False)[:300])
     k = key.lower()
-    if k in ("start_ns", "end_ns", "ts_ns"):
+    if k in ("start_ns", "end_ns", "ts_ns") or k.endswith(("_start_ns", "_end_ns", "_at_ns")):  # a time, not a length
         return f'<span title="{esc(v)} ns on the run clock">{esc(fmt.ns(v - t_origin))}</span>'
-    if k.endswith("_ns"):
+    if k.endswith("_ns") or k == "ns":
         return f'<span title="{esc(v)} ns">{esc(fmt.ns(v))}</span>'
     if k.endswith("bytes") or k == "bytes":
         return f'<span title="{esc(v)} bytes">{esc(fmt.nbytes(v))}</span>'
@@ -624,8 +624,11 @@ def _ev_value(key: str, v, rid: str, t_origin: int, has_tl: bool, depth: int) ->
     if isinstance(v, dict):
         if depth > 3:
             return f"<code>{esc(clip(json.dumps(v, ensure_ascii=False), 300))}</code>"
-        rows = "".join(f"<tr><th>{esc(k)}</th><td>{_ev_value(k, x, rid, t_origin, has_tl, depth + 1)}</td></tr>"
-                       for k, x in v.items())
+        # the values of a `*_ns` mapping ({cause: ns}) are times as its own are
+        as_ns = key.lower().endswith("_ns")
+        rows = "".join(f"<tr><th>{esc(k)}</th><td>"
+                       f"{_ev_value(f'{k}_ns' if as_ns and not k.endswith('_ns') else k, x, rid, t_origin, has_tl, depth + 1)}"
+                       f"</td></tr>" for k, x in v.items())
         return f'<table class="ev">{rows}</table>'
     if isinstance(v, list):
         if v and all(isinstance(x, dict) for x in v):
