@@ -91,3 +91,14 @@ def test_runs_with_kernels_have_no_such_line_and_reports_carry_it(runs):
     assert by_id[ids[WEATHER]]["without_kernels"]["calls"] == 23
     assert run_summary(store, ids[WEATHER])["without_kernels"]["calls"] == 23
     assert run_summary(store, ids[WITH_KERNELS])["without_kernels"] is None
+
+
+def test_markdown_prints_the_line_whole(runs):
+    """A run's lines in markdown are sentences, not table cells: not clipped (WeatherBench2's
+    ends in the advice)."""
+    from traceanalyzer.report import markdown
+
+    store, ids = runs
+    page = markdown.render(store, load_result(store, [ids[WEATHER]]))
+    assert "or the program ran no GPU work; profile past the set-up (nsys --delay, or --capture-range=cudaProfilerApi " \
+           "around the work to judge)" in page

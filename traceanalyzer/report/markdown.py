@@ -27,6 +27,9 @@ _SPACE = re.compile(r"\s+")
 _SEV_ICON = {"error": "🔴", "warning": "🟡", "info": "🔵"}
 
 
+LINE_CHARS = 2000  # a run's budget and capture lines are whole sentences, not table cells
+
+
 def md(s, limit: int = 200) -> str:
     """Inline text safe in a table cell: whitespace collapsed, Markdown/HTML punctuation
     backslash-escaped, clipped to `limit` characters."""
@@ -55,9 +58,11 @@ def _run_section(store: Store, result: CheckResult, run: dict, findings: list[di
     parts.append(" · ".join(facts))
     # Where each device's time went, first (see report/budget.py).
     budget = run.get("budget") or []
-    parts += [""] + ([f"- {md(line)}" for d in budget for line in budget_lines(d)] or [f"- {md(no_budget_line(run))}"])
+    # (lines, not table cells: whole, however long)
+    parts += [""] + ([f"- {md(line, LINE_CHARS)}" for d in budget for line in budget_lines(d)]
+                     or [f"- {md(no_budget_line(run), LINE_CHARS)}"])
     if without_kernels_line(run.get("without_kernels")):
-        parts.append(f"- {md(without_kernels_line(run['without_kernels']))}")
+        parts.append(f"- {md(without_kernels_line(run['without_kernels']), LINE_CHARS)}")
     if len(kernels):
         parts += ["", "Top kernels: " + "; ".join(
             f"{md(k.kernel, 80)} {md(fmt.ns(k.total_ns))} ({md(fmt.pct(k.share))}"
