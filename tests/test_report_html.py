@@ -1266,3 +1266,34 @@ def test_evidence_times_are_into_the_run_and_lengths_carry_units():
     table = html._ev_value("", {"cause_ns": {"sync": 13_091_201}, "cause_counts": {"sync": 4},
                                "host_calls": [{"name": "cudaLaunchKernel", "ns": 35_367_875}]}, "r", 0, False, 0)
     assert ">13.1 ms<" in table and ">35.4 ms<" in table and "<td>4</td>" in table
+
+
+def test_bars_name_the_idle_cause_as_the_budget_line_does(tmp_path):
+    """On a device that ran one stream the budget line says `launch latency` for the idle time
+    its issued work waited; so do its bar and its per-step bars (Falconsai, one stream, with
+    ProfilerSteps), never `dependency`."""
+    trace = shared_traces() / "torch" / "TraceLens__h100__Falconsai_nsfw_image_detection__1016002.json.gz"
+    out = tmp_path / "r.html"
+    assert cli("check", trace, "--store", tmp_path / "s.duckdb").exit_code in (0, 1)
+    assert cli("report", "--store", tmp_path / "s.duckdb", "-o", out).exit_code == 0
+    page = out.read_text()
+    line = re.search(r'<div class="line">(GPU [^<]*)</div>', page).group(1)
+    assert "launch latency" in line and "dependency" not in line
+    titles = re.findall(r"<title>([^<]*)</title>", page)
+    steps = [t for t in titles if t.startswith("ProfilerStep#")]
+    assert steps and any("launch latency" in t for t in titles)
+    assert not [t for t in titles if "dependency:" in t]
+
+
+def test_phase_lines_read_as_the_run_budget_line(tmp_path):
+    """`summary`'s per-phase budget lines use the run's words (a one-stream device's `launch
+    latency`) and order (busy parts by priority, idle by time), as the run's line does (vLLM
+    full-graph decode, one stream on GPU 2)."""
+    trace = shared_traces() / "torch-graphs" / "TraceLens__vllm_decode_full" / "graph_execution.json.gz"
+    store = tmp_path / "s.duckdb"
+    assert cli("check", trace, "--store", store).exit_code in (0, 1)
+    out = cli("summary", "graph_execution.json.gz", "--store", store).stdout
+    lines = [ln for ln in out.splitlines() if "GPU 2 (span" in ln]
+    phases = [ln.split(": ", 1)[1] for ln in lines if ln.startswith(("decode:", "mixed:"))]
+    assert phases and all("launch latency" in p and "dependency" not in p for p in phases)
+    assert all(p.index("compute") < p.index("copies") for p in phases)

@@ -168,8 +168,9 @@ def budget_line(device: dict) -> str:
     dependency on a device that ran one stream). The span is said here once: every share of the
     device's time, in the budget and in the findings, is of it."""
     span = device["span_ns"] or 0
-    busy = [p for p in device["parts"] if p["category"] != "idle"]
-    idle = [p for p in device["parts"] if p["category"] == "idle" and p["ns"] > 0]
+    parts = sorted(device["parts"], key=_part_order)  # (a phase's or a step's parts come in any order)
+    busy = [p for p in parts if p["category"] != "idle"]
+    idle = [p for p in parts if p["category"] == "idle" and p["ns"] > 0]
     words = [f"{_pct(p['ns'], span)} {_WORDS.get(p['category'], p['category'])}"
              for p in busy if p["ns"] > 0 or p["category"] == "compute"]
     idle_ns = sum(p["ns"] for p in idle)
@@ -184,7 +185,12 @@ def budget_line(device: dict) -> str:
 def _cause_words(device: dict, cause: str | None) -> str:
     """An idle part's cause as the budget line says it: `dependency` on a one-stream device is
     the launch latency (from a launch call's return to its kernel's start), with nothing to wait for."""
-    return "launch latency" if cause == "dependency" and device.get("one_stream") else str(cause)
+    return cause_words(cause, bool(device.get("one_stream")))
+
+
+def cause_words(cause: str | None, one_stream: bool) -> str:
+    """`_cause_words` for a device known to run one stream or not (bars, steps, phases say it so too)."""
+    return "launch latency" if cause == "dependency" and one_stream else str(cause)
 
 
 def warmup_line(device: dict) -> str | None:

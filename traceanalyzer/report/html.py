@@ -28,7 +28,7 @@ from ..store import Store
 from . import html_charts as charts
 from . import html_metrics, html_timeline
 from .budget import (budget_line, busy_split, no_budget_line, step_budgets_of, step_budgets_of_runs, warmup_line,
-                     without_kernels_line)
+                     cause_words, without_kernels_line)
 from .vendor import vendor_text
 from .html_charts import clip, esc
 from .model import CheckResult, loss_shares, place_of, run_order
@@ -330,20 +330,20 @@ def _budget(run: dict, step_budgets: dict) -> str:
         return f'<p class="budget quiet">{esc(no_budget_line(run))}</p>' + bare_html
     rows = []
     for d in budget:
-        rects = _stacked(d["parts"], d["span_ns"] or 0, 0, 1000, horizontal=True)
+        rects = _stacked(d["parts"], d["span_ns"] or 0, 0, 1000, horizontal=True, one_stream=bool(d.get("one_stream")))
         warm = warmup_line(d)
         rows.append(f'<div class="budget"><div class="line">{esc(budget_line(d))}</div>'
                     + (f'<div class="line quiet">{esc(warm)}</div>' if warm else "")
                     + f'<svg viewBox="0 0 1000 16" preserveAspectRatio="none" role="img" '
                     f'aria-label="{esc(budget_line(d))}">{"".join(rects)}</svg>'
-                    + _step_bars(step_budgets.get(d["device_id"]) or []) + "</div>")
+                    + _step_bars(step_budgets.get(d["device_id"]) or [], bool(d.get("one_stream"))) + "</div>")
     return '<div class="budgets">' + "".join(rows) + "</div>" + bare_html
 
 
 STEP_BARS_MAX = 400  # steps drawn per device; past that, the first ones
 
 
-def _step_bars(steps: list[dict]) -> str:
+def _step_bars(steps: list[dict], one_stream: bool = False) -> str:
     """One column per step, its parts stacked from the top in the order of the line."""
     if not steps:
         return ""
@@ -352,7 +352,7 @@ def _step_bars(steps: list[dict]) -> str:
     cols = []
     for i, st in enumerate(shown):
         rects = _stacked(st["parts"], st["span_ns"] or 0, i * width, width * 0.85, horizontal=False,
-                         prefix=f'{st["step"]} ({fmt.ns(st["span_ns"])}): ')
+                         prefix=f'{st["step"]} ({fmt.ns(st["span_ns"])}): ', one_stream=one_stream)
         cols.append("".join(rects))
     more = f", the first {len(shown)} drawn" if len(steps) > len(shown) else ""
     return (f'<details class="steps"><summary>per step: {len(steps)} step(s){more}, median '
@@ -362,16 +362,16 @@ def _step_bars(steps: list[dict]) -> str:
 
 
 def _stacked(parts: list[dict], span: int, at: float, thickness: float, *, horizontal: bool,
-             prefix: str = "") -> list[str]:
+             prefix: str = "", one_stream: bool = False) -> list[str]:
     """SVG rects of `parts` stacked along a bar of length 1000 (horizontal, 16 high) or 60
-    (vertical, `thickness` wide at x = `at`)."""
+    (vertical, `thickness` wide at x = `at`); a cause named as the budget line names it."""
     length = 1000 if horizontal else 60
     pos, rects = 0.0, []
     for part in parts:
         if not span or part["ns"] <= 0:
             continue
         size = length * part["ns"] / span
-        label = part["cause"] or part["category"]
+        label = cause_words(part["cause"], one_stream) if part["cause"] else part["category"]
         box = (f'x="{pos:.2f}" y="0" width="{size:.2f}" height="16"' if horizontal
                else f'x="{at:.2f}" y="{pos:.2f}" width="{thickness:.2f}" height="{size:.2f}"')
         rects.append(f'<rect class="b-{esc(part["category"])}{" c-" + esc(part["cause"]) if part["cause"] else ""}" '

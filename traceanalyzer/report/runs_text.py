@@ -102,7 +102,8 @@ def print_summary(console: Console, s: dict) -> None:
     if s.get("graph_replays"):
         _graph_replays_table(console, s["graph_replays"])
     if s.get("phases"):
-        _phases_table(console, s["phases"])
+        one_stream = {d["device_id"] for d in s["budget"] if d.get("one_stream")}
+        _phases_table(console, s["phases"], one_stream)
     if s.get("compiled_kernels"):
         _compiled_table(console, s["compiled_kernels"])
     if s["copies"]:
@@ -170,7 +171,7 @@ def _graph_replays_table(console: Console, rows: list[dict]) -> None:
                title=f"Graph replays ({fmt.num(total)} {rows[0]['call_name']} calls; times per replay)")
 
 
-def _phases_table(console: Console, rows: list[dict]) -> None:
+def _phases_table(console: Console, rows: list[dict], one_stream: set = frozenset()) -> None:
     """Per inference phase: steps, requests, tokens, host time, kernel time (per token), the top
     kernel; then each phase's time budget and its top kernels."""
     num = {"justify": "right", "no_wrap": True}
@@ -182,7 +183,8 @@ def _phases_table(console: Console, rows: list[dict]) -> None:
     _print_fit(console, columns, out, ("requests",),
                title="Inference phases (the server's step annotations)")
     for r in rows:
-        for device in r["budget"] or []:
+        for device in r["budget"] or []:  # a phase's device is the run's: one stream or not
+            device = {**device, "one_stream": device["device_id"] in one_stream}
             say(console, fmt.printable(f"{r['phase']}: {budget_line(device)}"))
         if r["top_kernels"]:
             top = ", ".join(f"{fmt.distinct_labels([k['name']], 50)[0]} {fmt.pct(k['share'])}" for k in r["top_kernels"][:3])
