@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from traceanalyzer import __version__
+from traceanalyzer.fmt import ns as fmt_ns
 from traceanalyzer.rules import all_rules
 from traceanalyzer.cli import app
 
@@ -368,3 +369,41 @@ def test_the_formats_are_one_registry_that_help_and_validation_read(tmp_path):
         out = tmp_path / f"out.{name}"
         r = run("check", "--store", tmp_path / "s.duckdb", "--fail-on", "never", "--format", name, "-o", out, CLEAN)
         assert r.exit_code == 0 and out.stat().st_size > 0, (name, r.stdout + r.stderr)
+
+
+def test_reader_warnings_and_losses_reach_every_artifact(tmp_path):
+    """What the reader met in a trace (WeatherBench2: no kernel table) is in SARIF (a warning
+    notification on the file), JUnit (the run's suite's system-err) and markdown, as in JSON
+    and HTML; a finding's estimated loss is in the SARIF message and the JUnit failure, as in
+    the terminal (Rodinia's B002: est. loss 1.63 s)."""
+    from .conftest import shared_traces
+
+    weather = shared_traces() / "nsys" / "WeatherBench2__report1.sqlite"
+    rodinia = shared_traces() / "nsys" / "Rodinia_Gaussian__report2.sqlite"
+    store = tmp_path / "s.duckdb"
+
+    def artifact(fmt: str) -> str:
+        out = tmp_path / f"out.{fmt}"
+        r = run("check", "--store", store, "--fail-on", "warning", "--format", fmt, "-o", out, weather, rodinia)
+        assert r.exit_code == 1, r.stdout + r.stderr
+        return out.read_text()
+
+    warning = "no kernel table (CUPTI_ACTIVITY_KIND_KERNEL): the capture recorded no kernels"
+    doc = json.loads(artifact("json"))
+    b002 = next(f for f in doc["findings"] if f["rule_id"] == "B002" and f["related_to"] is None and f["est_loss_ns"])
+    loss = f"est. loss {fmt_ns(b002['est_loss_ns'])}"
+    sarif = json.loads(artifact("sarif"))
+    notes = [n for n in sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+             if n["descriptor"]["id"] == "reader-warning"]
+    assert [n["level"] for n in notes] == ["warning"] and warning in notes[0]["message"]["text"]
+    assert notes[0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith("WeatherBench2__report1.sqlite")
+    (result,) = [x for x in sarif["runs"][0]["results"] if x["partialFingerprints"]["traceanalyzerFinding/v2"] == b002["fingerprint"]]
+    assert loss in result["message"]["text"]
+    root = ET.fromstring(artifact("junit"))
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert suites["traceanalyzer.WeatherBench2__report1.sqlite"].find("system-err").text == f"warning: {warning}"
+    failures = [c.find("failure") for c in suites["traceanalyzer.Rodinia_Gaussian__report2.sqlite"].iter("testcase")
+                if c.find("failure") is not None]
+    assert any(loss in (f.text or "") for f in failures)
+    md = run("report", "--markdown", "--store", store)
+    assert md.exit_code == 0 and f"reader warning: {warning}" in md.stdout.replace("\\", "")

@@ -154,7 +154,9 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
             res.format, res.span_ns, res.counts = stored.format, stored.span_ns, dict(stored.counts)
             res.warnings = list(stored.warnings)
         if res.state in ("skipped", "duplicate", "kept"):
-            res.format, res.span_ns = _stored_run(store, res.run_id)
+            res.format, res.span_ns, stored_warnings = _stored_run(store, res.run_id)
+            if res.state == "kept":  # checked again: what its reader met, as when it was read
+                res.warnings = stored_warnings
         if res.state in ("stored", "updated", "kept"):  # a run to check
             if seen is not None:
                 seen.setdefault(res.content_hash, res.path)
@@ -226,10 +228,11 @@ def merge_captures(store: Store, files: list[FileResult], captures: dict[str, li
             f.warnings.append(f"capture {', '.join(Path(c).name for c in caps)} not merged: {one_line_error(e)}")
 
 
-def _stored_run(store: Store, run_id: str | None) -> tuple[str | None, int | None]:
+def _stored_run(store: Store, run_id: str | None) -> tuple[str | None, int | None, list[str]]:
+    """A stored run's format, span and reader warnings."""
     # fetchall: DuckDB 2 refuses new work on a connection with a half-read result
-    rows = store.sql("SELECT format, span_ns FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    return rows[0] if rows else (None, None)
+    rows = store.sql("SELECT format, span_ns, warnings FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    return (rows[0][0], rows[0][1], list(rows[0][2] or [])) if rows else (None, None, [])
 
 
 @dataclass

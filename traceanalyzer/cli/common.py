@@ -135,10 +135,12 @@ class FileLines:
     def __init__(self, debug: bool, verbose: bool, progress: Console = out):
         self.debug, self.verbose, self.progress = debug, verbose, progress
         self.stored: list[str] = []
+        self.warned = 0  # reader warnings of the runs checked again (kept when they were read)
 
     def __call__(self, r: "FileResult") -> None:
         if r.state in ("kept", "skipped") and not r.capture:
             self.stored.append(r.path)
+            self.warned += len(r.warnings)
             if not self.verbose:
                 return
         file_line(r, self.debug, self.progress)
@@ -146,7 +148,8 @@ class FileLines:
     def finish(self) -> None:
         if self.stored and not self.verbose:
             what = "file(s)" if all(Path(p).is_file() for p in self.stored) else "input(s)"
-            err.print(f"note: {len(self.stored)} {what} already stored, not read again (--verbose lists them)",
+            also = f" with the {self.warned} reader warning(s) they were stored with" if self.warned else ""
+            err.print(f"note: {len(self.stored)} {what} already stored, not read again (--verbose lists them{also})",
                       markup=False)
 
 

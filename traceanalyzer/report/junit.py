@@ -3,7 +3,8 @@
 A rule fails its case when it has findings at or above --fail-on (new ones, with a
 baseline); a rule that raised on the run is an errored case (`<error type="RuleError">`,
 the exception in one line); the findings below the bar are listed in the suite's system-out
-(Ant's format has no per-case output) so nothing is hidden. A rule that does not apply to a
+(Ant's format has no per-case output) so nothing is hidden, and what the reader met in the
+trace (a missing table, dropped rows) in its system-err. A rule that does not apply to a
 run (it lacks the data) is no case: most rules apply to one kind of trace, and a "skipped"
 case for each would outnumber the real ones on every CI dashboard. The suite's
 `rules_not_applicable` property names them.
@@ -16,7 +17,7 @@ import re
 import socket
 from xml.etree import ElementTree as ET
 
-from .. import __version__
+from .. import __version__, fmt
 from ..rules import all_rules
 from .model import CheckResult, severity_rank
 
@@ -44,6 +45,10 @@ def _input_errors(root: ET.Element, result: CheckResult, host: str) -> None:
                                         "type": "InputError"}).text = _x(f"{e.path}: {e.message}")
     ET.SubElement(suite, "system-out").text = ""
     ET.SubElement(suite, "system-err").text = ""
+
+
+def _loss(f: dict) -> str:
+    return f" (est. loss {fmt.ns(f['est_loss_ns'])})" if f.get("est_loss_ns") else ""
 
 
 def render(result: CheckResult, **_) -> str:
@@ -82,9 +87,9 @@ def render(result: CheckResult, **_) -> str:
                 n_fail += 1
                 worst = max(bad, key=lambda f: severity_rank(f["severity"]))
                 el = ET.SubElement(case, "failure", {
-                    "message": _x(f"{len(bad)} finding(s) at or above {result.fail_on}: {worst['message']}"),
+                    "message": _x(f"{len(bad)} finding(s) at or above {result.fail_on}: {worst['message']}{_loss(worst)}"),
                     "type": worst["severity"]})
-                el.text = _x("\n".join(f"[{f['severity']}] {f['message']}\n  hint: {f['hint']}"
+                el.text = _x("\n".join(f"[{f['severity']}] {f['message']}{_loss(f)}\n  hint: {f['hint']}"
                                        + "".join(f"\n  related: {r['rule_id']} {r['message']}" for r in result.related(f))
                                        for f in bad))
             below_bar += [f"{f['rule_id']} [{f['severity']}] {f['message']}"
@@ -94,7 +99,8 @@ def render(result: CheckResult, **_) -> str:
         suite.set("errors", str(n_err))
         suite.set("skipped", "0")
         ET.SubElement(suite, "system-out").text = _x("\n".join(below_bar))
-        ET.SubElement(suite, "system-err").text = ""
+        # what the reader met in the trace (a missing table, dropped rows)
+        ET.SubElement(suite, "system-err").text = _x("\n".join(f"warning: {w}" for w in run.get("warnings") or []))
     if result.errors:
         _input_errors(root, result, host)
     ET.indent(root)

@@ -63,6 +63,7 @@ def _run_section(store: Store, result: CheckResult, run: dict, findings: list[di
                      or [f"- {md(no_budget_line(run), LINE_CHARS)}"])
     if without_kernels_line(run.get("without_kernels")):
         parts.append(f"- {md(without_kernels_line(run['without_kernels']), LINE_CHARS)}")
+    parts += [f"- reader warning: {md(w, LINE_CHARS)}" for w in run.get("warnings") or []]
     if len(kernels):
         parts += ["", "Top kernels: " + "; ".join(
             f"{md(k.kernel, 80)} {md(fmt.ns(k.total_ns))} ({md(fmt.pct(k.share))}"

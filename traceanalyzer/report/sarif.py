@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, fmt
 from ..rules import all_rules
 from .model import CheckResult
 
@@ -31,6 +31,13 @@ def _notification(e, base: Path) -> dict:
     return {"level": "error", "message": {"text": f"{e.path}: {e.message}"},
             "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(e.path, base)}}}],
             "descriptor": {"id": "input-error"}}
+
+
+def _reader_warning(run: dict, warning: str, base: Path) -> dict:
+    """A problem the reader met in a trace it read (a missing table, dropped rows)."""
+    return {"level": "warning", "message": {"text": f"{run['file_name']}: {warning}"},
+            "descriptor": {"id": "reader-warning"}, "properties": {"run_id": run["run_id"]},
+            "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(run["source_path"], base)}}}]}
 
 
 def _rule_notification(o: dict, run: dict | None, index: dict[str, int], base: Path) -> dict:
@@ -87,7 +94,8 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
         if related:
             props["related"] = [{"rule_id": r["rule_id"], "message": r["message"], "fingerprint": r["fingerprint"],
                                  "rule_loss_ns": r.get("rule_loss_ns")} for r in related]
-        text = f["message"] + (f" Hint: {f['hint']}" if f.get("hint") else "") + \
+        loss = f" (est. loss {fmt.ns(f['est_loss_ns'])})" if f.get("est_loss_ns") else ""
+        text = f["message"] + loss + (f" Hint: {f['hint']}" if f.get("hint") else "") + \
             "".join(f" Related: {r['rule_id']} {r['message']}" for r in related)
         results.append({
             "ruleId": f["rule_id"],
@@ -112,7 +120,8 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
             "artifacts": [{"location": {"uri": _uri(r["source_path"], base)}} for r in result.runs],
             "invocations": [{"executionSuccessful": not (result.errors or rule_errors),
                              "toolExecutionNotifications": [_notification(e, base) for e in result.errors]
-                             + [_rule_notification(o, runs.get(o["run_id"]), index, base) for o in rule_errors]}],
+                             + [_rule_notification(o, runs.get(o["run_id"]), index, base) for o in rule_errors]
+                             + [_reader_warning(r, w, base) for r in result.runs for w in r.get("warnings") or []]}],
             "results": results,
         }],
     }
