@@ -678,3 +678,88 @@ def test_property_nsys_kernel_rows_of_any_type_read_or_fail_cleanly(rows):
         con.commit()
         con.close()
         _read_then_store(p)
+
+
+@pytest.mark.parametrize("change, says", [
+    ("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME COLUMN deviceId TO deviceId_x",
+     "CUPTI_ACTIVITY_KIND_KERNEL has no deviceId column"),
+    ("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME COLUMN start TO start_x", "CUPTI_ACTIVITY_KIND_KERNEL has no start column"),
+    ("ALTER TABLE StringIds RENAME COLUMN value TO value_x", "StringIds has no value column"),
+    ("ALTER TABLE CUPTI_ACTIVITY_KIND_MEMCPY RENAME COLUMN bytes TO bytes_x", "CUPTI_ACTIVITY_KIND_MEMCPY has no bytes column"),
+    ("DROP TABLE StringIds", "no StringIds table, which CUPTI_ACTIVITY_KIND_KERNEL names things by"),
+])
+def test_an_export_missing_a_column_every_nsys_writes_is_an_input_error(tmp_path, change, says):
+    """A column every nsys schema writes (2.9 to 3.25) and without which the rows mean nothing
+    (times, device, names): one error line naming the table and column, nothing stored, and the
+    files after it in the batch checked and reported (it was stored with NULL devices, times or
+    names, and crashed the diagnosis). One that only leaves something unknown
+    is a warning, the file read (a copy's kind)."""
+    bad = tmp_path / "bad.sqlite"
+    shutil.copy(shared_traces() / "nsys" / "DLProf__nsys_profile.sqlite", bad)
+    bad.chmod(0o644)
+    with sqlite3.connect(bad) as con:
+        con.execute(change)
+    after = tmp_path / "after.sqlite"
+    shutil.copy(PLANTED, after)
+    store = tmp_path / "s.duckdb"
+    r = _cli("check", bad, after, "--store", store)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"error: {bad}: {says}" in r.stderr and "Traceback" not in r.stdout + r.stderr
+    assert "after.sqlite" in r.stdout  # reported
+    with Store(store, read_only=True) as st:
+        assert [n for (n,) in st.sql("SELECT file_name FROM runs").fetchall()] == ["after.sqlite"]
+
+
+def test_an_export_missing_a_column_that_leaves_a_value_unknown_is_read_with_a_warning(tmp_path):
+    bad = tmp_path / "bad.sqlite"
+    shutil.copy(shared_traces() / "nsys" / "DLProf__nsys_profile.sqlite", bad)
+    bad.chmod(0o644)
+    with sqlite3.connect(bad) as con:
+        con.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_MEMCPY RENAME COLUMN copyKind TO copyKind_x")
+    r = _cli("check", bad, "--store", tmp_path / "s.duckdb")
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert (f"warning: {bad}: CUPTI_ACTIVITY_KIND_MEMCPY has no copyKind column (every nsys version writes it): "
+            "read as unknown") in r.stderr
+
+
+def test_the_fuzz_corpus_and_the_reader_agree_on_the_columns_an_export_needs():
+    from traceanalyzer.ingest.nsys_sources import REQUIRED
+
+    assert {t: set(c) for t, c in REQUIRED.items()} == G.REQUIRED_COLUMNS
+
+
+def test_a_symlink_loop_named_on_the_command_line_is_one_error_line(tmp_path):
+    """A link that leads nowhere (a loop) named as an input: one error line, the rest of the
+    batch read, in check, scan and ingest."""
+    good = tmp_path / "good.sqlite"
+    shutil.copy(PLANTED, good)
+    loop = tmp_path / "loop.sqlite"
+    loop.symlink_to(loop.name)
+    for command in ("check", "scan", "ingest"):
+        store = tmp_path / f"{command}.duckdb"
+        r = _cli(command, loop, good, "--store", store)
+        assert r.returncode == 2, (command, r.stdout + r.stderr)
+        assert "a symbolic link that leads to no file (a loop, or a missing target)" in r.stderr, command
+        with Store(store, read_only=True) as st:
+            assert st.sql("SELECT count(*) FROM runs").fetchall() == [(1,)], command
+
+
+def test_a_store_that_is_no_store_is_refused_untouched(tmp_path):
+    """An nsys export given as the store: refused by name, never opened (DuckDB would attach it
+    as an SQLite database); a store cut short: one error line, exit 2, no traceback."""
+    export = tmp_path / "trace.sqlite"
+    shutil.copy(PLANTED, export)
+    before = export.read_bytes()
+    r = _cli("check", PLANTED, "--store", export)
+    assert r.returncode == 2 and "an SQLite file (an Nsight Systems export?), not a traceanalyzer store" in r.stderr
+    assert export.read_bytes() == before
+    store = tmp_path / "s.duckdb"
+    assert _cli("check", PLANTED, shared_traces() / "nsys" / "DLProf__nsys_profile.sqlite", "--store", store).returncode in (0, 1)
+    cut = tmp_path / "cut.duckdb"
+    data = store.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])
+    for args in (["runs"], ["check", PLANTED]):
+        p = subprocess.run([sys.executable, "-m", "traceanalyzer.cli", *map(str, args), "--store", str(cut)],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr[-2000:])
+        assert "the store file is damaged or truncated" in p.stderr, args

@@ -224,7 +224,8 @@ def diagnose(store: Store, run_id: str, findings: pd.DataFrame, floors: dict | N
     df = _as_found(findings.reset_index(drop=True).copy())
     facts = _facts(store, run_id, df)
     rows = df.to_dict("records")
-    units = [_units(r, sorted({d for d, _ in facts.budget})) for r in rows]
+    # (a device the trace did not name is None: it sorts last)
+    units = [_units(r, sorted({d for d, _ in facts.budget}, key=lambda d: (d is None, d or 0))) for r in rows]
     v = _Verdict(lent={i: r["severity"] for i, r in enumerate(rows)})
     for members in _groups(units):
         _headline(v, rows, units, members, facts)

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+import duckdb
+
 from ..config import ConfigError, find_config, load_config, parse_threshold_option
 from .. import diagnosis, interrupt, link
 from ..diagnosis import diagnose_runs, store_diagnosed
-from ..ingest import TraceError, find_traces
+from ..ingest import TraceError, find_traces, resolved
 from ..report.model import Baseline, CheckResult, InputError, load_result
 from ..rules import get_rule
 from ..rules._ncu import linked_rule_ids
@@ -135,7 +138,8 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
     try:
         p = Path(path)
         if not p.exists():
-            raise TraceError("no such file")
+            raise TraceError("a symbolic link that leads to no file (a loop, or a missing target)"
+                             if os.path.lexists(p) else "no such file")
         res.size_bytes = p.stat().st_size
         need_hash = bool(up_to_date) or not read_stored or seen is not None
         if need_hash and p.is_file():  # else Store.ingest says what it is
@@ -169,6 +173,8 @@ def check_file(store: Store, path: str | Path, rules: Settings | None, *, read_s
             if rules is not None:
                 per_run_pass(store, [res.run_id], rules, found)
                 res.rule_ids = [r.id for r in rules.rules()]
+    except duckdb.IOException:  # the store cannot be read (damaged, cut short): no file's fault, and no file can go on
+        raise
     except Exception as e:  # a reader bug must not stop the batch either
         interrupt.stop_if_interrupted(e)
         res.fail(e)
@@ -266,8 +272,8 @@ def check_paths(store: Store, paths: list[str], rules: Settings | None, *, read_
     traces merged into each file's graph replays (`check_file`); they are no files to check.
     `found`: as `check_file`'s."""
     done = Checked()
-    skip = {Path(c).resolve() for c in captures or ()}
-    files = [f for f in find_traces(paths, not_traces=done.not_traces) if Path(f).resolve() not in skip]
+    skip = {resolved(c) for c in captures or ()}
+    files = [f for f in find_traces(paths, not_traces=done.not_traces) if resolved(f) not in skip]
     if not files:
         done.add(FileResult(" ".join(map(str, paths)), error="no trace files here"), on_file)
     seen: dict[str, str] = {}
@@ -291,6 +297,10 @@ def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
     rules = per_run_settings(rules) if rules is not None else None
     for ref in refs:
         if ref in paths:
+            continue
+        if os.path.lexists(ref):  # a link to nothing reachable: no run name either
+            done.add(FileResult(ref, error="a symbolic link that leads to no file (a loop, or a missing target)"),
+                     on_file)
             continue
         res = _named_run(store, ref, done, on_file)
         if res is None:

@@ -47,7 +47,7 @@ import pandas as pd
 
 from .. import interrupt, os_memory
 from ..diagnosis import store_diagnosed
-from ..ingest import find_traces
+from ..ingest import find_traces, resolved
 from ..resources import Resources
 from ..rules.engine import Found, Settings, run_rules
 from ..store import Store, capture_merge
@@ -232,7 +232,7 @@ def _scan(store: Store, paths, jobs, settings, scheduler, on_start, on_file, lin
     settings = settings if settings is not None else Settings()
     # Resolved like `Store.ingest` does, so `source_path` and run lookups by path agree.
     not_traces: list = []
-    files = list(dict.fromkeys(str(Path(f).resolve()) for f in find_traces(paths, not_traces)))
+    files = list(dict.fromkeys(str(resolved(f)) for f in find_traces(paths, not_traces)))
     # A capture-phase trace beside a graph replay is that replay's input, merged into its run
     # once every file is stored (`merge_captures`), not a run of its own.
     captures = {f: [str(c.resolve()) for c in capture_merge.capture_files(Path(f))] for f in files}

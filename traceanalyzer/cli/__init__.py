@@ -7,10 +7,11 @@ Command modules import `common` and the library, never this module."""
 import inspect
 from typing import Annotated
 
+import duckdb
 import typer
 
 from . import check, diff, export, export_trace, ingest, link, query, ranges, report, rules, runs, scan
-from .common import out
+from .common import err, out
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,4 +78,9 @@ _main.__doc__ = _unwrap(_main.__doc__)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except duckdb.IOException as e:  # a store DuckDB opened but cannot read: damaged or cut short
+        err.print(f"error: {' '.join(str(e).split())}: the store file is damaged or truncated "
+                  "(restore it from a copy, or check into a new store)", markup=False)
+        raise SystemExit(2) from None

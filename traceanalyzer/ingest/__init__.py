@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -103,6 +104,15 @@ def _with_device_limits(trace: ParsedTrace) -> ParsedTrace:
         # Every row gets every key: from_pylist takes its columns from the first row only.
         trace.tables["devices"] = pa.Table.from_pylist([{n: r.get(n) for n in names} for r in rows])
     return trace
+
+
+def resolved(path: str | Path) -> Path:
+    """`path` made absolute with its links followed, or as given made absolute where they
+    cannot be (a symlink loop): the caller then reports the file, as for any it cannot read."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
 
 
 def find_traces(paths: Iterable[str | Path], not_traces: list | None = None) -> Iterator[Path]:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from . import nsys_arrow as arrow
 from ..input_limits import MAX_ABS_TIME_NS
+from .base import TraceError
 from .nsys_sqlite import Col, NsysFile, StreamFailed, quote
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -70,6 +71,25 @@ SOURCES: dict[str, dict[str, tuple[str, pa.DataType]]] = {
                   "original_id": ("originalGraphNodeId", I64)},
 }
 STRING_COLUMNS = [Col("id", "id", I64), Col("value", "value", STR)]
+# Columns every nsys schema from 2.9 (2022) to 3.25 (2026) writes in a table it has
+# (../shared/docs/nsys-schema). Without one of REQUIRED the table's rows mean nothing (no
+# times, no device, no name, no thread, a copy's size): no export nsys wrote, an input error,
+# where reading on would store NULLs as if the trace had said so. Without one of EXPECTED what it holds is
+# unknown (launches unlinked, streams or bytes unknown): a warning. The other columns come and
+# go between versions and are read where present.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    KERNEL: ("start", "end", "deviceId"), MEMCPY: ("start", "end", "deviceId", "bytes"),
+    MEMSET: ("start", "end", "deviceId", "bytes"), SYNC: ("start", "end"),
+    RUNTIME: ("start", "end", "globalTid", "nameId"), NVTX: ("start", "eventType"), STRINGS: ("id", "value"),
+}
+EXPECTED: dict[str, tuple[str, ...]] = {
+    KERNEL: ("streamId", "correlationId"), MEMCPY: ("streamId", "correlationId", "copyKind"),
+    MEMSET: ("streamId", "correlationId"), RUNTIME: ("correlationId",), NVTX: ("end", "globalTid"),
+}
+# A kernel's name: one of these (both in every version).
+KERNEL_NAMES = ("shortName", "demangledName")
+# The tables whose names are StringIds ids: with one of them, the export must have StringIds.
+NAMED = (KERNEL, RUNTIME, NVTX)
 # Fetch order: the largest tables first, as the stages need them.
 FETCH_ORDER = (RUNTIME, KERNEL, MEMCPY, GRAPH, SYNC, MEMSET, NVTX, MEMORY, GRAPH_NODES)
 # Tables read as a stream of parts and built part by part (when the file has them in start
@@ -107,9 +127,11 @@ class Sources:
 
     # -- starting ------------------------------------------------------------------
     def start(self, filters: dict[str, str]) -> None:
-        """Start every fetch (StringIds, then FETCH_ORDER); `filters`: a table's own WHERE."""
+        """Start every fetch (StringIds, then FETCH_ORDER); `filters`: a table's own WHERE.
+        TraceError when a table lacks a column every nsys version writes (`REQUIRED`)."""
+        self.column_warnings = check_columns(self.f)
         self._filters = filters
-        if self.f.has(STRINGS, "id") and self.f.has(STRINGS, "value"):
+        if self.f.has(STRINGS):
             self._fetched[STRINGS] = (self.f.submit(STRING_COLUMNS, STRINGS, label=STRINGS), 0, False)
         else:
             self._fetched[STRINGS] = _empty(STRING_COLUMNS)
@@ -276,9 +298,35 @@ class Sources:
             self.device_ids.update(v for v in pc.unique(data["device_id"]).to_pylist()
                                    if v is not None and -2**31 <= v <= 2**31 - 1)
 
+    column_warnings: list[str] = []  # tables without EXPECTED columns (`check_columns`)
+
     def warnings(self) -> list[str]:
-        """The drop warnings, per table in SOURCES order."""
-        return [w for t in SOURCES for w in self.drop_warnings.get(t, [])]
+        """The missing columns' warnings, then the drop warnings per table in SOURCES order."""
+        return [*self.column_warnings, *(w for t in SOURCES for w in self.drop_warnings.get(t, []))]
+
+
+def check_columns(f: NsysFile) -> list[str]:
+    """TraceError naming the first table of the file that lacks a REQUIRED column (a kernel
+    table both name columns), or StringIds missing where a table names things by its ids; else
+    a warning per table that lacks EXPECTED columns."""
+    def absent(table: str, columns: tuple[str, ...]) -> list[str]:
+        return [c for c in columns if f.has(table) and not f.has(table, c)]
+
+    def listed(columns: list[str], joint: str = ", ") -> str:
+        return f"{joint.join(columns)} column{'s' if len(columns) > 1 else ''}"
+
+    for table, columns in REQUIRED.items():
+        missing = absent(table, columns)
+        if table == KERNEL and len(absent(KERNEL, KERNEL_NAMES)) == len(KERNEL_NAMES):
+            missing.append(" or ".join(KERNEL_NAMES))
+        if missing:
+            raise TraceError(f"{table} has no {listed(missing)} (every nsys version writes it: a modified or "
+                             "unsupported export)")
+    named = [t for t in NAMED if f.has(t)]
+    if named and not f.has(STRINGS):
+        raise TraceError(f"no {STRINGS} table, which {named[0]} names things by: a modified or unsupported export")
+    return [f"{table} has no {listed(missing)} (every nsys version writes it): read as unknown"
+            for table, columns in EXPECTED.items() if (missing := absent(table, columns))]
 
 
 def _empty(cols: list[Col]) -> pa.Table:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .. import __version__, fmt
+from ..ingest import resolved
 from ..rules import all_rules
 from .model import CheckResult
 
@@ -19,11 +20,11 @@ _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def _uri(source_path: str, base: Path) -> str:
-    p = Path(source_path)
+    p = resolved(source_path)
     try:
-        return p.resolve().relative_to(base.resolve()).as_posix()
+        return p.relative_to(base.resolve()).as_posix()
     except ValueError:
-        return p.resolve().as_uri()
+        return p.as_uri()
 
 
 def _notification(e, base: Path) -> dict:

@@ -257,6 +257,9 @@ class Store:
         to a writer; readers hold the file for one command)."""
         if self.read_only and not self.path.exists():
             raise StoreError(f"{self.path}: no such store (run `traceanalyzer ingest` first)")
+        if _is_sqlite(self.path):  # DuckDB would open it as an attached SQLite database
+            raise StoreError(f"{self.path}: an SQLite file (an Nsight Systems export?), not a traceanalyzer store: "
+                             "give --store a new or existing .duckdb file")
         start = time.monotonic()
         delay, asked, noted = 0.02, False, False
         seen, unchanged_since = None, start
@@ -451,9 +454,13 @@ class Store:
     def resolve_run(self, ref: str) -> str:
         """A run id, a unique prefix of one (taken literally: `%` and `_` are no wildcards), or a
         source file name/path."""
+        try:
+            path = str(Path(ref).resolve())
+        except (OSError, RuntimeError):  # a symlink loop
+            path = os.path.abspath(ref)
         rows = self.sql(
             "SELECT run_id FROM runs WHERE starts_with(run_id, ?) OR source_path = ? OR file_name = ?",
-            [ref, str(Path(ref).resolve()), ref]).fetchall()
+            [ref, path, ref]).fetchall()
         if len(rows) == 1:
             return rows[0][0]
         raise StoreError(f"no run matches {ref!r}" if not rows else f"{ref!r} matches {len(rows)} runs")
@@ -687,6 +694,14 @@ class Store:
 
 
 _READ_BATCH_ROWS = 1 << 20
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\0"
+    except OSError:
+        return False
 
 
 def _dictionary_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
