@@ -763,3 +763,20 @@ def test_a_store_that_is_no_store_is_refused_untouched(tmp_path):
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr[-2000:])
         assert "the store file is damaged or truncated" in p.stderr, args
+
+
+def test_a_kineto_trace_whose_every_event_is_unusable_is_an_input_error(tmp_path):
+    """Every event skipped (no ts): an input error saying so, not a run of nothing that any gate
+    passes as OK."""
+    src = shared_traces() / "torch" / "TraceLens__torch_compile_triton__trace.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    for e in doc["traceEvents"]:
+        if "ts" in e:
+            e["ts"] = None
+    bad = tmp_path / "nullts.json"
+    bad.write_text(json.dumps(doc))
+    r = _cli("check", bad, PLANTED, "--store", tmp_path / "s.duckdb")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert re.search(rf"error: {re.escape(str(bad))}: none of its \d+ events could be used: \d+ skipped, "
+                     r"without ts, dur or name", r.stderr), r.stderr
+    assert "planted.sqlite" in r.stdout

@@ -239,6 +239,13 @@ def _parse(top: dict[str, Raw], c: Collector) -> ParsedTrace:
     tables["devices"], device_warnings = devices_table(props, device_ids, run_vendor)
 
     out_warnings = [f"{msg}: {n}" for msg, n in warnings.items()] + device_warnings
+    kept = sum(t.num_rows for name, t in tables.items() if t is not None and name != "devices")
+    if n_events and not kept and any("skipped" in msg for msg in warnings):
+        # every event the tables read was unusable: a run of nothing would pass any gate as OK
+        skipped = {msg: n for msg, n in warnings.items() if "skipped" in msg}
+        reasons = dict.fromkeys(msg.split(" events ", 1)[-1].removesuffix(" skipped") for msg in skipped)
+        raise TraceError(f"none of its {n_events} events could be used: {sum(skipped.values())} skipped, "
+                         f"{'; '.join(reasons)}")
     if not n_events:
         out_warnings.append("trace has no events")
     n_mtia = c.roles["mtia"].total
