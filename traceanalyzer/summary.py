@@ -207,10 +207,16 @@ def busy(store: Store, run_id: str) -> pd.DataFrame:
 # API calls (those that launch GPU work or copy, the first start and last end, the calls that
 # took most time) and its host operators. NULL for a run with kernels.
 WITHOUT_KERNELS_SQL = """
-WITH calls AS (
+WITH bare AS (  -- (first: a run with kernels, whose calls may number millions, is read no further;
+    -- its kernels grouped, not hashed one by one as NOT EXISTS would)
+    SELECT run_id FROM runs
+    WHERE list_contains($runs, run_id) AND clock IS DISTINCT FROM 'none'
+      AND run_id NOT IN (SELECT DISTINCT run_id FROM kernels WHERE list_contains($runs, run_id))
+), calls AS (
     SELECT run_id, name, count(*) AS n, sum(end_ns - start_ns) AS ns, min(start_ns) AS first_ns, max(end_ns) AS last_ns,
            count(*) FILTER (WHERE name ILIKE '%launch%' OR name ILIKE '%memcpy%') AS launches
-    FROM api_calls WHERE list_contains($runs, run_id) AND start_ns IS NOT NULL AND end_ns >= start_ns GROUP BY ALL
+    FROM api_calls WHERE run_id IN (SELECT run_id FROM bare) AND start_ns IS NOT NULL AND end_ns >= start_ns
+    GROUP BY ALL
 ), per_run AS (
     SELECT run_id, CAST(sum(n) AS BIGINT) AS calls, CAST(sum(launches) AS BIGINT) AS launches,
            max(last_ns) - min(first_ns) AS calls_span_ns,
@@ -221,9 +227,7 @@ SELECT r.run_id, coalesce(p.calls, 0) AS calls, coalesce(p.launches, 0) AS launc
        (SELECT count(*) FROM copies c WHERE c.run_id = r.run_id) AS copies,
        (SELECT count(*) FROM memsets m WHERE m.run_id = r.run_id) AS memsets,
        (SELECT count(*) FROM cpu_ops o WHERE o.run_id = r.run_id) AS operators
-FROM runs r LEFT JOIN per_run p USING (run_id)
-WHERE list_contains($runs, r.run_id) AND r.clock IS DISTINCT FROM 'none'
-  AND NOT EXISTS (SELECT 1 FROM kernels k WHERE k.run_id = r.run_id)
+FROM bare r LEFT JOIN per_run p USING (run_id)
 """
 
 
