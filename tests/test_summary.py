@@ -351,3 +351,26 @@ def test_a_findings_window_is_never_zero_width():
     # a finding's place: "into the run" follows the time, not the length
     assert fmt.place(122_000_000, 122_045_200) == "at 122 ms into the run, for 45.2 us"
     assert fmt.place(717_000_000, 780_000_000) == "at 717 ms–780 ms into the run"
+
+
+def test_graph_replays_in_json_and_per_replay_in_the_table(tmp_path):
+    """vLLM's piecewise replays (23 of one graph, 15 operations each): `summary --format json`
+    gives the graph's totals as integers (DuckDB's sums are decimals), and the text table, whose
+    title says its times are per replay, shows the kernel time per replay (6.24 ms, not the
+    23 replays' 144 ms)."""
+    trace = shared_traces() / "torch-graphs" / "TraceLens__vllm_prefilldecode_piecewise" / "graph_execution.json.gz"
+    store = tmp_path / "s.duckdb"
+    runner = CliRunner()
+    assert runner.invoke(app, ["check", str(trace), "--store", str(store)]).exit_code in (0, 1)
+    r = runner.invoke(app, ["summary", "graph_execution.json.gz", "--store", str(store), "--format", "json"])
+    assert r.exit_code == 0, r.stdout
+    doc = json.loads(r.stdout)
+    (run,) = doc if isinstance(doc, list) else [doc]
+    top = run["graph_replays"][0]
+    assert (top["replays"], top["min_ops"], top["kernels"]) == (23, 15, 345)
+    assert all(isinstance(top[k], int) for k in ("kernels", "kernel_ns", "gpu_ns", "launch_ns", "ops"))
+    text = runner.invoke(app, ["summary", "graph_execution.json.gz", "--store", str(store)],
+                         env={"COLUMNS": "200"}).stdout
+    assert "times per replay" in text
+    row = next(line for line in text.splitlines() if top["graph"] in line)
+    assert fmt.ns(top["kernel_ns"] / 23) in row and fmt.ns(top["kernel_ns"]) not in row

@@ -243,10 +243,12 @@ def without_kernels(store: Store, run_ids: list[str]) -> dict[str, dict]:
 # call is the host's cost of a whole replay: counted once per replay, never per kernel.
 GRAPH_REPLAYS_SQL = """
 SELECT graph, any_value(call_name) AS call_name, any_value(device_id) AS device_id, count(*) AS replays,
-       min(ops) AS min_ops, max(ops) AS max_ops, sum(kernels) AS kernels, sum(kernel_ns) AS kernel_ns,
-       sum(gpu_ns) AS gpu_ns, CAST(round(avg(end_ns - start_ns)) AS BIGINT) AS avg_replay_ns,
-       sum(call_ns) AS launch_ns, CAST(round(avg(call_ns)) AS BIGINT) AS avg_launch_ns,
-       sum(placed) AS placed, sum(merged) AS merged, sum(ops) AS ops, min(call_start_ns) AS first_ns,
+       min(ops) AS min_ops, max(ops) AS max_ops, CAST(sum(kernels) AS BIGINT) AS kernels,
+       CAST(sum(kernel_ns) AS BIGINT) AS kernel_ns, CAST(sum(gpu_ns) AS BIGINT) AS gpu_ns,
+       CAST(round(avg(end_ns - start_ns)) AS BIGINT) AS avg_replay_ns,
+       CAST(sum(call_ns) AS BIGINT) AS launch_ns, CAST(round(avg(call_ns)) AS BIGINT) AS avg_launch_ns,
+       CAST(sum(placed) AS BIGINT) AS placed, CAST(sum(merged) AS BIGINT) AS merged, CAST(sum(ops) AS BIGINT) AS ops,
+       min(call_start_ns) AS first_ns,
        bool_and(whole_graph) AS whole_graph
 FROM graph_replays WHERE run_id = ? GROUP BY graph ORDER BY kernel_ns DESC, first_ns
 """

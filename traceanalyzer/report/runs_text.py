@@ -148,8 +148,9 @@ def _compiled_table(console: Console, c: dict) -> None:
 
 
 def _graph_replays_table(console: Console, rows: list[dict]) -> None:
-    """Per graph replayed: replays, operations per replay, kernel time, mean replay time, the
-    launch calls' time (once per replay), and what a merged capture placed."""
+    """Per graph replayed: replays, operations per replay, and per replay (the title says so) its
+    kernel time, replay time (first operation's start to last one's end) and launch call, all
+    means; then what a merged capture placed."""
     num = {"justify": "right", "no_wrap": True}
     merged = any(r["merged"] for r in rows)
     columns = [Column("graph", no_wrap=True), Column("device", **num),
@@ -161,7 +162,7 @@ def _graph_replays_table(console: Console, rows: list[dict]) -> None:
         ops = str(r["min_ops"]) if r["min_ops"] == r["max_ops"] else f"{r['min_ops']}-{r['max_ops']}"
         if r["whole_graph"]:  # its kernels were not traced one by one
             ops = "whole graph"
-        row = [r["graph"], fmt.text(r["device_id"]), fmt.num(r["replays"]), ops, fmt.ns(r["kernel_ns"]),
+        row = [r["graph"], fmt.text(r["device_id"]), fmt.num(r["replays"]), ops, fmt.ns(r["kernel_ns"] / r["replays"]),
                fmt.ns(r["avg_replay_ns"]), fmt.ns(r["avg_launch_ns"])]
         if merged:
             row.append(f"{fmt.num(r['placed'])}/{fmt.num(r['ops'])}")
