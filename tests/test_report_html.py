@@ -583,7 +583,7 @@ def test_trace_strings_are_escaped_in_html_markdown_and_chrome_trace(tmp_path):
     for name in EVIL:
         assert name not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    block = re.search(r'<script type="application/json" id="tl-[0-9a-f]+">(.*?)</script>', page, re.S).group(1)
+    block = re.search(r'<script type="application/json" id="tl-[0-9a-f]+">(.*?)</script>', page, re.DOTALL).group(1)
     assert set(EVIL) <= set(json.loads(block)["names"])
     # Markdown: no raw tag but our own <details>/<summary>, no unescaped table pipe from a name.
     assert not re.findall(r"(?<!\\)<(?!/?(details|summary)>)", md)
@@ -1240,7 +1240,7 @@ def test_a_timeline_marker_opens_its_own_findings_card(tmp_path):
     assert cli("check", trace, "--store", tmp_path / "s.duckdb").exit_code in (0, 1)
     assert cli("report", "--store", tmp_path / "s.duckdb", "-o", out).exit_code == 0
     page = out.read_text()
-    (rid, block), = re.findall(r'<script type="application/json" id="tl-([0-9a-f]+)">(.*?)</script>', page, re.S)
+    (rid, block), = re.findall(r'<script type="application/json" id="tl-([0-9a-f]+)">(.*?)</script>', page, re.DOTALL)
     tl = json.loads(html_lib.unescape(block))
     marked = {m["f"] for m in tl["markers"]}
     assert marked
@@ -1248,7 +1248,7 @@ def test_a_timeline_marker_opens_its_own_findings_card(tmp_path):
     for i in marked:
         f = tl["findings"][i]
         card = re.search(rf'<article class="finding[^"]*" id="f-{rid}-{re.escape(f["card"])}">.*?<p class="msg">(.*?)</p>',
-                         page, re.S)
+                         page, re.DOTALL)
         assert card, f
         assert html_lib.unescape(card.group(1)).startswith(f["msg"].rstrip("…")[:200]), (f["card"], f["msg"])
         related += "-" in f["card"]

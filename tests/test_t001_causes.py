@@ -363,4 +363,4 @@ def test_the_latency_words_are_those_the_query_writes():
     from traceanalyzer.rules.T001_launch_gaps import LATENCY_WORDS, SQL
 
     assert "mostly %s (%s of that)" in SQL and "THEN 'launch latency'" in SQL
-    assert LATENCY_WORDS == "mostly %s (" % "launch latency"
+    assert LATENCY_WORDS == "mostly {} (".format("launch latency")

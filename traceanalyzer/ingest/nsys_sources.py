@@ -74,9 +74,9 @@ STRING_COLUMNS = [Col("id", "id", I64), Col("value", "value", STR)]
 # Columns every nsys schema from 2.9 (2022) to 3.25 (2026) writes in a table it has
 # (../shared/docs/nsys-schema). Without one of REQUIRED the table's rows mean nothing (no
 # times, no device, no name, no thread, a copy's size): no export nsys wrote, an input error,
-# where reading on would store NULLs as if the trace had said so. Without one of EXPECTED what it holds is
-# unknown (launches unlinked, streams or bytes unknown): a warning. The other columns come and
-# go between versions and are read where present.
+# where reading on would store NULLs as if the trace had said so. Without one of EXPECTED
+# something is unknown (launches unlinked, streams or kinds unknown): a warning. The other
+# columns come and go between versions and are read where present.
 REQUIRED: dict[str, tuple[str, ...]] = {
     KERNEL: ("start", "end", "deviceId"), MEMCPY: ("start", "end", "deviceId", "bytes"),
     MEMSET: ("start", "end", "deviceId", "bytes"), SYNC: ("start", "end"),
@@ -120,6 +120,7 @@ class Sources:
         self.dropped: dict[str, int] = {}  # per timed GPU table, rows the time filter dropped
         self.drop_warnings: dict[str, list[str]] = {}  # per table: why they were dropped
         self.device_ids: set[int] = set()  # of every row read so far
+        self.column_warnings: list[str] = []  # tables without EXPECTED columns (`check_columns`)
         self._filters: dict[str, str] = {}  # a table's own WHERE (NVTX: the event types read)
         # Per table: a fetch in flight (Pending, rows, timed), then its Arrow table, then None once taken.
         self._fetched: dict[str, object] = {}
@@ -297,8 +298,6 @@ class Sources:
         if "device_id" in data.column_names:
             self.device_ids.update(v for v in pc.unique(data["device_id"]).to_pylist()
                                    if v is not None and -2**31 <= v <= 2**31 - 1)
-
-    column_warnings: list[str] = []  # tables without EXPECTED columns (`check_columns`)
 
     def warnings(self) -> list[str]:
         """The missing columns' warnings, then the drop warnings per table in SOURCES order."""

@@ -14,7 +14,14 @@ from rich.text import Text
 
 from .. import fmt
 from ..summary import RUN_FIELDS, run_summary
-from .budget import budget_line, budget_lines, budget_of, busy_split, no_budget_line, without_kernels_line
+from .budget import (
+    budget_line,
+    budget_lines,
+    budget_of,
+    busy_split,
+    no_budget_line,
+    without_kernels_line,
+)
 from .terminal import cell, fit_table, left_out, say
 
 MIN_NAME_WIDTH = 36  # a narrower kernel column: the names go under the table, a line each

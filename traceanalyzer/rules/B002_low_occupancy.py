@@ -64,7 +64,7 @@ def _carveout_hint(r) -> str:
     """The shared-memory limiter's fix; without raising the carveout where the launches ran with
     the SM's largest already (ncu's launch__shared_mem_config_size against the device's)."""
     config, most = r.shared_mem_config_bytes, r.shared_mem_per_sm_bytes
-    if config == config and most == most and config >= most:
+    if config == config and most == most and config >= most:  # (NaN: not measured)
         return (f"use less shared memory per block (smaller tiles): the carveout is already the SM's largest "
                 f"({nbytes(most)})")
     return _LIMITER_HINT["shared_mem"]
