@@ -780,3 +780,19 @@ def test_a_kineto_trace_whose_every_event_is_unusable_is_an_input_error(tmp_path
     assert re.search(rf"error: {re.escape(str(bad))}: none of its \d+ events could be used: \d+ skipped, "
                      r"without ts, dur or name", r.stderr), r.stderr
     assert "planted.sqlite" in r.stdout
+
+
+def test_a_stored_finding_whose_evidence_does_not_fit_is_one_warning_line(tmp_path):
+    """Evidence a rule's type does not declare (a store written by another version, or a bug)
+    is said in one `warning:` line, not as Python's file:line warning with its source line."""
+    store = tmp_path / "s.duckdb"
+    assert _cli("check", PLANTED, "--store", store).returncode in (0, 1)
+    with Store(store) as st:
+        st.con.execute("""UPDATE findings SET evidence = json_merge_patch(evidence, '{"not_a_field": 1}')
+                          WHERE finding_no = (SELECT min(finding_no) FROM findings WHERE evidence IS NOT NULL)""")
+    p = subprocess.run([sys.executable, "-m", "traceanalyzer.cli", "check", str(PLANTED), "--store", str(store)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert p.returncode in (0, 1), p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "does not fit" in ln]
+    assert lines and all(ln.startswith("warning: ") for ln in lines), p.stderr
+    assert "EvidenceMismatch" not in p.stderr and "warnings.warn" not in p.stderr

@@ -5,11 +5,13 @@ module of this package with a `register(app)`, and what they share is in `common
 Command modules import `common` and the library, never this module."""
 
 import inspect
+import warnings
 from typing import Annotated
 
 import duckdb
 import typer
 
+from ..rules import EvidenceMismatch
 from . import check, diff, export, export_trace, ingest, link, query, ranges, report, rules, runs, scan
 from .common import err, out
 
@@ -77,7 +79,20 @@ for _info in app.registered_commands:
 _main.__doc__ = _unwrap(_main.__doc__)
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning of ours (a stored finding whose evidence does not fit its rule's type) as one
+    line, not Python's file:line and source line; others as Python shows them."""
+    if issubclass(category, EvidenceMismatch):
+        err.print(f"warning: {message}", markup=False)
+    else:
+        _show_python_warning(message, category, filename, lineno, file, line)
+
+
+_show_python_warning = warnings.showwarning
+
+
 def main() -> None:
+    warnings.showwarning = _warning_line
     try:
         app()
     except duckdb.IOException as e:  # a store DuckDB opened but cannot read: damaged or cut short
