@@ -98,6 +98,11 @@ def loss_bound(bound_ns, what: str) -> str:
     return LOSS_BOUND.format(ns(bound_ns), what)
 
 
+def loss_note(loss_ns) -> str:
+    """' (est. loss 1.63 s)' after a finding's message (SARIF, JUnit); '' without a loss."""
+    return f" (est. loss {ns(loss_ns)})" if loss_ns else ""
+
+
 _BYTE_UNITS = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3))
 
 

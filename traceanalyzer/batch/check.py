@@ -292,15 +292,11 @@ def check_refs(store: Store, refs: list[str], rules: Settings | None, *,
     stored run (id, id prefix or file name) has that run's rules run again, as a stored file
     has (`kept`), after the files. A ref that names nothing is a failed result. `found`: as
     `check_file`'s."""
-    paths = [ref for ref in refs if Path(ref).exists()]
+    paths = [ref for ref in refs if os.path.lexists(ref)]  # (a link to nothing: check_file says so)
     done = check_paths(store, paths, rules, on_file=on_file, captures=captures, found=found) if paths else Checked()
     rules = per_run_settings(rules) if rules is not None else None
     for ref in refs:
         if ref in paths:
-            continue
-        if os.path.lexists(ref):  # a link to nothing reachable: no run name either
-            done.add(FileResult(ref, error="a symbolic link that leads to no file (a loop, or a missing target)"),
-                     on_file)
             continue
         res = _named_run(store, ref, done, on_file)
         if res is None:

@@ -240,9 +240,9 @@ def _parse(top: dict[str, Raw], c: Collector) -> ParsedTrace:
 
     out_warnings = [f"{msg}: {n}" for msg, n in warnings.items()] + device_warnings
     kept = sum(t.num_rows for name, t in tables.items() if t is not None and name != "devices")
-    if n_events and not kept and any("skipped" in msg for msg in warnings):
+    skipped = {msg: n for msg, n in warnings.items() if "skipped" in msg}
+    if n_events and not kept and skipped:
         # every event the tables read was unusable: a run of nothing would pass any gate as OK
-        skipped = {msg: n for msg, n in warnings.items() if "skipped" in msg}
         reasons = dict.fromkeys(msg.split(" events ", 1)[-1].removesuffix(" skipped") for msg in skipped)
         raise TraceError(f"none of its {n_events} events could be used: {sum(skipped.values())} skipped, "
                          f"{'; '.join(reasons)}")

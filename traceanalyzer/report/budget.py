@@ -178,18 +178,15 @@ def budget_line(device: dict) -> str:
             + ", ".join(words))
     if idle_ns:
         text += f", {_pct(idle_ns, span)} idle: " + ", ".join(
-            f"{_cause_words(device, p['cause'])} {_pct(p['ns'], span)}{_host_work(device, p)}" for p in idle)
+            f"{cause_words(p['cause'], bool(device.get('one_stream')))} {_pct(p['ns'], span)}{_host_work(device, p)}"
+            for p in idle)
     return text
 
 
-def _cause_words(device: dict, cause: str | None) -> str:
-    """An idle part's cause as the budget line says it: `dependency` on a one-stream device is
-    the launch latency (from a launch call's return to its kernel's start), with nothing to wait for."""
-    return cause_words(cause, bool(device.get("one_stream")))
-
-
 def cause_words(cause: str | None, one_stream: bool) -> str:
-    """`_cause_words` for a device known to run one stream or not (bars, steps, phases say it so too)."""
+    """An idle part's cause as the budget line, the bars and the phase lines say it: `dependency`
+    on a one-stream device is the launch latency (from a launch call's return to its kernel's
+    start), with nothing to wait for."""
     return "launch latency" if cause == "dependency" and one_stream else str(cause)
 
 

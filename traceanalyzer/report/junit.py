@@ -47,10 +47,6 @@ def _input_errors(root: ET.Element, result: CheckResult, host: str) -> None:
     ET.SubElement(suite, "system-err").text = ""
 
 
-def _loss(f: dict) -> str:
-    return f" (est. loss {fmt.ns(f['est_loss_ns'])})" if f.get("est_loss_ns") else ""
-
-
 def render(result: CheckResult, **_) -> str:
     rules = {r.id: r for r in all_rules()}
     root = ET.Element("testsuites")
@@ -87,9 +83,9 @@ def render(result: CheckResult, **_) -> str:
                 n_fail += 1
                 worst = max(bad, key=lambda f: severity_rank(f["severity"]))
                 el = ET.SubElement(case, "failure", {
-                    "message": _x(f"{len(bad)} finding(s) at or above {result.fail_on}: {worst['message']}{_loss(worst)}"),
+                    "message": _x(f"{len(bad)} finding(s) at or above {result.fail_on}: {worst['message']}{fmt.loss_note(worst.get('est_loss_ns'))}"),
                     "type": worst["severity"]})
-                el.text = _x("\n".join(f"[{f['severity']}] {f['message']}{_loss(f)}\n  hint: {f['hint']}"
+                el.text = _x("\n".join(f"[{f['severity']}] {f['message']}{fmt.loss_note(f.get('est_loss_ns'))}\n  hint: {f['hint']}"
                                        + "".join(f"\n  related: {r['rule_id']} {r['message']}" for r in result.related(f))
                                        for f in bad))
             below_bar += [f"{f['rule_id']} [{f['severity']}] {f['message']}"

@@ -95,8 +95,7 @@ def render(result: CheckResult, base: Path | None = None, **_) -> str:
         if related:
             props["related"] = [{"rule_id": r["rule_id"], "message": r["message"], "fingerprint": r["fingerprint"],
                                  "rule_loss_ns": r.get("rule_loss_ns")} for r in related]
-        loss = f" (est. loss {fmt.ns(f['est_loss_ns'])})" if f.get("est_loss_ns") else ""
-        text = f["message"] + loss + (f" Hint: {f['hint']}" if f.get("hint") else "") + \
+        text = f["message"] + fmt.loss_note(f.get("est_loss_ns")) + (f" Hint: {f['hint']}" if f.get("hint") else "") + \
             "".join(f" Related: {r['rule_id']} {r['message']}" for r in related)
         results.append({
             "ruleId": f["rule_id"],
